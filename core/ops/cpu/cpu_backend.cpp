@@ -1,0 +1,55 @@
+#include "core/ops/cpu/cpu_backend.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+void CpuBackend::copy(const Tensor& src, Tensor& dst) {
+  MANTISSA_CHECK(src.device().is_cpu() && dst.device().is_cpu(),
+                 "copy: the CPU backend copies host memory only (src " << src.describe()
+                                                                       << ", dst "
+                                                                       << dst.describe() << ")");
+  MANTISSA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+                 "copy: src " << src.describe() << " and dst " << dst.describe()
+                              << " differ in dtype or element count");
+  std::memmove(dst.data(), src.data(), src.nbytes());
+}
+
+void CpuBackend::fill(Tensor& dst, float value) {
+  check_operand("fill", "dst", dst, device(),
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2, DType::kI32,
+                 DType::kI64, DType::kU8});
+  const int64_t n = dst.numel();
+  switch (dst.dtype()) {
+    case DType::kI32: {
+      auto* p = dst.data_as<int32_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
+      return;
+    }
+    case DType::kI64: {
+      auto* p = dst.data_as<int64_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int64_t>(value);
+      return;
+    }
+    case DType::kU8:
+      std::memset(dst.data(), static_cast<uint8_t>(value), static_cast<size_t>(n));
+      return;
+    default: {
+      // Round once, then replicate the bit pattern.
+      float one = value;
+      unsigned char code[4];
+      narrow_from_f32(&one, code, dst.dtype(), 1, NarrowOptions{});
+      const size_t width = dtype_size(dst.dtype());
+      auto* p = static_cast<unsigned char*>(dst.data());
+      for (int64_t i = 0; i < n; ++i) std::memcpy(p + i * width, code, width);
+    }
+  }
+}
+
+}  // namespace mantissa::core

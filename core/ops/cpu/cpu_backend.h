@@ -1,0 +1,55 @@
+// The CPU backend: what CI, laptops and every test without a GPU run. It reproduces the GPU
+// numerics (the same dtype.h conversions, FP32 accumulation, the same scaling rules) and
+// is parallelised with OpenMP; GEMMs widen their operands to FP32 and call OpenBLAS.
+//
+// The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp,
+// cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layers.cpp (LayerNorm,
+// attention, embedding, cross-entropy), cpu_optim.cpp (AdamW, norms, non-finite checks).
+#pragma once
+
+#include "core/ops/backend.h"
+
+namespace mantissa::core {
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu(); }
+  void synchronize() override {}
+
+  void copy(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& dst, float value) override;
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& params) override;
+
+  void cast(const Tensor& src, Tensor& dst, const CastParams& params) override;
+  void amax(const Tensor& x, Tensor& out) override;
+
+  void add_bias(Tensor& x, const Tensor& bias) override;
+  void bias_backward(const Tensor& dout, Tensor& dbias) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void gelu_forward(const Tensor& x, Tensor& out) override;
+  void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& out,
+                         Tensor& mean, Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                          Tensor& dbeta) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          Tensor& dqkv, int n_head) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                         Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
+                          Tensor& dwpe) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                             Tensor* dlogits, float grad_scale) override;
+
+  void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
+             const AdamWParams& p) override;
+  void sum_squares(const Tensor& x, Tensor& out) override;
+  void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
+                            Tensor* first_index) override;
+};
+
+}  // namespace mantissa::core

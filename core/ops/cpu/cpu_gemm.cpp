@@ -1,0 +1,1 @@
+#include "core/ops/cpu/cpu_backend.h"

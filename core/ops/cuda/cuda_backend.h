@@ -1,0 +1,76 @@
+// The CUDA backend: cuBLASLt for every GEMM, hand-written kernels for the rest. All work is
+// queued on one stream owned by the backend; nothing synchronises unless asked to.
+//
+// The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
+// (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layers.cu, cuda_optim.cu.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "core/ops/backend.h"
+
+namespace mantissa::core {
+
+class CublasLtGemm;  // cuda_gemm.cu: handle, workspace, per-shape algorithm cache
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda(device_index_); }
+  void synchronize() override;
+  cudaStream_t stream() const { return stream_; }
+  // Compute capability as major * 10 + minor (80 for A100, 90 for H100/H200).
+  int compute_capability() const { return compute_capability_; }
+  int multiprocessor_count() const { return multiprocessor_count_; }
+
+  void copy(const Tensor& src, Tensor& dst) override;
+  void fill(Tensor& dst, float value) override;
+
+  void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& params) override;
+
+  void cast(const Tensor& src, Tensor& dst, const CastParams& params) override;
+  void amax(const Tensor& x, Tensor& out) override;
+
+  void add_bias(Tensor& x, const Tensor& bias) override;
+  void bias_backward(const Tensor& dout, Tensor& dbias) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void gelu_forward(const Tensor& x, Tensor& out) override;
+  void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& out,
+                         Tensor& mean, Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                          const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
+                          Tensor& dbeta) override;
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          Tensor& dqkv, int n_head) override;
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                         Tensor& out) override;
+  void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
+                          Tensor& dwpe) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                             Tensor* dlogits, float grad_scale) override;
+
+  void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
+             const AdamWParams& p) override;
+  void sum_squares(const Tensor& x, Tensor& out) override;
+  void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
+                            Tensor* first_index) override;
+
+ private:
+  int device_index_;
+  int compute_capability_ = 0;
+  int multiprocessor_count_ = 0;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<CublasLtGemm> gemm_;
+};
+
+}  // namespace mantissa::core
