@@ -1,1 +1,157 @@
-int main() { return 0; }
+// CPU GEMM throughput at the shapes of the reference GPT (d = 384, 4d = 1536, 3d = 1152,
+// vocab 256, 2048 tokens per micro-batch), next to raw cblas_sgemm on the same shape.
+//
+// Each linear layer y[M, N] = x[M, K] W[N, K]^T runs three GEMMs per step:
+//   forward       y  = x W^T         (M = tokens, B transposed)
+//   backward dx   dx = dy W          (M = tokens, plain)
+//   backward dW   dW = dy^T x        ([N, K] = [N, M] [M, K], A transposed)
+// For every one, each operand dtype (F32, BF16, FP8 E4M3 x E4M3 with dequantize scales) and
+// output dtype (F32, BF16) is timed next to the anchor: cblas_sgemm on F32 operands and
+// output, with OpenBLAS's own threads (as many as it starts with). The backend's GEMM runs
+// on the OpenMP threads instead and keeps OpenBLAS single-threaded, so the two take turns in
+// blocks (each block starts with an untimed call that absorbs the hand-over between thread
+// pools), and every configuration is compared with the anchor block just before it, so
+// slow drifts in machine load shift both alike. Figures only: nothing passes or fails.
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype/dtype.h"
+#include "core/ops/backend.h"
+#include "core/tensor/tensor.h"
+
+using namespace mantissa::core;
+
+namespace {
+
+constexpr int64_t kTokens = 2048;
+constexpr int kMinRepetitions = 5;
+constexpr double kMinSecondsPerBlock = 0.2;
+
+struct Problem {
+  std::string name;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+};
+
+// Random values in [-1, 1] stored in `dtype`. FP8 codes are spread over [-256, 256] and
+// carry a dequantize scale of 1/256, the way a per-tensor recipe scales them.
+Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  Tensor t = Tensor::empty(shape, dtype);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const float x = uniform(rng);
+    switch (dtype) {
+      case DType::kF32: t.data_as<float>()[i] = x; break;
+      case DType::kBF16: t.data_as<bf16>()[i] = round_to<bf16>(x); break;
+      case DType::kE4M3: t.data_as<fp8_e4m3>()[i] = round_to<fp8_e4m3>(x * 256.0f); break;
+      default: break;
+    }
+  }
+  return t;
+}
+
+// Median seconds per call: one untimed call, then at least kMinRepetitions timed calls
+// filling at least kMinSecondsPerBlock.
+double time_block(const std::function<void()>& call) {
+  using Clock = std::chrono::steady_clock;
+  call();
+  std::vector<double> seconds;
+  const Clock::time_point start = Clock::now();
+  while (seconds.size() < kMinRepetitions ||
+         std::chrono::duration<double>(Clock::now() - start).count() < kMinSecondsPerBlock) {
+    const Clock::time_point t0 = Clock::now();
+    call();
+    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+Shape stored_a(const Problem& p) {
+  return p.trans_a ? Shape{p.k, p.m} : Shape{p.m, p.k};
+}
+Shape stored_b(const Problem& p) {
+  return p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
+}
+
+void bench(Backend& backend, const Problem& p, int blas_threads, std::mt19937& rng) {
+  const Tensor a32 = random_tensor(stored_a(p), DType::kF32, rng);
+  const Tensor b32 = random_tensor(stored_b(p), DType::kF32, rng);
+  Tensor c32 = Tensor::empty({p.m, p.n}, DType::kF32);
+  const auto sgemm = [&] {
+    openblas_set_num_threads(blas_threads);
+    cblas_sgemm(
+        CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
+        static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f,
+        a32.data_as<float>(), static_cast<int>(p.trans_a ? p.m : p.k), b32.data_as<float>(),
+        static_cast<int>(p.trans_b ? p.k : p.n), 0.0f, c32.data_as<float>(), static_cast<int>(p.n));
+  };
+  const double gflop =
+      2e-9 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
+
+  Tensor scale = Tensor::empty({1}, DType::kF32);
+  scale.data_as<float>()[0] = 1.0f / 256.0f;
+  for (DType operands : {DType::kF32, DType::kBF16, DType::kE4M3}) {
+    const Tensor a = random_tensor(stored_a(p), operands, rng);
+    const Tensor b = random_tensor(stored_b(p), operands, rng);
+    for (DType out : {DType::kF32, DType::kBF16}) {
+      Tensor c = Tensor::empty({p.m, p.n}, out);
+      GemmParams params;
+      params.trans_a = p.trans_a;
+      params.trans_b = p.trans_b;
+      if (is_fp8(operands)) {
+        params.a_scale = &scale;
+        params.b_scale = &scale;
+      }
+      const double sgemm_gflops = gflop / time_block(sgemm);
+      const double gemm_gflops = gflop / time_block([&] { backend.gemm(a, b, c, params); });
+      std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %8.1f  %6.3f\n", p.name.c_str(),
+                  static_cast<long long>(p.m), static_cast<long long>(p.n),
+                  static_cast<long long>(p.k), dtype_name(operands), dtype_name(out), gemm_gflops,
+                  sgemm_gflops, gemm_gflops / sgemm_gflops);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  // OpenBLAS's thread count as it started, before the backend makes it single-threaded.
+  const int blas_threads = openblas_get_num_threads();
+
+  // The reference model's linear layers as (name, in features K, out features N).
+  struct Layer {
+    const char* name;
+    int64_t in, out;
+  };
+  const Layer layers[] = {
+      {"qkv", 384, 1152}, {"fc", 384, 1536}, {"fc_proj", 1536, 384}, {"lm_head", 384, 256}};
+  std::vector<Problem> problems;
+  for (const Layer& l : layers) {
+    const std::string name = l.name;
+    problems.push_back({name + " fwd", kTokens, l.out, l.in, false, true});
+    problems.push_back({name + " bwd dx", kTokens, l.in, l.out, false, false});
+    problems.push_back({name + " bwd dW", l.out, l.in, kTokens, true, false});
+  }
+
+  std::printf(
+      "CPU GEMM (backend, %d OpenMP threads) vs cblas_sgemm (OpenBLAS %s, %d threads), "
+      "%lld tokens\n",
+      omp_get_max_threads(), openblas_get_corename(), blas_threads,
+      static_cast<long long>(kTokens));
+  std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %8s  %6s\n", "gemm", "M", "N", "K", "in", "out",
+              "GFLOP/s", "sgemm", "ratio");
+  auto backend = make_cpu_backend();
+  std::mt19937 rng(1);
+  for (const Problem& p : problems) bench(*backend, p, blas_threads, rng);
+  return 0;
+}

@@ -1,1 +1,852 @@
+// The CUDA backend against the CPU backend, op by op, through the Backend interface alone.
+//
+// Every test builds random host inputs (normal values at several magnitudes, plus raw bit
+// patterns and non-finite values where the op must handle them), runs the op on both
+// backends from identical inputs (copied to the device with Backend::copy), and compares:
+//  - bit for bit where both backends do the same arithmetic in the same order: casts (every
+//    dtype pair, scales, saturation, stochastic rounding), amax, add_bias, bias_backward,
+//    add, embeddings (forward and backward), unscale_check_finite (a NaN in an F32 result
+//    only as a NaN: the payloads differ between x86 and NVIDIA hardware);
+//  - within a relative tolerance elsewhere (reduction order, expf, FMA contraction):
+//    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)) with tol 1e-5 for F32 results, 2e-3 for F16
+//    and 1e-2 for BF16 (about two units in the last place), NaN only where the CPU has NaN.
+// Outputs are poisoned with NaN first on both backends, so an element an op forgets to
+// write cannot pass, and parameter gradients start from random values to check that they
+// accumulate. Shapes include odd sizes and misaligned views, which take the kernels' scalar
+// paths, and sizes large enough for their vectorised grid-stride loops.
+//
+// Built in every build; without a CUDA device every test reports "skipped: no CUDA device".
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops/backend.h"
+
+namespace mantissa::core {
+namespace {
+
+constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3,
+                                 DType::kE5M2};
+
+// ---------------------------------------------------------------------------------------
+// Element access on host tensors.
+
+// The bit pattern of element i (up to 8 bytes wide).
+uint64_t code_at(const Tensor& t, int64_t i) {
+  uint64_t code = 0;
+  const size_t width = dtype_size(t.dtype());
+  std::memcpy(&code, static_cast<const unsigned char*>(t.data()) + i * width, width);
+  return code;
+}
+
+void set_code(const Tensor& t, int64_t i, uint64_t code) {
+  const size_t width = dtype_size(t.dtype());
+  std::memcpy(static_cast<unsigned char*>(t.data()) + i * width, &code, width);
+}
+
+float value_at(const Tensor& t, int64_t i) {
+  const auto code = static_cast<uint32_t>(code_at(t, i));
+  switch (t.dtype()) {
+    case DType::kF32: return bits_to_float(code);
+    case DType::kBF16: return bf16_to_float(bf16{static_cast<uint16_t>(code)});
+    case DType::kF16: return fp16_to_float(fp16{static_cast<uint16_t>(code)});
+    case DType::kE4M3: return e4m3_to_float(fp8_e4m3{static_cast<uint8_t>(code)});
+    case DType::kE5M2: return e5m2_to_float(fp8_e5m2{static_cast<uint8_t>(code)});
+    case DType::kI32: return static_cast<float>(static_cast<int32_t>(code));
+    default: ADD_FAILURE() << "value_at: unsupported dtype " << dtype_name(t.dtype()); return 0;
+  }
+}
+
+uint32_t encode(DType d, float v) {
+  switch (d) {
+    case DType::kF32: return float_to_bits(v);
+    case DType::kBF16: return bf16_from_float(v).bits;
+    case DType::kF16: return fp16_from_float(v).bits;
+    case DType::kE4M3: return e4m3_from_float(v).bits;
+    case DType::kE5M2: return e5m2_from_float(v).bits;
+    default: ADD_FAILURE() << "encode: not a float dtype"; return 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Both backends, and moving tensors between them.
+
+struct Backends {
+  std::unique_ptr<Backend> cpu = make_cpu_backend();
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  Device device = gpu->device();
+
+  Tensor to_device(const Tensor& host) {
+    Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
+    gpu->copy(host, t);
+    return t;
+  }
+  // Waits for the device, so the result can be read at once.
+  Tensor to_host(const Tensor& on_device) {
+    Tensor t = Tensor::empty(on_device.shape(), on_device.dtype());
+    gpu->copy(on_device, t);
+    gpu->synchronize();
+    return t;
+  }
+  // An output on each backend, filled with NaN (floats) or a sentinel (integers).
+  std::pair<Tensor, Tensor> poisoned(const Shape& shape, DType dtype) {
+    Tensor host = Tensor::empty(shape, dtype);
+    Tensor dev = Tensor::empty(shape, dtype, device);
+    const bool integer = dtype == DType::kI32 || dtype == DType::kI64 || dtype == DType::kU8;
+    cpu->fill(host, integer ? 77.0f : NAN);
+    gpu->fill(dev, integer ? 77.0f : NAN);
+    return {host, dev};
+  }
+  // A copy of a host tensor, so that an in-place op on each backend starts from equal data.
+  Tensor clone_host(const Tensor& host) {
+    Tensor t = Tensor::empty(host.shape(), host.dtype());
+    cpu->copy(host, t);
+    return t;
+  }
+};
+
+// Random normal values times a magnitude drawn per element from `magnitudes`, stored in
+// `dtype` (rounded as dtype.h rounds).
+Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng,
+                     std::vector<float> magnitudes = {1.0f}) {
+  Tensor t = Tensor::empty(shape, dtype);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<size_t> pick(0, magnitudes.size() - 1);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    set_code(t, i, encode(dtype, normal(rng) * magnitudes[pick(rng)]));
+  return t;
+}
+
+Tensor scalar_f32(float v) {
+  Tensor t = Tensor::empty(Shape{1}, DType::kF32);
+  t.data_as<float>()[0] = v;
+  return t;
+}
+
+Tensor tokens_tensor(const Shape& shape, int32_t vocab, std::mt19937_64& rng) {
+  Tensor t = Tensor::empty(shape, DType::kI32);
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<int32_t>()[i] = token(rng);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Comparisons. `expected` is the CPU's host tensor, `actual` the GPU's (brought back).
+
+std::string hex(uint64_t code) {
+  std::ostringstream out;
+  out << "0x" << std::hex << code;
+  return out.str();
+}
+
+// The same bit pattern in every element. The one exception is a NaN in an F32 result: FP32
+// arithmetic on a NaN keeps its payload on x86 but gives the canonical 0x7FFFFFFF on NVIDIA
+// GPUs, so there any NaN matches any NaN. (Narrower formats encode every NaN as one
+// canonical code on both, so their NaNs must match bit for bit.)
+void expect_same_bits(const Tensor& expected, const Tensor& actual, const std::string& what) {
+  ASSERT_EQ(expected.dtype(), actual.dtype()) << what;
+  ASSERT_EQ(expected.numel(), actual.numel()) << what;
+  const bool f32 = expected.dtype() == DType::kF32;
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const uint64_t e = code_at(expected, i);
+    const uint64_t a = code_at(actual, i);
+    const bool both_nan =
+        f32 && std::isnan(value_at(expected, i)) && std::isnan(value_at(actual, i));
+    if (e != a && !both_nan && ++mismatches <= 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << hex(a) << " on the GPU, " << hex(e)
+                    << " on the CPU";
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": elements that differ, of " << expected.numel();
+}
+
+// Equal values, any NaN matching any NaN (NaN payloads may differ where an op does not
+// define them, as for amax).
+void expect_same_values(const Tensor& expected, const Tensor& actual, const std::string& what) {
+  ASSERT_EQ(expected.numel(), actual.numel()) << what;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const float e = value_at(expected, i);
+    const float a = value_at(actual, i);
+    if (std::isnan(e)) {
+      EXPECT_TRUE(std::isnan(a)) << what << ": element " << i << " is " << a << ", not NaN";
+    } else {
+      EXPECT_EQ(float_to_bits(e), float_to_bits(a))
+          << what << ": element " << i << " is " << a << " on the GPU, " << e << " on the CPU";
+    }
+  }
+}
+
+double tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return 1e-2;
+    case DType::kF16: return 2e-3;
+    default: return 1e-5;
+  }
+}
+
+// |actual - expected| <= tol * max(|expected|, rms(expected)) with tol from actual's dtype;
+// the RMS floor keeps near-zero results of a cancellation from demanding more relative
+// accuracy than the computation has. NaN must meet NaN, inf the same inf.
+void expect_close(const Tensor& expected, const Tensor& actual, const std::string& what) {
+  ASSERT_EQ(expected.numel(), actual.numel()) << what;
+  const double tol = tolerance(actual.dtype());
+  double squares = 0.0;
+  int64_t finite = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double e = value_at(expected, i);
+    if (std::isfinite(e)) {
+      squares += e * e;
+      ++finite;
+    }
+  }
+  const double rms = finite > 0 ? std::sqrt(squares / static_cast<double>(finite)) : 0.0;
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < expected.numel(); ++i) {
+    const double e = value_at(expected, i);
+    const double a = value_at(actual, i);
+    const bool ok = std::isfinite(e) ? std::fabs(a - e) <= tol * std::max(std::fabs(e), rms)
+                                     : (std::isnan(e) ? std::isnan(a) : a == e);
+    if (!ok && ++mismatches <= 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << a << " on the GPU, " << e
+                    << " on the CPU (tolerance " << tol << " relative, rms " << rms << ")";
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": elements out of tolerance, of " << expected.numel();
+}
+
+std::string describe_case(std::initializer_list<std::string> parts) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : " ") + p;
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// cast and amax
+
+// Normal values over many magnitudes (so FP8 destinations see subnormals and overflow),
+// a quarter raw bit patterns of the source dtype (NaNs, infs, extremes of every kind), and
+// fixed specials at the front.
+Tensor cast_source(int64_t n, DType dtype, std::mt19937_64& rng) {
+  Tensor t = random_tensor(Shape{n}, dtype, rng, {1e-6f, 1e-3f, 1.0f, 30.0f, 600.0f, 1e5f});
+  std::uniform_int_distribution<uint32_t> bits;
+  const uint32_t mask = dtype_size(dtype) == 4 ? 0xFFFFFFFFu : (1u << (8 * dtype_size(dtype))) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (bits(rng) % 4 == 0) set_code(t, i, bits(rng) & mask);
+  }
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 448.0f, 464.0f, 57344.0f};
+  for (int64_t i = 0; i < std::min<int64_t>(n, 8); ++i) set_code(t, i, encode(dtype, specials[i]));
+  return t;
+}
+
+TEST(GpuOps, CastMatchesCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(1);
+  // 1 and 37: scalar loops only; 70001: the vectorised loop and a tail.
+  for (int64_t n : {1, 37, 70001}) {
+    for (DType src_type : kFloatTypes) {
+      const Tensor src = cast_source(n, src_type, rng);
+      const Tensor src_dev = b.to_device(src);
+      for (DType dst_type : kFloatTypes) {
+        for (Rounding rounding : {Rounding::kNearest, Rounding::kStochastic}) {
+          for (Saturation sat : {Saturation::kSatFinite, Saturation::kNoSat}) {
+            for (float scale : {0.0f /* none */, 0.37f, 1000.0f}) {
+              const std::string what =
+                  describe_case({"cast", dtype_name(src_type), "->", dtype_name(dst_type),
+                                 "n=" + std::to_string(n),
+                                 rounding == Rounding::kNearest ? "nearest" : "stochastic",
+                                 sat == Saturation::kSatFinite ? "satfinite" : "nosat",
+                                 "scale=" + std::to_string(scale)});
+              auto [dst, dst_dev] = b.poisoned(Shape{n}, dst_type);
+              auto [amax, amax_dev] = b.poisoned(Shape{1}, DType::kF32);
+              const Tensor scale_host = scalar_f32(scale);
+              const Tensor scale_dev = b.to_device(scale_host);
+              CastParams cpu_params{scale != 0.0f ? &scale_host : nullptr,
+                                    scale != 0.0f ? &amax : nullptr, sat, rounding, 42};
+              CastParams gpu_params{scale != 0.0f ? &scale_dev : nullptr,
+                                    scale != 0.0f ? &amax_dev : nullptr, sat, rounding, 42};
+              b.cpu->cast(src, dst, cpu_params);
+              b.gpu->cast(src_dev, dst_dev, gpu_params);
+              expect_same_bits(dst, b.to_host(dst_dev), what);
+              if (scale != 0.0f) expect_same_values(amax, b.to_host(amax_dev), what + " amax");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A view that starts one element into its buffer is not 16-byte aligned: the kernels must
+// notice and take their scalar loops.
+TEST(GpuOps, CastOfMisalignedViewsMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(2);
+  const int64_t n = 4101;
+  for (DType src_type : {DType::kF32, DType::kBF16, DType::kE4M3}) {
+    for (DType dst_type : {DType::kF32, DType::kBF16, DType::kE4M3}) {
+      const Tensor src = cast_source(n + 1, src_type, rng);
+      const Tensor src_dev = b.to_device(src);
+      auto [dst, dst_dev] = b.poisoned(Shape{n + 1}, dst_type);
+      auto [amax, amax_dev] = b.poisoned(Shape{1}, DType::kF32);
+      Tensor src_view = src.view(1, Shape{n});
+      Tensor dst_view = dst.view(1, Shape{n});
+      Tensor src_dev_view = src_dev.view(1, Shape{n});
+      Tensor dst_dev_view = dst_dev.view(1, Shape{n});
+      CastParams cpu_params{nullptr, &amax, Saturation::kSatFinite, Rounding::kStochastic, 7};
+      CastParams gpu_params{nullptr, &amax_dev, Saturation::kSatFinite, Rounding::kStochastic, 7};
+      b.cpu->cast(src_view, dst_view, cpu_params);
+      b.gpu->cast(src_dev_view, dst_dev_view, gpu_params);
+      const std::string what =
+          describe_case({"misaligned cast", dtype_name(src_type), "->", dtype_name(dst_type)});
+      expect_same_bits(dst, b.to_host(dst_dev), what);
+      expect_same_values(amax, b.to_host(amax_dev), what + " amax");
+    }
+  }
+}
+
+TEST(GpuOps, AmaxMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(3);
+  for (int64_t n : {1, 100, 300001}) {
+    for (DType dtype : kFloatTypes) {
+      for (const char* special : {"none", "inf", "nan"}) {
+        Tensor x = random_tensor(Shape{n}, dtype, rng, {0.01f, 1.0f, 100.0f});
+        const float value = std::string(special) == "inf" ? -INFINITY : NAN;
+        if (std::string(special) != "none") set_code(x, n / 2, encode(dtype, value));
+        auto [out, out_dev] = b.poisoned(Shape{1}, DType::kF32);
+        b.cpu->amax(x, out);
+        b.gpu->amax(b.to_device(x), out_dev);
+        expect_same_values(
+            out, b.to_host(out_dev),
+            describe_case({"amax", dtype_name(dtype), "n=" + std::to_string(n), special}));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// bias, residual add, GELU
+
+TEST(GpuOps, AddBiasAndBiasBackwardMatchCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(4);
+  // 600 rows span three of the column sums' 256-row blocks.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {600, 64}, {37, 768}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::string what = describe_case(
+          {dtype_name(dtype), "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"});
+      Tensor x = random_tensor(Shape{rows, cols}, dtype, rng, {1.0f, 10.0f});
+      const Tensor bias = random_tensor(Shape{cols}, DType::kF32, rng);
+      Tensor x_dev = b.to_device(x);
+      b.cpu->add_bias(x, bias);
+      b.gpu->add_bias(x_dev, b.to_device(bias));
+      expect_same_bits(x, b.to_host(x_dev), "add_bias " + what);
+
+      Tensor dbias = random_tensor(Shape{cols}, DType::kF32, rng);
+      Tensor dbias_dev = b.to_device(dbias);
+      b.cpu->bias_backward(x, dbias);
+      b.gpu->bias_backward(b.to_device(x), dbias_dev);
+      expect_same_bits(dbias, b.to_host(dbias_dev), "bias_backward " + what);
+    }
+  }
+}
+
+TEST(GpuOps, AddMatchesCpuBitForBitIncludingInPlace) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(5);
+  for (int64_t n : {1, 13, 100003}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::string what = describe_case({"add", dtype_name(dtype), "n=" + std::to_string(n)});
+      const Tensor x = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 1000.0f});
+      const Tensor y = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 1000.0f});
+      auto [out, out_dev] = b.poisoned(Shape{n}, dtype);
+      const Tensor x_dev = b.to_device(x);
+      Tensor y_dev = b.to_device(y);
+      b.cpu->add(x, y, out);
+      b.gpu->add(x_dev, y_dev, out_dev);
+      expect_same_bits(out, b.to_host(out_dev), what);
+      // out aliasing b.
+      Tensor y_cpu = b.clone_host(y);
+      b.cpu->add(x, y_cpu, y_cpu);
+      b.gpu->add(x_dev, y_dev, y_dev);
+      expect_same_bits(y_cpu, b.to_host(y_dev), what + " in place");
+    }
+  }
+}
+
+TEST(GpuOps, GeluMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(6);
+  for (int64_t n : {1, 29, 100001}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const std::string what = describe_case({dtype_name(dtype), "n=" + std::to_string(n)});
+      Tensor x = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 4.0f, 30.0f});
+      if (n > 4) {
+        set_code(x, 0, encode(dtype, INFINITY));
+        set_code(x, 1, encode(dtype, -INFINITY));
+        set_code(x, 2, encode(dtype, NAN));
+        set_code(x, 3, encode(dtype, -1e30f));
+      }
+      const Tensor dout = random_tensor(Shape{n}, dtype, rng);
+      const Tensor x_dev = b.to_device(x);
+      auto [out, out_dev] = b.poisoned(Shape{n}, dtype);
+      b.cpu->gelu_forward(x, out);
+      b.gpu->gelu_forward(x_dev, out_dev);
+      expect_close(out, b.to_host(out_dev), "gelu_forward " + what);
+
+      auto [dx, dx_dev] = b.poisoned(Shape{n}, dtype);
+      b.cpu->gelu_backward(x, dout, dx);
+      b.gpu->gelu_backward(x_dev, b.to_device(dout), dx_dev);
+      expect_close(dx, b.to_host(dx_dev), "gelu_backward " + what);
+      // dx aliasing dout.
+      Tensor dout_cpu = b.clone_host(dout);
+      Tensor dout_dev = b.to_device(dout);
+      b.cpu->gelu_backward(x, dout_cpu, dout_cpu);
+      b.gpu->gelu_backward(x_dev, dout_dev, dout_dev);
+      expect_close(dout_cpu, b.to_host(dout_dev), "gelu_backward in place " + what);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm
+
+struct LayerNormCase {
+  Shape shape;
+  DType x, out, param;
+};
+
+TEST(GpuOps, LayerNormMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(7);
+  const LayerNormCase cases[] = {
+      {Shape{1, 8}, DType::kF32, DType::kF32, DType::kF32},
+      {Shape{5, 7}, DType::kBF16, DType::kBF16, DType::kBF16},  // C % 8 != 0: scalar path
+      {Shape{3, 4, 768}, DType::kBF16, DType::kBF16, DType::kF32},
+      {Shape{300, 64}, DType::kF32, DType::kF32, DType::kBF16},  // two 256-row blocks
+      {Shape{9, 40}, DType::kF16, DType::kF32, DType::kF32},
+      {Shape{17, 96}, DType::kF32, DType::kBF16, DType::kF32},
+  };
+  for (const LayerNormCase& c : cases) {
+    const std::string what = describe_case({c.shape.str(), "x", dtype_name(c.x), "out",
+                                            dtype_name(c.out), "params", dtype_name(c.param)});
+    const int64_t C = c.shape[-1];
+    const int64_t N = c.shape.numel() / C;
+    // An offset mean makes the two-pass variance matter.
+    Tensor x = random_tensor(c.shape, c.x, rng, {1.0f, 3.0f});
+    for (int64_t i = 0; i < x.numel(); ++i) set_code(x, i, encode(c.x, value_at(x, i) + 5.0f));
+    const Tensor gamma = random_tensor(Shape{C}, c.param, rng);
+    const Tensor beta = random_tensor(Shape{C}, c.param, rng);
+    const Tensor x_dev = b.to_device(x);
+    const Tensor gamma_dev = b.to_device(gamma);
+    auto [out, out_dev] = b.poisoned(c.shape, c.out);
+    auto [mean, mean_dev] = b.poisoned(Shape{N}, DType::kF32);
+    auto [rstd, rstd_dev] = b.poisoned(Shape{N}, DType::kF32);
+    b.cpu->layernorm_forward(x, gamma, beta, out, mean, rstd);
+    b.gpu->layernorm_forward(x_dev, gamma_dev, b.to_device(beta), out_dev, mean_dev, rstd_dev);
+    expect_close(out, b.to_host(out_dev), "layernorm_forward out " + what);
+    expect_close(mean, b.to_host(mean_dev), "layernorm_forward mean " + what);
+    expect_close(rstd, b.to_host(rstd_dev), "layernorm_forward rstd " + what);
+
+    // The backward from the CPU's statistics on both backends.
+    const Tensor dout = random_tensor(c.shape, c.x, rng);
+    auto [dx, dx_dev] = b.poisoned(c.shape, c.x);
+    Tensor dgamma = random_tensor(Shape{C}, DType::kF32, rng);
+    Tensor dbeta = random_tensor(Shape{C}, DType::kF32, rng);
+    Tensor dgamma_dev = b.to_device(dgamma);
+    Tensor dbeta_dev = b.to_device(dbeta);
+    b.cpu->layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta);
+    b.gpu->layernorm_backward(b.to_device(dout), x_dev, gamma_dev, b.to_device(mean),
+                              b.to_device(rstd), dx_dev, dgamma_dev, dbeta_dev);
+    expect_close(dx, b.to_host(dx_dev), "layernorm_backward dx " + what);
+    expect_close(dgamma, b.to_host(dgamma_dev), "layernorm_backward dgamma " + what);
+    expect_close(dbeta, b.to_host(dbeta_dev), "layernorm_backward dbeta " + what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Attention
+
+struct AttentionCase {
+  int64_t B, T, C;
+  int n_head;
+  DType dtype;
+};
+
+TEST(GpuOps, AttentionMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(8);
+  const AttentionCase cases[] = {
+      {1, 1, 4, 1, DType::kF32},    {2, 7, 12, 3, DType::kF32},     {2, 64, 128, 2, DType::kF32},
+      {1, 70, 96, 2, DType::kBF16}, {2, 33, 768, 12, DType::kBF16}, {1, 40, 80, 1, DType::kF16},
+  };
+  for (const AttentionCase& c : cases) {
+    const std::string what = describe_case({"B=" + std::to_string(c.B), "T=" + std::to_string(c.T),
+                                            "C=" + std::to_string(c.C),
+                                            "H=" + std::to_string(c.n_head), dtype_name(c.dtype)});
+    const Shape qkv_shape{c.B, c.T, 3 * c.C};
+    const Shape out_shape{c.B, c.T, c.C};
+    const Shape att_shape{c.B, c.n_head, c.T, c.T};
+    const Tensor qkv = random_tensor(qkv_shape, c.dtype, rng, {0.5f, 2.0f});
+    const Tensor qkv_dev = b.to_device(qkv);
+    auto [out, out_dev] = b.poisoned(out_shape, c.dtype);
+    auto [att, att_dev] = b.poisoned(att_shape, DType::kF32);
+    b.cpu->attention_forward(qkv, out, att, c.n_head);
+    b.gpu->attention_forward(qkv_dev, out_dev, att_dev, c.n_head);
+    expect_close(out, b.to_host(out_dev), "attention_forward out " + what);
+    expect_close(att, b.to_host(att_dev), "attention_forward att " + what);
+
+    const Tensor dout = random_tensor(out_shape, c.dtype, rng);
+    auto [dqkv, dqkv_dev] = b.poisoned(qkv_shape, c.dtype);
+    b.cpu->attention_backward(dout, qkv, att, dqkv, c.n_head);
+    b.gpu->attention_backward(b.to_device(dout), qkv_dev, b.to_device(att), dqkv_dev, c.n_head);
+    expect_close(dqkv, b.to_host(dqkv_dev), "attention_backward dqkv " + what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Embeddings
+
+TEST(GpuOps, EmbeddingMatchesCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(9);
+  struct Case {
+    int64_t B, T, V, C;
+    DType param, activation;
+  };
+  // Small vocabularies repeat tokens many times, which is what the backward must sum.
+  const Case cases[] = {{1, 1, 1, 1, DType::kF32, DType::kF32},
+                        {2, 9, 11, 13, DType::kBF16, DType::kBF16},
+                        {4, 64, 50, 768, DType::kF32, DType::kBF16},
+                        {3, 100, 1000, 40, DType::kBF16, DType::kF16}};
+  for (const Case& c : cases) {
+    const std::string what = describe_case({"B=" + std::to_string(c.B), "T=" + std::to_string(c.T),
+                                            "V=" + std::to_string(c.V), "C=" + std::to_string(c.C),
+                                            dtype_name(c.param), dtype_name(c.activation)});
+    const Tensor tokens = tokens_tensor(Shape{c.B, c.T}, static_cast<int32_t>(c.V), rng);
+    const Tensor wte = random_tensor(Shape{c.V, c.C}, c.param, rng);
+    const Tensor wpe = random_tensor(Shape{c.T + 3, c.C}, c.param, rng);
+    const Tensor tokens_dev = b.to_device(tokens);
+    auto [out, out_dev] = b.poisoned(Shape{c.B, c.T, c.C}, c.activation);
+    b.cpu->embedding_forward(tokens, wte, wpe, out);
+    b.gpu->embedding_forward(tokens_dev, b.to_device(wte), b.to_device(wpe), out_dev);
+    expect_same_bits(out, b.to_host(out_dev), "embedding_forward " + what);
+
+    const Tensor dout = random_tensor(Shape{c.B, c.T, c.C}, c.activation, rng);
+    Tensor dwte = random_tensor(Shape{c.V, c.C}, DType::kF32, rng);
+    Tensor dwpe = random_tensor(Shape{c.T + 3, c.C}, DType::kF32, rng);
+    Tensor dwte_dev = b.to_device(dwte);
+    Tensor dwpe_dev = b.to_device(dwpe);
+    b.cpu->embedding_backward(dout, tokens, dwte, dwpe);
+    b.gpu->embedding_backward(b.to_device(dout), tokens_dev, dwte_dev, dwpe_dev);
+    expect_same_bits(dwte, b.to_host(dwte_dev), "embedding_backward dwte " + what);
+    expect_same_bits(dwpe, b.to_host(dwpe_dev), "embedding_backward dwpe " + what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-entropy
+
+TEST(GpuOps, SoftmaxCrossEntropyMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(10);
+  struct Case {
+    int64_t N, V;
+    DType logits, dlogits;
+  };
+  const Case cases[] = {{1, 3, DType::kF32, DType::kF32},
+                        {7, 1000, DType::kBF16, DType::kBF16},
+                        {5, 333, DType::kF16, DType::kF32},
+                        {4, 50257, DType::kF32, DType::kF32},
+                        {3, 50257, DType::kBF16, DType::kBF16}};
+  for (const Case& c : cases) {
+    const std::string what = describe_case({"N=" + std::to_string(c.N), "V=" + std::to_string(c.V),
+                                            dtype_name(c.logits), dtype_name(c.dlogits)});
+    const Tensor logits = random_tensor(Shape{c.N, c.V}, c.logits, rng, {1.0f, 5.0f});
+    const Tensor targets = tokens_tensor(Shape{c.N}, static_cast<int32_t>(c.V), rng);
+    const Tensor logits_dev = b.to_device(logits);
+    const Tensor targets_dev = b.to_device(targets);
+    const float grad_scale = 1024.0f / static_cast<float>(c.N);
+
+    // Loss only.
+    auto [losses, losses_dev] = b.poisoned(Shape{c.N}, DType::kF32);
+    b.cpu->softmax_cross_entropy(logits, targets, losses, nullptr, grad_scale);
+    b.gpu->softmax_cross_entropy(logits_dev, targets_dev, losses_dev, nullptr, grad_scale);
+    expect_close(losses, b.to_host(losses_dev), "losses " + what);
+
+    // Loss and a separate gradient.
+    auto [dlogits, dlogits_dev] = b.poisoned(Shape{c.N, c.V}, c.dlogits);
+    b.cpu->fill(losses, NAN);
+    b.gpu->fill(losses_dev, NAN);
+    b.cpu->softmax_cross_entropy(logits, targets, losses, &dlogits, grad_scale);
+    b.gpu->softmax_cross_entropy(logits_dev, targets_dev, losses_dev, &dlogits_dev, grad_scale);
+    expect_close(losses, b.to_host(losses_dev), "losses with dlogits " + what);
+    expect_close(dlogits, b.to_host(dlogits_dev), "dlogits " + what);
+
+    // The gradient written over the logits.
+    Tensor inplace = b.clone_host(logits);
+    Tensor inplace_dev = b.to_device(logits);
+    b.cpu->softmax_cross_entropy(inplace, targets, losses, &inplace, grad_scale);
+    b.gpu->softmax_cross_entropy(inplace_dev, targets_dev, losses_dev, &inplace_dev, grad_scale);
+    expect_close(losses, b.to_host(losses_dev), "losses in place " + what);
+    expect_close(inplace, b.to_host(inplace_dev), "dlogits in place " + what);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Optimizer and gradient checks
+
+TEST(GpuOps, AdamWMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(11);
+  for (int64_t n : {1, 1000, 100003}) {
+    for (bool misaligned : {false, true}) {
+      for (DType grad_type : {DType::kF32, DType::kBF16}) {
+        for (int copy_type = -1; copy_type < 3; ++copy_type) {  // none, F32, BF16, F16
+          const DType copy_dtype = copy_type == 1   ? DType::kBF16
+                                   : copy_type == 2 ? DType::kF16
+                                                    : DType::kF32;
+          const std::string what = describe_case(
+              {"adamw n=" + std::to_string(n), misaligned ? "misaligned" : "aligned", "grads",
+               dtype_name(grad_type), "copy", copy_type < 0 ? "none" : dtype_name(copy_dtype)});
+          const int64_t offset = misaligned ? 1 : 0;
+          const Shape full{n + offset};
+          Tensor params = random_tensor(full, DType::kF32, rng);
+          Tensor m = random_tensor(full, DType::kF32, rng, {0.01f});
+          Tensor v = random_tensor(full, DType::kF32, rng, {1e-4f});
+          for (int64_t i = 0; i < v.numel(); ++i)
+            v.data_as<float>()[i] = std::fabs(v.data_as<float>()[i]);
+          auto [copy, copy_dev] = b.poisoned(full, copy_dtype);
+          Tensor params_dev = b.to_device(params);
+          Tensor m_dev = b.to_device(m);
+          Tensor v_dev = b.to_device(v);
+          const Shape shape{n};
+          Tensor p_view = params.view(offset, shape), p_dev_view = params_dev.view(offset, shape);
+          Tensor m_view = m.view(offset, shape), m_dev_view = m_dev.view(offset, shape);
+          Tensor v_view = v.view(offset, shape), v_dev_view = v_dev.view(offset, shape);
+          Tensor c_view = copy.view(offset, shape), c_dev_view = copy_dev.view(offset, shape);
+          // Two steps, so that the second starts from state the first one wrote.
+          for (int64_t step : {1, 1000}) {
+            const Tensor grads = random_tensor(shape, grad_type, rng, {0.01f, 1.0f});
+            const Tensor grads_dev = b.to_device(grads);
+            AdamWParams p;
+            p.lr = 1e-3f;
+            p.weight_decay = 0.1f;
+            p.step = step;
+            p.grad_scale = 0.5f;
+            b.cpu->adamw(p_view, grads, m_view, v_view, copy_type < 0 ? nullptr : &c_view, p);
+            b.gpu->adamw(p_dev_view, grads_dev, m_dev_view, v_dev_view,
+                         copy_type < 0 ? nullptr : &c_dev_view, p);
+          }
+          expect_close(params, b.to_host(params_dev), what + " params");
+          expect_close(m, b.to_host(m_dev), what + " m");
+          expect_close(v, b.to_host(v_dev), what + " v");
+          if (copy_type >= 0) expect_close(copy, b.to_host(copy_dev), what + " compute copy");
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuOps, SumSquaresMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(12);
+  for (int64_t n : {1, 1000, (1 << 20) + 3}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      const std::string what =
+          describe_case({"sum_squares", dtype_name(dtype), "n=" + std::to_string(n)});
+      Tensor x = random_tensor(Shape{n}, dtype, rng, {0.01f, 1.0f, 100.0f});
+      // An FP32 square of 1e20 overflows; the FP64 accumulation must not.
+      if (dtype == DType::kF32 && n > 10) set_code(x, 10, encode(dtype, 1e20f));
+      Tensor out = scalar_f32(2.5f);
+      Tensor out_dev = b.to_device(out);
+      const Tensor x_dev = b.to_device(x);
+      // Twice: the result accumulates.
+      for (int call = 0; call < 2; ++call) {
+        b.cpu->sum_squares(x, out);
+        b.gpu->sum_squares(x_dev, out_dev);
+      }
+      const Tensor gpu_out = b.to_host(out_dev);
+      EXPECT_NEAR(gpu_out.data_as<float>()[0], out.data_as<float>()[0],
+                  1e-6 * std::fabs(out.data_as<float>()[0]))
+          << what;
+    }
+  }
+}
+
+TEST(GpuOps, UnscaleCheckFiniteMatchesCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(13);
+  struct Bad {
+    const char* name;
+    std::vector<int64_t> positions;  // from the end when negative
+  };
+  const Bad bads[] = {{"all finite", {}}, {"last", {-1}}, {"several", {-1, 17, 500, 4}}};
+  for (int64_t n : {1, 1000, 100003}) {
+    for (bool misaligned : {false, true}) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+        for (const Bad& bad : bads) {
+          for (float found_before : {0.0f, 1.0f}) {
+            const std::string what = describe_case(
+                {dtype_name(dtype), "n=" + std::to_string(n), misaligned ? "misaligned" : "",
+                 bad.name, "found before " + std::to_string(found_before)});
+            const int64_t offset = misaligned ? 1 : 0;
+            Tensor x = random_tensor(Shape{n + offset}, dtype, rng, {1.0f, 1000.0f});
+            const float specials[] = {INFINITY, NAN, -INFINITY, NAN};
+            int k = 0;
+            for (int64_t pos : bad.positions) {
+              const int64_t i = pos < 0 ? n + pos : pos;
+              if (i < n) set_code(x, offset + i, encode(dtype, specials[k++ % 4]));
+            }
+            Tensor x_dev = b.to_device(x);
+            Tensor found = scalar_f32(found_before);
+            Tensor found_dev = b.to_device(found);
+            auto [first, first_dev] = b.poisoned(Shape{1}, DType::kI64);
+            Tensor x_view = x.view(offset, Shape{n});
+            Tensor x_dev_view = x_dev.view(offset, Shape{n});
+            b.cpu->unscale_check_finite(x_view, 1.0f / 1024.0f, found, &first);
+            b.gpu->unscale_check_finite(x_dev_view, 1.0f / 1024.0f, found_dev, &first_dev);
+            expect_same_bits(x, b.to_host(x_dev), what + " x");
+            expect_same_bits(found, b.to_host(found_dev), what + " found");
+            expect_same_bits(first, b.to_host(first_dev), what + " first_index");
+            // Without first_index.
+            b.cpu->unscale_check_finite(x_view, 3.0f, found, nullptr);
+            b.gpu->unscale_check_finite(x_dev_view, 3.0f, found_dev, nullptr);
+            expect_same_bits(x, b.to_host(x_dev), what + " x, second call");
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors
+
+// The message of the Error `call` throws, with what legitimately differs between the
+// backends taken out: the device in tensor descriptions and the source location suffix.
+template <class F>
+std::string error_of(F&& call, const std::string& device_name) {
+  try {
+    call();
+  } catch (const Error& e) {
+    std::string message = e.what();
+    message = message.substr(0, message.rfind(" ["));
+    for (size_t at = message.find(device_name); at != std::string::npos;
+         at = message.find(device_name)) {
+      message.replace(at, device_name.size(), "<device>");
+    }
+    return message;
+  }
+  return "(no error)";
+}
+
+// Each bad call fails on the GPU with the CPU's message (devices aside), naming the op and
+// the operand; out-of-range tokens and targets included, which the GPU finds on the device.
+TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(14);
+  const std::string gpu_name = b.device.str();
+
+  // Each case gets host operands and runs on one backend, given the backend and a function
+  // that moves an operand to that backend's device.
+  using Move = std::function<Tensor(const Tensor&)>;
+  using Case = std::function<void(Backend&, const Move&)>;
+  const Tensor a = random_tensor(Shape{4, 8}, DType::kF32, rng);
+  const Tensor other = random_tensor(Shape{4, 9}, DType::kF32, rng);
+  const Tensor ints = tokens_tensor(Shape{4}, 5, rng);
+  Tensor bad_tokens = tokens_tensor(Shape{2, 6}, 50, rng);
+  bad_tokens.data_as<int32_t>()[9] = 50;
+  bad_tokens.data_as<int32_t>()[11] = -3;
+  const std::vector<std::pair<const char*, Case>> cases = {
+      {"add shapes",
+       [&](Backend& be, const Move& mv) {
+         Tensor o = mv(a);
+         be.add(mv(a), mv(other), o);
+       }},
+      {"cast dtype",
+       [&](Backend& be, const Move& mv) {
+         Tensor o = mv(a);
+         be.cast(mv(ints), o, {});
+       }},
+      {"gelu dtype",
+       [&](Backend& be, const Move& mv) {
+         Tensor o = mv(ints);
+         be.gelu_forward(mv(ints), o);
+       }},
+      {"layernorm gamma",
+       [&](Backend& be, const Move& mv) {
+         Tensor o = mv(a), mean = mv(a.view(0, Shape{4})), rstd = mv(a.view(4, Shape{4}));
+         be.layernorm_forward(mv(a), mv(other.view(0, Shape{9})), mv(a.view(0, Shape{8})), o, mean,
+                              rstd);
+       }},
+      {"attention heads",
+       [&](Backend& be, const Move& mv) {
+         const Tensor qkv = random_tensor(Shape{1, 2, 12}, DType::kF32, rng);
+         Tensor o = mv(random_tensor(Shape{1, 2, 4}, DType::kF32, rng));
+         Tensor att = mv(random_tensor(Shape{1, 3, 2, 2}, DType::kF32, rng));
+         be.attention_forward(mv(qkv), o, att, 3);
+       }},
+      {"embedding token",
+       [&](Backend& be, const Move& mv) {
+         const Tensor wte = random_tensor(Shape{50, 8}, DType::kF32, rng);
+         const Tensor wpe = random_tensor(Shape{6, 8}, DType::kF32, rng);
+         Tensor o = mv(random_tensor(Shape{2, 6, 8}, DType::kF32, rng));
+         be.embedding_forward(mv(bad_tokens), mv(wte), mv(wpe), o);
+       }},
+      {"cross-entropy target",
+       [&](Backend& be, const Move& mv) {
+         const Tensor logits = random_tensor(Shape{12, 50}, DType::kF32, rng);
+         Tensor losses = mv(random_tensor(Shape{12}, DType::kF32, rng));
+         be.softmax_cross_entropy(mv(logits), mv(bad_tokens.reshape(Shape{12})), losses, nullptr,
+                                  1.0f);
+       }},
+      {"adamw fp8 copy",
+       [&](Backend& be, const Move& mv) {
+         Tensor p = mv(a), g = mv(a), m = mv(a), v = mv(a);
+         Tensor copy = mv(Tensor::empty(Shape{4, 8}, DType::kE4M3));
+         be.adamw(p, g, m, v, &copy, AdamWParams{});
+       }},
+      {"unscale inv_scale",
+       [&](Backend& be, const Move& mv) {
+         Tensor x = mv(a), found = mv(scalar_f32(0.0f));
+         be.unscale_check_finite(x, INFINITY, found, nullptr);
+       }},
+  };
+  const Move on_cpu = [&](const Tensor& t) { return b.clone_host(t); };
+  const Move on_gpu = [&](const Tensor& t) { return b.to_device(t); };
+  for (const auto& [name, run] : cases) {
+    const std::string cpu_message = error_of([&] { run(*b.cpu, on_cpu); }, "cpu");
+    const std::string gpu_message = error_of([&] { run(*b.gpu, on_gpu); }, gpu_name);
+    EXPECT_NE(cpu_message, "(no error)") << name;
+    EXPECT_EQ(gpu_message, cpu_message) << name;
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::core

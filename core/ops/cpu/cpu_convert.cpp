@@ -1,35 +1,421 @@
+// Bulk FP32 <-> storage-dtype conversions, eight elements per AVX2 vector.
+//
+// Every result equals the scalar definition in core/dtype/dtype.h bit for bit, NaN patterns
+// included; the vector code computes the same functions another way:
+//  - widening: BF16 is the top half of an FP32 pattern (a shift). FP16 goes through the F16C
+//    instruction, which is exact, and E5M2/E4M3 are first rewritten as FP16 patterns. NaNs
+//    then get dtype.h's canonical pattern (0x7FFFFFFF with the code's sign).
+//  - narrowing: BF16 and FP8 round with integer arithmetic on the FP32 pattern, FP16 with
+//    F16C; NaN becomes the canonical code.
+//  - stochastic rounding: random_u32 is computed for eight indices at once (its 64-bit
+//    multiplies built from AVX2's 32x32->64 ones) and compared as dtype.h compares it.
+//  - amax is the maximum of |x|'s bit pattern: non-negative floats order like their patterns
+//    and every NaN pattern lies above +inf, so a NaN wins the maximum, i.e. propagates.
+// A conversion is split into fixed blocks handed to OpenMP threads; a block runs the vector
+// loop and finishes its last few elements with the scalar functions. The block kernels take
+// their arguments by value: vector stores may alias anything, so values read through a
+// reference would be reloaded on every iteration.
 #include "core/ops/cpu/cpu_convert.h"
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "core/error.h"
 
+#if !defined(__AVX2__) || !defined(__F16C__)
+#error "cpu_convert.cpp needs AVX2 and F16C (build with -march=x86-64-v3)"
+#endif
+
 namespace mantissa::core {
 namespace {
 
+constexpr int64_t kBlock = 1 << 14;        // elements per OpenMP work item
+constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs more than it saves
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kInfBits = 0x7F800000u;
+
+// Runs body(begin, end) over [0, n) in blocks, on every OpenMP thread when n is large, and
+// returns the maximum of what the bodies return (the amax pattern when narrowing).
+template <class Body>
+uint32_t for_blocks(int64_t n, const Body& body) {
+  uint32_t result = 0;
+#pragma omp parallel for schedule(static) reduction(max : result) if (n >= kParallelMin)
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    result = std::max(result, body(begin, std::min(n, begin + kBlock)));
+  }
+  return result;
+}
+
+__m256i broadcast(uint32_t x) {
+  return _mm256_set1_epi32(static_cast<int>(x));
+}
+
+__m256i abs_bits(__m256 x) {
+  return _mm256_and_si256(_mm256_castps_si256(x), broadcast(kAbsMask));
+}
+
+uint32_t horizontal_max(__m256i v) {
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0b01001110));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0b10110001));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(m));
+}
+
+// --- widening --------------------------------------------------------------------------------
+
+// NaN lanes take dtype.h's decoded NaN: all exponent and mantissa bits set, sign kept.
+__m256 canonical_nan(__m256 x) {
+  const __m256 canonical = _mm256_or_ps(x, _mm256_castsi256_ps(broadcast(kAbsMask)));
+  return _mm256_blendv_ps(x, canonical, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+__m128i load8_bytes(const void* p) {
+  return _mm_loadl_epi64(static_cast<const __m128i*>(p));
+}
+__m128i load8_words(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+// decode8(p): the eight codes at p as FP32, exactly to_float(p[i]).
+__m256 decode8(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+
+__m256 decode8(const bf16* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load8_words(p)), 16));
+}
+
+__m256 decode8(const fp16* p) {
+  return canonical_nan(_mm256_cvtph_ps(load8_words(p)));
+}
+
+// E5M2 has FP16's exponent width and bias: a code is the top byte of the FP16 pattern.
+__m256 decode8(const fp8_e5m2* p) {
+  return canonical_nan(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(load8_bytes(p)), 8)));
+}
+
+// E4M3 -> FP16 pattern: exponent and mantissa fields slide into FP16's positions (mantissa 3
+// -> 10 bits; sign-extending the byte first puts the sign at bit 15, and bit 14 is cleared).
+// FP16's bias is 15 instead of 7, so the pattern reads as the value times 2^-8 -- subnormals
+// too, since both formats scale their subnormals like their smallest exponent -- and the
+// exact product by 2^8 restores it. The NaN magnitude 0x7F reads as 1.875 (480 after the
+// product), which no other code gives, and is replaced.
+__m256 decode8(const fp8_e4m3* p) {
+  const __m128i shifted = _mm_slli_epi16(_mm_cvtepi8_epi16(load8_bytes(p)), 7);
+  const __m128i half = _mm_andnot_si128(_mm_set1_epi16(0x4000), shifted);
+  const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
+  const __m256 magnitude = _mm256_castsi256_ps(abs_bits(value));
+  const __m256 is_nan = _mm256_cmp_ps(magnitude, _mm256_set1_ps(480.0f), _CMP_EQ_OQ);
+  return _mm256_blendv_ps(value, _mm256_or_ps(value, _mm256_castsi256_ps(broadcast(kAbsMask))),
+                          is_nan);
+}
+
+template <class T>
+void widen_block(const T* src, float* dst, int64_t begin, int64_t end, float scale) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) _mm256_storeu_ps(dst + i, _mm256_mul_ps(decode8(src + i), s));
+  for (; i < end; ++i) dst[i] = to_float(src[i]) * scale;
+}
+
 template <class T>
 void widen(const T* src, float* dst, int64_t n, float scale) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]) * scale;
+  for_blocks(n, [&](int64_t begin, int64_t end) {
+    widen_block(src, dst, begin, end, scale);
+    return 0u;
+  });
+}
+
+// --- narrowing -------------------------------------------------------------------------------
+
+// Eight 32-bit lanes holding 16-bit codes, stored as eight uint16.
+void store8_u16(void* dst, __m256i codes) {
+  const __m256i packed = _mm256_packus_epi32(codes, codes);  // lanes [0-3 0-3 | 4-7 4-7]
+  _mm_storeu_si128(static_cast<__m128i*>(dst),
+                   _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0b1000)));
+}
+
+// Eight 32-bit lanes holding 8-bit codes, stored as eight bytes.
+void store8_u8(void* dst, __m256i codes) {
+  const __m256i words = _mm256_packus_epi32(codes, codes);  // [0-3 0-3 | 4-7 4-7]
+  const __m256i bytes = _mm256_packus_epi16(words, words);  // [0-3 (x4) | 4-7 (x4)]
+  _mm_storel_epi64(
+      static_cast<__m128i*>(dst),
+      _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1)));
+}
+
+// Four vectors of 32-bit lanes holding 16-bit codes (a, b, c, d), stored as 32 uint16.
+void store32_u16(void* dst, __m256i a, __m256i b, __m256i c, __m256i d) {
+  // packus interleaves 128-bit halves: [a0-3 b0-3 | a4-7 b4-7]; the qword permute restores order.
+  __m256i* out = static_cast<__m256i*>(dst);
+  _mm256_storeu_si256(out, _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0b11011000));
+  _mm256_storeu_si256(out + 1, _mm256_permute4x64_epi64(_mm256_packus_epi32(c, d), 0b11011000));
+}
+
+// Four vectors of 32-bit lanes holding 8-bit codes (a, b, c, d), stored as 32 bytes.
+void store32_u8(void* dst, __m256i a, __m256i b, __m256i c, __m256i d) {
+  // In 4-byte groups the two packs leave [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7].
+  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+  _mm256_storeu_si256(
+      static_cast<__m256i*>(dst),
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// round32(x, dst, saturation): dst[i] = Rounder<T>::nearest(x[i], saturation) for the 32
+// values in x[0..3].
+void round32(const __m256 x[4], float* dst, Saturation) {
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + 8 * k, x[k]);
+}
+
+// bf16_from_float: adding 0x7FFF plus the lowest kept bit, then truncating, rounds to nearest
+// even; NaN becomes 0x7FFF instead of being rounded (possibly into inf).
+__m256i bf16_round8(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), broadcast(1));
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(bits, _mm256_add_epi32(broadcast(0x7FFF), lowest_kept)), 16);
+  const __m256i is_nan = _mm256_cmpgt_epi32(abs_bits(x), broadcast(kInfBits));
+  return _mm256_blendv_epi8(rounded, broadcast(0x7FFF), is_nan);
+}
+
+void round32(const __m256 x[4], bf16* dst, Saturation) {
+  store32_u16(dst, bf16_round8(x[0]), bf16_round8(x[1]), bf16_round8(x[2]), bf16_round8(x[3]));
+}
+
+// F16C rounds to nearest even with IEEE overflow to inf, like fp16_from_float. A NaN keeps
+// the top 10 bits of its payload and gets the quiet bit, so feeding it the all-ones NaN
+// yields dtype.h's canonical 0x7FFF (the sign is dropped first, as dtype.h drops it).
+__m128i fp16_round8(__m256 x) {
+  const __m256 is_nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  const __m256 input = _mm256_blendv_ps(x, _mm256_castsi256_ps(broadcast(kAbsMask)), is_nan);
+  return _mm256_cvtps_ph(input, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+void round32(const __m256 x[4], fp16* dst, Saturation) {
+  for (int k = 0; k < 4; ++k) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 8 * k), fp16_round8(x[k]));
+  }
+}
+
+// The FP32 pattern of the value a normal code of format f stands for. The codes for inf and
+// NaN are read as if their exponent were an ordinary one (E5M2 0x7C as 2^16, E4M3 0x7F as
+// 480), so that rounding that value gives the code back.
+constexpr uint32_t code_bits(SmallFloatFormat f, uint32_t code) {
+  const uint32_t exponent = code >> f.man_bits;
+  const uint32_t mantissa = code & ((1u << f.man_bits) - 1);
+  return (exponent - f.bias + 127) << 23 | mantissa << (23 - f.man_bits);
+}
+
+// float_to_small_rne for an 8-bit format, eight lanes at a time.
+template <SmallFloatFormat F>
+__m256i fp8_round8(__m256 x, Saturation saturation) {
+  constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i abs = abs_bits(x);
+
+  // Overflow: |x| (inf included) is clamped to the value of the code an overflow gives -- max
+  // finite when saturating, else inf (E5M2) or NaN (E4M3) read as a number -- which rounds to
+  // that code. Every |x| above it overflows to that same code; those below are untouched.
+  const uint32_t overflow =
+      saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
+  const __m256i clamped = _mm256_min_epu32(abs, broadcast(code_bits(F, overflow)));
+
+  // Normal range, as round_magnitude_rne: add half an ulp minus one plus the lowest kept bit
+  // and truncate (ties go to even; a carry moves into the exponent). Subtracting the bias
+  // difference (127 - bias) from the exponent field first leaves the code after the shift.
+  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(clamped, kDrop), broadcast(1));
+  const uint32_t round_and_rebias = (1u << (kDrop - 1)) - 1 - ((127u - F.bias) << 23);
+  const __m256i normal = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(clamped, broadcast(round_and_rebias)), lowest_kept), kDrop);
+
+  // Subnormal range: the FP32 ulp of 2^k, k = log2(smallest subnormal) + 23, is exactly the
+  // subnormal step, so the FPU's round-to-nearest-even in |x| + 2^k rounds |x| to a whole
+  // number of steps, and the low bits of the sum are that number: the code (reaching the
+  // smallest normal's code when it rounds up past the largest subnormal).
+  const __m256 magic = _mm256_castsi256_ps(broadcast((127u + 23 + 1 - F.bias - F.man_bits) << 23));
+  const __m256i subnormal =
+      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(abs), magic)),
+                       _mm256_castps_si256(magic));
+
+  __m256i code =
+      _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs));
+  code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
+  return _mm256_blendv_epi8(code, broadcast(F.nan_code),
+                            _mm256_cmpgt_epi32(abs, broadcast(kInfBits)));
+}
+
+void round32(const __m256 x[4], fp8_e4m3* dst, Saturation saturation) {
+  constexpr SmallFloatFormat f = e4m3_format();
+  store32_u8(dst, fp8_round8<f>(x[0], saturation), fp8_round8<f>(x[1], saturation),
+             fp8_round8<f>(x[2], saturation), fp8_round8<f>(x[3], saturation));
+}
+
+void round32(const __m256 x[4], fp8_e5m2* dst, Saturation saturation) {
+  constexpr SmallFloatFormat f = e5m2_format();
+  store32_u8(dst, fp8_round8<f>(x[0], saturation), fp8_round8<f>(x[1], saturation),
+             fp8_round8<f>(x[2], saturation), fp8_round8<f>(x[3], saturation));
+}
+
+// --- stochastic rounding ---------------------------------------------------------------------
+
+// x * c mod 2^64 in each 64-bit lane. AVX2 multiplies only 32x32 -> 64 bits: with
+// x = xh 2^32 + xl and c = ch 2^32 + cl, x c = xl cl + ((xh cl + xl ch) << 32) mod 2^64.
+__m256i mul64(__m256i x, uint64_t c) {
+  const __m256i cl = _mm256_set1_epi64x(static_cast<int64_t>(c & 0xFFFFFFFFu));
+  const __m256i ch = _mm256_set1_epi64x(static_cast<int64_t>(c >> 32));
+  const __m256i cross =
+      _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), cl), _mm256_mul_epu32(x, ch));
+  return _mm256_add_epi64(_mm256_mul_epu32(x, cl), _mm256_slli_epi64(cross, 32));
+}
+
+// dtype.h's mix64 on four lanes.
+__m256i mix64(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
+  x = mul64(x, 0xff51afd7ed558ccdULL);
+  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
+  x = mul64(x, 0xc4ceb9fe1a85ec53ULL);
+  return _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
+}
+
+// random_u32(seed, index + k) for k = 0..7, one per 32-bit lane.
+__m256i random8(uint64_t seed, uint64_t index) {
+  const __m256i first =
+      _mm256_add_epi64(_mm256_set1_epi64x(static_cast<int64_t>(index + 0x9e3779b97f4a7c15ULL)),
+                       _mm256_setr_epi64x(0, 1, 2, 3));
+  const __m256i s = _mm256_set1_epi64x(static_cast<int64_t>(seed));
+  const __m256i low = mix64(_mm256_xor_si256(s, mix64(first)));
+  const __m256i high =
+      mix64(_mm256_xor_si256(s, mix64(_mm256_add_epi64(first, _mm256_set1_epi64x(4)))));
+  // Keep the upper 32 bits of each 64-bit result, in index order.
+  const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+  return _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(low, odd),
+                                   _mm256_permutevar8x32_epi32(high, odd), 0x20);
+}
+
+// bf16_from_float_stochastic: round up when the 16 dropped bits exceed the top 16 random
+// bits; inf and NaN take the nearest-even path.
+void round8_stochastic(__m256 x, __m256i random, bf16* dst, Saturation) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i dropped = _mm256_and_si256(bits, broadcast(0xFFFF));
+  const __m256i up = _mm256_cmpgt_epi32(dropped, _mm256_srli_epi32(random, 16));  // -1 or 0
+  const __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(bits, 16), up);
+  const __m256i special =
+      _mm256_cmpeq_epi32(_mm256_and_si256(bits, broadcast(kInfBits)), broadcast(kInfBits));
+  store8_u16(dst, _mm256_blendv_epi8(code, bf16_round8(x), special));
+}
+
+// float_to_small_stochastic for |x| <= max finite, eight lanes at a time, other lanes taken
+// from `nearest` (their float_to_small_rne codes). dtype.h finds the code lo truncating |x|
+// toward zero, the gap to the next code, and rounds up when u * gap < |x| - value(lo) with
+// u = (random >> 8) / 2^24; every one of these quantities is exact in FP32, so computing them
+// directly below gives the same comparison.
+template <SmallFloatFormat F>
+__m256i small_stochastic8(__m256 x, __m256i random, __m256i nearest) {
+  constexpr int kDrop = 23 - F.man_bits;
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i abs = abs_bits(x);
+  const __m256 magnitude = _mm256_castsi256_ps(abs);
+
+  // Normal range: truncating the FP32 mantissa truncates the value; the gap is one unit of
+  // the format's last mantissa bit in |x|'s binade, 2^(exponent - man_bits).
+  const __m256i normal_code =
+      _mm256_sub_epi32(_mm256_srli_epi32(abs, kDrop), broadcast((127u - F.bias) << F.man_bits));
+  const __m256 normal_value =
+      _mm256_castsi256_ps(_mm256_andnot_si256(broadcast((1u << kDrop) - 1), abs));
+  const __m256 normal_gap = _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_srli_epi32(abs, 23), broadcast(F.man_bits)), 23));
+
+  // Subnormal range: whole steps of the smallest subnormal, 2^(1 - bias - man_bits) (scaling
+  // by a power of two is exact; the conversion truncates).
+  const __m256 step = _mm256_castsi256_ps(broadcast((128u - F.bias - F.man_bits) << 23));
+  const __m256 steps_per_unit = _mm256_castsi256_ps(broadcast((126u + F.bias + F.man_bits) << 23));
+  const __m256i subnormal_code = _mm256_cvttps_epi32(_mm256_mul_ps(magnitude, steps_per_unit));
+  const __m256 subnormal_value = _mm256_mul_ps(_mm256_cvtepi32_ps(subnormal_code), step);
+
+  const __m256i is_subnormal = _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs);
+  const __m256 subnormal_mask = _mm256_castsi256_ps(is_subnormal);
+  const __m256i lo = _mm256_blendv_epi8(normal_code, subnormal_code, is_subnormal);
+  const __m256 lo_value = _mm256_blendv_ps(normal_value, subnormal_value, subnormal_mask);
+  const __m256 gap = _mm256_blendv_ps(normal_gap, step, subnormal_mask);
+
+  const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)),
+                                 _mm256_set1_ps(1.0f / 16777216.0f));
+  const __m256i up = _mm256_castps_si256(
+      _mm256_cmp_ps(_mm256_mul_ps(u, gap), _mm256_sub_ps(magnitude, lo_value), _CMP_LT_OQ));
+  const __m256i sign =
+      _mm256_and_si256(_mm256_srli_epi32(bits, 31 - F.sign_shift), broadcast(1u << F.sign_shift));
+  const __m256i code = _mm256_or_si256(_mm256_sub_epi32(lo, up), sign);
+  const __m256i out_of_range = _mm256_cmpgt_epi32(abs, broadcast(code_bits(F, F.max_finite_code)));
+  return _mm256_blendv_epi8(code, nearest, out_of_range);
+}
+
+void round8_stochastic(__m256 x, __m256i, float* dst, Saturation) {
+  _mm256_storeu_ps(dst, x);
+}
+
+// FP16 has no saturation mode (overflow is inf), as in Rounder<fp16>.
+void round8_stochastic(__m256 x, __m256i random, fp16* dst, Saturation) {
+  const __m256i nearest = _mm256_cvtepu16_epi32(fp16_round8(x));
+  store8_u16(dst, small_stochastic8<fp16_format()>(x, random, nearest));
+}
+
+void round8_stochastic(__m256 x, __m256i random, fp8_e4m3* dst, Saturation saturation) {
+  const __m256i nearest = fp8_round8<e4m3_format()>(x, saturation);
+  store8_u8(dst, small_stochastic8<e4m3_format()>(x, random, nearest));
+}
+
+void round8_stochastic(__m256 x, __m256i random, fp8_e5m2* dst, Saturation saturation) {
+  const __m256i nearest = fp8_round8<e5m2_format()>(x, saturation);
+  store8_u8(dst, small_stochastic8<e5m2_format()>(x, random, nearest));
+}
+
+// Narrows [begin, end) and returns the amax pattern of the input there. The nearest path
+// takes 32 elements per step (so that codes pack into whole vectors), the stochastic path 8
+// (its cost is the random numbers).
+template <class T>
+uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
+  const __m256 scale = _mm256_set1_ps(o.scale);
+  __m256i vector_amax = _mm256_setzero_si256();
+  int64_t i = begin;
+  if (o.stochastic) {
+    for (; i + 8 <= end; i += 8) {
+      const __m256 x = _mm256_loadu_ps(src + i);
+      vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x));
+      const __m256i random = random8(o.seed, o.index_base + static_cast<uint64_t>(i));
+      round8_stochastic(_mm256_mul_ps(x, scale), random, dst + i, o.saturation);
+    }
+  } else {
+    for (; i + 32 <= end; i += 32) {
+      __m256 x[4];
+      for (int k = 0; k < 4; ++k) {
+        x[k] = _mm256_loadu_ps(src + i + 8 * k);
+        vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
+        x[k] = _mm256_mul_ps(x[k], scale);
+      }
+      round32(x, dst + i, o.saturation);
+    }
+  }
+  uint32_t amax = horizontal_max(vector_amax);
+  for (; i < end; ++i) {
+    const float x = src[i];
+    amax = std::max(amax, std::bit_cast<uint32_t>(x) & kAbsMask);
+    const float scaled = x * o.scale;
+    dst[i] = o.stochastic ? Rounder<T>::stochastic(scaled, random_u32(o.seed, o.index_base + i),
+                                                   o.saturation)
+                          : Rounder<T>::nearest(scaled, o.saturation);
+  }
+  return amax;
 }
 
 template <class T>
 float narrow(const float* src, T* dst, int64_t n, const NarrowOptions& o) {
-  float amax = 0.0f;
-  bool saw_nan = false;
-#pragma omp parallel for schedule(static) reduction(max : amax) reduction(|| : saw_nan) if (n > (1 << 16))
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = src[i];
-    if (o.want_amax) {
-      saw_nan = saw_nan || std::isnan(x);
-      amax = std::fmax(amax, std::fabs(x));
-    }
-    const float scaled = x * o.scale;
-    dst[i] = o.stochastic
-                 ? Rounder<T>::stochastic(scaled, random_u32(o.seed, o.index_base + i), o.saturation)
-                 : Rounder<T>::nearest(scaled, o.saturation);
-  }
-  return saw_nan ? NAN : amax;
+  const uint32_t amax_bits = for_blocks(
+      n, [&](int64_t begin, int64_t end) { return narrow_block(src, dst, begin, end, o); });
+  if (!o.want_amax) return 0.0f;
+  return amax_bits > kInfBits ? NAN : std::bit_cast<float>(amax_bits);
 }
 
 }  // namespace
@@ -53,8 +439,7 @@ float narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n,
     case DType::kF16: return narrow(src, static_cast<fp16*>(dst), n, options);
     case DType::kE4M3: return narrow(src, static_cast<fp8_e4m3*>(dst), n, options);
     case DType::kE5M2: return narrow(src, static_cast<fp8_e5m2*>(dst), n, options);
-    default:
-      MANTISSA_FAIL("narrow_from_f32: " << dtype_name(dst_dtype) << " is not a float dtype");
+    default: MANTISSA_FAIL("narrow_from_f32: " << dtype_name(dst_dtype) << " is not a float dtype");
   }
 }
 

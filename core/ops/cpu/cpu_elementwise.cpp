@@ -1,1 +1,344 @@
+// Casts, amax, bias, residual add and GELU on the CPU.
+//
+// Every loop reads its storage dtype, computes in FP32 and rounds once to the output dtype
+// with the conversions of core/dtype/dtype.h, so the results match the GPU's wherever the
+// arithmetic is exactly specified (casts, adds) and to a few FP32 ulps elsewhere (GELU).
+// Loops are written to vectorise: no libm calls in the hot loops, and selects rather than
+// branches. (GCC still keeps the GELU loops scalar under its default -ftrapping-math: it
+// turns the clamps into branches and then may not speculate the arithmetic behind them.
+// -fno-trapping-math, which changes no result, lets it vectorise them.) Large loops are
+// split across OpenMP threads.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+
+// A cast from a reduced-precision source is done slice by slice: each slice is widened into
+// an FP32 scratch buffer (64 KiB, which stays in L2) and narrowed from there.
+constexpr int64_t kCastSlice = 1 << 14;
+
+// bias_backward sums fixed blocks of rows into per-block partial sums, then adds the
+// partials in block order: the result does not depend on the thread count.
+constexpr int64_t kBiasRowBlock = 256;
+
+void check_float_operand(const char* op, const char* name, const Tensor& t, Device device) {
+  check_operand(op, name, t, device,
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
+}
+
+// ---------------------------------------------------------------------------------------
+// cast
+
+// Widens each slice of a non-F32 source to FP32, then narrows it with index_base set to
+// the slice's offset, so that stochastic rounding draws the same random numbers as a
+// conversion of the whole array would. Returns max |src| as narrow_from_f32 does.
+float cast_through_f32(const Tensor& src, Tensor& dst, const NarrowOptions& options) {
+  const int64_t n = src.numel();
+  const int64_t n_slices = (n + kCastSlice - 1) / kCastSlice;
+  const auto* in = static_cast<const unsigned char*>(src.data());
+  auto* out = static_cast<unsigned char*>(dst.data());
+  const size_t in_width = dtype_size(src.dtype());
+  const size_t out_width = dtype_size(dst.dtype());
+  float amax = 0.0f;
+  bool saw_nan = false;
+#pragma omp parallel if (n_slices > 1) reduction(max : amax) reduction(|| : saw_nan)
+  {
+    std::vector<float> scratch(static_cast<size_t>(std::min(n, kCastSlice)));
+#pragma omp for schedule(static)
+    for (int64_t s = 0; s < n_slices; ++s) {
+      const int64_t begin = s * kCastSlice;
+      const int64_t count = std::min(kCastSlice, n - begin);
+      widen_to_f32(in + begin * in_width, src.dtype(), scratch.data(), count);
+      NarrowOptions slice = options;
+      slice.index_base = options.index_base + static_cast<uint64_t>(begin);
+      const float slice_amax =
+          narrow_from_f32(scratch.data(), out + begin * out_width, dst.dtype(), count, slice);
+      // NaN is tracked on the side: a max reduction would drop it.
+      saw_nan = saw_nan || std::isnan(slice_amax);
+      amax = std::fmax(amax, slice_amax);
+    }
+  }
+  return saw_nan ? NAN : amax;
+}
+
+// ---------------------------------------------------------------------------------------
+// amax
+
+// The FP32 bit pattern of |x| (sign cleared) orders like |x| itself when compared as an
+// unsigned integer, and every NaN pattern lies above inf. An integer max therefore gives
+// max |x| and propagates NaN without a branch, and it vectorises.
+template <class T>
+float amax_of(const T* x, int64_t n) {
+  uint32_t max_bits = 0;
+#pragma omp parallel for simd schedule(static) reduction(max : max_bits) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    max_bits = std::max(max_bits, float_to_bits(to_float(x[i])) & 0x7FFFFFFFu);
+  }
+  return bits_to_float(max_bits);
+}
+
+// ---------------------------------------------------------------------------------------
+// bias
+
+template <class T>
+void add_bias_rows(T* x, const float* bias, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = x + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) row[c] = round_to<T>(to_float(row[c]) + bias[c]);
+  }
+}
+
+// dbias[c] += sum_r dout[r, c] in FP32. Each block of kBiasRowBlock rows is summed row by
+// row into its own partial vector (contiguous, vectorised over c); the partials are then
+// added in block order, which also keeps the FP32 error growing with the block count
+// rather than with the row count.
+template <class T>
+void add_column_sums(const T* dout, float* dbias, int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  const int64_t n_blocks = (rows + kBiasRowBlock - 1) / kBiasRowBlock;
+  std::vector<float> partial(static_cast<size_t>(n_blocks * cols));
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    float* acc = partial.data() + b * cols;
+    std::fill(acc, acc + cols, 0.0f);
+    const int64_t row_end = std::min(rows, (b + 1) * kBiasRowBlock);
+    for (int64_t r = b * kBiasRowBlock; r < row_end; ++r) {
+      const T* row = dout + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) acc[c] += to_float(row[c]);
+    }
+  }
+  float* total = partial.data();
+  for (int64_t b = 1; b < n_blocks; ++b) {
+    const float* acc = partial.data() + b * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) total[c] += acc[c];
+  }
+#pragma omp simd
+  for (int64_t c = 0; c < cols; ++c) dbias[c] += total[c];
+}
+
+// ---------------------------------------------------------------------------------------
+// residual add
+
+// out may alias a or b: each element is read before the same element is written.
+template <class T>
+void add_elements(const T* a, const T* b, T* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_to<T>(to_float(a[i]) + to_float(b[i]));
+}
+
+// ---------------------------------------------------------------------------------------
+// GELU
+
+// exp(x) in FP32 to within 1 ulp, as straight-line arithmetic that vectorises (libm's expf
+// is a call GCC cannot vectorise without -ffast-math). The classic Cody-Waite scheme:
+// x = n ln2 + r with |r| <= ln2/2, exp(r) from a degree-7 polynomial (the Cephes
+// coefficients), times 2^n. 2^n is applied as two factors 2^(n/2) 2^(n - n/2), each a normal
+// float, so that results beyond the float range overflow to inf or underflow (through the
+// subnormals) to 0 by themselves. NaN in gives inf out; every caller also multiplies by x,
+// which carries the NaN on.
+inline float exp_f32(float x) {
+  // Beyond these bounds exp is inf / 0 in FP32 anyway; they keep n within [-150, 129].
+  float xc = x < 89.0f ? x : 89.0f;
+  xc = xc > -104.0f ? xc : -104.0f;
+  // Round x / ln2 to an integer by adding and subtracting 1.5 * 2^23 (exact, no libm call).
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // ln2 split into a part with few bits (so n * 0.693359375 is exact) and a correction.
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t n_half = static_cast<int32_t>(n) >> 1;
+  const int32_t n_rest = static_cast<int32_t>(n) - n_half;
+  const float two_half = bits_to_float(static_cast<uint32_t>(n_half + 127) << 23);
+  const float two_rest = bits_to_float(static_cast<uint32_t>(n_rest + 127) << 23);
+  return p * two_half * two_rest;
+}
+
+constexpr float kSqrt2OverPi = 0.79788456080286536f;
+constexpr float kGeluCubic = 0.044715f;
+
+// GELU is 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), and 0.5 (1 + tanh(u))
+// is the logistic sigmoid of 2u. With e = exp(-2|u|) (in (0, 1], so it never overflows) and
+// t = 1 / (1 + e):
+//   sigmoid(2u) = t for u >= 0, e t for u < 0,      sigmoid(2u) (1 - sigmoid(2u)) = e t^2.
+// Evaluated this way, nothing cancels: 1 + tanh(u) would lose every digit for negative x, and
+// the tail of gelu keeps full relative precision down to the FP32 subnormals.
+struct GeluTerms {
+  float s;      // sigmoid(2u)
+  float s_1ms;  // sigmoid(2u) (1 - sigmoid(2u))
+};
+
+inline GeluTerms gelu_terms(float x) {
+  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float e = exp_f32(-2.0f * std::fabs(u));
+  const float t = 1.0f / (1.0f + e);
+  return {t * (u >= 0.0f ? 1.0f : e), e * t * t};
+}
+
+inline float gelu(float x) {
+  return x * gelu_terms(x).s;
+}
+
+// d/dx [x sigmoid(2u)] = sigmoid(2u) + 2 x sigmoid(2u) (1 - sigmoid(2u)) du/dx, with
+// du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2). Outside [-10, 10] gelu' is 0 or 1 to within
+// 1e-35, so x is clamped there: for huge |x| the second term would be 0 * inf. The clamp
+// lets NaN through (NaN in, NaN out) and maps +-inf to the limits.
+inline float gelu_grad(float x) {
+  const float xc = x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
+  const GeluTerms g = gelu_terms(xc);
+  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xc * xc);
+  return g.s + 2.0f * xc * g.s_1ms * du;
+}
+
+template <class T>
+void gelu_forward_elements(const T* x, T* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = round_to<T>(gelu(to_float(x[i])));
+}
+
+template <class T>
+void gelu_backward_elements(const T* x, const T* dout, T* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    dx[i] = round_to<T>(to_float(dout[i]) * gelu_grad(to_float(x[i])));
+  }
+}
+
+// Calls f(T*) with the tensor's data typed as float, bf16 or fp16 (the activation dtypes).
+template <class F>
+void with_activation_type(const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::kF32: return f(t.data_as<float>());
+    case DType::kBF16: return f(t.data_as<bf16>());
+    default: return f(t.data_as<fp16>());
+  }
+}
+
+}  // namespace
+
+// dst = round(src * scale) in dst's dtype; amax (when asked) = max |src| before scaling, NaN
+// if any element is NaN. `saturation` applies to FP8 destinations (BF16 and F16 overflow to
+// inf as their hardware conversions do). F32 sources are narrowed directly, without a scratch
+// copy; other sources go through FP32 slices.
+void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) {
+  check_float_operand("cast", "src", src, device());
+  check_float_operand("cast", "dst", dst, device());
+  MANTISSA_CHECK(src.numel() == dst.numel(), "cast: operands src " << src.describe() << " and dst "
+                                                                   << dst.describe()
+                                                                   << " differ in element count");
+  NarrowOptions options;
+  if (params.scale != nullptr) {
+    check_scalar("cast", "scale", *params.scale, device());
+    options.scale = params.scale->data_as<float>()[0];
+  }
+  if (params.amax != nullptr) check_scalar("cast", "amax", *params.amax, device());
+  options.saturation = params.saturation;
+  options.stochastic = params.rounding == Rounding::kStochastic;
+  options.seed = params.seed;
+  options.want_amax = params.amax != nullptr;
+
+  const float amax = src.dtype() == DType::kF32
+                         ? narrow_from_f32(src.data_as<const float>(), dst.data(), dst.dtype(),
+                                           src.numel(), options)
+                         : cast_through_f32(src, dst, options);
+  if (params.amax != nullptr) params.amax->data_as<float>()[0] = amax;
+}
+
+void CpuBackend::amax(const Tensor& x, Tensor& out) {
+  check_float_operand("amax", "x", x, device());
+  check_scalar("amax", "out", out, device());
+  const int64_t n = x.numel();
+  float result = 0.0f;
+  switch (x.dtype()) {
+    case DType::kF32: result = amax_of(x.data_as<const float>(), n); break;
+    case DType::kBF16: result = amax_of(x.data_as<const bf16>(), n); break;
+    case DType::kF16: result = amax_of(x.data_as<const fp16>(), n); break;
+    case DType::kE4M3: result = amax_of(x.data_as<const fp8_e4m3>(), n); break;
+    case DType::kE5M2: result = amax_of(x.data_as<const fp8_e5m2>(), n); break;
+    default: MANTISSA_FAIL("amax: unreachable dtype " << dtype_name(x.dtype()));
+  }
+  out.data_as<float>()[0] = result;
+}
+
+// x[N, C] (F32, BF16 or F16) += bias[C] (any of those), one rounding per element.
+void CpuBackend::add_bias(Tensor& x, const Tensor& bias) {
+  check_operand("add_bias", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("add_bias", "bias", bias, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_rank("add_bias", "x", x, 2);
+  check_shape("add_bias", "bias", bias, Shape{x.dim(1)});
+  // The bias is a compute copy in any float dtype; widen it once.
+  std::vector<float> bias_f32(static_cast<size_t>(bias.numel()));
+  widen_to_f32(bias.data(), bias.dtype(), bias_f32.data(), bias.numel());
+  with_activation_type(
+      x, [&](auto* data) { add_bias_rows(data, bias_f32.data(), x.dim(0), x.dim(1)); });
+}
+
+// dbias[C] (F32) += column sums of dout[N, C] (F32, BF16 or F16), FP32 accumulation,
+// deterministic for any thread count.
+void CpuBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
+  check_operand("bias_backward", "dout", dout, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("bias_backward", "dbias", dbias, device(), {DType::kF32});
+  check_rank("bias_backward", "dout", dout, 2);
+  check_shape("bias_backward", "dbias", dbias, Shape{dout.dim(1)});
+  with_activation_type(dout, [&](auto* data) {
+    add_column_sums(data, dbias.data_as<float>(), dout.dim(0), dout.dim(1));
+  });
+}
+
+// out = a + b, all three of one dtype (F32, BF16 or F16) and shape; out may alias a or b.
+void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  check_operand("add", "a", a, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("add", "b", b, device(), {a.dtype()});
+  check_operand("add", "out", out, device(), {a.dtype()});
+  check_same_shape("add", "a", a, "b", b);
+  check_same_shape("add", "a", a, "out", out);
+  with_activation_type(out, [&](auto* data) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    add_elements(a.data_as<const T>(), b.data_as<const T>(), data, a.numel());
+  });
+}
+
+// out = gelu(x), x and out of one dtype (F32, BF16 or F16) and shape.
+void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
+  check_operand("gelu_forward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("gelu_forward", "out", out, device(), {x.dtype()});
+  check_same_shape("gelu_forward", "x", x, "out", out);
+  with_activation_type(out, [&](auto* data) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    gelu_forward_elements(x.data_as<const T>(), data, x.numel());
+  });
+}
+
+// dx = dout * gelu'(x), all three of one dtype (F32, BF16 or F16) and shape; dx may alias dout.
+void CpuBackend::gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
+  check_operand("gelu_backward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("gelu_backward", "dout", dout, device(), {x.dtype()});
+  check_operand("gelu_backward", "dx", dx, device(), {x.dtype()});
+  check_same_shape("gelu_backward", "x", x, "dout", dout);
+  check_same_shape("gelu_backward", "x", x, "dx", dx);
+  with_activation_type(dx, [&](auto* data) {
+    using T = std::remove_pointer_t<decltype(data)>;
+    gelu_backward_elements(x.data_as<const T>(), dout.data_as<const T>(), data, x.numel());
+  });
+}
+
+}  // namespace mantissa::core

@@ -1,1 +1,634 @@
+// LayerNorm, causal self-attention, token/position embeddings and the fused softmax
+// cross-entropy on the CPU (the math follows llm.c's train_gpt2.c).
+//
+// Every op widens its activations (F32, BF16 or F16) into FP32 rows, computes in FP32 and
+// rounds once, to nearest even, when it stores a result; parameters may be F32 or BF16 (the
+// compute copy) and their gradients are F32. Work is split across OpenMP threads by rows,
+// by (batch, head) or by blocks of channels, and every sum runs in an order fixed by the
+// data alone, so results are bit-identical whatever the number of threads. In particular
+// the parameter-gradient reductions (dgamma, dbeta, dwte, dwpe) are split by channel, so no
+// two threads ever add into the same element.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+// The parameter-gradient reductions give each thread this many channels at a time: wide
+// enough for full AVX2 vectors, narrow enough that C = 384 still makes a dozen tasks.
+constexpr int64_t kChannelBlock = 32;
+
+void check_activation(const char* op, const char* name, const Tensor& t) {
+  check_operand(op, name, t, Device::cpu(), {DType::kF32, DType::kBF16, DType::kF16});
+}
+
+// Parameters are read from the FP32 masters or from a reduced-precision compute copy.
+void check_parameter(const char* op, const char* name, const Tensor& t) {
+  check_operand(op, name, t, Device::cpu(), {DType::kF32, DType::kBF16, DType::kF16});
+}
+
+template <class T>
+void widen(const T* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
+template <class T>
+void narrow(const float* src, int64_t n, T* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = round_to<T>(src[i]);
+}
+
+// dst[0, n) = elements [offset, offset + n) of a floating tensor, widened exactly to FP32.
+// The dtype was validated on entry to the op, so F32 is the only remaining case.
+void load(const Tensor& t, int64_t offset, int64_t n, float* dst) {
+  if (t.dtype() == DType::kBF16) {
+    widen(t.data_as<const bf16>() + offset, n, dst);
+  } else if (t.dtype() == DType::kF16) {
+    widen(t.data_as<const fp16>() + offset, n, dst);
+  } else {
+    std::memcpy(dst, t.data_as<const float>() + offset, static_cast<size_t>(n) * sizeof(float));
+  }
+}
+
+// Elements [offset, offset + n) of a floating tensor = src rounded to its dtype.
+void store(const float* src, int64_t n, const Tensor& t, int64_t offset) {
+  if (t.dtype() == DType::kBF16) {
+    narrow(src, n, t.data_as<bf16>() + offset);
+  } else if (t.dtype() == DType::kF16) {
+    narrow(src, n, t.data_as<fp16>() + offset);
+  } else {
+    std::memcpy(t.data_as<float>() + offset, src, static_cast<size_t>(n) * sizeof(float));
+  }
+}
+
+std::vector<float> load_all(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  load(t, 0, t.numel(), out.data());
+  return out;
+}
+
+// A tensor of `rows` rows of `row_name` values, whatever its shape ([N], [B, T], ...).
+void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
+                const char* row_name, const Tensor& of) {
+  MANTISSA_CHECK(t.numel() == rows, op << ": operand " << name << " " << t.describe()
+                                       << " must hold one " << row_name << " per row of "
+                                       << of.describe() << " (" << rows << " values)");
+}
+
+// Tokens or targets are indices into a table of `limit` rows; an index outside it would read
+// or write out of bounds, so it is reported with its position before any work starts.
+void check_indices(const char* op, const char* name, const Tensor& indices, int64_t limit) {
+  const int32_t* idx = indices.data_as<const int32_t>();
+  for (int64_t i = 0; i < indices.numel(); ++i) {
+    if (idx[i] >= 0 && idx[i] < limit) continue;
+    // The flat index unravelled over the shape, e.g. [b, t] for tokens.
+    std::vector<int64_t> position(static_cast<size_t>(indices.shape().rank()));
+    int64_t rest = i;
+    for (int axis = indices.shape().rank() - 1; axis >= 0; --axis) {
+      position[axis] = rest % indices.dim(axis);
+      rest /= indices.dim(axis);
+    }
+    MANTISSA_FAIL(op << ": " << name << " " << idx[i] << " at position " << Shape(position).str()
+                     << " of " << indices.describe() << " is outside [0, " << limit << ")");
+  }
+}
+
+struct AttentionDims {
+  int64_t B, T, C, H, D;
+};
+
+// qkv[B, T, 3C] with C divisible by n_head.
+AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
+  check_rank(op, "qkv", qkv, 3);
+  MANTISSA_CHECK(qkv.dim(2) % 3 == 0, op << ": operand qkv " << qkv.describe()
+                                         << " must have 3C channels (Q, K and V side by side)");
+  const int64_t C = qkv.dim(2) / 3;
+  MANTISSA_CHECK(C > 0, op << ": operand qkv " << qkv.describe() << " has no channels");
+  MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
+                                                   << qkv.describe()
+                                                   << ") is not divisible by n_head = " << n_head);
+  return {qkv.dim(0), qkv.dim(1), C, n_head, C / n_head};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// LayerNorm: out = (x - mean) * rstd * gamma + beta with rstd = 1 / sqrt(var + eps), the
+// biased variance over the C channels of each row.
+
+void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   Tensor& out, Tensor& mean, Tensor& rstd) {
+  const char* op = "layernorm_forward";
+  check_activation(op, "x", x);
+  check_activation(op, "out", out);
+  check_parameter(op, "gamma", gamma);
+  check_parameter(op, "beta", beta);
+  check_operand(op, "mean", mean, device(), {DType::kF32});
+  check_operand(op, "rstd", rstd, device(), {DType::kF32});
+  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
+                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
+  const int64_t C = x.dim(-1);
+  const int64_t N = x.numel() / C;
+  check_same_shape(op, "x", x, "out", out);
+  check_shape(op, "gamma", gamma, Shape{C});
+  check_shape(op, "beta", beta, Shape{C});
+  check_rows(op, "mean", mean, N, "mean", x);
+  check_rows(op, "rstd", rstd, N, "rstd", x);
+
+  const std::vector<float> g = load_all(gamma);
+  const std::vector<float> b = load_all(beta);
+  float* mean_out = mean.data_as<float>();
+  float* rstd_out = rstd.data_as<float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+    float* r = row.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      load(x, n * C, C, r);
+      // Two passes (mean, then squared deviations) avoid the cancellation of E[x^2] - E[x]^2.
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < C; ++c) sum += r[c];
+      const float m = sum / static_cast<float>(C);
+      float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+      for (int64_t c = 0; c < C; ++c) sq += (r[c] - m) * (r[c] - m);
+      const float s = 1.0f / std::sqrt(sq / static_cast<float>(C) + 1e-5f);
+      for (int64_t c = 0; c < C; ++c) r[c] = (r[c] - m) * s * g[c] + b[c];
+      store(r, C, out, n * C);
+      mean_out[n] = m;
+      rstd_out[n] = s;
+    }
+  }
+}
+
+// With xhat = (x - mean) * rstd and y = xhat * gamma + beta, and dnorm = dout * gamma:
+//   dx = rstd * (dnorm - mean(dnorm) - xhat * mean(dnorm * xhat))
+//   dgamma += sum over rows of dout * xhat,  dbeta += sum over rows of dout.
+void CpuBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                    const Tensor& mean, const Tensor& rstd, Tensor& dx,
+                                    Tensor& dgamma, Tensor& dbeta) {
+  const char* op = "layernorm_backward";
+  check_activation(op, "dout", dout);
+  check_activation(op, "x", x);
+  check_activation(op, "dx", dx);
+  check_parameter(op, "gamma", gamma);
+  check_operand(op, "mean", mean, device(), {DType::kF32});
+  check_operand(op, "rstd", rstd, device(), {DType::kF32});
+  check_operand(op, "dgamma", dgamma, device(), {DType::kF32});
+  check_operand(op, "dbeta", dbeta, device(), {DType::kF32});
+  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
+                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
+  const int64_t C = x.dim(-1);
+  const int64_t N = x.numel() / C;
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_shape(op, "gamma", gamma, Shape{C});
+  check_shape(op, "dgamma", dgamma, Shape{C});
+  check_shape(op, "dbeta", dbeta, Shape{C});
+  check_rows(op, "mean", mean, N, "mean", x);
+  check_rows(op, "rstd", rstd, N, "rstd", x);
+
+  const std::vector<float> g = load_all(gamma);
+  const float* mean_in = mean.data_as<const float>();
+  const float* rstd_in = rstd.data_as<const float>();
+
+  // dx, one row per iteration.
+#pragma omp parallel
+  {
+    std::vector<float> buffer(static_cast<size_t>(2 * C));
+    float* dy = buffer.data();
+    float* xh = dy + C;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      load(dout, n * C, C, dy);
+      load(x, n * C, C, xh);
+      const float m = mean_in[n];
+      const float s = rstd_in[n];
+      float dnorm_sum = 0.0f;
+      float dnorm_xhat_sum = 0.0f;
+#pragma omp simd reduction(+ : dnorm_sum, dnorm_xhat_sum)
+      for (int64_t c = 0; c < C; ++c) {
+        xh[c] = (xh[c] - m) * s;
+        const float dnorm = dy[c] * g[c];
+        dnorm_sum += dnorm;
+        dnorm_xhat_sum += dnorm * xh[c];
+      }
+      const float dnorm_mean = dnorm_sum / static_cast<float>(C);
+      const float dnorm_xhat_mean = dnorm_xhat_sum / static_cast<float>(C);
+      for (int64_t c = 0; c < C; ++c) {
+        dy[c] = (dy[c] * g[c] - dnorm_mean - xh[c] * dnorm_xhat_mean) * s;
+      }
+      store(dy, C, dx, n * C);
+    }
+  }
+
+  // dgamma and dbeta: each thread owns a block of channels and sums over all rows in order.
+  float* dg = dgamma.data_as<float>();
+  float* db = dbeta.data_as<float>();
+  const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kChannelBlock;
+    const int64_t width = std::min(kChannelBlock, C - c0);
+    float dy[kChannelBlock], xh[kChannelBlock];
+    float g_sum[kChannelBlock] = {}, b_sum[kChannelBlock] = {};
+    for (int64_t n = 0; n < N; ++n) {
+      load(dout, n * C + c0, width, dy);
+      load(x, n * C + c0, width, xh);
+      const float m = mean_in[n];
+      const float s = rstd_in[n];
+      for (int64_t c = 0; c < width; ++c) {
+        g_sum[c] += dy[c] * ((xh[c] - m) * s);
+        b_sum[c] += dy[c];
+      }
+    }
+    for (int64_t c = 0; c < width; ++c) {
+      dg[c0 + c] += g_sum[c];
+      db[c0 + c] += b_sum[c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Causal self-attention, one (batch, head) pair per task. With P = att[b, h] (T x T), and
+// Q, K, V, dO the head's [T, D] slices of qkv and dout, the forward is
+//   S = scale Q K^T (scale = 1 / sqrt(D)),  P = softmax(S) row-wise over t2 <= t,  O = P V
+// and the backward
+//   dP = dO V^T,  dS = P * (dP - rowsum(P * dP)) * scale  (the softmax Jacobian, O(T) per row),
+//   dV = P^T dO,  dQ = dS K,  dK = dS^T Q.
+// Each task gathers its head into contiguous, zero-padded FP32 scratch and computes these
+// small products in register tiles (below); only entries on or below the diagonal
+// (t2 <= t) are ever read, so a non-finite value in a future position stays in the future.
+
+namespace {
+
+// Two 8-lane FP32 vectors make one 16-column tile row (GCC/Clang vector extension; with
+// -march=x86-64-v3 each is one AVX2 register and `acc += a * b` one FMA).
+typedef float f32x8 __attribute__((vector_size(32)));
+constexpr int64_t kTileRows = 4;
+constexpr int64_t kTileCols = 16;
+
+f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+void store8(float* p, f32x8 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+
+// A matrix read as A(i, k) = data[i * row_stride + k * k_stride]: a plain row-major matrix
+// (k_stride 1) or the transpose of one (row_stride 1).
+struct Matrix {
+  const float* data;
+  int64_t row_stride, k_stride;
+  float at(int64_t i, int64_t k) const { return data[i * row_stride + k * k_stride]; }
+};
+
+// Which k a row i of the product sums over: all of [0, k_limit), the causal k <= i, or
+// k >= i (the transposed causal products dV and dK).
+enum class Range { kAll, kUpToRow, kFromRow };
+
+// c[r, 0..cols) = sum_k A(i0 + r, k) B(k, 0..cols) for the rows r < rows (at most
+// kTileRows), with B(k, j) = b[k * ldb + j]; cols is rounded up to whole tiles, so b and c
+// must be padded to a multiple of kTileCols columns.
+//
+// A tile holds 4 x 16 accumulators in eight registers; each step over k loads two vectors of
+// B, broadcasts four values of A and issues eight independent FMAs. The k shared by all
+// rows of the tile run through that loop; the few that differ at a triangle's edge run row
+// by row. Either way every element sums its k in increasing order.
+void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, int64_t i0,
+                  int64_t rows, Range range, int64_t k_limit, float* c, int64_t ldc) {
+  int64_t begin[kTileRows], end[kTileRows];
+  for (int64_t r = 0; r < kTileRows; ++r) {
+    const int64_t i = i0 + r;
+    begin[r] = r >= rows ? 0 : range == Range::kFromRow ? i : 0;
+    end[r] = r >= rows ? 0 : range == Range::kUpToRow ? i + 1 : k_limit;
+  }
+  const int64_t shared_begin = *std::max_element(begin, begin + kTileRows);
+  const int64_t shared_end = std::max(shared_begin, *std::min_element(end, end + kTileRows));
+
+  for (int64_t j0 = 0; j0 < cols; j0 += kTileCols) {
+    f32x8 lo[kTileRows] = {}, hi[kTileRows] = {};
+    auto one_row = [&](int64_t r, int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const float ar = a.at(i0 + r, k);
+        lo[r] += ar * load8(b + k * ldb + j0);
+        hi[r] += ar * load8(b + k * ldb + j0 + 8);
+      }
+    };
+    for (int64_t r = 0; r < rows; ++r) one_row(r, begin[r], std::min(shared_begin, end[r]));
+    for (int64_t k = shared_begin; k < shared_end; ++k) {
+      const f32x8 b_lo = load8(b + k * ldb + j0);
+      const f32x8 b_hi = load8(b + k * ldb + j0 + 8);
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const float ar = a.at(i0 + r, k);
+        lo[r] += ar * b_lo;
+        hi[r] += ar * b_hi;
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) one_row(r, std::max(shared_end, begin[r]), end[r]);
+    for (int64_t r = 0; r < rows; ++r) {
+      store8(c + r * ldc + j0, lo[r]);
+      store8(c + r * ldc + j0 + 8, hi[r]);
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
+  const char* op = "attention_forward";
+  check_activation(op, "qkv", qkv);
+  check_activation(op, "out", out);
+  check_operand(op, "att", att, device(), {DType::kF32});
+  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
+  check_shape(op, "out", out, Shape{B, T, C});
+  check_shape(op, "att", att, Shape{B, H, T, T});
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
+  float* att_out = att.data_as<float>();
+#pragma omp parallel
+  {
+    // q[T, D], kt[D, T] (K transposed), v[T, D], s[T, T] (scores, then probabilities) and
+    // o[kTileRows, D], with rows and columns padded to whole tiles.
+    std::vector<float> scratch(static_cast<size_t>(3 * Tp * Dp + Tp * Tp + kTileRows * Dp));
+    float* q = scratch.data();
+    float* kt = q + Tp * Dp;
+    float* v = kt + Dp * Tp;
+    float* s = v + Tp * Dp;
+    float* o = s + Tp * Tp;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t base = (b * T + t) * 3 * C + h * D;
+          load(qkv, base, D, q + t * Dp);
+          load(qkv, base + C, D, o);
+          for (int64_t d = 0; d < D; ++d) kt[d * Tp + t] = o[d];
+          load(qkv, base + 2 * C, D, v + t * Dp);
+        }
+        // Scores for each block of query rows, up to the block's last visible key.
+        for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, T - t0);
+          product_rows({q, Dp, 1}, kt, Tp, t0 + rows, t0, rows, Range::kAll, D, s + t0 * Tp, Tp);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          // Softmax in FP32, shifted by the maximum so that exp never overflows. A NaN score
+          // never wins the comparison but still turns the sum, hence the row, into NaN.
+          float* p = s + t * Tp;
+          const int64_t n = t + 1;  // visible keys
+          float max_score = -INFINITY;
+          for (int64_t t2 = 0; t2 < n; ++t2) {
+            p[t2] *= scale;
+            max_score = p[t2] > max_score ? p[t2] : max_score;
+          }
+          float sum = 0.0f;
+          for (int64_t t2 = 0; t2 < n; ++t2) {
+            p[t2] = std::exp(p[t2] - max_score);
+            sum += p[t2];
+          }
+          const float inv_sum = 1.0f / sum;
+          for (int64_t t2 = 0; t2 < n; ++t2) p[t2] *= inv_sum;
+          float* att_row = att_out + ((b * H + h) * T + t) * T;
+          std::memcpy(att_row, p, static_cast<size_t>(n) * sizeof(float));
+          std::fill(att_row + n, att_row + T, 0.0f);
+        }
+        for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, T - t0);
+          product_rows({s, Tp, 1}, v, Dp, D, t0, rows, Range::kUpToRow, T, o, Dp);
+          for (int64_t r = 0; r < rows; ++r) {
+            store(o + r * Dp, D, out, (b * T + t0 + r) * C + h * D);
+          }
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                                    Tensor& dqkv, int n_head) {
+  const char* op = "attention_backward";
+  check_activation(op, "dout", dout);
+  check_activation(op, "qkv", qkv);
+  check_activation(op, "dqkv", dqkv);
+  check_operand(op, "att", att, device(), {DType::kF32});
+  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
+  check_shape(op, "dout", dout, Shape{B, T, C});
+  check_shape(op, "att", att, Shape{B, H, T, T});
+  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
+  const float* att_in = att.data_as<const float>();
+#pragma omp parallel
+  {
+    // q, k, dy (dout) [T, D], vt[D, T] (V transposed), p and ds [T, T], and one block of
+    // output rows g[kTileRows, D], padded to whole tiles.
+    std::vector<float> scratch(static_cast<size_t>(4 * Tp * Dp + 2 * Tp * Tp + kTileRows * Dp));
+    float* q = scratch.data();
+    float* k = q + Tp * Dp;
+    float* dy = k + Tp * Dp;
+    float* vt = dy + Tp * Dp;
+    float* p = vt + Dp * Tp;
+    float* ds = p + Tp * Tp;
+    float* g = ds + Tp * Tp;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t base = (b * T + t) * 3 * C + h * D;
+          load(qkv, base, D, q + t * Dp);
+          load(qkv, base + C, D, k + t * Dp);
+          load(qkv, base + 2 * C, D, g);
+          for (int64_t d = 0; d < D; ++d) vt[d * Tp + t] = g[d];
+          load(dout, (b * T + t) * C + h * D, D, dy + t * Dp);
+          std::memcpy(p + t * Tp, att_in + ((b * H + h) * T + t) * T,
+                      static_cast<size_t>(t + 1) * sizeof(float));
+        }
+        // dP = dO V^T on and below the diagonal, then dS row by row in place.
+        for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, T - t0);
+          product_rows({dy, Dp, 1}, vt, Tp, t0 + rows, t0, rows, Range::kAll, D, ds + t0 * Tp, Tp);
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          const float* p_t = p + t * Tp;
+          float* ds_t = ds + t * Tp;
+          float p_dp = 0.0f;
+          for (int64_t t2 = 0; t2 <= t; ++t2) p_dp += p_t[t2] * ds_t[t2];
+          for (int64_t t2 = 0; t2 <= t; ++t2) ds_t[t2] = p_t[t2] * (ds_t[t2] - p_dp) * scale;
+        }
+        // dQ rows are query positions (k <= row); dK and dV rows are key positions, which
+        // receive from the queries at or after them (k >= row).
+        for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
+          const int64_t rows = std::min(kTileRows, T - t0);
+          const int64_t base = (b * T + t0) * 3 * C + h * D;
+          product_rows({ds, Tp, 1}, k, Dp, D, t0, rows, Range::kUpToRow, T, g, Dp);
+          for (int64_t r = 0; r < rows; ++r) store(g + r * Dp, D, dqkv, base + r * 3 * C);
+          product_rows({ds, 1, Tp}, q, Dp, D, t0, rows, Range::kFromRow, T, g, Dp);
+          for (int64_t r = 0; r < rows; ++r) store(g + r * Dp, D, dqkv, base + r * 3 * C + C);
+          product_rows({p, 1, Tp}, dy, Dp, D, t0, rows, Range::kFromRow, T, g, Dp);
+          for (int64_t r = 0; r < rows; ++r) store(g + r * Dp, D, dqkv, base + r * 3 * C + 2 * C);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Embeddings: out[b, t] = wte[tokens[b, t]] + wpe[t].
+
+void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                                   Tensor& out) {
+  const char* op = "embedding_forward";
+  check_operand(op, "tokens", tokens, device(), {DType::kI32});
+  check_parameter(op, "wte", wte);
+  check_parameter(op, "wpe", wpe);
+  check_activation(op, "out", out);
+  check_rank(op, "tokens", tokens, 2);
+  check_rank(op, "wte", wte, 2);
+  check_rank(op, "wpe", wpe, 2);
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
+  MANTISSA_CHECK(wpe.dim(1) == C && wpe.dim(0) >= T,
+                 op << ": operand wpe " << wpe.describe() << " must have " << C
+                    << " channels (as wte " << wte.describe() << ") and at least " << T
+                    << " positions (as tokens " << tokens.describe() << ")");
+  check_shape(op, "out", out, Shape{B, T, C});
+  check_indices(op, "token", tokens, V);
+
+  const int32_t* tok = tokens.data_as<const int32_t>();
+#pragma omp parallel
+  {
+    std::vector<float> buffer(static_cast<size_t>(2 * C));
+    float* e = buffer.data();
+    float* p = e + C;
+#pragma omp for schedule(static)
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      load(wte, tok[bt] * C, C, e);
+      load(wpe, (bt % T) * C, C, p);
+      for (int64_t c = 0; c < C; ++c) e[c] += p[c];
+      store(e, C, out, bt * C);
+    }
+  }
+}
+
+// dwte[tokens[b, t]] += dout[b, t] and dwpe[t] += sum_b dout[b, t]. A token may appear at many
+// positions, so rows of dwte receive many contributions: the work is split by channel blocks
+// and each block walks the positions in order, which is race-free and deterministic.
+void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
+                                    Tensor& dwpe) {
+  const char* op = "embedding_backward";
+  check_activation(op, "dout", dout);
+  check_operand(op, "tokens", tokens, device(), {DType::kI32});
+  check_operand(op, "dwte", dwte, device(), {DType::kF32});
+  check_operand(op, "dwpe", dwpe, device(), {DType::kF32});
+  check_rank(op, "tokens", tokens, 2);
+  check_rank(op, "dwte", dwte, 2);
+  check_rank(op, "dwpe", dwpe, 2);
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = dwte.dim(0), C = dwte.dim(1);
+  MANTISSA_CHECK(dwpe.dim(1) == C && dwpe.dim(0) >= T,
+                 op << ": operand dwpe " << dwpe.describe() << " must have " << C
+                    << " channels (as dwte " << dwte.describe() << ") and at least " << T
+                    << " positions (as tokens " << tokens.describe() << ")");
+  check_shape(op, "dout", dout, Shape{B, T, C});
+  check_indices(op, "token", tokens, V);
+
+  const int32_t* tok = tokens.data_as<const int32_t>();
+  float* dte = dwte.data_as<float>();
+  float* dpe = dwpe.data_as<float>();
+  const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t block = 0; block < blocks; ++block) {
+    const int64_t c0 = block * kChannelBlock;
+    const int64_t width = std::min(kChannelBlock, C - c0);
+    float dy[kChannelBlock];
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      load(dout, bt * C + c0, width, dy);
+      float* te = dte + tok[bt] * C + c0;
+      float* pe = dpe + (bt % T) * C + c0;
+      for (int64_t c = 0; c < width; ++c) {
+        te[c] += dy[c];
+        pe[c] += dy[c];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused softmax + cross-entropy, one row of logits per iteration:
+//   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target]
+//   dz   = (softmax(z) - onehot(target)) * grad_scale
+// The row is widened into scratch before anything is written, which is what lets dlogits
+// alias logits.
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                                       Tensor* dlogits, float grad_scale) {
+  const char* op = "softmax_cross_entropy";
+  check_activation(op, "logits", logits);
+  check_operand(op, "targets", targets, device(), {DType::kI32});
+  check_operand(op, "losses", losses, device(), {DType::kF32});
+  MANTISSA_CHECK(logits.shape().rank() >= 1 && logits.dim(-1) > 0,
+                 op << ": operand logits " << logits.describe()
+                    << " must have a non-empty last axis (the vocabulary)");
+  const int64_t V = logits.dim(-1);
+  const int64_t N = logits.numel() / V;
+  check_rows(op, "targets", targets, N, "target", logits);
+  check_rows(op, "losses", losses, N, "loss", logits);
+  if (dlogits != nullptr) {
+    check_activation(op, "dlogits", *dlogits);
+    check_same_shape(op, "logits", logits, "dlogits", *dlogits);
+    // In-place is fine row by row, but a partial overlap or a different dtype over the same
+    // bytes would read logits that an earlier row already overwrote.
+    const auto* l0 = static_cast<const unsigned char*>(logits.data());
+    const auto* d0 = static_cast<const unsigned char*>(dlogits->data());
+    const bool overlap = l0 < d0 + dlogits->nbytes() && d0 < l0 + logits.nbytes();
+    MANTISSA_CHECK(!overlap || (l0 == d0 && logits.dtype() == dlogits->dtype()),
+                   op << ": dlogits " << dlogits->describe() << " overlaps logits "
+                      << logits.describe() << " without aliasing it exactly");
+  }
+  check_indices(op, "target", targets, V);
+
+  const int32_t* target = targets.data_as<const int32_t>();
+  float* loss = losses.data_as<float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(V));
+    float* z = row.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      load(logits, n * V, V, z);
+      const int64_t y = target[n];
+      const float z_target = z[y];
+      // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
+      float max_logit = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) max_logit = z[v] > max_logit ? z[v] : max_logit;
+      float sum = 0.0f;
+      for (int64_t v = 0; v < V; ++v) {
+        z[v] = std::exp(z[v] - max_logit);
+        sum += z[v];
+      }
+      loss[n] = max_logit + std::log(sum) - z_target;
+      if (dlogits != nullptr) {
+        const float inv_sum = 1.0f / sum;
+        for (int64_t v = 0; v < V; ++v) z[v] *= inv_sum;
+        z[y] -= 1.0f;
+        for (int64_t v = 0; v < V; ++v) z[v] *= grad_scale;
+        store(z, V, *dlogits, n * V);
+      }
+    }
+  }
+}
+
+}  // namespace mantissa::core

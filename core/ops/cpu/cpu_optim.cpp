@@ -1,1 +1,250 @@
+// AdamW, sums of squares (for the global gradient norm) and the fused unscale + non-finite
+// check on the CPU.
+//
+// The reductions here are deterministic for any number of OpenMP threads: the work is cut
+// into fixed blocks whose size does not depend on the thread count, and the per-block results
+// are combined in block order (sum_squares) or with an order-free operation (the minimum
+// index in unscale_check_finite). Runs with different thread counts therefore agree bit for
+// bit, which the cross-rank consistency checks rely on.
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+
+// Elements per block of the blocked reductions (sum_squares, unscale_check_finite).
+constexpr int64_t kReduceBlock = 4096;
+
+// ---------------------------------------------------------------------------------------
+// AdamW
+
+// Per-step constants, folded on the host once.
+struct AdamWCoefficients {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float grad_scale;
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
+};
+
+// Stands for "no compute copy" in adamw_elements.
+struct NoCopy {};
+
+// One AdamW update per element, all in FP32:
+//   g = grad * grad_scale
+//   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
+//   m_hat = m / (1 - beta1^t)            v_hat = v / (1 - beta2^t)
+//   param -= lr (m_hat / (sqrt(v_hat) + eps) + weight_decay param)
+// The weight decay is decoupled (it acts on the parameter, not through the moments) and
+// uses the parameter from before this step, as in PyTorch's AdamW. When C is a storage
+// type, the updated parameter is also rounded (to nearest even) into copy[i], saving a
+// second pass over the parameters to produce the compute copy.
+//
+// Nothing here checks for non-finite values: a NaN or inf gradient makes that element's m,
+// v and parameter (and its compute copy) non-finite, and leaves every other element
+// untouched. The trainer runs unscale_check_finite first and skips the whole step on every
+// rank when any gradient is non-finite, so adamw never sees one in a normal run.
+//
+// (GCC vectorises this loop only with -fno-math-errno: otherwise std::sqrt keeps a scalar
+// path that sets errno for negative inputs. The flag changes no result.)
+template <class G, class C>
+void adamw_elements(float* param, const G* grad, float* m, float* v, C* copy, int64_t n,
+                    const AdamWCoefficients k) {
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = to_float(grad[i]) * k.grad_scale;
+    const float m_i = k.beta1 * m[i] + (1.0f - k.beta1) * g;
+    const float v_i = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    const float m_hat = m_i / k.bias_correction1;
+    const float v_hat = v_i / k.bias_correction2;
+    const float p =
+        param[i] - k.lr * (m_hat / (std::sqrt(v_hat) + k.eps) + k.weight_decay * param[i]);
+    param[i] = p;
+    if constexpr (!std::is_same_v<C, NoCopy>) copy[i] = round_to<C>(p);
+  }
+}
+
+template <class G>
+void adamw_with_grad_type(float* param, const G* grad, float* m, float* v, Tensor* copy, int64_t n,
+                          const AdamWCoefficients& k) {
+  if (copy == nullptr) {
+    adamw_elements(param, grad, m, v, static_cast<NoCopy*>(nullptr), n, k);
+    return;
+  }
+  switch (copy->dtype()) {
+    case DType::kF32: return adamw_elements(param, grad, m, v, copy->data_as<float>(), n, k);
+    case DType::kBF16: return adamw_elements(param, grad, m, v, copy->data_as<bf16>(), n, k);
+    case DType::kF16: return adamw_elements(param, grad, m, v, copy->data_as<fp16>(), n, k);
+    default: MANTISSA_FAIL("adamw: unreachable compute_copy dtype " << dtype_name(copy->dtype()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// sum_squares
+
+// sum x^2 over fixed blocks, each accumulated in FP64 (where the square of an FP32 value is
+// exact), then the block sums added in block order. The result depends only on the data,
+// never on the thread count.
+template <class T>
+double sum_of_squares(const T* x, int64_t n) {
+  const int64_t n_blocks = (n + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> block_sum(static_cast<size_t>(n_blocks));
+#pragma omp parallel for schedule(static) if (n > kParallelMin)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t end = std::min(n, (b + 1) * kReduceBlock);
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b * kReduceBlock; i < end; ++i) {
+      const double xi = to_float(x[i]);
+      s += xi * xi;
+    }
+    block_sum[b] = s;
+  }
+  double total = 0.0;
+  for (double s : block_sum) total += s;
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------
+// unscale_check_finite
+
+// 1 when the FP32 exponent field is all ones (inf or NaN), else 0; a branch-free integer test
+// that vectorises.
+inline uint32_t is_nonfinite(float x) {
+  return (float_to_bits(x) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
+}
+
+// Scales x in place and returns the smallest index of an element that was non-finite before
+// scaling, or n when there is none. Each block is first tested (a vectorised OR) and scanned
+// for its first bad element only when the test fires, then scaled. Taking the minimum of the
+// per-block answers is independent of the order the blocks finish in.
+template <class T>
+int64_t unscale_elements(T* x, int64_t n, float inv_scale) {
+  const int64_t n_blocks = (n + kReduceBlock - 1) / kReduceBlock;
+  int64_t first = n;
+#pragma omp parallel for schedule(static) reduction(min : first) if (n > kParallelMin)
+  for (int64_t b = 0; b < n_blocks; ++b) {
+    const int64_t begin = b * kReduceBlock;
+    const int64_t end = std::min(n, begin + kReduceBlock);
+    uint32_t any_bad = 0;
+#pragma omp simd reduction(| : any_bad)
+    for (int64_t i = begin; i < end; ++i) any_bad |= is_nonfinite(to_float(x[i]));
+    if (any_bad != 0) {
+      int64_t i = begin;
+      while (is_nonfinite(to_float(x[i])) == 0) ++i;
+      first = std::min(first, i);
+    }
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) x[i] = round_to<T>(to_float(x[i]) * inv_scale);
+  }
+  return first;
+}
+
+}  // namespace
+
+// AdamW on F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when
+// given, is F32, BF16 or F16: FP8 would need a scale, so FP8 compute copies are made with
+// cast() instead and are rejected here.
+void CpuBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                       Tensor* compute_copy, const AdamWParams& p) {
+  check_operand("adamw", "params", params, device(), {DType::kF32});
+  check_operand("adamw", "grads", grads, device(), {DType::kF32, DType::kBF16});
+  check_operand("adamw", "m", m, device(), {DType::kF32});
+  check_operand("adamw", "v", v, device(), {DType::kF32});
+  check_same_shape("adamw", "params", params, "grads", grads);
+  check_same_shape("adamw", "params", params, "m", m);
+  check_same_shape("adamw", "params", params, "v", v);
+  if (compute_copy != nullptr) {
+    MANTISSA_CHECK(!is_fp8(compute_copy->dtype()),
+                   "adamw: operand compute_copy " << compute_copy->describe()
+                                                  << " is FP8, which needs a scale; produce FP8 "
+                                                     "compute copies with cast() and a scale");
+    check_operand("adamw", "compute_copy", *compute_copy, device(),
+                  {DType::kF32, DType::kBF16, DType::kF16});
+    check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
+  }
+  MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
+  MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
+                 "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
+  MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
+                 "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
+
+  // The bias corrections are computed in double: beta^step for large steps is far below
+  // 1 - FP32 epsilon long before it underflows, and pow in FP32 would lose digits first.
+  const AdamWCoefficients k{
+      p.lr,
+      p.beta1,
+      p.beta2,
+      p.eps,
+      p.weight_decay,
+      p.grad_scale,
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
+  };
+  const int64_t n = params.numel();
+  if (grads.dtype() == DType::kF32) {
+    adamw_with_grad_type(params.data_as<float>(), grads.data_as<const float>(), m.data_as<float>(),
+                         v.data_as<float>(), compute_copy, n, k);
+  } else {
+    adamw_with_grad_type(params.data_as<float>(), grads.data_as<const bf16>(), m.data_as<float>(),
+                         v.data_as<float>(), compute_copy, n, k);
+  }
+}
+
+// out (F32 scalar) += sum x^2 for x F32, BF16 or F16, accumulated in FP64 and rounded once.
+// Deterministic for any thread count.
+void CpuBackend::sum_squares(const Tensor& x, Tensor& out) {
+  check_operand("sum_squares", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("sum_squares", "out", out, device());
+  const int64_t n = x.numel();
+  double total = 0.0;
+  switch (x.dtype()) {
+    case DType::kF32: total = sum_of_squares(x.data_as<const float>(), n); break;
+    case DType::kBF16: total = sum_of_squares(x.data_as<const bf16>(), n); break;
+    case DType::kF16: total = sum_of_squares(x.data_as<const fp16>(), n); break;
+    default: MANTISSA_FAIL("sum_squares: unreachable dtype " << dtype_name(x.dtype()));
+  }
+  float& acc = out.data_as<float>()[0];
+  acc = static_cast<float>(static_cast<double>(acc) + total);
+}
+
+// x (F32, BF16 or F16) *= inv_scale in place. Finiteness is judged on the values before
+// scaling: found (F32 scalar) becomes 1 when any element is inf or NaN and is otherwise left
+// as it was; first_index (I64 scalar), when given, is overwritten with the smallest such
+// index or -1. A finite element that overflows only because inv_scale > 1 is not reported.
+void CpuBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
+                                      Tensor* first_index) {
+  check_operand("unscale_check_finite", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("unscale_check_finite", "found", found, device());
+  if (first_index != nullptr) {
+    check_scalar("unscale_check_finite", "first_index", *first_index, device(), DType::kI64);
+  }
+  MANTISSA_CHECK(std::isfinite(inv_scale),
+                 "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
+  const int64_t n = x.numel();
+  int64_t first = n;
+  switch (x.dtype()) {
+    case DType::kF32: first = unscale_elements(x.data_as<float>(), n, inv_scale); break;
+    case DType::kBF16: first = unscale_elements(x.data_as<bf16>(), n, inv_scale); break;
+    case DType::kF16: first = unscale_elements(x.data_as<fp16>(), n, inv_scale); break;
+    default: MANTISSA_FAIL("unscale_check_finite: unreachable dtype " << dtype_name(x.dtype()));
+  }
+  if (first < n) found.data_as<float>()[0] = 1.0f;
+  if (first_index != nullptr) first_index->data_as<int64_t>()[0] = first < n ? first : -1;
+}
+
+}  // namespace mantissa::core

@@ -1,1 +1,618 @@
+// CudaBackend::gemm through cuBLASLt, with the semantics of backend.h and CpuBackend::gemm.
+//
+// Row-major onto column-major. cuBLASLt reads matrices column-major, and a row-major [r, c]
+// buffer read column-major is its transpose. So the row-major C = op(A) op(B) is computed as
+// the column-major C^T = op(B)^T op(A)^T: cuBLASLt's first operand is our B, its second is
+// our A, its m and n are our n and m, and each transpose flag carries over to the operand it
+// belongs to. C^T read column-major is exactly our row-major C, so nothing is copied.
+//
+// Numerics. CUBLAS_COMPUTE_32F with FP32 scale type: FP32 products and accumulation (TF32
+// is never used, so F32 GEMMs are full precision), alpha and beta in FP32, one rounding into
+// the output dtype. FP8 dequantize factors go to the A/B scale pointers (applied once to the
+// accumulated sum, as on the CPU), the quantize factor of an FP8 output to the D scale
+// pointer, and cuBLASLt's AMAX_D returns max |value| before that scale.
+//
+// What each input dtype can produce (cuBLASLt's own type table, COMPUTE_32F):
+//   F32 x F32           -> F32
+//   F16 x F16           -> F32
+//   BF16 x BF16         -> F32, BF16
+//   E4M3 x E4M3         -> F32, BF16, E4M3
+//   E4M3 x E5M2 (either way round) -> F32, BF16, E4M3, E5M2
+// E5M2 x E5M2 has no kernel at all. The CPU accepts a few more pairs (F32 or F16 into BF16);
+// here they fail with a message saying so.
+//
+// FP8 on Hopper (and Ada) runs only in the "TN" layout: cuBLASLt's A transposed, its B not,
+// i.e. in our terms A stored [m, k] (trans_a = false) and B stored [n, k] (trans_b = true):
+// both operands K-major, as a Linear layer's forward x W^T is. Other combinations (the
+// backward products) get a transposed copy of the offending operand first, made by a small
+// kernel into scratch memory that the GEMM object keeps for reuse. FP8 also needs every
+// pointer and leading dimension 16-byte aligned: K a multiple of 16, and rows of C a multiple
+// of 16 bytes.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
 
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+#include "core/ops/cuda/cuda_backend.h"
+#include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_gemm.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+constexpr const char* kOp = "gemm";
+// What NVIDIA recommends for Hopper; plenty for split-K and stream-K kernels elsewhere.
+constexpr size_t kWorkspaceBytes = 32u << 20;
+// The best alignment cuBLASLt's heuristics ask about (their default assumption).
+constexpr uint32_t kMaxAlignment = 256;
+
+// ---------------------------------------------------------------------------------------
+// Validation shared in substance with CpuBackend::gemm, so that a bad call fails the same way
+// on both backends.
+
+struct GemmShape {
+  int64_t batch = 1;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+void check_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
+                  Device device) {
+  check_operand(kOp, "A", a, device,
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
+  check_operand(kOp, "B", b, device,
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
+  check_operand(kOp, "C", c, device, {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2});
+  const bool fp8 = is_fp8(a.dtype()) || is_fp8(b.dtype());
+  if (fp8) {
+    MANTISSA_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()),
+                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
+                       << " mix FP8 with a non-FP8 dtype; an FP8 GEMM takes two FP8 operands");
+    MANTISSA_CHECK(a.dtype() != DType::kE5M2 || b.dtype() != DType::kE5M2,
+                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
+                       << " are both E5M2, a pair no FP8 GEMM supports (as on Hopper); use "
+                          "E4M3 for one of them");
+  } else {
+    MANTISSA_CHECK(a.dtype() == b.dtype(),
+                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
+                       << " must have the same dtype (only FP8 operands may mix E4M3 and E5M2)");
+  }
+  if (is_fp8(c.dtype())) {
+    MANTISSA_CHECK(fp8, kOp << ": FP8 output C " << c.describe() << " needs FP8 operands, not A "
+                            << a.describe() << " and B " << b.describe());
+    MANTISSA_CHECK(p.beta == 0.0f, kOp << ": beta = " << p.beta << " with FP8 output C "
+                                       << c.describe()
+                                       << "; an FP8 output cannot be accumulated into, so "
+                                          "beta must be 0");
+  }
+}
+
+// Scales and amax are 1-element F32 tensors on the device, and only mean something for FP8
+// tensors.
+void check_fp8_scalar(const char* name, const Tensor* scalar, const char* tensor_name,
+                      const Tensor& tensor, Device device) {
+  if (scalar == nullptr) return;
+  check_scalar(kOp, name, *scalar, device);
+  MANTISSA_CHECK(is_fp8(tensor.dtype()),
+                 kOp << ": " << name << " " << scalar->describe() << " is given but " << tensor_name
+                     << " " << tensor.describe() << " is not FP8; it applies to FP8 tensors only");
+}
+
+bool overlaps(const Tensor& x, const Tensor& y) {
+  const auto x0 = reinterpret_cast<uintptr_t>(x.data());
+  const auto y0 = reinterpret_cast<uintptr_t>(y.data());
+  return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
+}
+
+GemmShape check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
+  const int rank = a.shape().rank();
+  MANTISSA_CHECK(rank == 2 || rank == 3, kOp << ": operand A " << a.describe()
+                                             << " must have 2 dimensions, or 3 for a batched "
+                                                "product [batch, rows, cols]");
+  check_rank(kOp, "B", b, rank);
+  check_rank(kOp, "C", c, rank);
+  GemmShape s;
+  if (rank == 3) {
+    s.batch = a.dim(0);
+    MANTISSA_CHECK(b.dim(0) == s.batch && c.dim(0) == s.batch,
+                   kOp << ": batched operands A " << a.describe() << ", B " << b.describe()
+                       << " and C " << c.describe() << " must have the same batch size");
+  }
+  // op(A) is [m, k]: A is stored [m, k], or [k, m] when transposed. Likewise op(B) is [k, n]
+  // and B is stored [k, n], or [n, k] when transposed.
+  s.m = a.dim(p.trans_a ? -1 : -2);
+  s.k = a.dim(p.trans_a ? -2 : -1);
+  const int64_t k_b = b.dim(p.trans_b ? -1 : -2);
+  s.n = b.dim(p.trans_b ? -2 : -1);
+  MANTISSA_CHECK(s.k == k_b, kOp << ": inner dimensions differ: op(A) is [" << s.m << ", " << s.k
+                                 << "] (A " << a.describe() << (p.trans_a ? ", transposed" : "")
+                                 << ") but op(B) is [" << k_b << ", " << s.n << "] (B "
+                                 << b.describe() << (p.trans_b ? ", transposed" : "") << ")");
+  check_shape(kOp, "C", c, rank == 3 ? Shape{s.batch, s.m, s.n} : Shape{s.m, s.n});
+  // cuBLASLt takes 32-bit dimensions and batch counts.
+  MANTISSA_CHECK(std::max({s.batch, s.m, s.n, s.k}) <= INT_MAX,
+                 kOp << ": A " << a.describe() << " and B " << b.describe()
+                     << " have a dimension beyond cuBLASLt's 32-bit limit");
+  MANTISSA_CHECK(!overlaps(c, a) && !overlaps(c, b), kOp << ": output C " << c.describe()
+                                                         << " overlaps an input (A " << a.describe()
+                                                         << ", B " << b.describe() << ")");
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// What the GPU adds: cuBLASLt's type table, FP8's compute capability and alignment.
+
+std::string device_description(int index) {
+  cudaDeviceProp props{};
+  if (cudaGetDeviceProperties(&props, index) != cudaSuccess) {
+    cudaGetLastError();
+    return "cuda:" + std::to_string(index);
+  }
+  return "cuda:" + std::to_string(index) + " (" + props.name + ", compute capability " +
+         std::to_string(props.major) + "." + std::to_string(props.minor) + ")";
+}
+
+void check_output_supported(const Tensor& a, const Tensor& b, const Tensor& c) {
+  const DType in = a.dtype();
+  const DType out = c.dtype();
+  bool ok = false;
+  const char* supported = "";
+  if (is_fp8(in)) {
+    const bool has_e5m2 = a.dtype() == DType::kE5M2 || b.dtype() == DType::kE5M2;
+    ok = out != DType::kE5M2 || has_e5m2;
+    supported = has_e5m2 ? "f32, bf16, e4m3, e5m2" : "f32, bf16, e4m3";
+  } else if (in == DType::kBF16) {
+    ok = out == DType::kF32 || out == DType::kBF16;
+    supported = "f32, bf16";
+  } else {
+    ok = out == DType::kF32;
+    supported = "f32";
+  }
+  MANTISSA_CHECK(ok, kOp << ": output C " << c.describe() << " cannot be produced from A "
+                         << a.describe() << " and B " << b.describe()
+                         << " on the GPU (cuBLASLt's outputs for these operands: " << supported
+                         << ")");
+}
+
+bool aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+// 16-byte alignment of what an FP8 GEMM reads in place. An operand that is first copied
+// transposed (copy_a, copy_b) lands in aligned scratch, so only its K matters.
+void check_fp8_layout(const Tensor& a, const Tensor& b, const Tensor& c, const GemmShape& s,
+                      bool copy_a, bool copy_b) {
+  MANTISSA_CHECK(s.k % 16 == 0, kOp << ": FP8 operands A " << a.describe() << " and B "
+                                    << b.describe() << " have K = " << s.k
+                                    << "; FP8 GEMMs need K to be a multiple of 16 (16-byte "
+                                       "aligned rows)");
+  MANTISSA_CHECK((s.n * static_cast<int64_t>(dtype_size(c.dtype()))) % 16 == 0,
+                 kOp << ": output C " << c.describe() << " of an FP8 GEMM has rows of " << s.n
+                     << " elements (" << s.n * static_cast<int64_t>(dtype_size(c.dtype()))
+                     << " bytes); FP8 GEMMs need rows that are a multiple of 16 bytes");
+  MANTISSA_CHECK(copy_a || aligned16(a.data()),
+                 kOp << ": FP8 operand A " << a.describe()
+                     << " does not start at a 16-byte aligned address, which FP8 GEMMs need");
+  MANTISSA_CHECK(copy_b || aligned16(b.data()),
+                 kOp << ": FP8 operand B " << b.describe()
+                     << " does not start at a 16-byte aligned address, which FP8 GEMMs need");
+  MANTISSA_CHECK(aligned16(c.data()),
+                 kOp << ": output C " << c.describe()
+                     << " of an FP8 GEMM does not start at a 16-byte aligned address");
+}
+
+cudaDataType_t lt_type(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kE4M3: return CUDA_R_8F_E4M3;
+    case DType::kE5M2: return CUDA_R_8F_E5M2;
+    default: MANTISSA_FAIL(kOp << ": no cuBLASLt type for " << dtype_name(dtype));
+  }
+}
+
+bool is_fp8_type(cudaDataType_t type) {
+  return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2;
+}
+
+// ---------------------------------------------------------------------------------------
+// Small kernels.
+
+// out[b][c][r] = in[b][r][c] for `batch` byte matrices of rows x cols (FP8 operands into the
+// layout the tensor cores want). Each block moves 32x32 tiles through shared memory so that
+// both the reads and the writes are coalesced; the extra column keeps the transposed reads
+// out of each other's banks.
+constexpr int kTile = 32;
+constexpr int kTileRows = 8;  // a block is kTile x kTileRows threads, each moving 4 bytes
+
+__global__ void transpose_bytes_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
+                                       int64_t rows, int64_t cols, int64_t batch) {
+  __shared__ uint8_t tile[kTile][kTile + 1];
+  const int64_t tile_rows = (rows + kTile - 1) / kTile;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const uint8_t* src = in + b * rows * cols;
+    uint8_t* dst = out + b * rows * cols;
+    for (int64_t tr = blockIdx.y; tr < tile_rows; tr += gridDim.y) {
+      const int64_t row0 = tr * kTile;
+      const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+      for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+        const int64_t r = row0 + i;
+        const int64_t c = col0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = src[r * cols + c];
+      }
+      __syncthreads();
+      // The transposed tile: output row = input column, output column = input row.
+      for (int i = threadIdx.y; i < kTile; i += kTileRows) {
+        const int64_t c = col0 + i;
+        const int64_t r = row0 + threadIdx.x;
+        if (r < rows && c < cols) dst[c * rows + r] = tile[threadIdx.x][i];
+      }
+      __syncthreads();
+    }
+  }
+}
+
+void transpose_bytes(const void* in, void* out, int64_t rows, int64_t cols, int64_t batch,
+                     cudaStream_t stream) {
+  constexpr int64_t kMaxGridYZ = 65535;
+  const dim3 block(kTile, kTileRows);
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
+                  static_cast<unsigned>(std::min((rows + kTile - 1) / kTile, kMaxGridYZ)),
+                  static_cast<unsigned>(std::min(batch, kMaxGridYZ)));
+  transpose_bytes_kernel<<<grid, block, 0, stream>>>(static_cast<const uint8_t*>(in),
+                                                     static_cast<uint8_t*>(out), rows, cols, batch);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+}
+
+// x = beta * x, rounded back into x's dtype: a product with K = 0 (cuBLASLt wants K >= 1).
+template <class T>
+__global__ void scale_kernel(T* __restrict__ x, int64_t n, float beta) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    x[i] = round_to<T>(beta * to_float(x[i]));
+  }
+}
+
+template <class T>
+void scale_in_place(Tensor& x, float beta, int sm_count, cudaStream_t stream) {
+  constexpr int kThreads = 256;
+  const int64_t wanted = (x.numel() + kThreads - 1) / kThreads;
+  const int blocks = static_cast<int>(std::min<int64_t>(wanted, 8LL * sm_count));
+  scale_kernel<T><<<blocks, kThreads, 0, stream>>>(x.data_as<T>(), x.numel(), beta);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------
+// RAII for cuBLASLt descriptors. Destruction failures cannot be thrown; they are reported.
+
+void report_cleanup(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "mantissa: %s failed: %s\n", call, cublasLtGetStatusName(status));
+  }
+}
+
+struct DescDeleter {
+  void operator()(cublasLtMatmulDescOpaque_t* d) const {
+    report_cleanup(cublasLtMatmulDescDestroy(d), "cublasLtMatmulDescDestroy");
+  }
+};
+struct LayoutDeleter {
+  void operator()(cublasLtMatrixLayoutOpaque_t* l) const {
+    report_cleanup(cublasLtMatrixLayoutDestroy(l), "cublasLtMatrixLayoutDestroy");
+  }
+};
+struct PreferenceDeleter {
+  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const {
+    report_cleanup(cublasLtMatmulPreferenceDestroy(p), "cublasLtMatmulPreferenceDestroy");
+  }
+};
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, DescDeleter>;
+using Layout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
+
+template <class T>
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                   const T& value) {
+  MANTISSA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+}
+
+// A packed column-major [rows, cols] matrix, `batch` of them back to back.
+Layout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t batch) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  MANTISSA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, type, static_cast<uint64_t>(rows),
+                                                   static_cast<uint64_t>(cols), rows));
+  Layout layout(raw);
+  if (batch > 1) {
+    const auto count = static_cast<int32_t>(batch);
+    const int64_t stride = rows * cols;
+    MANTISSA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                           &count, sizeof count));
+    MANTISSA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+        raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return layout;
+}
+
+// The largest power of two (up to 256) that divides the address.
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = kMaxAlignment;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+const char* type_name(cudaDataType_t type) {
+  switch (type) {
+    case CUDA_R_32F: return "f32";
+    case CUDA_R_16BF: return "bf16";
+    case CUDA_R_16F: return "f16";
+    case CUDA_R_8F_E4M3: return "e4m3";
+    case CUDA_R_8F_E5M2: return "e5m2";
+    default: return "?";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// CublasLtGemm
+
+struct CublasLtGemm::Plan {
+  MatmulDesc desc;
+  Layout a, b, c, d;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+bool CublasLtGemm::PlanKey::operator==(const PlanKey& o) const {
+  return batch == o.batch && m == o.m && n == o.n && k == o.k && a_type == o.a_type &&
+         b_type == o.b_type && d_type == o.d_type && trans_a == o.trans_a && trans_b == o.trans_b &&
+         fast_accumulate == o.fast_accumulate && scale_a == o.scale_a && scale_b == o.scale_b &&
+         scale_d == o.scale_d && amax_d == o.amax_d && align_a == o.align_a &&
+         align_b == o.align_b && align_d == o.align_d;
+}
+
+size_t CublasLtGemm::PlanKeyHash::operator()(const PlanKey& key) const {
+  size_t h = 0;
+  const auto mix = [&h](uint64_t v) {
+    h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  };
+  mix(static_cast<uint64_t>(key.batch));
+  mix(static_cast<uint64_t>(key.m));
+  mix(static_cast<uint64_t>(key.n));
+  mix(static_cast<uint64_t>(key.k));
+  mix(static_cast<uint64_t>(key.a_type) | static_cast<uint64_t>(key.b_type) << 16 |
+      static_cast<uint64_t>(key.d_type) << 32);
+  mix(static_cast<uint64_t>(key.trans_a) | key.trans_b << 1 | key.fast_accumulate << 2 |
+      key.scale_a << 3 | key.scale_b << 4 | key.scale_d << 5 | key.amax_d << 6);
+  mix(static_cast<uint64_t>(key.align_a) | static_cast<uint64_t>(key.align_b) << 16 |
+      static_cast<uint64_t>(key.align_d) << 32);
+  return h;
+}
+
+void CublasLtGemm::HandleDeleter::operator()(cublasLtContext* handle) const {
+  report_cleanup(cublasLtDestroy(handle), "cublasLtDestroy");
+}
+
+void CublasLtGemm::DeviceFree::operator()(void* memory) const {
+  const cudaError_t status = cudaFree(memory);
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "mantissa: cudaFree failed: %s\n", cudaGetErrorName(status));
+  }
+}
+
+CublasLtGemm::CublasLtGemm() {
+  cublasLtHandle_t raw = nullptr;
+  MANTISSA_CUBLAS_CHECK(cublasLtCreate(&raw));
+  handle_.reset(raw);
+  void* workspace = nullptr;
+  MANTISSA_CUDA_CHECK(cudaMalloc(&workspace, kWorkspaceBytes));
+  workspace_.reset(workspace);
+}
+
+CublasLtGemm::~CublasLtGemm() = default;
+
+void* CublasLtGemm::scratch(int slot, size_t nbytes, cudaStream_t stream) {
+  if (nbytes > scratch_bytes_[slot]) {
+    MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    scratch_[slot].reset();
+    scratch_bytes_[slot] = 0;
+    // Round up (to 2 MiB) so that slowly growing shapes do not reallocate every step.
+    const size_t rounded = (nbytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    void* memory = nullptr;
+    MANTISSA_CUDA_CHECK(cudaMalloc(&memory, rounded));
+    scratch_[slot].reset(memory);
+    scratch_bytes_[slot] = rounded;
+  }
+  return scratch_[slot].get();
+}
+
+void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
+  const bool fp8 = is_fp8_type(p.a_type) || is_fp8_type(p.b_type);
+  const bool fp8_out = is_fp8_type(p.d_type);
+  const PlanKey key{p.batch,
+                    p.m,
+                    p.n,
+                    p.k,
+                    static_cast<int32_t>(p.a_type),
+                    static_cast<int32_t>(p.b_type),
+                    static_cast<int32_t>(p.d_type),
+                    p.trans_a,
+                    p.trans_b,
+                    p.fast_accumulate,
+                    p.scale_a != nullptr,
+                    p.scale_b != nullptr,
+                    p.scale_d != nullptr,
+                    p.amax_d != nullptr,
+                    alignment_of(p.a),
+                    alignment_of(p.b),
+                    alignment_of(p.d)};
+  auto found = plans_.find(key);
+  const bool fresh = found == plans_.end();
+  std::unique_ptr<Plan> fresh_plan;
+  Plan* plan = fresh ? nullptr : found->second.get();
+  if (fresh) {
+    fresh_plan = std::make_unique<Plan>();
+    plan = fresh_plan.get();
+    cublasLtMatmulDesc_t desc = nullptr;
+    MANTISSA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    plan->desc.reset(desc);
+    set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                           p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+    set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                           p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+    if (fp8) {
+      set_attribute<int8_t>(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, p.fast_accumulate ? 1 : 0);
+    }
+    plan->a = p.trans_a ? make_layout(p.a_type, p.k, p.m, p.batch)
+                        : make_layout(p.a_type, p.m, p.k, p.batch);
+    plan->b = p.trans_b ? make_layout(p.b_type, p.n, p.k, p.batch)
+                        : make_layout(p.b_type, p.k, p.n, p.batch);
+    // An FP8 output takes a BF16 C in cuBLASLt's type table (never read: beta is 0).
+    plan->c = make_layout(fp8_out ? CUDA_R_16BF : p.d_type, p.m, p.n, p.batch);
+    plan->d = make_layout(p.d_type, p.m, p.n, p.batch);
+  }
+  // The scale and amax pointers change from call to call; which of them are set is part of
+  // the key, so the algorithm chosen with them stays valid.
+  if (fp8) {
+    set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a);
+    set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b);
+    if (fp8_out) {
+      set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d);
+      set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax_d);
+    }
+  }
+  if (fresh) {
+    cublasLtMatmulPreference_t raw = nullptr;
+    MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+    Preference preference(raw);
+    const uint64_t workspace = kWorkspaceBytes;
+    MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+    const uint32_t aligns[4] = {key.align_a, key.align_b, fp8_out ? kMaxAlignment : key.align_d,
+                                key.align_d};
+    const cublasLtMatmulPreferenceAttributes_t align_attributes[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i) {
+      MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw, align_attributes[i],
+                                                                 &aligns[i], sizeof aligns[i]));
+    }
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+        handle_.get(), plan->desc.get(), plan->a.get(), plan->b.get(), plan->c.get(), plan->d.get(),
+        raw, 1, &result, &returned);
+    MANTISSA_CHECK(status == CUBLAS_STATUS_SUCCESS && returned > 0,
+                   "cuBLASLt has no algorithm for the column-major product D["
+                       << p.m << ", " << p.n << "] = op(A) op(B), K = " << p.k << ", batch "
+                       << p.batch << ", A " << type_name(p.a_type) << (p.trans_a ? "^T" : "")
+                       << " x B " << type_name(p.b_type) << (p.trans_b ? "^T" : "") << " -> "
+                       << type_name(p.d_type) << ", pointer alignments " << key.align_a << "/"
+                       << key.align_b << "/" << key.align_d
+                       << " bytes (heuristic status: " << cublasLtGetStatusName(status) << ")");
+    plan->algo = result.algo;
+    plans_.emplace(key, std::move(fresh_plan));
+  }
+  MANTISSA_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan->desc.get(), &p.alpha, p.a,
+                                       plan->a.get(), p.b, plan->b.get(), &p.beta,
+                                       fp8_out ? nullptr : p.d, plan->c.get(), p.d, plan->d.get(),
+                                       &plan->algo, workspace_.get(), kWorkspaceBytes, stream));
+}
+
+// ---------------------------------------------------------------------------------------
+// CudaBackend::gemm
+
+void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& p) {
+  const Device here = device();
+  check_dtypes(a, b, c, p, here);
+  check_fp8_scalar("a_scale", p.a_scale, "operand A", a, here);
+  check_fp8_scalar("b_scale", p.b_scale, "operand B", b, here);
+  check_fp8_scalar("c_scale", p.c_scale, "output C", c, here);
+  check_fp8_scalar("c_amax", p.c_amax, "output C", c, here);
+  const GemmShape s = check_shapes(a, b, c, p);
+  check_output_supported(a, b, c);
+
+  const bool fp8 = is_fp8(a.dtype());
+  // The TN layout FP8 kernels need: A stored [m, k] and B stored [n, k].
+  const bool copy_a = fp8 && p.trans_a;
+  const bool copy_b = fp8 && !p.trans_b;
+  if (fp8) {
+    MANTISSA_CHECK(compute_capability_ >= 89,
+                   kOp << ": FP8 operands A " << a.describe() << " and B " << b.describe()
+                       << " need FP8 tensor cores (compute capability 8.9 or newer: Ada, "
+                          "Hopper), which "
+                       << device_description(device_index_) << " does not have");
+    check_fp8_layout(a, b, c, s, copy_a, copy_b);
+  }
+
+  float* amax = p.c_amax != nullptr ? p.c_amax->data_as<float>() : nullptr;
+  if (c.numel() == 0) {
+    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
+    return;
+  }
+  if (s.k == 0) {
+    // An empty sum: C = beta * C (beta is 0 for FP8 outputs, whose amax is then 0).
+    if (p.beta == 0.0f) {
+      MANTISSA_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream_));
+    } else if (c.dtype() == DType::kF32) {
+      scale_in_place<float>(c, p.beta, multiprocessor_count_, stream_);
+    } else {
+      scale_in_place<bf16>(c, p.beta, multiprocessor_count_, stream_);
+    }
+    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
+    return;
+  }
+
+  const void* a_data = a.data();
+  const void* b_data = b.data();
+  if (copy_a) {  // A stored [k, m] -> [m, k]
+    void* t = gemm_->scratch(0, a.nbytes(), stream_);
+    transpose_bytes(a.data(), t, s.k, s.m, s.batch, stream_);
+    a_data = t;
+  }
+  if (copy_b) {  // B stored [k, n] -> [n, k]
+    void* t = gemm_->scratch(1, b.nbytes(), stream_);
+    transpose_bytes(b.data(), t, s.k, s.n, s.batch, stream_);
+    b_data = t;
+  }
+
+  // C^T = op(B)^T op(A)^T in column-major terms (see the top of this file).
+  LtMatmul lt;
+  lt.batch = s.batch;
+  lt.m = s.n;
+  lt.n = s.m;
+  lt.k = s.k;
+  lt.a = b_data;
+  lt.a_type = lt_type(b.dtype());
+  lt.trans_a = p.trans_b || copy_b;
+  lt.b = a_data;
+  lt.b_type = lt_type(a.dtype());
+  lt.trans_b = p.trans_a && !copy_a;
+  lt.d = c.data();
+  lt.d_type = lt_type(c.dtype());
+  lt.alpha = p.alpha;
+  lt.beta = p.beta;
+  lt.scale_a = p.b_scale != nullptr ? p.b_scale->data_as<const float>() : nullptr;
+  lt.scale_b = p.a_scale != nullptr ? p.a_scale->data_as<const float>() : nullptr;
+  lt.scale_d = p.c_scale != nullptr ? p.c_scale->data_as<const float>() : nullptr;
+  lt.amax_d = amax;
+  lt.fast_accumulate = fp8 && p.fast_accumulate;
+  try {
+    gemm_->matmul(lt, stream_);
+  } catch (const Error& e) {
+    MANTISSA_FAIL(kOp << ": A " << a.describe() << (p.trans_a ? " (transposed)" : "") << " x B "
+                      << b.describe() << (p.trans_b ? " (transposed)" : "") << " -> C "
+                      << c.describe() << " on " << device_description(device_index_) << ": "
+                      << e.what());
+  }
+}
+
+}  // namespace mantissa::core

@@ -1,1 +1,305 @@
+// AdamW, sums of squares (for the global gradient norm) and the fused unscale + non-finite
+// check on the GPU, mirroring cpu_optim.cpp: the same validation, the same formulas, the
+// same results (AdamW and sum_squares to an FP32 rounding or two, unscale bit for bit).
+//
+// The reductions are deterministic: sum_squares splits the work by a grid whose size
+// depends only on the tensor and adds the per-block results in block order, and
+// unscale_check_finite combines its per-thread answers with an order-free operation (the
+// minimum index).
+#include <cmath>
+#include <type_traits>
 
+#include "core/ops/cuda/cuda_backend.h"
+#include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_kernel_utils.cuh"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+using namespace cuda_kernels;
+
+constexpr int kBlock = 256;
+
+// ---------------------------------------------------------------------------------------
+// AdamW
+
+// Per-step constants, folded on the host once.
+struct AdamWCoefficients {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float grad_scale;
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
+};
+
+// Stands for "no compute copy" in adamw_kernel.
+struct NoCopy {};
+
+// One AdamW update, all in FP32:
+//   g = grad * grad_scale
+//   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
+//   m_hat = m / (1 - beta1^t)            v_hat = v / (1 - beta2^t)
+//   param -= lr (m_hat / (sqrt(v_hat) + eps) + weight_decay param)
+// The weight decay is decoupled and uses the parameter from before this step (PyTorch's
+// AdamW). Division and sqrt are IEEE-rounded (nvcc's defaults without --use_fast_math).
+__device__ __forceinline__ float adamw_update(float param, float grad, float& m, float& v,
+                                              const AdamWCoefficients& k) {
+  const float g = grad * k.grad_scale;
+  m = k.beta1 * m + (1.0f - k.beta1) * g;
+  v = k.beta2 * v + (1.0f - k.beta2) * g * g;
+  const float m_hat = m / k.bias_correction1;
+  const float v_hat = v / k.bias_correction2;
+  return param - k.lr * (m_hat / (sqrtf(v_hat) + k.eps) + k.weight_decay * param);
+}
+
+// One pass over params, grads, m, v (and the compute copy, when C is a storage type rather
+// than NoCopy): the updated parameter is rounded into the copy while it is in registers,
+// saving a second pass over the parameters. K = 8 elements per pack, so every operand moves
+// whole 16-byte vectors (two for the F32 ones).
+template <class G, class C, int K>
+__global__ void adamw_kernel(float* __restrict__ params, const G* __restrict__ grads,
+                             float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
+                             int64_t n, int64_t n_packs, AdamWCoefficients k) {
+  constexpr bool kHasCopy = !std::is_same_v<C, NoCopy>;
+  for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
+    const int64_t i = p * K;
+    Pack<float, K> param = load_pack<K>(params + i);
+    const Pack<G, K> grad = load_pack<K>(grads + i);
+    Pack<float, K> m_pack = load_pack<K>(m + i);
+    Pack<float, K> v_pack = load_pack<K>(v + i);
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      param.v[j] = adamw_update(param.v[j], to_float(grad.v[j]), m_pack.v[j], v_pack.v[j], k);
+    }
+    store_pack<K>(params + i, param);
+    store_pack<K>(m + i, m_pack);
+    store_pack<K>(v + i, v_pack);
+    if constexpr (kHasCopy) {
+      Pack<C, K> rounded;
+#pragma unroll
+      for (int j = 0; j < K; ++j) rounded.v[j] = round_to<C>(param.v[j]);
+      store_pack<K>(copy + i, rounded);
+    }
+  }
+  for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
+    const float updated = adamw_update(params[i], to_float(grads[i]), m[i], v[i], k);
+    params[i] = updated;
+    if constexpr (kHasCopy) copy[i] = round_to<C>(updated);
+  }
+}
+
+template <class G, class C>
+void launch_adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, C* copy,
+                  const AdamWCoefficients& k, int multiprocessor_count, cudaStream_t stream) {
+  constexpr int K = 8;
+  const int64_t n = params.numel();
+  const int64_t n_packs = pack_count<K>(n, {params.data(), grads.data(), m.data(), v.data(), copy});
+  adamw_kernel<G, C, K>
+      <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count), kBlock, 0, stream>>>(
+          params.data_as<float>(), grads.data_as<const G>(), m.data_as<float>(), v.data_as<float>(),
+          copy, n, n_packs, k);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------------------------------
+// sum_squares
+
+// Squares are accumulated in FP64, as on the CPU: elements above 1.8e19, whose FP32 square
+// overflows, still count correctly, and the result is rounded to FP32 once.
+__device__ __forceinline__ double warp_sum_f64(double v) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
+  }
+  return v;
+}
+
+// At most this many blocks, each writing one partial sum: a grid that depends only on the
+// tensor (its element count and whether it is 16-byte aligned), never on the device, so the
+// order of the additions, hence the result, is the same on every GPU.
+constexpr int kSumSquaresBlocks = 1024;
+
+template <class T, int K>
+__global__ void sum_squares_partials_kernel(const T* __restrict__ x, int64_t n, int64_t n_packs,
+                                            double* __restrict__ partials) {
+  double sum = 0.0;
+  for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
+    const Pack<T, K> pack = load_pack<K>(x + p * K);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const double xi = to_float(pack.v[k]);
+      sum += xi * xi;
+    }
+  }
+  for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
+    const double xi = to_float(x[i]);
+    sum += xi * xi;
+  }
+  sum = block_reduce<double, warp_sum_f64>(sum, 0.0);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+// One block: out += the partials, summed in FP64, rounded to FP32 once.
+__global__ void sum_squares_finish_kernel(const double* __restrict__ partials, int n_partials,
+                                          float* __restrict__ out) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n_partials; i += blockDim.x) sum += partials[i];
+  sum = block_reduce<double, warp_sum_f64>(sum, 0.0);
+  if (threadIdx.x == 0) *out = static_cast<float>(static_cast<double>(*out) + sum);
+}
+
+// ---------------------------------------------------------------------------------------
+// unscale_check_finite
+
+// inf or NaN: the FP32 exponent field is all ones.
+__device__ __forceinline__ bool is_nonfinite(float x) {
+  return (float_to_bits(x) & 0x7F800000u) == 0x7F800000u;
+}
+
+// x *= inv_scale in place, judging finiteness on the values before scaling. Each thread
+// meets its elements in increasing index order, so the first non-finite one it sees is its
+// smallest; it then raises `found` (a plain store: every writer writes the same 1) and
+// offers that index to an atomicMin on first_index, which the launcher set to all ones, the
+// bit pattern of -1 as an int64 and the largest value as an unsigned one. Non-finite values
+// are rare, so the atomics are too.
+template <class T, int K>
+__global__ void unscale_check_finite_kernel(T* __restrict__ x, int64_t n, int64_t n_packs,
+                                            float inv_scale, float* __restrict__ found,
+                                            unsigned long long* __restrict__ first_index) {
+  int64_t first = -1;
+  for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
+    Pack<T, K> pack = load_pack<K>(x + p * K);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const float xk = to_float(pack.v[k]);
+      if (first < 0 && is_nonfinite(xk)) first = p * K + k;
+      pack.v[k] = round_to<T>(xk * inv_scale);
+    }
+    store_pack<K>(x + p * K, pack);
+  }
+  for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
+    const float xi = to_float(x[i]);
+    if (first < 0 && is_nonfinite(xi)) first = i;
+    x[i] = round_to<T>(xi * inv_scale);
+  }
+  if (first >= 0) {
+    *found = 1.0f;
+    if (first_index != nullptr) atomicMin(first_index, static_cast<unsigned long long>(first));
+  }
+}
+
+}  // namespace
+
+// AdamW on F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when
+// given, is F32, BF16 or F16 (FP8 compute copies need a scale and are made with cast()).
+void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
+                        Tensor* compute_copy, const AdamWParams& p) {
+  check_operand("adamw", "params", params, device(), {DType::kF32});
+  check_operand("adamw", "grads", grads, device(), {DType::kF32, DType::kBF16});
+  check_operand("adamw", "m", m, device(), {DType::kF32});
+  check_operand("adamw", "v", v, device(), {DType::kF32});
+  check_same_shape("adamw", "params", params, "grads", grads);
+  check_same_shape("adamw", "params", params, "m", m);
+  check_same_shape("adamw", "params", params, "v", v);
+  if (compute_copy != nullptr) {
+    MANTISSA_CHECK(!is_fp8(compute_copy->dtype()),
+                   "adamw: operand compute_copy " << compute_copy->describe()
+                                                  << " is FP8, which needs a scale; produce FP8 "
+                                                     "compute copies with cast() and a scale");
+    check_operand("adamw", "compute_copy", *compute_copy, device(),
+                  {DType::kF32, DType::kBF16, DType::kF16});
+    check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
+  }
+  MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
+  MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
+                 "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
+  MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
+                 "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
+  if (params.numel() == 0) return;
+
+  // The bias corrections in double, as on the CPU: FP32 pow would lose digits long before
+  // beta^step becomes negligible.
+  const AdamWCoefficients k{
+      p.lr,
+      p.beta1,
+      p.beta2,
+      p.eps,
+      p.weight_decay,
+      p.grad_scale,
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
+  };
+  dispatch_f32_bf16("adamw", grads.dtype(), [&](auto grad_tag) {
+    using G = decltype(grad_tag);
+    if (compute_copy == nullptr) {
+      launch_adamw<G, NoCopy>(params, grads, m, v, nullptr, k, multiprocessor_count_, stream_);
+      return;
+    }
+    dispatch_f32_bf16_f16("adamw", compute_copy->dtype(), [&](auto copy_tag) {
+      using C = decltype(copy_tag);
+      launch_adamw<G, C>(params, grads, m, v, compute_copy->data_as<C>(), k, multiprocessor_count_,
+                         stream_);
+    });
+  });
+}
+
+// out (F32 scalar) += sum x^2 for x F32, BF16 or F16, accumulated in FP64 and rounded once.
+void CudaBackend::sum_squares(const Tensor& x, Tensor& out) {
+  check_operand("sum_squares", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("sum_squares", "out", out, device());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_f32_bf16_f16("sum_squares", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int K = kPackSize<T>;
+    const int64_t n_packs = pack_count<K>(n, {x.data()});
+    const int blocks = static_cast<int>(
+        std::min<int64_t>(kSumSquaresBlocks, ceil_div(n_packs > 0 ? n_packs : n, kBlock)));
+    // One 8-byte slot per block for its FP64 partial (there is no F64 dtype). Freed when
+    // this function returns; the allocator's reuse is ordered on this stream.
+    Tensor partials = Tensor::empty(Shape{blocks}, DType::kI64, device());
+    double* partial_sums = static_cast<double*>(partials.data());
+    sum_squares_partials_kernel<T, K>
+        <<<blocks, kBlock, 0, stream_>>>(x.data_as<const T>(), n, n_packs, partial_sums);
+    MANTISSA_CUDA_CHECK_LAUNCH();
+    sum_squares_finish_kernel<<<1, kBlock, 0, stream_>>>(partial_sums, blocks,
+                                                         out.data_as<float>());
+    MANTISSA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+// x (F32, BF16 or F16) *= inv_scale in place. Finiteness is judged on the values before
+// scaling: found (F32 scalar) becomes 1 when any element is inf or NaN and is otherwise left
+// as it was; first_index (I64 scalar), when given, is overwritten with the smallest such
+// index or -1.
+void CudaBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
+                                       Tensor* first_index) {
+  check_operand("unscale_check_finite", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("unscale_check_finite", "found", found, device());
+  unsigned long long* first = nullptr;
+  if (first_index != nullptr) {
+    check_scalar("unscale_check_finite", "first_index", *first_index, device(), DType::kI64);
+    first = first_index->data_as<unsigned long long>();
+  }
+  MANTISSA_CHECK(std::isfinite(inv_scale),
+                 "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
+  if (first != nullptr) {
+    MANTISSA_CUDA_CHECK(cudaMemsetAsync(first, 0xFF, sizeof(int64_t), stream_));  // -1
+  }
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_f32_bf16_f16("unscale_check_finite", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int K = kPackSize<T>;
+    const int64_t n_packs = pack_count<K>(n, {x.data()});
+    unscale_check_finite_kernel<T, K>
+        <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
+           stream_>>>(x.data_as<T>(), n, n_packs, inv_scale, found.data_as<float>(), first);
+    MANTISSA_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace mantissa::core

@@ -1,0 +1,95 @@
+// CublasLtGemm: the cuBLASLt side of CudaBackend::gemm.
+//
+// CudaBackend::gemm (cuda_gemm.cu) validates a row-major call and maps it onto one
+// column-major LtMatmul; this class owns what that needs across calls: the cuBLASLt handle,
+// the 32 MiB workspace, the algorithm chosen for each distinct problem, and the scratch that
+// holds transposed copies of FP8 operands.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+namespace mantissa::core {
+
+// One (strided-batched) cuBLASLt product in its own column-major terms:
+//   D[m, n] = scale_d * (alpha * scale_a * scale_b * op(A)[m, k] op(B)[k, n] + beta * C)
+// for each of `batch` matrices. Operands are packed: op(A) is stored [rows, cols] with
+// ld = rows (column-major) and consecutive batches `rows * cols` elements apart; C and D share
+// one layout (C is not read when beta = 0, and is absent for FP8 D).
+struct LtMatmul {
+  int64_t batch = 1;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool trans_a = false;
+  bool trans_b = false;
+  cudaDataType_t a_type = CUDA_R_32F;
+  cudaDataType_t b_type = CUDA_R_32F;
+  cudaDataType_t d_type = CUDA_R_32F;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* d = nullptr;  // C is D (in place), or unused for FP8 output
+  float alpha = 1.0f;
+  float beta = 0.0f;
+  // FP8 only (device pointers, nullptr = 1 / not computed).
+  const float* scale_a = nullptr;
+  const float* scale_b = nullptr;
+  const float* scale_d = nullptr;
+  float* amax_d = nullptr;
+  bool fast_accumulate = false;
+};
+
+class CublasLtGemm {
+ public:
+  // On the current device (CudaBackend makes its device current first).
+  CublasLtGemm();
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Queues the product on `stream`. The first call for a new kind of problem asks cuBLASLt's
+  // heuristics for an algorithm (and throws when there is none); later ones reuse it.
+  void matmul(const LtMatmul& p, cudaStream_t stream);
+
+  // Device memory of at least `nbytes` in one of two slots (one per operand), reused by later
+  // calls. Growing it waits for `stream` first, since queued work may still read the old one.
+  void* scratch(int slot, size_t nbytes, cudaStream_t stream);
+
+ private:
+  // Everything the algorithm choice depends on: the problem (shape, types, transposes,
+  // batch), the FP8 extras set on the descriptor, and how well the pointers are aligned (the
+  // fastest kernels need 16-byte or better alignment; views into flat buffers may lack it).
+  struct PlanKey {
+    int64_t batch, m, n, k;
+    int32_t a_type, b_type, d_type;
+    bool trans_a, trans_b, fast_accumulate;
+    bool scale_a, scale_b, scale_d, amax_d;
+    uint32_t align_a, align_b, align_d;
+    bool operator==(const PlanKey& other) const;
+  };
+  struct PlanKeyHash {
+    size_t operator()(const PlanKey& key) const;
+  };
+  struct Plan;  // descriptors and the chosen algorithm, see cuda_gemm.cu
+
+  struct HandleDeleter {
+    void operator()(cublasLtContext* handle) const;
+  };
+  struct DeviceFree {
+    void operator()(void* memory) const;
+  };
+  using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
+
+  std::unique_ptr<cublasLtContext, HandleDeleter> handle_;
+  DeviceBuffer workspace_;
+  DeviceBuffer scratch_[2];
+  size_t scratch_bytes_[2] = {0, 0};
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
+};
+
+}  // namespace mantissa::core

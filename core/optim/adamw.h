@@ -1,0 +1,52 @@
+// AdamW over FP32 master weights held in one flat buffer.
+//
+// The parameters are described as ranges of the flat buffer, each with its own weight-decay
+// flag (GPT-2 decays matrices, not biases or norms). Moments m and v are FP32 flat buffers
+// shaped like the masters; the compute copy is rewritten in the same pass as the update.
+// Under ZeRO-1 the same class runs over one rank's shard: ranges are then clipped to it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/ops/backend.h"
+
+namespace mantissa::core {
+
+struct AdamWConfig {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+};
+
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool weight_decay = false;
+};
+
+class AdamW {
+ public:
+  AdamW(Backend& backend, std::vector<ParamRange> ranges, int64_t flat_numel,
+        const AdamWConfig& config);
+
+  // One update: masters -= lr * (adam direction + weight_decay * masters), with the
+  // gradients multiplied by grad_scale first (gradient clipping). compute may be null.
+  void step(Backend& backend, Tensor& masters, const Tensor& grads, Tensor* compute, float lr,
+            float grad_scale);
+
+  int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(int64_t steps) { steps_ = steps; }
+  Tensor& first_moment() { return m_; }
+  Tensor& second_moment() { return v_; }
+  const AdamWConfig& config() const { return config_; }
+
+ private:
+  std::vector<ParamRange> ranges_;
+  AdamWConfig config_;
+  Tensor m_, v_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace mantissa::core

@@ -1,0 +1,36 @@
+// Learning-rate schedule: linear warmup, then cosine decay to a floor (llm.c's schedule).
+//
+// `step` is 0-based: the index of the optimizer update about to be applied (0 for the first).
+// With peak lr, W = warmup_steps, N = total_steps and lr_min = min_lr_ratio * lr:
+//   step < W:       lr * (step + 1) / W        (the first update already moves: lr / W, not 0)
+//   W <= step < N:  lr_min + 0.5 * (1 + cos(pi * (step - W) / (N - W))) * (lr - lr_min)
+//   step >= N:      lr_min
+// so the peak is reached at step W - 1 and held at step W, and the decay ends at step N, one past
+// the last update of an N-step run. Whether skipped (overflowing) steps advance `step` is the
+// trainer's choice.
+#pragma once
+
+#include <cstdint>
+
+namespace mantissa::core {
+
+struct LrScheduleConfig {
+  double lr = 6e-4;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double min_lr_ratio = 0.0;
+};
+
+class LrSchedule {
+ public:
+  // Validates: lr >= 0, 0 <= warmup_steps <= total_steps, total_steps >= 1,
+  // min_lr_ratio in [0, 1].
+  explicit LrSchedule(const LrScheduleConfig& config);
+
+  double at(int64_t step) const;
+
+ private:
+  LrScheduleConfig config_;
+};
+
+}  // namespace mantissa::core

@@ -1,0 +1,110 @@
+#include "core/precision/fp8_scaling.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace mantissa::core {
+
+float fp8_max(DType format) {
+  switch (format) {
+    case DType::kE4M3: return 448.0f;
+    case DType::kE5M2: return 57344.0f;
+    default: break;
+  }
+  MANTISSA_FAIL("fp8_max: " << dtype_name(format) << " is not an FP8 format");
+}
+
+float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin) {
+  MANTISSA_CHECK(!(amax < 0.0f), "fp8 scaling: amax must be >= 0, got " << amax);
+  if (amax == 0.0f || !std::isfinite(amax)) return old_scale;
+  const double floored = std::max(static_cast<double>(amax), 1e-12);
+  return static_cast<float>(fp8_max / floored / std::ldexp(1.0, margin));
+}
+
+Fp8ScalingRegistry::Fp8ScalingRegistry(const Fp8ScalingConfig& config) : config_(config) {
+  MANTISSA_CHECK(config.amax_history_len >= 1,
+                 "fp8.amax_history_len must be >= 1, got " << config.amax_history_len);
+  MANTISSA_CHECK(config.margin >= 0, "fp8.margin must be >= 0, got " << config.margin);
+}
+
+int Fp8ScalingRegistry::add(const std::string& name, DType format) {
+  MANTISSA_CHECK(is_fp8(format), "fp8 scaling: tensor '" << name << "' has format "
+                                                         << dtype_name(format)
+                                                         << ", expected e4m3 or e5m2");
+  for (const Fp8TensorState& t : state_.tensors) {
+    MANTISSA_CHECK(t.name != name, "fp8 scaling: tensor '" << name << "' registered twice");
+  }
+  Fp8TensorState t;
+  t.name = name;
+  t.format = format;
+  t.amax_history.assign(config_.amax_history_len, 0.0f);
+  state_.tensors.push_back(std::move(t));
+  return size() - 1;
+}
+
+const Fp8TensorState& Fp8ScalingRegistry::tensor(int index) const {
+  MANTISSA_CHECK(index >= 0 && index < size(),
+                 "fp8 scaling: tensor index " << index << " out of range [0, " << size() << ")");
+  return state_.tensors[index];
+}
+
+float Fp8ScalingRegistry::newest_amax(int index) const {
+  const Fp8TensorState& t = tensor(index);
+  const int len = config_.amax_history_len;
+  return t.amax_history[(t.history_next + len - 1) % len];
+}
+
+void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
+  MANTISSA_CHECK(static_cast<int>(amaxes.size()) == size(),
+                 "fp8 scaling: got " << amaxes.size() << " amaxes for " << size() << " tensors");
+  for (int i = 0; i < size(); ++i) {
+    MANTISSA_CHECK(!(amaxes[i] < 0.0f), "fp8 scaling: amax of tensor '" << state_.tensors[i].name
+                                                                        << "' must be >= 0, got "
+                                                                        << amaxes[i]);
+  }
+  const int len = config_.amax_history_len;
+  const bool use_history_max =
+      config_.recipe == Fp8Recipe::kDelayed && config_.amax_compute == AmaxCompute::kMax;
+  for (int i = 0; i < size(); ++i) {
+    Fp8TensorState& t = state_.tensors[i];
+    const float amax = amaxes[i];
+    if (!std::isfinite(amax)) continue;
+    t.amax_history[t.history_next] = amax;
+    t.history_next = (t.history_next + 1) % len;
+    const float used =
+        use_history_max ? *std::max_element(t.amax_history.begin(), t.amax_history.end()) : amax;
+    t.scale = fp8_scale_from_amax(used, t.scale, fp8_max(t.format), config_.margin);
+    t.scale_inv = static_cast<float>(1.0 / t.scale);
+  }
+}
+
+void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
+  MANTISSA_CHECK(state.tensors.size() == state_.tensors.size(),
+                 "fp8 scaling state: holds " << state.tensors.size() << " tensors, the model has "
+                                             << state_.tensors.size());
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    const Fp8TensorState& got = state.tensors[i];
+    const Fp8TensorState& want = state_.tensors[i];
+    MANTISSA_CHECK(got.name == want.name && got.format == want.format,
+                   "fp8 scaling state: tensor " << i << " is '" << got.name << "' ("
+                                                << dtype_name(got.format) << "), the model has '"
+                                                << want.name << "' (" << dtype_name(want.format)
+                                                << ")");
+    MANTISSA_CHECK(got.amax_history.size() == want.amax_history.size(),
+                   "fp8 scaling state: tensor '"
+                       << got.name << "' has an amax history of " << got.amax_history.size()
+                       << " entries, fp8.amax_history_len is " << want.amax_history.size());
+    MANTISSA_CHECK(got.history_next >= 0 && got.history_next < config_.amax_history_len,
+                   "fp8 scaling state: tensor '" << got.name << "' has history position "
+                                                 << got.history_next << " outside [0, "
+                                                 << config_.amax_history_len << ")");
+    MANTISSA_CHECK(std::isfinite(got.scale) && got.scale > 0.0f,
+                   "fp8 scaling state: tensor '" << got.name << "' has scale " << got.scale
+                                                 << ", expected finite and > 0");
+  }
+  state_ = state;
+}
+
+}  // namespace mantissa::core

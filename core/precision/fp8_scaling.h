@@ -1,0 +1,102 @@
+// Per-tensor scaling state for FP8 GEMM operands.
+//
+// An FP8 operand is stored as code = round(value * scale) and read back as code * scale_inv.
+// The scale maps the tensor's largest magnitude (amax) onto the format's largest finite value:
+//   scale = (fp8_max / amax) / 2^margin,   fp8_max = 448 (E4M3) or 57344 (E5M2),
+// computed in double and rounded once to float; scale_inv = 1 / scale, likewise. An amax of 0
+// (no data, or an all-zero tensor) or a non-finite amax keeps the old scale; a positive amax
+// is floored at 1e-12 so the scale stays finite.
+//
+// Recipes:
+//  - kDelayed (Transformer Engine's default): every step appends each tensor's amax to a ring
+//    buffer of amax_history_len entries, and the scale for the NEXT step is computed from the
+//    history, either its maximum (kMax) or the newest entry (kMostRecent).
+//  - kCurrent: the scale is computed from this step's amax and used for this same step; the
+//    caller measures the amax before the cast and calls update() before using the scale.
+//    amax_compute is ignored (it is always this step's amax), the history is still kept for
+//    metrics.
+//
+// Step protocol, on every rank:
+//   1. gather this step's amax of every tensor into one flat vector in registration order
+//      (on a GPU: one device slot per tensor, read with one copy);
+//   2. MAX-all-reduce that vector across the data-parallel group (one collective), so every
+//      rank computes identical scales. A MAX reduction may drop a NaN (every comparison with
+//      it is false): write a NaN amax as +inf before reducing;
+//   3. update(amaxes).
+// A non-finite amax (an overflowing backward, typically: the step is skipped anyway) leaves
+// that tensor's history and scale untouched. Recording it in the history would pin a MAX
+// history at inf, freezing the scale for amax_history_len steps.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace mantissa::core {
+
+// Largest finite value of an FP8 format: 448 for kE4M3, 57344 for kE5M2.
+float fp8_max(DType format);
+
+// The scale rule above for one amax. Returns old_scale when amax is 0 or not finite.
+float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin);
+
+enum class Fp8Recipe : uint8_t { kDelayed, kCurrent };
+enum class AmaxCompute : uint8_t { kMax, kMostRecent };
+
+struct Fp8ScalingConfig {
+  Fp8Recipe recipe = Fp8Recipe::kDelayed;
+  int32_t amax_history_len = 1024;
+  AmaxCompute amax_compute = AmaxCompute::kMax;
+  int32_t margin = 0;  // extra headroom: the scale is divided by 2^margin
+};
+
+struct Fp8TensorState {
+  std::string name;
+  DType format = DType::kE4M3;
+  std::vector<float> amax_history;  // ring buffer, amax_history_len entries, 0 = no data yet
+  int32_t history_next = 0;         // slot the next amax is written to
+  float scale = 1.0f;
+  float scale_inv = 1.0f;
+
+  bool operator==(const Fp8TensorState&) const = default;
+};
+
+// What a checkpoint stores: every tensor's state in registration order.
+struct Fp8ScalingState {
+  std::vector<Fp8TensorState> tensors;
+
+  bool operator==(const Fp8ScalingState&) const = default;
+};
+
+class Fp8ScalingRegistry {
+ public:
+  // Validates the config (the message names the offending field).
+  explicit Fp8ScalingRegistry(const Fp8ScalingConfig& config);
+
+  // Registers an FP8 operand (format kE4M3 or kE5M2) with scale 1 and an empty history and
+  // returns its index. Names are unique; the registration order fixes the order of the amax
+  // vector, so every rank must register the same tensors in the same order.
+  int add(const std::string& name, DType format);
+  int size() const { return static_cast<int>(state_.tensors.size()); }
+  const Fp8TensorState& tensor(int index) const;
+  float newest_amax(int index) const;
+
+  // Advances every tensor's history and scale from this step's amaxes, one per tensor in
+  // registration order.
+  void update(std::span<const float> amaxes);
+
+  const Fp8ScalingConfig& config() const { return config_; }
+  const Fp8ScalingState& state() const { return state_; }
+  // Restores a checkpointed state; it must describe the registered tensors (same names,
+  // formats, order) with histories of amax_history_len entries.
+  void set_state(const Fp8ScalingState& state);
+
+ private:
+  Fp8ScalingConfig config_;
+  Fp8ScalingState state_;
+};
+
+}  // namespace mantissa::core

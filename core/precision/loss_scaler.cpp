@@ -1,0 +1,121 @@
+#include "core/precision/loss_scaler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace mantissa::core {
+
+namespace {
+
+bool positive_finite(double x) {
+  return std::isfinite(x) && x > 0.0;
+}
+
+// The scale is kept as a float (what the loss is multiplied by), so its bounds must be floats.
+bool fits_float(double x) {
+  return x <= std::numeric_limits<float>::max();
+}
+
+}  // namespace
+
+LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
+  const LossScalerConfig& c = config_;
+  MANTISSA_CHECK(c.max_overflows_at_min >= 1,
+                 "loss_scale.max_overflows_at_min must be >= 1, got " << c.max_overflows_at_min);
+  switch (c.mode) {
+    case LossScaleMode::kDynamic:
+      MANTISSA_CHECK(positive_finite(c.min),
+                     "loss_scale.min must be finite and > 0, got " << c.min);
+      MANTISSA_CHECK(
+          fits_float(c.max) && c.max >= c.min,
+          "loss_scale.max must be >= min " << c.min << " and a finite float, got " << c.max);
+      MANTISSA_CHECK(c.init >= c.min && c.init <= c.max,
+                     "loss_scale.init must lie in [min, max] = [" << c.min << ", " << c.max
+                                                                  << "], got " << c.init);
+      MANTISSA_CHECK(std::isfinite(c.growth_factor) && c.growth_factor > 1.0,
+                     "loss_scale.growth_factor must be finite and > 1, got " << c.growth_factor);
+      MANTISSA_CHECK(c.backoff_factor > 0.0 && c.backoff_factor < 1.0,
+                     "loss_scale.backoff_factor must lie in (0, 1), got " << c.backoff_factor);
+      MANTISSA_CHECK(c.growth_interval >= 1,
+                     "loss_scale.growth_interval must be >= 1, got " << c.growth_interval);
+      MANTISSA_CHECK(c.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got " << c.hysteresis);
+      state_.scale = static_cast<float>(c.init);
+      state_.hysteresis_tracker = c.hysteresis;
+      break;
+    case LossScaleMode::kStatic:
+      MANTISSA_CHECK(
+          positive_finite(c.init) && fits_float(c.init),
+          "loss_scale.init must be > 0 and a finite float in STATIC mode, got " << c.init);
+      state_.scale = static_cast<float>(c.init);
+      break;
+    case LossScaleMode::kNone: state_.scale = 1.0f; break;
+  }
+}
+
+float LossScaler::inv_scale() const {
+  return static_cast<float>(1.0 / state_.scale);
+}
+
+float LossScaler::min_scale() const {
+  return config_.mode == LossScaleMode::kDynamic ? static_cast<float>(config_.min) : state_.scale;
+}
+
+bool LossScaler::update(bool found_nonfinite) {
+  LossScalerState& s = state_;
+  const bool dynamic = config_.mode == LossScaleMode::kDynamic;
+  if (!found_nonfinite) {
+    s.overflows_at_min = 0;
+    s.growth_tracker += 1;
+    if (dynamic && s.growth_tracker == config_.growth_interval) {
+      s.growth_tracker = 0;
+      s.hysteresis_tracker = config_.hysteresis;
+      s.scale = static_cast<float>(std::min(s.scale * config_.growth_factor, config_.max));
+    }
+    return false;
+  }
+
+  s.overflow_steps_total += 1;
+  s.growth_tracker = 0;
+  s.overflows_at_min = s.scale <= min_scale() ? s.overflows_at_min + 1 : 0;
+  if (s.overflows_at_min >= config_.max_overflows_at_min) {
+    // At scale 1 nothing is being scaled, so the gradients themselves overflow.
+    const char* cause = s.scale == 1.0f ? "even unscaled" : "even at this scale";
+    MANTISSA_FAIL("loss scale stuck at minimum "
+                  << s.scale << " after " << s.overflows_at_min
+                  << " consecutive overflowing steps; gradients are non-finite " << cause
+                  << " — lower the learning rate or check the data");
+  }
+  if (dynamic) {
+    s.hysteresis_tracker = std::max(s.hysteresis_tracker - 1, 0);
+    if (s.hysteresis_tracker == 0) {
+      s.scale = static_cast<float>(std::max(s.scale * config_.backoff_factor, config_.min));
+    }
+  }
+  return true;
+}
+
+void LossScaler::set_state(const LossScalerState& state) {
+  MANTISSA_CHECK(positive_finite(state.scale),
+                 "loss scaler state: scale must be finite and > 0, got " << state.scale);
+  if (config_.mode == LossScaleMode::kDynamic) {
+    MANTISSA_CHECK(state.scale >= config_.min && state.scale <= config_.max,
+                   "loss scaler state: scale " << state.scale << " lies outside [min, max] = ["
+                                               << config_.min << ", " << config_.max << "]");
+  }
+  MANTISSA_CHECK(state.growth_tracker >= 0 && state.hysteresis_tracker >= 0 &&
+                     state.overflows_at_min >= 0 && state.overflow_steps_total >= 0,
+                 "loss scaler state: negative counter (growth_tracker "
+                     << state.growth_tracker << ", hysteresis_tracker " << state.hysteresis_tracker
+                     << ", overflows_at_min " << state.overflows_at_min << ", overflow_steps_total "
+                     << state.overflow_steps_total << ")");
+  // In kStatic and kNone the scale is what the config says (a run may switch modes when it
+  // resumes, e.g. FP16 to BF16); only the counters carry over.
+  const float scale = config_.mode == LossScaleMode::kDynamic ? state.scale : state_.scale;
+  state_ = state;
+  state_.scale = scale;
+}
+
+}  // namespace mantissa::core

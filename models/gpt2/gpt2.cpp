@@ -1,0 +1,202 @@
+#include "models/gpt2/gpt2.h"
+
+#include <cmath>
+#include <string>
+
+#include "core/error.h"
+
+namespace mantissa::models {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+namespace {
+constexpr float kInitStd = 0.02f;
+}
+
+// One pre-LayerNorm transformer block:
+//   x2  = x  + proj(attention(qkv(ln_1(x))))
+//   out = x2 + mlp_proj(gelu(fc(ln_2(x2))))
+class GPT2Block {
+ public:
+  GPT2Block(ParameterStore& store, const GPT2Config& c, int index, Fp8Operands* fp8)
+      : n_head_(c.n_head),
+        channels_(c.n_embd),
+        ln_1_(store, name(index, "ln_1"), c.n_embd),
+        c_attn_(store, name(index, "attn.c_attn"), c.n_embd, 3 * c.n_embd, kInitStd, fp8),
+        c_proj_(store, name(index, "attn.c_proj"), c.n_embd, c.n_embd, residual_std(c), fp8),
+        ln_2_(store, name(index, "ln_2"), c.n_embd),
+        c_fc_(store, name(index, "mlp.c_fc"), c.n_embd, 4 * c.n_embd, kInitStd, fp8),
+        mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd, residual_std(c),
+                  fp8) {}
+
+  // x: the residual stream [B*T, C].
+  Tensor forward(StepContext& ctx, const Tensor& x, int64_t batch, int64_t seq) {
+    core::Backend& be = ctx.backend;
+    const DType dt = ctx.policy.compute_dtype;
+    const int64_t n = batch * seq;
+
+    qkv_ = c_attn_.forward(ctx, ln_1_.forward(ctx, x));
+    att_ = Tensor::empty(Shape{batch, n_head_, seq, seq}, DType::kF32, be.device());
+    Tensor attended = Tensor::empty(Shape{batch, seq, channels_}, dt, be.device());
+    be.attention_forward(qkv_.reshape(Shape{batch, seq, 3 * channels_}), attended, att_,
+                         static_cast<int>(n_head_));
+    Tensor x2 = Tensor::empty(x.shape(), dt, be.device());
+    be.add(x, c_proj_.forward(ctx, attended.reshape(Shape{n, channels_})), x2);
+
+    fc_out_ = c_fc_.forward(ctx, ln_2_.forward(ctx, x2));
+    Tensor activated = Tensor::empty(fc_out_.shape(), dt, be.device());
+    be.gelu_forward(fc_out_, activated);
+    Tensor out = Tensor::empty(x.shape(), dt, be.device());
+    be.add(x2, mlp_proj_.forward(ctx, activated), out);
+    batch_ = batch;
+    seq_ = seq;
+    return out;
+  }
+
+  // dout: gradient of the block output; returns the gradient of its input.
+  Tensor backward(StepContext& ctx, const Tensor& dout) {
+    core::Backend& be = ctx.backend;
+    const DType dt = ctx.policy.compute_dtype;
+
+    Tensor dactivated = mlp_proj_.backward(ctx, dout);
+    Tensor dfc = Tensor::empty(fc_out_.shape(), dt, be.device());
+    be.gelu_backward(fc_out_, dactivated, dfc);
+    Tensor dx2 = ln_2_.backward(ctx, c_fc_.backward(ctx, dfc));
+    be.add(dx2, dout, dx2);  // the residual branch passes dout straight through
+
+    Tensor dattended = c_proj_.backward(ctx, dx2);
+    Tensor dqkv = Tensor::empty(Shape{batch_, seq_, 3 * channels_}, dt, be.device());
+    be.attention_backward(dattended.reshape(Shape{batch_, seq_, channels_}),
+                          qkv_.reshape(Shape{batch_, seq_, 3 * channels_}), att_, dqkv,
+                          static_cast<int>(n_head_));
+    Tensor dx = ln_1_.backward(ctx, c_attn_.backward(ctx, dqkv.reshape(qkv_.shape())));
+    be.add(dx, dx2, dx);
+    qkv_ = att_ = fc_out_ = Tensor();
+    return dx;
+  }
+
+ private:
+  static std::string name(int index, const char* part) {
+    return "h." + std::to_string(index) + "." + part;
+  }
+  static float residual_std(const GPT2Config& c) {
+    return kInitStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
+  }
+
+  int64_t n_head_, channels_;
+  LayerNorm ln_1_;
+  Linear c_attn_, c_proj_;
+  LayerNorm ln_2_;
+  Linear c_fc_, mlp_proj_;
+  int64_t batch_ = 0, seq_ = 0;
+  Tensor qkv_, att_, fc_out_;
+};
+
+GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
+           uint64_t seed)
+    : config_(config) {
+  const GPT2Config& c = config_;
+  MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 &&
+                     c.vocab_size > 0,
+                 "GPT2: n_layer, n_head, n_embd, seq_len and vocab_size must be positive");
+  MANTISSA_CHECK(c.n_embd % c.n_head == 0,
+                 "GPT2: n_embd (" << c.n_embd << ") must be a multiple of n_head (" << c.n_head
+                                  << ")");
+  if (policy.fp8_block_gemms) fp8_ = std::make_unique<Fp8Operands>();
+  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, Init::kNormal, kInitStd, true});
+  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, kInitStd, true});
+  for (int i = 0; i < c.n_layer; ++i) {
+    blocks_.push_back(std::make_unique<GPT2Block>(params_, c, i, fp8_.get()));
+  }
+  ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", c.n_embd);
+  params_.allocate(backend, policy.compute_dtype, seed);
+  if (fp8_) fp8_->allocate(backend);
+}
+
+GPT2::~GPT2() = default;
+
+double GPT2::forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) {
+  core::Backend& be = ctx.backend;
+  const DType dt = ctx.policy.compute_dtype;
+  MANTISSA_CHECK(batch.tokens.shape().rank() == 2 && batch.tokens.shape() == batch.targets.shape(),
+                 "GPT2.forward: tokens " << batch.tokens.describe() << " and targets "
+                                         << batch.targets.describe() << " must both be [B, T]");
+  const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
+  const int64_t channels = config_.n_embd, vocab = config_.vocab_size;
+  MANTISSA_CHECK(t <= config_.seq_len, "GPT2.forward: sequence length " << t
+                                                                        << " exceeds seq_len "
+                                                                        << config_.seq_len);
+
+  Tensor x = Tensor::empty(Shape{b, t, channels}, dt, be.device());
+  const Tensor wpe = params_[wpe_].compute.view(0, Shape{t, channels});
+  be.embedding_forward(batch.tokens, params_[wte_].compute, wpe, x);
+  Tensor residual = x.reshape(Shape{n, channels});
+  for (auto& block : blocks_) residual = block->forward(ctx, residual, b, t);
+  final_hidden_ = ln_f_->forward(ctx, residual);
+
+  // The tied LM head; logits (and then dlogits, in place) in FP32 for an exact loss.
+  logits_ = Tensor::empty(Shape{n, vocab}, DType::kF32, be.device());
+  core::GemmParams head;
+  head.trans_b = true;
+  be.gemm(final_hidden_, params_[wte_].compute, logits_, head);
+  Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
+  const bool training = dloss_per_token > 0.0f;
+  be.softmax_cross_entropy(logits_, batch.targets, losses, training ? &logits_ : nullptr,
+                           dloss_per_token);
+
+  Tensor host_losses = Tensor::empty(Shape{n}, DType::kF32);
+  be.copy(losses, host_losses);
+  be.synchronize();
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += host_losses.data_as<float>()[i];
+  if (training) {
+    batch_ = batch;
+  } else {
+    final_hidden_ = logits_ = Tensor();
+  }
+  return sum / static_cast<double>(n);
+}
+
+void GPT2::backward(StepContext& ctx) {
+  MANTISSA_CHECK(logits_.defined(), "GPT2.backward: no training forward pass to differentiate");
+  core::Backend& be = ctx.backend;
+  const DType dt = ctx.policy.compute_dtype;
+  const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1), n = b * t;
+  const int64_t channels = config_.n_embd;
+  Parameter& wte = params_[wte_];
+
+  // GEMM operands share one dtype: the FP32 dlogits are rounded to the compute dtype.
+  Tensor dlogits = logits_;
+  if (dt != DType::kF32) {
+    dlogits = Tensor::empty(logits_.shape(), dt, be.device());
+    be.cast(logits_, dlogits, core::CastParams{});
+  }
+  Tensor dresidual = Tensor::empty(Shape{n, channels}, dt, be.device());
+  be.gemm(dlogits, wte.compute, dresidual, core::GemmParams{});
+  core::GemmParams wte_grad;
+  wte_grad.trans_a = true;
+  wte_grad.beta = 1.0f;
+  be.gemm(dlogits, final_hidden_, wte.grad, wte_grad);
+  logits_ = final_hidden_ = Tensor();
+
+  dresidual = ln_f_->backward(ctx, dresidual);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
+    dresidual = (*it)->backward(ctx, dresidual);
+  }
+  Tensor dwpe = params_[wpe_].grad.view(0, Shape{t, channels});
+  be.embedding_backward(dresidual.reshape(Shape{b, t, channels}), batch_.tokens, wte.grad, dwpe);
+  ctx.mark_grad_ready(wpe_);
+  ctx.mark_grad_ready(wte_);
+  batch_ = BatchTensors{};
+}
+
+double GPT2::flops_per_token() const {
+  // 6 FLOPs per parameter per token (2 forward, 4 backward) plus the attention score and
+  // value products, which have no parameters: 6 * L * C * T (llm.c's and PaLM's estimate).
+  const auto n = static_cast<double>(params_.parameter_count());
+  return 6.0 * n + 6.0 * static_cast<double>(config_.n_layer * config_.n_embd * config_.seq_len);
+}
+
+}  // namespace mantissa::models

@@ -1,0 +1,79 @@
+#include "models/mlp/mlp.h"
+
+#include "core/error.h"
+
+namespace mantissa::models {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
+         uint64_t seed)
+    : config_(config) {
+  const MLPConfig& c = config_;
+  MANTISSA_CHECK(c.n_embd > 0 && c.hidden > 0 && c.seq_len > 0 && c.vocab_size > 0,
+                 "MLP: n_embd, hidden, seq_len and vocab_size must be positive");
+  if (policy.fp8_block_gemms) fp8_ = std::make_unique<Fp8Operands>();
+  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, Init::kNormal, 0.02f, true});
+  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, 0.02f, true});
+  fc_ = std::make_unique<Linear>(params_, "fc", c.n_embd, c.hidden, 0.02f, fp8_.get());
+  out_ = std::make_unique<Linear>(params_, "out", c.hidden, c.vocab_size, 0.02f, fp8_.get());
+  params_.allocate(backend, policy.compute_dtype, seed);
+  if (fp8_) fp8_->allocate(backend);
+}
+
+double MLP::forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) {
+  core::Backend& be = ctx.backend;
+  const DType dt = ctx.policy.compute_dtype;
+  const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
+  MANTISSA_CHECK(t <= config_.seq_len,
+                 "MLP.forward: sequence length " << t << " exceeds seq_len " << config_.seq_len);
+
+  Tensor x = Tensor::empty(Shape{b, t, config_.n_embd}, dt, be.device());
+  be.embedding_forward(batch.tokens, params_[wte_].compute,
+                       params_[wpe_].compute.view(0, Shape{t, config_.n_embd}), x);
+  fc_out_ = fc_->forward(ctx, x.reshape(Shape{n, config_.n_embd}));
+  Tensor activated = Tensor::empty(fc_out_.shape(), dt, be.device());
+  be.gelu_forward(fc_out_, activated);
+  logits_ = out_->forward(ctx, activated);
+
+  Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
+  const bool training = dloss_per_token > 0.0f;
+  be.softmax_cross_entropy(logits_, batch.targets, losses, training ? &logits_ : nullptr,
+                           dloss_per_token);
+  Tensor host = Tensor::empty(Shape{n}, DType::kF32);
+  be.copy(losses, host);
+  be.synchronize();
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) sum += host.data_as<float>()[i];
+  if (training) {
+    batch_ = batch;
+  } else {
+    fc_out_ = logits_ = Tensor();
+  }
+  return sum / static_cast<double>(n);
+}
+
+void MLP::backward(StepContext& ctx) {
+  MANTISSA_CHECK(logits_.defined(), "MLP.backward: no training forward pass to differentiate");
+  core::Backend& be = ctx.backend;
+  const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1);
+  Tensor dactivated = out_->backward(ctx, logits_);
+  Tensor dfc = Tensor::empty(fc_out_.shape(), ctx.policy.compute_dtype, be.device());
+  be.gelu_backward(fc_out_, dactivated, dfc);
+  Tensor dx = fc_->backward(ctx, dfc);
+  Tensor dwpe = params_[wpe_].grad.view(0, Shape{t, config_.n_embd});
+  be.embedding_backward(dx.reshape(Shape{b, t, config_.n_embd}), batch_.tokens,
+                        params_[wte_].grad, dwpe);
+  ctx.mark_grad_ready(wpe_);
+  ctx.mark_grad_ready(wte_);
+  fc_out_ = logits_ = Tensor();
+  batch_ = BatchTensors{};
+}
+
+double MLP::flops_per_token() const {
+  return 6.0 * static_cast<double>(params_.parameter_count());
+}
+
+}  // namespace mantissa::models

@@ -1,0 +1,45 @@
+// A small MLP language model for quick tests: each position predicts the next token from
+// its own token and position only,
+//   logits = W_out gelu(W_fc (wte[token] + wpe[t]) + b_fc) + b_out,
+// trained with the same step, precision policies and data as GPT-2 but in a fraction of the
+// time. Its Linear layers take part in FP8 when the policy asks for it.
+#pragma once
+
+#include <memory>
+
+#include "models/nn/fp8_operands.h"
+#include "models/nn/language_model.h"
+#include "models/nn/linear.h"
+
+namespace mantissa::models {
+
+struct MLPConfig {
+  int64_t n_embd = 64;
+  int64_t hidden = 256;
+  int64_t seq_len = 64;
+  int64_t vocab_size = 256;
+};
+
+class MLP final : public LanguageModel {
+ public:
+  MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
+      uint64_t seed);
+
+  ParameterStore& parameters() override { return params_; }
+  Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
+  double forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) override;
+  void backward(StepContext& ctx) override;
+  double flops_per_token() const override;
+
+ private:
+  MLPConfig config_;
+  ParameterStore params_;
+  std::unique_ptr<Fp8Operands> fp8_;
+  int wte_, wpe_;
+  std::unique_ptr<Linear> fc_, out_;
+  BatchTensors batch_;
+  core::Tensor fc_out_;  // pre-GELU activations
+  core::Tensor logits_;  // [N, V], compute dtype; dlogits after a training forward
+};
+
+}  // namespace mantissa::models

@@ -1,0 +1,122 @@
+#include "models/training/training_step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "models/nn/fp8_operands.h"
+
+namespace mantissa::models {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+TrainingStep::TrainingStep(LanguageModel& model, core::Backend& backend,
+                           const core::PrecisionPolicy& policy, core::LossScaler& scaler,
+                           core::AdamW& optimizer, const core::LrSchedule& schedule,
+                           float grad_clip)
+    : model_(model),
+      backend_(backend),
+      policy_(policy),
+      scaler_(scaler),
+      optimizer_(optimizer),
+      schedule_(schedule),
+      grad_clip_(grad_clip) {}
+
+BatchTensors TrainingStep::upload(const Batch& batch) {
+  const Shape shape{batch.batch_size, batch.seq_len};
+  BatchTensors out{Tensor::empty(shape, DType::kI32, backend_.device()),
+                   Tensor::empty(shape, DType::kI32, backend_.device())};
+  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.tokens.data()), shape, DType::kI32),
+                out.tokens);
+  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.targets.data()), shape, DType::kI32),
+                out.targets);
+  return out;
+}
+
+StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batches,
+                             GradientSync* sync) {
+  MANTISSA_CHECK(!micro_batches.empty(), "TrainingStep::run: no micro-batches");
+  StepReport report;
+  report.step = step;
+  report.loss_scale = scaler_.scale();
+  report.lr = schedule_.at(step);
+
+  ParameterStore& params = model_.parameters();
+  params.zero_grad(backend_);
+  StepContext ctx{backend_, policy_, model_.fp8_operands(), {}};
+
+  // d(mean loss)/d(token loss) = 1 / (all tokens of the step), times the loss scale.
+  int64_t tokens = 0;
+  for (const Batch& b : micro_batches) tokens += b.batch_size * b.seq_len;
+  const float dloss = static_cast<float>(static_cast<double>(scaler_.scale()) /
+                                         static_cast<double>(tokens));
+  double loss_sum = 0.0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const Batch& mb = micro_batches[i];
+    const bool last = i + 1 == micro_batches.size();
+    if (sync && last) ctx.grad_ready = [sync](int param) { sync->grad_ready(param); };
+    const BatchTensors device_batch = upload(mb);
+    loss_sum += model_.forward(ctx, device_batch, dloss) *
+                static_cast<double>(mb.batch_size * mb.seq_len);
+    model_.backward(ctx);
+  }
+  report.loss = loss_sum / static_cast<double>(tokens);
+  report.tokens = tokens;
+
+  Tensor& grads = params.grads();
+  const bool nonfinite_before_sync = sync ? sync->finish(grads) : false;
+  if (before_check) before_check(grads, step);
+
+  Tensor found = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
+  Tensor first = Tensor::empty(Shape{1}, DType::kI64, backend_.device());
+  backend_.fill(found, 0.0f);
+  backend_.unscale_check_finite(grads, scaler_.inv_scale(), found, &first);
+  Tensor host_found = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor host_first = Tensor::empty(Shape{1}, DType::kI64);
+  backend_.copy(found, host_found);
+  backend_.copy(first, host_first);
+  backend_.synchronize();
+  const int64_t first_index = host_first.data_as<int64_t>()[0];
+  if (first_index >= 0) {
+    const int param = params.find_by_flat_index(first_index);
+    report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
+  }
+  std::vector<float> flag{
+      (nonfinite_before_sync || host_found.data_as<float>()[0] != 0.0f) ? 1.0f : 0.0f};
+  if (sync) sync->max_across_ranks(flag);
+
+  Fp8Operands* fp8 = model_.fp8_operands();
+  if (fp8) {
+    std::vector<float> amaxes = fp8->read_amaxes(backend_);
+    // A MAX reduction drops NaN (every comparison with it is false): report it as inf.
+    for (float& a : amaxes) a = std::isnan(a) ? INFINITY : a;
+    if (sync) sync->max_across_ranks(amaxes);
+    fp8->update_scales(backend_, amaxes);
+  }
+
+  report.skipped = scaler_.update(flag[0] != 0.0f);
+  if (report.skipped) return report;
+
+  Tensor norm_sq = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
+  backend_.fill(norm_sq, 0.0f);
+  backend_.sum_squares(grads, norm_sq);
+  Tensor host_norm = Tensor::empty(Shape{1}, DType::kF32);
+  backend_.copy(norm_sq, host_norm);
+  backend_.synchronize();
+  report.grad_norm = std::sqrt(static_cast<double>(host_norm.data_as<float>()[0]));
+  const double clip = (grad_clip_ > 0.0f && report.grad_norm > grad_clip_)
+                          ? grad_clip_ / report.grad_norm
+                          : 1.0;
+  optimizer_.step(backend_, params.masters(), grads, &params.compute(),
+                  static_cast<float>(report.lr), static_cast<float>(clip));
+  return report;
+}
+
+std::vector<core::ParamRange> adamw_ranges(const ParameterStore& params) {
+  std::vector<core::ParamRange> ranges;
+  for (const Parameter& p : params.all()) ranges.push_back({p.offset, p.numel(), p.spec.weight_decay});
+  return ranges;
+}
+
+}  // namespace mantissa::models

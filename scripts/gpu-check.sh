@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU check: build core with its GPU tests and benchmarks, run them, print a summary.
+#
+#   scripts/gpu-check.sh                 from the repository root, on the GPU machine
+#   BUILD_DIR=... JOBS=... LOG_DIR=... scripts/gpu-check.sh
+#
+# The GPU machine has nvcc, CMake and ninja but no GoogleTest, OpenBLAS or pkg-config: run
+# scripts/fetch-gpu-deps.sh on a machine with package access first and bring .deps/ along.
+# Without .deps/ the system's packages are used, so the same script works on a development
+# machine (where the GPU tests report "skipped: no CUDA device" and the benchmarks
+# "no CUDA device").
+#
+# Exit status: non-zero when configuring, building or a GPU test fails, or a benchmark crashes.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+root=$PWD
+build_dir=${BUILD_DIR:-build-gpu}
+jobs=${JOBS:-$(nproc)}
+log_dir=${LOG_DIR:-$build_dir/gpu-check-logs}
+deps=$root/.deps
+mkdir -p "$log_dir"
+
+cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMANTISSA_CORE_ONLY=ON)
+if [ -d "$deps/usr" ]; then
+  libs=$deps/usr/lib/x86_64-linux-gnu
+  # Debian's openblas.pc names absolute /usr paths (and is linked into pkgconfig/ by
+  # update-alternatives at install time, which dpkg -x skips): use a copy that points into
+  # .deps, written here because the checkout's path differs from machine to machine.
+  mkdir -p "$deps/pkgconfig"
+  sed -E "s#^(prefix|libdir|includedir)=/usr/#\1=$deps/usr/#" \
+    "$libs/openblas-pthread/pkgconfig/openblas.pc" >"$deps/pkgconfig/openblas.pc"
+  export PKG_CONFIG_PATH="$deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LD_LIBRARY_PATH="$libs/openblas-pthread:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # The prefix also leads CMake to GTestConfig.cmake and to .deps/usr/bin/pkgconf.
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr")
+  echo "gpu-check: using the packages in $deps"
+fi
+
+# step NAME COMMAND...: runs one step with its output in $log_dir/NAME.log (and on screen),
+# and records its status and time for the summary.
+names=()
+statuses=()
+times=()
+failed=0
+record() {
+  names+=("$1")
+  statuses+=("$2")
+  times+=("$3")
+  [ "$2" = ok ] || failed=1
+}
+step() {
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  local start=$SECONDS
+  "$@" 2>&1 | tee "$log_dir/$name.log"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -eq 0 ]; then
+    record "$name" ok $((SECONDS - start))
+  else
+    record "$name" "FAILED ($rc)" $((SECONDS - start))
+  fi
+  return "$rc"
+}
+
+# Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
+# tested, which is worth more than nothing on a machine that is lent for minutes.
+gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops bench_gpu_gemm bench_gpu_ops)
+if step configure cmake "${cmake_args[@]}"; then
+  step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
+  step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure
+  for bench in bench_gpu_gemm bench_gpu_ops; do
+    if [ -x "$build_dir/bin/$bench" ]; then
+      step "$bench" "$build_dir/bin/$bench"
+    else
+      : >"$log_dir/$bench.log"
+      record "$bench" "not built" 0
+    fi
+  done
+fi
+
+# One line per step; for the tests and benchmarks also the line that matters most.
+note() {
+  local log=$log_dir/$1.log
+  case $1 in
+    ctest) grep -E "tests passed|tests failed" "$log" | tail -n 1 ;;
+    bench_gpu_gemm) grep -E "^(no CUDA device|8192\^3)" "$log" | head -n 1 ;;
+    bench_gpu_ops) grep -v "^$" "$log" | tail -n 1 ;;
+  esac
+}
+echo
+echo "=== gpu-check summary (logs in $log_dir)"
+printf '%-16s %-12s %8s  %s\n' step status seconds note
+for i in "${!names[@]}"; do
+  printf '%-16s %-12s %8s  %s\n' "${names[$i]}" "${statuses[$i]}" "${times[$i]}" \
+    "$(note "${names[$i]}" | cut -c1-160)"
+done
+if [ -f "$log_dir/ctest.log" ]; then
+  grep -F "***" "$log_dir/ctest.log" | sed 's/^/  /'
+fi
+exit "$failed"

@@ -1,0 +1,216 @@
+// FP8 scaling recipes. Expected scales are fp8_max / amax / 2^margin worked out by hand, with
+// amaxes chosen so that the quotients are exact.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/precision/fp8_scaling.h"
+
+namespace mantissa::core {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Fp8ScalingConfig delayed(int history_len, AmaxCompute compute, int margin = 0) {
+  Fp8ScalingConfig c;
+  c.recipe = Fp8Recipe::kDelayed;
+  c.amax_history_len = history_len;
+  c.amax_compute = compute;
+  c.margin = margin;
+  return c;
+}
+
+// One step of a registry holding one tensor; returns its new scale.
+float step(Fp8ScalingRegistry& registry, float amax) {
+  registry.update(std::vector<float>{amax});
+  return registry.tensor(0).scale;
+}
+
+TEST(Fp8Scaling, FormatMaxima) {
+  EXPECT_EQ(fp8_max(DType::kE4M3), 448.0f);
+  EXPECT_EQ(fp8_max(DType::kE5M2), 57344.0f);
+  EXPECT_THROW(fp8_max(DType::kBF16), Error);
+}
+
+TEST(Fp8Scaling, ScaleFromAmax) {
+  EXPECT_EQ(fp8_scale_from_amax(2.0f, 1.0f, 448.0f, 0), 224.0f);
+  EXPECT_EQ(fp8_scale_from_amax(2.0f, 1.0f, 448.0f, 1), 112.0f);
+  EXPECT_EQ(fp8_scale_from_amax(7.0f, 1.0f, 57344.0f, 2), 2048.0f);  // 57344/7 = 8192, /4
+  EXPECT_EQ(fp8_scale_from_amax(0.0f, 5.0f, 448.0f, 0), 5.0f);       // keeps the old scale
+  EXPECT_EQ(fp8_scale_from_amax(kInf, 5.0f, 448.0f, 0), 5.0f);
+  EXPECT_EQ(fp8_scale_from_amax(kNaN, 5.0f, 448.0f, 0), 5.0f);
+  // A tiny positive amax is floored at 1e-12: the scale is 448e12 rounded once to float.
+  EXPECT_EQ(fp8_scale_from_amax(1e-20f, 1.0f, 448.0f, 0), static_cast<float>(4.48e14));
+  // 448/3 is not exact: computed in double and rounded once (nearest float to 149.333...).
+  EXPECT_EQ(fp8_scale_from_amax(3.0f, 1.0f, 448.0f, 0), 149.3333282470703f);
+  EXPECT_THROW(fp8_scale_from_amax(-1.0f, 1.0f, 448.0f, 0), Error);
+}
+
+TEST(Fp8Scaling, NewTensorHasUnitScaleAndEmptyHistory) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMax));
+  EXPECT_EQ(registry.add("h0.qkv.weight", DType::kE4M3), 0);
+  const Fp8TensorState& t = registry.tensor(0);
+  EXPECT_EQ(t.name, "h0.qkv.weight");
+  EXPECT_EQ(t.scale, 1.0f);
+  EXPECT_EQ(t.scale_inv, 1.0f);
+  EXPECT_EQ(t.amax_history, std::vector<float>(4, 0.0f));
+  // A step that saw nothing (amax 0) keeps the scale.
+  EXPECT_EQ(step(registry, 0.0f), 1.0f);
+}
+
+TEST(Fp8Scaling, DelayedMaxOverHistoryWithRingWrap) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMax));
+  registry.add("w", DType::kE4M3);
+  // amax sequence and the history maximum after each step (window of the last 4):
+  EXPECT_EQ(step(registry, 2.0f), 224.0f);  // [2]           max 2
+  EXPECT_EQ(step(registry, 8.0f), 56.0f);   // [2 8]         max 8
+  EXPECT_EQ(step(registry, 4.0f), 56.0f);   // [2 8 4]       max 8
+  EXPECT_EQ(step(registry, 1.0f), 56.0f);   // [2 8 4 1]     max 8
+  EXPECT_EQ(step(registry, 0.5f), 56.0f);   // [8 4 1 .5]    max 8 (2 dropped)
+  EXPECT_EQ(step(registry, 0.5f), 112.0f);  // [4 1 .5 .5]   max 4 (8 dropped)
+  EXPECT_EQ(step(registry, 0.5f), 448.0f);  // [1 .5 .5 .5]  max 1
+  EXPECT_EQ(step(registry, 0.5f), 896.0f);  // [.5 .5 .5 .5] max .5
+  EXPECT_EQ(registry.tensor(0).scale_inv, 1.0f / 896.0f);
+  // 8 steps in a ring of 4: the next write goes to slot 0 again.
+  EXPECT_EQ(registry.tensor(0).history_next, 0);
+  EXPECT_EQ(registry.newest_amax(0), 0.5f);
+}
+
+TEST(Fp8Scaling, DelayedMostRecent) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMostRecent));
+  registry.add("w", DType::kE4M3);
+  EXPECT_EQ(step(registry, 2.0f), 224.0f);
+  EXPECT_EQ(step(registry, 8.0f), 56.0f);
+  EXPECT_EQ(step(registry, 4.0f), 112.0f);
+  EXPECT_EQ(step(registry, 0.0f), 112.0f);   // amax 0: old scale kept
+  EXPECT_EQ(registry.newest_amax(0), 0.0f);  // ... but the 0 is recorded
+}
+
+TEST(Fp8Scaling, MarginAndE5M2) {
+  Fp8ScalingRegistry registry(delayed(2, AmaxCompute::kMax, /*margin=*/2));
+  registry.add("grad", DType::kE5M2);
+  EXPECT_EQ(step(registry, 7.0f), 2048.0f);  // 57344 / 7 / 4
+  EXPECT_EQ(registry.tensor(0).scale_inv, 1.0f / 2048.0f);
+}
+
+TEST(Fp8Scaling, NonFiniteAmaxLeavesTheTensorUntouched) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMax));
+  registry.add("w", DType::kE4M3);
+  step(registry, 2.0f);
+  const Fp8TensorState before = registry.tensor(0);
+  EXPECT_EQ(step(registry, kInf), 224.0f);
+  EXPECT_EQ(registry.tensor(0), before);
+  EXPECT_EQ(step(registry, kNaN), 224.0f);
+  EXPECT_EQ(registry.tensor(0), before);
+  // The next finite amax carries on from the untouched history: [2 8] -> max 8.
+  EXPECT_EQ(step(registry, 8.0f), 56.0f);
+}
+
+TEST(Fp8Scaling, CurrentUsesThisStepsAmaxOnly) {
+  Fp8ScalingConfig c = delayed(4, AmaxCompute::kMax);  // amax_compute is ignored by CURRENT
+  c.recipe = Fp8Recipe::kCurrent;
+  Fp8ScalingRegistry registry(c);
+  registry.add("x", DType::kE4M3);
+  EXPECT_EQ(step(registry, 2.0f), 224.0f);
+  EXPECT_EQ(step(registry, 8.0f), 56.0f);
+  EXPECT_EQ(step(registry, 4.0f), 112.0f);  // a MAX history would still say 8
+  EXPECT_EQ(step(registry, 0.0f), 112.0f);
+  EXPECT_EQ(step(registry, kInf), 112.0f);
+}
+
+TEST(Fp8Scaling, OneAmaxPerTensorInRegistrationOrder) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMostRecent));
+  EXPECT_EQ(registry.add("a", DType::kE4M3), 0);
+  EXPECT_EQ(registry.add("b", DType::kE5M2), 1);
+  EXPECT_EQ(registry.size(), 2);
+  registry.update(std::vector<float>{4.0f, 8.0f});
+  EXPECT_EQ(registry.tensor(0).scale, 112.0f);   // 448 / 4
+  EXPECT_EQ(registry.tensor(1).scale, 7168.0f);  // 57344 / 8
+  EXPECT_THROW(registry.update(std::vector<float>{1.0f}), Error);
+  // A negative amax is a bug upstream: rejected before any tensor changes.
+  const Fp8ScalingState before = registry.state();
+  EXPECT_THROW(registry.update(std::vector<float>{1.0f, -1.0f}), Error);
+  EXPECT_EQ(registry.state(), before);
+}
+
+// Two ranks see different amaxes; after an element-wise MAX of their flat buffers (what the
+// all-reduce does) both compute the same states.
+TEST(Fp8Scaling, FlatBufferMaxReduceGivesIdenticalStatesOnAllRanks) {
+  const Fp8ScalingConfig c = delayed(8, AmaxCompute::kMax);
+  Fp8ScalingRegistry rank0(c), rank1(c);
+  for (Fp8ScalingRegistry* r : {&rank0, &rank1}) {
+    r->add("h0.fc.weight", DType::kE4M3);
+    r->add("h0.fc.input", DType::kE4M3);
+    r->add("h0.fc.grad_output", DType::kE5M2);
+  }
+  const std::vector<float> amax0 = {1.0f, 16.0f, 2.0f};
+  const std::vector<float> amax1 = {1.0f, 4.0f, 14.0f};
+  std::vector<float> reduced(3);
+  for (int i = 0; i < 3; ++i) reduced[i] = std::max(amax0[i], amax1[i]);
+  rank0.update(reduced);
+  rank1.update(reduced);
+  EXPECT_EQ(rank0.state(), rank1.state());
+  EXPECT_EQ(rank0.tensor(0).scale, 448.0f);   // 448 / 1
+  EXPECT_EQ(rank0.tensor(1).scale, 28.0f);    // 448 / 16
+  EXPECT_EQ(rank0.tensor(2).scale, 4096.0f);  // 57344 / 14
+}
+
+TEST(Fp8Scaling, StateRoundTripAndContinuation) {
+  const Fp8ScalingConfig c = delayed(3, AmaxCompute::kMax, 1);
+  Fp8ScalingRegistry a(c);
+  a.add("w", DType::kE4M3);
+  a.add("g", DType::kE5M2);
+  for (float amax : {3.0f, 5.0f, 0.25f, 2.0f}) a.update(std::vector<float>{amax, amax * 10.0f});
+  Fp8ScalingRegistry b(c);
+  b.add("w", DType::kE4M3);
+  b.add("g", DType::kE5M2);
+  EXPECT_FALSE(b.state() == a.state());
+  b.set_state(a.state());
+  EXPECT_EQ(b.state(), a.state());
+  for (float amax : {1.0f, 0.5f, 0.125f}) {
+    for (Fp8ScalingRegistry* r : {&a, &b}) r->update(std::vector<float>{amax, amax});
+    EXPECT_EQ(a.state(), b.state());
+  }
+}
+
+TEST(Fp8Scaling, RejectsMismatchedStateNamingTheTensor) {
+  const Fp8ScalingConfig c = delayed(4, AmaxCompute::kMax);
+  Fp8ScalingRegistry a(c);
+  a.add("w", DType::kE4M3);
+  Fp8ScalingRegistry other_name(c);
+  other_name.add("v", DType::kE4M3);
+  try {
+    a.set_state(other_name.state());
+    FAIL() << "expected core::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'v'"), std::string::npos) << e.what();
+  }
+  Fp8ScalingRegistry other_len(delayed(8, AmaxCompute::kMax));
+  other_len.add("w", DType::kE4M3);
+  try {
+    a.set_state(other_len.state());
+    FAIL() << "expected core::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("amax_history_len"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(a.set_state(Fp8ScalingState{}), Error);
+}
+
+TEST(Fp8Scaling, RejectsBadRegistrationsAndConfigs) {
+  Fp8ScalingRegistry registry(delayed(4, AmaxCompute::kMax));
+  registry.add("w", DType::kE4M3);
+  EXPECT_THROW(registry.add("w", DType::kE5M2), Error);
+  EXPECT_THROW(registry.add("x", DType::kBF16), Error);
+  EXPECT_THROW(registry.tensor(1), Error);
+  EXPECT_THROW(Fp8ScalingRegistry(delayed(0, AmaxCompute::kMax)), Error);
+  EXPECT_THROW(Fp8ScalingRegistry(delayed(4, AmaxCompute::kMax, -1)), Error);
+}
+
+}  // namespace
+}  // namespace mantissa::core
