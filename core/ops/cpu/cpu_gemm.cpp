@@ -7,7 +7,7 @@
 //      dequantize scales are folded into alpha, since (a sa)(b sb) summed over k equals
 //      sa sb (a b summed over k): like cuBLASLt's A/B scale pointers they are applied once to
 //      the accumulated sum, not to every operand element.
-//   3. An F32 output is written by sgemm directly. A BF16 or FP8 output is computed into an
+//   3. An F32 output is written by sgemm directly. A BF16, F16 or FP8 output is computed into an
 //      FP32 scratch buffer and rounded once, to nearest even (FP8 saturating to the largest
 //      finite value), with the quantize scale c_scale applied and amax taken before it.
 //
@@ -26,110 +26,16 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
-#include "core/ops/op_checks.h"
+#include "core/ops/gemm_checks.h"
 
 namespace mantissa::core {
 namespace {
 
-constexpr const char* kOp = "gemm";
 // Below this many flops (tens of microseconds on one core) a GEMM runs on one thread: waking
 // the others would cost more than it saves.
 constexpr double kParallelFlops = 1 << 21;
 // Slices of a product are at least this many rows (or columns) of C.
 constexpr int64_t kMinSlice = 32;
-
-// One call is `batch` independent products op(A)[m, k] op(B)[k, n] = C[m, n].
-struct GemmShape {
-  int64_t batch = 1;
-  int64_t m = 0;
-  int64_t n = 0;
-  int64_t k = 0;
-};
-
-// A, B in F32/BF16/F16 must share their dtype; FP8 operands pair as Hopper allows (E4M3 with
-// E4M3 or E5M2 either way round, never E5M2 with E5M2). An FP8 output, as in cuBLASLt, comes
-// only from FP8 operands, and cannot be accumulated into (beta = 0).
-void check_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
-  const Device cpu = Device::cpu();
-  check_operand(kOp, "A", a, cpu,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-  check_operand(kOp, "B", b, cpu,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-  check_operand(kOp, "C", c, cpu, {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2});
-  const bool fp8 = is_fp8(a.dtype()) || is_fp8(b.dtype());
-  if (fp8) {
-    MANTISSA_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()),
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " mix FP8 with a non-FP8 dtype; an FP8 GEMM takes two FP8 operands");
-    MANTISSA_CHECK(a.dtype() != DType::kE5M2 || b.dtype() != DType::kE5M2,
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " are both E5M2, a pair no FP8 GEMM supports (as on Hopper); use "
-                          "E4M3 for one of them");
-  } else {
-    MANTISSA_CHECK(a.dtype() == b.dtype(),
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " must have the same dtype (only FP8 operands may mix E4M3 and E5M2)");
-  }
-  if (is_fp8(c.dtype())) {
-    MANTISSA_CHECK(fp8, kOp << ": FP8 output C " << c.describe() << " needs FP8 operands, not A "
-                            << a.describe() << " and B " << b.describe());
-    MANTISSA_CHECK(p.beta == 0.0f, kOp << ": beta = " << p.beta << " with FP8 output C "
-                                       << c.describe()
-                                       << "; an FP8 output cannot be accumulated into, so "
-                                          "beta must be 0");
-  }
-}
-
-// Scales and amax are 1-element F32 tensors, and only mean something for FP8 tensors.
-void check_fp8_scalar(const char* name, const Tensor* scalar, const char* tensor_name,
-                      const Tensor& tensor) {
-  if (scalar == nullptr) return;
-  check_scalar(kOp, name, *scalar, Device::cpu());
-  MANTISSA_CHECK(is_fp8(tensor.dtype()),
-                 kOp << ": " << name << " " << scalar->describe() << " is given but " << tensor_name
-                     << " " << tensor.describe() << " is not FP8; it applies to FP8 tensors only");
-}
-
-bool overlaps(const Tensor& x, const Tensor& y) {
-  const auto x0 = reinterpret_cast<uintptr_t>(x.data());
-  const auto y0 = reinterpret_cast<uintptr_t>(y.data());
-  return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
-}
-
-GemmShape check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
-  const int rank = a.shape().rank();
-  MANTISSA_CHECK(rank == 2 || rank == 3, kOp << ": operand A " << a.describe()
-                                             << " must have 2 dimensions, or 3 for a batched "
-                                                "product [batch, rows, cols]");
-  check_rank(kOp, "B", b, rank);
-  check_rank(kOp, "C", c, rank);
-  GemmShape s;
-  if (rank == 3) {
-    s.batch = a.dim(0);
-    MANTISSA_CHECK(b.dim(0) == s.batch && c.dim(0) == s.batch,
-                   kOp << ": batched operands A " << a.describe() << ", B " << b.describe()
-                       << " and C " << c.describe() << " must have the same batch size");
-  }
-  // op(A) is [m, k]: A is stored [m, k], or [k, m] when transposed. Likewise op(B) is [k, n]
-  // and B is stored [k, n], or [n, k] when transposed.
-  s.m = a.dim(p.trans_a ? -1 : -2);
-  s.k = a.dim(p.trans_a ? -2 : -1);
-  const int64_t k_b = b.dim(p.trans_b ? -1 : -2);
-  s.n = b.dim(p.trans_b ? -2 : -1);
-  MANTISSA_CHECK(s.k == k_b, kOp << ": inner dimensions differ: op(A) is [" << s.m << ", " << s.k
-                                 << "] (A " << a.describe() << (p.trans_a ? ", transposed" : "")
-                                 << ") but op(B) is [" << k_b << ", " << s.n << "] (B "
-                                 << b.describe() << (p.trans_b ? ", transposed" : "") << ")");
-  check_shape(kOp, "C", c, rank == 3 ? Shape{s.batch, s.m, s.n} : Shape{s.m, s.n});
-  // OpenBLAS indexes with 32-bit ints.
-  MANTISSA_CHECK(std::max({s.m, s.n, s.k}) <= INT_MAX,
-                 kOp << ": A " << a.describe() << " and B " << b.describe()
-                     << " have a dimension beyond OpenBLAS's 32-bit limit");
-  MANTISSA_CHECK(!overlaps(c, a) && !overlaps(c, b), kOp << ": output C " << c.describe()
-                                                         << " overlaps an input (A " << a.describe()
-                                                         << ", B " << b.describe() << ")");
-  return s;
-}
 
 // An FP32 buffer reused across calls: it grows to the largest request and stays, so after the
 // first step training allocates (and page-faults) nothing here. Each thread has its own, so
@@ -219,12 +125,7 @@ void sliced_sgemm(const GemmShape& s, bool trans_a, bool trans_b, float alpha, c
 }  // namespace
 
 void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& p) {
-  check_dtypes(a, b, c, p);
-  check_fp8_scalar("a_scale", p.a_scale, "operand A", a);
-  check_fp8_scalar("b_scale", p.b_scale, "operand B", b);
-  check_fp8_scalar("c_scale", p.c_scale, "output C", c);
-  check_fp8_scalar("c_amax", p.c_amax, "output C", c);
-  const GemmShape s = check_shapes(a, b, c, p);
+  const GemmShape s = check_gemm(a, b, c, p, device());
 
   thread_local Scratch a_wide, b_wide, c_wide;
   const float alpha = p.alpha * scale_value(p.a_scale) * scale_value(p.b_scale);
@@ -232,7 +133,7 @@ void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPar
   const float* b32 = as_f32(b, b_wide);
   const bool direct = c.dtype() == DType::kF32;
   float* c32 = direct ? c.data_as<float>() : c_wide.get(c.numel());
-  // beta * C needs the old C in FP32 (BF16 widens exactly); with beta = 0 sgemm does not
+  // beta * C needs the old C in FP32 (BF16 and F16 widen exactly); with beta = 0 sgemm does not
   // read C at all.
   if (!direct && p.beta != 0.0f) widen_to_f32(c.data(), c.dtype(), c32, c.numel());
 

@@ -12,14 +12,8 @@
 // accumulated sum, as on the CPU), the quantize factor of an FP8 output to the D scale
 // pointer, and cuBLASLt's AMAX_D returns max |value| before that scale.
 //
-// What each input dtype can produce (cuBLASLt's own type table, COMPUTE_32F):
-//   F32 x F32           -> F32
-//   F16 x F16           -> F32
-//   BF16 x BF16         -> F32, BF16
-//   E4M3 x E4M3         -> F32, BF16, E4M3
-//   E4M3 x E5M2 (either way round) -> F32, BF16, E4M3, E5M2
-// E5M2 x E5M2 has no kernel at all. The CPU accepts a few more pairs (F32 or F16 into BF16);
-// here they fail with a message saying so.
+// Which output each operand dtype can produce is cuBLASLt's own type table (COMPUTE_32F),
+// written down once in core/ops/gemm_checks.h and enforced there for both backends.
 //
 // FP8 on Hopper (and Ada) runs only in the "TN" layout: cuBLASLt's A transposed, its B not,
 // i.e. in our terms A stored [m, k] (trans_a = false) and B stored [n, k] (trans_b = true):
@@ -40,7 +34,7 @@
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_gemm.h"
-#include "core/ops/op_checks.h"
+#include "core/ops/gemm_checks.h"
 
 namespace mantissa::core {
 namespace {
@@ -52,99 +46,6 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr uint32_t kMaxAlignment = 256;
 
 // ---------------------------------------------------------------------------------------
-// Validation shared in substance with CpuBackend::gemm, so that a bad call fails the same way
-// on both backends.
-
-struct GemmShape {
-  int64_t batch = 1;
-  int64_t m = 0;
-  int64_t n = 0;
-  int64_t k = 0;
-};
-
-void check_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
-                  Device device) {
-  check_operand(kOp, "A", a, device,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-  check_operand(kOp, "B", b, device,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-  check_operand(kOp, "C", c, device, {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2});
-  const bool fp8 = is_fp8(a.dtype()) || is_fp8(b.dtype());
-  if (fp8) {
-    MANTISSA_CHECK(is_fp8(a.dtype()) && is_fp8(b.dtype()),
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " mix FP8 with a non-FP8 dtype; an FP8 GEMM takes two FP8 operands");
-    MANTISSA_CHECK(a.dtype() != DType::kE5M2 || b.dtype() != DType::kE5M2,
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " are both E5M2, a pair no FP8 GEMM supports (as on Hopper); use "
-                          "E4M3 for one of them");
-  } else {
-    MANTISSA_CHECK(a.dtype() == b.dtype(),
-                   kOp << ": operands A " << a.describe() << " and B " << b.describe()
-                       << " must have the same dtype (only FP8 operands may mix E4M3 and E5M2)");
-  }
-  if (is_fp8(c.dtype())) {
-    MANTISSA_CHECK(fp8, kOp << ": FP8 output C " << c.describe() << " needs FP8 operands, not A "
-                            << a.describe() << " and B " << b.describe());
-    MANTISSA_CHECK(p.beta == 0.0f, kOp << ": beta = " << p.beta << " with FP8 output C "
-                                       << c.describe()
-                                       << "; an FP8 output cannot be accumulated into, so "
-                                          "beta must be 0");
-  }
-}
-
-// Scales and amax are 1-element F32 tensors on the device, and only mean something for FP8
-// tensors.
-void check_fp8_scalar(const char* name, const Tensor* scalar, const char* tensor_name,
-                      const Tensor& tensor, Device device) {
-  if (scalar == nullptr) return;
-  check_scalar(kOp, name, *scalar, device);
-  MANTISSA_CHECK(is_fp8(tensor.dtype()),
-                 kOp << ": " << name << " " << scalar->describe() << " is given but " << tensor_name
-                     << " " << tensor.describe() << " is not FP8; it applies to FP8 tensors only");
-}
-
-bool overlaps(const Tensor& x, const Tensor& y) {
-  const auto x0 = reinterpret_cast<uintptr_t>(x.data());
-  const auto y0 = reinterpret_cast<uintptr_t>(y.data());
-  return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
-}
-
-GemmShape check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
-  const int rank = a.shape().rank();
-  MANTISSA_CHECK(rank == 2 || rank == 3, kOp << ": operand A " << a.describe()
-                                             << " must have 2 dimensions, or 3 for a batched "
-                                                "product [batch, rows, cols]");
-  check_rank(kOp, "B", b, rank);
-  check_rank(kOp, "C", c, rank);
-  GemmShape s;
-  if (rank == 3) {
-    s.batch = a.dim(0);
-    MANTISSA_CHECK(b.dim(0) == s.batch && c.dim(0) == s.batch,
-                   kOp << ": batched operands A " << a.describe() << ", B " << b.describe()
-                       << " and C " << c.describe() << " must have the same batch size");
-  }
-  // op(A) is [m, k]: A is stored [m, k], or [k, m] when transposed. Likewise op(B) is [k, n]
-  // and B is stored [k, n], or [n, k] when transposed.
-  s.m = a.dim(p.trans_a ? -1 : -2);
-  s.k = a.dim(p.trans_a ? -2 : -1);
-  const int64_t k_b = b.dim(p.trans_b ? -1 : -2);
-  s.n = b.dim(p.trans_b ? -2 : -1);
-  MANTISSA_CHECK(s.k == k_b, kOp << ": inner dimensions differ: op(A) is [" << s.m << ", " << s.k
-                                 << "] (A " << a.describe() << (p.trans_a ? ", transposed" : "")
-                                 << ") but op(B) is [" << k_b << ", " << s.n << "] (B "
-                                 << b.describe() << (p.trans_b ? ", transposed" : "") << ")");
-  check_shape(kOp, "C", c, rank == 3 ? Shape{s.batch, s.m, s.n} : Shape{s.m, s.n});
-  // cuBLASLt takes 32-bit dimensions and batch counts.
-  MANTISSA_CHECK(std::max({s.batch, s.m, s.n, s.k}) <= INT_MAX,
-                 kOp << ": A " << a.describe() << " and B " << b.describe()
-                     << " have a dimension beyond cuBLASLt's 32-bit limit");
-  MANTISSA_CHECK(!overlaps(c, a) && !overlaps(c, b), kOp << ": output C " << c.describe()
-                                                         << " overlaps an input (A " << a.describe()
-                                                         << ", B " << b.describe() << ")");
-  return s;
-}
-
 // ---------------------------------------------------------------------------------------
 // What the GPU adds: cuBLASLt's type table, FP8's compute capability and alignment.
 
@@ -156,28 +57,6 @@ std::string device_description(int index) {
   }
   return "cuda:" + std::to_string(index) + " (" + props.name + ", compute capability " +
          std::to_string(props.major) + "." + std::to_string(props.minor) + ")";
-}
-
-void check_output_supported(const Tensor& a, const Tensor& b, const Tensor& c) {
-  const DType in = a.dtype();
-  const DType out = c.dtype();
-  bool ok = false;
-  const char* supported = "";
-  if (is_fp8(in)) {
-    const bool has_e5m2 = a.dtype() == DType::kE5M2 || b.dtype() == DType::kE5M2;
-    ok = out != DType::kE5M2 || has_e5m2;
-    supported = has_e5m2 ? "f32, bf16, e4m3, e5m2" : "f32, bf16, e4m3";
-  } else if (in == DType::kBF16) {
-    ok = out == DType::kF32 || out == DType::kBF16;
-    supported = "f32, bf16";
-  } else {
-    ok = out == DType::kF32;
-    supported = "f32";
-  }
-  MANTISSA_CHECK(ok, kOp << ": output C " << c.describe() << " cannot be produced from A "
-                         << a.describe() << " and B " << b.describe()
-                         << " on the GPU (cuBLASLt's outputs for these operands: " << supported
-                         << ")");
 }
 
 bool aligned16(const void* pointer) {
@@ -532,13 +411,7 @@ void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
 
 void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& p) {
   const Device here = device();
-  check_dtypes(a, b, c, p, here);
-  check_fp8_scalar("a_scale", p.a_scale, "operand A", a, here);
-  check_fp8_scalar("b_scale", p.b_scale, "operand B", b, here);
-  check_fp8_scalar("c_scale", p.c_scale, "output C", c, here);
-  check_fp8_scalar("c_amax", p.c_amax, "output C", c, here);
-  const GemmShape s = check_shapes(a, b, c, p);
-  check_output_supported(a, b, c);
+  const GemmShape s = check_gemm(a, b, c, p, here);
 
   const bool fp8 = is_fp8(a.dtype());
   // The TN layout FP8 kernels need: A stored [m, k] and B stored [n, k].
