@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Set up a fresh Debian 12 machine and build mantissa into build/.
+# Set up a fresh Debian 12 machine and build mantissa into build/: the build's libraries,
+# clang for the fuzzers, and the real servers the integration tests start (Prometheus,
+# Pushgateway, Slurm with munge).
 #
 #   scripts/setup.sh            install missing packages (apt-get), configure, build
 #   BUILD_DIR=... JOBS=... scripts/setup.sh
@@ -16,6 +18,8 @@ packages=(
   openmpi-bin libopenmpi-dev
   libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev
+  clang libclang-rt-14-dev
+  prometheus prometheus-pushgateway slurm-wlm munge curl python3
 )
 
 missing=()

@@ -110,9 +110,10 @@ class Backend {
                                   Tensor& dgamma, Tensor& dbeta) = 0;
 
   // Causal multi-head self-attention. qkv[B, T, 3C] holds Q, K, V side by side (head h uses
-  // channels [h*D, (h+1)*D) of each, D = C / n_head); out[B, T, C]. att[B, H, T, T] (F32)
-  // saves the softmax probabilities for the backward; scores are scaled by 1/sqrt(D) and the
-  // softmax is computed in FP32.
+  // channels [h*D, (h+1)*D) of each, D = C / n_head); out[B, T, C]. att[B, H, T, T] saves
+  // the softmax probabilities for the backward (in any activation dtype: F32 keeps them
+  // exact, BF16 halves the largest activation of a training step); scores are scaled by
+  // 1/sqrt(D), the softmax is computed in FP32 and out uses the unrounded probabilities.
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) = 0;
   // dqkv overwritten.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
@@ -139,8 +140,8 @@ class Backend {
   // rounded to its dtype in the same pass.
   virtual void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                      Tensor* compute_copy, const AdamWParams& p) = 0;
-  // out (F32 scalar) += sum of squares of x, accumulated in FP32 per block and FP64 overall
-  // on the CPU; callers zero `out` first and call once per tensor for a global norm.
+  // out (F32 scalar) += sum of squares of x, accumulated in FP64 and rounded to FP32 once;
+  // callers zero `out` first and call once per tensor for a global norm.
   virtual void sum_squares(const Tensor& x, Tensor& out) = 0;
   // x *= inv_scale in place, and detect non-finite values before scaling: found (F32
   // scalar) is set to 1 if any element is inf or NaN, else left unchanged (so it can be

@@ -38,7 +38,7 @@ class GPT2Block {
     const int64_t n = batch * seq;
 
     qkv_ = c_attn_.forward(ctx, ln_1_.forward(ctx, x));
-    att_ = Tensor::empty(Shape{batch, n_head_, seq, seq}, DType::kF32, be.device());
+    att_ = Tensor::empty(Shape{batch, n_head_, seq, seq}, dt, be.device());
     Tensor attended = Tensor::empty(Shape{batch, seq, channels_}, dt, be.device());
     be.attention_forward(qkv_.reshape(Shape{batch, seq, 3 * channels_}), attended, att_,
                          static_cast<int>(n_head_));

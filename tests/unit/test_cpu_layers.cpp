@@ -871,8 +871,8 @@ TEST(CpuLayers, BadArgumentsThrowNamingTheOp) {
   Tensor small_att = poisoned({1, 2, 4, 3}, DType::kF32);
   expect_error([&] { be.attention_forward(qkv, attn_out, small_att, 2); },
                {"attention_forward", "att", "[1, 2, 4, 4]"});
-  Tensor bf16_att = poisoned(s.att(), DType::kBF16);
-  expect_error([&] { be.attention_forward(qkv, attn_out, bf16_att, 2); },
+  Tensor e4m3_att = Tensor::empty(s.att(), DType::kE4M3);
+  expect_error([&] { be.attention_forward(qkv, attn_out, e4m3_att, 2); },
                {"attention_forward", "att", "dtype"});
   Tensor dqkv_wrong = poisoned({1, 4, 30}, DType::kF32);
   expect_error([&] { be.attention_backward(attn_out, qkv, att, dqkv_wrong, 2); },
@@ -919,6 +919,39 @@ TEST(CpuLayers, BadArgumentsThrowNamingTheOp) {
   expect_error(
       [&] { be.softmax_cross_entropy(shifted, two_targets, two_losses, &overlapping, 1.0f); },
       {"softmax_cross_entropy", "dlogits", "overlaps"});
+}
+
+// Probabilities saved in BF16 are exactly the FP32 ones rounded once, the forward output does
+// not depend on the saved dtype, and the backward reads back exactly what was saved.
+TEST(CpuLayers, AttentionSavesProbabilitiesInReducedPrecision) {
+  CpuBackend be;
+  const int64_t B = 2, T = 7, C = 8, H = 2;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  Tensor qkv = Tensor::empty(Shape{B, T, 3 * C}, DType::kF32);
+  Tensor dout = Tensor::empty(Shape{B, T, C}, DType::kF32);
+  for (int64_t i = 0; i < qkv.numel(); ++i) qkv.data_as<float>()[i] = normal(rng);
+  for (int64_t i = 0; i < dout.numel(); ++i) dout.data_as<float>()[i] = normal(rng);
+
+  Tensor out32 = Tensor::empty(Shape{B, T, C}, DType::kF32);
+  Tensor out16 = Tensor::empty(Shape{B, T, C}, DType::kF32);
+  Tensor att32 = Tensor::empty(Shape{B, H, T, T}, DType::kF32);
+  Tensor att16 = Tensor::empty(Shape{B, H, T, T}, DType::kBF16);
+  be.attention_forward(qkv, out32, att32, static_cast<int>(H));
+  be.attention_forward(qkv, out16, att16, static_cast<int>(H));
+  EXPECT_EQ(std::memcmp(out32.data(), out16.data(), out32.nbytes()), 0);
+  Tensor rounded = Tensor::empty(att32.shape(), DType::kF32);
+  for (int64_t i = 0; i < att32.numel(); ++i) {
+    const bf16 r = bf16_from_float(att32.data_as<float>()[i]);
+    ASSERT_EQ(att16.data_as<bf16>()[i].bits, r.bits) << "att element " << i;
+    rounded.data_as<float>()[i] = bf16_to_float(r);
+  }
+
+  Tensor from16 = Tensor::empty(qkv.shape(), DType::kF32);
+  Tensor from_rounded = Tensor::empty(qkv.shape(), DType::kF32);
+  be.attention_backward(dout, qkv, att16, from16, static_cast<int>(H));
+  be.attention_backward(dout, qkv, rounded, from_rounded, static_cast<int>(H));
+  EXPECT_EQ(std::memcmp(from16.data(), from_rounded.data(), from16.nbytes()), 0);
 }
 
 }  // namespace

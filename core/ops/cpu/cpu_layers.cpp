@@ -353,14 +353,13 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
   const char* op = "attention_forward";
   check_activation(op, "qkv", qkv);
   check_activation(op, "out", out);
-  check_operand(op, "att", att, device(), {DType::kF32});
+  check_activation(op, "att", att);
   const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
   check_shape(op, "out", out, Shape{B, T, C});
   check_shape(op, "att", att, Shape{B, H, T, T});
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
-  float* att_out = att.data_as<float>();
 #pragma omp parallel
   {
     // q[T, D], kt[D, T] (K transposed), v[T, D], s[T, T] (scores, then probabilities) and
@@ -403,9 +402,10 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
           }
           const float inv_sum = 1.0f / sum;
           for (int64_t t2 = 0; t2 < n; ++t2) p[t2] *= inv_sum;
-          float* att_row = att_out + ((b * H + h) * T + t) * T;
-          std::memcpy(att_row, p, static_cast<size_t>(n) * sizeof(float));
-          std::fill(att_row + n, att_row + T, 0.0f);
+          // The saved row holds zeros past the diagonal; the output below uses the FP32
+          // probabilities, the backward their stored (possibly rounded) copy.
+          std::fill(p + n, p + T, 0.0f);
+          store(p, T, att, ((b * H + h) * T + t) * T);
         }
         for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
           const int64_t rows = std::min(kTileRows, T - t0);
@@ -425,7 +425,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
   check_activation(op, "dout", dout);
   check_activation(op, "qkv", qkv);
   check_activation(op, "dqkv", dqkv);
-  check_operand(op, "att", att, device(), {DType::kF32});
+  check_activation(op, "att", att);
   const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
   check_shape(op, "dout", dout, Shape{B, T, C});
   check_shape(op, "att", att, Shape{B, H, T, T});
@@ -433,7 +433,6 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
-  const float* att_in = att.data_as<const float>();
 #pragma omp parallel
   {
     // q, k, dy (dout) [T, D], vt[D, T] (V transposed), p and ds [T, T], and one block of
@@ -456,8 +455,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           load(qkv, base + 2 * C, D, g);
           for (int64_t d = 0; d < D; ++d) vt[d * Tp + t] = g[d];
           load(dout, (b * T + t) * C + h * D, D, dy + t * Dp);
-          std::memcpy(p + t * Tp, att_in + ((b * H + h) * T + t) * T,
-                      static_cast<size_t>(t + 1) * sizeof(float));
+          load(att, ((b * H + h) * T + t) * T, t + 1, p + t * Tp);
         }
         // dP = dO V^T on and below the diagonal, then dS row by row in place.
         for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {

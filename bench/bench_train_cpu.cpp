@@ -1,0 +1,72 @@
+// Single-process training throughput on the CPU for the reference configuration of
+// ../shared/REFERENCE.md (GPT of 10.8M parameters: vocab 256, T = 256, d = 384, 6 layers,
+// 6 heads, 8 sequences per step), with the process's peak resident memory. Figures only;
+// bench/train_cpu_vs_torch.sh runs it next to PyTorch on the same configuration.
+//
+//   bench_train_cpu [fp32|bf16|fp16|fp8] [steps]
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "core/ops/backend.h"
+#include "models/data/corpus.h"
+#include "models/data/data_loader.h"
+#include "models/gpt2/gpt2.h"
+#include "models/training/train_loop.h"
+
+using namespace mantissa;
+
+int main(int argc, char** argv) {
+  const std::string precision = argc > 1 ? argv[1] : "bf16";
+  const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
+  core::PrecisionMode mode = core::PrecisionMode::kBF16;
+  if (precision == "fp32") mode = core::PrecisionMode::kFP32;
+  else if (precision == "fp16") mode = core::PrecisionMode::kFP16;
+  else if (precision == "fp8") mode = core::PrecisionMode::kFP8Hybrid;
+  else if (precision != "bf16") {
+    std::fprintf(stderr, "usage: bench_train_cpu [fp32|bf16|fp16|fp8] [steps]\n");
+    return 2;
+  }
+
+  auto backend = core::make_cpu_backend();
+  const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
+  const models::GPT2Config config{6, 6, 384, 256, 256};
+  models::GPT2 model(config, *backend, policy, 0);
+  models::DataLoaderConfig data;
+  data.seq_len = config.seq_len;
+  data.micro_batch = 8;
+  models::DataLoader loader(std::make_shared<const models::Corpus>(models::Corpus::synthetic(1)),
+                            data);
+  models::TrainLoopConfig loop;
+  loop.steps = steps + 1;  // the first step (allocations, page faults) is not timed
+  loop.lr.lr = 3e-4;
+  loop.loss_scale.mode =
+      mode == core::PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
+
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  int64_t tokens = 0;
+  double last_loss = 0.0;
+  models::train_single_rank(model, *backend, policy, loader, loop, {},
+                            [&](const models::StepReport& r) {
+                              if (r.step == 0) {
+                                start = Clock::now();
+                                return;
+                              }
+                              tokens += r.tokens;
+                              last_loss = r.loss;
+                            });
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f\n",
+              core::precision_mode_name(mode),
+              static_cast<long long>(model.parameters().parameter_count()),
+              seconds / static_cast<double>(steps), static_cast<double>(tokens) / seconds, last_loss,
+              static_cast<double>(usage.ru_maxrss) / 1024.0);
+  return 0;
+}
