@@ -75,7 +75,8 @@ class Backend {
 
   // --- matrix multiply ----------------------------------------------------------------
   // C[M, N] = alpha * op(A)[M, K] op(B)[K, N] + beta * C, FP32 accumulation.
-  // A, B: F32, BF16, F16, or FP8 (E4M3xE4M3, E4M3xE5M2, E5M2xE4M3); C: F32, BF16 or FP8.
+  // A, B: F32, BF16, F16, or FP8 (E4M3xE4M3, E4M3xE5M2, E5M2xE4M3); C: F32, BF16, F16 or
+  // FP8, per the dtype table of core/ops/gemm_checks.h.
   // With 3-D operands [batch, rows, cols] every batch is an independent product
   // (strided-batched; used by attention).
   virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& params) = 0;

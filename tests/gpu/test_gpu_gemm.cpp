@@ -8,6 +8,8 @@
 //   F32 x F32 -> F32                  1e-5 (full FP32; fails if TF32 sneaks in)
 //   BF16/F16 x same -> F32            1e-4 (tensor-core FP32 accumulation is not IEEE-rounded
 //                                          at every step)
+//   -> F16                            2e-3 (one F16 step is at most 2^-10 of the maximum,
+//                                          and F16's subnormals sit far below it)
 //   -> BF16                           1e-2 (one BF16 step is at most 2^-7 of the maximum)
 //   FP8 operands -> F32/BF16          6e-2
 //   -> FP8                            codes at most one step apart, amax within 1e-2
@@ -247,6 +249,7 @@ class GemmHarness {
 double tolerance_for(DType in, DType out) {
   if (is_fp8(in)) return 6e-2;
   if (out == DType::kBF16) return 1e-2;
+  if (out == DType::kF16) return 2e-3;
   return in == DType::kF32 ? 1e-5 : 1e-4;
 }
 
@@ -356,8 +359,10 @@ TEST(GpuGemm, Bf16AndF16AllTransposesAndOddSizes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
   const int64_t sizes[][3] = {{1, 1, 1}, {3, 5, 7}, {33, 17, 65}, {128, 96, 256}};
-  const DType pairs[][2] = {
-      {DType::kBF16, DType::kBF16}, {DType::kBF16, DType::kF32}, {DType::kF16, DType::kF32}};
+  const DType pairs[][2] = {{DType::kBF16, DType::kBF16},
+                            {DType::kBF16, DType::kF32},
+                            {DType::kF16, DType::kF32},
+                            {DType::kF16, DType::kF16}};
   for (const auto& [in, out] : pairs) {
     for (const auto& [m, n, k] : sizes) {
       for (const auto& [ta, tb] : kTransposes) {
@@ -380,11 +385,16 @@ struct LinearShape {
 constexpr LinearShape kGpt2Linears[] = {
     {1024, 768, 2304}, {1024, 768, 768}, {1024, 768, 3072}, {1024, 3072, 768}, {256, 768, 50304}};
 
-TEST(GpuGemm, Bf16Gpt2Shapes) {
+// BF16 training, and FP16 training with its F16 activations.
+TEST(GpuGemm, Bf16AndF16Gpt2Shapes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
+  const DType pairs[][2] = {{DType::kBF16, DType::kBF16},
+                            {DType::kBF16, DType::kF32},
+                            {DType::kF16, DType::kF16},
+                            {DType::kF16, DType::kF32}};
   for (const LinearShape& l : kGpt2Linears) {
-    for (DType out : {DType::kBF16, DType::kF32}) {
+    for (const auto& [in, out] : pairs) {
       GemmCase forward;
       forward.m = l.tokens, forward.n = l.out, forward.k = l.in, forward.trans_b = true;
       GemmCase input_grad;
@@ -393,9 +403,9 @@ TEST(GpuGemm, Bf16Gpt2Shapes) {
       weight_grad.m = l.out, weight_grad.n = l.in, weight_grad.k = l.tokens;
       weight_grad.trans_a = true, weight_grad.beta = 1.0f;
       for (GemmCase cs : {forward, input_grad, weight_grad}) {
-        cs.a = cs.b = DType::kBF16;
+        cs.a = cs.b = in;
         cs.c = out;
-        cs.tolerance = tolerance_for(DType::kBF16, out);
+        cs.tolerance = tolerance_for(in, out);
         h.check(cs);
       }
     }
@@ -405,8 +415,11 @@ TEST(GpuGemm, Bf16Gpt2Shapes) {
 TEST(GpuGemm, AlphaBeta) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  const DType pairs[][2] = {
-      {DType::kF32, DType::kF32}, {DType::kBF16, DType::kBF16}, {DType::kBF16, DType::kF32}};
+  const DType pairs[][2] = {{DType::kF32, DType::kF32},
+                            {DType::kBF16, DType::kBF16},
+                            {DType::kBF16, DType::kF32},
+                            {DType::kF16, DType::kF16},
+                            {DType::kF16, DType::kF32}};
   for (const auto& [in, out] : pairs) {
     for (const auto& [alpha, beta] : {std::pair{0.5f, 0.75f}, std::pair{-2.0f, 1.0f},
                                       std::pair{0.0f, 0.5f}, std::pair{1.0f, 0.0f}}) {
@@ -424,7 +437,7 @@ TEST(GpuGemm, AlphaBeta) {
 TEST(GpuGemm, EmptyInnerDimensionScalesC) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  for (DType out : {DType::kF32, DType::kBF16}) {
+  for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
     GemmCase cs;
     cs.m = 5, cs.n = 6, cs.k = 0;
     cs.a = cs.b = out;
@@ -438,7 +451,7 @@ TEST(GpuGemm, EmptyInnerDimensionScalesC) {
 TEST(GpuGemm, StridedBatched) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  for (DType in : {DType::kF32, DType::kBF16}) {
+  for (DType in : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const auto& [ta, tb] : kTransposes) {
       GemmCase cs;
       cs.batch = 24, cs.m = 64, cs.n = 64, cs.k = 64, cs.trans_a = ta, cs.trans_b = tb;
@@ -554,10 +567,17 @@ TEST(GpuGemm, BadCallsAreErrors) {
   Tensor host_c = Tensor::empty({8, 8}, DType::kF32);
   expect_gemm_error(*gpu, empty({8, 4}, DType::kF32), empty({4, 8}, DType::kF32), host_c, p,
                     "not on the backend's device");
-  // The CPU produces BF16 from F32 operands; cuBLASLt has no such kernel.
+  // Outputs outside the type table of gemm_checks.h.
   Tensor c_bf16 = empty({8, 8}, DType::kBF16);
+  Tensor c_f16 = empty({8, 8}, DType::kF16);
   expect_gemm_error(*gpu, empty({8, 4}, DType::kF32), empty({4, 8}, DType::kF32), c_bf16, p,
-                    "cuBLASLt's outputs");
+                    "outputs for these operands: f32)");
+  expect_gemm_error(*gpu, empty({8, 4}, DType::kF32), empty({4, 8}, DType::kF32), c_f16, p,
+                    "outputs for these operands: f32)");
+  expect_gemm_error(*gpu, empty({8, 4}, DType::kF16), empty({4, 8}, DType::kF16), c_bf16, p,
+                    "outputs for these operands: f32, f16)");
+  expect_gemm_error(*gpu, empty({8, 4}, DType::kBF16), empty({4, 8}, DType::kBF16), c_f16, p,
+                    "outputs for these operands: f32, bf16)");
   Tensor scale = empty({1}, DType::kF32);
   GemmParams scaled;
   scaled.a_scale = &scale;
@@ -582,7 +602,10 @@ TEST(GpuGemm, BadCallsAreErrors) {
                     tn, "multiple of 16 bytes");
   Tensor c_e5m2 = empty({16, 16}, DType::kE5M2);
   expect_gemm_error(*gpu, empty({16, 32}, DType::kE4M3), empty({16, 32}, DType::kE4M3), c_e5m2, tn,
-                    "cuBLASLt's outputs");
+                    "outputs for these operands: f32, bf16, e4m3)");
+  Tensor c16_f16 = empty({16, 16}, DType::kF16);
+  expect_gemm_error(*gpu, empty({16, 32}, DType::kE4M3), empty({16, 32}, DType::kE5M2), c16_f16, tn,
+                    "outputs for these operands: f32, bf16, e4m3, e5m2)");
   // A view 8 bytes into a buffer, used in place (TN), is not 16-byte aligned.
   const Tensor buffer = empty({16 * 32 + 8}, DType::kE4M3);
   const Tensor shifted = buffer.view(8, Shape{16, 32});

@@ -345,23 +345,26 @@ TEST(GpuOps, AddBiasAndBiasBackwardMatchCpuBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   Backends b;
   std::mt19937_64 rng(4);
-  // 600 rows span three of the column sums' 256-row blocks.
+  // 600 rows span three of the column sums' 256-row blocks. The bias is the FP32 master or
+  // a compute copy, in any activation dtype whatever the dtype of x.
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {600, 64}, {37, 768}}) {
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
-      const std::string what = describe_case(
-          {dtype_name(dtype), "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]"});
-      Tensor x = random_tensor(Shape{rows, cols}, dtype, rng, {1.0f, 10.0f});
-      const Tensor bias = random_tensor(Shape{cols}, DType::kF32, rng);
-      Tensor x_dev = b.to_device(x);
-      b.cpu->add_bias(x, bias);
-      b.gpu->add_bias(x_dev, b.to_device(bias));
-      expect_same_bits(x, b.to_host(x_dev), "add_bias " + what);
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (DType bias_type : {DType::kF32, DType::kBF16, DType::kF16}) {
+        const std::string what = describe_case(
+            {dtype_name(dtype), "bias", dtype_name(bias_type), Shape{rows, cols}.str()});
+        Tensor x = random_tensor(Shape{rows, cols}, dtype, rng, {1.0f, 10.0f});
+        const Tensor bias = random_tensor(Shape{cols}, bias_type, rng);
+        Tensor x_dev = b.to_device(x);
+        b.cpu->add_bias(x, bias);
+        b.gpu->add_bias(x_dev, b.to_device(bias));
+        expect_same_bits(x, b.to_host(x_dev), "add_bias " + what);
 
-      Tensor dbias = random_tensor(Shape{cols}, DType::kF32, rng);
-      Tensor dbias_dev = b.to_device(dbias);
-      b.cpu->bias_backward(x, dbias);
-      b.gpu->bias_backward(b.to_device(x), dbias_dev);
-      expect_same_bits(dbias, b.to_host(dbias_dev), "bias_backward " + what);
+        Tensor dbias = random_tensor(Shape{cols}, DType::kF32, rng);
+        Tensor dbias_dev = b.to_device(dbias);
+        b.cpu->bias_backward(x, dbias);
+        b.gpu->bias_backward(b.to_device(x), dbias_dev);
+        expect_same_bits(dbias, b.to_host(dbias_dev), "bias_backward " + what);
+      }
     }
   }
 }
@@ -371,7 +374,7 @@ TEST(GpuOps, AddMatchesCpuBitForBitIncludingInPlace) {
   Backends b;
   std::mt19937_64 rng(5);
   for (int64_t n : {1, 13, 100003}) {
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string what = describe_case({"add", dtype_name(dtype), "n=" + std::to_string(n)});
       const Tensor x = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 1000.0f});
       const Tensor y = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 1000.0f});
@@ -395,7 +398,7 @@ TEST(GpuOps, GeluMatchesCpu) {
   Backends b;
   std::mt19937_64 rng(6);
   for (int64_t n : {1, 29, 100001}) {
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string what = describe_case({dtype_name(dtype), "n=" + std::to_string(n)});
       Tensor x = random_tensor(Shape{n}, dtype, rng, {0.1f, 1.0f, 4.0f, 30.0f});
       if (n > 4) {
@@ -444,6 +447,13 @@ TEST(GpuOps, LayerNormMatchesCpu) {
       {Shape{300, 64}, DType::kF32, DType::kF32, DType::kBF16},  // two 256-row blocks
       {Shape{9, 40}, DType::kF16, DType::kF32, DType::kF32},
       {Shape{17, 96}, DType::kF32, DType::kBF16, DType::kF32},
+      // FP16 training: F16 activations with the F16 compute copy (vectorised and scalar
+      // paths), and parameter dtypes that differ from the activations'.
+      {Shape{2, 33, 768}, DType::kF16, DType::kF16, DType::kF16},
+      {Shape{7, 13}, DType::kF16, DType::kF16, DType::kF16},
+      {Shape{300, 40}, DType::kF16, DType::kF16, DType::kBF16},
+      {Shape{11, 64}, DType::kBF16, DType::kBF16, DType::kF16},
+      {Shape{5, 24}, DType::kF32, DType::kF16, DType::kF16},
   };
   for (const LayerNormCase& c : cases) {
     const std::string what = describe_case({c.shape.str(), "x", dtype_name(c.x), "out",
@@ -489,6 +499,7 @@ struct AttentionCase {
   int64_t B, T, C;
   int n_head;
   DType dtype;
+  DType att = DType::kF32;  // the saved probabilities: F32, or rounded to BF16 or F16
 };
 
 TEST(GpuOps, AttentionMatchesCpu) {
@@ -496,20 +507,28 @@ TEST(GpuOps, AttentionMatchesCpu) {
   Backends b;
   std::mt19937_64 rng(8);
   const AttentionCase cases[] = {
-      {1, 1, 4, 1, DType::kF32},    {2, 7, 12, 3, DType::kF32},     {2, 64, 128, 2, DType::kF32},
-      {1, 70, 96, 2, DType::kBF16}, {2, 33, 768, 12, DType::kBF16}, {1, 40, 80, 1, DType::kF16},
+      {1, 1, 4, 1, DType::kF32},
+      {2, 7, 12, 3, DType::kF32},
+      {2, 64, 128, 2, DType::kF32},
+      {1, 70, 96, 2, DType::kBF16},
+      {2, 33, 768, 12, DType::kBF16},
+      {1, 40, 80, 1, DType::kF16},
+      {2, 65, 192, 3, DType::kF16, DType::kF16},
+      {1, 70, 96, 2, DType::kBF16, DType::kBF16},
+      {2, 17, 64, 2, DType::kF32, DType::kBF16},
+      {1, 45, 48, 4, DType::kBF16, DType::kF16},
   };
   for (const AttentionCase& c : cases) {
-    const std::string what = describe_case({"B=" + std::to_string(c.B), "T=" + std::to_string(c.T),
-                                            "C=" + std::to_string(c.C),
-                                            "H=" + std::to_string(c.n_head), dtype_name(c.dtype)});
+    const std::string what = describe_case(
+        {"B=" + std::to_string(c.B), "T=" + std::to_string(c.T), "C=" + std::to_string(c.C),
+         "H=" + std::to_string(c.n_head), dtype_name(c.dtype), "att", dtype_name(c.att)});
     const Shape qkv_shape{c.B, c.T, 3 * c.C};
     const Shape out_shape{c.B, c.T, c.C};
     const Shape att_shape{c.B, c.n_head, c.T, c.T};
     const Tensor qkv = random_tensor(qkv_shape, c.dtype, rng, {0.5f, 2.0f});
     const Tensor qkv_dev = b.to_device(qkv);
     auto [out, out_dev] = b.poisoned(out_shape, c.dtype);
-    auto [att, att_dev] = b.poisoned(att_shape, DType::kF32);
+    auto [att, att_dev] = b.poisoned(att_shape, c.att);
     b.cpu->attention_forward(qkv, out, att, c.n_head);
     b.gpu->attention_forward(qkv_dev, out_dev, att_dev, c.n_head);
     expect_close(out, b.to_host(out_dev), "attention_forward out " + what);
@@ -535,10 +554,10 @@ TEST(GpuOps, EmbeddingMatchesCpuBitForBit) {
     DType param, activation;
   };
   // Small vocabularies repeat tokens many times, which is what the backward must sum.
-  const Case cases[] = {{1, 1, 1, 1, DType::kF32, DType::kF32},
-                        {2, 9, 11, 13, DType::kBF16, DType::kBF16},
-                        {4, 64, 50, 768, DType::kF32, DType::kBF16},
-                        {3, 100, 1000, 40, DType::kBF16, DType::kF16}};
+  const Case cases[] = {
+      {1, 1, 1, 1, DType::kF32, DType::kF32},      {2, 9, 11, 13, DType::kBF16, DType::kBF16},
+      {4, 64, 50, 768, DType::kF32, DType::kBF16}, {3, 100, 1000, 40, DType::kBF16, DType::kF16},
+      {2, 50, 300, 64, DType::kF16, DType::kF16},  {3, 9, 20, 24, DType::kF16, DType::kF32}};
   for (const Case& c : cases) {
     const std::string what = describe_case({"B=" + std::to_string(c.B), "T=" + std::to_string(c.T),
                                             "V=" + std::to_string(c.V), "C=" + std::to_string(c.C),
@@ -575,11 +594,11 @@ TEST(GpuOps, SoftmaxCrossEntropyMatchesCpu) {
     int64_t N, V;
     DType logits, dlogits;
   };
-  const Case cases[] = {{1, 3, DType::kF32, DType::kF32},
-                        {7, 1000, DType::kBF16, DType::kBF16},
-                        {5, 333, DType::kF16, DType::kF32},
-                        {4, 50257, DType::kF32, DType::kF32},
-                        {3, 50257, DType::kBF16, DType::kBF16}};
+  const Case cases[] = {
+      {1, 3, DType::kF32, DType::kF32},       {7, 1000, DType::kBF16, DType::kBF16},
+      {5, 333, DType::kF16, DType::kF32},     {4, 50257, DType::kF32, DType::kF32},
+      {3, 50257, DType::kBF16, DType::kBF16}, {6, 2048, DType::kF16, DType::kF16},
+      {2, 50257, DType::kF16, DType::kBF16}};
   for (const Case& c : cases) {
     const std::string what = describe_case({"N=" + std::to_string(c.N), "V=" + std::to_string(c.V),
                                             dtype_name(c.logits), dtype_name(c.dlogits)});
@@ -799,11 +818,43 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
          Tensor o = mv(ints);
          be.gelu_forward(mv(ints), o);
        }},
+      {"add_bias bias dtype",
+       [&](Backend& be, const Move& mv) {
+         Tensor x = mv(a);
+         be.add_bias(x, mv(Tensor::empty(Shape{8}, DType::kE4M3)));
+       }},
+      {"add mixed dtypes",
+       [&](Backend& be, const Move& mv) {
+         const Tensor h = random_tensor(Shape{4, 8}, DType::kF16, rng);
+         Tensor o = mv(h);
+         be.add(mv(h), mv(a), o);
+       }},
       {"layernorm gamma",
        [&](Backend& be, const Move& mv) {
          Tensor o = mv(a), mean = mv(a.view(0, Shape{4})), rstd = mv(a.view(4, Shape{4}));
          be.layernorm_forward(mv(a), mv(other.view(0, Shape{9})), mv(a.view(0, Shape{8})), o, mean,
                               rstd);
+       }},
+      {"layernorm fp8 beta",
+       [&](Backend& be, const Move& mv) {
+         const Tensor x = random_tensor(Shape{4, 8}, DType::kF16, rng);
+         const Tensor gamma = random_tensor(Shape{8}, DType::kF16, rng);
+         Tensor o = mv(x), mean = mv(a.view(0, Shape{4})), rstd = mv(a.view(4, Shape{4}));
+         be.layernorm_forward(mv(x), mv(gamma), mv(Tensor::empty(Shape{8}, DType::kE5M2)), o, mean,
+                              rstd);
+       }},
+      {"attention no channels",
+       [&](Backend& be, const Move& mv) {
+         Tensor o = mv(Tensor::empty(Shape{1, 2, 0}, DType::kF16));
+         Tensor att = mv(random_tensor(Shape{1, 1, 2, 2}, DType::kF32, rng));
+         be.attention_forward(mv(Tensor::empty(Shape{1, 2, 0}, DType::kF16)), o, att, 1);
+       }},
+      {"attention fp8 att",
+       [&](Backend& be, const Move& mv) {
+         const Tensor qkv = random_tensor(Shape{1, 2, 12}, DType::kBF16, rng);
+         Tensor o = mv(random_tensor(Shape{1, 2, 4}, DType::kBF16, rng));
+         Tensor att = mv(Tensor::empty(Shape{1, 2, 2, 2}, DType::kE4M3));
+         be.attention_forward(mv(qkv), o, att, 2);
        }},
       {"attention heads",
        [&](Backend& be, const Move& mv) {
@@ -818,6 +869,13 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
          const Tensor wpe = random_tensor(Shape{6, 8}, DType::kF32, rng);
          Tensor o = mv(random_tensor(Shape{2, 6, 8}, DType::kF32, rng));
          be.embedding_forward(mv(bad_tokens), mv(wte), mv(wpe), o);
+       }},
+      {"embedding fp8 wpe",
+       [&](Backend& be, const Move& mv) {
+         const Tensor wte = random_tensor(Shape{50, 8}, DType::kF16, rng);
+         Tensor o = mv(random_tensor(Shape{2, 6, 8}, DType::kF16, rng));
+         be.embedding_forward(mv(tokens_tensor(Shape{2, 6}, 50, rng)), mv(wte),
+                              mv(Tensor::empty(Shape{6, 8}, DType::kE4M3)), o);
        }},
       {"cross-entropy target",
        [&](Backend& be, const Move& mv) {

@@ -7,20 +7,20 @@
 
 #include "core/error.h"
 
-#define MANTISSA_CUDA_CHECK(call)                                                           \
-  do {                                                                                      \
-    const cudaError_t mantissa_cuda_status = (call);                                        \
-    MANTISSA_CHECK(mantissa_cuda_status == cudaSuccess,                                     \
-                   #call << " failed: " << cudaGetErrorName(mantissa_cuda_status) << " ("   \
-                         << cudaGetErrorString(mantissa_cuda_status) << ")");               \
+#define MANTISSA_CUDA_CHECK(call)                                                         \
+  do {                                                                                    \
+    const cudaError_t mantissa_cuda_status = (call);                                      \
+    MANTISSA_CHECK(mantissa_cuda_status == cudaSuccess,                                   \
+                   #call << " failed: " << cudaGetErrorName(mantissa_cuda_status) << " (" \
+                         << cudaGetErrorString(mantissa_cuda_status) << ")");             \
   } while (0)
 
-#define MANTISSA_CUBLAS_CHECK(call)                                                         \
-  do {                                                                                      \
-    const cublasStatus_t mantissa_cublas_status = (call);                                   \
-    MANTISSA_CHECK(mantissa_cublas_status == CUBLAS_STATUS_SUCCESS,                         \
-                   #call << " failed: " << cublasLtGetStatusName(mantissa_cublas_status)    \
-                         << " (" << cublasLtGetStatusString(mantissa_cublas_status) << ")"); \
+#define MANTISSA_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                           \
+    const cublasStatus_t mantissa_cublas_status = (call);                                        \
+    MANTISSA_CHECK(mantissa_cublas_status == CUBLAS_STATUS_SUCCESS,                              \
+                   #call << " failed: " << cublasLtGetStatusName(mantissa_cublas_status) << " (" \
+                         << cublasLtGetStatusString(mantissa_cublas_status) << ")");             \
   } while (0)
 
 // Kernel launches: check the launch itself (configuration errors) without synchronising.

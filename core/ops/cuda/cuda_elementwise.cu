@@ -91,19 +91,20 @@ __global__ void amax_kernel(const S* __restrict__ x, int64_t n, int64_t n_packs,
 // bias
 
 // x[N, C] += bias[C]. A pack never straddles two rows because the vectorised loop runs
-// only when C is a multiple of K, so its K bias values are contiguous too.
-template <class T, int K>
-__global__ void add_bias_kernel(T* __restrict__ x, const float* __restrict__ bias, int64_t n,
+// only when C is a multiple of K, so its K bias values are contiguous too. The bias (storage
+// type B) widens exactly, so the sum is the CPU's, which widens the whole bias up front.
+template <class T, class B, int K>
+__global__ void add_bias_kernel(T* __restrict__ x, const B* __restrict__ bias, int64_t n,
                                 int64_t n_packs, int64_t columns) {
   for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
     Pack<T, K> v = load_pack<K>(x + p * K);
-    const float* b = bias + (p * K) % columns;
+    const B* b = bias + (p * K) % columns;
 #pragma unroll
-    for (int k = 0; k < K; ++k) v.v[k] = round_to<T>(to_float(v.v[k]) + b[k]);
+    for (int k = 0; k < K; ++k) v.v[k] = round_to<T>(to_float(v.v[k]) + to_float(b[k]));
     store_pack<K>(x + p * K, v);
   }
   for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
-    x[i] = round_to<T>(to_float(x[i]) + bias[i % columns]);
+    x[i] = round_to<T>(to_float(x[i]) + to_float(bias[i % columns]));
   }
 }
 
@@ -280,30 +281,34 @@ void CudaBackend::amax(const Tensor& x, Tensor& out) {
   });
 }
 
-// x[N, C] (F32 or BF16) += bias[C] (F32), one rounding per element.
+// x[N, C] (F32, BF16 or F16) += bias[C] (any of those), one rounding per element.
 void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
-  check_operand("add_bias", "x", x, device(), {DType::kF32, DType::kBF16});
-  check_operand("add_bias", "bias", bias, device(), {DType::kF32});
+  check_operand("add_bias", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("add_bias", "bias", bias, device(), {DType::kF32, DType::kBF16, DType::kF16});
   check_rank("add_bias", "x", x, 2);
   check_shape("add_bias", "bias", bias, Shape{x.dim(1)});
   const int64_t n = x.numel();
   const int64_t columns = x.dim(1);
   if (n == 0) return;
-  dispatch_f32_bf16("add_bias", x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    constexpr int K = kPackSize<T>;
-    const int64_t n_packs = columns % K == 0 ? pack_count<K>(n, {x.data(), bias.data()}) : 0;
-    add_bias_kernel<T, K>
-        <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-           stream_>>>(x.data_as<T>(), bias.data_as<const float>(), n, n_packs, columns);
-    MANTISSA_CUDA_CHECK_LAUNCH();
+  dispatch_f32_bf16_f16("add_bias", x.dtype(), [&](auto x_tag) {
+    dispatch_f32_bf16_f16("add_bias", bias.dtype(), [&](auto bias_tag) {
+      using T = decltype(x_tag);
+      using B = decltype(bias_tag);
+      constexpr int K = kPackSize<T>;
+      // The bias is read element by element, so only x's alignment decides the packs.
+      const int64_t n_packs = columns % K == 0 ? pack_count<K>(n, {x.data()}) : 0;
+      add_bias_kernel<T, B, K>
+          <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
+             stream_>>>(x.data_as<T>(), bias.data_as<const B>(), n, n_packs, columns);
+      MANTISSA_CUDA_CHECK_LAUNCH();
+    });
   });
 }
 
-// dbias[C] (F32) += column sums of dout[N, C] (F32 or BF16), in the CPU backend's order of
-// additions, so the result is bit-identical to the CPU's.
+// dbias[C] (F32) += column sums of dout[N, C] (F32, BF16 or F16), in the CPU backend's order
+// of additions, so the result is bit-identical to the CPU's.
 void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
-  check_operand("bias_backward", "dout", dout, device(), {DType::kF32, DType::kBF16});
+  check_operand("bias_backward", "dout", dout, device(), {DType::kF32, DType::kBF16, DType::kF16});
   check_operand("bias_backward", "dbias", dbias, device(), {DType::kF32});
   check_rank("bias_backward", "dout", dout, 2);
   check_shape("bias_backward", "dbias", dbias, Shape{dout.dim(1)});
@@ -315,7 +320,7 @@ void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
   Tensor partials = Tensor::empty(Shape{n_blocks, columns}, DType::kF32, device());
   const dim3 grid(static_cast<unsigned>(ceil_div(columns, kBlock)),
                   static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
-  dispatch_f32_bf16("bias_backward", dout.dtype(), [&](auto tag) {
+  dispatch_f32_bf16_f16("bias_backward", dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
     column_partials_kernel<T><<<grid, kBlock, 0, stream_>>>(dout.data_as<const T>(), rows, columns,
                                                             n_blocks, partials.data_as<float>());
@@ -325,16 +330,16 @@ void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
                       multiprocessor_count_, stream_);
 }
 
-// out = a + b, all three of one dtype (F32 or BF16) and shape; out may alias a or b.
+// out = a + b, all three of one dtype (F32, BF16 or F16) and shape; out may alias a or b.
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_operand("add", "a", a, device(), {DType::kF32, DType::kBF16});
+  check_operand("add", "a", a, device(), {DType::kF32, DType::kBF16, DType::kF16});
   check_operand("add", "b", b, device(), {a.dtype()});
   check_operand("add", "out", out, device(), {a.dtype()});
   check_same_shape("add", "a", a, "b", b);
   check_same_shape("add", "a", a, "out", out);
   const int64_t n = a.numel();
   if (n == 0) return;
-  dispatch_f32_bf16("add", out.dtype(), [&](auto tag) {
+  dispatch_f32_bf16_f16("add", out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int K = kPackSize<T>;
     const int64_t n_packs = pack_count<K>(n, {a.data(), b.data(), out.data()});
@@ -345,14 +350,14 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
   });
 }
 
-// out = gelu(x), x and out of one dtype (F32 or BF16) and shape.
+// out = gelu(x), x and out of one dtype (F32, BF16 or F16) and shape.
 void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  check_operand("gelu_forward", "x", x, device(), {DType::kF32, DType::kBF16});
+  check_operand("gelu_forward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
   check_operand("gelu_forward", "out", out, device(), {x.dtype()});
   check_same_shape("gelu_forward", "x", x, "out", out);
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_f32_bf16("gelu_forward", out.dtype(), [&](auto tag) {
+  dispatch_f32_bf16_f16("gelu_forward", out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int K = kPackSize<T>;
     const int64_t n_packs = pack_count<K>(n, {x.data(), out.data()});
@@ -363,16 +368,16 @@ void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
   });
 }
 
-// dx = dout * gelu'(x), all three of one dtype (F32 or BF16) and shape; dx may alias dout.
+// dx = dout * gelu'(x), all three of one dtype (F32, BF16 or F16) and shape; dx may alias dout.
 void CudaBackend::gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
-  check_operand("gelu_backward", "x", x, device(), {DType::kF32, DType::kBF16});
+  check_operand("gelu_backward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
   check_operand("gelu_backward", "dout", dout, device(), {x.dtype()});
   check_operand("gelu_backward", "dx", dx, device(), {x.dtype()});
   check_same_shape("gelu_backward", "x", x, "dout", dout);
   check_same_shape("gelu_backward", "x", x, "dx", dx);
   const int64_t n = x.numel();
   if (n == 0) return;
-  dispatch_f32_bf16("gelu_backward", dx.dtype(), [&](auto tag) {
+  dispatch_f32_bf16_f16("gelu_backward", dx.dtype(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int K = kPackSize<T>;
     const int64_t n_packs = pack_count<K>(n, {x.data(), dout.data(), dx.data()});

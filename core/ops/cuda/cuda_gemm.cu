@@ -23,7 +23,6 @@
 // pointer and leading dimension 16-byte aligned: K a multiple of 16, and rows of C a multiple
 // of 16 bytes.
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -34,6 +33,7 @@
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_gemm.h"
+#include "core/ops/cuda/cuda_kernel_utils.cuh"
 #include "core/ops/gemm_checks.h"
 
 namespace mantissa::core {
@@ -46,8 +46,7 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr uint32_t kMaxAlignment = 256;
 
 // ---------------------------------------------------------------------------------------
-// ---------------------------------------------------------------------------------------
-// What the GPU adds: cuBLASLt's type table, FP8's compute capability and alignment.
+// What the GPU checks beyond gemm_checks.h: FP8's compute capability and alignment.
 
 std::string device_description(int index) {
   cudaDeviceProp props{};
@@ -432,13 +431,14 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
     return;
   }
   if (s.k == 0) {
-    // An empty sum: C = beta * C (beta is 0 for FP8 outputs, whose amax is then 0).
+    // An empty sum: C = beta * C. beta is 0 for FP8 outputs (whose amax is then 0), so a
+    // C that is scaled is F32, BF16 or F16.
     if (p.beta == 0.0f) {
       MANTISSA_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream_));
-    } else if (c.dtype() == DType::kF32) {
-      scale_in_place<float>(c, p.beta, multiprocessor_count_, stream_);
     } else {
-      scale_in_place<bf16>(c, p.beta, multiprocessor_count_, stream_);
+      cuda_kernels::dispatch_f32_bf16_f16(kOp, c.dtype(), [&](auto tag) {
+        scale_in_place<decltype(tag)>(c, p.beta, multiprocessor_count_, stream_);
+      });
     }
     if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
     return;

@@ -150,7 +150,7 @@ void dispatch_float(const char* op, DType dtype, F&& f) {
   }
 }
 
-// The activation dtypes of the elementwise ops and the optimizer: F32 and BF16.
+// F32 and BF16: the gradient dtypes of the optimizer.
 template <class F>
 void dispatch_f32_bf16(const char* op, DType dtype, F&& f) {
   switch (dtype) {
@@ -160,8 +160,9 @@ void dispatch_f32_bf16(const char* op, DType dtype, F&& f) {
   }
 }
 
-// F32, BF16 and F16: the activation dtypes of the layers, and the gradient dtypes of
-// sum_squares and unscale_check_finite.
+// F32, BF16 and F16: the activation dtypes of every elementwise op and layer, the bias dtypes
+// of add_bias, the gradient dtypes of sum_squares and unscale_check_finite, and the outputs
+// a GEMM with K = 0 scales in place.
 template <class F>
 void dispatch_f32_bf16_f16(const char* op, DType dtype, F&& f) {
   switch (dtype) {

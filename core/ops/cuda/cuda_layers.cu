@@ -2,12 +2,12 @@
 // cross-entropy on the GPU. The math follows llm.c and, term for term, cpu_layers.cpp:
 // FP32 internally, one rounding to nearest even per stored value.
 //
-// The operands of these ops may each be F32, BF16 or F16 independently (activations),
-// parameters F32 or BF16, so instead of templating every kernel on every combination the
-// kernels see their operands as FloatIn / FloatOut: a pointer and a dtype, switched on per
-// access. The dtype is the same for the whole grid, so the switch is a uniform branch, not
-// divergence; LayerNorm forward, the one memory-bound kernel here that the benchmarks watch,
-// also has a path with 16-byte accesses.
+// The operands of these ops may each be F32, BF16 or F16 independently (activations, and
+// parameters: the FP32 masters or a BF16 or F16 compute copy), so instead of templating
+// every kernel on every combination the kernels see their operands as FloatIn / FloatOut: a
+// pointer and a dtype, switched on per access. The dtype is the same for the whole grid, so
+// the switch is a uniform branch, not divergence; LayerNorm forward, the one memory-bound
+// kernel here that the benchmarks watch, also has a path with 16-byte accesses.
 //
 // Determinism: no kernel here uses floating-point atomics. Parameter gradients are reduced
 // in a fixed order: dgamma/dbeta by fixed blocks of rows (cuda_kernel_utils.cuh), dwpe and
@@ -20,6 +20,7 @@
 // softmax_cross_entropy call, and buys the CPU backend's behaviour: the call that received a
 // bad index throws, naming the index and its position, before any kernel uses it.
 #include <cub/device/device_radix_sort.cuh>
+#include <vector>
 
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
@@ -125,7 +126,7 @@ void check_activation(const char* op, const char* name, const Tensor& t, Device 
 
 // Parameters are read from the FP32 masters or from a reduced-precision compute copy.
 void check_parameter(const char* op, const char* name, const Tensor& t, Device device) {
-  check_operand(op, name, t, device, {DType::kF32, DType::kBF16});
+  check_operand(op, name, t, device, {DType::kF32, DType::kBF16, DType::kF16});
 }
 
 // A tensor of `rows` rows of `row_name` values, whatever its shape ([N], [B, T], ...).
@@ -172,10 +173,15 @@ void check_indices(const char* op, const char* name, const Tensor& indices, int6
   MANTISSA_CUDA_CHECK(cudaMemcpyAsync(&value, indices.data_as<const int32_t>() + i, sizeof value,
                                       cudaMemcpyDeviceToHost, stream));
   MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  const int64_t row_length = indices.shape().rank() > 1 ? indices.dim(-1) : n;
-  MANTISSA_FAIL(op << ": " << name << " " << value << " at position [" << i / row_length << ", "
-                   << i % row_length << "] (flat index " << i << ") is outside [0, " << limit
-                   << ") for " << indices.describe());
+  // The flat index unravelled over the shape, e.g. [b, t] for tokens: the CPU's message.
+  std::vector<int64_t> position(static_cast<size_t>(indices.shape().rank()));
+  int64_t rest = i;
+  for (int axis = indices.shape().rank() - 1; axis >= 0; --axis) {
+    position[axis] = rest % indices.dim(axis);
+    rest /= indices.dim(axis);
+  }
+  MANTISSA_FAIL(op << ": " << name << " " << value << " at position " << Shape(position).str()
+                   << " of " << indices.describe() << " is outside [0, " << limit << ")");
 }
 
 struct AttentionDims {
@@ -188,6 +194,7 @@ AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
   MANTISSA_CHECK(qkv.dim(2) % 3 == 0, op << ": operand qkv " << qkv.describe()
                                          << " must have 3C channels (Q, K and V side by side)");
   const int64_t C = qkv.dim(2) / 3;
+  MANTISSA_CHECK(C > 0, op << ": operand qkv " << qkv.describe() << " has no channels");
   MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
                                                    << qkv.describe()
                                                    << ") is not divisible by n_head = " << n_head);
@@ -304,12 +311,14 @@ __global__ void layernorm_param_partials_kernel(FloatIn dout, FloatIn x,
 // a block share (b, h) and find that head's K and V rows in L1. With scale = 1 / sqrt(D):
 //   scores[t2] = scale * q_t . k_t2  for t2 <= t   (lanes split the D channels, then a
 //                                                    warp sum: coalesced K reads)
-//   att[t]     = softmax(scores), zero beyond t     (FP32; written straight into att)
-//   out_t      = sum_t2 att[t][t2] v_t2             (lanes over channels, keys in order)
+//   P[t]       = softmax(scores), zero beyond t     (FP32, in probs)
+//   out_t      = sum_t2 P[t][t2] v_t2               (lanes over channels, keys in order)
+// probs is FP32 [B, H, T, T]: att itself when att is F32. A BF16 or F16 att receives P
+// rounded once, while out, as on the CPU, uses the FP32 probabilities.
 // The query row is staged in shared memory as FP32 (dynamic: warps * D floats).
-__global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restrict__ att,
-                                         int64_t B, int64_t T, int64_t C, int64_t H, int64_t D,
-                                         float scale) {
+__global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restrict__ probs,
+                                         FloatOut att, int64_t B, int64_t T, int64_t C, int64_t H,
+                                         int64_t D, float scale) {
   extern __shared__ float shared_q[];
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
@@ -325,7 +334,7 @@ __global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restr
   for (int64_t d = lane; d < D; d += kWarpSize) q[d] = load(qkv, head_base + t * token_stride + d);
   __syncwarp();
 
-  float* p = att + row * T;  // att[b, h, t, :]
+  float* p = probs + row * T;  // P[b, h, t, :]
   float max_score = -INFINITY;
   for (int64_t t2 = 0; t2 <= t; ++t2) {
     const int64_t k_base = head_base + t2 * token_stride + C;
@@ -345,7 +354,11 @@ __global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restr
     sum += e;
   }
   const float inv_sum = 1.0f / warp_sum(sum);
-  for (int64_t t2 = lane; t2 < T; t2 += kWarpSize) p[t2] = t2 <= t ? p[t2] * inv_sum : 0.0f;
+  for (int64_t t2 = lane; t2 < T; t2 += kWarpSize) {
+    const float prob = t2 <= t ? p[t2] * inv_sum : 0.0f;
+    p[t2] = prob;
+    if (att.dtype != DType::kF32) store(att, row * T + t2, prob);
+  }
   __syncwarp();
 
   for (int64_t d = lane; d < D; d += kWarpSize) {
@@ -361,8 +374,7 @@ __global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restr
 //   dscores[t2] = scale * P[t2] (dP[t2] - sum_j P[j] dP[j])  (softmax Jacobian)
 //   dq_t        = sum_t2 dscores[t2] k_t2
 // dscores goes to an FP32 scratch [B, H, T, T] that the second kernel reads by column.
-__global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv,
-                                                const float* __restrict__ att,
+__global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv, FloatIn att,
                                                 float* __restrict__ dscores, FloatOut dqkv,
                                                 int64_t B, int64_t T, int64_t C, int64_t H,
                                                 int64_t D, float scale) {
@@ -381,7 +393,7 @@ __global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv,
   for (int64_t d = lane; d < D; d += kWarpSize) dy[d] = load(dout, (b * T + t) * C + h * D + d);
   __syncwarp();
 
-  const float* p = att + row * T;
+  const int64_t p_row = row * T;  // P[t] = att[b, h, t, :]
   float* ds = dscores + row * T;
   float p_dp = 0.0f;
   for (int64_t t2 = 0; t2 <= t; ++t2) {
@@ -390,10 +402,12 @@ __global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv,
     for (int64_t d = lane; d < D; d += kWarpSize) partial += dy[d] * load(qkv, v_base + d);
     const float dp = warp_sum(partial);
     if (lane == 0) ds[t2] = dp;
-    p_dp += p[t2] * dp;
+    p_dp += load(att, p_row + t2) * dp;
   }
   __syncwarp();
-  for (int64_t t2 = lane; t2 <= t; t2 += kWarpSize) ds[t2] = p[t2] * (ds[t2] - p_dp) * scale;
+  for (int64_t t2 = lane; t2 <= t; t2 += kWarpSize) {
+    ds[t2] = load(att, p_row + t2) * (ds[t2] - p_dp) * scale;
+  }
   __syncwarp();
 
   for (int64_t d = lane; d < D; d += kWarpSize) {
@@ -408,8 +422,7 @@ __global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv,
 // that see key t2, in query order (the CPU backend's order), with lanes over channels:
 //   dk_t2 = sum_{t >= t2} dscores[t][t2] q_t,   dv_t2 = sum_{t >= t2} P[t][t2] dout_t
 // Gathering by key instead of scattering from each query keeps this free of atomics.
-__global__ void attention_backward_key_kernel(FloatIn dout, FloatIn qkv,
-                                              const float* __restrict__ att,
+__global__ void attention_backward_key_kernel(FloatIn dout, FloatIn qkv, FloatIn att,
                                               const float* __restrict__ dscores, FloatOut dqkv,
                                               int64_t B, int64_t T, int64_t C, int64_t H,
                                               int64_t D) {
@@ -422,7 +435,7 @@ __global__ void attention_backward_key_kernel(FloatIn dout, FloatIn qkv,
   const int64_t h = bh % H;
   const int64_t token_stride = 3 * C;
   const int64_t head_base = b * T * token_stride + h * D;
-  const float* p_column = att + bh * T * T + t2;  // P[t][t2] at p_column[t * T]
+  const int64_t p_column = bh * T * T + t2;  // P[t][t2] is att element p_column + t * T
   const float* ds_column = dscores + bh * T * T + t2;
 
   for (int64_t d = lane; d < D; d += kWarpSize) {
@@ -430,7 +443,7 @@ __global__ void attention_backward_key_kernel(FloatIn dout, FloatIn qkv,
     float dv = 0.0f;
     for (int64_t t = t2; t < T; ++t) {
       dk += ds_column[t * T] * load(qkv, head_base + t * token_stride + d);
-      dv += p_column[t * T] * load(dout, (b * T + t) * C + h * D + d);
+      dv += load(att, p_column + t * T) * load(dout, (b * T + t) * C + h * D + d);
     }
     store(dqkv, head_base + t2 * token_stride + C + d, dk);
     store(dqkv, head_base + t2 * token_stride + 2 * C + d, dv);
@@ -646,18 +659,22 @@ void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att,
   const char* op = "attention_forward";
   check_activation(op, "qkv", qkv, device());
   check_activation(op, "out", out, device());
-  check_operand(op, "att", att, device(), {DType::kF32});
+  check_activation(op, "att", att, device());
   const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
   check_shape(op, "out", out, Shape{B, T, C});
   check_shape(op, "att", att, Shape{B, H, T, T});
   const int64_t rows = B * H * T;
-  if (rows == 0 || D == 0) return;
+  if (rows == 0) return;
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionLaunch launch = attention_launch(op, D);
+  // The FP32 probabilities: att itself, or for a BF16 or F16 att a scratch copy freed when
+  // this function returns (the allocator's reuse is ordered on this stream).
+  Tensor probs =
+      att.dtype() == DType::kF32 ? att : Tensor::empty(att.shape(), DType::kF32, device());
   attention_forward_kernel<<<static_cast<int>(ceil_div(rows, launch.warps)),
                              launch.warps * kWarpSize, launch.shared_bytes, stream_>>>(
-      as_in(qkv), as_out(out), att.data_as<float>(), B, T, C, H, D, scale);
+      as_in(qkv), as_out(out), probs.data_as<float>(), as_out(att), B, T, C, H, D, scale);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 
@@ -667,13 +684,13 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   check_activation(op, "dout", dout, device());
   check_activation(op, "qkv", qkv, device());
   check_activation(op, "dqkv", dqkv, device());
-  check_operand(op, "att", att, device(), {DType::kF32});
+  check_activation(op, "att", att, device());
   const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
   check_shape(op, "dout", dout, Shape{B, T, C});
   check_shape(op, "att", att, Shape{B, H, T, T});
   check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
   const int64_t rows = B * H * T;
-  if (rows == 0 || D == 0) return;
+  if (rows == 0) return;
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const AttentionLaunch launch = attention_launch(op, D);
@@ -682,11 +699,11 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
   Tensor dscores = Tensor::empty(att.shape(), DType::kF32, device());
   attention_backward_query_kernel<<<static_cast<int>(ceil_div(rows, launch.warps)),
                                     launch.warps * kWarpSize, launch.shared_bytes, stream_>>>(
-      as_in(dout), as_in(qkv), att.data_as<const float>(), dscores.data_as<float>(), as_out(dqkv),
-      B, T, C, H, D, scale);
+      as_in(dout), as_in(qkv), as_in(att), dscores.data_as<float>(), as_out(dqkv), B, T, C, H, D,
+      scale);
   MANTISSA_CUDA_CHECK_LAUNCH();
   attention_backward_key_kernel<<<static_cast<int>(ceil_div(rows, kWarpsPerBlock)), kBlock, 0,
-                                  stream_>>>(as_in(dout), as_in(qkv), att.data_as<const float>(),
+                                  stream_>>>(as_in(dout), as_in(qkv), as_in(att),
                                              dscores.data_as<const float>(), as_out(dqkv), B, T, C,
                                              H, D);
   MANTISSA_CUDA_CHECK_LAUNCH();
