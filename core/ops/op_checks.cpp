@@ -1,8 +1,74 @@
 #include "core/ops/op_checks.h"
 
+#include <cmath>
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 
 namespace mantissa::core {
+namespace {
+
+void check_float_operand(const char* op, const char* name, const Tensor& t, Device device) {
+  check_operand(op, name, t, device,
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
+}
+
+void check_activation(const char* op, const char* name, const Tensor& t, Device device) {
+  check_operand(op, name, t, device, {DType::kF32, DType::kBF16, DType::kF16});
+}
+
+// Parameters are read from the FP32 masters or from a reduced-precision compute copy.
+void check_parameter(const char* op, const char* name, const Tensor& t, Device device) {
+  check_operand(op, name, t, device, {DType::kF32, DType::kBF16, DType::kF16});
+}
+
+// A tensor of `rows` rows of `row_name` values, whatever its shape ([N], [B, T], ...).
+void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
+                const char* row_name, const Tensor& of) {
+  MANTISSA_CHECK(t.numel() == rows, op << ": operand " << name << " " << t.describe()
+                                       << " must hold one " << row_name << " per row of "
+                                       << of.describe() << " (" << rows << " values)");
+}
+
+// x[..., C] with C > 0, as N rows of C.
+LayerNormDims layernorm_rows(const char* op, const Tensor& x) {
+  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
+                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
+  return {x.numel() / x.dim(-1), x.dim(-1)};
+}
+
+// qkv[B, T, 3C] with C divisible by n_head.
+AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
+  check_rank(op, "qkv", qkv, 3);
+  MANTISSA_CHECK(qkv.dim(2) % 3 == 0, op << ": operand qkv " << qkv.describe()
+                                         << " must have 3C channels (Q, K and V side by side)");
+  const int64_t C = qkv.dim(2) / 3;
+  MANTISSA_CHECK(C > 0, op << ": operand qkv " << qkv.describe() << " has no channels");
+  MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
+                                                   << qkv.describe()
+                                                   << ") is not divisible by n_head = " << n_head);
+  return {qkv.dim(0), qkv.dim(1), C, n_head, C / n_head};
+}
+
+// tokens[B, T] and a table[V, C] (wte or dwte) with a position table[>= T, C] (wpe or dwpe)
+// beside it.
+EmbeddingDims embedding_dims(const char* op, const Tensor& tokens, const char* table_name,
+                             const Tensor& table, const char* positions_name,
+                             const Tensor& positions) {
+  check_rank(op, "tokens", tokens, 2);
+  check_rank(op, table_name, table, 2);
+  check_rank(op, positions_name, positions, 2);
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = table.dim(0), C = table.dim(1);
+  MANTISSA_CHECK(positions.dim(1) == C && positions.dim(0) >= T,
+                 op << ": operand " << positions_name << " " << positions.describe()
+                    << " must have " << C << " channels (as " << table_name << " "
+                    << table.describe() << ") and at least " << T << " positions (as tokens "
+                    << tokens.describe() << ")");
+  return {B, T, V, C};
+}
+
+}  // namespace
 
 void check_operand(const char* op, const char* name, const Tensor& t, Device device,
                    std::initializer_list<DType> allowed) {
@@ -36,11 +102,283 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
                                            << " must have shape " << expected.str());
 }
 
-void check_scalar(const char* op, const char* name, const Tensor& t, Device device,
-                  DType dtype) {
+void check_scalar(const char* op, const char* name, const Tensor& t, Device device, DType dtype) {
   check_operand(op, name, t, device, {dtype});
   MANTISSA_CHECK(t.numel() == 1, op << ": operand " << name << " " << t.describe()
                                     << " must hold exactly one element");
+}
+
+void fail_index_out_of_range(const char* op, const char* name, const Tensor& indices,
+                             int64_t flat_index, int32_t value, int64_t limit) {
+  std::vector<int64_t> position(static_cast<size_t>(indices.shape().rank()));
+  int64_t rest = flat_index;
+  for (int axis = indices.shape().rank() - 1; axis >= 0; --axis) {
+    position[axis] = rest % indices.dim(axis);
+    rest /= indices.dim(axis);
+  }
+  MANTISSA_FAIL(op << ": " << name << " " << value << " at position " << Shape(position).str()
+                   << " of " << indices.describe() << " is outside [0, " << limit << ")");
+}
+
+// ---------------------------------------------------------------------------------------
+// memory
+
+void check_fill(const Tensor& dst, Device device) {
+  check_operand("fill", "dst", dst, device,
+                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2, DType::kI32,
+                 DType::kI64, DType::kU8});
+}
+
+void check_copy_sizes(const Tensor& src, const Tensor& dst) {
+  MANTISSA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+                 "copy: src " << src.describe() << " and dst " << dst.describe()
+                              << " differ in dtype or element count");
+}
+
+// ---------------------------------------------------------------------------------------
+// conversions and elementwise
+
+void check_cast(const Tensor& src, const Tensor& dst, const CastParams& params, Device device) {
+  check_float_operand("cast", "src", src, device);
+  check_float_operand("cast", "dst", dst, device);
+  MANTISSA_CHECK(src.numel() == dst.numel(), "cast: operands src " << src.describe() << " and dst "
+                                                                   << dst.describe()
+                                                                   << " differ in element count");
+  if (params.scale != nullptr) check_scalar("cast", "scale", *params.scale, device);
+  if (params.amax != nullptr) check_scalar("cast", "amax", *params.amax, device);
+}
+
+void check_amax(const Tensor& x, const Tensor& out, Device device) {
+  check_float_operand("amax", "x", x, device);
+  check_scalar("amax", "out", out, device);
+}
+
+// x[N, C] (F32, BF16 or F16) and bias[C] (any of those).
+void check_add_bias(const Tensor& x, const Tensor& bias, Device device) {
+  check_operand("add_bias", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("add_bias", "bias", bias, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_rank("add_bias", "x", x, 2);
+  check_shape("add_bias", "bias", bias, Shape{x.dim(1)});
+}
+
+// dout[N, C] (F32, BF16 or F16) and dbias[C] (F32).
+void check_bias_backward(const Tensor& dout, const Tensor& dbias, Device device) {
+  check_operand("bias_backward", "dout", dout, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("bias_backward", "dbias", dbias, device, {DType::kF32});
+  check_rank("bias_backward", "dout", dout, 2);
+  check_shape("bias_backward", "dbias", dbias, Shape{dout.dim(1)});
+}
+
+// a, b and out of one dtype (F32, BF16 or F16) and shape.
+void check_add(const Tensor& a, const Tensor& b, const Tensor& out, Device device) {
+  check_operand("add", "a", a, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("add", "b", b, device, {a.dtype()});
+  check_operand("add", "out", out, device, {a.dtype()});
+  check_same_shape("add", "a", a, "b", b);
+  check_same_shape("add", "a", a, "out", out);
+}
+
+// x and out of one dtype (F32, BF16 or F16) and shape.
+void check_gelu_forward(const Tensor& x, const Tensor& out, Device device) {
+  check_operand("gelu_forward", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("gelu_forward", "out", out, device, {x.dtype()});
+  check_same_shape("gelu_forward", "x", x, "out", out);
+}
+
+// x, dout and dx of one dtype (F32, BF16 or F16) and shape.
+void check_gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Device device) {
+  check_operand("gelu_backward", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_operand("gelu_backward", "dout", dout, device, {x.dtype()});
+  check_operand("gelu_backward", "dx", dx, device, {x.dtype()});
+  check_same_shape("gelu_backward", "x", x, "dout", dout);
+  check_same_shape("gelu_backward", "x", x, "dx", dx);
+}
+
+// ---------------------------------------------------------------------------------------
+// layers
+
+LayerNormDims check_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                      Device device) {
+  const char* op = "layernorm_forward";
+  check_activation(op, "x", x, device);
+  check_activation(op, "out", out, device);
+  check_parameter(op, "gamma", gamma, device);
+  check_parameter(op, "beta", beta, device);
+  check_operand(op, "mean", mean, device, {DType::kF32});
+  check_operand(op, "rstd", rstd, device, {DType::kF32});
+  const LayerNormDims d = layernorm_rows(op, x);
+  check_same_shape(op, "x", x, "out", out);
+  check_shape(op, "gamma", gamma, Shape{d.C});
+  check_shape(op, "beta", beta, Shape{d.C});
+  check_rows(op, "mean", mean, d.N, "mean", x);
+  check_rows(op, "rstd", rstd, d.N, "rstd", x);
+  return d;
+}
+
+LayerNormDims check_layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                       const Tensor& dgamma, const Tensor& dbeta, Device device) {
+  const char* op = "layernorm_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "x", x, device);
+  check_activation(op, "dx", dx, device);
+  check_parameter(op, "gamma", gamma, device);
+  check_operand(op, "mean", mean, device, {DType::kF32});
+  check_operand(op, "rstd", rstd, device, {DType::kF32});
+  check_operand(op, "dgamma", dgamma, device, {DType::kF32});
+  check_operand(op, "dbeta", dbeta, device, {DType::kF32});
+  const LayerNormDims d = layernorm_rows(op, x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_shape(op, "gamma", gamma, Shape{d.C});
+  check_shape(op, "dgamma", dgamma, Shape{d.C});
+  check_shape(op, "dbeta", dbeta, Shape{d.C});
+  check_rows(op, "mean", mean, d.N, "mean", x);
+  check_rows(op, "rstd", rstd, d.N, "rstd", x);
+  return d;
+}
+
+AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& att,
+                                      int n_head, Device device) {
+  const char* op = "attention_forward";
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "out", out, device);
+  check_activation(op, "att", att, device);
+  const AttentionDims d = attention_dims(op, qkv, n_head);
+  check_shape(op, "out", out, Shape{d.B, d.T, d.C});
+  check_shape(op, "att", att, Shape{d.B, d.H, d.T, d.T});
+  return d;
+}
+
+AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                                       const Tensor& dqkv, int n_head, Device device) {
+  const char* op = "attention_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "dqkv", dqkv, device);
+  check_activation(op, "att", att, device);
+  const AttentionDims d = attention_dims(op, qkv, n_head);
+  check_shape(op, "dout", dout, Shape{d.B, d.T, d.C});
+  check_shape(op, "att", att, Shape{d.B, d.H, d.T, d.T});
+  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+  return d;
+}
+
+EmbeddingDims check_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                                      const Tensor& out, Device device) {
+  const char* op = "embedding_forward";
+  check_operand(op, "tokens", tokens, device, {DType::kI32});
+  check_parameter(op, "wte", wte, device);
+  check_parameter(op, "wpe", wpe, device);
+  check_activation(op, "out", out, device);
+  const EmbeddingDims d = embedding_dims(op, tokens, "wte", wte, "wpe", wpe);
+  check_shape(op, "out", out, Shape{d.B, d.T, d.C});
+  return d;
+}
+
+EmbeddingDims check_embedding_backward(const Tensor& dout, const Tensor& tokens, const Tensor& dwte,
+                                       const Tensor& dwpe, Device device) {
+  const char* op = "embedding_backward";
+  check_activation(op, "dout", dout, device);
+  check_operand(op, "tokens", tokens, device, {DType::kI32});
+  check_operand(op, "dwte", dwte, device, {DType::kF32});
+  check_operand(op, "dwpe", dwpe, device, {DType::kF32});
+  const EmbeddingDims d = embedding_dims(op, tokens, "dwte", dwte, "dwpe", dwpe);
+  check_shape(op, "dout", dout, Shape{d.B, d.T, d.C});
+  return d;
+}
+
+CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                             const Tensor& losses, const Tensor* dlogits,
+                                             Device device) {
+  const char* op = "softmax_cross_entropy";
+  check_activation(op, "logits", logits, device);
+  check_operand(op, "targets", targets, device, {DType::kI32});
+  check_operand(op, "losses", losses, device, {DType::kF32});
+  MANTISSA_CHECK(logits.shape().rank() >= 1 && logits.dim(-1) > 0,
+                 op << ": operand logits " << logits.describe()
+                    << " must have a non-empty last axis (the vocabulary)");
+  const int64_t V = logits.dim(-1);
+  const int64_t N = logits.numel() / V;
+  check_rows(op, "targets", targets, N, "target", logits);
+  check_rows(op, "losses", losses, N, "loss", logits);
+  if (dlogits != nullptr) {
+    check_activation(op, "dlogits", *dlogits, device);
+    check_same_shape(op, "logits", logits, "dlogits", *dlogits);
+    // In-place is fine row by row, but a partial overlap or a different dtype over the same
+    // bytes would read logits that an earlier row already overwrote.
+    const auto* l0 = static_cast<const unsigned char*>(logits.data());
+    const auto* d0 = static_cast<const unsigned char*>(dlogits->data());
+    const bool overlap = l0 < d0 + dlogits->nbytes() && d0 < l0 + logits.nbytes();
+    MANTISSA_CHECK(!overlap || (l0 == d0 && logits.dtype() == dlogits->dtype()),
+                   op << ": dlogits " << dlogits->describe() << " overlaps logits "
+                      << logits.describe() << " without aliasing it exactly");
+  }
+  return {N, V};
+}
+
+// ---------------------------------------------------------------------------------------
+// optimizer and gradient checks
+
+// F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when given, is
+// F32, BF16 or F16: FP8 would need a scale, so FP8 compute copies are made with cast() and
+// are rejected here.
+AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
+                              const Tensor& v, const Tensor* compute_copy, const AdamWParams& p,
+                              Device device) {
+  check_operand("adamw", "params", params, device, {DType::kF32});
+  check_operand("adamw", "grads", grads, device, {DType::kF32, DType::kBF16});
+  check_operand("adamw", "m", m, device, {DType::kF32});
+  check_operand("adamw", "v", v, device, {DType::kF32});
+  check_same_shape("adamw", "params", params, "grads", grads);
+  check_same_shape("adamw", "params", params, "m", m);
+  check_same_shape("adamw", "params", params, "v", v);
+  if (compute_copy != nullptr) {
+    MANTISSA_CHECK(!is_fp8(compute_copy->dtype()),
+                   "adamw: operand compute_copy " << compute_copy->describe()
+                                                  << " is FP8, which needs a scale; produce FP8 "
+                                                     "compute copies with cast() and a scale");
+    check_operand("adamw", "compute_copy", *compute_copy, device,
+                  {DType::kF32, DType::kBF16, DType::kF16});
+    check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
+  }
+  MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
+  MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
+                 "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
+  MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
+                 "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
+
+  // The bias corrections are computed in double: beta^step for large steps is far below
+  // 1 - FP32 epsilon long before it underflows, and pow in FP32 would lose digits first.
+  return {
+      p.lr,
+      p.beta1,
+      p.beta2,
+      p.eps,
+      p.weight_decay,
+      p.grad_scale,
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
+  };
+}
+
+// x F32, BF16 or F16; out an F32 scalar.
+void check_sum_squares(const Tensor& x, const Tensor& out, Device device) {
+  check_operand("sum_squares", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("sum_squares", "out", out, device);
+}
+
+// x F32, BF16 or F16; found an F32 scalar, first_index an I64 one; inv_scale finite.
+void check_unscale_check_finite(const Tensor& x, float inv_scale, const Tensor& found,
+                                const Tensor* first_index, Device device) {
+  check_operand("unscale_check_finite", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
+  check_scalar("unscale_check_finite", "found", found, device);
+  if (first_index != nullptr) {
+    check_scalar("unscale_check_finite", "first_index", *first_index, device, DType::kI64);
+  }
+  MANTISSA_CHECK(std::isfinite(inv_scale),
+                 "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
 }
 
 }  // namespace mantissa::core

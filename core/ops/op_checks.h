@@ -1,12 +1,23 @@
 // Argument validation shared by every backend, so that a bad call fails the same way (with
-// the op, the operand and the shapes named) on the CPU and on the GPU.
+// the op, the operand and the shapes named, in the same words) on the CPU and on the GPU.
+//
+// The per-op validators below run all of an op's checks in one fixed order and return the
+// dimensions the op's loops or kernels need; each backend calls the one for its op before
+// doing any work. (gemm's lives in gemm_checks.h.) Only what needs the data itself is left to
+// the backends: the token and target range checks read the indices where they live (host
+// memory or the device) and report through fail_index_out_of_range, after the validator.
+// This header is included by CUDA sources, which are C++17.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 
+#include "core/ops/backend.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
+
+// --- building blocks ----------------------------------------------------------------------
 
 // `t` is defined, lives on `device`, and has one of the `allowed` dtypes.
 void check_operand(const char* op, const char* name, const Tensor& t, Device device,
@@ -18,5 +29,86 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
 // A 1-element F32 tensor on `device` (scales, amax, norms, flags); I64 with `dtype`.
 void check_scalar(const char* op, const char* name, const Tensor& t, Device device,
                   DType dtype = DType::kF32);
+
+// The error for element `flat_index` of `indices` (tokens or targets), holding `value`, being
+// outside [0, limit): names the value and its position unravelled over the shape ([b, t]).
+[[noreturn]] void fail_index_out_of_range(const char* op, const char* name, const Tensor& indices,
+                                          int64_t flat_index, int32_t value, int64_t limit);
+
+// --- memory -------------------------------------------------------------------------------
+
+void check_fill(const Tensor& dst, Device device);
+// The part of copy's contract every backend shares; which devices may be copied between is
+// the backend's own.
+void check_copy_sizes(const Tensor& src, const Tensor& dst);
+
+// --- conversions and elementwise ------------------------------------------------------------
+
+void check_cast(const Tensor& src, const Tensor& dst, const CastParams& params, Device device);
+void check_amax(const Tensor& x, const Tensor& out, Device device);
+void check_add_bias(const Tensor& x, const Tensor& bias, Device device);
+void check_bias_backward(const Tensor& dout, const Tensor& dbias, Device device);
+void check_add(const Tensor& a, const Tensor& b, const Tensor& out, Device device);
+void check_gelu_forward(const Tensor& x, const Tensor& out, Device device);
+void check_gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, Device device);
+
+// --- layers -------------------------------------------------------------------------------
+
+// x viewed as N rows of C channels (C = the last axis).
+struct LayerNormDims {
+  int64_t N, C;
+};
+LayerNormDims check_layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                      const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                      Device device);
+LayerNormDims check_layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& mean, const Tensor& rstd, const Tensor& dx,
+                                       const Tensor& dgamma, const Tensor& dbeta, Device device);
+
+// qkv[B, T, 3C] with H = n_head heads of D = C / H channels.
+struct AttentionDims {
+  int64_t B, T, C, H, D;
+};
+AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& att,
+                                      int n_head, Device device);
+AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                                       const Tensor& dqkv, int n_head, Device device);
+
+// tokens[B, T] into a table of V rows of C channels.
+struct EmbeddingDims {
+  int64_t B, T, V, C;
+};
+EmbeddingDims check_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                                      const Tensor& out, Device device);
+EmbeddingDims check_embedding_backward(const Tensor& dout, const Tensor& tokens, const Tensor& dwte,
+                                       const Tensor& dwpe, Device device);
+
+// logits viewed as N rows over a vocabulary of V.
+struct CrossEntropyDims {
+  int64_t N, V;
+};
+CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                             const Tensor& losses, const Tensor* dlogits,
+                                             Device device);
+
+// --- optimizer and gradient checks -----------------------------------------------------------
+
+// AdamW's per-step constants, folded on the host once from AdamWParams.
+struct AdamWCoefficients {
+  float lr;
+  float beta1;
+  float beta2;
+  float eps;
+  float weight_decay;
+  float grad_scale;
+  float bias_correction1;  // 1 - beta1^step
+  float bias_correction2;  // 1 - beta2^step
+};
+AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
+                              const Tensor& v, const Tensor* compute_copy, const AdamWParams& p,
+                              Device device);
+void check_sum_squares(const Tensor& x, const Tensor& out, Device device);
+void check_unscale_check_finite(const Tensor& x, float inv_scale, const Tensor& found,
+                                const Tensor* first_index, Device device);
 
 }  // namespace mantissa::core

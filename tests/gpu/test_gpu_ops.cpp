@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -31,52 +30,10 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "tests/unit/test_util.h"
 
 namespace mantissa::core {
 namespace {
-
-constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3,
-                                 DType::kE5M2};
-
-// ---------------------------------------------------------------------------------------
-// Element access on host tensors.
-
-// The bit pattern of element i (up to 8 bytes wide).
-uint64_t code_at(const Tensor& t, int64_t i) {
-  uint64_t code = 0;
-  const size_t width = dtype_size(t.dtype());
-  std::memcpy(&code, static_cast<const unsigned char*>(t.data()) + i * width, width);
-  return code;
-}
-
-void set_code(const Tensor& t, int64_t i, uint64_t code) {
-  const size_t width = dtype_size(t.dtype());
-  std::memcpy(static_cast<unsigned char*>(t.data()) + i * width, &code, width);
-}
-
-float value_at(const Tensor& t, int64_t i) {
-  const auto code = static_cast<uint32_t>(code_at(t, i));
-  switch (t.dtype()) {
-    case DType::kF32: return bits_to_float(code);
-    case DType::kBF16: return bf16_to_float(bf16{static_cast<uint16_t>(code)});
-    case DType::kF16: return fp16_to_float(fp16{static_cast<uint16_t>(code)});
-    case DType::kE4M3: return e4m3_to_float(fp8_e4m3{static_cast<uint8_t>(code)});
-    case DType::kE5M2: return e5m2_to_float(fp8_e5m2{static_cast<uint8_t>(code)});
-    case DType::kI32: return static_cast<float>(static_cast<int32_t>(code));
-    default: ADD_FAILURE() << "value_at: unsupported dtype " << dtype_name(t.dtype()); return 0;
-  }
-}
-
-uint32_t encode(DType d, float v) {
-  switch (d) {
-    case DType::kF32: return float_to_bits(v);
-    case DType::kBF16: return bf16_from_float(v).bits;
-    case DType::kF16: return fp16_from_float(v).bits;
-    case DType::kE4M3: return e4m3_from_float(v).bits;
-    case DType::kE5M2: return e5m2_from_float(v).bits;
-    default: ADD_FAILURE() << "encode: not a float dtype"; return 0;
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 // Both backends, and moving tensors between them.
@@ -124,12 +81,6 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng,
   std::uniform_int_distribution<size_t> pick(0, magnitudes.size() - 1);
   for (int64_t i = 0; i < t.numel(); ++i)
     set_code(t, i, encode(dtype, normal(rng) * magnitudes[pick(rng)]));
-  return t;
-}
-
-Tensor scalar_f32(float v) {
-  Tensor t = Tensor::empty(Shape{1}, DType::kF32);
-  t.data_as<float>()[0] = v;
   return t;
 }
 
@@ -270,7 +221,7 @@ TEST(GpuOps, CastMatchesCpuBitForBit) {
                                  "scale=" + std::to_string(scale)});
               auto [dst, dst_dev] = b.poisoned(Shape{n}, dst_type);
               auto [amax, amax_dev] = b.poisoned(Shape{1}, DType::kF32);
-              const Tensor scale_host = scalar_f32(scale);
+              const Tensor scale_host = f32_scalar(scale);
               const Tensor scale_dev = b.to_device(scale_host);
               CastParams cpu_params{scale != 0.0f ? &scale_host : nullptr,
                                     scale != 0.0f ? &amax : nullptr, sat, rounding, 42};
@@ -462,7 +413,8 @@ TEST(GpuOps, LayerNormMatchesCpu) {
     const int64_t N = c.shape.numel() / C;
     // An offset mean makes the two-pass variance matter.
     Tensor x = random_tensor(c.shape, c.x, rng, {1.0f, 3.0f});
-    for (int64_t i = 0; i < x.numel(); ++i) set_code(x, i, encode(c.x, value_at(x, i) + 5.0f));
+    for (int64_t i = 0; i < x.numel(); ++i)
+      set_code(x, i, encode(c.x, static_cast<float>(value_at(x, i)) + 5.0f));
     const Tensor gamma = random_tensor(Shape{C}, c.param, rng);
     const Tensor beta = random_tensor(Shape{C}, c.param, rng);
     const Tensor x_dev = b.to_device(x);
@@ -700,7 +652,7 @@ TEST(GpuOps, SumSquaresMatchesCpu) {
       Tensor x = random_tensor(Shape{n}, dtype, rng, {0.01f, 1.0f, 100.0f});
       // An FP32 square of 1e20 overflows; the FP64 accumulation must not.
       if (dtype == DType::kF32 && n > 10) set_code(x, 10, encode(dtype, 1e20f));
-      Tensor out = scalar_f32(2.5f);
+      Tensor out = f32_scalar(2.5f);
       Tensor out_dev = b.to_device(out);
       const Tensor x_dev = b.to_device(x);
       // Twice: the result accumulates.
@@ -742,7 +694,7 @@ TEST(GpuOps, UnscaleCheckFiniteMatchesCpuBitForBit) {
               if (i < n) set_code(x, offset + i, encode(dtype, specials[k++ % 4]));
             }
             Tensor x_dev = b.to_device(x);
-            Tensor found = scalar_f32(found_before);
+            Tensor found = f32_scalar(found_before);
             Tensor found_dev = b.to_device(found);
             auto [first, first_dev] = b.poisoned(Shape{1}, DType::kI64);
             Tensor x_view = x.view(offset, Shape{n});
@@ -892,7 +844,7 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
        }},
       {"unscale inv_scale",
        [&](Backend& be, const Move& mv) {
-         Tensor x = mv(a), found = mv(scalar_f32(0.0f));
+         Tensor x = mv(a), found = mv(f32_scalar(0.0f));
          be.unscale_check_finite(x, INFINITY, found, nullptr);
        }},
   };

@@ -4,46 +4,28 @@
 // reference starts from the values the op really saw. Outputs are filled with NaN before
 // each call, so an element the op forgot to write cannot pass.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/dtype/dtype.h"
-#include "core/error.h"
 #include "core/ops/backend.h"
+#include "tests/unit/test_util.h"
 
 namespace mantissa::core {
 namespace {
-
-constexpr DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3,
-                                 DType::kE5M2};
 
 // Spans several of the backend's work slices and is large enough for OpenMP to split.
 constexpr int64_t kLarge = 70001;
 
 // ---------------------------------------------------------------------------------------
-// Element access by dtype. Storing goes through the scalar conversions of dtype.h (checked
-// on their own in test_dtype.cpp); reading decodes exactly.
-
-uint32_t encode(DType d, float v, Saturation sat = Saturation::kSatFinite) {
-  switch (d) {
-    case DType::kF32: return float_to_bits(v);
-    case DType::kBF16: return bf16_from_float(v).bits;
-    case DType::kF16: return fp16_from_float(v).bits;
-    case DType::kE4M3: return e4m3_from_float(v, sat).bits;
-    case DType::kE5M2: return e5m2_from_float(v, sat).bits;
-    default: ADD_FAILURE() << "encode: not a float dtype"; return 0;
-  }
-}
+// Element access beyond test_util.h's.
 
 uint32_t encode_stochastic(DType d, float v, uint32_t random, Saturation sat) {
   switch (d) {
@@ -54,56 +36,6 @@ uint32_t encode_stochastic(DType d, float v, uint32_t random, Saturation sat) {
     case DType::kE5M2: return Rounder<fp8_e5m2>::stochastic(v, random, sat).bits;
     default: ADD_FAILURE() << "encode_stochastic: not a float dtype"; return 0;
   }
-}
-
-double decode(DType d, uint32_t code) {
-  switch (d) {
-    case DType::kF32: return bits_to_float(code);
-    case DType::kBF16: return bf16_to_float(bf16{static_cast<uint16_t>(code)});
-    case DType::kF16: return fp16_to_float(fp16{static_cast<uint16_t>(code)});
-    case DType::kE4M3: return e4m3_to_float(fp8_e4m3{static_cast<uint8_t>(code)});
-    case DType::kE5M2: return e5m2_to_float(fp8_e5m2{static_cast<uint8_t>(code)});
-    default: ADD_FAILURE() << "decode: not a float dtype"; return 0;
-  }
-}
-
-uint32_t code_at(const Tensor& t, int64_t i) {
-  uint32_t code = 0;
-  const size_t width = dtype_size(t.dtype());
-  std::memcpy(&code, static_cast<const unsigned char*>(t.data()) + i * width, width);
-  return code;
-}
-
-void set_code(Tensor& t, int64_t i, uint32_t code) {
-  const size_t width = dtype_size(t.dtype());
-  std::memcpy(static_cast<unsigned char*>(t.data()) + i * width, &code, width);
-}
-
-double value_at(const Tensor& t, int64_t i) {
-  return decode(t.dtype(), code_at(t, i));
-}
-// Without saturation, so that an input out of range shows up as inf or NaN.
-void set_value(Tensor& t, int64_t i, float v) {
-  set_code(t, i, encode(t.dtype(), v, Saturation::kNoSat));
-}
-
-void poison(Tensor& t) {
-  uint32_t nan_code = 0;
-  switch (t.dtype()) {
-    case DType::kF32: nan_code = 0x7FC00000u; break;
-    case DType::kBF16: nan_code = 0x7FC0u; break;
-    case DType::kF16: nan_code = 0x7E00u; break;
-    case DType::kE4M3: nan_code = 0x7Fu; break;
-    case DType::kE5M2: nan_code = 0x7Eu; break;
-    default: FAIL() << "poison: not a float dtype";
-  }
-  for (int64_t i = 0; i < t.numel(); ++i) set_code(t, i, nan_code);
-}
-
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = value_at(t, i);
-  return out;
 }
 
 float scalar_of(const Tensor& t) {
@@ -125,59 +57,6 @@ void fill_log_uniform(Tensor& t, std::mt19937& rng, double lo, double hi) {
 void fill_uniform(Tensor& t, std::mt19937& rng, double lo, double hi) {
   std::uniform_real_distribution<double> dist(lo, hi);
   for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, static_cast<float>(dist(rng)));
-}
-
-Tensor scalar_tensor(float value) {
-  Tensor t = Tensor::empty(Shape{1}, DType::kF32);
-  t.data_as<float>()[0] = value;
-  return t;
-}
-
-// Where a format's rounding grid is: stored mantissa bits and the exponent of its smallest
-// normal (below it the spacing stays that of the subnormals).
-struct Grid {
-  int man_bits;
-  int min_exp;
-  int max_exp;
-};
-
-Grid grid_of(DType d) {
-  switch (d) {
-    case DType::kF32: return {23, -126, 127};
-    case DType::kBF16: return {7, -126, 127};
-    case DType::kF16: return {10, -14, 15};
-    case DType::kE4M3: return {3, -6, 8};
-    case DType::kE5M2: return {2, -14, 15};
-    default: ADD_FAILURE() << "grid_of: not a float dtype"; return {0, 0, 0};
-  }
-}
-
-// Half the spacing of d's representable values around |y|: the largest error of a rounding to
-// nearest.
-double half_ulp(DType d, double y) {
-  const Grid g = grid_of(d);
-  const int e = y == 0.0 ? g.min_exp : std::max(std::ilogb(y), g.min_exp);
-  return std::ldexp(1.0, e - g.man_bits - 1);
-}
-
-// Runs f with `threads` OpenMP threads, then restores the previous setting.
-void with_threads(int threads, const std::function<void()>& f) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  f();
-  omp_set_num_threads(saved);
-}
-
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> words) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message \"" << e.what() << "\" does not mention \"" << w << "\"";
-    }
-  }
 }
 
 class CpuElementwise : public ::testing::Test {
@@ -210,8 +89,8 @@ TEST_F(CpuElementwise, CastMatchesFp64ForEveryDtypePair) {
         fill_log_uniform(src, rng, lo, hi);
         Tensor dst = Tensor::empty(Shape{kLarge}, dst_type);
         poison(dst);
-        Tensor scale_t = scalar_tensor(scale);
-        Tensor amax = scalar_tensor(NAN);
+        Tensor scale_t = f32_scalar(scale);
+        Tensor amax = f32_scalar(NAN);
         CastParams params;
         params.scale = scale == 1.0f ? nullptr : &scale_t;
         params.amax = &amax;
@@ -250,8 +129,8 @@ TEST_F(CpuElementwise, CastAmaxIsTakenBeforeScaling) {
     for (int i = 0; i < 5; ++i) set_value(src, i, values[i]);
     Tensor dst = Tensor::empty(Shape{5}, DType::kE4M3);
     poison(dst);
-    Tensor scale = scalar_tensor(16.0f);
-    Tensor amax = scalar_tensor(NAN);
+    Tensor scale = f32_scalar(16.0f);
+    Tensor amax = f32_scalar(NAN);
     CastParams params;
     params.scale = &scale;
     params.amax = &amax;
@@ -273,7 +152,7 @@ TEST_F(CpuElementwise, CastAmaxPropagatesNaN) {
         if (i != nan_at) set_value(src, i, 1.0f);  // ... but one
       }
       Tensor dst = Tensor::empty(Shape{kLarge}, DType::kBF16);
-      Tensor amax = scalar_tensor(0.0f);
+      Tensor amax = f32_scalar(0.0f);
       CastParams params;
       params.amax = &amax;
       backend->cast(src, dst, params);
@@ -382,7 +261,7 @@ TEST_F(CpuElementwise, CastStochasticIsSliceAndThreadInvariant) {
       SCOPED_TRACE(std::string(dtype_name(src_type)) + " -> " + dtype_name(dst_type));
       Tensor src = Tensor::empty(Shape{kLarge}, src_type);
       fill_uniform(src, rng, -6.0, 6.0);
-      Tensor scale = scalar_tensor(0.75f);
+      Tensor scale = f32_scalar(0.75f);
       CastParams params;
       params.scale = &scale;
       params.rounding = Rounding::kStochastic;
@@ -471,7 +350,7 @@ TEST_F(CpuElementwise, AmaxMatchesFp64) {
   for (DType type : kFloatTypes) {
     Tensor x = Tensor::empty(Shape{kLarge}, type);
     fill_uniform(x, rng, -100.0, 100.0);
-    Tensor out = scalar_tensor(NAN);
+    Tensor out = f32_scalar(NAN);
     backend->amax(x, out);
     double expected = 0.0;
     for (double v : values_of(x)) expected = std::max(expected, std::fabs(v));
@@ -493,7 +372,7 @@ TEST_F(CpuElementwise, AmaxMatchesFp64) {
     EXPECT_TRUE(std::isnan(scalar_of(out))) << dtype_name(type);
   }
   Tensor empty = Tensor::empty(Shape{0}, DType::kF32);
-  Tensor out = scalar_tensor(NAN);
+  Tensor out = f32_scalar(NAN);
   backend->amax(empty, out);
   EXPECT_EQ(scalar_of(out), 0.0f);
   Tensor ints = Tensor::empty(Shape{3}, DType::kI32);

@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <random>
 #include <sstream>
 #include <string>
@@ -31,54 +30,13 @@
 #include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/tensor/tensor.h"
+#include "tests/unit/test_util.h"
 
 namespace mantissa::core {
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-double decode(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return t.data_as<float>()[i];
-    case DType::kBF16: return to_float(t.data_as<bf16>()[i]);
-    case DType::kF16: return to_float(t.data_as<fp16>()[i]);
-    case DType::kE4M3: return to_float(t.data_as<fp8_e4m3>()[i]);
-    case DType::kE5M2: return to_float(t.data_as<fp8_e5m2>()[i]);
-    default: ADD_FAILURE() << "decode: not a float dtype"; return kNaN;
-  }
-}
-
-void store(Tensor& t, int64_t i, float x) {
-  switch (t.dtype()) {
-    case DType::kF32: t.data_as<float>()[i] = x; return;
-    case DType::kBF16: t.data_as<bf16>()[i] = round_to<bf16>(x); return;
-    case DType::kF16: t.data_as<fp16>()[i] = round_to<fp16>(x); return;
-    case DType::kE4M3: t.data_as<fp8_e4m3>()[i] = round_to<fp8_e4m3>(x); return;
-    case DType::kE5M2: t.data_as<fp8_e5m2>()[i] = round_to<fp8_e5m2>(x); return;
-    default: ADD_FAILURE() << "store: not a float dtype";
-  }
-}
-
-void poison(Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) store(t, i, NAN);
-}
-
-Tensor scalar(float value) {
-  Tensor t = Tensor::empty({1}, DType::kF32);
-  t.data_as<float>()[0] = value;
-  return t;
-}
-
-// Mantissa bits and largest finite value of each output format, for the rounding bounds.
-int mantissa_bits(DType d) {
-  switch (d) {
-    case DType::kBF16: return 7;
-    case DType::kF16: return 10;
-    case DType::kE4M3: return 3;
-    case DType::kE5M2: return 2;
-    default: return 23;
-  }
-}
+// Largest finite value and smallest subnormal of each FP8 output format, for the rounding
+// bounds (test_util.h's grid_of() gives the mantissa bits).
 double max_finite(DType d) {
   return d == DType::kE4M3 ? 448.0 : 57344.0;
 }
@@ -105,7 +63,7 @@ Tensor random_operand(const Shape& shape, DType dtype, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-range, range);
   std::uniform_int_distribution<int> shift(0, max_shift);
   Tensor t = Tensor::empty(shape, dtype);
-  for (int64_t i = 0; i < t.numel(); ++i) store(t, i, std::ldexp(uniform(rng), -shift(rng)));
+  for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, std::ldexp(uniform(rng), -shift(rng)));
   return t;
 }
 
@@ -150,7 +108,7 @@ void run_case(const Case& cs, uint32_t seed) {
   Tensor c = Tensor::empty(operand_shape(cs.batch, cs.m, cs.n), cs.c);
   if (cs.beta != 0.0f) {
     std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-    for (int64_t i = 0; i < c.numel(); ++i) store(c, i, uniform(rng));
+    for (int64_t i = 0; i < c.numel(); ++i) set_value(c, i, uniform(rng));
   } else {
     poison(c);
   }
@@ -158,8 +116,8 @@ void run_case(const Case& cs, uint32_t seed) {
   const bool fp8_in = is_fp8(cs.a);
   const float a_scale_value = cs.a == DType::kE4M3 ? 0.00457f : 0.000391f;
   const float b_scale_value = cs.b == DType::kE4M3 ? 0.00293f : 0.000317f;
-  const Tensor a_scale = scalar(a_scale_value);
-  const Tensor b_scale = scalar(b_scale_value);
+  const Tensor a_scale = f32_scalar(a_scale_value);
+  const Tensor b_scale = f32_scalar(b_scale_value);
   const double sa = cs.scales ? a_scale_value : 1.0;
   const double sb = cs.scales ? b_scale_value : 1.0;
 
@@ -174,12 +132,12 @@ void run_case(const Case& cs, uint32_t seed) {
   for (int64_t p = 0; p < batches; ++p) {
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t l = 0; l < k; ++l) {
-        op_a[i * k + l] = decode(a, p * m * k + (cs.trans_a ? l * m + i : i * k + l));
+        op_a[i * k + l] = value_at(a, p * m * k + (cs.trans_a ? l * m + i : i * k + l));
       }
     }
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t l = 0; l < k; ++l) {
-        op_b_t[j * k + l] = decode(b, p * k * n + (cs.trans_b ? j * k + l : l * n + j));
+        op_b_t[j * k + l] = value_at(b, p * k * n + (cs.trans_b ? j * k + l : l * n + j));
       }
     }
     for (int64_t i = 0; i < m; ++i) {
@@ -191,7 +149,7 @@ void run_case(const Case& cs, uint32_t seed) {
           abs_sum += std::fabs(product);
         }
         const int64_t e = (p * m + i) * n + j;
-        const double c0 = cs.beta != 0.0f ? decode(c, e) : 0.0;
+        const double c0 = cs.beta != 0.0f ? value_at(c, e) : 0.0;
         const double scale = cs.alpha * sa * sb;
         ref[e] = scale * sum + cs.beta * c0;
         acc_bound[e] = gamma * (std::fabs(scale) * abs_sum + std::fabs(cs.beta * c0));
@@ -212,8 +170,8 @@ void run_case(const Case& cs, uint32_t seed) {
   const bool fp8_out = is_fp8(cs.c);
   const float c_scale_value =
       fp8_out && ref_amax > 0 ? static_cast<float>(cs.c_range / ref_amax) : 1.0f;
-  const Tensor c_scale = scalar(c_scale_value);
-  Tensor c_amax = scalar(NAN);
+  const Tensor c_scale = f32_scalar(c_scale_value);
+  Tensor c_amax = f32_scalar(NAN);
   if (fp8_out) {
     params.c_scale = &c_scale;
     params.c_amax = &c_amax;
@@ -223,11 +181,11 @@ void run_case(const Case& cs, uint32_t seed) {
   // Compare in the value domain (FP8 codes divided by c_scale), against the reference
   // clamped to the output's finite range the way SATFINITE clamps.
   const double cs_d = c_scale_value;
-  const double out_ulp = std::ldexp(1.0, -(mantissa_bits(cs.c) + 1));
+  const double out_ulp = std::ldexp(1.0, -(grid_of(cs.c).man_bits + 1));
   double max_err = 0, max_ref = 0;
   int failures = 0;
   for (int64_t e = 0; e < elements; ++e) {
-    double expected = ref[e], got = decode(c, e), bound = acc_bound[e];
+    double expected = ref[e], got = value_at(c, e), bound = acc_bound[e];
     if (fp8_out) {
       const double x = std::clamp(ref[e] * cs_d, -max_finite(cs.c), max_finite(cs.c));
       const double x_bound = acc_bound[e] * cs_d;
@@ -256,7 +214,7 @@ void run_case(const Case& cs, uint32_t seed) {
   EXPECT_LE(max_err, normwise_tolerance(cs.c) * max_ref + absolute) << "max |ref| " << max_ref;
   if (fp8_out) {
     const double max_acc = elements ? *std::max_element(acc_bound.begin(), acc_bound.end()) : 0;
-    EXPECT_NEAR(decode(c_amax, 0), ref_amax, max_acc + u * ref_amax) << "c_amax";
+    EXPECT_NEAR(value_at(c_amax, 0), ref_amax, max_acc + u * ref_amax) << "c_amax";
   }
 }
 
@@ -266,13 +224,12 @@ struct DTypes {
 
 // Every supported operand pairing with every output it can produce (gemm_checks.h).
 const std::vector<DTypes> kDTypes = {
-    {DType::kF32, DType::kF32, DType::kF32},
-    {DType::kBF16, DType::kBF16, DType::kF32},  {DType::kBF16, DType::kBF16, DType::kBF16},
-    {DType::kF16, DType::kF16, DType::kF32},    {DType::kF16, DType::kF16, DType::kF16},
-    {DType::kE4M3, DType::kE4M3, DType::kF32},  {DType::kE4M3, DType::kE4M3, DType::kBF16},
-    {DType::kE4M3, DType::kE4M3, DType::kE4M3}, {DType::kE4M3, DType::kE5M2, DType::kF32},
-    {DType::kE4M3, DType::kE5M2, DType::kE5M2}, {DType::kE5M2, DType::kE4M3, DType::kBF16},
-    {DType::kE5M2, DType::kE4M3, DType::kE4M3},
+    {DType::kF32, DType::kF32, DType::kF32},    {DType::kBF16, DType::kBF16, DType::kF32},
+    {DType::kBF16, DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16, DType::kF32},
+    {DType::kF16, DType::kF16, DType::kF16},    {DType::kE4M3, DType::kE4M3, DType::kF32},
+    {DType::kE4M3, DType::kE4M3, DType::kBF16}, {DType::kE4M3, DType::kE4M3, DType::kE4M3},
+    {DType::kE4M3, DType::kE5M2, DType::kF32},  {DType::kE4M3, DType::kE5M2, DType::kE5M2},
+    {DType::kE5M2, DType::kE4M3, DType::kBF16}, {DType::kE5M2, DType::kE4M3, DType::kE4M3},
 };
 
 struct Dims {
@@ -360,14 +317,14 @@ TEST(CpuGemm, NanInAnOperandPropagatesToItsRowOrColumn) {
         Tensor a = random_operand(ta ? Shape{k, m} : Shape{m, k}, d.a, rng);
         Tensor b = random_operand(tb ? Shape{n, k} : Shape{k, n}, d.b, rng);
         if (in_a) {
-          store(a, ta ? l0 * m + i0 : i0 * k + l0, NAN);
+          set_value(a, ta ? l0 * m + i0 : i0 * k + l0, NAN);
         } else {
-          store(b, tb ? j0 * k + l0 : l0 * n + j0, NAN);
+          set_value(b, tb ? j0 * k + l0 : l0 * n + j0, NAN);
         }
         Tensor c = Tensor::empty({m, n}, d.c);
         poison(c);
-        const Tensor c_scale = scalar(0.5f);
-        Tensor c_amax = scalar(0.0f);
+        const Tensor c_scale = f32_scalar(0.5f);
+        Tensor c_amax = f32_scalar(0.0f);
         GemmParams params;
         params.trans_a = ta;
         params.trans_b = tb;
@@ -379,11 +336,11 @@ TEST(CpuGemm, NanInAnOperandPropagatesToItsRowOrColumn) {
         for (int64_t i = 0; i < m; ++i) {
           for (int64_t j = 0; j < n; ++j) {
             const bool hit = in_a ? i == i0 : j == j0;
-            EXPECT_EQ(std::isnan(decode(c, i * n + j)), hit) << "C[" << i << ", " << j << "]";
+            EXPECT_EQ(std::isnan(value_at(c, i * n + j)), hit) << "C[" << i << ", " << j << "]";
           }
         }
         if (is_fp8(d.c)) {
-          EXPECT_TRUE(std::isnan(decode(c_amax, 0))) << "c_amax must report the NaN";
+          EXPECT_TRUE(std::isnan(value_at(c_amax, 0))) << "c_amax must report the NaN";
         }
       }
     }
@@ -400,13 +357,13 @@ TEST(CpuGemm, NanInCPropagatesOnlyWhenBetaReadsIt) {
       const Tensor a = random_operand({5, 6}, DType::kBF16, rng);
       const Tensor b = random_operand({6, 4}, DType::kBF16, rng);
       Tensor c = Tensor::empty({5, 4}, out);
-      for (int64_t i = 0; i < c.numel(); ++i) store(c, i, 1.0f);
-      store(c, 9, NAN);
+      for (int64_t i = 0; i < c.numel(); ++i) set_value(c, i, 1.0f);
+      set_value(c, 9, NAN);
       GemmParams params;
       params.beta = beta;
       make_cpu_backend()->gemm(a, b, c, params);
       for (int64_t i = 0; i < c.numel(); ++i) {
-        EXPECT_EQ(std::isnan(decode(c, i)), beta != 0.0f && i == 9) << "C[" << i << "]";
+        EXPECT_EQ(std::isnan(value_at(c, i)), beta != 0.0f && i == 9) << "C[" << i << "]";
       }
     }
   }
@@ -493,7 +450,7 @@ TEST(CpuGemm, RejectsBadArgumentsNamingTheOperand) {
   // Scale and amax scalars: 1-element F32 tensors, for FP8 tensors only.
   const Tensor two = Tensor::empty({2}, DType::kF32);
   const Tensor bf_scalar = Tensor::empty({1}, DType::kBF16);
-  const Tensor one = scalar(1.0f);
+  const Tensor one = f32_scalar(1.0f);
   GemmParams p;
   p.a_scale = &two;
   expect_gemm_error(run(a_e4, b_e4, c, p), name("a_scale", two));
@@ -529,9 +486,9 @@ TEST(CpuGemm, RejectedCallLeavesOutputUntouched) {
   poison(a);
   poison(b);
   Tensor c = Tensor::empty({4, 3}, DType::kF32);
-  for (int64_t i = 0; i < c.numel(); ++i) store(c, i, static_cast<float>(i));
+  for (int64_t i = 0; i < c.numel(); ++i) set_value(c, i, static_cast<float>(i));
   EXPECT_THROW(make_cpu_backend()->gemm(a, b, c, {}), Error);
-  for (int64_t i = 0; i < c.numel(); ++i) EXPECT_EQ(decode(c, i), static_cast<double>(i));
+  for (int64_t i = 0; i < c.numel(); ++i) EXPECT_EQ(value_at(c, i), static_cast<double>(i));
 }
 
 }  // namespace

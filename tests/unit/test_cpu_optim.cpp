@@ -3,21 +3,18 @@
 // sum_squares, and the fused unscale + non-finite check. Inputs are stored in their dtype
 // first and read back exactly; outputs are filled with NaN (or a sentinel) before each call.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/dtype/dtype.h"
-#include "core/error.h"
 #include "core/ops/backend.h"
+#include "tests/unit/test_util.h"
 
 namespace mantissa::core {
 namespace {
@@ -25,79 +22,9 @@ namespace {
 // Large enough for OpenMP to split the work and for several reduction blocks.
 constexpr int64_t kLarge = 50021;
 
-// ---------------------------------------------------------------------------------------
-// Element access by dtype (F32, BF16, F16): stored through dtype.h, read back exactly.
-
-double value_at(const Tensor& t, int64_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return t.data_as<float>()[i];
-    case DType::kBF16: return bf16_to_float(t.data_as<bf16>()[i]);
-    case DType::kF16: return fp16_to_float(t.data_as<fp16>()[i]);
-    default: ADD_FAILURE() << "value_at: unsupported dtype"; return 0;
-  }
-}
-
-void set_value(Tensor& t, int64_t i, float v) {
-  switch (t.dtype()) {
-    case DType::kF32: t.data_as<float>()[i] = v; break;
-    case DType::kBF16: t.data_as<bf16>()[i] = bf16_from_float(v); break;
-    case DType::kF16: t.data_as<fp16>()[i] = fp16_from_float(v); break;
-    default: ADD_FAILURE() << "set_value: unsupported dtype";
-  }
-}
-
-void poison(Tensor& t) {
-  for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, NAN);
-}
-
-std::vector<double> values_of(const Tensor& t) {
-  std::vector<double> out(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[i] = value_at(t, i);
-  return out;
-}
-
 void fill_normal(Tensor& t, std::mt19937& rng, double sigma) {
   std::normal_distribution<double> dist(0.0, sigma);
   for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, static_cast<float>(dist(rng)));
-}
-
-Tensor f32_scalar(float value) {
-  Tensor t = Tensor::empty(Shape{1}, DType::kF32);
-  t.data_as<float>()[0] = value;
-  return t;
-}
-
-Tensor i64_scalar(int64_t value) {
-  Tensor t = Tensor::empty(Shape{1}, DType::kI64);
-  t.data_as<int64_t>()[0] = value;
-  return t;
-}
-
-// Half the spacing of the dtype's values around |y| (subnormal spacing at the bottom).
-double half_ulp(DType d, double y) {
-  const int man_bits = d == DType::kF32 ? 23 : d == DType::kBF16 ? 7 : 10;
-  const int min_exp = d == DType::kF16 ? -14 : -126;
-  const int e = y == 0.0 ? min_exp : std::max(std::ilogb(y), min_exp);
-  return std::ldexp(1.0, e - man_bits - 1);
-}
-
-void with_threads(int threads, const std::function<void()>& f) {
-  const int saved = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  f();
-  omp_set_num_threads(saved);
-}
-
-void expect_error(const std::function<void()>& f, std::initializer_list<const char*> words) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an Error";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message \"" << e.what() << "\" does not mention \"" << w << "\"";
-    }
-  }
 }
 
 class CpuOptim : public ::testing::Test {

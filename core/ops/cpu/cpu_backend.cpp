@@ -8,23 +8,20 @@
 
 namespace mantissa::core {
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
 
 void CpuBackend::copy(const Tensor& src, Tensor& dst) {
   MANTISSA_CHECK(src.device().is_cpu() && dst.device().is_cpu(),
-                 "copy: the CPU backend copies host memory only (src " << src.describe()
-                                                                       << ", dst "
+                 "copy: the CPU backend copies host memory only (src " << src.describe() << ", dst "
                                                                        << dst.describe() << ")");
-  MANTISSA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
-                 "copy: src " << src.describe() << " and dst " << dst.describe()
-                              << " differ in dtype or element count");
+  check_copy_sizes(src, dst);
   std::memmove(dst.data(), src.data(), src.nbytes());
 }
 
 void CpuBackend::fill(Tensor& dst, float value) {
-  check_operand("fill", "dst", dst, device(),
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2, DType::kI32,
-                 DType::kI64, DType::kU8});
+  check_fill(dst, device());
   const int64_t n = dst.numel();
   switch (dst.dtype()) {
     case DType::kI32: {

@@ -32,11 +32,6 @@ constexpr int64_t kCastSlice = 1 << 14;
 // partials in block order: the result does not depend on the thread count.
 constexpr int64_t kBiasRowBlock = 256;
 
-void check_float_operand(const char* op, const char* name, const Tensor& t, Device device) {
-  check_operand(op, name, t, device,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-}
-
 // ---------------------------------------------------------------------------------------
 // cast
 
@@ -240,17 +235,9 @@ void with_activation_type(const Tensor& t, F&& f) {
 // inf as their hardware conversions do). F32 sources are narrowed directly, without a scratch
 // copy; other sources go through FP32 slices.
 void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) {
-  check_float_operand("cast", "src", src, device());
-  check_float_operand("cast", "dst", dst, device());
-  MANTISSA_CHECK(src.numel() == dst.numel(), "cast: operands src " << src.describe() << " and dst "
-                                                                   << dst.describe()
-                                                                   << " differ in element count");
+  check_cast(src, dst, params, device());
   NarrowOptions options;
-  if (params.scale != nullptr) {
-    check_scalar("cast", "scale", *params.scale, device());
-    options.scale = params.scale->data_as<float>()[0];
-  }
-  if (params.amax != nullptr) check_scalar("cast", "amax", *params.amax, device());
+  if (params.scale != nullptr) options.scale = params.scale->data_as<float>()[0];
   options.saturation = params.saturation;
   options.stochastic = params.rounding == Rounding::kStochastic;
   options.seed = params.seed;
@@ -264,8 +251,7 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) 
 }
 
 void CpuBackend::amax(const Tensor& x, Tensor& out) {
-  check_float_operand("amax", "x", x, device());
-  check_scalar("amax", "out", out, device());
+  check_amax(x, out, device());
   const int64_t n = x.numel();
   float result = 0.0f;
   switch (x.dtype()) {
@@ -281,10 +267,7 @@ void CpuBackend::amax(const Tensor& x, Tensor& out) {
 
 // x[N, C] (F32, BF16 or F16) += bias[C] (any of those), one rounding per element.
 void CpuBackend::add_bias(Tensor& x, const Tensor& bias) {
-  check_operand("add_bias", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("add_bias", "bias", bias, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_rank("add_bias", "x", x, 2);
-  check_shape("add_bias", "bias", bias, Shape{x.dim(1)});
+  check_add_bias(x, bias, device());
   // The bias is a compute copy in any float dtype; widen it once.
   std::vector<float> bias_f32(static_cast<size_t>(bias.numel()));
   widen_to_f32(bias.data(), bias.dtype(), bias_f32.data(), bias.numel());
@@ -295,10 +278,7 @@ void CpuBackend::add_bias(Tensor& x, const Tensor& bias) {
 // dbias[C] (F32) += column sums of dout[N, C] (F32, BF16 or F16), FP32 accumulation,
 // deterministic for any thread count.
 void CpuBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
-  check_operand("bias_backward", "dout", dout, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("bias_backward", "dbias", dbias, device(), {DType::kF32});
-  check_rank("bias_backward", "dout", dout, 2);
-  check_shape("bias_backward", "dbias", dbias, Shape{dout.dim(1)});
+  check_bias_backward(dout, dbias, device());
   with_activation_type(dout, [&](auto* data) {
     add_column_sums(data, dbias.data_as<float>(), dout.dim(0), dout.dim(1));
   });
@@ -306,11 +286,7 @@ void CpuBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
 
 // out = a + b, all three of one dtype (F32, BF16 or F16) and shape; out may alias a or b.
 void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_operand("add", "a", a, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("add", "b", b, device(), {a.dtype()});
-  check_operand("add", "out", out, device(), {a.dtype()});
-  check_same_shape("add", "a", a, "b", b);
-  check_same_shape("add", "a", a, "out", out);
+  check_add(a, b, out, device());
   with_activation_type(out, [&](auto* data) {
     using T = std::remove_pointer_t<decltype(data)>;
     add_elements(a.data_as<const T>(), b.data_as<const T>(), data, a.numel());
@@ -319,9 +295,7 @@ void CpuBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // out = gelu(x), x and out of one dtype (F32, BF16 or F16) and shape.
 void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  check_operand("gelu_forward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("gelu_forward", "out", out, device(), {x.dtype()});
-  check_same_shape("gelu_forward", "x", x, "out", out);
+  check_gelu_forward(x, out, device());
   with_activation_type(out, [&](auto* data) {
     using T = std::remove_pointer_t<decltype(data)>;
     gelu_forward_elements(x.data_as<const T>(), data, x.numel());
@@ -330,11 +304,7 @@ void CpuBackend::gelu_forward(const Tensor& x, Tensor& out) {
 
 // dx = dout * gelu'(x), all three of one dtype (F32, BF16 or F16) and shape; dx may alias dout.
 void CpuBackend::gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
-  check_operand("gelu_backward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("gelu_backward", "dout", dout, device(), {x.dtype()});
-  check_operand("gelu_backward", "dx", dx, device(), {x.dtype()});
-  check_same_shape("gelu_backward", "x", x, "dout", dout);
-  check_same_shape("gelu_backward", "x", x, "dx", dx);
+  check_gelu_backward(x, dout, dx, device());
   with_activation_type(dx, [&](auto* data) {
     using T = std::remove_pointer_t<decltype(data)>;
     gelu_backward_elements(x.data_as<const T>(), dout.data_as<const T>(), data, x.numel());

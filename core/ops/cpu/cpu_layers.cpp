@@ -13,7 +13,6 @@
 #include <cstring>
 #include <vector>
 
-#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/op_checks.h"
 
@@ -23,15 +22,6 @@ namespace {
 // The parameter-gradient reductions give each thread this many channels at a time: wide
 // enough for full AVX2 vectors, narrow enough that C = 384 still makes a dozen tasks.
 constexpr int64_t kChannelBlock = 32;
-
-void check_activation(const char* op, const char* name, const Tensor& t) {
-  check_operand(op, name, t, Device::cpu(), {DType::kF32, DType::kBF16, DType::kF16});
-}
-
-// Parameters are read from the FP32 masters or from a reduced-precision compute copy.
-void check_parameter(const char* op, const char* name, const Tensor& t) {
-  check_operand(op, name, t, Device::cpu(), {DType::kF32, DType::kBF16, DType::kF16});
-}
 
 template <class T>
 void widen(const T* src, int64_t n, float* dst) {
@@ -72,47 +62,13 @@ std::vector<float> load_all(const Tensor& t) {
   return out;
 }
 
-// A tensor of `rows` rows of `row_name` values, whatever its shape ([N], [B, T], ...).
-void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
-                const char* row_name, const Tensor& of) {
-  MANTISSA_CHECK(t.numel() == rows, op << ": operand " << name << " " << t.describe()
-                                       << " must hold one " << row_name << " per row of "
-                                       << of.describe() << " (" << rows << " values)");
-}
-
 // Tokens or targets are indices into a table of `limit` rows; an index outside it would read
 // or write out of bounds, so it is reported with its position before any work starts.
 void check_indices(const char* op, const char* name, const Tensor& indices, int64_t limit) {
   const int32_t* idx = indices.data_as<const int32_t>();
   for (int64_t i = 0; i < indices.numel(); ++i) {
-    if (idx[i] >= 0 && idx[i] < limit) continue;
-    // The flat index unravelled over the shape, e.g. [b, t] for tokens.
-    std::vector<int64_t> position(static_cast<size_t>(indices.shape().rank()));
-    int64_t rest = i;
-    for (int axis = indices.shape().rank() - 1; axis >= 0; --axis) {
-      position[axis] = rest % indices.dim(axis);
-      rest /= indices.dim(axis);
-    }
-    MANTISSA_FAIL(op << ": " << name << " " << idx[i] << " at position " << Shape(position).str()
-                     << " of " << indices.describe() << " is outside [0, " << limit << ")");
+    if (idx[i] < 0 || idx[i] >= limit) fail_index_out_of_range(op, name, indices, i, idx[i], limit);
   }
-}
-
-struct AttentionDims {
-  int64_t B, T, C, H, D;
-};
-
-// qkv[B, T, 3C] with C divisible by n_head.
-AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
-  check_rank(op, "qkv", qkv, 3);
-  MANTISSA_CHECK(qkv.dim(2) % 3 == 0, op << ": operand qkv " << qkv.describe()
-                                         << " must have 3C channels (Q, K and V side by side)");
-  const int64_t C = qkv.dim(2) / 3;
-  MANTISSA_CHECK(C > 0, op << ": operand qkv " << qkv.describe() << " has no channels");
-  MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
-                                                   << qkv.describe()
-                                                   << ") is not divisible by n_head = " << n_head);
-  return {qkv.dim(0), qkv.dim(1), C, n_head, C / n_head};
 }
 
 }  // namespace
@@ -123,22 +79,7 @@ AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
 
 void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    Tensor& out, Tensor& mean, Tensor& rstd) {
-  const char* op = "layernorm_forward";
-  check_activation(op, "x", x);
-  check_activation(op, "out", out);
-  check_parameter(op, "gamma", gamma);
-  check_parameter(op, "beta", beta);
-  check_operand(op, "mean", mean, device(), {DType::kF32});
-  check_operand(op, "rstd", rstd, device(), {DType::kF32});
-  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
-                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
-  const int64_t C = x.dim(-1);
-  const int64_t N = x.numel() / C;
-  check_same_shape(op, "x", x, "out", out);
-  check_shape(op, "gamma", gamma, Shape{C});
-  check_shape(op, "beta", beta, Shape{C});
-  check_rows(op, "mean", mean, N, "mean", x);
-  check_rows(op, "rstd", rstd, N, "rstd", x);
+  const auto [N, C] = check_layernorm_forward(x, gamma, beta, out, mean, rstd, device());
 
   const std::vector<float> g = load_all(gamma);
   const std::vector<float> b = load_all(beta);
@@ -174,26 +115,8 @@ void CpuBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const T
 void CpuBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
                                     const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                     Tensor& dgamma, Tensor& dbeta) {
-  const char* op = "layernorm_backward";
-  check_activation(op, "dout", dout);
-  check_activation(op, "x", x);
-  check_activation(op, "dx", dx);
-  check_parameter(op, "gamma", gamma);
-  check_operand(op, "mean", mean, device(), {DType::kF32});
-  check_operand(op, "rstd", rstd, device(), {DType::kF32});
-  check_operand(op, "dgamma", dgamma, device(), {DType::kF32});
-  check_operand(op, "dbeta", dbeta, device(), {DType::kF32});
-  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
-                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
-  const int64_t C = x.dim(-1);
-  const int64_t N = x.numel() / C;
-  check_same_shape(op, "dout", dout, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
-  check_shape(op, "gamma", gamma, Shape{C});
-  check_shape(op, "dgamma", dgamma, Shape{C});
-  check_shape(op, "dbeta", dbeta, Shape{C});
-  check_rows(op, "mean", mean, N, "mean", x);
-  check_rows(op, "rstd", rstd, N, "rstd", x);
+  const auto [N, C] =
+      check_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, device());
 
   const std::vector<float> g = load_all(gamma);
   const float* mean_in = mean.data_as<const float>();
@@ -350,13 +273,7 @@ void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, in
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
-  const char* op = "attention_forward";
-  check_activation(op, "qkv", qkv);
-  check_activation(op, "out", out);
-  check_activation(op, "att", att);
-  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
-  check_shape(op, "out", out, Shape{B, T, C});
-  check_shape(op, "att", att, Shape{B, H, T, T});
+  const auto [B, T, C, H, D] = check_attention_forward(qkv, out, att, n_head, device());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
@@ -421,15 +338,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
 
 void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                     Tensor& dqkv, int n_head) {
-  const char* op = "attention_backward";
-  check_activation(op, "dout", dout);
-  check_activation(op, "qkv", qkv);
-  check_activation(op, "dqkv", dqkv);
-  check_activation(op, "att", att);
-  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
-  check_shape(op, "dout", dout, Shape{B, T, C});
-  check_shape(op, "att", att, Shape{B, H, T, T});
-  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+  const auto [B, T, C, H, D] = check_attention_backward(dout, qkv, att, dqkv, n_head, device());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
@@ -491,21 +400,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 
 void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                    Tensor& out) {
-  const char* op = "embedding_forward";
-  check_operand(op, "tokens", tokens, device(), {DType::kI32});
-  check_parameter(op, "wte", wte);
-  check_parameter(op, "wpe", wpe);
-  check_activation(op, "out", out);
-  check_rank(op, "tokens", tokens, 2);
-  check_rank(op, "wte", wte, 2);
-  check_rank(op, "wpe", wpe, 2);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
-  MANTISSA_CHECK(wpe.dim(1) == C && wpe.dim(0) >= T,
-                 op << ": operand wpe " << wpe.describe() << " must have " << C
-                    << " channels (as wte " << wte.describe() << ") and at least " << T
-                    << " positions (as tokens " << tokens.describe() << ")");
-  check_shape(op, "out", out, Shape{B, T, C});
-  check_indices(op, "token", tokens, V);
+  const auto [B, T, V, C] = check_embedding_forward(tokens, wte, wpe, out, device());
+  check_indices("embedding_forward", "token", tokens, V);
 
   const int32_t* tok = tokens.data_as<const int32_t>();
 #pragma omp parallel
@@ -528,21 +424,8 @@ void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, cons
 // and each block walks the positions in order, which is race-free and deterministic.
 void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                                     Tensor& dwpe) {
-  const char* op = "embedding_backward";
-  check_activation(op, "dout", dout);
-  check_operand(op, "tokens", tokens, device(), {DType::kI32});
-  check_operand(op, "dwte", dwte, device(), {DType::kF32});
-  check_operand(op, "dwpe", dwpe, device(), {DType::kF32});
-  check_rank(op, "tokens", tokens, 2);
-  check_rank(op, "dwte", dwte, 2);
-  check_rank(op, "dwpe", dwpe, 2);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = dwte.dim(0), C = dwte.dim(1);
-  MANTISSA_CHECK(dwpe.dim(1) == C && dwpe.dim(0) >= T,
-                 op << ": operand dwpe " << dwpe.describe() << " must have " << C
-                    << " channels (as dwte " << dwte.describe() << ") and at least " << T
-                    << " positions (as tokens " << tokens.describe() << ")");
-  check_shape(op, "dout", dout, Shape{B, T, C});
-  check_indices(op, "token", tokens, V);
+  const auto [B, T, V, C] = check_embedding_backward(dout, tokens, dwte, dwpe, device());
+  check_indices("embedding_backward", "token", tokens, V);
 
   const int32_t* tok = tokens.data_as<const int32_t>();
   float* dte = dwte.data_as<float>();
@@ -573,30 +456,8 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Te
 // alias logits.
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
                                        Tensor* dlogits, float grad_scale) {
-  const char* op = "softmax_cross_entropy";
-  check_activation(op, "logits", logits);
-  check_operand(op, "targets", targets, device(), {DType::kI32});
-  check_operand(op, "losses", losses, device(), {DType::kF32});
-  MANTISSA_CHECK(logits.shape().rank() >= 1 && logits.dim(-1) > 0,
-                 op << ": operand logits " << logits.describe()
-                    << " must have a non-empty last axis (the vocabulary)");
-  const int64_t V = logits.dim(-1);
-  const int64_t N = logits.numel() / V;
-  check_rows(op, "targets", targets, N, "target", logits);
-  check_rows(op, "losses", losses, N, "loss", logits);
-  if (dlogits != nullptr) {
-    check_activation(op, "dlogits", *dlogits);
-    check_same_shape(op, "logits", logits, "dlogits", *dlogits);
-    // In-place is fine row by row, but a partial overlap or a different dtype over the same
-    // bytes would read logits that an earlier row already overwrote.
-    const auto* l0 = static_cast<const unsigned char*>(logits.data());
-    const auto* d0 = static_cast<const unsigned char*>(dlogits->data());
-    const bool overlap = l0 < d0 + dlogits->nbytes() && d0 < l0 + logits.nbytes();
-    MANTISSA_CHECK(!overlap || (l0 == d0 && logits.dtype() == dlogits->dtype()),
-                   op << ": dlogits " << dlogits->describe() << " overlaps logits "
-                      << logits.describe() << " without aliasing it exactly");
-  }
-  check_indices(op, "target", targets, V);
+  const auto [N, V] = check_softmax_cross_entropy(logits, targets, losses, dlogits, device());
+  check_indices("softmax_cross_entropy", "target", targets, V);
 
   const int32_t* target = targets.data_as<const int32_t>();
   float* loss = losses.data_as<float>();

@@ -27,18 +27,6 @@ constexpr int64_t kReduceBlock = 4096;
 // ---------------------------------------------------------------------------------------
 // AdamW
 
-// Per-step constants, folded on the host once.
-struct AdamWCoefficients {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-  float grad_scale;
-  float bias_correction1;  // 1 - beta1^step
-  float bias_correction2;  // 1 - beta2^step
-};
-
 // Stands for "no compute copy" in adamw_elements.
 struct NoCopy {};
 
@@ -157,44 +145,10 @@ int64_t unscale_elements(T* x, int64_t n, float inv_scale) {
 }  // namespace
 
 // AdamW on F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when
-// given, is F32, BF16 or F16: FP8 would need a scale, so FP8 compute copies are made with
-// cast() instead and are rejected here.
+// given, is F32, BF16 or F16 (FP8 compute copies need a scale and are made with cast()).
 void CpuBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                        Tensor* compute_copy, const AdamWParams& p) {
-  check_operand("adamw", "params", params, device(), {DType::kF32});
-  check_operand("adamw", "grads", grads, device(), {DType::kF32, DType::kBF16});
-  check_operand("adamw", "m", m, device(), {DType::kF32});
-  check_operand("adamw", "v", v, device(), {DType::kF32});
-  check_same_shape("adamw", "params", params, "grads", grads);
-  check_same_shape("adamw", "params", params, "m", m);
-  check_same_shape("adamw", "params", params, "v", v);
-  if (compute_copy != nullptr) {
-    MANTISSA_CHECK(!is_fp8(compute_copy->dtype()),
-                   "adamw: operand compute_copy " << compute_copy->describe()
-                                                  << " is FP8, which needs a scale; produce FP8 "
-                                                     "compute copies with cast() and a scale");
-    check_operand("adamw", "compute_copy", *compute_copy, device(),
-                  {DType::kF32, DType::kBF16, DType::kF16});
-    check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
-  }
-  MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
-  MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
-                 "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
-  MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
-                 "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
-
-  // The bias corrections are computed in double: beta^step for large steps is far below
-  // 1 - FP32 epsilon long before it underflows, and pow in FP32 would lose digits first.
-  const AdamWCoefficients k{
-      p.lr,
-      p.beta1,
-      p.beta2,
-      p.eps,
-      p.weight_decay,
-      p.grad_scale,
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
-  };
+  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, p, device());
   const int64_t n = params.numel();
   if (grads.dtype() == DType::kF32) {
     adamw_with_grad_type(params.data_as<float>(), grads.data_as<const float>(), m.data_as<float>(),
@@ -208,8 +162,7 @@ void CpuBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v
 // out (F32 scalar) += sum x^2 for x F32, BF16 or F16, accumulated in FP64 and rounded once.
 // Deterministic for any thread count.
 void CpuBackend::sum_squares(const Tensor& x, Tensor& out) {
-  check_operand("sum_squares", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_scalar("sum_squares", "out", out, device());
+  check_sum_squares(x, out, device());
   const int64_t n = x.numel();
   double total = 0.0;
   switch (x.dtype()) {
@@ -228,13 +181,7 @@ void CpuBackend::sum_squares(const Tensor& x, Tensor& out) {
 // index or -1. A finite element that overflows only because inv_scale > 1 is not reported.
 void CpuBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                                       Tensor* first_index) {
-  check_operand("unscale_check_finite", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_scalar("unscale_check_finite", "found", found, device());
-  if (first_index != nullptr) {
-    check_scalar("unscale_check_finite", "first_index", *first_index, device(), DType::kI64);
-  }
-  MANTISSA_CHECK(std::isfinite(inv_scale),
-                 "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
+  check_unscale_check_finite(x, inv_scale, found, first_index, device());
   const int64_t n = x.numel();
   int64_t first = n;
   switch (x.dtype()) {

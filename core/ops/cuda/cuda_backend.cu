@@ -108,9 +108,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   MANTISSA_CHECK(src.defined() && dst.defined(), "copy: src " << src.describe() << " or dst "
                                                               << dst.describe()
                                                               << " is an undefined tensor");
-  MANTISSA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
-                 "copy: src " << src.describe() << " and dst " << dst.describe()
-                              << " differ in dtype or element count");
+  check_copy_sizes(src, dst);
   const Device here = device();
   MANTISSA_CHECK((src.device() == here || src.device().is_cpu()) &&
                      (dst.device() == here || dst.device().is_cpu()),
@@ -126,9 +124,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CudaBackend::fill(Tensor& dst, float value) {
-  check_operand("fill", "dst", dst, device(),
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2, DType::kI32,
-                 DType::kI64, DType::kU8});
+  check_fill(dst, device());
   const int64_t n = dst.numel();
   if (n == 0) return;
   const uint64_t pattern = fill_pattern(dst.dtype(), value);

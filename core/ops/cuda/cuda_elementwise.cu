@@ -5,8 +5,8 @@
 // bit-identical to the CPU's and GELU agrees to a few FP32 ulps (expf differs from the CPU's
 // polynomial in the last bit). The element-wise kernels are grid-stride loops over 16-byte
 // packs (see cuda_kernel_utils.cuh) followed by a scalar loop over the remainder; a
-// misaligned view takes the scalar loop for everything. Validation mirrors
-// cpu_elementwise.cpp call for call, so a bad call fails with the same message on both.
+// misaligned view takes the scalar loop for everything. Validation is op_checks.h's, shared
+// with the CPU backend, so a bad call fails with the same message on both.
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
@@ -18,11 +18,6 @@ namespace {
 using namespace cuda_kernels;
 
 constexpr int kBlock = 256;
-
-void check_float_operand(const char* op, const char* name, const Tensor& t, Device device) {
-  check_operand(op, name, t, device,
-                {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2});
-}
 
 // ---------------------------------------------------------------------------------------
 // cast: dst[i] = round(src[i] * scale) with the input amax fused.
@@ -229,19 +224,10 @@ void add_column_partials(const float* partials, int64_t n_blocks, int64_t column
 // dst = round(src * scale) in dst's dtype; amax (when asked) = max |src| before scaling, NaN
 // if any element is NaN. `saturation` applies to FP8 destinations.
 void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) {
-  check_float_operand("cast", "src", src, device());
-  check_float_operand("cast", "dst", dst, device());
-  MANTISSA_CHECK(src.numel() == dst.numel(), "cast: operands src " << src.describe() << " and dst "
-                                                                   << dst.describe()
-                                                                   << " differ in element count");
-  const float* scale = nullptr;
-  if (params.scale != nullptr) {
-    check_scalar("cast", "scale", *params.scale, device());
-    scale = params.scale->data_as<const float>();
-  }
+  check_cast(src, dst, params, device());
+  const float* scale = params.scale != nullptr ? params.scale->data_as<const float>() : nullptr;
   uint32_t* amax_bits = nullptr;
   if (params.amax != nullptr) {
-    check_scalar("cast", "amax", *params.amax, device());
     amax_bits = params.amax->data_as<uint32_t>();
     MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream_));  // +0.0f
   }
@@ -265,8 +251,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params)
 }
 
 void CudaBackend::amax(const Tensor& x, Tensor& out) {
-  check_float_operand("amax", "x", x, device());
-  check_scalar("amax", "out", out, device());
+  check_amax(x, out, device());
   uint32_t* out_bits = out.data_as<uint32_t>();
   MANTISSA_CUDA_CHECK(cudaMemsetAsync(out_bits, 0, sizeof(uint32_t), stream_));
   const int64_t n = x.numel();
@@ -283,10 +268,7 @@ void CudaBackend::amax(const Tensor& x, Tensor& out) {
 
 // x[N, C] (F32, BF16 or F16) += bias[C] (any of those), one rounding per element.
 void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
-  check_operand("add_bias", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("add_bias", "bias", bias, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_rank("add_bias", "x", x, 2);
-  check_shape("add_bias", "bias", bias, Shape{x.dim(1)});
+  check_add_bias(x, bias, device());
   const int64_t n = x.numel();
   const int64_t columns = x.dim(1);
   if (n == 0) return;
@@ -308,10 +290,7 @@ void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
 // dbias[C] (F32) += column sums of dout[N, C] (F32, BF16 or F16), in the CPU backend's order
 // of additions, so the result is bit-identical to the CPU's.
 void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
-  check_operand("bias_backward", "dout", dout, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("bias_backward", "dbias", dbias, device(), {DType::kF32});
-  check_rank("bias_backward", "dout", dout, 2);
-  check_shape("bias_backward", "dbias", dbias, Shape{dout.dim(1)});
+  check_bias_backward(dout, dbias, device());
   const int64_t rows = dout.dim(0);
   const int64_t columns = dout.dim(1);
   if (rows == 0 || columns == 0) return;
@@ -332,11 +311,7 @@ void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
 
 // out = a + b, all three of one dtype (F32, BF16 or F16) and shape; out may alias a or b.
 void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  check_operand("add", "a", a, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("add", "b", b, device(), {a.dtype()});
-  check_operand("add", "out", out, device(), {a.dtype()});
-  check_same_shape("add", "a", a, "b", b);
-  check_same_shape("add", "a", a, "out", out);
+  check_add(a, b, out, device());
   const int64_t n = a.numel();
   if (n == 0) return;
   dispatch_f32_bf16_f16("add", out.dtype(), [&](auto tag) {
@@ -352,9 +327,7 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 // out = gelu(x), x and out of one dtype (F32, BF16 or F16) and shape.
 void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
-  check_operand("gelu_forward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("gelu_forward", "out", out, device(), {x.dtype()});
-  check_same_shape("gelu_forward", "x", x, "out", out);
+  check_gelu_forward(x, out, device());
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_f32_bf16_f16("gelu_forward", out.dtype(), [&](auto tag) {
@@ -370,11 +343,7 @@ void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
 
 // dx = dout * gelu'(x), all three of one dtype (F32, BF16 or F16) and shape; dx may alias dout.
 void CudaBackend::gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
-  check_operand("gelu_backward", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_operand("gelu_backward", "dout", dout, device(), {x.dtype()});
-  check_operand("gelu_backward", "dx", dx, device(), {x.dtype()});
-  check_same_shape("gelu_backward", "x", x, "dout", dout);
-  check_same_shape("gelu_backward", "x", x, "dx", dx);
+  check_gelu_backward(x, dout, dx, device());
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_f32_bf16_f16("gelu_backward", dx.dtype(), [&](auto tag) {

@@ -20,7 +20,6 @@
 // softmax_cross_entropy call, and buys the CPU backend's behaviour: the call that received a
 // bad index throws, naming the index and its position, before any kernel uses it.
 #include <cub/device/device_radix_sort.cuh>
-#include <vector>
 
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
@@ -118,24 +117,7 @@ bool aligned16(const void* p) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Validation, mirroring cpu_layers.cpp.
-
-void check_activation(const char* op, const char* name, const Tensor& t, Device device) {
-  check_operand(op, name, t, device, {DType::kF32, DType::kBF16, DType::kF16});
-}
-
-// Parameters are read from the FP32 masters or from a reduced-precision compute copy.
-void check_parameter(const char* op, const char* name, const Tensor& t, Device device) {
-  check_operand(op, name, t, device, {DType::kF32, DType::kBF16, DType::kF16});
-}
-
-// A tensor of `rows` rows of `row_name` values, whatever its shape ([N], [B, T], ...).
-void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows,
-                const char* row_name, const Tensor& of) {
-  MANTISSA_CHECK(t.numel() == rows, op << ": operand " << name << " " << t.describe()
-                                       << " must hold one " << row_name << " per row of "
-                                       << of.describe() << " (" << rows << " values)");
-}
+// Index checks. The rest of the validation is op_checks.h's, shared with the CPU backend.
 
 // Records the smallest flat index whose value lies outside [0, limit). first_bad starts as
 // all ones (no bad index) and only ever decreases; a thread's own indices increase, so it
@@ -173,32 +155,7 @@ void check_indices(const char* op, const char* name, const Tensor& indices, int6
   MANTISSA_CUDA_CHECK(cudaMemcpyAsync(&value, indices.data_as<const int32_t>() + i, sizeof value,
                                       cudaMemcpyDeviceToHost, stream));
   MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  // The flat index unravelled over the shape, e.g. [b, t] for tokens: the CPU's message.
-  std::vector<int64_t> position(static_cast<size_t>(indices.shape().rank()));
-  int64_t rest = i;
-  for (int axis = indices.shape().rank() - 1; axis >= 0; --axis) {
-    position[axis] = rest % indices.dim(axis);
-    rest /= indices.dim(axis);
-  }
-  MANTISSA_FAIL(op << ": " << name << " " << value << " at position " << Shape(position).str()
-                   << " of " << indices.describe() << " is outside [0, " << limit << ")");
-}
-
-struct AttentionDims {
-  int64_t B, T, C, H, D;
-};
-
-// qkv[B, T, 3C] with C divisible by n_head.
-AttentionDims attention_dims(const char* op, const Tensor& qkv, int n_head) {
-  check_rank(op, "qkv", qkv, 3);
-  MANTISSA_CHECK(qkv.dim(2) % 3 == 0, op << ": operand qkv " << qkv.describe()
-                                         << " must have 3C channels (Q, K and V side by side)");
-  const int64_t C = qkv.dim(2) / 3;
-  MANTISSA_CHECK(C > 0, op << ": operand qkv " << qkv.describe() << " has no channels");
-  MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
-                                                   << qkv.describe()
-                                                   << ") is not divisible by n_head = " << n_head);
-  return {qkv.dim(0), qkv.dim(1), C, n_head, C / n_head};
+  fail_index_out_of_range(op, name, indices, i, value, limit);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -569,22 +526,7 @@ __global__ void softmax_cross_entropy_kernel(FloatIn logits, const int32_t* __re
 
 void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                     Tensor& out, Tensor& mean, Tensor& rstd) {
-  const char* op = "layernorm_forward";
-  check_activation(op, "x", x, device());
-  check_activation(op, "out", out, device());
-  check_parameter(op, "gamma", gamma, device());
-  check_parameter(op, "beta", beta, device());
-  check_operand(op, "mean", mean, device(), {DType::kF32});
-  check_operand(op, "rstd", rstd, device(), {DType::kF32});
-  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
-                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
-  const int64_t C = x.dim(-1);
-  const int64_t N = x.numel() / C;
-  check_same_shape(op, "x", x, "out", out);
-  check_shape(op, "gamma", gamma, Shape{C});
-  check_shape(op, "beta", beta, Shape{C});
-  check_rows(op, "mean", mean, N, "mean", x);
-  check_rows(op, "rstd", rstd, N, "rstd", x);
+  const auto [N, C] = check_layernorm_forward(x, gamma, beta, out, mean, rstd, device());
   if (N == 0) return;
 
   const int grid = static_cast<int>(ceil_div(N, kWarpsPerBlock));
@@ -606,26 +548,8 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
 void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
                                      const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                      Tensor& dgamma, Tensor& dbeta) {
-  const char* op = "layernorm_backward";
-  check_activation(op, "dout", dout, device());
-  check_activation(op, "x", x, device());
-  check_activation(op, "dx", dx, device());
-  check_parameter(op, "gamma", gamma, device());
-  check_operand(op, "mean", mean, device(), {DType::kF32});
-  check_operand(op, "rstd", rstd, device(), {DType::kF32});
-  check_operand(op, "dgamma", dgamma, device(), {DType::kF32});
-  check_operand(op, "dbeta", dbeta, device(), {DType::kF32});
-  MANTISSA_CHECK(x.shape().rank() >= 1 && x.dim(-1) > 0,
-                 op << ": operand x " << x.describe() << " must have a non-empty last axis");
-  const int64_t C = x.dim(-1);
-  const int64_t N = x.numel() / C;
-  check_same_shape(op, "dout", dout, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
-  check_shape(op, "gamma", gamma, Shape{C});
-  check_shape(op, "dgamma", dgamma, Shape{C});
-  check_shape(op, "dbeta", dbeta, Shape{C});
-  check_rows(op, "mean", mean, N, "mean", x);
-  check_rows(op, "rstd", rstd, N, "rstd", x);
+  const auto [N, C] =
+      check_layernorm_backward(dout, x, gamma, mean, rstd, dx, dgamma, dbeta, device());
   if (N == 0) return;
 
   // dgamma and dbeta first: dx may alias dout.
@@ -656,18 +580,12 @@ void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const 
 // Attention
 
 void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
-  const char* op = "attention_forward";
-  check_activation(op, "qkv", qkv, device());
-  check_activation(op, "out", out, device());
-  check_activation(op, "att", att, device());
-  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
-  check_shape(op, "out", out, Shape{B, T, C});
-  check_shape(op, "att", att, Shape{B, H, T, T});
+  const auto [B, T, C, H, D] = check_attention_forward(qkv, out, att, n_head, device());
   const int64_t rows = B * H * T;
   if (rows == 0) return;
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionLaunch launch = attention_launch(op, D);
+  const AttentionLaunch launch = attention_launch("attention_forward", D);
   // The FP32 probabilities: att itself, or for a BF16 or F16 att a scratch copy freed when
   // this function returns (the allocator's reuse is ordered on this stream).
   Tensor probs =
@@ -680,20 +598,12 @@ void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att,
 
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                      Tensor& dqkv, int n_head) {
-  const char* op = "attention_backward";
-  check_activation(op, "dout", dout, device());
-  check_activation(op, "qkv", qkv, device());
-  check_activation(op, "dqkv", dqkv, device());
-  check_activation(op, "att", att, device());
-  const auto [B, T, C, H, D] = attention_dims(op, qkv, n_head);
-  check_shape(op, "dout", dout, Shape{B, T, C});
-  check_shape(op, "att", att, Shape{B, H, T, T});
-  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+  const auto [B, T, C, H, D] = check_attention_backward(dout, qkv, att, dqkv, n_head, device());
   const int64_t rows = B * H * T;
   if (rows == 0) return;
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionLaunch launch = attention_launch(op, D);
+  const AttentionLaunch launch = attention_launch("attention_backward", D);
   // The softmax gradients, [B, H, T, T] FP32 like att; freed when this function returns (the
   // allocator's reuse is ordered on this stream).
   Tensor dscores = Tensor::empty(att.shape(), DType::kF32, device());
@@ -714,21 +624,8 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
 
 void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                     Tensor& out) {
-  const char* op = "embedding_forward";
-  check_operand(op, "tokens", tokens, device(), {DType::kI32});
-  check_parameter(op, "wte", wte, device());
-  check_parameter(op, "wpe", wpe, device());
-  check_activation(op, "out", out, device());
-  check_rank(op, "tokens", tokens, 2);
-  check_rank(op, "wte", wte, 2);
-  check_rank(op, "wpe", wpe, 2);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
-  MANTISSA_CHECK(wpe.dim(1) == C && wpe.dim(0) >= T,
-                 op << ": operand wpe " << wpe.describe() << " must have " << C
-                    << " channels (as wte " << wte.describe() << ") and at least " << T
-                    << " positions (as tokens " << tokens.describe() << ")");
-  check_shape(op, "out", out, Shape{B, T, C});
-  check_indices(op, "token", tokens, V, multiprocessor_count_, stream_);
+  const auto [B, T, V, C] = check_embedding_forward(tokens, wte, wpe, out, device());
+  check_indices("embedding_forward", "token", tokens, V, multiprocessor_count_, stream_);
   if (B * T * C == 0) return;
 
   embedding_forward_kernel<<<grid_size(B * T * C, kBlock, multiprocessor_count_), kBlock, 0,
@@ -739,21 +636,8 @@ void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, con
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                                      Tensor& dwpe) {
-  const char* op = "embedding_backward";
-  check_activation(op, "dout", dout, device());
-  check_operand(op, "tokens", tokens, device(), {DType::kI32});
-  check_operand(op, "dwte", dwte, device(), {DType::kF32});
-  check_operand(op, "dwpe", dwpe, device(), {DType::kF32});
-  check_rank(op, "tokens", tokens, 2);
-  check_rank(op, "dwte", dwte, 2);
-  check_rank(op, "dwpe", dwpe, 2);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), V = dwte.dim(0), C = dwte.dim(1);
-  MANTISSA_CHECK(dwpe.dim(1) == C && dwpe.dim(0) >= T,
-                 op << ": operand dwpe " << dwpe.describe() << " must have " << C
-                    << " channels (as dwte " << dwte.describe() << ") and at least " << T
-                    << " positions (as tokens " << tokens.describe() << ")");
-  check_shape(op, "dout", dout, Shape{B, T, C});
-  check_indices(op, "token", tokens, V, multiprocessor_count_, stream_);
+  const auto [B, T, V, C] = check_embedding_backward(dout, tokens, dwte, dwpe, device());
+  check_indices("embedding_backward", "token", tokens, V, multiprocessor_count_, stream_);
   const int64_t BT = B * T;
   if (BT * C == 0) return;
 
@@ -794,30 +678,8 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
                                         Tensor* dlogits, float grad_scale) {
-  const char* op = "softmax_cross_entropy";
-  check_activation(op, "logits", logits, device());
-  check_operand(op, "targets", targets, device(), {DType::kI32});
-  check_operand(op, "losses", losses, device(), {DType::kF32});
-  MANTISSA_CHECK(logits.shape().rank() >= 1 && logits.dim(-1) > 0,
-                 op << ": operand logits " << logits.describe()
-                    << " must have a non-empty last axis (the vocabulary)");
-  const int64_t V = logits.dim(-1);
-  const int64_t N = logits.numel() / V;
-  check_rows(op, "targets", targets, N, "target", logits);
-  check_rows(op, "losses", losses, N, "loss", logits);
-  if (dlogits != nullptr) {
-    check_activation(op, "dlogits", *dlogits, device());
-    check_same_shape(op, "logits", logits, "dlogits", *dlogits);
-    // In-place is fine element by element, but a partial overlap or a different dtype over
-    // the same bytes would read logits that another row already overwrote.
-    const auto* l0 = static_cast<const unsigned char*>(logits.data());
-    const auto* d0 = static_cast<const unsigned char*>(dlogits->data());
-    const bool overlap = l0 < d0 + dlogits->nbytes() && d0 < l0 + logits.nbytes();
-    MANTISSA_CHECK(!overlap || (l0 == d0 && logits.dtype() == dlogits->dtype()),
-                   op << ": dlogits " << dlogits->describe() << " overlaps logits "
-                      << logits.describe() << " without aliasing it exactly");
-  }
-  check_indices(op, "target", targets, V, multiprocessor_count_, stream_);
+  const auto [N, V] = check_softmax_cross_entropy(logits, targets, losses, dlogits, device());
+  check_indices("softmax_cross_entropy", "target", targets, V, multiprocessor_count_, stream_);
   if (N == 0) return;
 
   const FloatOut grad = dlogits != nullptr ? as_out(*dlogits) : FloatOut{nullptr, DType::kF32};

@@ -1,12 +1,12 @@
 // AdamW, sums of squares (for the global gradient norm) and the fused unscale + non-finite
-// check on the GPU, mirroring cpu_optim.cpp: the same validation, the same formulas, the
-// same results (AdamW and sum_squares to an FP32 rounding or two, unscale bit for bit).
+// check on the GPU, mirroring cpu_optim.cpp: the same validation (op_checks.h, shared with
+// it), the same formulas, the same results (AdamW and sum_squares to an FP32 rounding or two,
+// unscale bit for bit).
 //
 // The reductions are deterministic: sum_squares splits the work by a grid whose size
 // depends only on the tensor and adds the per-block results in block order, and
 // unscale_check_finite combines its per-thread answers with an order-free operation (the
 // minimum index).
-#include <cmath>
 #include <type_traits>
 
 #include "core/ops/cuda/cuda_backend.h"
@@ -23,18 +23,6 @@ constexpr int kBlock = 256;
 
 // ---------------------------------------------------------------------------------------
 // AdamW
-
-// Per-step constants, folded on the host once.
-struct AdamWCoefficients {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-  float grad_scale;
-  float bias_correction1;  // 1 - beta1^step
-  float bias_correction2;  // 1 - beta2^step
-};
 
 // Stands for "no compute copy" in adamw_kernel.
 struct NoCopy {};
@@ -197,41 +185,8 @@ __global__ void unscale_check_finite_kernel(T* __restrict__ x, int64_t n, int64_
 // given, is F32, BF16 or F16 (FP8 compute copies need a scale and are made with cast()).
 void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                         Tensor* compute_copy, const AdamWParams& p) {
-  check_operand("adamw", "params", params, device(), {DType::kF32});
-  check_operand("adamw", "grads", grads, device(), {DType::kF32, DType::kBF16});
-  check_operand("adamw", "m", m, device(), {DType::kF32});
-  check_operand("adamw", "v", v, device(), {DType::kF32});
-  check_same_shape("adamw", "params", params, "grads", grads);
-  check_same_shape("adamw", "params", params, "m", m);
-  check_same_shape("adamw", "params", params, "v", v);
-  if (compute_copy != nullptr) {
-    MANTISSA_CHECK(!is_fp8(compute_copy->dtype()),
-                   "adamw: operand compute_copy " << compute_copy->describe()
-                                                  << " is FP8, which needs a scale; produce FP8 "
-                                                     "compute copies with cast() and a scale");
-    check_operand("adamw", "compute_copy", *compute_copy, device(),
-                  {DType::kF32, DType::kBF16, DType::kF16});
-    check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
-  }
-  MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
-  MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
-                 "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
-  MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
-                 "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
+  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, p, device());
   if (params.numel() == 0) return;
-
-  // The bias corrections in double, as on the CPU: FP32 pow would lose digits long before
-  // beta^step becomes negligible.
-  const AdamWCoefficients k{
-      p.lr,
-      p.beta1,
-      p.beta2,
-      p.eps,
-      p.weight_decay,
-      p.grad_scale,
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
-  };
   dispatch_f32_bf16("adamw", grads.dtype(), [&](auto grad_tag) {
     using G = decltype(grad_tag);
     if (compute_copy == nullptr) {
@@ -248,8 +203,7 @@ void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& 
 
 // out (F32 scalar) += sum x^2 for x F32, BF16 or F16, accumulated in FP64 and rounded once.
 void CudaBackend::sum_squares(const Tensor& x, Tensor& out) {
-  check_operand("sum_squares", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_scalar("sum_squares", "out", out, device());
+  check_sum_squares(x, out, device());
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_f32_bf16_f16("sum_squares", x.dtype(), [&](auto tag) {
@@ -277,16 +231,10 @@ void CudaBackend::sum_squares(const Tensor& x, Tensor& out) {
 // index or -1.
 void CudaBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                                        Tensor* first_index) {
-  check_operand("unscale_check_finite", "x", x, device(), {DType::kF32, DType::kBF16, DType::kF16});
-  check_scalar("unscale_check_finite", "found", found, device());
+  check_unscale_check_finite(x, inv_scale, found, first_index, device());
   unsigned long long* first = nullptr;
   if (first_index != nullptr) {
-    check_scalar("unscale_check_finite", "first_index", *first_index, device(), DType::kI64);
     first = first_index->data_as<unsigned long long>();
-  }
-  MANTISSA_CHECK(std::isfinite(inv_scale),
-                 "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
-  if (first != nullptr) {
     MANTISSA_CUDA_CHECK(cudaMemsetAsync(first, 0xFF, sizeof(int64_t), stream_));  // -1
   }
   const int64_t n = x.numel();
