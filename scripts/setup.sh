@@ -18,8 +18,8 @@ packages=(
   openmpi-bin libopenmpi-dev
   libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev
-  clang libclang-rt-14-dev
-  prometheus prometheus-pushgateway slurm-wlm munge curl python3
+  clang libclang-rt-14-dev libomp-dev
+  python3
 )
 
 missing=()
@@ -33,6 +33,9 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}"
 fi
+
+# The servers the integration tests start themselves (Prometheus, Pushgateway, Slurm).
+scripts/install-integration-deps.sh
 
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}

@@ -95,7 +95,7 @@ class GPT2Block {
 };
 
 GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-           uint64_t seed)
+           uint64_t seed, const core::Fp8ScalingConfig& fp8)
     : config_(config) {
   const GPT2Config& c = config_;
   MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 &&
@@ -112,7 +112,7 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
   }
   ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", c.n_embd);
   params_.allocate(backend, policy.compute_dtype, seed);
-  if (fp8_) fp8_->allocate(backend);
+  if (fp8_) fp8_->allocate(backend, fp8);
 }
 
 GPT2::~GPT2() = default;

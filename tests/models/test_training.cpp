@@ -104,7 +104,7 @@ TEST(Training, InjectedInfSkipsTheStepAndLeavesStateUntouched) {
   scaler_config.hysteresis = 1;  // back off on the first overflow
   core::LossScaler scaler(scaler_config);
   ParameterStore& params = model.parameters();
-  core::AdamW optimizer(*be, adamw_ranges(params), params.flat_numel(), core::AdamWConfig{});
+  LocalAdamW optimizer(*be, params, core::AdamWConfig{});
   const core::LrSchedule schedule(core::LrScheduleConfig{1e-3, 0, 10, 0.0});
   TrainingStep step(model, *be, policy, scaler, optimizer, schedule, 1.0f);
 

@@ -1,0 +1,105 @@
+// Data-parallel training throughput on the CPU for the reference configuration of
+// ../shared/REFERENCE.md (GPT of 10.8M parameters: vocab 256, T = 256, d = 384, 6 layers,
+// 6 heads, 8 sequences per step over all ranks), with gradient sync or without it (every rank
+// steps alone on its share of the batch: the same compute, no communication). Figures only;
+// bench/bench_dist_train.sh runs both next to PyTorch DDP.
+//
+//   OMP_NUM_THREADS=1 mpirun -np 2 bench_dist_train [sync|nosync] [steps] [bf16|fp32]
+//                                                   [reduce: FP32|BF16|FP8_E4M3|FP8_E5M2]
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "dist/data_parallel.h"
+#include "models/data/corpus.h"
+#include "models/data/data_loader.h"
+#include "models/gpt2/gpt2.h"
+#include "models/training/train_loop.h"
+
+using namespace mantissa;
+
+int main(int argc, char** argv) {
+  dist::World world(&argc, &argv);
+  const std::string mode = argc > 1 ? argv[1] : "sync";
+  const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
+  const std::string precision = argc > 3 ? argv[3] : "bf16";
+  const std::string reduce = argc > 4 ? argv[4] : "BF16";
+  core::DType reduce_dtype = core::DType::kBF16;
+  if (reduce == "FP32")
+    reduce_dtype = core::DType::kF32;
+  else if (reduce == "FP8_E4M3")
+    reduce_dtype = core::DType::kE4M3;
+  else if (reduce == "FP8_E5M2")
+    reduce_dtype = core::DType::kE5M2;
+  if ((mode != "sync" && mode != "nosync") || (precision != "bf16" && precision != "fp32")) {
+    std::fprintf(stderr, "usage: bench_dist_train [sync|nosync] [steps] [bf16|fp32] [reduce]\n");
+    return 2;
+  }
+  const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(
+      precision == "fp32" ? core::PrecisionMode::kFP32 : core::PrecisionMode::kBF16);
+
+  auto backend = core::make_cpu_backend();
+  const models::GPT2Config config{6, 6, 384, 256, 256};
+  models::GPT2 model(config, *backend, policy, 0);
+  const int64_t global_batch = 8;
+  models::DataLoaderConfig data;
+  data.seq_len = config.seq_len;
+  data.micro_batch = global_batch / world.size();
+  data.world_size = world.size();
+  data.rank = world.rank();
+  models::DataLoader loader(std::make_shared<const models::Corpus>(models::Corpus::synthetic(1)),
+                            data);
+  models::TrainLoopConfig loop;
+  loop.steps = steps + 1;  // the first step (allocations, page faults) is not timed
+  loop.lr.lr = 3e-4;
+  loop.loss_scale.mode = core::LossScaleMode::kNone;
+
+  std::unique_ptr<dist::DataParallel> dp;
+  std::unique_ptr<models::Optimizer> optimizer;
+  if (mode == "sync") {
+    dist::DistConfig dist_config;
+    dist_config.backend = dist::CommBackend::kMPI;
+    dist_config.grad_reduce_dtype = reduce_dtype;
+    dp = dist::DataParallel::create(world, *backend, model.parameters(), dist_config);
+    optimizer = dp->make_optimizer(loop.adamw);
+  } else {
+    optimizer = std::make_unique<models::LocalAdamW>(*backend, model.parameters(), loop.adamw);
+  }
+
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point start;
+  double comm_seconds = 0.0;
+  int64_t comm_bytes = 0;
+  double last_loss = 0.0;
+  MPI_Barrier(MPI_COMM_WORLD);
+  models::train_loop(model, *backend, policy, loader, loop, *optimizer, dp.get(), {},
+                     [&](const models::StepReport& r) {
+                       if (r.step == 0) {
+                         start = Clock::now();
+                         return;
+                       }
+                       last_loss = r.loss;
+                       if (dp) {
+                         comm_seconds += dp->last_step_comm_seconds();
+                         comm_bytes += dp->last_step_comm_bytes();
+                       }
+                     });
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  if (world.rank() == 0) {
+    const double step_s = seconds / static_cast<double>(steps);
+    std::printf(
+        "mantissa %d ranks %s %s%s: step_s=%.4f tokens_per_s=%.1f exposed_comm_s=%.4f "
+        "comm_mib_per_step=%.1f loss=%.4f\n",
+        world.size(), precision.c_str(), mode.c_str(),
+        mode == "sync" ? (" reduce " + reduce).c_str() : "", step_s,
+        static_cast<double>(global_batch * config.seq_len) / step_s,
+        comm_seconds / static_cast<double>(steps),
+        static_cast<double>(comm_bytes) / static_cast<double>(steps) / (1 << 20), last_loss);
+  }
+  return 0;
+}

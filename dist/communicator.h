@@ -1,0 +1,79 @@
+// One interface for every collective that crosses ranks, with two implementations:
+//  - MpiCommunicator (dist/mpi/): host buffers; CPUs, and the bootstrap of NCCL.
+//  - NcclCommunicator (dist/nccl/): device buffers of one GPU per rank.
+//
+// Every collective is non-blocking and returns a Request; the caller overlaps it with compute
+// and calls test() (which also drives MPI's progress: an MPI collective only moves inside MPI
+// calls) or wait(). Every wait is bounded by the communicator's timeout: past it, the job ends
+// with a message naming the ranks that stopped answering (World::abort_on_timeout). Nothing
+// ever blocks forever.
+//
+// Numerics of reductions (kSum) by dtype:
+//   F32             FP32 additions (the library's order).
+//   BF16, F16,      each hop widens both operands to FP32, adds, and rounds once to the dtype
+//   E4M3, E5M2      (round to nearest even; FP8 saturates to +-max finite). So a sum over N
+//                   ranks rounds N - 1 times, but never accumulates in the narrow type.
+// Reductions of a collective are combined in the same order on every rank (reduce-then-
+// broadcast, or reduce-scatter-then-all-gather algorithms): all ranks get identical bits.
+//
+// Collectives on one communicator must be started in the same order on every rank. Pipelines
+// whose stages complete at rank-dependent times use one duplicate() per stage.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace mantissa::dist {
+
+enum class ReduceOp { kSum, kMax };
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  // Drives the operation forward; true once it has completed (its buffers are the caller's
+  // again). Cheap: call it often while computing.
+  virtual bool test() = 0;
+  // Returns when complete; ends the job after the communicator's timeout.
+  virtual void wait() = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Where buffers must live: host memory (MPI) or this rank's GPU (NCCL).
+  virtual core::Device device() const = 0;
+  // A communicator over the same ranks whose collectives are ordered independently.
+  virtual std::unique_ptr<Communicator> duplicate() = 0;
+
+  // In place: buf = op over ranks of buf. Floating dtypes; kMax also for I32/I64.
+  virtual RequestPtr all_reduce(core::Tensor& buf, ReduceOp op) = 0;
+  // send holds size() consecutive chunks of counts[r] elements; this rank receives the
+  // reduction of chunk rank() (counts[rank()] elements) into recv.
+  virtual RequestPtr reduce_scatter(const core::Tensor& send, core::Tensor& recv,
+                                    const std::vector<int64_t>& counts, ReduceOp op) = 0;
+  // recv holds size() consecutive chunks of counts[r] elements; chunk r comes from rank r's
+  // send (counts[r] elements). send may be this rank's chunk of recv itself (in place).
+  virtual RequestPtr all_gather(const core::Tensor& send, core::Tensor& recv,
+                                const std::vector<int64_t>& counts) = 0;
+  // buf on every rank = buf on `root`.
+  virtual RequestPtr broadcast(core::Tensor& buf, int root) = 0;
+  // send holds size() consecutive chunks, chunk r (send_counts[r] elements) going to rank r;
+  // recv receives size() consecutive chunks, chunk r (recv_counts[r]) from rank r.
+  virtual RequestPtr all_to_all(const core::Tensor& send, const std::vector<int64_t>& send_counts,
+                                core::Tensor& recv, const std::vector<int64_t>& recv_counts) = 0;
+  // Returns once every rank has entered it (bounded by the timeout like any wait).
+  virtual void barrier() = 0;
+};
+
+// Offsets of consecutive chunks: {0, c0, c0 + c1, ...} (size() + 1 entries).
+std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& counts);
+
+}  // namespace mantissa::dist

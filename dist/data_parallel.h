@@ -1,0 +1,120 @@
+// Data parallelism as the Trainer sees it (contract between dist/ and launcher/; the dist
+// work fills in the implementation and may add members, but keeps these).
+//
+// One object per process. It plugs into models::TrainingStep as its GradientSync (bucketed,
+// overlapped, reduced-precision gradient all-reduce; one overflow decision for all ranks;
+// MAX-reduced FP8 amaxes), and also provides the few other cross-rank operations a Trainer
+// needs: the start-up broadcast, the consistency check, the mean loss and the agreement on
+// a stop step.
+//
+// How a Trainer builds the pieces (every rank runs the same code):
+//
+//   dist::World world(&argc, &argv);
+//   auto backend = ...;                                   // CPU, or the GPU local_rank picks
+//   models::GPT2 model(gpt_config, *backend, policy, seed);   // same seed on every rank
+//   auto dp = dist::DataParallel::create(world, *backend, model.parameters(), dist_config);
+//   dp->broadcast_parameters();                           // or restore a checkpoint instead
+//   std::unique_ptr<models::Optimizer> opt = dp->make_optimizer(adamw_config);
+//   core::LossScaler scaler(loss_scale_config);
+//   models::TrainingStep step(model, *backend, policy, scaler, *opt, schedule, grad_clip);
+//   step.before_check = models::nonfinite_injector(*backend, world.rank(),
+//                                                   debug.inject_nonfinite_rank, steps);
+//   models::DataLoader loader(corpus, {.seq_len = T, .micro_batch = B,
+//                                      .world_size = world.size(), .rank = world.rank(),
+//                                      .seed = seed});
+//   for (s = start; s < steps; ++s) {
+//     StepReport r = step.run(s, micro_batches_from(loader), dp.get());
+//     double mean_loss = dp->sum_across_ranks(r.loss) / world.size();
+//     if (every consistency_check_every, and before every checkpoint)
+//       dp->check_consistency({.step = s + 1, .scaler = scaler.state(), .fp8_scales = ...,
+//                              .optimizer_steps = opt->steps_taken()});
+//   }
+//
+// Checkpoints: each rank saves and restores the range opt->owned_begin()..owned_end() of the
+// masters and opt->first_moment()/second_moment() (shard-sized tensors). Without ZeRO that is
+// the whole buffer on every rank; under ZeRO-1 (zero_stage 1) each rank owns one contiguous
+// shard, and the masters outside it are NOT current on that rank: only the compute copy is
+// whole (all-gathered by opt->step()). After restoring masters, call
+// model.parameters().refresh_compute_copy(*backend).
+//
+// Failures: every collective waits at most config.timeout_s; past it the job ends (MPI_Abort,
+// exit code World::kTimeoutExitCode) with "mantissa: rank R: ... rank(s) [K] did not answer".
+// check_consistency throws core::Error on every rank alike, naming ranks and fields.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ops/backend.h"
+#include "core/optim/adamw.h"
+#include "core/precision/loss_scaler.h"
+#include "dist/communicator.h"
+#include "dist/world.h"
+#include "models/nn/parameters.h"
+#include "models/training/gradient_sync.h"
+#include "models/training/optimizer.h"
+
+namespace mantissa::dist {
+
+enum class CommBackend { kAuto, kMPI, kNCCL };
+
+struct DistConfig {
+  CommBackend backend = CommBackend::kAuto;            // AUTO: NCCL for a CUDA device, else MPI
+  core::DType grad_reduce_dtype = core::DType::kBF16;  // F32, BF16, F16, E4M3 or E5M2
+  bool accumulate_fp32 = false;  // reduce-scatter summed in FP32, then all-gather
+  double bucket_mb = 25.0;       // MiB of FP32 gradients per bucket
+  bool overlap = true;           // start buckets during backward (else all in finish())
+  int zero_stage = 0;            // 0 or 1
+  double timeout_s = 300.0;
+  int64_t consistency_check_every = 100;  // 0: only before checkpoints
+};
+
+// What the consistency check compares across ranks.
+struct ReplicaState {
+  int64_t step = 0;
+  core::LossScalerState scaler;
+  std::vector<float> fp8_scales;
+  int64_t optimizer_steps = 0;
+};
+
+class DataParallel : public models::GradientSync {
+ public:
+  // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
+  // `params` must be allocated, identically laid out on every rank, and outlive the object.
+  static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,
+                                              models::ParameterStore& params,
+                                              const DistConfig& config);
+
+  // Makes every rank's masters (and compute copy) equal to rank 0's.
+  virtual void broadcast_parameters() = 0;
+
+  // Throws core::Error naming the ranks and what differs (step, loss-scaler state, FP8
+  // scales, checksum of the FP32 masters) when the replicas disagree. Collective. Under
+  // ZeRO-1 the masters are not replicated: the checksum covers the compute copy instead.
+  virtual void check_consistency(const ReplicaState& state) = 0;
+
+  // Sum over ranks (mean loss, tokens), bit-identical on every rank.
+  double sum_across_ranks(double value) override = 0;
+
+  // Communication of the last step, for metrics: the seconds this rank waited for
+  // collectives that had not finished under the overlap (finish(), the ZeRO-1 all-gather),
+  // and the payload bytes this rank handed to collectives.
+  virtual double last_step_comm_seconds() const = 0;
+  virtual int64_t last_step_comm_bytes() const = 0;
+
+  // The optimizer for this configuration: models::LocalAdamW (ZeRO-0), or AdamW over this
+  // rank's shard whose step() ends with the all-gather of the compute copy (ZeRO-1).
+  virtual std::unique_ptr<models::Optimizer> make_optimizer(const core::AdamWConfig& config) = 0;
+
+  // The gradient buckets as [begin, end) flat ranges, in the order they are reduced.
+  virtual std::vector<std::pair<int64_t, int64_t>> buckets() const = 0;
+  // The communicator for the Trainer's own small collectives (ordered apart from the buckets).
+  virtual Communicator& communicator() = 0;
+};
+
+// "FP8_E4M3", ... as in the config (dist.grad_reduce_dtype).
+const char* reduce_dtype_name(core::DType dtype);
+
+}  // namespace mantissa::dist

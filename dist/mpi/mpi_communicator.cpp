@@ -1,0 +1,370 @@
+#include "dist/mpi/mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <sstream>
+#include <thread>
+
+#include "core/dtype/dtype.h"
+#include "dist/mpi/mpi_check.h"
+
+namespace mantissa::dist {
+
+using core::DType;
+using core::Tensor;
+
+std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) offsets[i + 1] = offsets[i] + counts[i];
+  return offsets;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Reductions of reduced-precision codes: widen both operands to FP32, combine, round once.
+// The dtype is known from the operation (one MPI_Op per dtype and operation); MPI only sees
+// 8- or 16-bit integers.
+struct Bf16Codec {
+  using Code = uint16_t;
+  static float widen(Code c) { return core::bf16_to_float(core::bf16{c}); }
+  static Code narrow(float x) { return core::bf16_from_float(x).bits; }
+};
+struct F16Codec {
+  using Code = uint16_t;
+  static float widen(Code c) { return core::fp16_to_float(core::fp16{c}); }
+  static Code narrow(float x) { return core::fp16_from_float(x).bits; }
+};
+// FP8 sums saturate (SATFINITE), like NCCL's and cuda_fp8.h's conversions: DataParallel
+// scales buckets so that a sum cannot reach the maximum.
+struct E4M3Codec {
+  using Code = uint8_t;
+  static float widen(Code c) { return core::e4m3_to_float(core::fp8_e4m3{c}); }
+  static Code narrow(float x) { return core::e4m3_from_float(x).bits; }
+};
+struct E5M2Codec {
+  using Code = uint8_t;
+  static float widen(Code c) { return core::e5m2_to_float(core::fp8_e5m2{c}); }
+  static Code narrow(float x) { return core::e5m2_from_float(x).bits; }
+};
+
+template <class Codec>
+void sum_codes(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const typename Codec::Code*>(in);
+  auto* b = static_cast<typename Codec::Code*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Codec::narrow(Codec::widen(a[i]) + Codec::widen(b[i]));
+}
+
+// FP8 has only 256 x 256 pairs of operands: a table of their rounded sums (64 KiB, built once
+// from the same conversions) replaces two decodes, an add and a branchy encode per element.
+template <class Codec>
+const std::array<uint8_t, 65536>& fp8_sum_table() {
+  static const std::array<uint8_t, 65536> table = [] {
+    std::array<uint8_t, 65536> t{};
+    for (uint32_t a = 0; a < 256; ++a) {
+      for (uint32_t b = 0; b < 256; ++b) {
+        t[a << 8 | b] = Codec::narrow(Codec::widen(static_cast<uint8_t>(a)) +
+                                      Codec::widen(static_cast<uint8_t>(b)));
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+template <class Codec>
+void sum_fp8_codes(void* in, void* inout, int* len, MPI_Datatype*) {
+  const std::array<uint8_t, 65536>& table = fp8_sum_table<Codec>();
+  const auto* a = static_cast<const uint8_t*>(in);
+  auto* b = static_cast<uint8_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = table[static_cast<uint32_t>(a[i]) << 8 | b[i]];
+}
+
+// NaN wins, so a MAX over flags or amaxes never hides one.
+template <class Codec>
+void max_codes(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const typename Codec::Code*>(in);
+  auto* b = static_cast<typename Codec::Code*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = Codec::widen(a[i]), y = Codec::widen(b[i]);
+    if (x != x || x > y) b[i] = a[i];
+  }
+}
+
+// One user-defined operation, freed with its owner.
+class MpiOp {
+ public:
+  MpiOp(MPI_User_function* function) {
+    MANTISSA_MPI_CHECK(MPI_Op_create(function, /*commute=*/1, &op_));
+  }
+  ~MpiOp() {
+    if (op_ != MPI_OP_NULL) MPI_Op_free(&op_);
+  }
+  MpiOp(const MpiOp&) = delete;
+  MpiOp& operator=(const MpiOp&) = delete;
+  MPI_Op get() const { return op_; }
+
+ private:
+  MPI_Op op_ = MPI_OP_NULL;
+};
+
+struct ReducedOps {
+  MpiOp bf16_sum{&sum_codes<Bf16Codec>}, bf16_max{&max_codes<Bf16Codec>};
+  MpiOp f16_sum{&sum_codes<F16Codec>}, f16_max{&max_codes<F16Codec>};
+  MpiOp e4m3_sum{&sum_fp8_codes<E4M3Codec>}, e4m3_max{&max_codes<E4M3Codec>};
+  MpiOp e5m2_sum{&sum_fp8_codes<E5M2Codec>}, e5m2_max{&max_codes<E5M2Codec>};
+};
+
+MPI_Datatype mpi_datatype(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return MPI_FLOAT;
+    case DType::kBF16:
+    case DType::kF16: return MPI_UINT16_T;
+    case DType::kE4M3:
+    case DType::kE5M2:
+    case DType::kU8: return MPI_UINT8_T;
+    case DType::kI32: return MPI_INT32_T;
+    case DType::kI64: return MPI_INT64_T;
+  }
+  MANTISSA_FAIL("MPI communicator: unsupported dtype " << core::dtype_name(dtype));
+}
+
+MPI_Op mpi_op(const ReducedOps& ops, DType dtype, ReduceOp op) {
+  const bool sum = op == ReduceOp::kSum;
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+    case DType::kI64: return sum ? MPI_SUM : MPI_MAX;
+    case DType::kBF16: return (sum ? ops.bf16_sum : ops.bf16_max).get();
+    case DType::kF16: return (sum ? ops.f16_sum : ops.f16_max).get();
+    case DType::kE4M3: return (sum ? ops.e4m3_sum : ops.e4m3_max).get();
+    case DType::kE5M2: return (sum ? ops.e5m2_sum : ops.e5m2_max).get();
+    case DType::kU8: break;
+  }
+  MANTISSA_FAIL("MPI communicator: no reduction for dtype " << core::dtype_name(dtype));
+}
+
+int mpi_count(int64_t count, const char* what) {
+  MANTISSA_CHECK(count >= 0 && count <= INT_MAX,
+                 "MPI communicator: " << what << " count " << count
+                                      << " does not fit MPI's int (split the buffer)");
+  return static_cast<int>(count);
+}
+
+std::vector<int> mpi_counts(const std::vector<int64_t>& counts, const char* what) {
+  std::vector<int> out;
+  for (int64_t c : counts) out.push_back(mpi_count(c, what));
+  return out;
+}
+
+std::vector<int> mpi_displacements(const std::vector<int64_t>& counts, const char* what) {
+  const std::vector<int64_t> offsets = chunk_offsets(counts);
+  return mpi_counts(std::vector<int64_t>(offsets.begin(), offsets.end() - 1), what);
+}
+
+void check_host(const Tensor& t, const char* op, const char* operand) {
+  MANTISSA_CHECK(t.device().is_cpu(), "MPI communicator " << op << ": " << operand
+                                                          << " must be host memory, got "
+                                                          << t.describe());
+}
+
+// An MPI communicator handle, freed with its owner.
+class CommHandle {
+ public:
+  explicit CommHandle(MPI_Comm parent) {
+    MANTISSA_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+    MANTISSA_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  }
+  ~CommHandle() {
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  CommHandle(const CommHandle&) = delete;
+  CommHandle& operator=(const CommHandle&) = delete;
+  MPI_Comm get() const { return comm_; }
+
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+};
+
+// A non-blocking collective. MPI forbids freeing a pending collective request, so the
+// destructor of one still in flight (an exception unwinding a step) waits for it, bounded
+// like every wait, and ends the job rather than throw from a destructor.
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(const World& world, double timeout_s, std::string what)
+      : world_(world), timeout_s_(timeout_s), what_(std::move(what)) {}
+  ~MpiRequest() override {
+    if (request_ == MPI_REQUEST_NULL) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      world_.abort(1, e.what());
+    }
+  }
+
+  MPI_Request* handle() { return &request_; }
+
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    MANTISSA_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    return done != 0;
+  }
+
+  void wait() override {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+    // MPI's non-blocking collectives advance only inside MPI calls, so poll without
+    // sleeping; yielding hands the core to a rank still computing when ranks oversubscribe
+    // the cores.
+    while (!test()) {
+      if (Clock::now() > deadline) {
+        world_.abort_on_timeout(what_, std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  const World& world_;
+  double timeout_s_;
+  std::string what_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  MpiCommunicator(const World& world, double timeout_s, MPI_Comm parent,
+                  std::shared_ptr<const ReducedOps> ops)
+      : world_(world), timeout_s_(timeout_s), comm_(parent), ops_(std::move(ops)) {
+    MANTISSA_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
+    MANTISSA_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  core::Device device() const override { return core::Device::cpu(); }
+
+  std::unique_ptr<Communicator> duplicate() override {
+    return std::make_unique<MpiCommunicator>(world_, timeout_s_, comm_.get(), ops_);
+  }
+
+  RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
+    check_host(buf, "all_reduce", "buf");
+    auto request = start("all_reduce", buf);
+    MANTISSA_MPI_CHECK(MPI_Iallreduce(
+        MPI_IN_PLACE, buf.data(), mpi_count(buf.numel(), "all_reduce"), mpi_datatype(buf.dtype()),
+        mpi_op(*ops_, buf.dtype(), op), comm_.get(), request->handle()));
+    return request;
+  }
+
+  RequestPtr reduce_scatter(const Tensor& send, Tensor& recv, const std::vector<int64_t>& counts,
+                            ReduceOp op) override {
+    check_host(send, "reduce_scatter", "send");
+    check_host(recv, "reduce_scatter", "recv");
+    check_chunks("reduce_scatter", send, counts);
+    MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank_],
+                   "MPI reduce_scatter: recv " << recv.describe() << " must hold " << counts[rank_]
+                                               << " elements of send's dtype");
+    auto request = start("reduce_scatter", send);
+    const std::vector<int> c = mpi_counts(counts, "reduce_scatter");
+    MANTISSA_MPI_CHECK(
+        MPI_Ireduce_scatter(send.data(), recv.data(), c.data(), mpi_datatype(send.dtype()),
+                            mpi_op(*ops_, send.dtype(), op), comm_.get(), request->handle()));
+    return request;
+  }
+
+  RequestPtr all_gather(const Tensor& send, Tensor& recv,
+                        const std::vector<int64_t>& counts) override {
+    check_host(send, "all_gather", "send");
+    check_host(recv, "all_gather", "recv");
+    check_chunks("all_gather", recv, counts);
+    MANTISSA_CHECK(send.dtype() == recv.dtype() && send.numel() == counts[rank_],
+                   "MPI all_gather: send " << send.describe() << " must hold " << counts[rank_]
+                                           << " elements of recv's dtype");
+    const std::vector<int64_t> offsets = chunk_offsets(counts);
+    const char* mine = static_cast<const char*>(recv.data()) +
+                       offsets[rank_] * static_cast<int64_t>(core::dtype_size(recv.dtype()));
+    auto request = start("all_gather", recv);
+    const std::vector<int> c = mpi_counts(counts, "all_gather");
+    const std::vector<int> d = mpi_displacements(counts, "all_gather");
+    const MPI_Datatype type = mpi_datatype(recv.dtype());
+    MANTISSA_MPI_CHECK(MPI_Iallgatherv(send.data() == mine ? MPI_IN_PLACE : send.data(), c[rank_],
+                                       type, recv.data(), c.data(), d.data(), type, comm_.get(),
+                                       request->handle()));
+    return request;
+  }
+
+  RequestPtr broadcast(Tensor& buf, int root) override {
+    check_host(buf, "broadcast", "buf");
+    MANTISSA_CHECK(root >= 0 && root < size_, "MPI broadcast: root " << root << " out of range");
+    auto request = start("broadcast", buf);
+    MANTISSA_MPI_CHECK(MPI_Ibcast(buf.data(), mpi_count(buf.numel(), "broadcast"),
+                                  mpi_datatype(buf.dtype()), root, comm_.get(), request->handle()));
+    return request;
+  }
+
+  RequestPtr all_to_all(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts) override {
+    check_host(send, "all_to_all", "send");
+    check_host(recv, "all_to_all", "recv");
+    check_chunks("all_to_all", send, send_counts);
+    check_chunks("all_to_all", recv, recv_counts);
+    MANTISSA_CHECK(send.dtype() == recv.dtype(), "MPI all_to_all: send "
+                                                     << send.describe() << " and recv "
+                                                     << recv.describe() << " differ in dtype");
+    auto request = start("all_to_all", send);
+    const std::vector<int> sc = mpi_counts(send_counts, "all_to_all");
+    const std::vector<int> sd = mpi_displacements(send_counts, "all_to_all");
+    const std::vector<int> rc = mpi_counts(recv_counts, "all_to_all");
+    const std::vector<int> rd = mpi_displacements(recv_counts, "all_to_all");
+    const MPI_Datatype type = mpi_datatype(send.dtype());
+    MANTISSA_MPI_CHECK(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), type, recv.data(),
+                                      rc.data(), rd.data(), type, comm_.get(), request->handle()));
+    return request;
+  }
+
+  void barrier() override {
+    MpiRequest request(world_, timeout_s_, "MPI barrier");
+    MANTISSA_MPI_CHECK(MPI_Ibarrier(comm_.get(), request.handle()));
+    request.wait();
+  }
+
+ private:
+  std::unique_ptr<MpiRequest> start(const char* op, const Tensor& buf) {
+    std::ostringstream what;
+    what << "MPI " << op << " of " << buf.describe();
+    return std::make_unique<MpiRequest>(world_, timeout_s_, what.str());
+  }
+
+  void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {
+    MANTISSA_CHECK(static_cast<int>(counts.size()) == size_,
+                   "MPI " << op << ": " << counts.size() << " counts for " << size_ << " ranks");
+    const int64_t total = chunk_offsets(counts).back();
+    MANTISSA_CHECK(total == buf.numel(), "MPI " << op << ": counts add up to " << total
+                                                << " elements, the buffer " << buf.describe()
+                                                << " has " << buf.numel());
+  }
+
+  const World& world_;
+  double timeout_s_;
+  CommHandle comm_;
+  std::shared_ptr<const ReducedOps> ops_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world, double timeout_s) {
+  MANTISSA_CHECK(timeout_s > 0, "dist.timeout_s must be > 0, got " << timeout_s);
+  return std::make_unique<MpiCommunicator>(world, timeout_s, MPI_COMM_WORLD,
+                                           std::make_shared<const ReducedOps>());
+}
+
+}  // namespace mantissa::dist

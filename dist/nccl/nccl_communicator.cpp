@@ -1,0 +1,416 @@
+#include "dist/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/ops/cuda/cuda_backend.h"
+#include "core/ops/cuda/cuda_check.h"
+#include "dist/mpi/mpi_communicator.h"
+
+// NCCL calls on a non-blocking communicator may answer ncclInProgress: the call was accepted
+// and completes asynchronously (wait_ready() polls for it). Anything else is an error that
+// names the call, NCCL's description, its last error text, the rank and the location.
+#define MANTISSA_NCCL_CHECK(call, comm, rank)                                                     \
+  do {                                                                                            \
+    const ncclResult_t mantissa_nccl_status = (call);                                             \
+    MANTISSA_CHECK(mantissa_nccl_status == ncclSuccess || mantissa_nccl_status == ncclInProgress, \
+                   #call << " failed on rank " << (rank) << ": "                                  \
+                         << ncclGetErrorString(mantissa_nccl_status) << " ("                      \
+                         << ncclGetLastError(comm) << ")");                                       \
+  } while (0)
+
+namespace mantissa::dist {
+namespace {
+
+using core::DType;
+using core::Tensor;
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
+    case DType::kE4M3: return ncclFloat8e4m3;  // reductions need sm_90 or newer
+    case DType::kE5M2: return ncclFloat8e5m2;
+    case DType::kI32: return ncclInt32;
+    case DType::kI64: return ncclInt64;
+    case DType::kU8: return ncclUint8;
+  }
+  MANTISSA_FAIL("NCCL communicator: unsupported dtype " << core::dtype_name(dtype));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::kSum ? ncclSum : ncclMax;
+}
+
+// One NCCL communicator, created non-blocking. It is destroyed politely when idle
+// (ncclCommFinalize, then ncclCommDestroy) and aborted when an operation failed or timed
+// out, since then nothing it has in flight can be trusted to finish.
+class NcclComm {
+ public:
+  NcclComm(const World& world, int rank, double timeout_s)
+      : world_(world), rank_(rank), timeout_s_(timeout_s) {}
+  ~NcclComm() {
+    if (comm_ == nullptr) return;
+    if (!aborted_ && ncclCommFinalize(comm_) != ncclSuccess) aborted_ = true;
+    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
+    ncclResult_t state = ncclInProgress;
+    while (!aborted_ && state == ncclInProgress && Clock::now() < deadline) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+    }
+    if (aborted_ || state != ncclSuccess) {
+      ncclCommAbort(comm_);
+    } else {
+      ncclCommDestroy(comm_);
+    }
+  }
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t* out() { return &comm_; }
+  const World& world() const { return world_; }
+  ncclComm_t get() const { return comm_; }
+  int rank() const { return rank_; }
+
+  // Polls until the communicator has no operation being enqueued (after a call that
+  // answered ncclInProgress). Throws on an asynchronous error; ends the job on a timeout.
+  void wait_ready(const std::string& what) {
+    const auto start = Clock::now();
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_, rank_);
+      if (state == ncclSuccess) return;
+      check_async(state, what);
+      if (seconds_since(start) > timeout_s_) timed_out(what, seconds_since(start));
+      std::this_thread::yield();
+    }
+  }
+
+  // Throws when `state` (from ncclCommGetAsyncError) is an error.
+  void check_async(ncclResult_t state, const std::string& what) {
+    if (state == ncclSuccess || state == ncclInProgress) return;
+    const std::string detail = ncclGetLastError(comm_);
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    MANTISSA_FAIL("NCCL " << what << " failed on rank " << rank_ << ": "
+                          << ncclGetErrorString(state) << " (" << detail << ")");
+  }
+
+  [[noreturn]] void timed_out(const std::string& what, double waited_s) {
+    ncclCommAbort(comm_);
+    aborted_ = true;
+    world_.abort_on_timeout("NCCL " + what, waited_s);
+  }
+
+  static double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+ private:
+  const World& world_;
+  int rank_;
+  double timeout_s_;
+  ncclComm_t comm_ = nullptr;
+  bool aborted_ = false;
+};
+
+class CudaEvent {
+ public:
+  CudaEvent() { MANTISSA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~CudaEvent() { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Complete when the event recorded after the operation on the communicator's stream has
+// fired; NCCL's asynchronous errors are checked on every poll.
+class NcclRequest final : public Request {
+ public:
+  NcclRequest(NcclComm& comm, double timeout_s, std::string what)
+      : comm_(comm), timeout_s_(timeout_s), what_(std::move(what)) {}
+  // A request dropped while in flight (an exception unwinding a step) still owns buffers the
+  // GPU is using: wait for it, and end the job rather than throw from a destructor.
+  ~NcclRequest() override {
+    if (done_) return;
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      comm_.world().abort(1, e.what());
+    }
+  }
+
+  cudaEvent_t event() const { return done_event_.get(); }
+  const std::string& what() const { return what_; }
+
+  bool test() override {
+    if (done_) return true;
+    ncclResult_t state = ncclSuccess;
+    MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(comm_.get(), &state), comm_.get(), comm_.rank());
+    comm_.check_async(state, what_);
+    const cudaError_t query = cudaEventQuery(done_event_.get());
+    if (query == cudaErrorNotReady) return false;
+    MANTISSA_CUDA_CHECK(query);
+    done_ = true;
+    return true;
+  }
+
+  void wait() override {
+    const auto start = Clock::now();
+    while (!test()) {
+      if (NcclComm::seconds_since(start) > timeout_s_) {
+        comm_.timed_out(what_, NcclComm::seconds_since(start));
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  NcclComm& comm_;
+  double timeout_s_;
+  std::string what_;
+  CudaEvent done_event_;
+  bool done_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const World& world, core::CudaBackend& backend, double timeout_s,
+                   std::unique_ptr<NcclComm> comm)
+      : world_(world), backend_(backend), timeout_s_(timeout_s), comm_(std::move(comm)) {
+    MANTISSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MANTISSA_NCCL_CHECK(ncclCommCount(comm_->get(), &size_), comm_->get(), comm_->rank());
+  }
+  ~NcclCommunicator() override {
+    comm_.reset();
+    cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return size_; }
+  core::Device device() const override { return backend_.device(); }
+
+  std::unique_ptr<Communicator> duplicate() override {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    auto child = std::make_unique<NcclComm>(world_, rank(), timeout_s_);
+    MANTISSA_NCCL_CHECK(ncclCommSplit(comm_->get(), 0, rank(), child->out(), &config), comm_->get(),
+                        rank());
+    comm_->wait_ready("ncclCommSplit");
+    child->wait_ready("ncclCommSplit");
+    return std::make_unique<NcclCommunicator>(world_, backend_, timeout_s_, std::move(child));
+  }
+
+  RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
+    check_device(buf, "all_reduce");
+    auto request = begin("all_reduce", buf);
+    MANTISSA_NCCL_CHECK(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                                      nccl_dtype(buf.dtype()), nccl_op(op), comm_->get(), stream_),
+                        comm_->get(), rank());
+    return end(std::move(request));
+  }
+
+  RequestPtr reduce_scatter(const Tensor& send, Tensor& recv, const std::vector<int64_t>& counts,
+                            ReduceOp op) override {
+    check_device(send, "reduce_scatter");
+    check_device(recv, "reduce_scatter");
+    check_chunks("reduce_scatter", send, counts);
+    MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank()],
+                   "NCCL reduce_scatter: recv " << recv.describe() << " must hold "
+                                                << counts[rank()] << " elements of send's dtype");
+    auto request = begin("reduce_scatter", send);
+    const ncclDataType_t type = nccl_dtype(send.dtype());
+    if (equal(counts)) {
+      MANTISSA_NCCL_CHECK(
+          ncclReduceScatter(send.data(), recv.data(), static_cast<size_t>(counts[0]), type,
+                            nccl_op(op), comm_->get(), stream_),
+          comm_->get(), rank());
+    } else {
+      // Unequal chunks: one reduce per chunk, rooted at its owner, fused in a group.
+      const std::vector<int64_t> offsets = chunk_offsets(counts);
+      group_start();
+      for (int r = 0; r < size_; ++r) {
+        if (counts[r] == 0) continue;
+        const void* chunk = element(send, offsets[r]);
+        MANTISSA_NCCL_CHECK(
+            ncclReduce(chunk, r == rank() ? recv.data() : const_cast<void*>(chunk),
+                       static_cast<size_t>(counts[r]), type, nccl_op(op), r, comm_->get(), stream_),
+            comm_->get(), rank());
+      }
+      group_end("reduce_scatter");
+    }
+    return end(std::move(request));
+  }
+
+  RequestPtr all_gather(const Tensor& send, Tensor& recv,
+                        const std::vector<int64_t>& counts) override {
+    check_device(send, "all_gather");
+    check_device(recv, "all_gather");
+    check_chunks("all_gather", recv, counts);
+    MANTISSA_CHECK(send.dtype() == recv.dtype() && send.numel() == counts[rank()],
+                   "NCCL all_gather: send " << send.describe() << " must hold " << counts[rank()]
+                                            << " elements of recv's dtype");
+    auto request = begin("all_gather", recv);
+    const ncclDataType_t type = nccl_dtype(recv.dtype());
+    const std::vector<int64_t> offsets = chunk_offsets(counts);
+    if (equal(counts)) {
+      // In place when send is this rank's chunk of recv, which NCCL supports as such.
+      MANTISSA_NCCL_CHECK(ncclAllGather(send.data(), recv.data(), static_cast<size_t>(counts[0]),
+                                        type, comm_->get(), stream_),
+                          comm_->get(), rank());
+    } else {
+      // Unequal chunks: one broadcast per chunk from its owner, fused in a group.
+      group_start();
+      for (int r = 0; r < size_; ++r) {
+        if (counts[r] == 0) continue;
+        void* chunk = element(recv, offsets[r]);
+        MANTISSA_NCCL_CHECK(
+            ncclBroadcast(r == rank() ? send.data() : chunk, chunk, static_cast<size_t>(counts[r]),
+                          type, r, comm_->get(), stream_),
+            comm_->get(), rank());
+      }
+      group_end("all_gather");
+    }
+    return end(std::move(request));
+  }
+
+  RequestPtr broadcast(Tensor& buf, int root) override {
+    check_device(buf, "broadcast");
+    MANTISSA_CHECK(root >= 0 && root < size_, "NCCL broadcast: root " << root << " out of range");
+    auto request = begin("broadcast", buf);
+    MANTISSA_NCCL_CHECK(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                                      nccl_dtype(buf.dtype()), root, comm_->get(), stream_),
+                        comm_->get(), rank());
+    return end(std::move(request));
+  }
+
+  RequestPtr all_to_all(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts) override {
+    check_device(send, "all_to_all");
+    check_device(recv, "all_to_all");
+    check_chunks("all_to_all", send, send_counts);
+    check_chunks("all_to_all", recv, recv_counts);
+    MANTISSA_CHECK(send.dtype() == recv.dtype(), "NCCL all_to_all: send "
+                                                     << send.describe() << " and recv "
+                                                     << recv.describe() << " differ in dtype");
+    auto request = begin("all_to_all", send);
+    const ncclDataType_t type = nccl_dtype(send.dtype());
+    const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
+    const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
+    group_start();
+    for (int r = 0; r < size_; ++r) {
+      if (send_counts[r] > 0) {
+        MANTISSA_NCCL_CHECK(
+            ncclSend(element(send, send_offsets[r]), static_cast<size_t>(send_counts[r]), type, r,
+                     comm_->get(), stream_),
+            comm_->get(), rank());
+      }
+      if (recv_counts[r] > 0) {
+        MANTISSA_NCCL_CHECK(
+            ncclRecv(element(recv, recv_offsets[r]), static_cast<size_t>(recv_counts[r]), type, r,
+                     comm_->get(), stream_),
+            comm_->get(), rank());
+      }
+    }
+    group_end("all_to_all");
+    return end(std::move(request));
+  }
+
+  void barrier() override {
+    Tensor token = Tensor::empty(core::Shape{1}, DType::kI32, device());
+    backend_.fill(token, 0.0f);
+    all_reduce(token, ReduceOp::kMax)->wait();
+  }
+
+ private:
+  static bool equal(const std::vector<int64_t>& counts) {
+    for (int64_t c : counts) {
+      if (c != counts[0]) return false;
+    }
+    return true;
+  }
+
+  static void* element(const Tensor& t, int64_t index) {
+    return static_cast<char*>(t.data()) + index * static_cast<int64_t>(core::dtype_size(t.dtype()));
+  }
+
+  void check_device(const Tensor& t, const char* op) const {
+    MANTISSA_CHECK(t.device() == device(),
+                   "NCCL " << op << ": " << t.describe() << " is not on " << device().str());
+  }
+
+  void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {
+    MANTISSA_CHECK(static_cast<int>(counts.size()) == size_,
+                   "NCCL " << op << ": " << counts.size() << " counts for " << size_ << " ranks");
+    const int64_t total = chunk_offsets(counts).back();
+    MANTISSA_CHECK(total == buf.numel(), "NCCL " << op << ": counts add up to " << total
+                                                 << " elements, the buffer " << buf.describe()
+                                                 << " has " << buf.numel());
+  }
+
+  // The collective must see every write already queued on the backend's stream.
+  std::unique_ptr<NcclRequest> begin(const char* op, const Tensor& buf) {
+    std::ostringstream what;
+    what << op << " of " << buf.describe();
+    auto request = std::make_unique<NcclRequest>(*comm_, timeout_s_, what.str());
+    MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
+    MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_.get(), 0));
+    return request;
+  }
+
+  RequestPtr end(std::unique_ptr<NcclRequest> request) {
+    comm_->wait_ready(request->what());
+    MANTISSA_CUDA_CHECK(cudaEventRecord(request->event(), stream_));
+    return request;
+  }
+
+  void group_start() { MANTISSA_NCCL_CHECK(ncclGroupStart(), comm_->get(), rank()); }
+  void group_end(const char* op) {
+    MANTISSA_NCCL_CHECK(ncclGroupEnd(), comm_->get(), rank());
+    comm_->wait_ready(op);
+  }
+
+  const World& world_;
+  core::CudaBackend& backend_;
+  double timeout_s_;
+  std::unique_ptr<NcclComm> comm_;
+  int size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  CudaEvent ready_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world, core::Backend& backend,
+                                                     double timeout_s) {
+  auto* cuda = dynamic_cast<core::CudaBackend*>(&backend);
+  MANTISSA_CHECK(cuda != nullptr, "dist.backend NCCL needs the CUDA backend, got a backend on "
+                                      << backend.device().str());
+  MANTISSA_CHECK(timeout_s > 0, "dist.timeout_s must be > 0, got " << timeout_s);
+  MANTISSA_CUDA_CHECK(cudaSetDevice(cuda->device().index));
+
+  // Rank 0's unique id reaches every rank over MPI (bounded like every wait).
+  ncclUniqueId id{};
+  if (world.rank() == 0) MANTISSA_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, 0);
+  Tensor id_bytes = Tensor::wrap(&id, core::Shape{static_cast<int64_t>(sizeof id)}, DType::kU8);
+  make_mpi_communicator(world, timeout_s)->broadcast(id_bytes, 0)->wait();
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // no NCCL call may block the host: every wait can time out
+  auto comm = std::make_unique<NcclComm>(world, world.rank(), timeout_s);
+  MANTISSA_NCCL_CHECK(ncclCommInitRankConfig(comm->out(), world.size(), id, world.rank(), &config),
+                      comm->get(), world.rank());
+  comm->wait_ready("ncclCommInitRankConfig");
+  return std::make_unique<NcclCommunicator>(world, *cuda, timeout_s, std::move(comm));
+}
+
+}  // namespace mantissa::dist

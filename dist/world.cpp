@@ -1,0 +1,148 @@
+#include "dist/world.h"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include "dist/mpi/mpi_check.h"
+
+namespace mantissa::dist {
+
+std::string mpi_error_message(const char* call, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  int rank = -1, initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::ostringstream out;
+  out << call << " failed on rank " << rank << ": " << std::string(text, length) << " (code "
+      << code << ")";
+  return out.str();
+}
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  out << "]";
+  return out.str();
+}
+
+// A duplicate of MPI_COMM_WORLD used only by unresponsive_ranks(), so probes never match a
+// message of any other traffic.
+struct World::Probe {
+  MPI_Comm comm = MPI_COMM_NULL;
+  ~Probe() {
+    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  }
+};
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : fallback;
+}
+
+}  // namespace
+
+World::World(int* argc, char*** argv) {
+  // Open MPI's non-blocking all-reduce (libnbc) defaults to a binomial tree, which runs large
+  // buckets 2-3x slower than the blocking MPI_Allreduce; the ring algorithm (reduce-scatter,
+  // then all-gather, so every rank still gets the same bits) matches it. A value the user
+  // set in the environment wins.
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+  int provided = 0;
+  MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MANTISSA_CHECK(provided >= MPI_THREAD_FUNNELED,
+                 "MPI_Init_thread: the MPI library provides thread level "
+                     << provided << ", mantissa needs MPI_THREAD_FUNNELED");
+  MANTISSA_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  MANTISSA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+  MANTISSA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
+  local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", 0));
+  probe_ = std::make_unique<Probe>();
+  MANTISSA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe_->comm));
+}
+
+World::~World() {
+  probe_.reset();
+  MPI_Finalize();
+}
+
+void World::abort(int exit_code, const std::string& message) const {
+  std::fprintf(stderr, "mantissa: rank %d: %s\n", rank_, message.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+std::vector<int> World::unresponsive_ranks(double grace_s) const {
+  // Every rank that reaches this sends one byte to every other rank and listens for theirs.
+  // This runs while the job is failing, so an MPI call that fails here is not an error of its
+  // own: the peer it concerns simply counts as not answering. Sends are not waited for (a
+  // dead peer may never take them); the job ends right after.
+  constexpr int kTag = 7001;
+  const size_t n = static_cast<size_t>(size_);
+  std::vector<char> in(n, 0);
+  std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL);
+  std::vector<bool> listening(n, false), answered(n, false);
+  answered[static_cast<size_t>(rank_)] = true;
+  char out = 1;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const size_t i = static_cast<size_t>(r);
+    MPI_Request send = MPI_REQUEST_NULL;
+    if (MPI_Isend(&out, 1, MPI_CHAR, r, kTag, probe_->comm, &send) == MPI_SUCCESS) {
+      MPI_Request_free(&send);
+    }
+    listening[i] = MPI_Irecv(&in[i], 1, MPI_CHAR, r, kTag, probe_->comm, &recvs[i]) == MPI_SUCCESS;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool all = true;
+    for (size_t i = 0; i < n; ++i) {
+      if (answered[i] || !listening[i]) {
+        all = all && answered[i];
+        continue;
+      }
+      int done = 0;
+      if (MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        answered[i] = true;
+      } else {
+        all = false;
+      }
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<int> silent;
+  for (int r = 0; r < size_; ++r) {
+    if (!answered[static_cast<size_t>(r)]) silent.push_back(r);
+  }
+  return silent;
+}
+
+void World::abort_on_timeout(const std::string& what, double waited_s) const {
+  // The other live ranks stuck in the same collective time out within moments of us; give
+  // them a fraction of the timeout (1 to 10 s) to answer the probe.
+  const std::vector<int> silent = unresponsive_ranks(std::clamp(0.2 * waited_s, 1.0, 10.0));
+  std::ostringstream message;
+  message << what << " did not complete within " << waited_s << " s (dist.timeout_s); ";
+  if (silent.empty()) {
+    message << "every rank answered a probe, so a rank is stuck outside this collective "
+               "(ranks out of step)";
+  } else {
+    message << "rank(s) " << format_ranks(silent) << " did not answer";
+  }
+  abort(kTimeoutExitCode, message.str());
+}
+
+}  // namespace mantissa::dist

@@ -1,0 +1,52 @@
+// The process's place in the job: MPI's lifetime, rank and world size, and the local rank
+// that picks this process's GPU. Works the same under mpirun, srun and alone (world size 1).
+//
+// Local rank: OMPI_COMM_WORLD_LOCAL_RANK, else SLURM_LOCALID, else 0.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace mantissa::dist {
+
+class World {
+ public:
+  // MPI_Init_thread (MPI_THREAD_FUNNELED) with MPI_ERRORS_RETURN, so every failure reaches
+  // our checks and carries its context instead of aborting inside MPI.
+  World(int* argc, char*** argv);
+  ~World();  // MPI_Finalize
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  int local_rank() const { return local_rank_; }
+
+  // Prints "mantissa: rank R: <message>" to stderr and ends the whole job with `exit_code`
+  // (MPI_Abort), so no rank is left waiting for a peer that gave up.
+  [[noreturn]] void abort(int exit_code, const std::string& message) const;
+
+  // --- failure detection (used by the communicators) -----------------------------------
+  // The ranks that do not answer a probe within grace_s. Called by a rank whose wait on a
+  // collective timed out: it sends a probe to every other rank on a communicator kept for
+  // this alone and waits for theirs. The live ranks are stuck in the same collective, time
+  // out at about the same moment and probe too; a dead or hung rank never answers.
+  std::vector<int> unresponsive_ranks(double grace_s) const;
+  // What a timed-out wait does: names `what`, how long it waited and the unresponsive ranks,
+  // then abort(kTimeoutExitCode, ...).
+  [[noreturn]] void abort_on_timeout(const std::string& what, double waited_s) const;
+  static constexpr int kTimeoutExitCode = 3;
+
+ private:
+  struct Probe;  // the probe communicator (an MPI handle kept out of this header)
+  int rank_ = 0;
+  int size_ = 1;
+  int local_rank_ = 0;
+  std::unique_ptr<Probe> probe_;
+};
+
+// "[2, 3]": how messages list ranks.
+std::string format_ranks(const std::vector<int>& ranks);
+
+}  // namespace mantissa::dist

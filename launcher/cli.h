@@ -1,0 +1,30 @@
+// The command line of `mantissa train`, `config` and `export`:
+//   --config FILE.pbtxt  [--set path.to.field=value]...  [--progress auto|live|lines]  (train)
+//   [--out FILE.safetensors]  (export, where it is required)
+// Both `--opt value` and `--opt=value` are accepted.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "launcher/config.h"
+#include "launcher/run_log.h"
+
+namespace mantissa::launcher {
+
+struct TrainArgs {
+  bool help = false;
+  std::string config_path;
+  std::vector<std::string> sets;  // in command-line order: later ones win
+  ProgressMode progress = ProgressMode::kAuto;
+  std::string out;  // export only
+};
+
+// `command` (train, config or export) decides which options exist and is named in the hint
+// that ends each message. Throws ConfigError for a malformed command line.
+TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args);
+
+// The effective config: the file, then every --set in order, then the defaults, validated.
+TrainConfig effective_config(const TrainArgs& args);
+
+}  // namespace mantissa::launcher

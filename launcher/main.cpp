@@ -1,0 +1,232 @@
+// mantissa: the command-line entry point. Each subcommand is one row of kCommands.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "dist/world.h"
+#include "launcher/cli.h"
+#include "launcher/config.h"
+#include "launcher/exit_codes.h"
+#include "launcher/export.h"
+#include "launcher/trainer.h"
+
+namespace mantissa::launcher {
+namespace {
+
+constexpr const char* kTrainHelp =
+    R"(usage: mantissa train --config FILE.pbtxt [--set path.to.field=value]... [--progress MODE]
+
+Trains a model as the config describes. The same command runs alone (one rank), under
+`mpirun -np N` or under `srun`: every rank finds its place through MPI and computes on GPU
+number (local rank modulo the visible GPUs) when run.device is CUDA, or AUTO and a GPU is
+visible; on the CPU otherwise.
+
+options:
+  --config FILE     a TrainConfig in protobuf text format (proto/config.proto; configs/*.pbtxt)
+  --set PATH=VALUE  override one field after the file is read, e.g. --set run.steps=100,
+                    --set precision.mode=FP16, --set debug.inject_nonfinite_steps=5 (a repeated
+                    field gets the value appended), --set 'model.mlp={hidden: 128}' (a message
+                    body selects a oneof member); may be given many times, later ones win
+  --progress MODE   rank 0's progress line on stderr: auto (live when stderr is a terminal),
+                    live (one line updated in place; use it under mpirun, whose ranks never
+                    see a terminal), lines (a plain line every run.log_every steps)
+  -h, --help        this help
+
+output, in run.dir (default runs/<config file name>):
+  config.pbtxt        the effective config (every default filled in), also printed at start
+  log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss, mean_loss,
+                      loss_scale, overflow, grad_norm, lr, tokens, tokens_per_s, step_seconds,
+                      allreduce_seconds, time, and skipped_param when a step was skipped
+  checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
+                      (checkpoint.resume)
+
+signals: SIGUSR1 or SIGTERM to any rank (mpirun forwards SIGUSR1 to all) stops every rank at
+the same step after a checkpoint is written; the exit code is then 0.
+
+exit codes:
+  0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
+  1  runtime failure (I/O, communication, a checkpoint that cannot be written or read)
+  2  bad command line or config, including data files and devices it names; nothing trained
+  3  a peer rank stopped answering within dist.timeout_s
+  4  training diverged: the loss is not finite, or gradients stayed non-finite at the
+     minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
+
+defaults of fields the config leaves unset:
+)";
+
+constexpr const char* kConfigHelp =
+    R"(usage: mantissa config --config FILE.pbtxt [--set path.to.field=value]...
+
+Reads and checks a config exactly as `mantissa train` does (without the checks that need the
+ranks or the device), and prints the effective config: every --set applied and every default
+filled in. Exit code 0 when it is valid, 2 (with one line saying why) when it is not.
+)";
+
+constexpr const char* kExportHelp =
+    R"(usage: mantissa export --config FILE.pbtxt [--set path.to.field=value]... --out FILE.safetensors
+
+Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
+config describes, as a safetensors file: GPT-2 parameter names (wte, wpe, h.<i>.attn.c_attn.
+weight, ...), matrices stored [out, in], the step and the effective config in __metadata__.
+Runs as one process (no mpirun needed). Exit code 0 when written, 1 when no checkpoint is
+intact or the file cannot be written, 2 for a bad command line or config, or no checkpoint.
+)";
+
+void print_train_help() {
+  std::fputs(kTrainHelp, stdout);
+  std::fputs(describe_defaults().c_str(), stdout);
+}
+
+// Reports a config or command-line error once per job (rank 0; every rank finds the same one).
+void report_config_error(int rank, const std::string& message) {
+  if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
+}
+
+int train_command(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  for (const std::string& arg : args) {
+    if (arg == "-h" || arg == "--help") {
+      print_train_help();
+      return kExitOk;
+    }
+  }
+
+  dist::World world(&argc, &argv);
+  TrainArgs parsed;
+  TrainConfig config;
+  try {
+    parsed = parse_train_args("train", args);
+    config = effective_config(parsed);
+  } catch (const ConfigError& e) {
+    report_config_error(world.rank(), e.what());
+    return kExitConfig;
+  }
+  if (world.rank() == 0) {
+    std::printf("# effective config (%s)\n%s", parsed.config_path.c_str(), to_text(config).c_str());
+    std::fflush(stdout);
+  }
+
+  try {
+    Trainer trainer(world, config, parsed.progress);
+    return trainer.run();
+  } catch (const ConfigError& e) {
+    // Most of these are found alike on every rank; the few that are not (a port already taken
+    // on one node) must not leave the other ranks waiting, so a job of several ranks aborts.
+    if (world.size() == 1) {
+      report_config_error(0, e.what());
+      return kExitConfig;
+    }
+    world.abort(kExitConfig, e.what());
+  } catch (const std::exception& e) {
+    world.abort(kExitFailure, std::string("error: ") + e.what());
+  }
+}
+
+int config_command(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    const TrainArgs parsed = parse_train_args("config", args);
+    if (parsed.help) {
+      std::fputs(kConfigHelp, stdout);
+      return kExitOk;
+    }
+    std::fputs(to_text(effective_config(parsed)).c_str(), stdout);
+    return kExitOk;
+  } catch (const ConfigError& e) {
+    report_config_error(0, e.what());
+    return kExitConfig;
+  }
+}
+
+int export_command(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    const TrainArgs parsed = parse_train_args("export", args);
+    if (parsed.help) {
+      std::fputs(kExportHelp, stdout);
+      return kExitOk;
+    }
+    const std::string from = export_checkpoint_weights(effective_config(parsed), parsed.out);
+    std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
+    return kExitOk;
+  } catch (const ConfigError& e) {
+    report_config_error(0, e.what());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
+    return kExitFailure;
+  }
+}
+
+int help_command(int argc, char** argv);
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv);  // argv[1] is the command's name
+};
+
+constexpr Command kCommands[] = {
+    {"train", "train a model from a config (alone, under mpirun or under srun)", train_command},
+    {"config", "check a config and print it with every default filled in", config_command},
+    {"export", "write a run's newest checkpoint as a safetensors file", export_command},
+    {"help", "this overview, or `mantissa help COMMAND` for one command", help_command},
+};
+
+void print_overview(std::FILE* out) {
+  std::fputs(
+      "mantissa: data-parallel mixed-precision pretraining of GPT-style language models\n\n"
+      "usage: mantissa COMMAND [options]\n\ncommands:\n",
+      out);
+  for (const Command& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.summary);
+  std::fputs("\n`mantissa COMMAND --help` describes a command's options and exit codes.\n", out);
+}
+
+int help_command(int argc, char** argv) {
+  const std::string topic = argc < 3 ? "" : argv[2];
+  if (topic.empty() || topic == "help" || topic == "-h" || topic == "--help") {
+    print_overview(stdout);
+    return kExitOk;
+  }
+  for (const Command& c : kCommands) {
+    if (topic == c.name) {
+      char name[] = "mantissa";
+      char help[] = "--help";
+      char* args[] = {name, argv[2], help, nullptr};
+      return c.run(3, args);
+    }
+  }
+  std::fprintf(stderr, "mantissa: no command '%s' (see mantissa --help)\n", argv[2]);
+  return kExitConfig;
+}
+
+int main_impl(int argc, char** argv) {
+  if (argc < 2) {
+    print_overview(stderr);
+    return kExitConfig;
+  }
+  const std::string command = argv[1];
+  if (command == "-h" || command == "--help") {
+    print_overview(stdout);
+    return kExitOk;
+  }
+  for (const Command& c : kCommands) {
+    if (command == c.name) return c.run(argc, argv);
+  }
+  std::fprintf(stderr, "mantissa: unknown command '%s' (see mantissa --help)\n", command.c_str());
+  return kExitConfig;
+}
+
+}  // namespace
+}  // namespace mantissa::launcher
+
+int main(int argc, char** argv) {
+  try {
+    return mantissa::launcher::main_impl(argc, argv);
+  } catch (const std::exception& e) {
+    // What escapes the commands: MPI that cannot start, say.
+    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
+    return mantissa::launcher::kExitFailure;
+  }
+}

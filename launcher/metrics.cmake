@@ -1,0 +1,6 @@
+# mantissa_metrics: the Prometheus exporter and Pushgateway client of one rank
+# (launcher/metrics.h). A library of its own so that tests link it without the launcher.
+add_library(mantissa_metrics STATIC ${CMAKE_CURRENT_LIST_DIR}/metrics.cpp)
+target_link_libraries(mantissa_metrics PUBLIC mantissa_core PRIVATE prometheus-cpp::pull
+                                                                  prometheus-cpp::push)
+mantissa_warnings(mantissa_metrics)

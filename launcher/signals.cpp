@@ -1,0 +1,33 @@
+#include "launcher/signals.h"
+
+#include <csignal>
+
+namespace mantissa::launcher {
+
+namespace {
+
+// Written by the handler, read by the training loop: an async-signal-safe flag.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  // Interrupted system calls restart: a signal during a file write or a collective must not
+  // turn into an I/O error; the loop sees the flag at the end of the step.
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGUSR1, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+int stop_signal() {
+  return g_stop_signal;
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,409 @@
+#include "launcher/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+#include "core/error.h"
+#include "launcher/config.h"
+#include "launcher/exit_codes.h"
+#include "launcher/llmc_import.h"
+#include "launcher/signals.h"
+#include "models/data/corpus.h"
+#include "models/gpt2/gpt2.h"
+#include "models/mlp/mlp.h"
+#include "models/nn/fp8_operands.h"
+#include "models/training/fault_injection.h"
+
+namespace mantissa::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// "12/300": how people see step numbers (the progress line counts from 1).
+std::string step_of(int64_t number, int64_t total) {
+  return std::to_string(number) + "/" + std::to_string(total);
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct ModelDims {
+  int64_t seq_len = 0;
+  int64_t vocab_size = 0;
+};
+
+ModelDims model_dims(const TrainConfig::Model& model) {
+  if (model.has_mlp()) return {model.mlp().seq_len(), model.mlp().vocab_size()};
+  return {model.gpt2().seq_len(), model.gpt2().vocab_size()};
+}
+
+}  // namespace
+
+std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
+                                                   core::Backend& backend,
+                                                   const core::PrecisionPolicy& policy) {
+  const uint64_t seed = config.run().seed();
+  if (config.model().has_mlp()) {
+    const TrainConfig::Model::MLP& m = config.model().mlp();
+    return std::make_unique<models::MLP>(
+        models::MLPConfig{m.n_embd(), m.hidden(), m.seq_len(), m.vocab_size()}, backend, policy,
+        seed, fp8_scaling_config(config));
+  }
+  const TrainConfig::Model::GPT2& g = config.model().gpt2();
+  return std::make_unique<models::GPT2>(
+      models::GPT2Config{g.n_layer(), g.n_head(), g.n_embd(), g.seq_len(), g.vocab_size()}, backend,
+      policy, seed, fp8_scaling_config(config));
+}
+
+Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode progress)
+    : world_(world),
+      config_(config),
+      run_dir_(config.run().dir()),
+      progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
+  install_stop_handlers();  // before the setup, which may take long (large shards, resume)
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir_, ec);
+  require(!ec, "run.dir", "\"" + run_dir_ + "\"", "cannot be created: " + ec.message());
+
+  // The checks that need the world: the rest of the config was validated before.
+  const TrainConfig::Debug& debug = config_.debug();
+  if (debug.inject_nonfinite_steps_size() > 0) {
+    require(debug.inject_nonfinite_rank() < world.size(), "debug.inject_nonfinite_rank",
+            std::to_string(debug.inject_nonfinite_rank()),
+            "must be < the world size " + std::to_string(world.size()));
+  }
+  const int port = config_.metrics().port();
+  require(port == 0 || port + world.local_rank() <= 65535, "metrics.port", std::to_string(port),
+          "plus the local rank " + std::to_string(world.local_rank()) + " must be <= 65535");
+
+  device_ = select_device(config_, world.local_rank());
+  backend_ = make_backend(device_);
+  policy_ = precision_policy(config_);
+  model_ = build_model(config_, *backend_, policy_);
+  build_data();
+
+  dp_ = dist::DataParallel::create(world, *backend_, model_->parameters(), dist_config(config_));
+  optimizer_ = dp_->make_optimizer(adamw_config(config_));
+  scaler_ = std::make_unique<core::LossScaler>(loss_scaler_config(config_));
+  schedule_ = std::make_unique<core::LrSchedule>(lr_schedule_config(config_));
+  step_ = std::make_unique<models::TrainingStep>(
+      *model_, *backend_, policy_, *scaler_, *optimizer_, *schedule_,
+      static_cast<float>(config_.optimizer().grad_clip()));
+  step_->before_check = models::nonfinite_injector(
+      *backend_, world.rank(), debug.inject_nonfinite_rank(),
+      {debug.inject_nonfinite_steps().begin(), debug.inject_nonfinite_steps().end()});
+
+  CheckpointGroup group{world.rank(), world.size(),
+                        [this](bool ok) { return dp_->sum_across_ranks(ok ? 0.0 : 1.0) == 0.0; }};
+  checkpointer_ = std::make_unique<Checkpointer>(
+      CheckpointOptions{run_dir_ + "/checkpoints", config_.checkpoint().keep()}, std::move(group),
+      *backend_);
+  const bool resumed = restore();
+  if (!resumed) {
+    if (!config_.model().init_from().empty()) import_initial_weights();
+    dp_->broadcast_parameters();
+  }
+
+  build_metrics();
+  log_ = std::make_unique<StepLog>(run_dir_, world.rank(), resumed);
+  if (world.rank() == 0) {
+    const std::string path = run_dir_ + "/config.pbtxt";
+    std::ofstream out(path);
+    out << to_text(config_);
+    MANTISSA_CHECK(out.good(), "cannot write the effective config to '" << path << "'");
+  }
+
+  const models::ParameterStore& params = model_->parameters();
+  const ModelDims dims = model_dims(config_.model());
+  const int64_t global_batch =
+      config_.data().micro_batch_size() * config_.data().grad_accum_steps() * world.size();
+  char summary[512];
+  std::snprintf(
+      summary, sizeof summary,
+      "mantissa: %s, %.2fM parameters, %s | %d rank%s on %s | batch %lld x %lld tokens "
+      "per step | %s",
+      config_.model().has_mlp() ? "MLP" : "GPT-2",
+      static_cast<double>(params.parameter_count()) / 1e6, core::precision_mode_name(policy_.mode),
+      world.size(), world.size() == 1 ? "" : "s", device_.name.c_str(),
+      static_cast<long long>(global_batch), static_cast<long long>(dims.seq_len),
+      resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
+  say(summary);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::build_data() {
+  const TrainConfig::Data& data = config_.data();
+  const ModelDims dims = model_dims(config_.model());
+  const uint64_t seed = config_.run().seed();
+  // Data problems found while loading (a malformed shard, a corpus shorter than one sequence)
+  // are configuration errors like a missing file: nothing can be trained from them.
+  try {
+    std::shared_ptr<const models::Corpus> corpus;
+    if (data.has_text_file()) {
+      corpus = std::make_shared<const models::Corpus>(
+          models::Corpus::text_file(data.text_file().path()));
+    } else if (data.has_token_shards()) {
+      corpus = std::make_shared<const models::Corpus>(models::Corpus::token_shards(
+          data.token_shards().pattern(), static_cast<int>(dims.vocab_size)));
+    } else {
+      corpus = std::make_shared<const models::Corpus>(
+          models::Corpus::synthetic(seed, data.synthetic().n_tokens()));
+    }
+    models::DataLoaderConfig loader;
+    loader.seq_len = dims.seq_len;
+    loader.micro_batch = data.micro_batch_size();
+    loader.world_size = world_.size();
+    loader.rank = world_.rank();
+    loader.seed = seed;
+    loader_ = std::make_unique<models::DataLoader>(std::move(corpus), loader);
+  } catch (const core::Error& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+void Trainer::build_metrics() {
+  const TrainConfig::Metrics& m = config_.metrics();
+  MetricsOptions options;
+  options.bind_address = m.bind_address();
+  options.port = m.port() == 0 ? 0 : m.port() + world_.local_rank();
+  options.rank = world_.rank();
+  options.pushgateway_url = m.pushgateway_url();
+  options.push_every = static_cast<int>(m.push_every());
+  options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
+                       : device_.cuda        ? gpu_peak_flops(device_.name)
+                                             : cpu_nominal_peak_flops(omp_get_max_threads());
+  options.flops_per_token = model_->flops_per_token();
+  const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
+  options.loss_scale_min =
+      scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC ? scale.min() : 0.0;
+  try {
+    metrics_ = std::make_unique<Metrics>(std::move(options));
+  } catch (const core::Error& e) {
+    throw ConfigError("metrics.port = " + std::to_string(m.port()) + ": " + e.what());
+  }
+}
+
+bool Trainer::restore() {
+  const TrainConfig::Checkpoint& c = config_.checkpoint();
+  if (c.resume() == TrainConfig::Checkpoint::NEVER) return false;
+
+  // The whole masters buffer on every rank (under ZeRO-1 too: the compute copy is refreshed
+  // from it), the moments of the range this rank's optimizer owns.
+  models::ParameterStore& params = model_->parameters();
+  const int64_t n = params.flat_numel();
+  const int64_t begin = optimizer_->owned_begin();
+  std::vector<BufferSlice> slices = {{"masters", n, 0, params.masters()},
+                                     {"adam_m", n, begin, optimizer_->first_moment()},
+                                     {"adam_v", n, begin, optimizer_->second_moment()}};
+  const std::optional<CheckpointState> state =
+      checkpointer_->load_latest(parameter_layout(params), slices);
+  if (!state) {
+    require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
+            "there is no checkpoint in " + checkpointer_->options().dir);
+    return false;
+  }
+
+  params.refresh_compute_copy(*backend_);
+  optimizer_->set_steps_taken(state->optimizer_steps);
+  scaler_->set_state(state->loss_scaler);
+  if (models::Fp8Operands* fp8 = model_->fp8_operands()) {
+    // A run that switches to FP8 on resume starts its scales afresh.
+    if (!state->fp8.tensors.empty()) {
+      fp8->registry().set_state(state->fp8);
+      fp8->upload_scales(*backend_);
+    }
+  }
+  loader_->set_cursor(state->data);
+  start_step_ = state->step;
+  tokens_total_ = state->tokens;
+  last_saved_step_ = state->step;
+  if (state->seed != config_.run().seed()) {
+    say("mantissa: warning: the checkpoint was trained with run.seed " +
+        std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
+        ": the data stream changes from here on");
+  }
+  say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
+      checkpoint_dir_name(state->step) + " (saved by " + std::to_string(state->world_size) +
+      " rank" + (state->world_size == 1 ? "" : "s") + ")");
+  return true;
+}
+
+void Trainer::import_initial_weights() {
+  const std::string& path = config_.model().init_from();
+  // Every rank reads the file (a shared file system, like the data), so a file that does not
+  // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
+  try {
+    import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
+  } catch (const core::Error& e) {
+    throw ConfigError("model.init_from = \"" + path + "\": " + e.what());
+  }
+  say("mantissa: initial weights from the llm.c model " + path);
+}
+
+dist::ReplicaState Trainer::replica_state(int64_t steps_done) const {
+  dist::ReplicaState state;
+  state.step = steps_done;
+  state.scaler = scaler_->state();
+  if (models::Fp8Operands* fp8 = model_->fp8_operands()) {
+    for (const core::Fp8TensorState& t : fp8->registry().state().tensors) {
+      state.fp8_scales.push_back(t.scale);
+    }
+  }
+  state.optimizer_steps = optimizer_->steps_taken();
+  return state;
+}
+
+void Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
+  const int64_t every = config_.checkpoint().every_steps();
+  const bool due =
+      force || steps_done == config_.run().steps() || (every > 0 && steps_done % every == 0);
+  if (due && steps_done != last_saved_step_) save_checkpoint(steps_done);
+}
+
+void Trainer::save_checkpoint(int64_t steps_done) {
+  const Clock::time_point start = Clock::now();
+  // A checkpoint of replicas that disagree would preserve the disagreement: check first.
+  dp_->check_consistency(replica_state(steps_done));
+
+  models::ParameterStore& params = model_->parameters();
+  CheckpointState state;
+  state.step = steps_done;
+  state.tokens = tokens_total_;
+  state.optimizer_steps = optimizer_->steps_taken();
+  state.seed = config_.run().seed();
+  state.zero_stage = config_.dist().zero_stage();
+  state.loss_scaler = scaler_->state();
+  if (models::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
+  state.data = loader_->cursor();
+  state.config_text = to_text(config_);
+  state.parameters = parameter_layout(params);
+
+  // Without ZeRO every rank holds the same replica and rank 0 writes it; under ZeRO-1 each
+  // rank writes the shard it owns.
+  const int64_t n = params.flat_numel();
+  const int64_t begin = optimizer_->owned_begin();
+  const int64_t end = optimizer_->owned_end();
+  std::vector<BufferSlice> slices;
+  if (config_.dist().zero_stage() == 1 || world_.rank() == 0) {
+    slices = {{"masters", n, begin, params.masters().view(begin, core::Shape{end - begin})},
+              {"adam_m", n, begin, optimizer_->first_moment()},
+              {"adam_v", n, begin, optimizer_->second_moment()}};
+  }
+  const std::string dir = checkpointer_->save(state, slices);
+  last_saved_step_ = steps_done;
+  const double seconds = seconds_since(start);
+  metrics_->record_checkpoint(steps_done, seconds);
+  char line[512];
+  std::snprintf(line, sizeof line, "mantissa: checkpoint %s written in %.2f s", dir.c_str(),
+                seconds);
+  say(line);
+}
+
+void Trainer::say(const std::string& line) {
+  if (world_.rank() == 0) progress_.note(line);
+}
+
+int Trainer::run() {
+  const int64_t total = config_.run().steps();
+  const int64_t accum = config_.data().grad_accum_steps();
+  const int64_t check_every = config_.dist().consistency_check_every();
+  const int world_size = world_.size();
+  models::Fp8Operands* fp8 = model_->fp8_operands();
+
+  for (int64_t step = start_step_; step < total; ++step) {
+    const Clock::time_point start = Clock::now();
+    std::vector<models::Batch> micro_batches;
+    for (int64_t i = 0; i < accum; ++i) micro_batches.push_back(loader_->next());
+
+    models::StepReport report;
+    try {
+      report = step_->run(step, micro_batches, dp_.get());
+    } catch (const core::Error& e) {
+      // The scaler's abort comes from the MAX-reduced overflow flag: every rank throws it at
+      // the same step, so every rank can stop cleanly. Anything else ends the job.
+      const core::LossScalerState& s = scaler_->state();
+      if (s.overflows_at_min < scaler_->config().max_overflows_at_min) throw;
+      progress_.finish();
+      say("mantissa: training diverged at step " + step_of(step + 1, total) + ": " + e.what());
+      return kExitDiverged;
+    }
+    const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
+    // One flag for all ranks: a signal that reached any of them stops every one here.
+    std::vector<float> stop{stop_signal() != 0 ? 1.0f : 0.0f};
+    dp_->max_across_ranks(stop);
+    const double seconds = seconds_since(start);
+    tokens_total_ += report.tokens * world_size;
+
+    StepLogEntry entry;
+    entry.step = step;
+    entry.loss = report.loss;
+    entry.mean_loss = mean_loss;
+    entry.loss_scale = report.loss_scale;
+    entry.overflow = report.skipped;
+    entry.grad_norm = report.grad_norm;
+    entry.lr = report.lr;
+    entry.tokens = report.tokens;
+    entry.tokens_per_s = static_cast<double>(report.tokens) / seconds;
+    entry.step_seconds = seconds;
+    entry.allreduce_seconds = dp_->last_step_comm_seconds();
+    entry.skipped_param = report.nonfinite_param;
+    log_->write(entry);
+    if (world_.rank() == 0) progress_.update(entry, world_size);
+
+    StepRecord record;
+    record.step = step + 1;
+    record.loss = report.loss;
+    record.loss_scale = report.loss_scale;
+    record.overflow = report.skipped;
+    record.grad_norm = report.grad_norm;
+    record.learning_rate = report.lr;
+    record.tokens = report.tokens;
+    record.step_seconds = seconds;
+    record.allreduce_seconds = entry.allreduce_seconds;
+    record.allreduce_bytes = dp_->last_step_comm_bytes();
+    if (fp8) {
+      const core::Fp8ScalingRegistry& registry = fp8->registry();
+      for (int i = 0; i < registry.size(); ++i) {
+        record.fp8.push_back(
+            {registry.tensor(i).name, registry.newest_amax(i), registry.tensor(i).scale});
+      }
+    }
+    metrics_->record_step(record);
+
+    if (!std::isfinite(mean_loss)) {
+      progress_.finish();
+      say("mantissa: training diverged at step " + step_of(step + 1, total) +
+          ": the loss is not finite (" + std::to_string(mean_loss) +
+          ") — lower optimizer.adamw.lr, or check the data");
+      return kExitDiverged;
+    }
+
+    const int64_t steps_done = step + 1;
+    if (check_every > 0 && steps_done % check_every == 0) {
+      dp_->check_consistency(replica_state(steps_done));
+    }
+    const bool stopping = stop[0] != 0.0f && steps_done < total;
+    maybe_checkpoint(steps_done, stopping);
+    if (stopping) {
+      progress_.finish();
+      say("mantissa: stop requested (SIGUSR1/SIGTERM): stopped after step " +
+          step_of(steps_done, total) + " with a checkpoint; run the same command to continue");
+      return kExitOk;
+    }
+  }
+  progress_.finish();
+  say("mantissa: done, " + std::to_string(total) + " steps, " + std::to_string(tokens_total_) +
+      " tokens");
+  return kExitOk;
+}
+
+}  // namespace mantissa::launcher

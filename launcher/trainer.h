@@ -1,0 +1,98 @@
+// The Trainer: one rank's part of a training run, wired from a validated TrainConfig.
+//
+// Construction builds, in this order (every rank runs the same code, see dist/data_parallel.h):
+// the device and backend, the model (same seed on every rank), the corpus and this rank's data
+// loader, data parallelism (gradient sync + the optimizer, ZeRO-1 sharded or not), the loss
+// scaler, LR schedule and training step (with fault injection from debug.*), the checkpointer
+// and the metrics exporter; then it resumes from <run.dir>/checkpoints when there is a
+// checkpoint (checkpoint.resume), or broadcasts rank 0's initial weights (random, or imported
+// from model.init_from).
+//
+// run() trains to run.steps. After every step each rank logs its JSON line, rank 0 updates the
+// progress line, and all ranks agree, with one MAX all-reduce, on whether any of them received
+// SIGUSR1/SIGTERM. Checkpoints are written every checkpoint.every_steps, at the end, and at an
+// agreed stop. The divergence guard stops the run on a non-finite mean loss, or when the loss
+// scaler gives up (non-finite gradients at its minimum scale max_overflows_at_min times in a
+// row). Both conditions are identical on every rank (the loss is summed over ranks, the
+// overflow flag is MAX-reduced), so all ranks stop at the same step and exit alike.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "config.pb.h"
+#include "core/ops/backend.h"
+#include "core/optim/lr_schedule.h"
+#include "core/precision/loss_scaler.h"
+#include "core/precision/policy.h"
+#include "dist/data_parallel.h"
+#include "dist/world.h"
+#include "launcher/checkpoint.h"
+#include "launcher/device.h"
+#include "launcher/metrics.h"
+#include "launcher/run_log.h"
+#include "models/data/data_loader.h"
+#include "models/nn/language_model.h"
+#include "models/training/optimizer.h"
+#include "models/training/training_step.h"
+
+namespace mantissa::launcher {
+
+// The model the config describes, its masters initialised from run.seed (the same on every
+// rank), on `backend`.
+std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
+                                                   core::Backend& backend,
+                                                   const core::PrecisionPolicy& policy);
+
+class Trainer {
+ public:
+  // `config` must have its defaults applied and be validated. Throws ConfigError for what
+  // the config asks and this world or device cannot do (exit code 2), core::Error for other
+  // failures.
+  Trainer(dist::World& world, const TrainConfig& config, ProgressMode progress);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains from the current step to run.steps; returns the exit code (exit_codes.h).
+  int run();
+
+ private:
+  void build_data();
+  void build_metrics();
+  // Resumes from the newest intact checkpoint; false when there is none (or resume is NEVER).
+  bool restore();
+  // model.init_from: the llm.c GPT-2 weights a run starts from (when it does not resume).
+  void import_initial_weights();
+  // Called after step `steps_done` completed: writes a checkpoint when it is due (every
+  // checkpoint.every_steps, and after the last step) or when `force`d by a stop request.
+  void maybe_checkpoint(int64_t steps_done, bool force);
+  void save_checkpoint(int64_t steps_done);
+  dist::ReplicaState replica_state(int64_t steps_done) const;
+  void say(const std::string& line);  // rank 0 only, through the progress line
+
+  dist::World& world_;
+  TrainConfig config_;
+  std::string run_dir_;
+  DeviceInfo device_;
+  std::unique_ptr<core::Backend> backend_;
+  core::PrecisionPolicy policy_;
+  std::unique_ptr<models::LanguageModel> model_;
+  std::unique_ptr<models::DataLoader> loader_;
+  std::unique_ptr<dist::DataParallel> dp_;
+  std::unique_ptr<models::Optimizer> optimizer_;
+  std::unique_ptr<core::LossScaler> scaler_;
+  std::unique_ptr<core::LrSchedule> schedule_;
+  std::unique_ptr<models::TrainingStep> step_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<StepLog> log_;
+  ProgressLine progress_;
+
+  int64_t start_step_ = 0;    // the step the loop starts at (after a resume: the saved one)
+  int64_t tokens_total_ = 0;  // tokens trained on, all ranks together
+  int64_t last_saved_step_ = -1;
+};
+
+}  // namespace mantissa::launcher

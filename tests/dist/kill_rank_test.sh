@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# kill -9 of one rank mid-run: the survivors must exit non-zero within timeout_s + SLACK
+# seconds of the kill, with our message naming the dead rank.
+#   kill_rank_test.sh MPIEXEC PROGRAM RANKS TIMEOUT_S
+#
+# By default mpirun itself kills the whole job the moment a rank dies of a signal (and prints
+# "mpirun noticed that process rank 1 ... exited on signal 9"), so our own detection never
+# gets to run. Under a scheduler that does not (srun without --kill-on-bad-exit, a hung
+# rather than dead peer, a partitioned node) it is what ends the job; to test it here mpirun
+# is told not to abort on a bad exit.
+set -u
+mpiexec=$1 program=$2 ranks=$3 timeout_s=$4
+slack=10
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+"$mpiexec" --oversubscribe --mca orte_abort_on_non_zero_status 0 -np "$ranks" \
+  "$program" "$timeout_s" >"$log" 2>&1
+rc=$?
+end=$(date +%s.%N)
+cat "$log"
+
+fail() { echo "kill_rank_test: FAILED: $*"; exit 1; }
+killed_at=$(sed -n 's/^test_kill_rank: rank 1 sends itself SIGKILL at \([0-9.]*\)$/\1/p' "$log")
+[ -n "$killed_at" ] || fail "rank 1 never killed itself"
+[ "$rc" -ne 0 ] || fail "mpirun exited 0"
+grep -q "finished the run" "$log" && fail "a survivor finished the run"
+grep -Eq "^mantissa: rank [0-9]+: .*did not complete within .* rank\(s\) \[1\] did not answer" "$log" ||
+  fail "no survivor named rank 1 as the rank that did not answer"
+elapsed=$(echo "$end - $killed_at" | bc)
+echo "kill_rank_test: mpirun exited $rc, $elapsed s after the kill (timeout_s $timeout_s)"
+[ "$(echo "$elapsed <= $timeout_s + $slack" | bc)" -eq 1 ] ||
+  fail "the survivors took $elapsed s, more than timeout_s + $slack"
+echo "kill_rank_test: passed"

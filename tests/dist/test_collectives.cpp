@@ -1,0 +1,288 @@
+// Every collective of the MPI communicator and every dtype, against FP64 references computed
+// on each rank from the inputs of all ranks (each rank can regenerate any rank's data).
+//
+// Sums in a reduced dtype round once per hop: with N ranks a result may carry N - 1
+// roundings, so it must lie within gamma(N - 1) * sum |x_r| of the exact sum
+// (gamma(k) = k u / (1 - k u), u the unit roundoff), plus half the smallest subnormal per
+// rounding. Every rank must also get the same bits.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+#include "core/ops/cpu/cpu_convert.h"
+#include "dist/communicator.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "tests/dist/dist_test.h"
+
+namespace mantissa::dist {
+namespace {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+constexpr double kTimeout = 60.0;
+const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2};
+
+// Unit roundoff and half the smallest subnormal of each dtype.
+double unit_roundoff(DType d) {
+  switch (d) {
+    case DType::kF32: return std::ldexp(1.0, -24);
+    case DType::kBF16: return std::ldexp(1.0, -8);
+    case DType::kF16: return std::ldexp(1.0, -11);
+    case DType::kE4M3: return std::ldexp(1.0, -4);
+    case DType::kE5M2: return std::ldexp(1.0, -3);
+    default: return 0.0;
+  }
+}
+double half_min_subnormal(DType d) {
+  switch (d) {
+    case DType::kF32: return std::ldexp(1.0, -150);
+    case DType::kBF16: return std::ldexp(1.0, -134);
+    case DType::kF16: return std::ldexp(1.0, -25);
+    case DType::kE4M3: return std::ldexp(1.0, -10);
+    case DType::kE5M2: return std::ldexp(1.0, -17);
+    default: return 0.0;
+  }
+}
+
+// Values [first, first + n) of rank r in test `salt`, already representable in dtype d: a
+// random sign and mantissa times 2^k with k in [-6, 2], so sums of 4 ranks stay far below
+// FP8's maximum.
+std::vector<float> values(DType d, int rank, int64_t first, int64_t n, uint64_t salt) {
+  std::vector<float> raw(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = core::random_u32(salt * 1000003 + static_cast<uint64_t>(rank),
+                                           static_cast<uint64_t>(first + i));
+    const float mantissa = static_cast<float>(bits & 0xFFFF) / 65536.0f;
+    const int exponent = static_cast<int>((bits >> 16) % 9) - 6;
+    raw[static_cast<size_t>(i)] = std::ldexp(mantissa, exponent) * ((bits >> 31) ? -1.0f : 1.0f);
+  }
+  std::vector<uint8_t> codes(static_cast<size_t>(n) * 4);
+  core::narrow_from_f32(raw.data(), codes.data(), d, n, core::NarrowOptions{});
+  core::widen_to_f32(codes.data(), d, raw.data(), n);
+  return raw;
+}
+
+float value(DType d, int rank, int64_t i, uint64_t salt) {
+  return values(d, rank, i, 1, salt)[0];
+}
+
+Tensor make(DType d, int rank, int64_t n, uint64_t salt) {
+  const std::vector<float> v = values(d, rank, 0, n, salt);
+  Tensor t = Tensor::empty(Shape{n}, d);
+  core::narrow_from_f32(v.data(), t.data(), d, n, core::NarrowOptions{});
+  return t;
+}
+
+std::vector<float> decode(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  core::widen_to_f32(t.data(), t.dtype(), out.data(), t.numel());
+  return out;
+}
+
+// True when every rank holds the same bytes in `t`.
+bool same_on_all_ranks(const Tensor& t) {
+  uint64_t h = 1469598103934665603ULL;
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  uint64_t lo = h, hi = h;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+class Collectives : public ::testing::Test {
+ protected:
+  void SetUp() override { comm = make_mpi_communicator(testing::world(), kTimeout); }
+  int n() const { return comm->size(); }
+  int me() const { return comm->rank(); }
+
+  // Checks result[i] (i in [0, count)) against the FP64 sum over ranks of element
+  // first + i of each rank's data.
+  void expect_sum(DType d, const Tensor& result, int64_t first, uint64_t salt) {
+    const std::vector<float> got = decode(result);
+    const double u = unit_roundoff(d);
+    const double k = n() - 1;
+    const double gamma = k * u / (1.0 - k * u);
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < n(); ++r) inputs.push_back(values(d, r, first, result.numel(), salt));
+    int bad = 0;
+    for (int64_t i = 0; i < result.numel(); ++i) {
+      double exact = 0.0, magnitude = 0.0;
+      for (int r = 0; r < n(); ++r) {
+        const double x = inputs[static_cast<size_t>(r)][static_cast<size_t>(i)];
+        exact += x;
+        magnitude += std::fabs(x);
+      }
+      const double bound = gamma * magnitude + k * half_min_subnormal(d);
+      if (std::fabs(got[static_cast<size_t>(i)] - exact) > bound && ++bad <= 3) {
+        ADD_FAILURE() << core::dtype_name(d) << " element " << first + i << ": got "
+                      << got[static_cast<size_t>(i)] << ", FP64 sum " << exact << ", bound "
+                      << bound;
+      }
+    }
+    EXPECT_EQ(bad, 0) << core::dtype_name(d) << ": elements out of bounds";
+  }
+
+  std::unique_ptr<Communicator> comm;
+};
+
+TEST_F(Collectives, AllReduceSumEveryDtype) {
+  for (DType d : kFloatTypes) {
+    for (int64_t count : {int64_t{1}, int64_t{1000}, int64_t{300007}}) {
+      Tensor buf = make(d, me(), count, 1);
+      comm->all_reduce(buf, ReduceOp::kSum)->wait();
+      expect_sum(d, buf, 0, 1);
+      EXPECT_TRUE(same_on_all_ranks(buf)) << core::dtype_name(d) << " count " << count;
+    }
+  }
+}
+
+TEST_F(Collectives, AllReduceMaxEveryDtype) {
+  for (DType d : kFloatTypes) {
+    const int64_t count = 4099;
+    Tensor buf = make(d, me(), count, 2);
+    comm->all_reduce(buf, ReduceOp::kMax)->wait();
+    const std::vector<float> got = decode(buf);
+    std::vector<float> expected_all = values(d, 0, 0, count, 2);
+    for (int r = 1; r < n(); ++r) {
+      const std::vector<float> other = values(d, r, 0, count, 2);
+      for (int64_t i = 0; i < count; ++i) {
+        float& e = expected_all[static_cast<size_t>(i)];
+        e = std::max(e, other[static_cast<size_t>(i)]);
+      }
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      const float expected = expected_all[static_cast<size_t>(i)];
+      ASSERT_EQ(got[static_cast<size_t>(i)], expected) << core::dtype_name(d) << " element " << i;
+    }
+  }
+  std::vector<int64_t> ints{me(), -me(), int64_t{1} << 40};
+  Tensor t = Tensor::wrap(ints.data(), Shape{3}, DType::kI64);
+  comm->all_reduce(t, ReduceOp::kMax)->wait();
+  EXPECT_EQ(ints, (std::vector<int64_t>{n() - 1, 0, int64_t{1} << 40}));
+}
+
+// Uneven chunks, one of them empty: counts[r] = 37 r + 5, except the last rank's, 0.
+std::vector<int64_t> uneven_counts(int n) {
+  std::vector<int64_t> counts;
+  for (int r = 0; r < n; ++r) counts.push_back(r == n - 1 ? 0 : 37 * r + 5);
+  return counts;
+}
+
+TEST_F(Collectives, ReduceScatterUnevenEveryDtype) {
+  const std::vector<int64_t> counts = uneven_counts(n());
+  const std::vector<int64_t> offsets = chunk_offsets(counts);
+  for (DType d : kFloatTypes) {
+    Tensor send = make(d, me(), offsets.back(), 3);
+    Tensor recv = Tensor::empty(Shape{counts[static_cast<size_t>(me())]}, d);
+    comm->reduce_scatter(send, recv, counts, ReduceOp::kSum)->wait();
+    expect_sum(d, recv, offsets[static_cast<size_t>(me())], 3);
+  }
+}
+
+TEST_F(Collectives, AllGatherUnevenInAndOutOfPlace) {
+  const std::vector<int64_t> counts = uneven_counts(n());
+  const std::vector<int64_t> offsets = chunk_offsets(counts);
+  for (DType d : kFloatTypes) {
+    for (bool in_place : {false, true}) {
+      Tensor recv = Tensor::empty(Shape{offsets.back()}, d);
+      const int64_t mine = counts[static_cast<size_t>(me())];
+      Tensor send = in_place ? recv.view(offsets[static_cast<size_t>(me())], Shape{mine})
+                             : Tensor::empty(Shape{mine}, d);
+      const Tensor data = make(d, me(), mine, 4);
+      std::memcpy(send.data(), data.data(), data.nbytes());
+      comm->all_gather(send, recv, counts)->wait();
+      const std::vector<float> got = decode(recv);
+      for (int r = 0; r < n(); ++r) {
+        for (int64_t i = 0; i < counts[static_cast<size_t>(r)]; ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(offsets[static_cast<size_t>(r)] + i)],
+                    value(d, r, i, 4))
+              << core::dtype_name(d) << (in_place ? " in place" : "") << ": rank " << r
+              << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Collectives, BroadcastFromTheLastRank) {
+  const int root = n() - 1;
+  for (DType d : kFloatTypes) {
+    Tensor buf = make(d, me(), 5000, 5);
+    comm->broadcast(buf, root)->wait();
+    EXPECT_EQ(decode(buf), values(d, root, 0, 5000, 5)) << core::dtype_name(d);
+  }
+}
+
+TEST_F(Collectives, AllToAllUneven) {
+  // Rank s sends (s + 1) * (r + 2) elements to rank r: element i of that chunk is rank s's
+  // value number 1000 r + i.
+  for (DType d : kFloatTypes) {
+    std::vector<int64_t> send_counts, recv_counts;
+    for (int r = 0; r < n(); ++r) {
+      send_counts.push_back((me() + 1) * (r + 2));
+      recv_counts.push_back((r + 1) * (me() + 2));
+    }
+    const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
+    std::vector<float> values;
+    for (int r = 0; r < n(); ++r) {
+      for (int64_t i = 0; i < send_counts[static_cast<size_t>(r)]; ++i) {
+        values.push_back(value(d, me(), 1000 * r + i, 6));
+      }
+    }
+    Tensor send = Tensor::empty(Shape{send_offsets.back()}, d);
+    core::narrow_from_f32(values.data(), send.data(), d, send.numel(), core::NarrowOptions{});
+    Tensor recv = Tensor::empty(Shape{chunk_offsets(recv_counts).back()}, d);
+    comm->all_to_all(send, send_counts, recv, recv_counts)->wait();
+    const std::vector<float> got = decode(recv);
+    size_t k = 0;
+    for (int s = 0; s < n(); ++s) {
+      for (int64_t i = 0; i < recv_counts[static_cast<size_t>(s)]; ++i, ++k) {
+        ASSERT_EQ(got[k], value(d, s, 1000 * me() + i, 6))
+            << core::dtype_name(d) << ": from rank " << s << " element " << i;
+      }
+    }
+  }
+}
+
+TEST_F(Collectives, DuplicatesOverlapAndCompleteInAnyOrder) {
+  // Three collectives in flight at once on three communicators, waited for in reverse.
+  auto second = comm->duplicate();
+  auto third = comm->duplicate();
+  Tensor a = make(DType::kBF16, me(), 100000, 7);
+  Tensor b = make(DType::kF32, me(), 100000, 8);
+  Tensor c = make(DType::kE5M2, me(), 100000, 9);
+  RequestPtr ra = comm->all_reduce(a, ReduceOp::kSum);
+  RequestPtr rb = second->all_reduce(b, ReduceOp::kSum);
+  RequestPtr rc = third->all_reduce(c, ReduceOp::kSum);
+  rc->wait();
+  rb->wait();
+  while (!ra->test()) {
+  }
+  expect_sum(DType::kBF16, a, 0, 7);
+  expect_sum(DType::kF32, b, 0, 8);
+  expect_sum(DType::kE5M2, c, 0, 9);
+  comm->barrier();
+}
+
+TEST_F(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
+  Tensor send = Tensor::empty(Shape{10}, DType::kF32);
+  Tensor recv = Tensor::empty(Shape{3}, DType::kF32);
+  try {
+    comm->reduce_scatter(send, recv, std::vector<int64_t>(static_cast<size_t>(n()), 3),
+                         ReduceOp::kSum);
+    ADD_FAILURE() << "expected core::Error";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("counts add up to"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::dist

@@ -1,0 +1,46 @@
+// Fuzz target: the llm.c token shard loader (models::Corpus::token_shards) and the data loader
+// on top of it.
+//
+// Input: byte 0 picks the vocabulary size (1..256 scaled to 1..65536), the rest is the shard
+// file. A shard that loads is then sampled by a DataLoader when it holds a window, and every
+// token handed out must lie below the vocabulary size. Rejections must be core::Error.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "models/data/corpus.h"
+#include "models/data/data_loader.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace mantissa;
+  if (size < 1) return 0;
+  const int vocab_size = (data[0] + 1) * 256;
+  static const std::string path = (std::filesystem::temp_directory_path() /
+                                   ("mantissa_fuzz_shard_" + std::to_string(::getpid()) + ".bin"))
+                                      .string();
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
+  }
+  try {
+    auto corpus =
+        std::make_shared<const models::Corpus>(models::Corpus::token_shards(path, vocab_size));
+    models::DataLoader loader(
+        corpus, {.seq_len = 4, .micro_batch = 2, .world_size = 2, .rank = 1, .seed = 3});
+    for (int step = 0; step < 3; ++step) {
+      const models::Batch batch = loader.next();
+      for (size_t i = 0; i < batch.tokens.size(); ++i)
+        if (batch.tokens[i] < 0 || batch.tokens[i] >= vocab_size || batch.targets[i] < 0 ||
+            batch.targets[i] >= vocab_size)
+          __builtin_trap();
+    }
+  } catch (const core::Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""A real Prometheus scrapes a real 2-rank run, and the Grafana dashboard's queries work.
+
+A Prometheus server (127.0.0.1, free port, data in a temporary directory, the project's alert
+rules loaded) scrapes both ranks of `mpirun -np 2 mantissa train` every second. Rank 1 gets
+non-finite gradients injected at a few steps. Once the run has ended, every query of every
+panel of deploy/grafana/mantissa.json, with the dashboard variables substituted as Grafana
+would, is evaluated over the run's time range through the HTTP API and must return finite
+data; the overflow panel must show the injected overflows, on both ranks (the skip decision is
+shared); every series must carry a rank label.
+"""
+
+import json
+import math
+import os
+import re
+import subprocess
+import time
+
+import harness
+
+SCRAPE_SECONDS = 1
+# What Grafana puts in $__rate_interval at a 1 s scrape interval: max(interval + scrape,
+# 4 × scrape), rounded up a little so that every window holds several samples.
+RATE_INTERVAL = "5s"
+STEPS = 60
+INJECTED_STEPS = [20, 40]
+
+
+def dashboard_queries(path, job, rank):
+    """(panel title, expr) for every target of every panel, variables substituted."""
+    with open(path) as f:
+        dashboard = json.load(f)
+    inputs = [i["name"] for i in dashboard.get("__inputs", [])]
+    if inputs != ["DS_PROMETHEUS"]:
+        harness.fail(f"dashboard __inputs should be [DS_PROMETHEUS], is {inputs}")
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    if variables != ["job", "rank"]:
+        harness.fail(f"dashboard variables should be job, rank; are {variables}")
+
+    def panels(items):
+        for p in items:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    substitutions = {"job": job, "rank": rank, "__rate_interval": RATE_INTERVAL,
+                     "__interval": f"{SCRAPE_SECONDS}s"}
+
+    def substitute(expr):
+        expr = re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                      lambda m: substitutions[m.group(1) or m.group(2)], expr)
+        return expr
+
+    queries = []
+    for p in panels(dashboard["panels"]):
+        for t in p.get("targets", []):
+            queries.append((p["title"], substitute(t["expr"])))
+    return queries
+
+
+def query_range(url, expr, start, end):
+    body = harness.http_json(f"{url}/api/v1/query_range", {
+        "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "1s"})
+    if body.get("status") != "success":
+        harness.fail(f"query {expr!r} failed: {body}")
+    return body["data"]["result"]
+
+
+def finite_values(result):
+    return [float(v) for series in result for _, v in series["values"]
+            if math.isfinite(float(v))]
+
+
+def main():
+    args = harness.parse_args()
+    harness.require_tools("prometheus", "mpirun")
+    binary = harness.mantissa_binary(args.build_dir)
+    harness.isolate_network()
+    deploy = os.path.join(args.source_dir, "deploy")
+
+    with harness.Workdir("mantissa-prometheus-", args.keep) as workdir:
+        daemons = harness.Daemons(workdir)
+        try:
+            base_port = harness.free_port_block(2)
+            targets = [f"127.0.0.1:{base_port}", f"127.0.0.1:{base_port + 1}"]
+            url = harness.start_prometheus(
+                daemons, workdir, targets, scrape_interval=f"{SCRAPE_SECONDS}s",
+                rule_files=[os.path.join(deploy, "prometheus", "alerts.yml")])
+
+            run_dir = os.path.join(workdir, "run")
+            settings = harness.SMALL_RUN_SETTINGS + [
+                f"run.steps={STEPS}", f"run.dir={run_dir}",
+                "precision.mode=FP8_HYBRID", f"checkpoint.every_steps={STEPS // 4}",
+                "metrics.bind_address=127.0.0.1", f"metrics.port={base_port}",
+                "metrics.peak_tflops=0.1",
+                "debug.inject_nonfinite_rank=1",
+            ] + [f"debug.inject_nonfinite_steps={s}" for s in INJECTED_STEPS]
+            argv = harness.mpirun_prefix(2) + harness.train_argv(
+                binary, harness.write_empty_config(workdir), settings)
+            harness.log("run: " + " ".join(argv))
+            start = time.time()
+            run = daemons.start("mantissa", argv)
+            # Bounded: the run takes under a minute on two shared cores.
+            limit = min(120, harness.time_left())
+            try:
+                run.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                harness.fail(f"the run did not finish within {limit:.0f} s:\n" +
+                             daemons.log_tail("mantissa"))
+            end = time.time()
+            print(daemons.log_tail("mantissa", 15))
+            if run.returncode != 0:
+                harness.fail(f"mantissa exited with {run.returncode}")
+            harness.log(f"run took {end - start:.1f}s")
+
+            up = query_range(url, 'up{job="mantissa"}', start, end)
+            scraped = {s["metric"]["instance"] for s in up
+                       if any(v == "1" for _, v in s["values"])}
+            if scraped != set(targets):
+                harness.fail(f"Prometheus scraped {scraped}, expected both ranks {targets}: "
+                             "was the run long enough for a 1 s scrape?")
+
+            # The variables' own queries, as Grafana runs them.
+            jobs = harness.http_json(f"{url}/api/v1/label/job/values",
+                                     {"match[]": "mantissa_steps_total"})["data"]
+            ranks = harness.http_json(f"{url}/api/v1/label/rank/values",
+                                      {"match[]": 'mantissa_steps_total{job=~"mantissa"}',
+                                       "start": f"{start:.3f}", "end": f"{end:.3f}"})["data"]
+            if "mantissa" not in jobs or sorted(ranks) != ["0", "1"]:
+                harness.fail(f"variable queries: job values {jobs}, rank values {ranks}")
+
+            # Every panel query, with "All" ranks (Grafana's allValue .*) and with one rank.
+            dashboard = os.path.join(deploy, "grafana", "mantissa.json")
+            empty = []
+            for rank in (".*", "1"):
+                for title, expr in dashboard_queries(dashboard, "mantissa", rank):
+                    values = finite_values(query_range(url, expr, start - 5, end + 5))
+                    harness.log(f"[rank={rank}] {title}: {len(values)} finite points  {expr}")
+                    if not values:
+                        empty.append(f"{title} (rank={rank}): {expr}")
+            if empty:
+                harness.fail("panel queries without data:\n  " + "\n  ".join(empty))
+
+            # The overflow panel shows the injected overflows on both ranks: the decision to
+            # skip is taken by all ranks together.
+            overflow_exprs = [e for t, e in dashboard_queries(dashboard, "mantissa", ".*")
+                              if t == "Overflow steps per rank"]
+            result = query_range(url, overflow_exprs[0], start - 5, end + 5)
+            per_rank = {s["metric"]["rank"]: max(finite_values([s]), default=0)
+                        for s in result}
+            harness.log(f"overflow panel peaks per rank: {per_rank}")
+            if set(per_rank) != {"0", "1"} or min(per_rank.values()) <= 0:
+                harness.fail(f"the injected overflow does not show on every rank: {per_rank}")
+            totals = query_range(url, "max_over_time(mantissa_overflow_steps_total[10m])",
+                                 end, end + 5)
+            counted = {s["metric"]["rank"]: max(finite_values([s])) for s in totals}
+            if any(v != len(INJECTED_STEPS) for v in counted.values()):
+                harness.fail(f"overflow counters {counted}, expected {len(INJECTED_STEPS)} "
+                             "on each rank")
+
+            unlabelled = query_range(url, '{__name__=~"mantissa_.*", rank=""}', start, end)
+            if unlabelled:
+                names = sorted({s["metric"]["__name__"] for s in unlabelled})
+                harness.fail(f"series without a rank label: {names}")
+
+            rules = harness.http_json(f"{url}/api/v1/rules")["data"]["groups"]
+            loaded = [r for g in rules for r in g["rules"]]
+            bad = [r["name"] for r in loaded if r.get("health") not in ("ok", "unknown")]
+            if len(loaded) < 5 or bad:
+                harness.fail(f"alert rules: {len(loaded)} loaded, unhealthy: {bad}")
+            print("PASS: every dashboard query returns data; the injected overflow shows")
+        finally:
+            daemons.stop_all()
+
+
+if __name__ == "__main__":
+    main()

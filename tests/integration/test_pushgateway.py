@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""A real Pushgateway receives what mantissa pushes.
+
+1. The exporter alone: test_metrics' push test runs against the gateway (values, and the
+   group of job + rank replaced as a whole by each push).
+2. A 2-rank `mpirun` run of mantissa with metrics.pushgateway_url and no pull exporter
+   (metrics.port=0): after it exits, the gateway holds one group per rank whose step counter
+   equals the steps run, pushed every metrics.push_every steps and once more at exit.
+"""
+
+import os
+import re
+import subprocess
+
+import harness
+
+
+def pushed_samples(url):
+    """The gateway's /metrics as a list of (name, labels dict, value)."""
+    samples = []
+    for line in harness.http_get(f"{url}/metrics").splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$", line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            samples.append((m.group(1), labels, float(m.group(3))))
+    return samples
+
+
+def main():
+    args = harness.parse_args()
+    harness.require_tools("prometheus-pushgateway", "mpirun")
+    test_metrics = os.path.join(args.build_dir, "bin", "test_metrics")
+    harness.isolate_network()
+
+    with harness.Workdir("mantissa-pushgateway-", args.keep) as workdir:
+        daemons = harness.Daemons(workdir)
+        try:
+            url = harness.start_pushgateway(daemons)
+            port = url.rsplit(":", 1)[1]
+
+            harness.log("exporter push test against the real gateway")
+            env = dict(os.environ, MANTISSA_TEST_PUSHGATEWAY_PORT=port)
+            result = subprocess.run(
+                [test_metrics, "--gtest_filter=Metrics.PushReplacesTheGroupOfJobAndRank"],
+                env=env, capture_output=True, text=True, timeout=60)
+            print(result.stdout[-3000:], result.stderr[-2000:])
+            if result.returncode != 0 or "[  PASSED  ] 1 test" not in result.stdout:
+                harness.fail("test_metrics' push test failed against the gateway")
+
+            binary = harness.mantissa_binary(args.build_dir)
+            steps, push_every = 12, 5
+            run_dir = os.path.join(workdir, "run")
+            settings = harness.SMALL_RUN_SETTINGS + [
+                f"run.steps={steps}", f"run.dir={run_dir}", "checkpoint.every_steps=0",
+                "metrics.port=0", f"metrics.pushgateway_url={url}",
+                f"metrics.push_every={push_every}"]
+            argv = harness.mpirun_prefix(2) + harness.train_argv(
+                binary, harness.write_empty_config(workdir), settings)
+            harness.log("run: " + " ".join(argv))
+            result = subprocess.run(argv, capture_output=True, text=True,
+                                    timeout=min(90, harness.time_left()))
+            print(result.stdout[-3000:], result.stderr[-3000:])
+            if result.returncode != 0:
+                harness.fail(f"mantissa exited with {result.returncode}")
+
+            samples = pushed_samples(url)
+            for rank in ("0", "1"):
+                found = [(labels, value) for name, labels, value in samples
+                         if name == "mantissa_steps_total" and labels.get("rank") == rank
+                         and labels.get("job") != "mantissa_push_test"]
+                if len(found) != 1:
+                    harness.fail(f"rank {rank}: expected one pushed mantissa_steps_total, "
+                                 f"got {found}")
+                labels, value = found[0]
+                if value != steps:
+                    harness.fail(f"rank {rank}: pushed mantissa_steps_total {value}, "
+                                 f"expected {steps} (the final push at exit)")
+                harness.log(f"rank {rank}: group {labels} holds mantissa_steps_total {value}")
+                for name in ("mantissa_loss_scale", "mantissa_loss", "mantissa_tokens_total",
+                             "mantissa_step_seconds_count"):
+                    if not any(n == name and l.get("rank") == rank and
+                               l.get("job") == labels["job"] for n, l, _ in samples):
+                        harness.fail(f"rank {rank}: {name} was not pushed")
+            print("PASS: the Pushgateway holds both ranks' metrics")
+        finally:
+            daemons.stop_all()
+
+
+if __name__ == "__main__":
+    main()

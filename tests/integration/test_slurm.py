@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""deploy/slurm's sbatch scripts on a real single-node Slurm cluster.
+
+scripts/start-slurm.sh starts munged, slurmctld and slurmd (2 CPUs) in a temporary directory;
+scripts/stop-slurm.sh stops them by PID at the end. Jobs of 2 tasks each:
+  A  mantissa-1node.sbatch (mpirun), runs to completion undisturbed;
+  B  the same training, receives USR1 in the middle (`scancel --batch --signal=USR1`, what
+     Slurm sends 90 s before the time limit), checkpoints, exits 0, is requeued by the script,
+     starts again, resumes from its checkpoint and finishes;
+  C  mantissa-multinode.sbatch (srun --mpi=pmix) on the one node, a short run with metrics: its
+     ranks serve metrics, and it publishes its scrape targets for Prometheus' file_sd while
+     it runs.
+All must complete with exit code 0, and B must end with the same losses and loss scales as A
+(the CPU run is deterministic, so exactly the same).
+
+Slurm's daemons cannot be bound to one address, so where the kernel allows it the whole test
+runs in a private network namespace that nothing outside can reach (harness.isolate_network).
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import harness
+
+STEPS = 60
+SIGNAL_AT_STEP = STEPS // 3
+SRUN_STEPS = 20
+
+
+def job_info(job_id, env):
+    out = subprocess.run(["scontrol", "show", "job", str(job_id)], env=env,
+                         capture_output=True, text=True, timeout=30).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def job_ended(job_id, env):
+    """The job's scontrol fields once it has reached a final state, else None."""
+    info = job_info(job_id, env)
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+    return info if info.get("JobState") in final else None
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def last_step(run_dir):
+    try:
+        entries = harness.read_step_log(run_dir, 0)
+    except (OSError, ValueError):
+        return -1
+    return max(entries, default=-1)
+
+
+def main():
+    args = harness.parse_args()
+    if os.geteuid() != 0:
+        harness.skip("the Slurm test runs a cluster as root")
+    harness.require_tools("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "mpirun")
+    binary = harness.mantissa_binary(args.build_dir)
+    harness.isolate_network()
+
+    with harness.Workdir("mantissa-slurm-", args.keep) as workdir:
+        slurm_dir = os.path.join(workdir, "slurm")
+        try:
+            started = subprocess.run(
+                [os.path.join(args.source_dir, "scripts", "start-slurm.sh"), slurm_dir],
+                capture_output=True, text=True, timeout=90)
+            print(started.stdout, started.stderr)
+            if started.returncode != 0:
+                harness.fail("scripts/start-slurm.sh failed")
+            env = dict(os.environ, SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"),
+                       OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                       MANTISSA=binary, MANTISSA_CONFIG=harness.write_empty_config(workdir),
+                       MANTISSA_METRICS_PORT="0")
+            slurm_scripts = os.path.join(args.source_dir, "deploy", "slurm")
+
+            def submit(name, script, steps, sbatch_args=(), **job_env):
+                job_env = dict(env, MANTISSA_RUN_DIR=os.path.join(workdir, f"run-{name}"),
+                               **job_env)
+                settings = harness.SMALL_RUN_SETTINGS + [
+                    f"run.steps={steps}", f"checkpoint.every_steps={steps // 2}"]
+                out = subprocess.run(
+                    ["sbatch", "--parsable", f"--job-name=mantissa-{name}", "--ntasks=2",
+                     "--cpus-per-task=1", f"--output={workdir}/{name}.out",
+                     f"--chdir={workdir}", *sbatch_args, os.path.join(slurm_scripts, script),
+                     *settings],
+                    env=job_env, capture_output=True, text=True, timeout=30)
+                if out.returncode != 0:
+                    harness.fail(f"sbatch failed: {out.stderr}")
+                job_id = out.stdout.strip().split(";")[0]
+                harness.log(f"submitted job {name}: {job_id}")
+                return job_id
+
+            def wait_completed(name, job_id):
+                info = harness.wait_until(f"job {name} to end", lambda: job_ended(job_id, env),
+                                          timeout=150)
+                with open(os.path.join(workdir, f"{name}.out")) as f:
+                    print(f"--- job {name} output (tail) ---\n" + f.read()[-2500:])
+                if info["JobState"] != "COMPLETED" or info.get("ExitCode") != "0:0":
+                    harness.fail(f"job {name} ended {info['JobState']} "
+                                 f"exit {info.get('ExitCode')}")
+                return info
+
+            # Every job needs both CPUs: Slurm runs them one after the other.
+            job_a = submit("a", "mantissa-1node.sbatch", STEPS)
+            job_b = submit("b", "mantissa-1node.sbatch", STEPS)
+            run_b = os.path.join(workdir, "run-b")
+
+            harness.wait_until(f"job b to reach step {SIGNAL_AT_STEP}",
+                               lambda: last_step(run_b) >= SIGNAL_AT_STEP, timeout=150)
+            harness.log(f"job b at step {last_step(run_b)}: sending USR1 to its batch script")
+            subprocess.run(["scancel", "--batch", "--signal=USR1", job_b], env=env, check=True)
+
+            # The script requeues the job once the ranks have checkpointed. Slurm holds a
+            # requeued job back for two minutes; an operator (here: the test) may release it.
+            def requeued():
+                info = job_info(job_b, env)
+                return int(info.get("Restarts", 0)) >= 1 and info.get("JobState") == "PENDING"
+
+            harness.wait_until("job b to be requeued", requeued, timeout=60)
+            stopped_at = last_step(run_b)
+            harness.log(f"job b requeued after step {stopped_at}; releasing it")
+            # Killing the first start revoked the job's credentials issued up to that second;
+            # a restart within the same second is refused ("Job credential revoked") and the
+            # job fails. Slurm's own requeue delay avoids that; releasing early must wait it out.
+            time.sleep(2)
+
+            def released():
+                if job_info(job_b, env).get("Reason") != "BeginTime":
+                    return True
+                subprocess.run(["scontrol", "update", f"JobId={job_b}", "StartTime=now"],
+                               env=env, check=True)
+                return False
+
+            harness.wait_until("job b to be released", released, timeout=30, interval=1)
+
+            # C: srun --mpi=pmix, metrics on, scrape targets published while it runs.
+            metrics_port = harness.free_port_block(2)
+            sd_dir = os.path.join(workdir, "file_sd")
+            os.mkdir(sd_dir)
+            job_c = submit("c", "mantissa-multinode.sbatch", SRUN_STEPS,
+                           ["--nodes=1", "--ntasks-per-node=2"],
+                           MANTISSA_METRICS_PORT=str(metrics_port),
+                           MANTISSA_METRICS_BIND="127.0.0.1", MANTISSA_PROM_SD_DIR=sd_dir)
+
+            if wait_completed("a", job_a).get("Restarts") != "0":
+                harness.fail("job a was restarted")
+            wait_completed("b", job_b)
+            if not 0 <= stopped_at < STEPS - 1:
+                harness.fail(f"job b stopped after step {stopped_at}: not in the middle")
+            log_a = harness.read_step_log(os.path.join(workdir, "run-a"), 0)
+            log_b = harness.read_step_log(run_b, 0)
+            if sorted(log_a) != list(range(STEPS)) or sorted(log_b) != list(range(STEPS)):
+                harness.fail(f"steps missing: a logged {sorted(log_a)}, b {sorted(log_b)}")
+            final = STEPS - 1
+            a, b = log_a[final], log_b[final]
+            harness.log(f"final step {final}: a loss {a['loss']} scale {a['loss_scale']}, "
+                        f"b loss {b['loss']} scale {b['loss_scale']}")
+            differ = [s for s in range(STEPS) if (log_a[s]["loss"], log_a[s]["loss_scale"]) !=
+                      (log_b[s]["loss"], log_b[s]["loss_scale"])]
+            if differ:
+                harness.fail(f"the interrupted and resumed job b differs from a at steps {differ}")
+            harness.log(f"job b stopped after step {stopped_at}, was requeued, resumed and "
+                        "matched the uninterrupted job at every step")
+
+            # While C runs: its file_sd targets name both local ranks' ports, which serve.
+            sd_file = os.path.join(sd_dir, f"mantissa-{job_c}.json")
+            targets = harness.wait_until("job c's file_sd targets",
+                                         lambda: read_json(sd_file), timeout=150)
+            expected = [f"{socket.gethostname().split('.')[0]}:{metrics_port + r}"
+                        for r in range(2)]
+            if targets[0]["targets"] != expected:
+                harness.fail(f"file_sd targets {targets}, expected {expected}")
+            scraped = harness.wait_until(
+                "job c's rank 1 metrics",
+                lambda: harness.http_get(f"http://127.0.0.1:{metrics_port + 1}/metrics"),
+                timeout=60, interval=0.2)
+            if 'mantissa_steps_total{rank="1"}' not in scraped:
+                harness.fail("job c's rank 1 serves no mantissa_steps_total")
+            wait_completed("c", job_c)
+            if os.path.exists(sd_file):
+                harness.fail(f"job c left its file_sd targets behind: {sd_file}")
+            if sorted(harness.read_step_log(os.path.join(workdir, "run-c"), 1)) != list(
+                    range(SRUN_STEPS)):
+                harness.fail("job c (srun) did not log every step on rank 1")
+            print("PASS: the 1-node script ran, was preempted, requeued and resumed exactly; "
+                  "the multi-node script ran under srun --mpi=pmix with metrics and file_sd")
+        finally:
+            # On failure the cluster's logs stay with the rest of the work directory.
+            keep = args.keep or sys.exc_info()[0] is not None
+            subprocess.run([os.path.join(args.source_dir, "scripts", "stop-slurm.sh"),
+                            slurm_dir], env=dict(os.environ, KEEP="1" if keep else "0"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The mantissa command line, through the real binary (one rank, no mpirun):
+ - every config error path (unknown field, bad enum, out-of-range value, missing or malformed
+   data, incompatible options, bad command line) exits with code 2 and exactly one line on
+   stderr that names the problem;
+ - --set reaches nested fields, enums, bools, repeated fields and oneof members;
+ - --help output lists every subcommand, and `mantissa train --help` documents the options,
+   the exit codes and the defaults.
+(`mantissa export` and model.init_from working end to end: test_train.py.)
+"""
+
+import os
+import re
+import socket
+import struct
+
+import launcher_util as lu
+
+BASE = """
+run { steps: 4 device: CPU log_every: 1 }
+model { mlp { n_embd: 32 hidden: 64 seq_len: 16 } }
+data { synthetic { n_tokens: 65536 } micro_batch_size: 4 }
+"""
+
+
+class ConfigErrors(lu.TempDirTest):
+    def assert_config_error(self, expected, *args, config=BASE, env=None, command="train"):
+        """Runs `mantissa COMMAND --config c.pbtxt ARGS`; expects exit 2 and one stderr line
+        equal to `expected` (a str) or matching it (a compiled regex)."""
+        path = self.write("c.pbtxt", config)
+        result = self.mantissa(command, "--config", path, *args, env=env)
+        lines = result.stderr.splitlines()
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(len(lines), 1, f"expected one line on stderr, got:\n{result.stderr}")
+        if isinstance(expected, str):
+            self.assertEqual(lines[0], expected.replace("{path}", path).replace("{dir}", self.dir))
+        else:
+            self.assertRegex(lines[0], expected)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "runs", "c", "log")),
+                         "nothing may be trained after a config error")
+        return lines[0]
+
+    def test_unknown_field_in_file(self):
+        self.assert_config_error(
+            'mantissa: {path}:2:8: Message type "mantissa.TrainConfig.Run" has no field named '
+            '"stepz".', config="run {\n  stepz: 5\n}\n")
+
+    def test_bad_enum_in_file(self):
+        self.assert_config_error(
+            'mantissa: {path}:1:23: Unknown enumeration value of "FP7" for field "mode".',
+            config="precision { mode: FP7 }")
+
+    def test_syntax_error_in_file(self):
+        self.assert_config_error(re.compile(r"^mantissa: .*c\.pbtxt:2:\d+: "),
+                                 config="run { steps: 4\n")
+
+    def test_unknown_field_in_set(self):
+        self.assert_config_error(
+            "mantissa: --set precision.loss_scale.grwth=2: precision.loss_scale has no field "
+            "'grwth' (fields: mode, init, growth_factor, backoff_factor, growth_interval, "
+            "hysteresis, min, max, max_overflows_at_min)",
+            "--set", "precision.loss_scale.grwth=2")
+
+    def test_bad_enum_in_set(self):
+        self.assert_config_error(
+            "mantissa: --set precision.mode=FP7: mode must be one of FP32, BF16, FP16, "
+            "FP8_HYBRID, got 'FP7'", "--set", "precision.mode=FP7")
+
+    def test_bad_number_in_set(self):
+        self.assert_config_error(
+            "mantissa: --set run.steps=many: steps takes an integer (int64), got 'many'",
+            "--set", "run.steps=many")
+
+    def test_out_of_range_values(self):
+        cases = {
+            "precision.loss_scale.growth_factor=0.5":
+                "precision.loss_scale.growth_factor = 0.5: must be > 1",
+            "optimizer.adamw.beta1=1.5": "optimizer.adamw.beta1 = 1.5: must lie in [0, 1)",
+            "run.steps=0": "run.steps = 0: must be >= 1",
+            "dist.zero_stage=2": "dist.zero_stage = 2: must lie in [0, 1]",
+            "model.mlp.vocab_size=100":
+                "model.mlp.vocab_size = 100: must be >= 256, the byte vocabulary of "
+                "data.synthetic",
+        }
+        for setting, message in cases.items():
+            with self.subTest(setting):
+                self.assert_config_error("mantissa: " + message, "--set", setting)
+
+    def test_error_in_config_command_too(self):
+        self.assert_config_error("mantissa: run.steps = 0: must be >= 1", "--set", "run.steps=0",
+                                 command="config")
+
+    def test_missing_config_file(self):
+        result = self.mantissa("train", "--config", "missing.pbtxt")
+        self.assertEqual(result.returncode, 2)
+        self.assertEqual(result.stderr.splitlines(),
+                         ["mantissa: missing.pbtxt: cannot open config: No such file or directory"])
+
+    def test_missing_text_file(self):
+        self.assert_config_error(
+            'mantissa: data.text_file.path = "/nonexistent/corpus.txt": cannot be read: No such '
+            'file or directory', "--set", "data.text_file.path=/nonexistent/corpus.txt")
+
+    def test_token_shards_matching_nothing(self):
+        self.assert_config_error(
+            'mantissa: data.token_shards.pattern = "{dir}/shards/*.bin": matches no file',
+            "--set", f"data.token_shards.pattern={self.dir}/shards/*.bin")
+
+    def test_malformed_token_shard(self):
+        shard = os.path.join(self.dir, "bad_000.bin")
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<256i", *([12345, 1, 4] + [0] * 253)) + b"\0" * 8)
+        line = self.assert_config_error(re.compile(r"^mantissa: token shard '.*bad_000\.bin'"),
+                                        "--set", f"data.token_shards.pattern={shard}")
+        self.assertIn("magic", line)
+
+    def test_nccl_on_a_cpu_rank(self):
+        self.assert_config_error(
+            "mantissa: dist.backend = NCCL: needs a CUDA device, and this rank runs on the CPU "
+            "(use MPI or AUTO)", "--set", "dist.backend=NCCL")
+
+    def test_cuda_without_a_visible_gpu(self):
+        self.assert_config_error(re.compile(r"^mantissa: run\.device = CUDA: (no CUDA device is "
+                                            r"visible|this build has no CUDA backend)"),
+                                 "--set", "run.device=CUDA",
+                                 env=lu.environment(CUDA_VISIBLE_DEVICES=""))
+
+    def test_fault_injection_on_a_rank_that_does_not_exist(self):
+        self.assert_config_error(
+            "mantissa: debug.inject_nonfinite_rank = 1: must be < the world size 1",
+            "--set", "debug.inject_nonfinite_rank=1", "--set", "debug.inject_nonfinite_steps=2")
+
+    def test_resume_required_without_checkpoint(self):
+        self.assert_config_error(
+            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint in "
+            "{dir}/run/checkpoints",
+            "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/run")
+
+    def test_init_from_errors(self):
+        self.assert_config_error(
+            'mantissa: model.init_from = "/nonexistent/gpt2.bin": cannot be read: No such file '
+            'or directory', "--set", "model.gpt2={}", "--set", "model.init_from=/nonexistent/gpt2.bin")
+        model = self.write("gpt2.bin", "")
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{model}": needs model.gpt2 (llm.c model files hold '
+            f'GPT-2 weights)', "--set", f"model.init_from={model}")
+        # A file that does not hold this model: found when the Trainer imports it.
+        with open(model, "wb") as f:
+            f.write(struct.pack("<256i", *([20240326, 3, 16, 256, 3, 2, 32, 256] + [0] * 248)))
+        line = self.assert_config_error(
+            re.compile(rf'^mantissa: model\.init_from = "{re.escape(model)}": '), "--set",
+            "model.gpt2={n_layer: 2, n_head: 2, n_embd: 32, seq_len: 16}", "--set",
+            f"model.init_from={model}")
+        self.assertIn("llm.c model", line)
+
+    def test_export_without_a_checkpoint(self):
+        self.assert_config_error(
+            'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints is '
+            'empty or missing)', "--out", "w.safetensors", command="export")
+
+    def test_run_dir_that_cannot_be_created(self):
+        self.write("file", "")
+        self.assert_config_error(
+            re.compile(r'^mantissa: run\.dir = ".*/file/run": cannot be created: Not a directory$'),
+            "--set", f"run.dir={self.dir}/file/run")
+
+    def test_metrics_port_in_use(self):
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            self.assert_config_error(re.compile(rf"^mantissa: metrics\.port = {port}: "),
+                                     "--set", f"metrics.port={port}")
+
+    def test_bad_command_lines(self):
+        path = self.write("c.pbtxt", BASE)
+        cases = [
+            (["train"], "mantissa: --config FILE.pbtxt is required (see mantissa train --help)"),
+            (["train", "--config", path, "--steps", "5"],
+             "mantissa: unknown argument '--steps' (see mantissa train --help)"),
+            (["train", "--config", path, "--set"],
+             "mantissa: --set needs a value (see mantissa train --help)"),
+            (["train", "--config", path, "--set", "run.steps"],
+             "mantissa: --set run.steps: expected path.to.field=value"),
+            (["trian"], "mantissa: unknown command 'trian' (see mantissa --help)"),
+            (["export", "--config", path],
+             "mantissa: --out FILE.safetensors is required (see mantissa export --help)"),
+            (["config", "--config", path, "--progress", "live"],
+             "mantissa: unknown argument '--progress' (see mantissa config --help)"),
+        ]
+        for args, message in cases:
+            with self.subTest(args):
+                result = self.mantissa(*args)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stderr.splitlines(), [message])
+
+
+class Overrides(lu.TempDirTest):
+    def effective(self, *sets, config=BASE):
+        path = self.write("c.pbtxt", config)
+        args = []
+        for s in sets:
+            args += ["--set", s]
+        result = self.mantissa("config", "--config", path, *args)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout
+
+    def test_set_reaches_nested_fields_enums_bools_and_repeated_fields(self):
+        text = self.effective("model.mlp.hidden=96", "precision.mode=FP16",
+                              "precision.loss_scale.growth_interval=7", "dist.overlap=false",
+                              "debug.inject_nonfinite_steps=1", "debug.inject_nonfinite_steps=3",
+                              "run.dir=out/x")
+        self.assertIn("hidden: 96", text)
+        self.assertIn("mode: FP16", text)
+        self.assertRegex(text, r"loss_scale \{\n    mode: DYNAMIC\n")  # FP16's default
+        self.assertIn("growth_interval: 7", text)
+        self.assertIn("overlap: false", text)
+        self.assertEqual(re.findall(r"inject_nonfinite_steps: (\d+)", text), ["1", "3"])
+        self.assertIn('dir: "out/x"', text)
+
+    def test_set_selects_a_oneof_member(self):
+        corpus = self.write("corpus.txt", "hello world\n" * 100)
+        text = self.effective("model.gpt2={n_layer: 1, n_head: 2, n_embd: 32, seq_len: 16}",
+                              f"data.text_file.path={corpus}")
+        self.assertNotIn("mlp {", text)
+        self.assertRegex(text, r"gpt2 \{\n    n_layer: 1\n    n_head: 2\n    n_embd: 32\n")
+        self.assertIn(f'path: "{corpus}"', text)
+        self.assertNotIn("synthetic", text)
+
+    def test_later_sets_win_and_defaults_fill_the_rest(self):
+        text = self.effective("run.steps=5", "run.steps=6")
+        self.assertIn("steps: 6", text)
+        self.assertIn('dir: "runs/c"', text)  # runs/<config file name>
+        self.assertIn("bucket_mb: 25", text)
+
+    def test_shipped_configs_are_valid(self):
+        configs = os.path.join(lu.ARGS.source_dir, "configs")
+        names = sorted(n for n in os.listdir(configs) if n.endswith(".pbtxt"))
+        self.assertIn("demo.pbtxt", names)
+        for name in names:
+            with self.subTest(name):
+                # Their token shards are not here: the synthetic corpus stands in.
+                result = self.mantissa("config", "--config", os.path.join(configs, name),
+                                       "--set", "data.synthetic={}")
+                self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_effective_config_is_a_fixed_point(self):
+        first = self.effective("precision.mode=FP16")
+        self.assertEqual(self.effective(config=first), first)
+
+
+class Help(lu.TempDirTest):
+    def test_overview_lists_every_subcommand(self):
+        result = self.mantissa("--help")
+        self.assertEqual(result.returncode, 0)
+        block = result.stdout.split("commands:\n", 1)[1].split("\n\n", 1)[0]
+        commands = [line.split()[0] for line in block.splitlines()]
+        self.assertTrue({"train", "config", "export", "help"} <= set(commands), result.stdout)
+        for command in commands:
+            with self.subTest(command):
+                self.assertEqual(self.mantissa(command, "--help").returncode, 0)
+                self.assertEqual(self.mantissa("help", command).returncode, 0)
+        self.assertEqual(self.mantissa("help").stdout, result.stdout)
+
+    def test_no_command_is_a_usage_error(self):
+        result = self.mantissa()
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("commands:", result.stderr)
+
+    def test_train_help_tells_options_exit_codes_and_defaults(self):
+        result = self.mantissa("train", "--help")
+        self.assertEqual(result.returncode, 0)
+        text = result.stdout
+        for option in ("--config FILE", "--set PATH=VALUE", "--progress MODE", "--help"):
+            self.assertIn(option, text)
+        codes = re.findall(r"^  (\d)  ", text.split("exit codes:", 1)[1], re.MULTILINE)
+        self.assertEqual(codes, ["0", "1", "2", "3", "4"])
+        self.assertIn("SIGUSR1", text)
+        self.assertIn("log/rank<R>.jsonl", text)
+        self.assertIn("  run.steps = 1000\n", text)
+        self.assertIn("  precision.loss_scale.growth_factor = 2\n", text)
+
+
+class Fp8Scaling(lu.TempDirTest):
+    def test_non_default_fp8_scaling_trains(self):
+        """precision.fp8 reaches the models' FP8 operands (CURRENT recipe, a margin)."""
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path, "--set", "precision.mode=FP8_HYBRID",
+                               "--set", "precision.fp8.recipe=CURRENT", "--set",
+                               "precision.fp8.margin=1", "--set", f"run.dir={self.dir}/run")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(len(lu.read_log(f"{self.dir}/run", 0)), 4)
+
+
+if __name__ == "__main__":
+    lu.main()

@@ -1,0 +1,246 @@
+// The TrainConfig front end (launcher/config.h, launcher/cli.h): text-format errors with
+// positions, --set through reflection, defaults, and validation messages that name the field,
+// the value and the rule. The real binary's error paths are covered by test_cli.py.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "launcher/cli.h"
+#include "launcher/config.h"
+
+namespace mantissa::launcher {
+namespace {
+
+// The ConfigError message of `f`, or "" when it does not throw.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TrainConfig defaulted(const std::vector<std::string>& sets = {}) {
+  TrainConfig c;
+  for (const std::string& s : sets) apply_override(c, s);
+  apply_defaults(c, "configs/unit.pbtxt");
+  return c;
+}
+
+std::string validation_error(const std::vector<std::string>& sets) {
+  return error_of([&] { validate(defaulted(sets)); });
+}
+
+// Positions are protobuf's: the line of the offending token and the column just past it.
+TEST(ConfigParse, ReportsFileLineAndColumn) {
+  EXPECT_EQ(error_of([] { parse_config_text("run {\n  stepz: 5\n}\n", "x.pbtxt"); }),
+            "x.pbtxt:2:8: Message type \"mantissa.TrainConfig.Run\" has no field named "
+            "\"stepz\".");
+  const std::string bad_enum =
+      error_of([] { parse_config_text("precision { mode: FP7 }", "y.pbtxt"); });
+  EXPECT_EQ(bad_enum, "y.pbtxt:1:23: Unknown enumeration value of \"FP7\" for field \"mode\".");
+  const std::string syntax = error_of([] { parse_config_text("run { steps: 5", "z.pbtxt"); });
+  EXPECT_EQ(syntax.rfind("z.pbtxt:1:", 0), 0u) << syntax;
+  EXPECT_NE(error_of([] { parse_config_text("run { steps: -1.5 }", "w.pbtxt"); }), "");
+}
+
+TEST(ConfigParse, MissingFileIsNamed) {
+  const std::string e = error_of([] { load_config_file("/nonexistent/c.pbtxt"); });
+  EXPECT_EQ(e, "/nonexistent/c.pbtxt: cannot open config: No such file or directory");
+}
+
+TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {
+  TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
+  apply_override(c, "model.gpt2.n_layer=3");
+  apply_override(c, "precision.loss_scale.growth_factor=4.5");
+  apply_override(c, "precision.mode=FP16");
+  apply_override(c, "precision.fp8.amax_compute=MOST_RECENT");
+  apply_override(c, "dist.overlap=false");
+  apply_override(c, "run.dir=/tmp/a=b");  // only the first '=' separates
+  apply_override(c, "run.seed=18446744073709551615");
+  apply_override(c, "debug.inject_nonfinite_steps=5");
+  apply_override(c, "debug.inject_nonfinite_steps=7");
+  EXPECT_EQ(c.model().gpt2().n_layer(), 3);
+  EXPECT_EQ(c.precision().loss_scale().growth_factor(), 4.5);
+  EXPECT_EQ(c.precision().mode(), TrainConfig::Precision::FP16);
+  EXPECT_EQ(c.precision().fp8().amax_compute(), TrainConfig::Precision::Fp8::MOST_RECENT);
+  EXPECT_TRUE(c.dist().has_overlap());
+  EXPECT_FALSE(c.dist().overlap());
+  EXPECT_EQ(c.run().dir(), "/tmp/a=b");
+  EXPECT_EQ(c.run().seed(), 18446744073709551615ull);
+  ASSERT_EQ(c.debug().inject_nonfinite_steps_size(), 2);
+  EXPECT_EQ(c.debug().inject_nonfinite_steps(0), 5);
+  EXPECT_EQ(c.debug().inject_nonfinite_steps(1), 7);
+}
+
+TEST(ConfigOverride, MessageBodySelectsAOneofMember) {
+  TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
+  apply_override(c, "model.mlp={hidden: 128}");
+  EXPECT_TRUE(c.model().has_mlp());
+  EXPECT_FALSE(c.model().has_gpt2());
+  EXPECT_EQ(c.model().mlp().hidden(), 128);
+  apply_override(c, "data.text_file.path=corpus.txt");
+  EXPECT_EQ(c.data().text_file().path(), "corpus.txt");
+  apply_override(c, "data.synthetic={}");
+  EXPECT_TRUE(c.data().has_synthetic());
+  EXPECT_FALSE(c.data().has_text_file());
+}
+
+TEST(ConfigOverride, ErrorsNameTheArgumentAndWhatIsAllowed) {
+  const auto set_error = [](const std::string& s) {
+    return error_of([&] {
+      TrainConfig c;
+      apply_override(c, s);
+    });
+  };
+  EXPECT_EQ(set_error("run.stepz=5"),
+            "--set run.stepz=5: run has no field 'stepz' (fields: steps, seed, dir, device, "
+            "log_every)");
+  EXPECT_EQ(set_error("rnu.steps=5").rfind("--set rnu.steps=5: TrainConfig has no field 'rnu'", 0),
+            0u);
+  EXPECT_EQ(set_error("precision.mode=FP7"),
+            "--set precision.mode=FP7: mode must be one of FP32, BF16, FP16, FP8_HYBRID, got "
+            "'FP7'");
+  EXPECT_EQ(set_error("run.steps=ten"),
+            "--set run.steps=ten: steps takes an integer (int64), got 'ten'");
+  EXPECT_EQ(set_error("run.steps=5x"),
+            "--set run.steps=5x: steps takes an integer (int64), got '5x'");
+  EXPECT_EQ(set_error("dist.zero_stage=3000000000"),
+            "--set dist.zero_stage=3000000000: value '3000000000' does not fit zero_stage (int32, "
+            "-2147483648 to 2147483647)");
+  EXPECT_EQ(set_error("dist.overlap=yes"),
+            "--set dist.overlap=yes: overlap takes true or false, got 'yes'");
+  EXPECT_EQ(set_error("optimizer.adamw.lr=fast"),
+            "--set optimizer.adamw.lr=fast: lr takes a number, got 'fast'");
+  EXPECT_EQ(set_error("run.steps"), "--set run.steps: expected path.to.field=value");
+  EXPECT_EQ(set_error("run.steps.x=1"),
+            "--set run.steps.x=1: run.steps is a value, not a message with fields");
+  EXPECT_EQ(set_error("model.mlp={hiden: 1}").rfind("--set model.mlp={hiden: 1}: mlp value:1:", 0),
+            0u);
+}
+
+TEST(ConfigDefaults, FillEveryFieldOfTheChosenOneofsOnly) {
+  const TrainConfig c = defaulted();
+  EXPECT_TRUE(c.model().has_gpt2());
+  EXPECT_TRUE(c.data().has_synthetic());
+  EXPECT_EQ(c.run().steps(), 1000);
+  EXPECT_EQ(c.run().dir(), "runs/unit");
+  EXPECT_EQ(c.model().gpt2().n_embd(), 384);
+  EXPECT_EQ(c.optimizer().adamw().lr(), 6e-4);
+  EXPECT_EQ(c.precision().mode(), TrainConfig::Precision::BF16);
+  EXPECT_EQ(c.precision().loss_scale().mode(), TrainConfig::Precision::LossScale::NONE);
+  EXPECT_EQ(c.precision().loss_scale().max(), 16777216.0);
+  EXPECT_EQ(c.dist().bucket_mb(), 25.0);
+  EXPECT_TRUE(c.dist().overlap());
+  EXPECT_TRUE(c.dist().has_accumulate_fp32());
+  EXPECT_EQ(c.checkpoint().keep(), 3);
+  EXPECT_EQ(c.metrics().bind_address(), "127.0.0.1");
+
+  const TrainConfig mlp = defaulted({"model.mlp={}", "precision.mode=FP16", "run.steps=7"});
+  EXPECT_FALSE(mlp.model().has_gpt2());
+  EXPECT_EQ(mlp.model().mlp().hidden(), 256);
+  EXPECT_EQ(mlp.run().steps(), 7);  // set values are kept
+  EXPECT_EQ(mlp.precision().loss_scale().mode(), TrainConfig::Precision::LossScale::DYNAMIC);
+  EXPECT_EQ(validation_error({"model.mlp={}"}), "");
+}
+
+TEST(ConfigDefaults, EffectiveConfigRoundTripsThroughText) {
+  const TrainConfig c = defaulted({"debug.inject_nonfinite_steps=3", "run.steps=10"});
+  const TrainConfig back = parse_config_text(to_text(c), "effective");
+  EXPECT_EQ(back.SerializeAsString(), c.SerializeAsString());
+  // Every scalar is present in the text, including those whose default is zero or false.
+  const std::string text = to_text(c);
+  EXPECT_NE(text.find("warmup_steps: 0"), std::string::npos) << text;
+  EXPECT_NE(text.find("accumulate_fp32: false"), std::string::npos) << text;
+  EXPECT_NE(text.find("synthetic {"), std::string::npos) << text;
+}
+
+TEST(ConfigValidate, DefaultsAreValid) {
+  EXPECT_EQ(validation_error({}), "");
+}
+
+TEST(ConfigValidate, NamesFieldValueAndRule) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"precision.loss_scale.growth_factor=0.5"},
+       "precision.loss_scale.growth_factor = 0.5: must be > 1"},
+      {{"precision.loss_scale.backoff_factor=1"},
+       "precision.loss_scale.backoff_factor = 1: must lie in (0, 1)"},
+      {{"precision.mode=FP16", "precision.loss_scale.init=0.5"},
+       "precision.loss_scale.init = 0.5: must lie in [min, max] = [1, 16777216] for a DYNAMIC "
+       "loss scale"},
+      {{"precision.loss_scale.max=1e39"},
+       "precision.loss_scale.max = 1e+39: must lie in [min = 1, 3.4028234663852886e+38]"},
+      {{"precision.loss_scale.hysteresis=0"}, "precision.loss_scale.hysteresis = 0: must be >= 1"},
+      {{"precision.fp8.amax_history_len=0"},
+       "precision.fp8.amax_history_len = 0: must lie in [1, 1048576]"},
+      {{"run.steps=0"}, "run.steps = 0: must be >= 1"},
+      {{"run.steps=10", "optimizer.warmup_steps=11"},
+       "optimizer.warmup_steps = 11: must lie in [0, 10]"},
+      {{"optimizer.adamw.beta2=1"}, "optimizer.adamw.beta2 = 1: must lie in [0, 1)"},
+      {{"optimizer.adamw.lr=-1"}, "optimizer.adamw.lr = -1: must be >= 0"},
+      {{"optimizer.adamw.eps=nan"}, "optimizer.adamw.eps = nan: must be > 0"},
+      {{"model.gpt2.n_embd=100", "model.gpt2.n_head=3"},
+       "model.gpt2.n_embd = 100: must be a multiple of model.gpt2.n_head = 3"},
+      {{"model.gpt2.vocab_size=100"},
+       "model.gpt2.vocab_size = 100: must be >= 256, the byte vocabulary of data.synthetic"},
+      {{"model.gpt2.vocab_size=70000"}, "model.gpt2.vocab_size = 70000: must lie in [1, 65536]"},
+      {{"data.micro_batch_size=0"}, "data.micro_batch_size = 0: must be >= 1"},
+      {{"data.synthetic.n_tokens=100"},
+       "data.synthetic.n_tokens = 100: must be > model.gpt2.seq_len = 256"},
+      {{"data.text_file.path=/nonexistent/corpus.txt"},
+       "data.text_file.path = \"/nonexistent/corpus.txt\": cannot be read: No such file or "
+       "directory"},
+      {{"data.text_file.path=/"}, "data.text_file.path = \"/\": is a directory, not a file"},
+      {{"data.token_shards.pattern=/nonexistent/*.bin"},
+       "data.token_shards.pattern = \"/nonexistent/*.bin\": matches no file"},
+      {{"dist.zero_stage=2"}, "dist.zero_stage = 2: must lie in [0, 1]"},
+      {{"dist.bucket_mb=0"}, "dist.bucket_mb = 0: must lie in (0, 65536]"},
+      {{"dist.timeout_s=-1"}, "dist.timeout_s = -1: must be > 0"},
+      {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
+      {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
+      {{"metrics.pushgateway_url=localhost:9091"},
+       "metrics.pushgateway_url = \"localhost:9091\": must be empty or start with http://"},
+      {{"run.steps=10", "debug.inject_nonfinite_steps=3", "debug.inject_nonfinite_steps=10"},
+       "debug.inject_nonfinite_steps[1] = 10: must lie in [0, 9]"},
+  };
+  for (const auto& [sets, expected] : cases) {
+    EXPECT_EQ(validation_error(sets), expected) << "sets: " << sets.front();
+  }
+}
+
+TEST(ConfigValidate, ExistingDataFilesPass) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mantissa_cfg_test";
+  std::filesystem::create_directories(dir);
+  const std::string text = (dir / "corpus.txt").string();
+  std::ofstream(text) << "hello world\n";
+  EXPECT_EQ(validation_error({"data.text_file.path=" + text}), "");
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
+  const TrainArgs a = parse_train_args("train", {"--config", "c.pbtxt", "--set", "run.steps=5",
+                                                 "--set=run.seed=2", "--progress=lines"});
+  EXPECT_EQ(a.config_path, "c.pbtxt");
+  EXPECT_EQ(a.sets, (std::vector<std::string>{"run.steps=5", "run.seed=2"}));
+  EXPECT_EQ(a.progress, ProgressMode::kLines);
+  EXPECT_TRUE(parse_train_args("train", {"--help"}).help);
+
+  const auto args_error = [](std::vector<std::string> args) {
+    return error_of([&] { parse_train_args("train", args); });
+  };
+  EXPECT_EQ(args_error({}), "--config FILE.pbtxt is required (see mantissa train --help)");
+  EXPECT_EQ(args_error({"--config", "a", "--bogus"}),
+            "unknown argument '--bogus' (see mantissa train --help)");
+  EXPECT_EQ(args_error({"--config"}), "--config needs a value (see mantissa train --help)");
+  EXPECT_EQ(args_error({"--config", "a", "--progress", "fancy"}),
+            "--progress takes auto, live or lines, got 'fancy' (see mantissa train --help)");
+}
+
+}  // namespace
+}  // namespace mantissa::launcher

@@ -1,0 +1,222 @@
+"""Whole training runs of the real binary under `mpirun -np 2` (and alone):
+ - every rank writes log/rank<R>.jsonl with the required keys, the loss falls, the ranks agree
+   on the mean loss, the loss scale and every skip decision, and an inf planted on rank 1
+   (debug.inject_nonfinite_*) skips that step on both ranks, attributed on rank 1 only;
+ - SIGUSR1 sent to rank 1 alone stops both ranks at the same step with a checkpoint, exit 0;
+   running the same command again resumes there and ends with exactly the losses, loss scales
+   and gradient norms of an uninterrupted run, with and without ZeRO-1;
+ - SIGTERM stops a single rank the same way;
+ - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
+   weights of its checkpoint as safetensors, the same bytes;
+ - the divergence guard: gradients non-finite at the minimum loss scale for
+   max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4.
+"""
+
+import array
+import json
+import math
+import os
+import random
+import signal
+import struct
+
+import launcher_util as lu
+
+RANKS = 2
+
+
+class Training(lu.TempDirTest):
+    def run_dir(self, name):
+        return os.path.join(self.dir, name)
+
+    def train_args(self, name, *sets, inject_rank=1):
+        """Arguments of a run of TINY_GPT into run.dir <tmp>/<name>, with an inf planted on
+        rank `inject_rank` at step 7."""
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        args = ["train", "--config", config, "--progress", "lines",
+                "--set", f"run.dir={self.run_dir(name)}",
+                "--set", f"debug.inject_nonfinite_rank={inject_rank}",
+                "--set", "debug.inject_nonfinite_steps=7"]
+        for s in sets:
+            args += ["--set", s]
+        return args
+
+    def assert_same_trajectory(self, a, b, keys=("mean_loss", "loss", "loss_scale", "grad_norm",
+                                                  "overflow", "lr")):
+        self.assertEqual([e["step"] for e in a], [e["step"] for e in b])
+        for x, y in zip(a, b):
+            for key in keys:
+                self.assertEqual(x[key], y[key], f"step {x['step']}: {key}")
+
+    def test_two_ranks_log_learn_and_agree(self):
+        result = self.mantissa(*self.train_args("full"), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.count("# effective config"), 1, "printed by rank 0 only")
+        run = self.run_dir("full")
+        logs = [lu.read_log(run, r) for r in range(RANKS)]
+        for rank, log in enumerate(logs):
+            self.assertEqual([e["step"] for e in log], list(range(60)), f"rank {rank}")
+            for entry in log:
+                self.assertTrue(lu.REQUIRED_KEYS <= entry.keys(), f"rank {rank}: {entry}")
+        r0, r1 = logs
+
+        # One decision for all ranks, from one reduced flag and one reduced loss.
+        for a, b in zip(r0, r1):
+            for key in ("mean_loss", "loss_scale", "overflow", "grad_norm", "lr"):
+                self.assertEqual(a[key], b[key], f"step {a['step']}: {key}")
+        self.assertNotEqual(r0[0]["loss"], r1[0]["loss"], "the ranks must see different data")
+        self.assertEqual([e["step"] for e in r0 if e["overflow"]], [7])
+        self.assertEqual(r1[7]["skipped_param"], "wte")
+        self.assertNotIn("skipped_param", r0[7])
+        self.assertIn("skipped: non-finite gradients", result.stderr)
+
+        first = r0[0]["mean_loss"]
+        last = sum(e["mean_loss"] for e in r0[-10:]) / 10
+        self.assertAlmostEqual(first, math.log(256), delta=0.3)
+        self.assertLess(last, first - 1.5, f"loss {first:.3f} -> {last:.3f}")
+
+        with open(os.path.join(run, "config.pbtxt")) as f:
+            self.assertIn("inject_nonfinite_steps: 7", f.read())
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), "step_00000060")
+        self.assertRegex(result.stderr, r"step 60/60 \| loss \d+\.\d+ \| scale 1 \| lr ")
+
+        self.interrupt_and_resume("interrupted", logs)
+
+    def interrupt_and_resume(self, name, uninterrupted, *sets):
+        """Runs train_args(name, *sets) under mpirun, stops it with SIGUSR1 sent to rank 1
+        alone (mpirun would forward it to all) once 10 steps are logged, runs the same command
+        again, and compares the logs with those of the `uninterrupted` run."""
+        args = self.train_args(name, *sets)
+        run = self.run_dir(name)
+        process = self.start(*args, ranks=RANKS)
+        try:
+            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 10, process)
+            pids = lu.rank_pids(process.pid)
+            self.assertEqual(sorted(pids), list(range(RANKS)))
+            os.kill(pids[1], signal.SIGUSR1)
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn("stop requested", stderr)
+        # Every rank stopped after the same step, with one checkpoint.
+        partial = [lu.read_log(run, r) for r in range(RANKS)]
+        stopped = len(partial[0])
+        self.assertEqual(len(partial[1]), stopped)
+        self.assertLess(stopped, 60, "the run ended before the signal arrived")
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
+
+        # The same command resumes after the last step done and finishes like the full run.
+        result = self.mantissa(*args, ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"resumed from {run}/checkpoints/step_{stopped:08d}", result.stderr)
+        resumed = [lu.read_log(run, r) for r in range(RANKS)]
+        self.assertEqual(resumed[0][stopped]["step"], stopped)
+        for rank in range(RANKS):
+            self.assert_same_trajectory(resumed[rank], uninterrupted[rank])
+
+    def test_zero1_interrupted_and_resumed(self):
+        # Under ZeRO-1 each rank checkpoints its own shard of masters and moments.
+        result = self.mantissa(*self.train_args("zero1", "dist.zero_stage=1"), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        logs = [lu.read_log(self.run_dir("zero1"), r) for r in range(RANKS)]
+        self.assertLess(logs[0][-1]["mean_loss"], logs[0][0]["mean_loss"] - 1.5)
+        self.interrupt_and_resume("zero1_interrupted", logs, "dist.zero_stage=1")
+
+    def test_sigterm_stops_a_single_rank_with_a_checkpoint(self):
+        process = self.start(*self.train_args("alone", "run.steps=2000", inject_rank=0))
+        try:
+            run = self.run_dir("alone")
+            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
+            process.send_signal(signal.SIGTERM)
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        stopped = len(lu.read_log(run, 0))
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
+        self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
+
+    def test_llmc_weights_in_safetensors_out(self):
+        # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,
+        # max_seq_len 64, vocab 256 (no padding).
+        L, C, T, V = 2, 64, 64, 256
+        shapes = {"wte": (V, C), "wpe": (T, C), "ln1w": (L, C), "ln1b": (L, C),
+                  "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C), "attprojw": (L, C, C),
+                  "attprojb": (L, C), "ln2w": (L, C), "ln2b": (L, C), "fcw": (L, 4 * C, C),
+                  "fcb": (L, 4 * C), "fcprojw": (L, C, 4 * C), "fcprojb": (L, C), "lnfw": (C,),
+                  "lnfb": (C,)}
+        rng = random.Random(7)
+        tensors = {name: array.array("f", (rng.gauss(0, 0.02) for _ in range(math.prod(shape))))
+                   for name, shape in shapes.items()}
+        model = os.path.join(self.dir, "gpt2_tiny.bin")
+        with open(model, "wb") as f:
+            f.write(struct.pack("<256i", *([20240326, 3, T, V, L, 2, C, V] + [0] * 248)))
+            for name in shapes:
+                f.write(tensors[name].tobytes())
+
+        # One step at learning rate 0 leaves the imported masters as they are.
+        config = ["--config", self.write("tiny.pbtxt", lu.TINY_GPT)]
+        for s in (f"run.dir={self.run_dir('imported')}", "run.steps=1",
+                  f"model.init_from={model}", "optimizer.adamw.lr=0", "optimizer.warmup_steps=0"):
+            config += ["--set", s]
+        result = self.mantissa("train", *config)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"initial weights from the llm.c model {model}", result.stderr)
+
+        out = os.path.join(self.dir, "weights.safetensors")
+        result = self.mantissa("export", *config, "--out", out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(out, "rb") as f:
+            data = f.read()
+        header_len = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + header_len])
+        payload = data[8 + header_len:]
+        self.assertEqual(header["__metadata__"]["mantissa_step"], "1")
+
+        def exported(name):
+            entry = header[name]
+            self.assertEqual(entry["dtype"], "F32")
+            begin, end = entry["data_offsets"]
+            return entry["shape"], payload[begin:end]
+
+        C3 = 3 * C * C
+        expected = {"wte": ([V, C], tensors["wte"].tobytes()),
+                    "wpe": ([T, C], tensors["wpe"].tobytes()),
+                    "h.1.attn.c_attn.weight": ([3 * C, C], tensors["qkvw"][C3:].tobytes()),
+                    "ln_f.bias": ([C], tensors["lnfb"].tobytes())}
+        for name, (shape, raw) in expected.items():
+            with self.subTest(name):
+                self.assertEqual(exported(name), (shape, raw))
+
+    def test_divergence_guard_scale_stuck_at_minimum(self):
+        # BF16 runs without loss scaling, so its fixed scale 1 is the minimum: three
+        # overflowing steps in a row (planted on rank 1) end the run on both ranks.
+        result = self.mantissa(*self.train_args(
+            "stuck", "precision.loss_scale.max_overflows_at_min=3",
+            "debug.inject_nonfinite_steps=8", "debug.inject_nonfinite_steps=9"), ranks=RANKS)
+        self.assertEqual(result.returncode, 4, result.stderr)
+        self.assertIn("mantissa: training diverged at step 10/60: loss scale stuck at minimum 1 "
+                      "after 3 consecutive overflowing steps", result.stderr)
+        for rank in range(RANKS):
+            log = lu.read_log(self.run_dir("stuck"), rank)
+            self.assertEqual([e["step"] for e in log if e["overflow"]], [7, 8])
+            self.assertEqual(log[-1]["step"], 8)
+
+    def test_divergence_guard_nonfinite_loss(self):
+        result = self.mantissa(*self.train_args("nan", "optimizer.adamw.lr=1e30",
+                                                "optimizer.warmup_steps=0", inject_rank=0))
+        self.assertEqual(result.returncode, 4, result.stderr)
+        self.assertRegex(result.stderr, r"mantissa: training diverged at step \d+/60: the loss "
+                                        r"is not finite")
+        log = lu.read_log(self.run_dir("nan"), 0)
+        self.assertIsNone(log[-1]["mean_loss"])  # JSON has no NaN: written as null
+
+
+if __name__ == "__main__":
+    lu.main()
