@@ -5,6 +5,7 @@
  - SIGUSR1 sent to rank 1 alone stops both ranks at the same step with a checkpoint, exit 0;
    running the same command again resumes there and ends with exactly the losses, loss scales
    and gradient norms of an uninterrupted run, with and without ZeRO-1;
+ - a 2-rank checkpoint resumes on one rank (twice the micro-batch) close to the 2-rank run;
  - SIGTERM stops a single rank the same way;
  - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
    weights of its checkpoint as safetensors, the same bytes;
@@ -17,6 +18,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import struct
 
@@ -82,6 +84,7 @@ class Training(lu.TempDirTest):
         self.assertRegex(result.stderr, r"step 60/60 \| loss \d+\.\d+ \| scale 1 \| lr ")
 
         self.interrupt_and_resume("interrupted", logs)
+        self.resume_on_one_rank("full", logs)
 
     def interrupt_and_resume(self, name, uninterrupted, *sets):
         """Runs train_args(name, *sets) under mpirun, stops it with SIGUSR1 sent to rank 1
@@ -117,6 +120,29 @@ class Training(lu.TempDirTest):
         self.assertEqual(resumed[0][stopped]["step"], stopped)
         for rank in range(RANKS):
             self.assert_same_trajectory(resumed[rank], uninterrupted[rank])
+
+    def resume_on_one_rank(self, name, uninterrupted):
+        """Resumes the step-20 checkpoint of the 2-rank run `name` alone, with twice the
+        micro-batch (the same global batch, the same data): close to the 2-rank trajectory but
+        not identical, since the gradients are no longer summed over ranks (in BF16)."""
+        run = self.run_dir("one_rank")
+        shutil.copytree(os.path.join(self.run_dir(name), "checkpoints", "step_00000020"),
+                        os.path.join(run, "checkpoints", "step_00000020"))
+        with open(os.path.join(run, "checkpoints", "latest"), "w") as f:
+            f.write("step_00000020\n")
+        result = self.mantissa(*self.train_args("one_rank", "data.micro_batch_size=8",
+                                                inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"resumed from {run}/checkpoints/step_00000020", result.stderr)
+        log = lu.read_log(run, 0)
+        self.assertEqual([e["step"] for e in log], list(range(20, 60)))
+        reference = uninterrupted[0][20:]
+        self.assertEqual([e["loss_scale"] for e in log], [e["loss_scale"] for e in reference])
+        worst = max(abs(a["mean_loss"] - b["mean_loss"]) / b["mean_loss"]
+                    for a, b in zip(log, reference))
+        print(f"2-rank checkpoint resumed on 1 rank: largest relative difference of the mean "
+              f"loss over steps 20-59: {worst:.2e}")
+        self.assertLess(worst, 1e-2)
 
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank checkpoints its own shard of masters and moments.
