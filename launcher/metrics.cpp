@@ -1,11 +1,11 @@
 #include "launcher/metrics.h"
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gateway.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "launcher/metrics_endpoint.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -98,7 +99,7 @@ struct Metrics::State {
   Gauge* last_checkpoint_time = nullptr;
   Histogram* checkpoint_seconds = nullptr;
 
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsEndpoint> endpoint;
 
   // Pushing runs on its own thread so that a slow or unreachable Pushgateway (the client sets
   // no HTTP timeout) never stalls a training step. Requests coalesce: if a push is still in
@@ -245,13 +246,16 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
     MANTISSA_CHECK(s.options.port > 0 && s.options.port < 65536,
                    "metrics.port: " << s.options.port << " (plus local rank) is not a TCP port");
     const std::string address = s.options.bind_address + ":" + std::to_string(s.options.port);
+    std::shared_ptr<prometheus::Registry> registry = s.registry;
     try {
-      s.exposer = std::make_unique<prometheus::Exposer>(address);
-    } catch (const std::exception& e) {
-      MANTISSA_FAIL("metrics: cannot listen on " << address << " (metrics.bind_address, "
-                                                 << "metrics.port + local rank): " << e.what());
+      s.endpoint = std::make_unique<MetricsEndpoint>(
+          s.options.bind_address, s.options.port,
+          [registry] { return prometheus::TextSerializer().Serialize(registry->Collect()); });
+    } catch (const core::Error& e) {
+      MANTISSA_FAIL("metrics: " << e.what()
+                                << " (metrics.bind_address, metrics.port + local "
+                                   "rank)");
     }
-    s.exposer->RegisterCollectable(s.registry);
   }
 
   if (!s.options.pushgateway_url.empty()) {
@@ -334,9 +338,7 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds) {
 }
 
 int Metrics::listening_port() const {
-  if (state_->exposer == nullptr) return 0;
-  const std::vector<int> ports = state_->exposer->GetListeningPorts();
-  return ports.empty() ? 0 : ports.front();
+  return state_->endpoint ? state_->endpoint->port() : 0;
 }
 
 double gpu_peak_flops(std::string_view device_name) {

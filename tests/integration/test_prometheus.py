@@ -23,8 +23,12 @@ SCRAPE_SECONDS = 1
 # What Grafana puts in $__rate_interval at a 1 s scrape interval: max(interval + scrape,
 # 4 × scrape), rounded up a little so that every window holds several samples.
 RATE_INTERVAL = "5s"
-STEPS = 60
-INJECTED_STEPS = [20, 40]
+# Long enough that even on a quiet machine the run spans many scrapes: every rate() window
+# of the dashboard then holds several samples (60 steps took ~4 s, too few for some panels).
+STEPS = 300
+# Late enough that Prometheus has scraped the counters at 0 first: increase() needs a sample
+# from before the overflow.
+INJECTED_STEPS = [STEPS // 2, 3 * STEPS // 4]
 
 
 def dashboard_queries(path, job, rank):
