@@ -29,28 +29,6 @@ using core::Tensor;
 constexpr double kTimeout = 60.0;
 const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2};
 
-// Unit roundoff and half the smallest subnormal of each dtype.
-double unit_roundoff(DType d) {
-  switch (d) {
-    case DType::kF32: return std::ldexp(1.0, -24);
-    case DType::kBF16: return std::ldexp(1.0, -8);
-    case DType::kF16: return std::ldexp(1.0, -11);
-    case DType::kE4M3: return std::ldexp(1.0, -4);
-    case DType::kE5M2: return std::ldexp(1.0, -3);
-    default: return 0.0;
-  }
-}
-double half_min_subnormal(DType d) {
-  switch (d) {
-    case DType::kF32: return std::ldexp(1.0, -150);
-    case DType::kBF16: return std::ldexp(1.0, -134);
-    case DType::kF16: return std::ldexp(1.0, -25);
-    case DType::kE4M3: return std::ldexp(1.0, -10);
-    case DType::kE5M2: return std::ldexp(1.0, -17);
-    default: return 0.0;
-  }
-}
-
 // Values [first, first + n) of rank r in test `salt`, already representable in dtype d: a
 // random sign and mantissa times 2^k with k in [-6, 2], so sums of 4 ranks stay far below
 // FP8's maximum.
@@ -107,7 +85,7 @@ class Collectives : public ::testing::Test {
   // first + i of each rank's data.
   void expect_sum(DType d, const Tensor& result, int64_t first, uint64_t salt) {
     const std::vector<float> got = decode(result);
-    const double u = unit_roundoff(d);
+    const double u = testing::unit_roundoff(d);
     const double k = n() - 1;
     const double gamma = k * u / (1.0 - k * u);
     std::vector<std::vector<float>> inputs;
@@ -120,7 +98,7 @@ class Collectives : public ::testing::Test {
         exact += x;
         magnitude += std::fabs(x);
       }
-      const double bound = gamma * magnitude + k * half_min_subnormal(d);
+      const double bound = gamma * magnitude + k * testing::half_min_subnormal(d);
       if (std::fabs(got[static_cast<size_t>(i)] - exact) > bound && ++bad <= 3) {
         ADD_FAILURE() << core::dtype_name(d) << " element " << first + i << ": got "
                       << got[static_cast<size_t>(i)] << ", FP64 sum " << exact << ", bound "

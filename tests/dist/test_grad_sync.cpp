@@ -70,25 +70,6 @@ void fill_gradients(models::ParameterStore& params, int rank) {
   }
 }
 
-double unit_roundoff(DType d) {
-  switch (d) {
-    case DType::kF32: return std::ldexp(1.0, -24);
-    case DType::kBF16: return std::ldexp(1.0, -8);
-    case DType::kF16: return std::ldexp(1.0, -11);
-    case DType::kE4M3: return std::ldexp(1.0, -4);
-    default: return std::ldexp(1.0, -3);  // E5M2
-  }
-}
-double half_min_subnormal(DType d) {
-  switch (d) {
-    case DType::kF32: return std::ldexp(1.0, -150);
-    case DType::kBF16: return std::ldexp(1.0, -134);
-    case DType::kF16: return std::ldexp(1.0, -25);
-    case DType::kE4M3: return std::ldexp(1.0, -10);
-    default: return std::ldexp(1.0, -17);  // E5M2
-  }
-}
-
 struct SyncCase {
   DType dtype;
   bool accumulate_fp32;
@@ -135,7 +116,7 @@ class GradSync : public ::testing::Test {
     EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
 
     const float* g = params.grads().data_as<float>();
-    const double u = unit_roundoff(c.dtype), s = half_min_subnormal(c.dtype);
+    const double u = testing::unit_roundoff(c.dtype), s = testing::half_min_subnormal(c.dtype);
     const double k = 2.0 * n - 1.0;
     const double gamma = k * u / (1.0 - k * u);
     double err2 = 0.0, ref2 = 0.0;

@@ -270,6 +270,32 @@ void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, in
   }
 }
 
+// Where load_qkv puts one of Q, K and V: element (t, d) at data[t * t_stride + d * d_stride],
+// so a padded [T, Dp] row-major block (d_stride 1) or its [D, Tp] transpose (t_stride 1).
+struct Slot {
+  float* data;
+  int64_t t_stride, d_stride;
+};
+
+// Loads the (b, h) slice of qkv [B, T, 3C] into padded FP32 scratch through the slots for Q,
+// K and V; the transposed ones go through `row`, D floats of temporary space.
+void load_qkv(const Tensor& qkv, int64_t b, int64_t h, int64_t T, int64_t C, int64_t D,
+              const Slot (&slots)[3], float* row) {
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t base = (b * T + t) * 3 * C + h * D;
+    for (int64_t i = 0; i < 3; ++i) {
+      const Slot& slot = slots[i];
+      float* dst = slot.data + t * slot.t_stride;
+      if (slot.d_stride == 1) {
+        load(qkv, base + i * C, D, dst);
+      } else {
+        load(qkv, base + i * C, D, row);
+        for (int64_t d = 0; d < D; ++d) dst[d * slot.d_stride] = row[d];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
@@ -290,13 +316,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t base = (b * T + t) * 3 * C + h * D;
-          load(qkv, base, D, q + t * Dp);
-          load(qkv, base + C, D, o);
-          for (int64_t d = 0; d < D; ++d) kt[d * Tp + t] = o[d];
-          load(qkv, base + 2 * C, D, v + t * Dp);
-        }
+        load_qkv(qkv, b, h, T, C, D, {{q, Dp, 1}, {kt, 1, Tp}, {v, Dp, 1}}, o);
         // Scores for each block of query rows, up to the block's last visible key.
         for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
           const int64_t rows = std::min(kTileRows, T - t0);
@@ -357,12 +377,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
+        load_qkv(qkv, b, h, T, C, D, {{q, Dp, 1}, {k, Dp, 1}, {vt, 1, Tp}}, g);
         for (int64_t t = 0; t < T; ++t) {
-          const int64_t base = (b * T + t) * 3 * C + h * D;
-          load(qkv, base, D, q + t * Dp);
-          load(qkv, base + C, D, k + t * Dp);
-          load(qkv, base + 2 * C, D, g);
-          for (int64_t d = 0; d < D; ++d) vt[d * Tp + t] = g[d];
           load(dout, (b * T + t) * C + h * D, D, dy + t * Dp);
           load(att, ((b * H + h) * T + t) * T, t + 1, p + t * Tp);
         }

@@ -263,6 +263,30 @@ __global__ void layernorm_param_partials_kernel(FloatIn dout, FloatIn x,
   }
 }
 
+// The query row one warp of an attention kernel handles: row = (b, h, t) of [B, H, T], with
+// token_stride the distance between the qkv rows of two positions and head_base the offset
+// of q at (b, t = 0, h). Past the last row in_range is false and the rest is left zero.
+struct AttentionRow {
+  bool in_range;
+  int lane, warp;
+  int64_t row, t, b, h, token_stride, head_base;
+};
+
+__device__ AttentionRow attention_row(int64_t B, int64_t T, int64_t C, int64_t H, int64_t D) {
+  AttentionRow r{};
+  r.lane = threadIdx.x % kWarpSize;
+  r.warp = threadIdx.x / kWarpSize;
+  r.row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + r.warp;
+  r.in_range = r.row < B * H * T;
+  if (!r.in_range) return r;
+  r.t = r.row % T;
+  r.b = r.row / (H * T);
+  r.h = (r.row / T) % H;
+  r.token_stride = 3 * C;                            // qkv row of one position
+  r.head_base = r.b * T * r.token_stride + r.h * D;  // q of (b, t = 0, h)
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------
 // Causal self-attention: one warp per query row (b, h, t), rows ordered so that the warps of
 // a block share (b, h) and find that head's K and V rows in L1. With scale = 1 / sqrt(D):
@@ -277,15 +301,9 @@ __global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restr
                                          FloatOut att, int64_t B, int64_t T, int64_t C, int64_t H,
                                          int64_t D, float scale) {
   extern __shared__ float shared_q[];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
-  if (row >= B * H * T) return;
-  const int64_t t = row % T;
-  const int64_t b = row / (H * T);
-  const int64_t h = (row / T) % H;
-  const int64_t token_stride = 3 * C;                      // qkv row of one position
-  const int64_t head_base = b * T * token_stride + h * D;  // q of (b, t = 0, h)
+  const auto [in_range, lane, warp, row, t, b, h, token_stride, head_base] =
+      attention_row(B, T, C, H, D);
+  if (!in_range) return;
 
   float* q = shared_q + warp * D;
   for (int64_t d = lane; d < D; d += kWarpSize) q[d] = load(qkv, head_base + t * token_stride + d);
@@ -336,15 +354,9 @@ __global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv, Float
                                                 int64_t B, int64_t T, int64_t C, int64_t H,
                                                 int64_t D, float scale) {
   extern __shared__ float shared_dy[];
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + warp;
-  if (row >= B * H * T) return;
-  const int64_t t = row % T;
-  const int64_t b = row / (H * T);
-  const int64_t h = (row / T) % H;
-  const int64_t token_stride = 3 * C;
-  const int64_t head_base = b * T * token_stride + h * D;
+  const auto [in_range, lane, warp, row, t, b, h, token_stride, head_base] =
+      attention_row(B, T, C, H, D);
+  if (!in_range) return;
 
   float* dy = shared_dy + warp * D;
   for (int64_t d = lane; d < D; d += kWarpSize) dy[d] = load(dout, (b * T + t) * C + h * D + d);
