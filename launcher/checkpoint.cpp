@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 
 #include "launcher/checkpoint_manifest.h"
 #include "launcher/crc32c.h"
@@ -143,7 +142,11 @@ std::vector<int64_t> list_checkpoints(const std::string& dir) {
 }
 
 void warn(int rank, const std::string& message) {
-  std::cerr << "mantissa: rank " << rank << ": " << message << std::endl;
+  // One write per line: ranks that share a stderr (threads in the tests, or ranks whose
+  // output a launcher merges) must not interleave inside each other's lines.
+  const std::string line = "mantissa: rank " + std::to_string(rank) + ": " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace
