@@ -130,13 +130,15 @@ struct Bucket {
 
 class DataParallelImpl;
 
-// ZeRO-1: AdamW over this rank's shard of the masters, moments only for the shard, and the
-// compute copy of the other shards all-gathered after every update.
+// ZeRO-1: AdamW over this rank's shard of the masters (the only masters the parameter store
+// keeps), moments only for the shard, and the compute copy of the other shards all-gathered
+// after every update.
 class ShardedAdamW final : public models::Optimizer {
  public:
   ShardedAdamW(DataParallelImpl& dp, const core::AdamWConfig& config);
 
   void step(models::ParameterStore& params, float lr, float grad_scale) override;
+  void refresh_compute_copy(models::ParameterStore& params) override;
   int64_t owned_begin() const override { return begin_; }
   int64_t owned_end() const override { return end_; }
   Tensor& first_moment() override { return adamw_->first_moment(); }
@@ -145,6 +147,8 @@ class ShardedAdamW final : public models::Optimizer {
   void set_steps_taken(int64_t steps) override { adamw_->set_steps_taken(steps); }
 
  private:
+  void check_store(const models::ParameterStore& params) const;
+
   DataParallelImpl& dp_;
   int64_t begin_, end_;
   std::unique_ptr<core::AdamW> adamw_;
@@ -162,6 +166,7 @@ class DataParallelImpl final : public DataParallel {
     // ZeRO-1 shards: contiguous, aligned, nearly equal.
     shard_counts_ = split_counts(params_.flat_numel(), n);
     shard_offsets_ = chunk_offsets(shard_counts_);
+    if (config_.zero_stage == 1) params_.keep_masters(backend_, shard_begin(), shard_end());
     build_buckets();
   }
 
@@ -236,6 +241,10 @@ class DataParallelImpl final : public DataParallel {
 
   // --- DataParallel -------------------------------------------------------------------
   void broadcast_parameters() override {
+    if (config_.zero_stage == 1) {
+      refresh_compute_copy();
+      return;
+    }
     Tensor& masters = params_.masters();
     timed_wait(ctrl_->broadcast(masters, 0), masters.nbytes());
     params_.refresh_compute_copy(backend_);
@@ -266,6 +275,13 @@ class DataParallelImpl final : public DataParallel {
   int64_t shard_end() const { return shard_offsets_[static_cast<size_t>(ctrl_->rank()) + 1]; }
   core::Backend& backend() { return backend_; }
   models::ParameterStore& params() { return params_; }
+
+  // Every rank rounds its shard of the masters into the compute copy, then the shards are
+  // all-gathered.
+  void refresh_compute_copy() {
+    params_.refresh_compute_copy(backend_);
+    gather_compute_copy();
+  }
 
   // In place: every rank's shard of the compute copy to every rank.
   void gather_compute_copy() {
@@ -593,13 +609,17 @@ constexpr Field kFields[] = {{"step", false},
                              {"optimizer steps", false},
                              {"checksum of the FP32 masters", true}};
 constexpr size_t kNumFields = sizeof kFields / sizeof kFields[0];
+// Under ZeRO-1 the last field covers the compute copy (see check_consistency).
+constexpr const char* kZero1ReplicaField = "checksum of the compute copy";
 
 void DataParallelImpl::check_consistency(const ReplicaState& state) {
   const int n = ctrl_->size();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &state.scaler.scale, sizeof scale_bits);
-  // ZeRO-1 ranks hold different current masters; their compute copies are the replicas.
-  Tensor& replicated = config_.zero_stage == 1 ? params_.compute() : params_.masters();
+  // ZeRO-1 ranks keep different shards of the masters; their compute copies, all-gathered
+  // from those shards, are the replicas (and the only whole copies of the weights).
+  const bool zero1 = config_.zero_stage == 1;
+  Tensor& replicated = zero1 ? params_.compute() : params_.masters();
   Tensor host = replicated;
   if (!replicated.device().is_cpu()) {
     host = Tensor::empty(replicated.shape(), replicated.dtype());
@@ -636,7 +656,9 @@ void DataParallelImpl::check_consistency(const ReplicaState& state) {
       if (all[static_cast<size_t>(r) * kNumFields + f] != reference) differ.push_back(r);
     }
     if (differ.empty()) continue;
-    message << "; " << kFields[f].name << ": rank 0 has ";
+    const bool replica_field = f + 1 == kNumFields;
+    message << "; " << (zero1 && replica_field ? kZero1ReplicaField : kFields[f].name)
+            << ": rank 0 has ";
     const auto print = [&](int64_t v) {
       if (kFields[f].hex) {
         message << "0x" << std::hex << static_cast<uint64_t>(v) << std::dec;
@@ -670,12 +692,25 @@ ShardedAdamW::ShardedAdamW(DataParallelImpl& dp, const core::AdamWConfig& config
 }
 
 void ShardedAdamW::step(models::ParameterStore& params, float lr, float grad_scale) {
+  check_store(params);
   const Shape shape{end_ - begin_};
-  Tensor masters = params.masters().view(begin_, shape);
   Tensor grads = params.grads().view(begin_, shape);
   Tensor compute = params.compute().view(begin_, shape);
-  adamw_->step(dp_.backend(), masters, grads, &compute, lr, grad_scale);
+  adamw_->step(dp_.backend(), params.masters(), grads, &compute, lr, grad_scale);
   dp_.gather_compute_copy();
+}
+
+void ShardedAdamW::refresh_compute_copy(models::ParameterStore& params) {
+  check_store(params);
+  dp_.refresh_compute_copy();
+}
+
+void ShardedAdamW::check_store(const models::ParameterStore& params) const {
+  MANTISSA_CHECK(params.masters_begin() == begin_ && params.masters().numel() == end_ - begin_,
+                 "ZeRO-1 optimizer of the shard ["
+                     << begin_ << ", " << end_ << "): the parameter store keeps the masters ["
+                     << params.masters_begin() << ", "
+                     << params.masters_begin() + params.masters().numel() << ")");
 }
 
 }  // namespace
@@ -697,6 +732,11 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
       "dist.consistency_check_every must be >= 0, got " << config.consistency_check_every);
   MANTISSA_CHECK(params.flat_numel() > 0 && params.masters().defined(),
                  "DataParallel::create: the parameter store is not allocated");
+  MANTISSA_CHECK(params.keeps_all_masters(),
+                 "DataParallel::create: the parameter store keeps only the masters ["
+                     << params.masters_begin() << ", "
+                     << params.masters_begin() + params.masters().numel() << ") of "
+                     << params.flat_numel() << " (already sharded by another DataParallel?)");
   const bool on_gpu = !backend.device().is_cpu();
   CommBackend kind = config.backend;
   if (kind == CommBackend::kAuto) kind = on_gpu ? CommBackend::kNCCL : CommBackend::kMPI;

@@ -30,12 +30,17 @@
 //                              .optimizer_steps = opt->steps_taken()});
 //   }
 //
-// Checkpoints: each rank saves and restores the range opt->owned_begin()..owned_end() of the
-// masters and opt->first_moment()/second_moment() (shard-sized tensors). Without ZeRO that is
-// the whole buffer on every rank; under ZeRO-1 (zero_stage 1) each rank owns one contiguous
-// shard, and the masters outside it are NOT current on that rank: only the compute copy is
-// whole (all-gathered by opt->step()). After restoring masters, call
-// model.parameters().refresh_compute_copy(*backend).
+// ZeRO-1 (zero_stage 1): create() keeps only this rank's shard of the FP32 masters in the
+// parameter store (ParameterStore::keep_masters; the rest is freed), and make_optimizer()'s
+// moments cover the same shard, so masters and moments take 12 bytes per parameter / N on
+// each rank. The gradients and the compute copy stay whole: the compute copy is all-gathered
+// from every rank's shard after each update, and is then the only whole copy of the weights.
+//
+// Checkpoints: each rank saves and restores params.masters() (the flat range from
+// params.masters_begin()) and opt->first_moment()/second_moment() (the range
+// opt->owned_begin()..owned_end()). Without ZeRO that is the whole buffer on every rank; under
+// ZeRO-1 it is the rank's shard. After restoring masters, call opt->refresh_compute_copy(params)
+// (collective under ZeRO-1).
 //
 // Failures: every collective waits at most config.timeout_s; past it the job ends (MPI_Abort,
 // exit code World::kTimeoutExitCode) with "mantissa: rank R: ... rank(s) [K] did not answer".
@@ -82,17 +87,21 @@ struct ReplicaState {
 class DataParallel : public models::GradientSync {
  public:
   // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
-  // `params` must be allocated, identically laid out on every rank, and outlive the object.
+  // `params` must be allocated, keep all masters, be identically laid out on every rank, and
+  // outlive the object. Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
   static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,
                                               models::ParameterStore& params,
                                               const DistConfig& config);
 
-  // Makes every rank's masters (and compute copy) equal to rank 0's.
+  // Makes every rank's weights the same. ZeRO-0: every rank's masters (and compute copy)
+  // become rank 0's. ZeRO-1, where each master lives on one rank only: every rank rounds its
+  // shard into the compute copy and the shards are all-gathered.
   virtual void broadcast_parameters() = 0;
 
   // Throws core::Error naming the ranks and what differs (step, loss-scaler state, FP8
   // scales, checksum of the FP32 masters) when the replicas disagree. Collective. Under
-  // ZeRO-1 the masters are not replicated: the checksum covers the compute copy instead.
+  // ZeRO-1 the masters are not replicated: the checksum covers the whole compute copy instead
+  // ("checksum of the compute copy").
   virtual void check_consistency(const ReplicaState& state) = 0;
 
   // Sum over ranks (mean loss, tokens), bit-identical on every rank.
@@ -105,7 +114,8 @@ class DataParallel : public models::GradientSync {
   virtual int64_t last_step_comm_bytes() const = 0;
 
   // The optimizer for this configuration: models::LocalAdamW (ZeRO-0), or AdamW over this
-  // rank's shard whose step() ends with the all-gather of the compute copy (ZeRO-1).
+  // rank's shard of masters and moments whose step() and refresh_compute_copy() end with the
+  // all-gather of the compute copy (ZeRO-1).
   virtual std::unique_ptr<models::Optimizer> make_optimizer(const core::AdamWConfig& config) = 0;
 
   // The gradient buckets as [begin, end) flat ranges, in the order they are reduced.

@@ -41,8 +41,9 @@
 // part one rank reads) is therefore seen by all of them and handled the same way everywhere.
 // The checkpoint directory must be one shared file system for all ranks.
 //
-// How the Trainer uses it (ZeRO-1 shown; ZeRO-0: rank 0 passes begin 0 and whole buffers,
-// other ranks save with no slices but load the same whole buffers):
+// How the Trainer uses it (ZeRO-1 shown, where the parameter store keeps only the shard's
+// masters; ZeRO-0: rank 0 passes begin 0 and whole buffers, other ranks save with no slices
+// but load the same whole buffers):
 //
 //   Checkpointer ckpt({.dir = run_dir + "/checkpoints", .keep = cfg.checkpoint().keep()},
 //                     {.rank = world.rank(), .world_size = world.size(),
@@ -50,13 +51,14 @@
 //                     backend);
 //   N = params.flat_numel(); [b, e) = this rank's shard
 //   std::vector<BufferSlice> slices = {
-//       {"masters", N, b, params.masters().view(b, Shape{e - b})},
+//       {"masters", N, b, params.masters()},   // b == params.masters_begin()
 //       {"adam_m", N, b, adamw.first_moment()},
 //       {"adam_v", N, b, adamw.second_moment()}};
 //   // save, every `every_steps` and at a preemption stop:
 //   ckpt.save(state, slices);   // state: see CheckpointState
-//   // resume, at start-up (the masters slice is the whole buffer [0, N) on every rank):
-//   if (auto state = ckpt.load_latest(parameter_layout(params), load_slices)) { ... restore }
+//   // resume, at start-up, into the same slices (this run's shards, whatever the world size
+//   // at save time):
+//   if (auto state = ckpt.load_latest(parameter_layout(params), slices)) { ... restore }
 //
 // Both calls take tensors on any device (a device tensor is staged through host memory with
 // Backend::copy) and throw core::Error, naming the file and the problem, when they fail.

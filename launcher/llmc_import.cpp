@@ -184,11 +184,8 @@ void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backen
   MANTISSA_CHECK(written == params.size(), "llm.c import: the file sets "
                                                << written << " parameters, the model has "
                                                << params.size());
-  backend.copy(
-      core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()}, core::DType::kF32),
-      params.masters());
-  params.refresh_compute_copy(backend);
-  backend.synchronize();
+  params.set_weights(backend, core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()},
+                                                 core::DType::kF32));
 }
 
 }  // namespace mantissa::launcher

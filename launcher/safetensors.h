@@ -20,7 +20,9 @@ namespace mantissa::launcher {
 
 // Writes every parameter's FP32 master (by its GPT-2 name and shape, e.g. "wte" [V, C],
 // "h.0.attn.c_attn.weight" [3C, C], stored [out, in]) to `path`, through a temporary file
-// renamed into place. `metadata` goes into "__metadata__". Throws core::Error naming the path.
+// renamed into place. `metadata` goes into "__metadata__". Throws core::Error naming the path,
+// or when the store keeps only a range of the masters (load a whole checkpoint into an unsharded
+// model instead, as `mantissa export` does).
 // (Hugging Face's GPT-2 stores its Conv1D weights transposed, [in, out]: a converter to that
 // layout transposes the four matrices of each block.)
 void export_safetensors(const std::string& path, const models::ParameterStore& params,

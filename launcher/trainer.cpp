@@ -196,12 +196,12 @@ bool Trainer::restore() {
   const TrainConfig::Checkpoint& c = config_.checkpoint();
   if (c.resume() == TrainConfig::Checkpoint::NEVER) return false;
 
-  // The whole masters buffer on every rank (under ZeRO-1 too: the compute copy is refreshed
-  // from it), the moments of the range this rank's optimizer owns.
+  // The masters the parameter store keeps and the moments of the range this rank's optimizer
+  // owns: everything, or this rank's ZeRO-1 shard, whatever the world size at save time.
   models::ParameterStore& params = model_->parameters();
   const int64_t n = params.flat_numel();
   const int64_t begin = optimizer_->owned_begin();
-  std::vector<BufferSlice> slices = {{"masters", n, 0, params.masters()},
+  std::vector<BufferSlice> slices = {{"masters", n, params.masters_begin(), params.masters()},
                                      {"adam_m", n, begin, optimizer_->first_moment()},
                                      {"adam_v", n, begin, optimizer_->second_moment()}};
   const std::optional<CheckpointState> state =
@@ -212,7 +212,7 @@ bool Trainer::restore() {
     return false;
   }
 
-  params.refresh_compute_copy(*backend_);
+  optimizer_->refresh_compute_copy(params);
   optimizer_->set_steps_taken(state->optimizer_steps);
   scaler_->set_state(state->loss_scaler);
   if (models::Fp8Operands* fp8 = model_->fp8_operands()) {
@@ -288,13 +288,12 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.parameters = parameter_layout(params);
 
   // Without ZeRO every rank holds the same replica and rank 0 writes it; under ZeRO-1 each
-  // rank writes the shard it owns.
+  // rank writes the shard it owns, the only masters it keeps.
   const int64_t n = params.flat_numel();
   const int64_t begin = optimizer_->owned_begin();
-  const int64_t end = optimizer_->owned_end();
   std::vector<BufferSlice> slices;
   if (config_.dist().zero_stage() == 1 || world_.rank() == 0) {
-    slices = {{"masters", n, begin, params.masters().view(begin, core::Shape{end - begin})},
+    slices = {{"masters", n, params.masters_begin(), params.masters()},
               {"adam_m", n, begin, optimizer_->first_moment()},
               {"adam_v", n, begin, optimizer_->second_moment()}};
   }

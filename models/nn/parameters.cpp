@@ -21,8 +21,7 @@ float normal_sample(uint64_t stream, int64_t i) {
   const auto index = static_cast<uint64_t>(i);
   const double u1 = (core::random_u32(stream, 2 * index) + 1.0) / 4294967297.0;  // (0, 1)
   const double u2 = core::random_u32(stream, 2 * index + 1) / 4294967296.0;      // [0, 1)
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) *
-                            std::cos(2.0 * std::numbers::pi * u2));
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2));
 }
 
 }  // namespace
@@ -67,21 +66,54 @@ void ParameterStore::allocate(core::Backend& backend, core::DType compute_dtype,
   masters_ = core::Tensor::empty(flat, core::DType::kF32, device);
   grads_ = core::Tensor::empty(flat, core::DType::kF32, device);
   compute_ = core::Tensor::empty(flat, compute_dtype, device);
-  backend.copy(host, masters_);
   for (Parameter& p : params_) {
     p.master = masters_.view(p.offset, p.spec.shape);
     p.grad = grads_.view(p.offset, p.spec.shape);
     p.compute = compute_.view(p.offset, p.spec.shape);
   }
   zero_grad(backend);
-  refresh_compute_copy(backend);
+  set_weights(backend, host);
+}
+
+void ParameterStore::keep_masters(core::Backend& backend, int64_t begin, int64_t end) {
+  MANTISSA_CHECK(keeps_all_masters(),
+                 "ParameterStore::keep_masters: already keeps only the masters ["
+                     << masters_begin_ << ", " << masters_begin_ + masters_.numel() << ")");
+  MANTISSA_CHECK(0 <= begin && begin <= end && end <= flat_numel_,
+                 "ParameterStore::keep_masters: [" << begin << ", " << end
+                                                   << ") is not a range of the " << flat_numel_
+                                                   << " flat elements");
+  core::Tensor kept =
+      core::Tensor::empty(core::Shape{end - begin}, core::DType::kF32, backend.device());
+  backend.copy(masters_.view(begin, kept.shape()), kept);
+  backend.synchronize();  // the copy is done before the full buffer is freed
+  for (Parameter& p : params_) p.master = core::Tensor();
+  masters_ = std::move(kept);
+  masters_begin_ = begin;
+}
+
+void ParameterStore::set_weights(core::Backend& backend, const core::Tensor& weights) {
+  MANTISSA_CHECK(weights.dtype() == core::DType::kF32 && weights.numel() == flat_numel_,
+                 "ParameterStore::set_weights: expects f32[" << flat_numel_ << "], got "
+                                                             << weights.describe());
+  core::Tensor on_device = weights;
+  if (!(weights.device() == backend.device())) {
+    on_device = core::Tensor::empty(weights.shape(), weights.dtype(), backend.device());
+    backend.copy(weights, on_device);
+  }
+  backend.copy(on_device.view(masters_begin_, masters_.shape()), masters_);
+  backend.cast(on_device, compute_, core::CastParams{});
+  backend.synchronize();  // `weights` and the staging copy may go away after the return
 }
 
 void ParameterStore::refresh_compute_copy(core::Backend& backend) {
-  backend.cast(masters_, compute_, core::CastParams{});
+  core::Tensor range = compute_.view(masters_begin_, masters_.shape());
+  backend.cast(masters_, range, core::CastParams{});
 }
 
-void ParameterStore::zero_grad(core::Backend& backend) { backend.fill(grads_, 0.0f); }
+void ParameterStore::zero_grad(core::Backend& backend) {
+  backend.fill(grads_, 0.0f);
+}
 
 int64_t ParameterStore::parameter_count() const {
   int64_t n = 0;

@@ -2,6 +2,10 @@
 // FP32 masters, FP32 gradients and the compute copy (the masters rounded to the policy's
 // compute dtype) — and each parameter is a view (offset, shape) into all three.
 //
+// Under ZeRO-1 a rank keeps only one contiguous range of the masters (keep_masters): the
+// gradients and the compute copy stay whole, and the compute copy is then the only complete
+// copy of the weights on the rank (dist/ all-gathers it from every rank's range).
+//
 // Flat buffers make the distributed and persistence machinery simple: gradient buckets,
 // ZeRO shards, checkpoints and consistency checksums are all operations on contiguous
 // element ranges. Each parameter starts at a multiple of kParameterAlignment elements so
@@ -32,8 +36,8 @@ struct ParameterSpec {
 
 struct Parameter {
   ParameterSpec spec;
-  int64_t offset = 0;  // first element in the flat buffers
-  core::Tensor master;
+  int64_t offset = 0;   // first element in the flat buffers
+  core::Tensor master;  // undefined once the store keeps only a range of the masters
   core::Tensor grad;
   core::Tensor compute;
   int64_t numel() const { return spec.shape.numel(); }
@@ -50,8 +54,19 @@ class ParameterStore {
   // and fills the compute copy.
   void allocate(core::Backend& backend, core::DType compute_dtype, uint64_t seed);
 
-  // Rounds the masters into the compute copy (after loading a checkpoint, say; the optimizer
-  // does it in the same pass as the update otherwise).
+  // Keeps only the masters [begin, end) and frees the others (ZeRO-1: this rank's shard).
+  // Afterwards masters() is that range, element 0 being flat index masters_begin(), and no
+  // Parameter::master is defined. Once, on a store that holds all masters.
+  void keep_masters(core::Backend& backend, int64_t begin, int64_t end);
+
+  // Sets every weight from `weights` (FP32, flat_numel() elements, on the host or the
+  // backend's device, zero in the padding): the masters take their range of it and the
+  // compute copy all of it, rounded.
+  void set_weights(core::Backend& backend, const core::Tensor& weights);
+
+  // Rounds the masters into their range of the compute copy (after loading a checkpoint, say;
+  // the optimizer does it in the same pass as the update otherwise). When the store keeps
+  // only a range of the masters, the rest of the compute copy is left as it is.
   void refresh_compute_copy(core::Backend& backend);
   void zero_grad(core::Backend& backend);
 
@@ -64,7 +79,11 @@ class ParameterStore {
   int64_t flat_numel() const { return flat_numel_; }
   // Elements that are parameters (padding excluded).
   int64_t parameter_count() const;
+  // The masters this store keeps: all flat_numel() of them, or the range keep_masters chose.
   core::Tensor& masters() { return masters_; }
+  const core::Tensor& masters() const { return masters_; }
+  int64_t masters_begin() const { return masters_begin_; }
+  bool keeps_all_masters() const { return masters_.numel() == flat_numel_; }
   core::Tensor& grads() { return grads_; }
   core::Tensor& compute() { return compute_; }
 
@@ -74,6 +93,7 @@ class ParameterStore {
  private:
   std::vector<Parameter> params_;
   int64_t flat_numel_ = 0;
+  int64_t masters_begin_ = 0;
   core::Tensor masters_, grads_, compute_;
 };
 

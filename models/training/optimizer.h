@@ -3,11 +3,13 @@
 //
 // Without sharding a rank owns the whole flat buffer (LocalAdamW below). Under ZeRO-1
 // (dist::DataParallel::make_optimizer) a rank owns one contiguous shard [begin, end) of the
-// flat buffers: only its masters and moments there are updated and kept, and the compute copy
-// of the other shards arrives by an all-gather inside step().
+// flat buffers: the parameter store keeps only the masters there (ParameterStore::
+// keep_masters), the moments are shard-sized, and the compute copy of the other shards
+// arrives by an all-gather inside step() and refresh_compute_copy().
 //
-// Checkpoints read and restore exactly the owned range: masters().view(begin, ...) and the
-// moments, which are shard-sized (first_moment().numel() == owned_end() - owned_begin()).
+// Checkpoints read and restore exactly the owned range: params.masters() (which starts at
+// flat index owned_begin()) and the moments (first_moment().numel() == owned_end() -
+// owned_begin()).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +29,10 @@ class Optimizer {
   // `params.grads()` must hold the averaged gradients at least over the owned range.
   virtual void step(ParameterStore& params, float lr, float grad_scale) = 0;
 
+  // Rounds the owned masters into the compute copy and makes the compute copy whole again
+  // (under ZeRO-1 by an all-gather; collective there): after the masters were restored.
+  virtual void refresh_compute_copy(ParameterStore& params) = 0;
+
   // The range of the flat buffers this rank updates: [0, flat_numel) without sharding.
   virtual int64_t owned_begin() const = 0;
   virtual int64_t owned_end() const = 0;
@@ -40,15 +46,21 @@ class Optimizer {
   virtual void set_steps_taken(int64_t steps) = 0;
 
   // Bytes of optimizer state this rank holds (the two moments), for memory reports.
-  int64_t state_bytes() { return 2 * first_moment().numel() * 4; }
+  int64_t state_bytes() {
+    return static_cast<int64_t>(first_moment().nbytes() + second_moment().nbytes());
+  }
 };
 
-// AdamW over the whole flat buffer, on one rank (or replicated on every rank: ZeRO-0).
+// AdamW over the whole flat buffer, on one rank (or replicated on every rank: ZeRO-0); the
+// parameter store must keep all masters.
 class LocalAdamW final : public Optimizer {
  public:
   LocalAdamW(core::Backend& backend, const ParameterStore& params, const core::AdamWConfig& config);
 
   void step(ParameterStore& params, float lr, float grad_scale) override;
+  void refresh_compute_copy(ParameterStore& params) override {
+    params.refresh_compute_copy(backend_);
+  }
   int64_t owned_begin() const override { return 0; }
   int64_t owned_end() const override { return flat_numel_; }
   core::Tensor& first_moment() override { return adamw_.first_moment(); }

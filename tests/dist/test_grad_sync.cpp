@@ -11,7 +11,9 @@
 //
 // Also here: the non-finite flag is raised before the cast (a saturating FP8 cast would hide
 // the inf from the sum), scalar collectives, the start-up broadcast, the consistency check
-// (which must catch a perturbed master, naming the rank), and ZeRO-1's optimizer memory.
+// (which must catch a perturbed master, naming the rank; under ZeRO-1 a perturbed compute
+// copy), and the start-up "broadcast" under ZeRO-1, an all-gather of sharded masters. The
+// memory of ZeRO-1 is tested in test_zero1_memory.cpp (on 1, 2 and 4 ranks).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -279,6 +281,51 @@ TEST_F(GradSync, BroadcastParametersCopiesRankZero) {
   EXPECT_NE(original, 100.0f);
 }
 
+TEST_F(GradSync, BroadcastParametersUnderZero1GathersTheShards) {
+  models::ParameterStore reference = make_store(*backend);
+  models::ParameterStore params = make_store(*backend);
+  auto dp = DataParallel::create(testing::world(), *backend, params,
+                                 config({DType::kBF16, false, 1, true}));
+  auto optimizer = dp->make_optimizer(core::AdamWConfig{});
+  const int64_t begin = optimizer->owned_begin();
+  const int64_t shard = optimizer->owned_end() - begin;
+  ASSERT_EQ(params.masters_begin(), begin);
+  ASSERT_EQ(params.masters().numel(), shard) << "the store must keep only this rank's shard";
+  EXPECT_EQ(std::memcmp(params.masters().data(), reference.masters().data_as<float>() + begin,
+                        static_cast<size_t>(shard) * 4),
+            0);
+  // Only this rank's shard can come back from its own masters: the rest must be gathered.
+  backend->fill(params.compute(), 0.0f);
+  dp->broadcast_parameters();
+  EXPECT_EQ(std::memcmp(params.compute().data(), reference.compute().data(),
+                        reference.compute().nbytes()),
+            0)
+      << "the compute copy is not the whole model on rank " << me;
+}
+
+TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
+  models::ParameterStore params = make_store(*backend);
+  auto dp = DataParallel::create(testing::world(), *backend, params,
+                                 config({DType::kBF16, false, 1, true}));
+  ReplicaState state;
+  state.step = 3;
+  dp->check_consistency(state);
+  // One ulp in the compute copy of the last rank, outside its own shard of the masters.
+  const int culprit = n - 1;
+  float* compute = params.compute().data_as<float>();
+  const int64_t where = params[0].offset + 1;
+  if (me == culprit) compute[where] = std::nextafter(compute[where], 1.0f);
+  try {
+    dp->check_consistency(state);
+    ADD_FAILURE() << "the consistency check missed a perturbed compute copy";
+  } catch (const core::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("checksum of the compute copy: rank 0 has"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find(text("rank ", culprit, " has")), std::string::npos) << message;
+  }
+}
+
 TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
   models::ParameterStore params = make_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
@@ -317,31 +364,6 @@ TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
   ReplicaState fp8 = state;
   if (me == 0) fp8.fp8_scales[1] = 4.0f;
   expect_failure(fp8, "checksum of the FP8 scales", "rank 1 has");
-}
-
-TEST_F(GradSync, Zero1OptimizerStateShrinksAsOneOverN) {
-  models::ParameterStore params = make_store(*backend);
-  auto zero0 = DataParallel::create(testing::world(), *backend, params,
-                                    config({DType::kF32, false, 0, true}));
-  auto zero1 = DataParallel::create(testing::world(), *backend, params,
-                                    config({DType::kF32, false, 1, true}));
-  auto full = zero0->make_optimizer(core::AdamWConfig{});
-  auto shard = zero1->make_optimizer(core::AdamWConfig{});
-  const int64_t flat = params.flat_numel();
-  EXPECT_EQ(full->state_bytes(), 8 * flat);
-  // Shards are contiguous, tile the buffer, and are at most ceil(flat / N) rounded up to the
-  // parameter alignment.
-  const int64_t limit = (flat / n + models::kParameterAlignment) / models::kParameterAlignment *
-                        models::kParameterAlignment;
-  EXPECT_LE(shard->owned_end() - shard->owned_begin(), limit);
-  EXPECT_EQ(shard->state_bytes(), 8 * (shard->owned_end() - shard->owned_begin()));
-  const double total = zero1->sum_across_ranks(static_cast<double>(shard->state_bytes()));
-  EXPECT_EQ(total, 8.0 * flat);
-  if (me == 0) {
-    std::printf(
-        "%d ranks: AdamW state per rank %lld bytes (ZeRO-0) vs %lld bytes (ZeRO-1, rank 0)\n", n,
-        static_cast<long long>(full->state_bytes()), static_cast<long long>(shard->state_bytes()));
-  }
 }
 
 TEST_F(GradSync, BadConfigsNameTheField) {

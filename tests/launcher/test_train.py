@@ -4,8 +4,10 @@
    (debug.inject_nonfinite_*) skips that step on both ranks, attributed on rank 1 only;
  - SIGUSR1 sent to rank 1 alone stops both ranks at the same step with a checkpoint, exit 0;
    running the same command again resumes there and ends with exactly the losses, loss scales
-   and gradient norms of an uninterrupted run, with and without ZeRO-1;
- - a 2-rank checkpoint resumes on one rank (twice the micro-batch) close to the 2-rank run;
+   and gradient norms of an uninterrupted run, with and without ZeRO-1 (under ZeRO-1 also the
+   same weights, as `mantissa export` stitches them from the shards of the last checkpoint);
+ - a 2-rank checkpoint resumes on one rank (twice the micro-batch) close to the 2-rank run, and
+   a 2-rank ZeRO-1 checkpoint (sharded masters and moments) on one rank and on four;
  - SIGTERM stops a single rank the same way;
  - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
    weights of its checkpoint as safetensors, the same bytes;
@@ -84,7 +86,7 @@ class Training(lu.TempDirTest):
         self.assertRegex(result.stderr, r"step 60/60 \| loss \d+\.\d+ \| scale 1 \| lr ")
 
         self.interrupt_and_resume("interrupted", logs)
-        self.resume_on_one_rank("full", logs)
+        self.resume_on_other_world_size("full", logs, 1)
 
     def interrupt_and_resume(self, name, uninterrupted, *sets):
         """Runs train_args(name, *sets) under mpirun, stops it with SIGUSR1 sent to rank 1
@@ -121,36 +123,58 @@ class Training(lu.TempDirTest):
         for rank in range(RANKS):
             self.assert_same_trajectory(resumed[rank], uninterrupted[rank])
 
-    def resume_on_one_rank(self, name, uninterrupted):
-        """Resumes the step-20 checkpoint of the 2-rank run `name` alone, with twice the
-        micro-batch (the same global batch, the same data): close to the 2-rank trajectory but
-        not identical, since the gradients are no longer summed over ranks (in BF16)."""
-        run = self.run_dir("one_rank")
+    def resume_on_other_world_size(self, name, uninterrupted, ranks, *sets):
+        """Resumes the step-20 checkpoint of the 2-rank run `name` on `ranks` ranks (alone for
+        1) with the same global batch, hence the same data: close to the 2-rank trajectory but
+        not identical, since the gradients are summed over another number of ranks (in BF16)."""
+        run_name = f"{name}_on_{ranks}"
+        run = self.run_dir(run_name)
         shutil.copytree(os.path.join(self.run_dir(name), "checkpoints", "step_00000020"),
                         os.path.join(run, "checkpoints", "step_00000020"))
         with open(os.path.join(run, "checkpoints", "latest"), "w") as f:
             f.write("step_00000020\n")
-        result = self.mantissa(*self.train_args("one_rank", "data.micro_batch_size=8",
-                                                inject_rank=0))
+        args = self.train_args(run_name, f"data.micro_batch_size={8 // ranks}", *sets,
+                               inject_rank=0)
+        result = self.mantissa(*args, ranks=ranks if ranks > 1 else 0)
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn(f"resumed from {run}/checkpoints/step_00000020", result.stderr)
+        self.assertIn(f"resumed from {run}/checkpoints/step_00000020 (saved by 2 ranks)",
+                      result.stderr)
         log = lu.read_log(run, 0)
         self.assertEqual([e["step"] for e in log], list(range(20, 60)))
         reference = uninterrupted[0][20:]
         self.assertEqual([e["loss_scale"] for e in log], [e["loss_scale"] for e in reference])
         worst = max(abs(a["mean_loss"] - b["mean_loss"]) / b["mean_loss"]
                     for a, b in zip(log, reference))
-        print(f"2-rank checkpoint resumed on 1 rank: largest relative difference of the mean "
-              f"loss over steps 20-59: {worst:.2e}")
+        print(f"2-rank checkpoint {' '.join(sets) or '(ZeRO-0)'} resumed on {ranks} rank(s): "
+              f"largest relative difference of the mean loss over steps 20-59: {worst:.2e}")
         self.assertLess(worst, 1e-2)
 
     def test_zero1_interrupted_and_resumed(self):
-        # Under ZeRO-1 each rank checkpoints its own shard of masters and moments.
+        # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
+        # moments; the checkpoint resumes on any number of ranks, each loading its new shard.
         result = self.mantissa(*self.train_args("zero1", "dist.zero_stage=1"), ranks=RANKS)
         self.assertEqual(result.returncode, 0, result.stderr)
         logs = [lu.read_log(self.run_dir("zero1"), r) for r in range(RANKS)]
         self.assertLess(logs[0][-1]["mean_loss"], logs[0][0]["mean_loss"] - 1.5)
         self.interrupt_and_resume("zero1_interrupted", logs, "dist.zero_stage=1")
+        # The shards of the final checkpoints, stitched by `mantissa export`: the same weights
+        # to the bit with and without the interruption.
+        exported = []
+        for name in ("zero1", "zero1_interrupted"):
+            out = os.path.join(self.dir, f"{name}.safetensors")
+            result = self.mantissa("export", "--config", self.write("tiny.pbtxt", lu.TINY_GPT),
+                                   "--set", f"run.dir={self.run_dir(name)}", "--out", out)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out, "rb") as f:
+                data = f.read()
+            header_len = struct.unpack("<Q", data[:8])[0]
+            header = json.loads(data[8:8 + header_len])
+            del header["__metadata__"]  # names the run directory
+            exported.append((header, data[8 + header_len:]))
+        self.assertEqual(exported[0][0], exported[1][0])
+        self.assertTrue(exported[0][1] == exported[1][1], "the exported weights differ")
+        for ranks in (1, 4):
+            self.resume_on_other_world_size("zero1", logs, ranks, "dist.zero_stage=1")
 
     def test_sigterm_stops_a_single_rank_with_a_checkpoint(self):
         process = self.start(*self.train_args("alone", "run.steps=2000", inject_rank=0))

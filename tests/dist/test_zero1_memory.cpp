@@ -1,0 +1,111 @@
+// ZeRO-1's memory, on 1, 2 and 4 ranks: each rank keeps ONLY its shard of the FP32 masters and
+// of the AdamW moments, so masters + moments take 12 bytes per parameter / N per rank (to
+// within the shard alignment), against 12 bytes per parameter under ZeRO-0. The shards tile the
+// flat buffer, and they stay shard-sized through training steps. Rank 0 prints the figures.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "dist/data_parallel.h"
+#include "models/data/corpus.h"
+#include "models/data/data_loader.h"
+#include "models/gpt2/gpt2.h"
+#include "models/training/train_loop.h"
+#include "tests/dist/dist_test.h"
+
+namespace mantissa::dist {
+namespace {
+
+using core::DType;
+
+const models::GPT2Config kGPT{4, 4, 128, 64, 256};
+const core::PrecisionPolicy kPolicy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kBF16);
+
+DistConfig dist_config(int zero_stage) {
+  DistConfig config;
+  config.backend = CommBackend::kMPI;
+  config.grad_reduce_dtype = DType::kBF16;
+  config.zero_stage = zero_stage;
+  config.timeout_s = 120;
+  return config;
+}
+
+struct RankBytes {
+  int64_t masters = 0;
+  int64_t moments = 0;
+};
+
+// Masters and moments this rank holds, with a DataParallel of `zero_stage` on a fresh model
+// trained for `steps` steps.
+RankBytes bytes_after_training(int zero_stage, int64_t steps) {
+  World& world = testing::world();
+  auto backend = core::make_cpu_backend();
+  models::GPT2 model(kGPT, *backend, kPolicy, 5);
+  models::ParameterStore& params = model.parameters();
+  auto dp = DataParallel::create(world, *backend, params, dist_config(zero_stage));
+  dp->broadcast_parameters();
+  models::TrainLoopConfig loop;
+  loop.steps = steps;
+  auto optimizer = dp->make_optimizer(loop.adamw);
+  const void* masters = params.masters().data();
+  models::DataLoader loader(
+      std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 16)),
+      {kGPT.seq_len, 2, world.size(), world.rank(), 5});
+  models::train_loop(model, *backend, kPolicy, loader, loop, *optimizer, dp.get());
+  EXPECT_EQ(params.masters().data(), masters) << "the masters were reallocated";
+
+  const int64_t owned = optimizer->owned_end() - optimizer->owned_begin();
+  EXPECT_EQ(params.masters_begin(), optimizer->owned_begin());
+  EXPECT_EQ(params.masters().numel(), owned) << "the store keeps more masters than it owns";
+  EXPECT_EQ(optimizer->first_moment().numel(), owned);
+  EXPECT_EQ(optimizer->second_moment().numel(), owned);
+  ReplicaState state;
+  state.step = steps;
+  state.optimizer_steps = optimizer->steps_taken();
+  dp->check_consistency(state);  // the compute copies agree after the gathers
+  return {static_cast<int64_t>(params.masters().nbytes()), optimizer->state_bytes()};
+}
+
+TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
+  World& world = testing::world();
+  const int n = world.size();
+  auto backend = core::make_cpu_backend();
+  const int64_t flat = models::GPT2(kGPT, *backend, kPolicy, 5).parameters().flat_numel();
+  // Shards: ceil(flat / N) rounded up to the parameter alignment (the last ones shorter).
+  const int64_t alignment = models::kParameterAlignment;
+  const int64_t shard_limit = ((flat + n - 1) / n + alignment - 1) / alignment * alignment;
+
+  const RankBytes zero0 = bytes_after_training(0, 2);
+  const RankBytes zero1 = bytes_after_training(1, 2);
+  EXPECT_EQ(zero0.masters, 4 * flat);
+  EXPECT_EQ(zero0.moments, 8 * flat);
+  EXPECT_LE(zero1.masters, 4 * shard_limit);
+  EXPECT_EQ(zero1.moments, 2 * zero1.masters);
+  // Together the ranks hold every master and moment exactly once.
+  std::vector<RankBytes> all(static_cast<size_t>(n));
+  MPI_Allgather(&zero1, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, MPI_COMM_WORLD);
+  int64_t total = 0;
+  for (const RankBytes& r : all) total += r.masters + r.moments;
+  EXPECT_EQ(total, 12 * flat);
+
+  if (world.rank() == 0) {
+    std::printf(
+        "%d rank%s, %lld flat parameters, masters + moments per rank: ZeRO-0 %lld bytes; "
+        "ZeRO-1",
+        n, n == 1 ? "" : "s", static_cast<long long>(flat),
+        static_cast<long long>(zero0.masters + zero0.moments));
+    for (int r = 0; r < n; ++r) {
+      const RankBytes& b = all[static_cast<size_t>(r)];
+      std::printf("%s rank %d %lld + %lld = %lld bytes", r == 0 ? ":" : ",", r,
+                  static_cast<long long>(b.masters), static_cast<long long>(b.moments),
+                  static_cast<long long>(b.masters + b.moments));
+    }
+    std::printf(" (limit %lld)\n", static_cast<long long>(12 * shard_limit));
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::dist

@@ -1,0 +1,114 @@
+// ParameterStore with only a range of its masters (what a ZeRO-1 rank keeps): the range keeps
+// its values and nothing else is held, refresh_compute_copy writes only that range of the
+// compute copy, set_weights sets the range of the masters and the whole compute copy, and
+// what needs all masters (LocalAdamW) refuses such a store.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "models/nn/parameters.h"
+#include "models/training/optimizer.h"
+
+namespace mantissa::models {
+namespace {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+ParameterStore make_store(core::Backend& backend) {
+  ParameterStore params;
+  params.add({"a", Shape{300}, Init::kNormal, 0.02f, true});
+  params.add({"b", Shape{7}, Init::kOnes, 0.0f, false});
+  params.add({"c", Shape{40, 10}, Init::kNormal, 1.0f, true});
+  params.allocate(backend, DType::kBF16, 11);
+  return params;
+}
+
+std::vector<char> bytes(const Tensor& t) {
+  const char* p = static_cast<const char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+// The message of the core::Error `body` throws ("" when it throws none).
+template <class Body>
+std::string error_of(Body body) {
+  try {
+    body();
+  } catch (const core::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class ParameterStoreShard : public ::testing::Test {
+ protected:
+  std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
+  ParameterStore reference = make_store(*backend);
+  ParameterStore params = make_store(*backend);
+  const int64_t begin = 128, end = 640;  // cuts through parameters a and c
+};
+
+TEST_F(ParameterStoreShard, KeepsOnlyTheRange) {
+  ASSERT_TRUE(params.keeps_all_masters());
+  params.keep_masters(*backend, begin, end);
+  EXPECT_FALSE(params.keeps_all_masters());
+  EXPECT_EQ(params.masters_begin(), begin);
+  EXPECT_EQ(params.masters().numel(), end - begin);
+  EXPECT_EQ(std::memcmp(params.masters().data(), reference.masters().data_as<float>() + begin,
+                        params.masters().nbytes()),
+            0);
+  for (const Parameter& p : params.all()) EXPECT_FALSE(p.master.defined()) << p.spec.name;
+  EXPECT_EQ(bytes(params.compute()), bytes(reference.compute()));
+
+  EXPECT_NE(error_of([&] {
+              params.keep_masters(*backend, 0, 128);
+            }).find("already keeps only the masters [128, 640)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              reference.keep_masters(*backend, 600, 100000);
+            }).find("[600, 100000) is not a range"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              LocalAdamW optimizer(*backend, params, core::AdamWConfig{});
+            }).find("keeps only the masters [128, 640)"),
+            std::string::npos);
+}
+
+TEST_F(ParameterStoreShard, RefreshWritesOnlyTheRangeOfTheComputeCopy) {
+  params.keep_masters(*backend, begin, end);
+  backend->fill(params.compute(), 0.0f);
+  params.refresh_compute_copy(*backend);
+  const std::vector<char> expected = bytes(reference.compute());
+  const std::vector<char> got = bytes(params.compute());
+  const size_t element = core::dtype_size(DType::kBF16);
+  for (int64_t i = 0; i < params.flat_numel(); ++i) {
+    const bool inside = i >= begin && i < end;
+    const char* want = inside ? expected.data() + i * element : "\0\0";
+    ASSERT_EQ(std::memcmp(got.data() + i * element, want, element), 0) << "element " << i;
+  }
+}
+
+TEST_F(ParameterStoreShard, SetWeightsSetsTheRangeAndTheWholeComputeCopy) {
+  params.keep_masters(*backend, begin, end);
+  std::vector<float> weights(static_cast<size_t>(params.flat_numel()));
+  const float* initial = reference.masters().data_as<float>();
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 3.0f * initial[i];
+  const Tensor host = Tensor::wrap(weights.data(), Shape{params.flat_numel()}, DType::kF32);
+  params.set_weights(*backend, host);
+  reference.set_weights(*backend, host);
+  EXPECT_EQ(std::memcmp(params.masters().data(), weights.data() + begin, params.masters().nbytes()),
+            0);
+  EXPECT_EQ(bytes(params.compute()), bytes(reference.compute()));
+  EXPECT_EQ(std::memcmp(reference.masters().data(), weights.data(), reference.masters().nbytes()),
+            0);
+  EXPECT_NE(
+      error_of([&] { params.set_weights(*backend, host.view(0, Shape{10})); }).find("expects f32["),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace mantissa::models
