@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "launcher/checkpoint_manifest.h"
+#include "launcher/config.h"
 #include "launcher/crc32c.h"
 
 namespace fs = std::filesystem;
@@ -424,10 +425,12 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
       misfit = e.what();
     }
     if (agree(damage.empty() && misfit.empty())) return state;
-    // An intact checkpoint that does not fit anywhere: an error everywhere, no fallback.
+    // An intact checkpoint that does not fit this run's config: an error everywhere and no
+    // fallback, and a config error since a retry with the same config would fail again.
     if (!agree(misfit.empty())) {
-      MANTISSA_CHECK(misfit.empty(), "checkpoint load: " << misfit);
-      MANTISSA_FAIL("checkpoint load: " << dir << " does not fit this run (see another rank)");
+      throw ConfigError(
+          "checkpoint load: " +
+          (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
     }
     const std::string next = i + 1 < steps.size()
                                  ? "falling back to " + checkpoint_dir_name(steps[i + 1])

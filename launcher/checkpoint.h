@@ -61,7 +61,9 @@
 //   if (auto state = ckpt.load_latest(parameter_layout(params), slices)) { ... restore }
 //
 // Both calls take tensors on any device (a device tensor is staged through host memory with
-// Backend::copy) and throw core::Error, naming the file and the problem, when they fail.
+// Backend::copy) and throw core::Error, naming the file and the problem, when they fail;
+// load_latest throws ConfigError when the newest intact checkpoint does not fit this run
+// (another model, or buffers another setup saved).
 #pragma once
 
 #include <cstdint>

@@ -11,8 +11,8 @@ namespace mantissa::launcher {
 inline constexpr int kExitOk = 0;
 // A runtime failure: I/O, communication, a checkpoint that could not be written or read.
 inline constexpr int kExitFailure = 1;
-// A bad command line or configuration (including data files and devices it names): nothing
-// was trained.
+// A bad command line or configuration (including data files and devices it names, and a
+// checkpoint in its run directory that does not fit it): nothing was trained.
 inline constexpr int kExitConfig = 2;
 // A peer rank stopped answering within dist.timeout_s (dist::World::kTimeoutExitCode: the
 // rank that noticed ends the job, naming the silent ranks).

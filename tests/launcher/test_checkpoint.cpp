@@ -15,6 +15,7 @@
 
 #include "launcher/checkpoint.h"
 #include "launcher/checkpoint_manifest.h"
+#include "launcher/config.h"
 #include "launcher/crc32c.h"
 
 namespace fs = std::filesystem;
@@ -313,7 +314,7 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   try {
     ckpt.load_latest(other, into.slices);
     FAIL() << "loaded a checkpoint of another model";
-  } catch (const core::Error& e) {
+  } catch (const launcher::ConfigError& e) {
     const std::string what = e.what();
     EXPECT_NE(
         what.find("step_00000020 does not fit this model: parameter 1 is h.0.ln_1.weight [4]"),
@@ -323,11 +324,11 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   // A buffer of another size, or one the checkpoint lacks.
   Slices bigger = Slices::empty(0, kN);
   bigger.slices[1].global_numel = kN + 1;
-  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, bigger.slices), core::Error);
+  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, bigger.slices), launcher::ConfigError);
   std::vector<float> extra(4);
   into.slices.push_back(
       {"sgd_momentum", 4, 0, core::Tensor::wrap(extra.data(), core::Shape{4}, core::DType::kF32)});
-  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, into.slices), core::Error);
+  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, into.slices), launcher::ConfigError);
 }
 
 // The acceptance test: 1000 random byte flips anywhere in the newest checkpoint's manifest or

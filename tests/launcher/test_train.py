@@ -11,6 +11,7 @@
  - SIGTERM stops a single rank the same way;
  - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
    weights of its checkpoint as safetensors, the same bytes;
+ - a checkpoint saved by another model is refused with exit code 2 (a config error);
  - the divergence guard: gradients non-finite at the minimum loss scale for
    max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4.
 """
@@ -257,6 +258,18 @@ class Training(lu.TempDirTest):
             log = lu.read_log(self.run_dir("stuck"), rank)
             self.assertEqual([e["step"] for e in log if e["overflow"]], [7, 8])
             self.assertEqual(log[-1]["step"], 8)
+
+    def test_checkpoint_of_another_model_is_a_config_error(self):
+        # Both ranks find that the run directory's checkpoint was saved by a 2-layer model,
+        # refuse it (no fallback to training from scratch over it) and exit 2: a retry with
+        # the same config would fail the same way.
+        result = self.mantissa(*self.train_args("other", "run.steps=20"), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.mantissa(*self.train_args("other", "model.gpt2.n_layer=3"), ranks=RANKS)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("step_00000020 does not fit this model", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
+                                                     "step_00000040")))
 
     def test_divergence_guard_nonfinite_loss(self):
         result = self.mantissa(*self.train_args("nan", "optimizer.adamw.lr=1e30",
