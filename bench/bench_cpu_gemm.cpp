@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -32,9 +33,7 @@ using namespace mantissa::core;
 
 namespace {
 
-constexpr int64_t kTokens = 2048;
 constexpr int kMinRepetitions = 5;
-constexpr double kMinSecondsPerBlock = 0.2;
 
 struct Problem {
   std::string name;
@@ -60,14 +59,14 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
 }
 
 // Median seconds per call: one untimed call, then at least kMinRepetitions timed calls
-// filling at least kMinSecondsPerBlock.
-double time_block(const std::function<void()>& call) {
+// filling at least min_seconds.
+double time_block(const std::function<void()>& call, double min_seconds) {
   using Clock = std::chrono::steady_clock;
   call();
   std::vector<double> seconds;
   const Clock::time_point start = Clock::now();
   while (seconds.size() < kMinRepetitions ||
-         std::chrono::duration<double>(Clock::now() - start).count() < kMinSecondsPerBlock) {
+         std::chrono::duration<double>(Clock::now() - start).count() < min_seconds) {
     const Clock::time_point t0 = Clock::now();
     call();
     seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -83,7 +82,8 @@ Shape stored_b(const Problem& p) {
   return p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
 }
 
-void bench(Backend& backend, const Problem& p, int blas_threads, std::mt19937& rng) {
+void bench(Backend& backend, const Problem& p, int blas_threads, double min_seconds,
+           std::mt19937& rng) {
   const Tensor a32 = random_tensor(stored_a(p), DType::kF32, rng);
   const Tensor b32 = random_tensor(stored_b(p), DType::kF32, rng);
   Tensor c32 = Tensor::empty({p.m, p.n}, DType::kF32);
@@ -114,8 +114,9 @@ void bench(Backend& backend, const Problem& p, int blas_threads, std::mt19937& r
         params.a_scale = &scale;
         params.b_scale = &scale;
       }
-      const double sgemm_gflops = gflop / time_block(sgemm);
-      const double gemm_gflops = gflop / time_block([&] { backend.gemm(a, b, c, params); });
+      const double sgemm_gflops = gflop / time_block(sgemm, min_seconds);
+      const double gemm_gflops =
+          gflop / time_block([&] { backend.gemm(a, b, c, params); }, min_seconds);
       std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %8.1f  %6.3f\n", p.name.c_str(),
                   static_cast<long long>(p.m), static_cast<long long>(p.n),
                   static_cast<long long>(p.k), dtype_name(operands), dtype_name(out), gemm_gflops,
@@ -126,7 +127,14 @@ void bench(Backend& backend, const Problem& p, int blas_threads, std::mt19937& r
 
 }  // namespace
 
-int main() {
+// bench_cpu_gemm [tokens per micro-batch, default 2048] [seconds per timed block, default 0.2]
+int main(int argc, char** argv) {
+  const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 2048;
+  const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.2;
+  if (tokens < 1 || min_seconds < 0) {
+    std::fprintf(stderr, "usage: bench_cpu_gemm [tokens >= 1] [seconds per block >= 0]\n");
+    return 2;
+  }
   // OpenBLAS's thread count as it started, before the backend makes it single-threaded.
   const int blas_threads = openblas_get_num_threads();
 
@@ -140,20 +148,19 @@ int main() {
   std::vector<Problem> problems;
   for (const Layer& l : layers) {
     const std::string name = l.name;
-    problems.push_back({name + " fwd", kTokens, l.out, l.in, false, true});
-    problems.push_back({name + " bwd dx", kTokens, l.in, l.out, false, false});
-    problems.push_back({name + " bwd dW", l.out, l.in, kTokens, true, false});
+    problems.push_back({name + " fwd", tokens, l.out, l.in, false, true});
+    problems.push_back({name + " bwd dx", tokens, l.in, l.out, false, false});
+    problems.push_back({name + " bwd dW", l.out, l.in, tokens, true, false});
   }
 
   std::printf(
       "CPU GEMM (backend, %d OpenMP threads) vs cblas_sgemm (OpenBLAS %s, %d threads), "
       "%lld tokens\n",
-      omp_get_max_threads(), openblas_get_corename(), blas_threads,
-      static_cast<long long>(kTokens));
+      omp_get_max_threads(), openblas_get_corename(), blas_threads, static_cast<long long>(tokens));
   std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %8s  %6s\n", "gemm", "M", "N", "K", "in", "out",
               "GFLOP/s", "sgemm", "ratio");
   auto backend = make_cpu_backend();
   std::mt19937 rng(1);
-  for (const Problem& p : problems) bench(*backend, p, blas_threads, rng);
+  for (const Problem& p : problems) bench(*backend, p, blas_threads, min_seconds, rng);
   return 0;
 }
