@@ -60,8 +60,26 @@ MANTISSA_HD float bits_to_float(uint32_t bits) {
 // ---------------------------------------------------------------------------------------
 // Counter-based random numbers: the value for (seed, index) never depends on how the work is
 // split across threads, ranks or devices, which is what makes stochastic rounding
-// reproducible. Two rounds of the murmur3 64-bit finaliser are enough to decorrelate
-// neighbouring indices.
+// reproducible.
+//
+// random_u32(seed, index) = h(h(lo ^ k.first) ^ k.second), where lo is the low 32 bits of the
+// index and k = mix64(seed ^ mix64(hi + golden ratio)) is a 64-bit key for each run of 2^32
+// indices (hi = index >> 32). h is hash32, a 32-bit xorshift-multiply hash (the two-multiply
+// shape of Wellons' hash-prospector, constants found by TheIronBorn): a bijection in which
+// flipping any input bit flips each output bit with probability close to 1/2.
+//  - Cost: bulk code (the AVX2 loop, a GPU thread) derives the key once per run, so an element
+//    costs four 32-bit multiplies. AVX2 multiplies eight 32-bit lanes at once but has no
+//    64-bit multiply, and GPUs build 64-bit multiplies out of several 32-bit ones.
+//  - Uniform: for a fixed key, lo -> value is a bijection, so over a run every value occurs
+//    exactly once and the thresholds of stochastic rounding are uniform.
+//  - Two rounds: neighbouring indices differ in a few low bits, which one round spreads over
+//    the word, but one round leaves indices a power of two apart (a column of a matrix)
+//    visibly dependent at some strides for every key; two rounds pass the same tests
+//    (tests/unit/test_dtype.cpp, RandomPairsAreIndependent).
+//  - Seeds and runs reach the hash only through the key, which the murmur finaliser makes
+//    look independent for neighbouring seeds or runs. Injecting half of it before each round
+//    makes two keys give unrelated functions of lo, where a key xored in front alone would
+//    make every seed's stream one sequence read at permuted indices (lo ^ constant).
 MANTISSA_HD uint64_t mix64(uint64_t x) {
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdULL;
@@ -71,9 +89,57 @@ MANTISSA_HD uint64_t mix64(uint64_t x) {
   return x;
 }
 
-MANTISSA_HD uint32_t random_u32(uint64_t seed, uint64_t index) {
-  return static_cast<uint32_t>(mix64(seed ^ mix64(index + 0x9e3779b97f4a7c15ULL)) >> 32);
+MANTISSA_HD uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x21f0aaadu;
+  x ^= x >> 15;
+  x *= 0x735a2d97u;
+  x ^= x >> 15;
+  return x;
 }
+
+struct RandomKey {
+  uint32_t first;   // xored into the low index bits before the first round of hash32
+  uint32_t second;  // and into the result before the second
+};
+
+// The key of the indices run * 2^32 + [0, 2^32).
+MANTISSA_HD RandomKey random_key(uint64_t seed, uint32_t run) {
+  const uint64_t k = mix64(seed ^ mix64(run + 0x9e3779b97f4a7c15ULL));
+  return {static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32)};
+}
+
+// random_u32(seed, run * 2^32 + offset) given random_key(seed, run).
+MANTISSA_HD uint32_t random_u32(RandomKey key, uint32_t offset) {
+  return hash32(hash32(offset ^ key.first) ^ key.second);
+}
+
+MANTISSA_HD uint32_t random_u32(uint64_t seed, uint64_t index) {
+  return random_u32(random_key(seed, static_cast<uint32_t>(index >> 32)),
+                    static_cast<uint32_t>(index));
+}
+
+// random_u32(seed, index) for a sequence of indices that seldom leaves a run of 2^32 (the
+// elements one GPU thread visits): the key is derived again only when the run changes.
+class RandomStream {
+ public:
+  MANTISSA_HD explicit RandomStream(uint64_t seed)
+      : seed_(seed), run_(0), key_(random_key(seed, 0)) {}
+
+  MANTISSA_HD uint32_t operator()(uint64_t index) {
+    const uint32_t run = static_cast<uint32_t>(index >> 32);
+    if (run != run_) {
+      run_ = run;
+      key_ = random_key(seed_, run);
+    }
+    return random_u32(key_, static_cast<uint32_t>(index));
+  }
+
+ private:
+  uint64_t seed_;
+  uint32_t run_;
+  RandomKey key_;
+};
 
 // ---------------------------------------------------------------------------------------
 // Small binary formats with an implicit leading bit, described by their rounding boundaries

@@ -403,6 +403,33 @@ TEST(CpuConvert, ChunkedEqualsWhole) {
   check_chunking<fp8_e5m2>();
 }
 
+// Stochastic rounding across a multiple of 2^32 in the global index, where random_u32 changes
+// key: the bulk conversion equals the scalar one wherever the boundary falls in a vector, a
+// 32-element step or a thread's block, including where the index wraps past 2^64.
+template <class T>
+void check_random_run_boundaries() {
+  const std::vector<float> src = narrow_inputs(kLarge, 6);
+  const int64_t positions[] = {0, 1, 7, 8, 13, 31, 32, 33, 16384, 50000, kLarge - 1, kLarge};
+  for (uint64_t boundary : {uint64_t{1} << 32, uint64_t{5} << 32, uint64_t{0}}) {
+    for (int64_t at : positions) {
+      NarrowOptions o;
+      o.stochastic = true;
+      o.seed = 77;
+      o.index_base = boundary - static_cast<uint64_t>(at);
+      expect_same_bits(bulk_narrow<T>(src, o), scalar_narrow<T>(src, o), src,
+                       std::string(dtype_name(dtype_of<T>())) + " boundary " +
+                           std::to_string(boundary) + " at element " + std::to_string(at));
+    }
+  }
+}
+
+TEST(CpuConvert, StochasticAcrossRandomRunBoundaries) {
+  check_random_run_boundaries<bf16>();
+  check_random_run_boundaries<fp16>();
+  check_random_run_boundaries<fp8_e4m3>();
+  check_random_run_boundaries<fp8_e5m2>();
+}
+
 // --- amax ----------------------------------------------------------------------------------
 
 // max |x| in double, NaN when any element is NaN: computed independently of the bit tricks.

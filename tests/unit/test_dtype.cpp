@@ -3,7 +3,9 @@
 //  - decoding: a sign/exponent/mantissa decoder in FP64 (std::ldexp), checked on every code;
 //  - encoding: the nearest representable value found by trying every code (ties to the even
 //    code), overflow handled by each format's saturation rule;
-//  - stochastic rounding: only the two neighbours, unbiased on average, reproducible.
+//  - stochastic rounding: only the two neighbours, unbiased on average, reproducible;
+//  - its random numbers: random_u32 against its definition written out, and statistical
+//    tests of uniformity and independence with fixed seeds.
 // No expected value here comes from dtype.h.
 #include <gtest/gtest.h>
 
@@ -13,9 +15,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype/dtype.h"
@@ -714,21 +718,147 @@ TEST(Dtype, StochasticIsReproducibleFromSeedAndIndex) {
   }
 }
 
-// random_u32 is uniform enough for the thresholds: chi-square of its top 8 bits over 256
-// bins (255 degrees of freedom: mean 255, sd 22.6) stays below mean + 6 sd, for neighbouring
-// indices and for neighbouring seeds.
-TEST(Dtype, RandomU32IsUniform) {
-  constexpr int kDraws = 1 << 18;
-  for (int vary_seed = 0; vary_seed < 2; ++vary_seed) {
-    std::vector<int> bins(256, 0);
-    for (int i = 0; i < kDraws; ++i) {
-      const uint32_t x = vary_seed ? random_u32(static_cast<uint64_t>(i), 5) : random_u32(5, i);
-      ++bins[x >> 24];
+// --- the random numbers --------------------------------------------------------------------
+
+constexpr uint64_t kRun = uint64_t{1} << 32;  // indices sharing one key of random_u32
+
+// random_u32 written out from its definition in dtype.h's comment, in 64-bit arithmetic.
+uint32_t reference_random(uint64_t seed, uint64_t index) {
+  const auto murmur_finaliser = [](uint64_t x) {
+    x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdULL;
+    x = (x ^ (x >> 33)) * 0xc4ceb9fe1a85ec53ULL;
+    return x ^ (x >> 33);
+  };
+  const auto h = [](uint64_t x) {
+    x = ((x ^ (x >> 16)) * 0x21f0aaadu) & 0xFFFFFFFFu;
+    x = ((x ^ (x >> 15)) * 0x735a2d97u) & 0xFFFFFFFFu;
+    return x ^ (x >> 15);
+  };
+  const uint64_t key =
+      murmur_finaliser(seed ^ murmur_finaliser((index >> 32) + 0x9e3779b97f4a7c15ULL));
+  const uint64_t lo = index & 0xFFFFFFFFu;
+  return static_cast<uint32_t>(h(h(lo ^ (key & 0xFFFFFFFFu)) ^ (key >> 32)));
+}
+
+TEST(Dtype, RandomU32FollowsItsDefinition) {
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 100'000; ++i) {
+    const uint64_t seed = rng();
+    const uint64_t index = i % 2 ? rng() : rng() >> 40;
+    ASSERT_EQ(random_u32(seed, index), reference_random(seed, index))
+        << "seed " << seed << " index " << index;
+  }
+}
+
+// RandomStream, the per-thread form the GPU kernels use, gives random_u32(seed, index) in any
+// order of indices, within a run of 2^32 and across runs.
+TEST(Dtype, RandomStreamEqualsRandomU32) {
+  const uint64_t indices[] = {0,    1,        kRun - 1, kRun, kRun + 1,    5, 3 * kRun + 7,
+                              kRun, kRun - 2, ~0ull,    0,    ~0ull - kRun};
+  for (uint64_t seed : {0ull, 42ull, ~0ull}) {
+    RandomStream stream(seed);
+    for (uint64_t index : indices) {
+      EXPECT_EQ(stream(index), random_u32(seed, index)) << "seed " << seed << " index " << index;
     }
-    double chi2 = 0.0;
-    const double expected = kDraws / 256.0;
-    for (int count : bins) chi2 += (count - expected) * (count - expected) / expected;
-    EXPECT_LT(chi2, 255 + 6 * 22.6) << (vary_seed ? "over seeds" : "over indices");
+  }
+}
+
+// The statistical tests read random_u32 as sequences over indices (one seed: from 0, across
+// the run boundary at 2^32, far out) and over seeds (one index). Every bound is 6 standard
+// deviations of its statistic under independent uniform draws, and the seeds are fixed, so
+// each outcome is deterministic and a pass is no luck of the seeds chosen.
+constexpr int kRandomDraws = 1 << 20;
+constexpr uint64_t kRandomSeed = 0x5EED5EEDull;
+// A chi-square with 255 degrees of freedom has mean 255 and standard deviation sqrt(510).
+const double kChiSquareBound = 255 + 6 * std::sqrt(510.0);
+
+struct RandomSequence {
+  std::string name;
+  std::function<uint32_t(uint64_t)> draw;  // the k-th number
+};
+
+std::vector<RandomSequence> random_sequences() {
+  return {
+      {"indices from 0", [](uint64_t k) { return random_u32(kRandomSeed, k); }},
+      {"indices across 2^32",
+       [](uint64_t k) { return random_u32(kRandomSeed, kRun - kRandomDraws / 2 + k); }},
+      {"indices from 2^40 + 12345",
+       [](uint64_t k) { return random_u32(kRandomSeed, (uint64_t{1} << 40) + 12345 + k); }},
+      {"seeds from 0 at index 77", [](uint64_t k) { return random_u32(k, 77); }},
+      {"seeds from 2^63 at index 2^32 + 3",
+       [](uint64_t k) { return random_u32((uint64_t{1} << 63) + k, kRun + 3); }},
+  };
+}
+
+double chi_square(const std::vector<int>& counts, double expected) {
+  double sum = 0.0;
+  for (int count : counts) sum += (count - expected) * (count - expected) / expected;
+  return sum;
+}
+
+// Each of the 32 bits is set in half the draws, within 6 sd = 6 / (2 sqrt(N)).
+TEST(Dtype, RandomBitsAreBalanced) {
+  for (const RandomSequence& s : random_sequences()) {
+    std::vector<int> set(32, 0);
+    for (uint64_t k = 0; k < kRandomDraws; ++k) {
+      const uint32_t x = s.draw(k);
+      for (int bit = 0; bit < 32; ++bit) set[bit] += (x >> bit) & 1u;
+    }
+    for (int bit = 0; bit < 32; ++bit) {
+      EXPECT_LE(std::fabs(static_cast<double>(set[bit]) / kRandomDraws - 0.5),
+                3 / std::sqrt(kRandomDraws))
+          << s.name << ": bit " << bit << " set " << set[bit] << " times";
+    }
+  }
+}
+
+// The thresholds of stochastic rounding are the top bits: the top byte is uniform over 256
+// buckets (chi-square).
+TEST(Dtype, RandomTopByteIsUniform) {
+  for (const RandomSequence& s : random_sequences()) {
+    std::vector<int> buckets(256, 0);
+    for (uint64_t k = 0; k < kRandomDraws; ++k) ++buckets[s.draw(k) >> 24];
+    EXPECT_LT(chi_square(buckets, kRandomDraws / 256.0), kChiSquareBound) << s.name;
+  }
+}
+
+// Pairs that must look independent: neighbouring indices, indices a power of two apart (the
+// same column of a matrix's rows; a single round of hash32 fails at some of these strides,
+// which ones depending on the key), the same index in neighbouring runs of 2^32 and under
+// neighbouring seeds. Two statistics per pair: the joint distribution of the
+// top 4 bits of both numbers (16 x 16 cells, a chi-square with 255 degrees of freedom) and
+// their correlation as uniform numbers (standard deviation 1 / sqrt(N)).
+TEST(Dtype, RandomPairsAreIndependent) {
+  struct Pair {
+    std::string name;
+    std::function<std::pair<uint32_t, uint32_t>(uint64_t)> draw;
+  };
+  std::vector<uint64_t> lags = {3, 7, kRun};
+  for (int k = 0; k <= 20; ++k) lags.push_back(uint64_t{1} << k);
+  std::vector<Pair> pairs;
+  for (uint64_t lag : lags) {
+    pairs.push_back(
+        {"indices k and k + " + std::to_string(lag), [lag](uint64_t k) {
+           return std::pair{random_u32(kRandomSeed, k), random_u32(kRandomSeed, k + lag)};
+         }});
+  }
+  pairs.push_back({"index k under seeds s and s + 1", [](uint64_t k) {
+                     return std::pair{random_u32(kRandomSeed, k), random_u32(kRandomSeed + 1, k)};
+                   }});
+  pairs.push_back({"index 77 under seeds k and k + 1", [](uint64_t k) {
+                     return std::pair{random_u32(k, 77), random_u32(k + 1, 77)};
+                   }});
+  for (const Pair& p : pairs) {
+    std::vector<int> cells(256, 0);
+    double products = 0.0;
+    for (uint64_t k = 0; k < kRandomDraws; ++k) {
+      const auto [a, b] = p.draw(k);
+      ++cells[(a >> 28) << 4 | (b >> 28)];
+      products += (a / 4294967296.0 - 0.5) * (b / 4294967296.0 - 0.5);
+    }
+    EXPECT_LT(chi_square(cells, kRandomDraws / 256.0), kChiSquareBound) << p.name;
+    // A uniform number on [0, 1) has variance 1/12.
+    EXPECT_LE(std::fabs(12 * products / kRandomDraws), 6 / std::sqrt(kRandomDraws)) << p.name;
   }
 }
 

@@ -7,8 +7,10 @@
 //    then get dtype.h's canonical pattern (0x7FFFFFFF with the code's sign).
 //  - narrowing: BF16 and FP8 round with integer arithmetic on the FP32 pattern, FP16 with
 //    F16C; NaN becomes the canonical code.
-//  - stochastic rounding: random_u32 is computed for eight indices at once (its 64-bit
-//    multiplies built from AVX2's 32x32->64 ones) and compared as dtype.h compares it.
+//  - stochastic rounding: random_u32 is computed for eight indices at once, with the key of
+//    their run of 2^32 indices derived once per run, and compared as dtype.h compares it;
+//    lanes that need a slower rule (subnormal results, inf, NaN, overflow) cost it only in
+//    the vectors that hold one.
 //  - amax is the maximum of |x|'s bit pattern: non-negative floats order like their patterns
 //    and every NaN pattern lies above +inf, so a NaN wins the maximum, i.e. propagates.
 // A conversion is split into fixed blocks handed to OpenMP threads; a block runs the vector
@@ -131,22 +133,6 @@ void widen(const T* src, float* dst, int64_t n, float scale) {
 
 // --- narrowing -------------------------------------------------------------------------------
 
-// Eight 32-bit lanes holding 16-bit codes, stored as eight uint16.
-void store8_u16(void* dst, __m256i codes) {
-  const __m256i packed = _mm256_packus_epi32(codes, codes);  // lanes [0-3 0-3 | 4-7 4-7]
-  _mm_storeu_si128(static_cast<__m128i*>(dst),
-                   _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0b1000)));
-}
-
-// Eight 32-bit lanes holding 8-bit codes, stored as eight bytes.
-void store8_u8(void* dst, __m256i codes) {
-  const __m256i words = _mm256_packus_epi32(codes, codes);  // [0-3 0-3 | 4-7 4-7]
-  const __m256i bytes = _mm256_packus_epi16(words, words);  // [0-3 (x4) | 4-7 (x4)]
-  _mm_storel_epi64(
-      static_cast<__m128i*>(dst),
-      _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1)));
-}
-
 // Four vectors of 32-bit lanes holding 16-bit codes (a, b, c, d), stored as 32 uint16.
 void store32_u16(void* dst, __m256i a, __m256i b, __m256i c, __m256i d) {
   // packus interleaves 128-bit halves: [a0-3 b0-3 | a4-7 b4-7]; the qword permute restores order.
@@ -261,151 +247,212 @@ void round32(const __m256 x[4], fp8_e5m2* dst, Saturation saturation) {
 
 // --- stochastic rounding ---------------------------------------------------------------------
 
-// x * c mod 2^64 in each 64-bit lane. AVX2 multiplies only 32x32 -> 64 bits: with
-// x = xh 2^32 + xl and c = ch 2^32 + cl, x c = xl cl + ((xh cl + xl ch) << 32) mod 2^64.
-__m256i mul64(__m256i x, uint64_t c) {
-  const __m256i cl = _mm256_set1_epi64x(static_cast<int64_t>(c & 0xFFFFFFFFu));
-  const __m256i ch = _mm256_set1_epi64x(static_cast<int64_t>(c >> 32));
-  const __m256i cross =
-      _mm256_add_epi64(_mm256_mul_epu32(_mm256_srli_epi64(x, 32), cl), _mm256_mul_epu32(x, ch));
-  return _mm256_add_epi64(_mm256_mul_epu32(x, cl), _mm256_slli_epi64(cross, 32));
+// dtype.h's hash32 on eight lanes.
+__m256i hash8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, broadcast(0x21f0aaadu));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, broadcast(0x735a2d97u));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
 }
 
-// dtype.h's mix64 on four lanes.
-__m256i mix64(__m256i x) {
-  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
-  x = mul64(x, 0xff51afd7ed558ccdULL);
-  x = _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
-  x = mul64(x, 0xc4ceb9fe1a85ec53ULL);
-  return _mm256_xor_si256(x, _mm256_srli_epi64(x, 33));
+// random_u32(key, offsets[k]) in each lane k.
+__m256i random8(RandomKey key, __m256i offsets) {
+  const __m256i first = hash8(_mm256_xor_si256(offsets, broadcast(key.first)));
+  return hash8(_mm256_xor_si256(first, broadcast(key.second)));
 }
 
-// random_u32(seed, index + k) for k = 0..7, one per 32-bit lane.
-__m256i random8(uint64_t seed, uint64_t index) {
-  const __m256i first =
-      _mm256_add_epi64(_mm256_set1_epi64x(static_cast<int64_t>(index + 0x9e3779b97f4a7c15ULL)),
-                       _mm256_setr_epi64x(0, 1, 2, 3));
-  const __m256i s = _mm256_set1_epi64x(static_cast<int64_t>(seed));
-  const __m256i low = mix64(_mm256_xor_si256(s, mix64(first)));
-  const __m256i high =
-      mix64(_mm256_xor_si256(s, mix64(_mm256_add_epi64(first, _mm256_set1_epi64x(4)))));
-  // Keep the upper 32 bits of each 64-bit result, in index order.
-  const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-  return _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(low, odd),
-                                   _mm256_permutevar8x32_epi32(high, odd), 0x20);
+// Lanes where `rare` is set take their code from nearest() instead of `code`. Such lanes (inf,
+// NaN, values past the format's range) are rare enough that testing for them costs less than
+// computing nearest() for every vector.
+template <class Nearest>
+__m256i replace_rare(__m256i code, __m256i rare, const Nearest& nearest) {
+  if (_mm256_testz_si256(rare, rare)) return code;
+  return _mm256_blendv_epi8(code, nearest(), rare);
 }
 
 // bf16_from_float_stochastic: round up when the 16 dropped bits exceed the top 16 random
 // bits; inf and NaN take the nearest-even path.
-void round8_stochastic(__m256 x, __m256i random, bf16* dst, Saturation) {
+__m256i bf16_stochastic8(__m256 x, __m256i random) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i dropped = _mm256_and_si256(bits, broadcast(0xFFFF));
   const __m256i up = _mm256_cmpgt_epi32(dropped, _mm256_srli_epi32(random, 16));  // -1 or 0
   const __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(bits, 16), up);
   const __m256i special =
       _mm256_cmpeq_epi32(_mm256_and_si256(bits, broadcast(kInfBits)), broadcast(kInfBits));
-  store8_u16(dst, _mm256_blendv_epi8(code, bf16_round8(x), special));
+  return replace_rare(code, special, [&] { return bf16_round8(x); });
 }
 
-// float_to_small_stochastic for |x| <= max finite, eight lanes at a time, other lanes taken
-// from `nearest` (their float_to_small_rne codes). dtype.h finds the code lo truncating |x|
-// toward zero, the gap to the next code, and rounds up when u * gap < |x| - value(lo) with
-// u = (random >> 8) / 2^24; every one of these quantities is exact in FP32, so computing them
-// directly below gives the same comparison.
+// float_to_small_stochastic's code magnitude for |x| (abs) below the smallest normal, zero
+// included: whole steps of the smallest subnormal, 2^(1 - bias - man_bits), and the same
+// comparison as dtype.h's (see small_stochastic8), in FP32 where every quantity is exact
+// (scaling by a power of two is exact; the conversion truncates).
 template <SmallFloatFormat F>
-__m256i small_stochastic8(__m256 x, __m256i random, __m256i nearest) {
-  constexpr int kDrop = 23 - F.man_bits;
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i abs = abs_bits(x);
+__m256i subnormal_stochastic8(__m256i abs, __m256i random) {
   const __m256 magnitude = _mm256_castsi256_ps(abs);
-
-  // Normal range: truncating the FP32 mantissa truncates the value; the gap is one unit of
-  // the format's last mantissa bit in |x|'s binade, 2^(exponent - man_bits).
-  const __m256i normal_code =
-      _mm256_sub_epi32(_mm256_srli_epi32(abs, kDrop), broadcast((127u - F.bias) << F.man_bits));
-  const __m256 normal_value =
-      _mm256_castsi256_ps(_mm256_andnot_si256(broadcast((1u << kDrop) - 1), abs));
-  const __m256 normal_gap = _mm256_castsi256_ps(
-      _mm256_slli_epi32(_mm256_sub_epi32(_mm256_srli_epi32(abs, 23), broadcast(F.man_bits)), 23));
-
-  // Subnormal range: whole steps of the smallest subnormal, 2^(1 - bias - man_bits) (scaling
-  // by a power of two is exact; the conversion truncates).
   const __m256 step = _mm256_castsi256_ps(broadcast((128u - F.bias - F.man_bits) << 23));
   const __m256 steps_per_unit = _mm256_castsi256_ps(broadcast((126u + F.bias + F.man_bits) << 23));
-  const __m256i subnormal_code = _mm256_cvttps_epi32(_mm256_mul_ps(magnitude, steps_per_unit));
-  const __m256 subnormal_value = _mm256_mul_ps(_mm256_cvtepi32_ps(subnormal_code), step);
-
-  const __m256i is_subnormal = _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs);
-  const __m256 subnormal_mask = _mm256_castsi256_ps(is_subnormal);
-  const __m256i lo = _mm256_blendv_epi8(normal_code, subnormal_code, is_subnormal);
-  const __m256 lo_value = _mm256_blendv_ps(normal_value, subnormal_value, subnormal_mask);
-  const __m256 gap = _mm256_blendv_ps(normal_gap, step, subnormal_mask);
-
+  const __m256i lo = _mm256_cvttps_epi32(_mm256_mul_ps(magnitude, steps_per_unit));
+  const __m256 lo_value = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), step);
   const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(random, 8)),
                                  _mm256_set1_ps(1.0f / 16777216.0f));
   const __m256i up = _mm256_castps_si256(
-      _mm256_cmp_ps(_mm256_mul_ps(u, gap), _mm256_sub_ps(magnitude, lo_value), _CMP_LT_OQ));
-  const __m256i sign =
-      _mm256_and_si256(_mm256_srli_epi32(bits, 31 - F.sign_shift), broadcast(1u << F.sign_shift));
-  const __m256i code = _mm256_or_si256(_mm256_sub_epi32(lo, up), sign);
-  const __m256i out_of_range = _mm256_cmpgt_epi32(abs, broadcast(code_bits(F, F.max_finite_code)));
-  return _mm256_blendv_epi8(code, nearest, out_of_range);
+      _mm256_cmp_ps(_mm256_mul_ps(u, step), _mm256_sub_ps(magnitude, lo_value), _CMP_LT_OQ));
+  return _mm256_sub_epi32(lo, up);
 }
 
-void round8_stochastic(__m256 x, __m256i, float* dst, Saturation) {
-  _mm256_storeu_ps(dst, x);
+// float_to_small_stochastic, eight lanes at a time; lanes past max finite (and NaN) take
+// nearest(), their float_to_small_rne codes. dtype.h finds the code lo truncating |x| toward
+// zero and the gap to the next code, and rounds up when u * gap < |x| - value(lo) with
+// u = (random >> 8) / 2^24.
+template <SmallFloatFormat F, class Nearest>
+__m256i small_stochastic8(__m256 x, __m256i random, const Nearest& nearest) {
+  constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
+  const __m256i abs = abs_bits(x);
+
+  // Normal range: truncating the FP32 mantissa truncates the value, the gap is 2^(e - man_bits)
+  // and |x| - value(lo) = dropped 2^(e - 23) (dropped: the kDrop low bits of |x|), so the test
+  // reads (random >> 8) < dropped 2^(24 - kDrop), i.e. (random >> (32 - kDrop)) < dropped.
+  const __m256i lo =
+      _mm256_sub_epi32(_mm256_srli_epi32(abs, kDrop), broadcast((127u - F.bias) << F.man_bits));
+  const __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(abs, broadcast((1u << kDrop) - 1)),
+                                        _mm256_srli_epi32(random, 32 - kDrop));  // -1 or 0
+  __m256i magnitude = _mm256_sub_epi32(lo, up);
+  const __m256i is_subnormal = _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs);
+  if (!_mm256_testz_si256(is_subnormal, is_subnormal)) {
+    magnitude = _mm256_blendv_epi8(magnitude, subnormal_stochastic8<F>(abs, random), is_subnormal);
+  }
+
+  const __m256i sign = _mm256_and_si256(
+      _mm256_srli_epi32(_mm256_castps_si256(x), 31 - F.sign_shift), broadcast(1u << F.sign_shift));
+  return replace_rare(_mm256_or_si256(magnitude, sign),
+                      _mm256_cmpgt_epi32(abs, broadcast(code_bits(F, F.max_finite_code))), nearest);
+}
+
+// round32_stochastic(x, random, dst, saturation): dst[i] = Rounder<T>::stochastic(x[i],
+// random[i], saturation) for the 32 values in x[0..3] and random numbers in random[0..3].
+void round32_stochastic(const __m256 x[4], const __m256i[4], float* dst, Saturation) {
+  for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + 8 * k, x[k]);
+}
+
+void round32_stochastic(const __m256 x[4], const __m256i random[4], bf16* dst, Saturation) {
+  store32_u16(dst, bf16_stochastic8(x[0], random[0]), bf16_stochastic8(x[1], random[1]),
+              bf16_stochastic8(x[2], random[2]), bf16_stochastic8(x[3], random[3]));
 }
 
 // FP16 has no saturation mode (overflow is inf), as in Rounder<fp16>.
-void round8_stochastic(__m256 x, __m256i random, fp16* dst, Saturation) {
-  const __m256i nearest = _mm256_cvtepu16_epi32(fp16_round8(x));
-  store8_u16(dst, small_stochastic8<fp16_format()>(x, random, nearest));
+__m256i fp16_stochastic8(__m256 x, __m256i random) {
+  return small_stochastic8<fp16_format()>(x, random,
+                                          [&] { return _mm256_cvtepu16_epi32(fp16_round8(x)); });
 }
 
-void round8_stochastic(__m256 x, __m256i random, fp8_e4m3* dst, Saturation saturation) {
-  const __m256i nearest = fp8_round8<e4m3_format()>(x, saturation);
-  store8_u8(dst, small_stochastic8<e4m3_format()>(x, random, nearest));
+void round32_stochastic(const __m256 x[4], const __m256i random[4], fp16* dst, Saturation) {
+  store32_u16(dst, fp16_stochastic8(x[0], random[0]), fp16_stochastic8(x[1], random[1]),
+              fp16_stochastic8(x[2], random[2]), fp16_stochastic8(x[3], random[3]));
 }
 
-void round8_stochastic(__m256 x, __m256i random, fp8_e5m2* dst, Saturation saturation) {
-  const __m256i nearest = fp8_round8<e5m2_format()>(x, saturation);
-  store8_u8(dst, small_stochastic8<e5m2_format()>(x, random, nearest));
+template <SmallFloatFormat F>
+__m256i fp8_stochastic8(__m256 x, __m256i random, Saturation saturation) {
+  return small_stochastic8<F>(x, random, [&] { return fp8_round8<F>(x, saturation); });
 }
 
-// Narrows [begin, end) and returns the amax pattern of the input there. The nearest path
-// takes 32 elements per step (so that codes pack into whole vectors), the stochastic path 8
-// (its cost is the random numbers).
+void round32_stochastic(const __m256 x[4], const __m256i random[4], fp8_e4m3* dst,
+                        Saturation saturation) {
+  constexpr SmallFloatFormat f = e4m3_format();
+  store32_u8(dst, fp8_stochastic8<f>(x[0], random[0], saturation),
+             fp8_stochastic8<f>(x[1], random[1], saturation),
+             fp8_stochastic8<f>(x[2], random[2], saturation),
+             fp8_stochastic8<f>(x[3], random[3], saturation));
+}
+
+void round32_stochastic(const __m256 x[4], const __m256i random[4], fp8_e5m2* dst,
+                        Saturation saturation) {
+  constexpr SmallFloatFormat f = e5m2_format();
+  store32_u8(dst, fp8_stochastic8<f>(x[0], random[0], saturation),
+             fp8_stochastic8<f>(x[1], random[1], saturation),
+             fp8_stochastic8<f>(x[2], random[2], saturation),
+             fp8_stochastic8<f>(x[3], random[3], saturation));
+}
+
+// dst[i] = round(src[i] * scale, i) one element at a time over [begin, end); returns the amax
+// pattern of the input there.
+template <class T, class Round>
+uint32_t narrow_scalar(const float* src, T* dst, int64_t begin, int64_t end, float scale,
+                       const Round& round) {
+  uint32_t amax = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    amax = std::max(amax, std::bit_cast<uint32_t>(src[i]) & kAbsMask);
+    dst[i] = round(src[i] * scale, i);
+  }
+  return amax;
+}
+
+// Rounds [begin, end) to nearest, 32 elements per step (so that codes pack into whole
+// vectors), and returns the amax pattern of the input there.
 template <class T>
-uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
+uint32_t narrow_nearest(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
   const __m256 scale = _mm256_set1_ps(o.scale);
   __m256i vector_amax = _mm256_setzero_si256();
   int64_t i = begin;
-  if (o.stochastic) {
-    for (; i + 8 <= end; i += 8) {
-      const __m256 x = _mm256_loadu_ps(src + i);
-      vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x));
-      const __m256i random = random8(o.seed, o.index_base + static_cast<uint64_t>(i));
-      round8_stochastic(_mm256_mul_ps(x, scale), random, dst + i, o.saturation);
+  for (; i + 32 <= end; i += 32) {
+    __m256 x[4];
+    for (int k = 0; k < 4; ++k) {
+      x[k] = _mm256_loadu_ps(src + i + 8 * k);
+      vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
+      x[k] = _mm256_mul_ps(x[k], scale);
     }
-  } else {
-    for (; i + 32 <= end; i += 32) {
-      __m256 x[4];
-      for (int k = 0; k < 4; ++k) {
-        x[k] = _mm256_loadu_ps(src + i + 8 * k);
-        vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
-        x[k] = _mm256_mul_ps(x[k], scale);
-      }
-      round32(x, dst + i, o.saturation);
-    }
+    round32(x, dst + i, o.saturation);
   }
-  uint32_t amax = horizontal_max(vector_amax);
-  for (; i < end; ++i) {
-    const float x = src[i];
-    amax = std::max(amax, std::bit_cast<uint32_t>(x) & kAbsMask);
-    const float scaled = x * o.scale;
-    dst[i] = o.stochastic ? Rounder<T>::stochastic(scaled, random_u32(o.seed, o.index_base + i),
-                                                   o.saturation)
-                          : Rounder<T>::nearest(scaled, o.saturation);
+  const uint32_t tail_amax = narrow_scalar(src, dst, i, end, o.scale, [&](float y, int64_t) {
+    return Rounder<T>::nearest(y, o.saturation);
+  });
+  return std::max(horizontal_max(vector_amax), tail_amax);
+}
+
+// Rounds [begin, end) stochastically, 32 elements per step, and returns the amax pattern of
+// the input there. The indices index_base + i lie in one run of 2^32 with random key `key`;
+// first_offset is that of `begin` in the run (offsets do not wrap).
+template <class T>
+uint32_t narrow_stochastic_run(const float* src, T* dst, int64_t begin, int64_t end,
+                               NarrowOptions o, RandomKey key, uint32_t first_offset) {
+  const __m256 scale = _mm256_set1_ps(o.scale);
+  __m256i vector_amax = _mm256_setzero_si256();
+  __m256i offsets =
+      _mm256_add_epi32(broadcast(first_offset), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  int64_t i = begin;
+  for (; i + 32 <= end; i += 32) {
+    __m256 x[4];
+    __m256i random[4];
+    for (int k = 0; k < 4; ++k) {
+      x[k] = _mm256_loadu_ps(src + i + 8 * k);
+      vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
+      x[k] = _mm256_mul_ps(x[k], scale);
+      random[k] = random8(key, offsets);
+      offsets = _mm256_add_epi32(offsets, broadcast(8));
+    }
+    round32_stochastic(x, random, dst + i, o.saturation);
+  }
+  const uint32_t tail_amax = narrow_scalar(src, dst, i, end, o.scale, [&](float y, int64_t j) {
+    const uint32_t offset = first_offset + static_cast<uint32_t>(j - begin);
+    return Rounder<T>::stochastic(y, random_u32(key, offset), o.saturation);
+  });
+  return std::max(horizontal_max(vector_amax), tail_amax);
+}
+
+// Narrows [begin, end) and returns the amax pattern of the input there. Stochastic rounding
+// goes run by run of 2^32 indices, deriving each run's random key once.
+template <class T>
+uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
+  if (!o.stochastic) return narrow_nearest(src, dst, begin, end, o);
+  uint32_t amax = 0;
+  for (int64_t run_begin = begin; run_begin < end;) {
+    const uint64_t first = o.index_base + static_cast<uint64_t>(run_begin);
+    const uint32_t first_offset = static_cast<uint32_t>(first);
+    const int64_t run_end = std::min(end, run_begin + ((int64_t{1} << 32) - first_offset));
+    const RandomKey key = random_key(o.seed, static_cast<uint32_t>(first >> 32));
+    amax =
+        std::max(amax, narrow_stochastic_run(src, dst, run_begin, run_end, o, key, first_offset));
+    run_begin = run_end;
   }
   return amax;
 }

@@ -24,12 +24,11 @@ constexpr int kBlock = 256;
 
 template <class D>
 __device__ __forceinline__ D round_element(float y, Saturation saturation, bool stochastic,
-                                           uint64_t seed, int64_t index) {
+                                           RandomStream& random, int64_t index) {
   // Stochastic rounding draws the random number of the element's flat index, so the result
   // does not depend on how the elements are split across threads (or across CPU slices).
-  return stochastic
-             ? Rounder<D>::stochastic(y, random_u32(seed, static_cast<uint64_t>(index)), saturation)
-             : Rounder<D>::nearest(y, saturation);
+  return stochastic ? Rounder<D>::stochastic(y, random(static_cast<uint64_t>(index)), saturation)
+                    : Rounder<D>::nearest(y, saturation);
 }
 
 // The scale lives on the device (it is produced by the FP8 scaling recipe inside the step),
@@ -42,6 +41,7 @@ __global__ void cast_kernel(const S* src, D* dst, int64_t n, int64_t n_packs,
                             const float* __restrict__ scale, uint32_t* __restrict__ amax_bits,
                             Saturation saturation, bool stochastic, uint64_t seed) {
   const float s = scale != nullptr ? *scale : 1.0f;
+  RandomStream random(seed);  // random_u32(seed, i), a key per run of 2^32 indices seen
   uint32_t max_bits = 0;
   for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
     const Pack<S, K> in = load_pack<K>(src + p * K);
@@ -50,14 +50,14 @@ __global__ void cast_kernel(const S* src, D* dst, int64_t n, int64_t n_packs,
     for (int k = 0; k < K; ++k) {
       const float x = to_float(in.v[k]);
       max_bits = max(max_bits, abs_bits(x));
-      out.v[k] = round_element<D>(x * s, saturation, stochastic, seed, p * K + k);
+      out.v[k] = round_element<D>(x * s, saturation, stochastic, random, p * K + k);
     }
     store_pack<K>(dst + p * K, out);
   }
   for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
     const float x = to_float(src[i]);
     max_bits = max(max_bits, abs_bits(x));
-    dst[i] = round_element<D>(x * s, saturation, stochastic, seed, i);
+    dst[i] = round_element<D>(x * s, saturation, stochastic, random, i);
   }
   if (amax_bits != nullptr) {
     max_bits = block_max_u32(max_bits);
