@@ -25,6 +25,7 @@ deps=$root/.deps
 mkdir -p "$log_dir"
 
 cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMANTISSA_CORE_ONLY=ON)
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
 archs=${CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
   head -n 1 | tr -d '.[:space:]')}
 if [ -n "$archs" ]; then
@@ -55,7 +56,7 @@ record() {
   names+=("$1")
   statuses+=("$2")
   times+=("$3")
-  [ "$2" = ok ] || failed=1
+  case $2 in ok | skipped) ;; *) failed=1 ;; esac
 }
 step() {
   local name=$1
@@ -87,6 +88,14 @@ if step configure cmake "${cmake_args[@]}"; then
           n = split(rest, f, / +/); print f[1], int(f[n - 1]) }' "$log_dir/ctest.log" | tail -n 1)
       case ${status:-} in
         Passed) record "$test" ok "$seconds" ;;
+        # Skipped means "no CUDA device": an error where nvidia-smi sees one.
+        Skipped)
+          if [ "$gpus" -gt 0 ]; then
+            record "$test" "skipped, but nvidia-smi sees a GPU" "$seconds"
+          else
+            record "$test" skipped "$seconds"
+          fi
+          ;;
         "") record "$test" "not run" 0 ;;
         *) record "$test" "$status" "$seconds" ;;
       esac
@@ -119,9 +128,9 @@ note() {
 }
 echo
 echo "=== gpu-check summary (logs in $log_dir)"
-printf '%-16s %-12s %8s  %s\n' step status seconds note
+printf '%-16s %-14s %8s  %s\n' step status seconds note
 for i in "${!names[@]}"; do
-  printf '%-16s %-12s %8s  %s\n' "${names[$i]}" "${statuses[$i]}" "${times[$i]}" \
+  printf '%-16s %-14s %8s  %s\n' "${names[$i]}" "${statuses[$i]}" "${times[$i]}" \
     "$(note "${names[$i]}" | paste -sd '|' - | cut -c1-200)"
 done
 if [ -f "$log_dir/ctest.log" ]; then

@@ -353,18 +353,22 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
 
 TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
   for (const DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
+    const SyncCase c{d, core::is_fp8(d) && !fp8_reductions(*gpu), 0};
+    models::ParameterStore params = make_store(*gpu);
+    auto dp = data_parallel(params, c);
+    std::vector<float> g = gradients(params);
+    Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
+    float& planted = g[static_cast<size_t>(params[4].offset + 5)];  // one element of one bucket
+    const float clean = planted;
+    // One step per non-finite value, each followed by a clean step: the flag is raised
+    // before the cast (a saturating FP8 cast would turn the inf into a finite value), and
+    // does not stick.
     for (const float bad : {INFINITY, -INFINITY, NAN}) {
-      const SyncCase c{d, core::is_fp8(d) && !fp8_reductions(*gpu), 0};
-      models::ParameterStore params = make_store(*gpu);
-      auto dp = data_parallel(params, c);
-      std::vector<float> g = gradients(params);
-      g[static_cast<size_t>(params[4].offset + 5)] = bad;  // one element of one bucket
-      Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
+      planted = bad;
       gpu->copy(host, params.grads());
       for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
       EXPECT_TRUE(dp->finish(params.grads())) << describe(c) << " with " << bad;
-      // The next step starts clean.
-      g[static_cast<size_t>(params[4].offset + 5)] = 0.5f;
+      planted = clean;
       gpu->copy(host, params.grads());
       for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
       EXPECT_FALSE(dp->finish(params.grads())) << describe(c) << " after " << bad;
