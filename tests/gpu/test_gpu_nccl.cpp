@@ -108,9 +108,9 @@ class GpuNccl : public ::testing::Test {
     return out;
   }
 
-  // `host`'s values written into a fresh device buffer by a kernel on the backend's stream
-  // (a cast from F32 when the dtype is narrower, else an on-device copy), queued right before
-  // the collective: the collective must wait for it.
+  // `host`'s values in a fresh device buffer, written there by work queued on the backend's
+  // stream right before the collective (a fill, then a device-to-device copy) and not waited
+  // for: the collective must be ordered after it.
   Tensor written_on_device(const Tensor& host) {
     Tensor staging = Tensor::empty(host.shape(), host.dtype(), gpu->device());
     gpu->copy(host, staging);
