@@ -79,7 +79,8 @@ gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_nccl test_gpu_tr
   bench_gpu_gemm bench_gpu_ops)
 if step configure cmake "${cmake_args[@]}"; then
   step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
-  step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure
+  # A test that hangs costs at most 5 minutes of the machine (each should take well under one).
+  step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 300
   # One line per test in the summary too, from ctest's "N/M Test #K: NAME ... STATUS T sec".
   for test in "${gpu_targets[@]}"; do
     case $test in test_*)
