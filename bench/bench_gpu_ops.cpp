@@ -2,8 +2,8 @@
 // copy bandwidth measured in the same run (Backend::copy between two device tensors, which
 // is one cudaMemcpyAsync). For each op it prints the bytes one call must move (every operand
 // read or written once), the time per call, the resulting GB/s and the fraction of the copy
-// bandwidth; 70% or more is the goal for these kernels. Figures only: nothing here passes or
-// fails on time.
+// bandwidth; 70% or more is the goal for these kernels, the gradient sync's pack and unpack
+// casts among them (the last section). Figures only: nothing here passes or fails on time.
 //
 //   bench_gpu_ops [elements]     (default 2^26; every operand is that long)
 //
@@ -39,6 +39,42 @@ void report(const char* name, double bytes, double seconds, double copy_gbps) {
   const double gbps = bytes / seconds / 1e9;
   std::printf("%-34s %10.1f MB %10.1f us %9.1f GB/s %7.1f%% of copy\n", name, bytes / 1e6,
               seconds * 1e6, gbps, 100.0 * gbps / copy_gbps);
+}
+
+// What DataParallel runs on the device around every gradient bucket's collective
+// (dist/data_parallel.cpp): the pack, which casts the FP32 gradients to the reduce dtype with
+// the pre-division q fused in (and, for BF16/FP16, the amax that is also the non-finite
+// check), and the unpack, which widens the reduced codes back to FP32 with the scale w. FP8
+// buckets take their amax in a separate pass first (for the shared scale), and FP32 buckets
+// are pre-divided in place by unscale_check_finite (above).
+void grad_sync_kernels(Backend& be, int64_t n, double copy_gbps) {
+  const Device dev = be.device();
+  Tensor grads = Tensor::empty(Shape{n}, DType::kF32, dev);
+  be.fill(grads, 0.375f);
+  Tensor q = Tensor::empty(Shape{1}, DType::kF32, dev);
+  Tensor w = Tensor::empty(Shape{1}, DType::kF32, dev);
+  Tensor amax = Tensor::empty(Shape{1}, DType::kF32, dev);
+  be.fill(q, 0.125f);
+  be.fill(w, 8.0f);
+  const double f32 = 4.0 * static_cast<double>(n);
+  std::printf("gradient sync (pack before the collective, unpack after):\n");
+  be.amax(grads, amax);
+  report("  amax f32 (FP8 bucket scale)", f32, seconds_per_call(be, [&] { be.amax(grads, amax); }),
+         copy_gbps);
+  for (const DType dtype : {DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
+    Tensor low = Tensor::empty(Shape{n}, dtype, dev);
+    const double low_bytes = static_cast<double>(dtype_size(dtype)) * static_cast<double>(n);
+    CastParams pack;
+    pack.scale = &q;
+    if (!is_fp8(dtype)) pack.amax = &amax;
+    CastParams unpack;
+    unpack.scale = &w;
+    const std::string name = dtype_name(dtype);
+    report(("  pack f32 -> " + name + (is_fp8(dtype) ? ", scale" : ", scale + amax")).c_str(),
+           f32 + low_bytes, seconds_per_call(be, [&] { be.cast(grads, low, pack); }), copy_gbps);
+    report(("  unpack " + name + " -> f32, scale").c_str(), low_bytes + f32,
+           seconds_per_call(be, [&] { be.cast(low, grads, unpack); }), copy_gbps);
+  }
 }
 
 int run(int64_t n) {
@@ -109,6 +145,8 @@ int run(int64_t n) {
   report("unscale_check_finite f32", 2.0 * f32,
          seconds_per_call(be, [&] { be.unscale_check_finite(b32, 1.0f, found, &first); }),
          copy_gbps);
+
+  grad_sync_kernels(be, n, copy_gbps);
   return 0;
 }
 

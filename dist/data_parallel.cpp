@@ -42,8 +42,6 @@
 
 #include "core/error.h"
 #include "core/precision/fp8_scaling.h"
-#include "dist/mpi/mpi_communicator.h"
-#include "dist/nccl/nccl_communicator.h"
 
 namespace mantissa::dist {
 
@@ -715,9 +713,10 @@ void ShardedAdamW::check_store(const models::ParameterStore& params) const {
 
 }  // namespace
 
-std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& backend,
+std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
                                                    models::ParameterStore& params,
-                                                   const DistConfig& config) {
+                                                   const DistConfig& config,
+                                                   std::unique_ptr<Communicator> comm) {
   const DType d = config.grad_reduce_dtype;
   MANTISSA_CHECK(d == DType::kF32 || d == DType::kBF16 || d == DType::kF16 || d == DType::kE4M3 ||
                      d == DType::kE5M2,
@@ -737,19 +736,9 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
                      << params.masters_begin() << ", "
                      << params.masters_begin() + params.masters().numel() << ") of "
                      << params.flat_numel() << " (already sharded by another DataParallel?)");
-  const bool on_gpu = !backend.device().is_cpu();
-  CommBackend kind = config.backend;
-  if (kind == CommBackend::kAuto) kind = on_gpu ? CommBackend::kNCCL : CommBackend::kMPI;
-  std::unique_ptr<Communicator> comm;
-  if (kind == CommBackend::kMPI) {
-    MANTISSA_CHECK(!on_gpu, "dist.backend MPI reduces host buffers, but the model is on "
-                                << backend.device().str() << "; use NCCL (or AUTO)");
-    comm = make_mpi_communicator(world, config.timeout_s);
-  } else {
-    MANTISSA_CHECK(on_gpu, "dist.backend NCCL needs a CUDA device, but the model is on "
-                               << backend.device().str() << "; use MPI (or AUTO)");
-    comm = make_nccl_communicator(world, backend, config.timeout_s);
-  }
+  MANTISSA_CHECK(
+      comm != nullptr && comm->device() == backend.device(),
+      "DataParallel::create: the communicator's buffers must live on " << backend.device().str());
   return std::make_unique<DataParallelImpl>(backend, params, config, std::move(comm));
 }
 

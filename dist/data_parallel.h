@@ -89,9 +89,18 @@ class DataParallel : public models::GradientSync {
   // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
   // `params` must be allocated, keep all masters, be identically laid out on every rank, and
   // outlive the object. Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
+  // The communicator is MPI's or NCCL's as config.backend and the device say, NCCL's
+  // bootstrapped over MPI (dist/make_data_parallel.cpp, in mantissa_dist).
   static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,
                                               models::ParameterStore& params,
                                               const DistConfig& config);
+  // The same over a communicator the caller made (config.backend is not consulted): needs
+  // no MPI, e.g. NCCL at world size 1 (mantissa_dist_core). `comm`'s device must be the
+  // backend's.
+  static std::unique_ptr<DataParallel> create(core::Backend& backend,
+                                              models::ParameterStore& params,
+                                              const DistConfig& config,
+                                              std::unique_ptr<Communicator> comm);
 
   // Makes every rank's weights the same. ZeRO-0: every rank's masters (and compute copy)
   // become rank 0's. ZeRO-1, where each master lives on one rank only: every rank rounds its

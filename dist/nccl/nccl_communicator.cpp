@@ -4,13 +4,15 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
-#include "dist/mpi/mpi_communicator.h"
 
 // NCCL calls on a non-blocking communicator may answer ncclInProgress: the call was accepted
 // and completes asynchronously (wait_ready() polls for it). Anything else is an error that
@@ -49,42 +51,59 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::kSum ? ncclSum : ncclMax;
 }
 
+// Ends the job from where nothing may throw (a destructor), as the job asks.
+void abort_job(const NcclJob& job, int exit_code, const std::string& message) {
+  if (job.abort) job.abort(exit_code, message);
+  std::fprintf(stderr, "mantissa: rank %d: %s\n", job.rank, message.c_str());
+  std::fflush(stderr);
+  std::_Exit(exit_code);
+}
+
 // One NCCL communicator, created non-blocking. It is destroyed politely when idle
 // (ncclCommFinalize, then ncclCommDestroy) and aborted when an operation failed or timed
-// out, since then nothing it has in flight can be trusted to finish.
+// out, since then nothing it has in flight can be trusted to finish. ncclCommAbort frees the
+// communicator, so the handle is dropped with it: every later use fails with a message
+// instead of touching freed memory.
 class NcclComm {
  public:
-  NcclComm(const World& world, int rank, double timeout_s)
-      : world_(world), rank_(rank), timeout_s_(timeout_s) {}
+  NcclComm(std::shared_ptr<const NcclJob> job, double timeout_s)
+      : job_(std::move(job)), timeout_s_(timeout_s) {}
   ~NcclComm() {
     if (comm_ == nullptr) return;
-    if (!aborted_ && ncclCommFinalize(comm_) != ncclSuccess) aborted_ = true;
+    // On a non-blocking communicator ncclCommFinalize answers ncclInProgress while it flushes
+    // outstanding work; ncclCommGetAsyncError reports ncclSuccess once it is done.
+    const ncclResult_t finalize = ncclCommFinalize(comm_);
+    ncclResult_t state = finalize;
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    ncclResult_t state = ncclInProgress;
-    while (!aborted_ && state == ncclInProgress && Clock::now() < deadline) {
+    while (state == ncclInProgress && Clock::now() < deadline) {
       if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
+      std::this_thread::yield();
     }
-    if (aborted_ || state != ncclSuccess) {
-      ncclCommAbort(comm_);
-    } else {
+    if (state == ncclSuccess) {
       ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
     }
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
 
   ncclComm_t* out() { return &comm_; }
-  const World& world() const { return world_; }
-  ncclComm_t get() const { return comm_; }
-  int rank() const { return rank_; }
+  const std::shared_ptr<const NcclJob>& job() const { return job_; }
+  int rank() const { return job_->rank; }
+  ncclComm_t get() const {
+    MANTISSA_CHECK(comm_ != nullptr, "NCCL communicator on rank "
+                                         << rank() << " was aborted after an earlier failure");
+    return comm_;
+  }
 
   // Polls until the communicator has no operation being enqueued (after a call that
-  // answered ncclInProgress). Throws on an asynchronous error; ends the job on a timeout.
+  // answered ncclInProgress). Throws on an asynchronous error or a timeout.
   void wait_ready(const std::string& what) {
     const auto start = Clock::now();
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_, rank_);
+      MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(get(), &state), comm_, rank());
       if (state == ncclSuccess) return;
       check_async(state, what);
       if (seconds_since(start) > timeout_s_) timed_out(what, seconds_since(start));
@@ -96,16 +115,16 @@ class NcclComm {
   void check_async(ncclResult_t state, const std::string& what) {
     if (state == ncclSuccess || state == ncclInProgress) return;
     const std::string detail = ncclGetLastError(comm_);
-    ncclCommAbort(comm_);
-    aborted_ = true;
-    MANTISSA_FAIL("NCCL " << what << " failed on rank " << rank_ << ": "
+    abort();
+    MANTISSA_FAIL("NCCL " << what << " failed on rank " << rank() << ": "
                           << ncclGetErrorString(state) << " (" << detail << ")");
   }
 
   [[noreturn]] void timed_out(const std::string& what, double waited_s) {
-    ncclCommAbort(comm_);
-    aborted_ = true;
-    world_.abort_on_timeout("NCCL " + what, waited_s);
+    abort();
+    if (job_->on_timeout) job_->on_timeout("NCCL " + what, waited_s);
+    MANTISSA_FAIL("NCCL " << what << " on rank " << rank() << " did not complete within "
+                          << waited_s << " s");
   }
 
   static double seconds_since(Clock::time_point start) {
@@ -113,11 +132,26 @@ class NcclComm {
   }
 
  private:
-  const World& world_;
-  int rank_;
+  void abort() {
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+  std::shared_ptr<const NcclJob> job_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
-  bool aborted_ = false;
+};
+
+class CudaStream {
+ public:
+  CudaStream() { MANTISSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~CudaStream() { cudaStreamDestroy(stream_); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
 };
 
 class CudaEvent {
@@ -145,7 +179,7 @@ class NcclRequest final : public Request {
     try {
       wait();
     } catch (const std::exception& e) {
-      comm_.world().abort(1, e.what());
+      abort_job(*comm_.job(), 1, e.what());
     }
   }
 
@@ -184,15 +218,9 @@ class NcclRequest final : public Request {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const World& world, core::CudaBackend& backend, double timeout_s,
-                   std::unique_ptr<NcclComm> comm)
-      : world_(world), backend_(backend), timeout_s_(timeout_s), comm_(std::move(comm)) {
-    MANTISSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  NcclCommunicator(core::CudaBackend& backend, double timeout_s, std::unique_ptr<NcclComm> comm)
+      : backend_(backend), timeout_s_(timeout_s), comm_(std::move(comm)) {
     MANTISSA_NCCL_CHECK(ncclCommCount(comm_->get(), &size_), comm_->get(), comm_->rank());
-  }
-  ~NcclCommunicator() override {
-    comm_.reset();
-    cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return comm_->rank(); }
@@ -202,20 +230,21 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> duplicate() override {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    auto child = std::make_unique<NcclComm>(world_, rank(), timeout_s_);
+    auto child = std::make_unique<NcclComm>(comm_->job(), timeout_s_);
     MANTISSA_NCCL_CHECK(ncclCommSplit(comm_->get(), 0, rank(), child->out(), &config), comm_->get(),
                         rank());
     comm_->wait_ready("ncclCommSplit");
     child->wait_ready("ncclCommSplit");
-    return std::make_unique<NcclCommunicator>(world_, backend_, timeout_s_, std::move(child));
+    return std::make_unique<NcclCommunicator>(backend_, timeout_s_, std::move(child));
   }
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
     check_device(buf, "all_reduce");
     auto request = begin("all_reduce", buf);
-    MANTISSA_NCCL_CHECK(ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
-                                      nccl_dtype(buf.dtype()), nccl_op(op), comm_->get(), stream_),
-                        comm_->get(), rank());
+    MANTISSA_NCCL_CHECK(
+        ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                      nccl_dtype(buf.dtype()), nccl_op(op), comm_->get(), stream_.get()),
+        comm_->get(), rank());
     return end(std::move(request));
   }
 
@@ -232,7 +261,7 @@ class NcclCommunicator final : public Communicator {
     if (equal(counts)) {
       MANTISSA_NCCL_CHECK(
           ncclReduceScatter(send.data(), recv.data(), static_cast<size_t>(counts[0]), type,
-                            nccl_op(op), comm_->get(), stream_),
+                            nccl_op(op), comm_->get(), stream_.get()),
           comm_->get(), rank());
     } else {
       // Unequal chunks: one reduce per chunk, rooted at its owner, fused in a group.
@@ -241,10 +270,10 @@ class NcclCommunicator final : public Communicator {
       for (int r = 0; r < size_; ++r) {
         if (counts[r] == 0) continue;
         const void* chunk = element(send, offsets[r]);
-        MANTISSA_NCCL_CHECK(
-            ncclReduce(chunk, r == rank() ? recv.data() : const_cast<void*>(chunk),
-                       static_cast<size_t>(counts[r]), type, nccl_op(op), r, comm_->get(), stream_),
-            comm_->get(), rank());
+        MANTISSA_NCCL_CHECK(ncclReduce(chunk, r == rank() ? recv.data() : const_cast<void*>(chunk),
+                                       static_cast<size_t>(counts[r]), type, nccl_op(op), r,
+                                       comm_->get(), stream_.get()),
+                            comm_->get(), rank());
       }
       group_end("reduce_scatter");
     }
@@ -265,7 +294,7 @@ class NcclCommunicator final : public Communicator {
     if (equal(counts)) {
       // In place when send is this rank's chunk of recv, which NCCL supports as such.
       MANTISSA_NCCL_CHECK(ncclAllGather(send.data(), recv.data(), static_cast<size_t>(counts[0]),
-                                        type, comm_->get(), stream_),
+                                        type, comm_->get(), stream_.get()),
                           comm_->get(), rank());
     } else {
       // Unequal chunks: one broadcast per chunk from its owner, fused in a group.
@@ -275,7 +304,7 @@ class NcclCommunicator final : public Communicator {
         void* chunk = element(recv, offsets[r]);
         MANTISSA_NCCL_CHECK(
             ncclBroadcast(r == rank() ? send.data() : chunk, chunk, static_cast<size_t>(counts[r]),
-                          type, r, comm_->get(), stream_),
+                          type, r, comm_->get(), stream_.get()),
             comm_->get(), rank());
       }
       group_end("all_gather");
@@ -288,7 +317,7 @@ class NcclCommunicator final : public Communicator {
     MANTISSA_CHECK(root >= 0 && root < size_, "NCCL broadcast: root " << root << " out of range");
     auto request = begin("broadcast", buf);
     MANTISSA_NCCL_CHECK(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
-                                      nccl_dtype(buf.dtype()), root, comm_->get(), stream_),
+                                      nccl_dtype(buf.dtype()), root, comm_->get(), stream_.get()),
                         comm_->get(), rank());
     return end(std::move(request));
   }
@@ -311,13 +340,13 @@ class NcclCommunicator final : public Communicator {
       if (send_counts[r] > 0) {
         MANTISSA_NCCL_CHECK(
             ncclSend(element(send, send_offsets[r]), static_cast<size_t>(send_counts[r]), type, r,
-                     comm_->get(), stream_),
+                     comm_->get(), stream_.get()),
             comm_->get(), rank());
       }
       if (recv_counts[r] > 0) {
         MANTISSA_NCCL_CHECK(
             ncclRecv(element(recv, recv_offsets[r]), static_cast<size_t>(recv_counts[r]), type, r,
-                     comm_->get(), stream_),
+                     comm_->get(), stream_.get()),
             comm_->get(), rank());
       }
     }
@@ -363,13 +392,13 @@ class NcclCommunicator final : public Communicator {
     what << op << " of " << buf.describe();
     auto request = std::make_unique<NcclRequest>(*comm_, timeout_s_, what.str());
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
-    MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_.get(), 0));
+    MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
     return request;
   }
 
   RequestPtr end(std::unique_ptr<NcclRequest> request) {
     comm_->wait_ready(request->what());
-    MANTISSA_CUDA_CHECK(cudaEventRecord(request->event(), stream_));
+    MANTISSA_CUDA_CHECK(cudaEventRecord(request->event(), stream_.get()));
     return request;
   }
 
@@ -379,38 +408,42 @@ class NcclCommunicator final : public Communicator {
     comm_->wait_ready(op);
   }
 
-  const World& world_;
   core::CudaBackend& backend_;
   double timeout_s_;
+  // Declared before comm_, so the communicator is finalized while its stream still exists.
+  CudaStream stream_;
+  CudaEvent ready_;
   std::unique_ptr<NcclComm> comm_;
   int size_ = 1;
-  cudaStream_t stream_ = nullptr;
-  CudaEvent ready_;
 };
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(const World& world, core::Backend& backend,
+std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend& backend,
                                                      double timeout_s) {
   auto* cuda = dynamic_cast<core::CudaBackend*>(&backend);
   MANTISSA_CHECK(cuda != nullptr, "dist.backend NCCL needs the CUDA backend, got a backend on "
                                       << backend.device().str());
   MANTISSA_CHECK(timeout_s > 0, "dist.timeout_s must be > 0, got " << timeout_s);
+  MANTISSA_CHECK(job.rank >= 0 && job.rank < job.size,
+                 "NCCL communicator: rank " << job.rank << " of " << job.size);
+  MANTISSA_CHECK(job.size == 1 || job.broadcast_from_rank0,
+                 "NCCL communicator: " << job.size << " ranks need a way to share the unique id");
   MANTISSA_CUDA_CHECK(cudaSetDevice(cuda->device().index));
 
-  // Rank 0's unique id reaches every rank over MPI (bounded like every wait).
+  // Rank 0's unique id reaches every rank through the job (an MPI broadcast).
   ncclUniqueId id{};
-  if (world.rank() == 0) MANTISSA_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, 0);
-  Tensor id_bytes = Tensor::wrap(&id, core::Shape{static_cast<int64_t>(sizeof id)}, DType::kU8);
-  make_mpi_communicator(world, timeout_s)->broadcast(id_bytes, 0)->wait();
+  if (job.rank == 0) MANTISSA_NCCL_CHECK(ncclGetUniqueId(&id), nullptr, 0);
+  if (job.size > 1) job.broadcast_from_rank0(std::as_writable_bytes(std::span(&id, 1)));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // no NCCL call may block the host: every wait can time out
-  auto comm = std::make_unique<NcclComm>(world, world.rank(), timeout_s);
-  MANTISSA_NCCL_CHECK(ncclCommInitRankConfig(comm->out(), world.size(), id, world.rank(), &config),
-                      comm->get(), world.rank());
+  const int rank = job.rank, size = job.size;
+  auto comm =
+      std::make_unique<NcclComm>(std::make_shared<const NcclJob>(std::move(job)), timeout_s);
+  MANTISSA_NCCL_CHECK(ncclCommInitRankConfig(comm->out(), size, id, rank, &config), nullptr, rank);
   comm->wait_ready("ncclCommInitRankConfig");
-  return std::make_unique<NcclCommunicator>(world, *cuda, timeout_s, std::move(comm));
+  return std::make_unique<NcclCommunicator>(*cuda, timeout_s, std::move(comm));
 }
 
 }  // namespace mantissa::dist

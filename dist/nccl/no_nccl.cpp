@@ -1,11 +1,13 @@
-// Builds without CUDA have no NCCL.
+// Builds without CUDA, or whose CUDA toolkit lacks NCCL, have no NCCL communicator.
 #include "core/error.h"
 #include "dist/nccl/nccl_communicator.h"
 
 namespace mantissa::dist {
 
-std::unique_ptr<Communicator> make_nccl_communicator(const World&, core::Backend&, double) {
-  MANTISSA_FAIL("dist.backend NCCL: this build of mantissa has no CUDA (and so no NCCL)");
+std::unique_ptr<Communicator> make_nccl_communicator(NcclJob, core::Backend&, double) {
+  MANTISSA_FAIL(
+      "dist.backend NCCL: this build of mantissa has no NCCL (no CUDA, or NCCL was "
+      "not found when it was configured)");
 }
 
 }  // namespace mantissa::dist

@@ -1,0 +1,164 @@
+// Training on the CUDA backend against the CPU backend: a tiny GPT-2 trained 20 steps from
+// the same seed on the same batches, on each backend, in FP32, BF16, FP16 (dynamic loss
+// scale) and FP8_HYBRID. The loss trajectories must agree step by step, the same steps must
+// be skipped, both runs must learn, and every parameter must end finite.
+//
+// Tolerances (relative to the CPU's loss at the same step). The two backends compute the
+// same functions with different summation orders (cuBLASLt's GEMM tiling against OpenBLAS,
+// tree reductions against sequential ones) and different expf/tanhf, so each FP32 result
+// differs by a few units of FP32 roundoff (~1e-6 relative); in BF16/FP16/FP8 such a
+// difference occasionally flips the rounding of a stored value by one unit. AdamW then carries
+// the differences forward (it moves each weight by about lr * m / sqrt(v), whatever the size
+// of the gradient), so the trajectories drift apart slowly with the step count.
+// For scale, the same 20 steps on the CPU backend (losses 5.54 -> 3.54): rounding *every*
+// activation to BF16 or FP16 instead of keeping FP32 moves the trajectory by at most 2e-4
+// relative at any step, and FP8_HYBRID instead of FP32 by at most 6.3e-3. A change of backend
+// perturbs far fewer values than a change of precision, so it should move the losses less:
+//   FP32 1e-3, BF16 and FP16 5e-3 (25x the BF16-vs-FP32 drift), FP8_HYBRID 2e-2 (3x the
+//   FP8-vs-FP32 drift: a delayed-scaling amax that crosses a power of two on one backend
+//   and not the other changes a whole tensor's scale).
+// A kernel that is wrong in a real way (a wrong rounding mode, scale, index or layout)
+// changes the loss by percents or more, or makes it NaN. The first step has no optimizer
+// drift, so it is held to a fifth of the bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/ops/backend.h"
+#include "core/precision/policy.h"
+#include "models/data/corpus.h"
+#include "models/data/data_loader.h"
+#include "models/gpt2/gpt2.h"
+#include "models/training/train_loop.h"
+
+namespace mantissa::models {
+namespace {
+
+using core::PrecisionMode;
+
+constexpr int64_t kSteps = 20;
+const GPT2Config kTinyGPT{2, 2, 64, 64, 256};
+
+struct Trajectory {
+  std::vector<StepReport> reports;
+  bool parameters_finite = true;
+};
+
+// One run on `backend`: the same seeds (model, data) every time.
+Trajectory train(core::Backend& backend, PrecisionMode mode) {
+  static const auto corpus = std::make_shared<const Corpus>(Corpus::synthetic(1, 1 << 18));
+  const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
+  GPT2 model(kTinyGPT, backend, policy, 42);
+  DataLoaderConfig data;
+  data.seq_len = kTinyGPT.seq_len;
+  data.micro_batch = 8;
+  data.seed = 5;
+  DataLoader loader(corpus, data);
+  TrainLoopConfig config;
+  config.steps = kSteps;
+  config.lr.lr = 3e-3;
+  config.lr.warmup_steps = 2;
+  config.lr.min_lr_ratio = 0.1;
+  config.adamw.weight_decay = 0.0f;
+  config.loss_scale.mode =
+      mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
+  Trajectory run;
+  run.reports = train_single_rank(model, backend, policy, loader, config);
+
+  core::Tensor& masters = model.parameters().masters();
+  core::Tensor host = core::Tensor::empty(masters.shape(), masters.dtype());
+  backend.copy(masters, host);
+  backend.synchronize();
+  const float* m = host.data_as<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    if (!std::isfinite(m[i])) run.parameters_finite = false;
+  }
+  return run;
+}
+
+double tolerance(PrecisionMode mode) {
+  switch (mode) {
+    case PrecisionMode::kFP32: return 1e-3;
+    case PrecisionMode::kFP8Hybrid: return 2e-2;
+    default: return 5e-3;
+  }
+}
+
+// FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer): on an A100 the
+// FP8_HYBRID case is skipped, with the backend's own message.
+bool fp8_gemm_supported(core::Backend& gpu, std::string& why) {
+  using core::DType;
+  using core::Shape;
+  core::Tensor a = core::Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
+  core::Tensor b = core::Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
+  core::Tensor c = core::Tensor::empty(Shape{16, 16}, DType::kF32, gpu.device());
+  gpu.fill(a, 1.0f);
+  gpu.fill(b, 1.0f);
+  core::GemmParams p;
+  p.trans_b = true;
+  try {
+    gpu.gemm(a, b, c, p);
+    gpu.synchronize();
+    return true;
+  } catch (const core::Error& e) {
+    why = e.what();
+    return false;
+  }
+}
+
+class GpuTrain : public ::testing::TestWithParam<PrecisionMode> {};
+
+TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
+  if (!core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  const PrecisionMode mode = GetParam();
+  const std::string name = core::precision_mode_name(mode);
+  auto cpu_backend = core::make_cpu_backend();
+  auto gpu_backend = core::make_cuda_backend(0);
+  std::string why;
+  if (mode == PrecisionMode::kFP8Hybrid && !fp8_gemm_supported(*gpu_backend, why)) {
+    GTEST_SKIP() << why;
+  }
+  const Trajectory cpu = train(*cpu_backend, mode);
+  const Trajectory gpu = train(*gpu_backend, mode);
+  ASSERT_EQ(cpu.reports.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(gpu.reports.size(), static_cast<size_t>(kSteps));
+
+  const double tol = tolerance(mode);
+  double worst = 0.0;
+  for (size_t s = 0; s < cpu.reports.size(); ++s) {
+    const StepReport& c = cpu.reports[s];
+    const StepReport& g = gpu.reports[s];
+    const double rel = std::fabs(g.loss - c.loss) / c.loss;
+    worst = std::max(worst, rel);
+    std::printf("%s step %2zu: loss cpu %.6f gpu %.6f (%.2e)%s%s\n", name.c_str(), s, c.loss,
+                g.loss, rel, c.skipped ? " cpu skipped" : "", g.skipped ? " gpu skipped" : "");
+    EXPECT_TRUE(std::isfinite(g.loss)) << name << " step " << s;
+    EXPECT_LE(rel, s == 0 ? tol / 5 : tol)
+        << name << " step " << s << ": cpu " << c.loss << ", gpu " << g.loss;
+    // The same overflow decisions, so the trajectories stay comparable step by step.
+    EXPECT_EQ(g.skipped, c.skipped) << name << " step " << s;
+    EXPECT_EQ(g.loss_scale, c.loss_scale) << name << " step " << s;
+  }
+  std::printf("%s: largest relative loss difference %.2e (bound %.0e)\n", name.c_str(), worst, tol);
+  for (const Trajectory* run : {&cpu, &gpu}) {
+    EXPECT_LT(run->reports.back().loss, run->reports.front().loss - 0.5)
+        << name << (run == &cpu ? " on the CPU" : " on the GPU") << " did not learn";
+    EXPECT_TRUE(run->parameters_finite) << name << (run == &cpu ? " on the CPU" : " on the GPU");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GpuTrain,
+                         ::testing::Values(PrecisionMode::kFP32, PrecisionMode::kBF16,
+                                           PrecisionMode::kFP16, PrecisionMode::kFP8Hybrid),
+                         [](const ::testing::TestParamInfo<PrecisionMode>& info) {
+                           return std::string(core::precision_mode_name(info.param));
+                         });
+
+}  // namespace
+}  // namespace mantissa::models
