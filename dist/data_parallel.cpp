@@ -26,9 +26,14 @@
 //
 // Ordering. MPI and NCCL need every rank to start the collectives of one communicator in the
 // same order. A bucket's stage completes at a time that depends on the rank, so each stage
-// posts on its own communicator, and bucket b enters a stage only after bucket b - 1 has
-// (its reduction only after b - 1's has completed): every communicator sees the buckets in
-// index order on every rank.
+// posts on its own communicator. NCCL needs more: its kernels of different communicators,
+// launched in different orders on different ranks, can wait on each other forever. So every
+// collective of the pipeline is issued in one fixed order (order_, the same on every rank),
+// each only after all those before it: when the next one cannot start yet, nothing after it
+// starts either, and the rank goes back to backward and tries again at the next grad_ready
+// (or in finish()).
+// The scalar collectives on ctrl_ run only outside the pipeline (before grad_ready, after
+// finish()), when none of its collectives is in flight.
 //
 // Progress. An MPI collective moves only inside MPI calls, so grad_ready() tests the
 // requests in flight as well as starting new ones.
@@ -104,13 +109,19 @@ uint64_t checksum(const void* data, size_t nbytes) {
 
 enum class Stage { kWaiting, kAmax, kReduce, kGather, kDone };
 
+// One collective of the pipeline: the `stage` of bucket `bucket`.
+struct Slot {
+  Stage stage;
+  size_t bucket;
+};
+
 struct Bucket {
   int64_t begin = 0, end = 0;  // flat range
   int params_total = 0;
   int params_ready = 0;
-  Stage stage = Stage::kWaiting;
-  RequestPtr request;
-  bool nonfinite = false;  // this rank's gradients, before any cast
+  Stage stage = Stage::kWaiting;  // the last collective issued (kDone once all are complete)
+  RequestPtr request;             // that collective, while in flight
+  bool nonfinite = false;         // this rank's gradients, before any cast
 
   // Chunk r of the bucket is reduced by rank r (the whole bucket under plain ZeRO-0).
   std::vector<int64_t> counts;
@@ -190,9 +201,13 @@ class DataParallelImpl final : public DataParallel {
     const auto start = Clock::now();
     for (Bucket& b : buckets_) b.params_ready = b.params_total;  // unreported ones too
     advance();
-    for (Bucket& b : buckets_) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
       while (b.stage != Stage::kDone) {
-        if (b.request) b.request->wait();
+        // With every bucket ready, only a collective in flight can hold up the first
+        // unfinished bucket (see can_issue).
+        MANTISSA_CHECK(b.request, "DataParallel::finish: bucket " << i << " is stuck");
+        b.request->wait();
         advance();
       }
     }
@@ -204,6 +219,7 @@ class DataParallelImpl final : public DataParallel {
       b.nonfinite = false;
     }
     std::fill(param_seen_.begin(), param_seen_.end(), false);
+    next_ = 0;
     comm_seconds_ += seconds_since(start);
     step_open_ = false;
     return nonfinite;
@@ -339,14 +355,20 @@ class DataParallelImpl final : public DataParallel {
   }
 
   void build_buckets();
+  void build_order();
   void advance();
-  // Whether the bucket before `index` has reached `stage` (the first bucket always may go).
-  bool previous_reached(size_t index, Stage stage) const {
-    return index == 0 || buckets_[index - 1].stage >= stage;
+  bool can_issue(const Slot& slot) const;
+  static bool completed(const Bucket& b, Stage stage) {
+    return b.stage > stage || (b.stage == stage && !b.request);
+  }
+  // Whether the bucket before `index` has completed `stage` (true for the first bucket).
+  bool previous_completed(size_t index, Stage stage) const {
+    return index == 0 || completed(buckets_[index - 1], stage);
   }
   void start_amax(Bucket& b);
   void start_reduce(Bucket& b);
   void after_reduce(Bucket& b);
+  void start_gather(Bucket& b);
   void after_gather(Bucket& b);
   void sum_received_chunks(Bucket& b);
 
@@ -360,6 +382,8 @@ class DataParallelImpl final : public DataParallel {
   std::unique_ptr<Communicator> amax_comm_, reduce_comm_, gather_comm_;  // bucket stages
   std::vector<int64_t> shard_counts_, shard_offsets_;
   std::vector<Bucket> buckets_;
+  std::vector<Slot> order_;  // every collective of a step's pipeline, in the order issued
+  size_t next_ = 0;          // order_[next_] is the next one to issue
   std::vector<int> bucket_of_param_;
   std::vector<bool> param_seen_;
   Tensor low_;    // the whole flat buffer in the reduce dtype; buckets view it
@@ -399,6 +423,7 @@ void DataParallelImpl::build_buckets() {
   }
   MANTISSA_CHECK(!buckets_.empty() && buckets_.back().begin == 0,
                  "DataParallel: the parameter store has no parameters at offset 0");
+  build_order();
 
   const size_t me = static_cast<size_t>(ctrl_->rank());
   for (Bucket& b : buckets_) {
@@ -435,38 +460,68 @@ void DataParallelImpl::build_buckets() {
   }
 }
 
-// Moves every bucket as far as it can go without blocking. A bucket starts its reduction
-// only when the previous bucket's has completed, and its all-gather only after the previous
-// bucket's: one large collective per stage in flight. (Several concurrent 25 MiB collectives
-// interleave their fragments and run far slower than the same ones in turn; this still
-// overlaps each reduction with the rest of backward.)
+// The order in which every rank issues the pipeline's collectives. The amax of bucket b + 1
+// comes right after the reduction of b, so it completes while that reduction runs and the
+// reduction of b + 1 can start as soon as b's has (the reductions are the long collectives
+// that bound the pipeline when communication is the bottleneck). The all-gather of b comes
+// after them: it waits for bucket b + 1 to be ready (for its amax), which costs nothing when
+// communication is the bottleneck, since backward has then finished the buckets long before
+// their turn.
+void DataParallelImpl::build_order() {
+  const bool gather = config_.accumulate_fp32 && config_.zero_stage == 0;
+  if (fp8()) order_.push_back({Stage::kAmax, 0});
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    order_.push_back({Stage::kReduce, b});
+    if (fp8() && b + 1 < buckets_.size()) order_.push_back({Stage::kAmax, b + 1});
+    if (gather) order_.push_back({Stage::kGather, b});
+  }
+}
+
+// Whether a collective's inputs are ready. A bucket starts its reduction only when the
+// previous bucket's has completed, and its all-gather only after the previous bucket's: one
+// large collective per stage in flight. (Several concurrent 25 MiB collectives interleave
+// their fragments and run far slower than the same ones in turn; this still overlaps each
+// reduction with the rest of backward.)
+bool DataParallelImpl::can_issue(const Slot& slot) const {
+  const Bucket& b = buckets_[slot.bucket];
+  switch (slot.stage) {
+    case Stage::kAmax: return b.params_ready == b.params_total;
+    case Stage::kReduce:
+      return b.params_ready == b.params_total && (!fp8() || completed(b, Stage::kAmax)) &&
+             previous_completed(slot.bucket, Stage::kReduce);
+    case Stage::kGather:
+      return completed(b, Stage::kReduce) && previous_completed(slot.bucket, Stage::kGather);
+    case Stage::kWaiting:
+    case Stage::kDone: break;  // not collectives
+  }
+  return false;
+}
+
+// Issues collectives in order_ as far as their inputs allow and finishes those that have
+// completed, until neither moves; never waits for a collective.
 void DataParallelImpl::advance() {
   for (bool moved = true; moved;) {
-    moved = false;
-    for (size_t i = 0; i < buckets_.size(); ++i) {
-      Bucket& b = buckets_[i];
-      const Stage before = b.stage;
-      switch (b.stage) {
+    while (next_ < order_.size() && can_issue(order_[next_])) {
+      const Slot& slot = order_[next_++];
+      Bucket& b = buckets_[slot.bucket];
+      switch (slot.stage) {
+        case Stage::kAmax: start_amax(b); break;
+        case Stage::kReduce: start_reduce(b); break;
+        case Stage::kGather: start_gather(b); break;
         case Stage::kWaiting:
-          if (b.params_ready < b.params_total) break;
-          if (fp8() && previous_reached(i, Stage::kAmax)) {
-            start_amax(b);
-          } else if (!fp8() && previous_reached(i, Stage::kGather)) {
-            start_reduce(b);
-          }
-          break;
-        case Stage::kAmax:
-          if (previous_reached(i, Stage::kGather) && b.request->test()) start_reduce(b);
-          break;
-        case Stage::kReduce:
-          if (previous_reached(i, Stage::kDone) && b.request->test()) after_reduce(b);
-          break;
-        case Stage::kGather:
-          if (b.request->test()) after_gather(b);
-          break;
-        case Stage::kDone: break;
+        case Stage::kDone: break;  // not collectives
       }
-      moved = moved || b.stage != before;
+    }
+    moved = false;
+    for (Bucket& b : buckets_) {
+      if (!b.request || !b.request->test()) continue;
+      b.request.reset();
+      switch (b.stage) {
+        case Stage::kReduce: after_reduce(b); break;
+        case Stage::kGather: after_gather(b); break;
+        default: break;  // an amax: start_reduce reads it
+      }
+      moved = true;
     }
   }
 }
@@ -546,8 +601,9 @@ void DataParallelImpl::sum_received_chunks(Bucket& b) {
   }
 }
 
+// The reduction of `b` has completed: its results go back to the FP32 gradients, or, before
+// the all-gather, my summed chunk is rounded once into the reduce dtype.
 void DataParallelImpl::after_reduce(Bucket& b) {
-  b.request.reset();
   core::CastParams widen;
   widen.scale = &b.w;
   Tensor my_grads = b.grads.view(b.mine_offset, Shape{b.mine});
@@ -559,14 +615,10 @@ void DataParallelImpl::after_reduce(Bucket& b) {
       b.stage = Stage::kDone;
       return;
     }
-    // Round my summed chunk once into the reduce dtype and share it.
     Tensor my_low = b.low.view(b.mine_offset, Shape{b.mine});
     if (b.mine > 0) backend_.cast(b.sum, my_low, core::CastParams{});
     backend_.synchronize();
-    b.request = gather_comm_->all_gather(my_low, b.low, b.counts);
-    comm_bytes_ += static_cast<int64_t>(my_low.nbytes());
-    b.stage = Stage::kGather;
-    return;
+    return;  // the all-gather is issued in its turn
   }
   if (config_.zero_stage == 1) {
     if (b.mine > 0) backend_.cast(b.recv, my_grads, widen);
@@ -577,8 +629,15 @@ void DataParallelImpl::after_reduce(Bucket& b) {
   b.stage = Stage::kDone;
 }
 
+// Shares my summed chunk of `b` (after_reduce rounded it).
+void DataParallelImpl::start_gather(Bucket& b) {
+  Tensor my_low = b.low.view(b.mine_offset, Shape{b.mine});
+  b.request = gather_comm_->all_gather(my_low, b.low, b.counts);
+  comm_bytes_ += static_cast<int64_t>(my_low.nbytes());
+  b.stage = Stage::kGather;
+}
+
 void DataParallelImpl::after_gather(Bucket& b) {
-  b.request.reset();
   if (!fp32()) {
     core::CastParams widen;
     widen.scale = &b.w;

@@ -1,0 +1,241 @@
+// Every rank must issue the collectives of DataParallel's gradient pipeline in the same order,
+// whatever its timing: NCCL kernels of different communicators, launched in different orders
+// on different ranks, can wait on each other forever (MPI does not mind, so only the order
+// itself can be checked here). A recording Communicator, whose duplicates all write to one
+// log, sees every collective DataParallel issues on any of its communicators. One rank at a
+// time runs backward slowly on purpose, so that its collectives complete at other points of
+// backward than on the other ranks; afterwards every rank's log must equal rank 0's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "dist/data_parallel.h"
+#include "dist/mpi/mpi_communicator.h"
+#include "tests/dist/dist_test.h"
+
+namespace mantissa::dist {
+namespace {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+constexpr double kTimeout = 60.0;
+
+enum class Kind : int64_t {
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kBroadcast,
+  kAllToAll,
+  kBarrier
+};
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::kAllReduce: return "all_reduce";
+    case Kind::kReduceScatter: return "reduce_scatter";
+    case Kind::kAllGather: return "all_gather";
+    case Kind::kBroadcast: return "broadcast";
+    case Kind::kAllToAll: return "all_to_all";
+    case Kind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+// One collective as issued: what, on which communicator (0 is the original, then its
+// duplicates in the order they were made), and the dtype and size of the buffer that is the
+// same on every rank (the input, but the output of an all-gather).
+struct Call {
+  Kind kind;
+  int64_t comm;
+  DType dtype;
+  int64_t numel;
+};
+constexpr size_t kWordsPerCall = 4;
+
+struct Log {
+  std::vector<Call> calls;
+  int64_t communicators = 0;
+};
+
+std::string describe(const Call& c) {
+  std::ostringstream out;
+  out << kind_name(c.kind) << " of " << c.numel << " " << core::dtype_name(c.dtype)
+      << " on communicator " << c.comm;
+  return out.str();
+}
+
+// Records every collective, then forwards it to `inner`.
+class RecordingCommunicator final : public Communicator {
+ public:
+  RecordingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<Log> log)
+      : inner_(std::move(inner)), log_(std::move(log)), id_(log_->communicators++) {}
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  core::Device device() const override { return inner_->device(); }
+  std::unique_ptr<Communicator> duplicate() override {
+    return std::make_unique<RecordingCommunicator>(inner_->duplicate(), log_);
+  }
+
+  RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
+    record(Kind::kAllReduce, buf);
+    return inner_->all_reduce(buf, op);
+  }
+  RequestPtr reduce_scatter(const Tensor& send, Tensor& recv, const std::vector<int64_t>& counts,
+                            ReduceOp op) override {
+    record(Kind::kReduceScatter, send);
+    return inner_->reduce_scatter(send, recv, counts, op);
+  }
+  RequestPtr all_gather(const Tensor& send, Tensor& recv,
+                        const std::vector<int64_t>& counts) override {
+    record(Kind::kAllGather, recv);
+    return inner_->all_gather(send, recv, counts);
+  }
+  RequestPtr broadcast(Tensor& buf, int root) override {
+    record(Kind::kBroadcast, buf);
+    return inner_->broadcast(buf, root);
+  }
+  RequestPtr all_to_all(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
+                        const std::vector<int64_t>& recv_counts) override {
+    record(Kind::kAllToAll, send);
+    return inner_->all_to_all(send, send_counts, recv, recv_counts);
+  }
+  void barrier() override {
+    log_->calls.push_back({Kind::kBarrier, id_, DType::kF32, 0});
+    inner_->barrier();
+  }
+
+ private:
+  void record(Kind kind, const Tensor& buf) {
+    log_->calls.push_back({kind, id_, buf.dtype(), buf.numel()});
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<Log> log_;
+  int64_t id_;
+};
+
+// Odd sizes: 6 buckets over the 8 parameters at bucket_mb 0.02.
+models::ParameterStore make_store(core::Backend& backend) {
+  models::ParameterStore params;
+  const int64_t sizes[] = {3000, 1, 777, 4096, 130, 2500, 9, 6000};
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    std::string name = "p";
+    name += std::to_string(i);  // not "p" + ...: GCC 12 warns falsely about it
+    params.add({name, Shape{sizes[i]}, models::Init::kNormal, 0.02f, true});
+  }
+  params.allocate(backend, DType::kF32, 7);
+  return params;
+}
+
+struct OrderCase {
+  DType dtype;
+  bool accumulate_fp32;
+  int zero_stage;
+};
+
+std::string describe(const OrderCase& c) {
+  std::ostringstream out;
+  out << reduce_dtype_name(c.dtype) << (c.accumulate_fp32 ? " accumulate_fp32" : "") << " zero"
+      << c.zero_stage;
+  return out.str();
+}
+
+class IssueOrder : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend = core::make_cpu_backend();
+    n = testing::world().size();
+    me = testing::world().rank();
+  }
+
+  // Runs `steps` steps of gradient sync, rank (step % n) sleeping before every grad_ready;
+  // returns the collectives this rank issued.
+  std::vector<Call> run_steps(const OrderCase& c, int steps) {
+    auto log = std::make_shared<Log>();
+    models::ParameterStore params = make_store(*backend);
+    DistConfig config;
+    config.grad_reduce_dtype = c.dtype;
+    config.accumulate_fp32 = c.accumulate_fp32;
+    config.zero_stage = c.zero_stage;
+    config.bucket_mb = 0.02;
+    config.timeout_s = kTimeout;
+    auto dp = DataParallel::create(*backend, params, config,
+                                   std::make_unique<RecordingCommunicator>(
+                                       make_mpi_communicator(testing::world(), kTimeout), log));
+    const size_t buckets = dp->buckets().size();
+    for (int step = 0; step < steps; ++step) {
+      backend->fill(params.grads(), 0.001f * static_cast<float>(me + step + 1));
+      for (int i = params.size() - 1; i >= 0; --i) {
+        if (me == step % n) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        dp->grad_ready(i);
+      }
+      EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+    }
+    // The recorder must have seen every collective of every bucket: an amax (FP8), the
+    // reduction, and the all-gather (accumulate_fp32 under ZeRO-0).
+    const size_t per_bucket =
+        (core::is_fp8(c.dtype) ? 1 : 0) + 1 + (c.accumulate_fp32 && c.zero_stage == 0 ? 1 : 0);
+    EXPECT_EQ(log->calls.size(), static_cast<size_t>(steps) * buckets * per_bucket) << describe(c);
+    return log->calls;
+  }
+
+  // Every rank compares its calls with rank 0's and reports the first difference.
+  void expect_same_on_every_rank(const std::vector<Call>& calls, const std::string& what) {
+    auto comm = make_mpi_communicator(testing::world(), kTimeout);
+    std::vector<int64_t> words;
+    for (const Call& c : calls) {
+      words.insert(words.end(),
+                   {static_cast<int64_t>(c.kind), c.comm, static_cast<int64_t>(c.dtype), c.numel});
+    }
+    int64_t count = static_cast<int64_t>(calls.size());
+    Tensor count_buf = Tensor::wrap(&count, Shape{1}, DType::kI64);
+    comm->broadcast(count_buf, 0)->wait();
+    std::vector<int64_t> reference(static_cast<size_t>(count) * kWordsPerCall);
+    if (me == 0) reference = words;
+    if (count > 0) {
+      Tensor buf = Tensor::wrap(reference.data(), Shape{static_cast<int64_t>(reference.size())},
+                                DType::kI64);
+      comm->broadcast(buf, 0)->wait();
+    }
+
+    const size_t common = std::min(calls.size(), static_cast<size_t>(count));
+    for (size_t i = 0; i < common; ++i) {
+      const int64_t* r = &reference[i * kWordsPerCall];
+      const Call expected{static_cast<Kind>(r[0]), r[1], static_cast<DType>(r[2]), r[3]};
+      if (std::equal(r, r + kWordsPerCall, &words[i * kWordsPerCall])) continue;
+      ADD_FAILURE() << what << ": collective " << i << " of rank " << me << " is "
+                    << describe(calls[i]) << ", rank 0's is " << describe(expected);
+      return;
+    }
+    EXPECT_EQ(calls.size(), static_cast<size_t>(count))
+        << what << ": rank " << me << " issued another number of collectives than rank 0";
+  }
+
+  std::unique_ptr<core::Backend> backend;
+  int n = 1, me = 0;
+};
+
+TEST_F(IssueOrder, EveryRankIssuesThePipelineInTheSameOrderWhateverItsTiming) {
+  for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3}) {
+    for (bool accumulate : {false, true}) {
+      for (int zero : {0, 1}) {
+        const OrderCase c{d, accumulate, zero};
+        expect_same_on_every_rank(run_steps(c, 3), describe(c));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::dist
