@@ -24,10 +24,13 @@ int main(int argc, char** argv) {
   const std::string precision = argc > 1 ? argv[1] : "bf16";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
   core::PrecisionMode mode = core::PrecisionMode::kBF16;
-  if (precision == "fp32") mode = core::PrecisionMode::kFP32;
-  else if (precision == "fp16") mode = core::PrecisionMode::kFP16;
-  else if (precision == "fp8") mode = core::PrecisionMode::kFP8Hybrid;
-  else if (precision != "bf16") {
+  if (precision == "fp32") {
+    mode = core::PrecisionMode::kFP32;
+  } else if (precision == "fp16") {
+    mode = core::PrecisionMode::kFP16;
+  } else if (precision == "fp8") {
+    mode = core::PrecisionMode::kFP8Hybrid;
+  } else if (precision != "bf16") {
     std::fprintf(stderr, "usage: bench_train_cpu [fp32|bf16|fp16|fp8] [steps]\n");
     return 2;
   }
@@ -44,8 +47,8 @@ int main(int argc, char** argv) {
   models::TrainLoopConfig loop;
   loop.steps = steps + 1;  // the first step (allocations, page faults) is not timed
   loop.lr.lr = 3e-4;
-  loop.loss_scale.mode =
-      mode == core::PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
+  loop.loss_scale.mode = mode == core::PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic
+                                                            : core::LossScaleMode::kNone;
 
   using Clock = std::chrono::steady_clock;
   Clock::time_point start;
@@ -63,10 +66,10 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::printf("mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f\n",
-              core::precision_mode_name(mode),
-              static_cast<long long>(model.parameters().parameter_count()),
-              seconds / static_cast<double>(steps), static_cast<double>(tokens) / seconds, last_loss,
-              static_cast<double>(usage.ru_maxrss) / 1024.0);
+  std::printf(
+      "mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f\n",
+      core::precision_mode_name(mode), static_cast<long long>(model.parameters().parameter_count()),
+      seconds / static_cast<double>(steps), static_cast<double>(tokens) / seconds, last_loss,
+      static_cast<double>(usage.ru_maxrss) / 1024.0);
   return 0;
 }

@@ -21,13 +21,13 @@ class Error : public std::runtime_error {
 
 }  // namespace mantissa::core
 
-#define MANTISSA_CHECK(condition, message_stream)                                     \
-  do {                                                                                \
-    if (!(condition)) {                                                               \
-      std::ostringstream mantissa_check_message;                                      \
-      mantissa_check_message << message_stream;                                       \
+#define MANTISSA_CHECK(condition, message_stream)                                      \
+  do {                                                                                 \
+    if (!(condition)) {                                                                \
+      std::ostringstream mantissa_check_message;                                       \
+      mantissa_check_message << message_stream;                                        \
       ::mantissa::core::throw_error(mantissa_check_message.str(), __FILE__, __LINE__); \
-    }                                                                                 \
+    }                                                                                  \
   } while (0)
 
 #define MANTISSA_FAIL(message_stream) MANTISSA_CHECK(false, message_stream)

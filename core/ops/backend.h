@@ -132,8 +132,8 @@ class Backend {
   // losses[N] (F32) = -log softmax(logits)[target]. When dlogits is non-null it is
   // overwritten with (softmax - onehot(target)) * grad_scale (the caller folds 1/N and the
   // loss scale into grad_scale). dlogits may alias logits.
-  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
-                                     Tensor& losses, Tensor* dlogits, float grad_scale) = 0;
+  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                                     Tensor* dlogits, float grad_scale) = 0;
 
   // --- optimizer and gradient checks ---------------------------------------------------
   // AdamW on FP32 masters with FP32 moments m, v; grads F32 (or BF16) multiplied by

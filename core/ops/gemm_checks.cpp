@@ -14,8 +14,8 @@ constexpr const char* kOp = "gemm";
 
 void check_dtypes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
                   Device device) {
-  const std::initializer_list<DType> floats = {DType::kF32, DType::kBF16, DType::kF16,
-                                               DType::kE4M3, DType::kE5M2};
+  const std::initializer_list<DType> floats = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3,
+                                               DType::kE5M2};
   check_operand(kOp, "A", a, device, floats);
   check_operand(kOp, "B", b, device, floats);
   check_operand(kOp, "C", c, device, floats);

@@ -16,6 +16,8 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
                                              "found or MANTISSA_CUDA=OFF)");
 }
 
-bool cuda_device_available() { return false; }
+bool cuda_device_available() {
+  return false;
+}
 
 }  // namespace mantissa::core

@@ -18,8 +18,8 @@ AdamW::AdamW(Backend& backend, std::vector<ParamRange> ranges, int64_t flat_nume
   backend.fill(v_, 0.0f);
 }
 
-void AdamW::step(Backend& backend, Tensor& masters, const Tensor& grads, Tensor* compute,
-                 float lr, float grad_scale) {
+void AdamW::step(Backend& backend, Tensor& masters, const Tensor& grads, Tensor* compute, float lr,
+                 float grad_scale) {
   ++steps_;
   AdamWParams p;
   p.lr = lr;

@@ -35,7 +35,9 @@ const char* dtype_name(DType dtype) {
   return "unknown";
 }
 
-bool is_fp8(DType dtype) { return dtype == DType::kE4M3 || dtype == DType::kE5M2; }
+bool is_fp8(DType dtype) {
+  return dtype == DType::kE4M3 || dtype == DType::kE5M2;
+}
 
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);

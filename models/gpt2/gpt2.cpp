@@ -28,8 +28,7 @@ class GPT2Block {
         c_proj_(store, name(index, "attn.c_proj"), c.n_embd, c.n_embd, residual_std(c), fp8),
         ln_2_(store, name(index, "ln_2"), c.n_embd),
         c_fc_(store, name(index, "mlp.c_fc"), c.n_embd, 4 * c.n_embd, kInitStd, fp8),
-        mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd, residual_std(c),
-                  fp8) {}
+        mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd, residual_std(c), fp8) {}
 
   // x: the residual stream [B*T, C].
   Tensor forward(StepContext& ctx, const Tensor& x, int64_t batch, int64_t seq) {
@@ -98,12 +97,11 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
            uint64_t seed, const core::Fp8ScalingConfig& fp8)
     : config_(config) {
   const GPT2Config& c = config_;
-  MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 &&
-                     c.vocab_size > 0,
+  MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 && c.vocab_size > 0,
                  "GPT2: n_layer, n_head, n_embd, seq_len and vocab_size must be positive");
-  MANTISSA_CHECK(c.n_embd % c.n_head == 0,
-                 "GPT2: n_embd (" << c.n_embd << ") must be a multiple of n_head (" << c.n_head
-                                  << ")");
+  MANTISSA_CHECK(c.n_embd % c.n_head == 0, "GPT2: n_embd (" << c.n_embd
+                                                            << ") must be a multiple of n_head ("
+                                                            << c.n_head << ")");
   if (policy.fp8_block_gemms) fp8_ = std::make_unique<Fp8Operands>();
   wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, Init::kNormal, kInitStd, true});
   wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, kInitStd, true});
@@ -125,9 +123,8 @@ double GPT2::forward(StepContext& ctx, const BatchTensors& batch, float dloss_pe
                                          << batch.targets.describe() << " must both be [B, T]");
   const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
   const int64_t channels = config_.n_embd, vocab = config_.vocab_size;
-  MANTISSA_CHECK(t <= config_.seq_len, "GPT2.forward: sequence length " << t
-                                                                        << " exceeds seq_len "
-                                                                        << config_.seq_len);
+  MANTISSA_CHECK(t <= config_.seq_len,
+                 "GPT2.forward: sequence length " << t << " exceeds seq_len " << config_.seq_len);
 
   Tensor x = Tensor::empty(Shape{b, t, channels}, dt, be.device());
   const Tensor wpe = params_[wpe_].compute.view(0, Shape{t, channels});

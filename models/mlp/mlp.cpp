@@ -64,8 +64,8 @@ void MLP::backward(StepContext& ctx) {
   be.gelu_backward(fc_out_, dactivated, dfc);
   Tensor dx = fc_->backward(ctx, dfc);
   Tensor dwpe = params_[wpe_].grad.view(0, Shape{t, config_.n_embd});
-  be.embedding_backward(dx.reshape(Shape{b, t, config_.n_embd}), batch_.tokens,
-                        params_[wte_].grad, dwpe);
+  be.embedding_backward(dx.reshape(Shape{b, t, config_.n_embd}), batch_.tokens, params_[wte_].grad,
+                        dwpe);
   ctx.mark_grad_ready(wpe_);
   ctx.mark_grad_ready(wte_);
   fc_out_ = logits_ = Tensor();

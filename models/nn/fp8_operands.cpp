@@ -39,14 +39,12 @@ void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, 
     backend.copy(amax, host);
     backend.synchronize();
     const float old_scale = registry_->tensor(slot).scale;
-    const float scale = core::fp8_scale_from_amax(host.data_as<float>()[0], old_scale,
-                                                  core::fp8_max(formats_[slot]),
-                                                  registry_->config().margin);
+    const float scale =
+        core::fp8_scale_from_amax(host.data_as<float>()[0], old_scale,
+                                  core::fp8_max(formats_[slot]), registry_->config().margin);
     float pair[2] = {scale, static_cast<float>(1.0 / scale)};
-    backend.copy(Tensor::wrap(&pair[0], Shape{1}, DType::kF32),
-                 scale_views_[slot]);
-    backend.copy(Tensor::wrap(&pair[1], Shape{1}, DType::kF32),
-                 scale_inv_views_[slot]);
+    backend.copy(Tensor::wrap(&pair[0], Shape{1}, DType::kF32), scale_views_[slot]);
+    backend.copy(Tensor::wrap(&pair[1], Shape{1}, DType::kF32), scale_inv_views_[slot]);
     backend.synchronize();  // `pair` lives on this stack frame
   }
   core::CastParams p;

@@ -13,7 +13,7 @@ class LayerNorm {
  public:
   LayerNorm(ParameterStore& store, const std::string& name, int64_t channels);
 
-  core::Tensor forward(StepContext& ctx, const core::Tensor& x);     // [N, C] -> [N, C]
+  core::Tensor forward(StepContext& ctx, const core::Tensor& x);      // [N, C] -> [N, C]
   core::Tensor backward(StepContext& ctx, const core::Tensor& dout);  // -> dx [N, C]
 
  private:

@@ -56,7 +56,7 @@ Tensor Linear::backward(StepContext& ctx, const Tensor& dy) {
   Parameter& b = store_[bias_];
   Tensor dx = Tensor::empty(Shape{dy.dim(0), in_}, ctx.policy.compute_dtype, be.device());
 
-  GemmParams data_grad;   // dx = dy W
+  GemmParams data_grad;    // dx = dy W
   GemmParams weight_grad;  // dW += dy^T x
   weight_grad.trans_a = true;
   weight_grad.beta = 1.0f;

@@ -25,7 +25,7 @@ class Linear {
   Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, float init_std,
          Fp8Operands* fp8);
 
-  core::Tensor forward(StepContext& ctx, const core::Tensor& x);  // [N, in] -> [N, out]
+  core::Tensor forward(StepContext& ctx, const core::Tensor& x);    // [N, in] -> [N, out]
   core::Tensor backward(StepContext& ctx, const core::Tensor& dy);  // -> dx [N, in]
 
  private:

@@ -19,9 +19,11 @@ using core::Tensor;
 
 // Tokens and next-token targets drawn from a fixed hash, [B, T] on the CPU.
 BatchTensors make_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  BatchTensors batch{Tensor::empty(Shape{b, t}, DType::kI32), Tensor::empty(Shape{b, t}, DType::kI32)};
+  BatchTensors batch{Tensor::empty(Shape{b, t}, DType::kI32),
+                     Tensor::empty(Shape{b, t}, DType::kI32)};
   for (int64_t i = 0; i < b * t; ++i) {
-    batch.tokens.data_as<int32_t>()[i] = static_cast<int32_t>(core::random_u32(seed, 2 * i) % vocab);
+    batch.tokens.data_as<int32_t>()[i] =
+        static_cast<int32_t>(core::random_u32(seed, 2 * i) % vocab);
     batch.targets.data_as<int32_t>()[i] =
         static_cast<int32_t>(core::random_u32(seed, 2 * i + 1) % vocab);
   }
@@ -44,8 +46,8 @@ void randomise_masters(ParameterStore& params, core::Backend& be, float std, uin
 }
 
 // Gradients here are 1e-4..1e-1; the FP32 loss resolves differences to about 1e-6 at
-// eps = 1e-2, hence the tolerance. Checks up to `per_tensor` elements of every parameter tensor (always the first and the
-// last, the rest spread across the tensor).
+// eps = 1e-2, hence the tolerance. Checks up to `per_tensor` elements of every parameter tensor
+// (always the first and the last, the rest spread across the tensor).
 void check_gradients(LanguageModel& model, core::Backend& be, const BatchTensors& batch,
                      int per_tensor) {
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32);

@@ -64,10 +64,9 @@ double train_tiny_gpt(PrecisionMode mode, int64_t steps) {
   GPT2 model(kTinyGPT, *be, policy, 42);
   DataLoader loader = make_loader(8, kTinyGPT.seq_len);
   TrainLoopConfig config = loop_config(steps);
-  config.loss_scale.mode = mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic
-                                                        : core::LossScaleMode::kNone;
-  const std::vector<StepReport> reports =
-      train_single_rank(model, *be, policy, loader, config);
+  config.loss_scale.mode =
+      mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
+  const std::vector<StepReport> reports = train_single_rank(model, *be, policy, loader, config);
   EXPECT_LT(reports.back().loss, reports.front().loss - 1.0)
       << core::precision_mode_name(mode) << " did not learn";
   return mean_of_last_tenth(reports);
@@ -80,10 +79,11 @@ TEST(Training, ReducedPrecisionTracksFP32) {
   const double fp16 = train_tiny_gpt(PrecisionMode::kFP16, steps);
   const double fp8 = train_tiny_gpt(PrecisionMode::kFP8Hybrid, steps);
   const auto rel = [fp32](double x) { return std::fabs(x - fp32) / fp32; };
-  std::printf("mean loss of the last 10%% of %lld steps: FP32 %.4f, BF16 %.4f (%.2f%%), "
-              "FP16 %.4f (%.2f%%), FP8_HYBRID %.4f (%.2f%%)\n",
-              static_cast<long long>(steps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16),
-              fp8, 100 * rel(fp8));
+  std::printf(
+      "mean loss of the last 10%% of %lld steps: FP32 %.4f, BF16 %.4f (%.2f%%), "
+      "FP16 %.4f (%.2f%%), FP8_HYBRID %.4f (%.2f%%)\n",
+      static_cast<long long>(steps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16), fp8,
+      100 * rel(fp8));
   EXPECT_LE(rel(bf16), 0.01);
   EXPECT_LE(rel(fp16), 0.01);
   EXPECT_LE(rel(fp8), 0.02);
@@ -113,14 +113,15 @@ TEST(Training, InjectedInfSkipsTheStepAndLeavesStateUntouched) {
   step.before_check = [&](core::Tensor& grads, int64_t s) {
     if (s == poisoned_step) grads.data_as<float>()[params[target].offset + 5] = INFINITY;
   };
-  for (int64_t s = 0; s < poisoned_step; ++s) EXPECT_FALSE(step.run(s, {loader.next()}, nullptr).skipped);
+  for (int64_t s = 0; s < poisoned_step; ++s)
+    EXPECT_FALSE(step.run(s, {loader.next()}, nullptr).skipped);
 
   const auto masters = snapshot(params.masters());
   const auto m = snapshot(optimizer.first_moment());
   const auto v = snapshot(optimizer.second_moment());
-  const auto compute_bits = std::vector<uint16_t>(
-      params.compute().data_as<uint16_t>(),
-      params.compute().data_as<uint16_t>() + params.compute().numel());
+  const auto compute_bits =
+      std::vector<uint16_t>(params.compute().data_as<uint16_t>(),
+                            params.compute().data_as<uint16_t>() + params.compute().numel());
   const int64_t steps_taken = optimizer.steps_taken();
   const float scale = scaler.scale();
 
@@ -149,8 +150,7 @@ TEST(Training, FP16FromScale2To24RecoversByItself) {
   DataLoader loader = make_loader(4, kTinyGPT.seq_len);
   TrainLoopConfig config = loop_config(80);
   config.loss_scale.init = 16777216.0;
-  const std::vector<StepReport> reports =
-      train_single_rank(model, *be, policy, loader, config);
+  const std::vector<StepReport> reports = train_single_rank(model, *be, policy, loader, config);
 
   EXPECT_TRUE(reports.front().skipped);
   int skipped = 0;

@@ -36,8 +36,8 @@ class CpuBackend final : public Backend {
                           const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dgamma,
                           Tensor& dbeta) override;
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
-  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          Tensor& dqkv, int n_head) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, Tensor& dqkv,
+                          int n_head) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,

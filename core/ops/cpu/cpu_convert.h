@@ -18,9 +18,9 @@ struct NarrowOptions {
   float scale = 1.0f;  // dst = round(src * scale)
   Saturation saturation = Saturation::kSatFinite;
   bool stochastic = false;
-  uint64_t seed = 0;          // stochastic rounding uses random_u32(seed, index_base + i)
-  uint64_t index_base = 0;    // so that a chunked conversion equals a whole one
-  bool want_amax = false;     // compute max |src| (before scaling)
+  uint64_t seed = 0;        // stochastic rounding uses random_u32(seed, index_base + i)
+  uint64_t index_base = 0;  // so that a chunked conversion equals a whole one
+  bool want_amax = false;   // compute max |src| (before scaling)
 };
 
 // dst[i] = round(src[i] * scale) for any floating dtype; returns max |src[i]| (NaN if any
