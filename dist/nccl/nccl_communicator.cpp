@@ -266,7 +266,7 @@ class NcclCommunicator final : public Communicator {
     } else {
       // Unequal chunks: one reduce per chunk, rooted at its owner, fused in a group.
       const std::vector<int64_t> offsets = chunk_offsets(counts);
-      group_start();
+      Group group(*this);
       for (int r = 0; r < size_; ++r) {
         if (counts[r] == 0) continue;
         const void* chunk = element(send, offsets[r]);
@@ -275,7 +275,7 @@ class NcclCommunicator final : public Communicator {
                                        comm_->get(), stream_.get()),
                             comm_->get(), rank());
       }
-      group_end("reduce_scatter");
+      group.end("reduce_scatter");
     }
     return end(std::move(request));
   }
@@ -298,7 +298,7 @@ class NcclCommunicator final : public Communicator {
                           comm_->get(), rank());
     } else {
       // Unequal chunks: one broadcast per chunk from its owner, fused in a group.
-      group_start();
+      Group group(*this);
       for (int r = 0; r < size_; ++r) {
         if (counts[r] == 0) continue;
         void* chunk = element(recv, offsets[r]);
@@ -307,7 +307,7 @@ class NcclCommunicator final : public Communicator {
                           type, r, comm_->get(), stream_.get()),
             comm_->get(), rank());
       }
-      group_end("all_gather");
+      group.end("all_gather");
     }
     return end(std::move(request));
   }
@@ -335,7 +335,7 @@ class NcclCommunicator final : public Communicator {
     const ncclDataType_t type = nccl_dtype(send.dtype());
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
     const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
-    group_start();
+    Group group(*this);
     for (int r = 0; r < size_; ++r) {
       if (send_counts[r] > 0) {
         MANTISSA_NCCL_CHECK(
@@ -350,7 +350,7 @@ class NcclCommunicator final : public Communicator {
             comm_->get(), rank());
       }
     }
-    group_end("all_to_all");
+    group.end("all_to_all");
     return end(std::move(request));
   }
 
@@ -402,11 +402,30 @@ class NcclCommunicator final : public Communicator {
     return request;
   }
 
-  void group_start() { MANTISSA_NCCL_CHECK(ncclGroupStart(), comm_->get(), rank()); }
-  void group_end(const char* op) {
-    MANTISSA_NCCL_CHECK(ncclGroupEnd(), comm_->get(), rank());
-    comm_->wait_ready(op);
-  }
+  // ncclGroupStart .. ncclGroupEnd as a scope: when a call inside the group throws, the
+  // destructor still closes the group, so this thread's next NCCL call is not silently
+  // swallowed into a group that never ends.
+  class Group {
+   public:
+    explicit Group(NcclCommunicator& owner) : owner_(owner) {
+      MANTISSA_NCCL_CHECK(ncclGroupStart(), owner_.comm_->get(), owner_.rank());
+    }
+    ~Group() {
+      if (open_) ncclGroupEnd();  // already failing: the communicator's own error reports it
+    }
+    Group(const Group&) = delete;
+    Group& operator=(const Group&) = delete;
+
+    void end(const char* op) {
+      open_ = false;
+      MANTISSA_NCCL_CHECK(ncclGroupEnd(), owner_.comm_->get(), owner_.rank());
+      owner_.comm_->wait_ready(op);
+    }
+
+   private:
+    NcclCommunicator& owner_;
+    bool open_ = true;
+  };
 
   core::CudaBackend& backend_;
   double timeout_s_;
