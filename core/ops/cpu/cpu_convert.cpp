@@ -233,16 +233,23 @@ __m256i fp8_round8(__m256 x, Saturation saturation) {
                             _mm256_cmpgt_epi32(abs, broadcast(kInfBits)));
 }
 
-void round32(const __m256 x[4], fp8_e4m3* dst, Saturation saturation) {
-  constexpr SmallFloatFormat f = e4m3_format();
-  store32_u8(dst, fp8_round8<f>(x[0], saturation), fp8_round8<f>(x[1], saturation),
-             fp8_round8<f>(x[2], saturation), fp8_round8<f>(x[3], saturation));
-}
+// The format of each FP8 storage type (undefined for the others, which leaves the FP8
+// overloads below out of their overload sets).
+template <class T>
+struct Fp8Format;
+template <>
+struct Fp8Format<fp8_e4m3> {
+  static constexpr SmallFloatFormat value = e4m3_format();
+};
+template <>
+struct Fp8Format<fp8_e5m2> {
+  static constexpr SmallFloatFormat value = e5m2_format();
+};
 
-void round32(const __m256 x[4], fp8_e5m2* dst, Saturation saturation) {
-  constexpr SmallFloatFormat f = e5m2_format();
-  store32_u8(dst, fp8_round8<f>(x[0], saturation), fp8_round8<f>(x[1], saturation),
-             fp8_round8<f>(x[2], saturation), fp8_round8<f>(x[3], saturation));
+template <class T, SmallFloatFormat F = Fp8Format<T>::value>
+void round32(const __m256 x[4], T* dst, Saturation saturation) {
+  store32_u8(dst, fp8_round8<F>(x[0], saturation), fp8_round8<F>(x[1], saturation),
+             fp8_round8<F>(x[2], saturation), fp8_round8<F>(x[3], saturation));
 }
 
 // --- stochastic rounding ---------------------------------------------------------------------
@@ -356,22 +363,12 @@ __m256i fp8_stochastic8(__m256 x, __m256i random, Saturation saturation) {
   return small_stochastic8<F>(x, random, [&] { return fp8_round8<F>(x, saturation); });
 }
 
-void round32_stochastic(const __m256 x[4], const __m256i random[4], fp8_e4m3* dst,
-                        Saturation saturation) {
-  constexpr SmallFloatFormat f = e4m3_format();
-  store32_u8(dst, fp8_stochastic8<f>(x[0], random[0], saturation),
-             fp8_stochastic8<f>(x[1], random[1], saturation),
-             fp8_stochastic8<f>(x[2], random[2], saturation),
-             fp8_stochastic8<f>(x[3], random[3], saturation));
-}
-
-void round32_stochastic(const __m256 x[4], const __m256i random[4], fp8_e5m2* dst,
-                        Saturation saturation) {
-  constexpr SmallFloatFormat f = e5m2_format();
-  store32_u8(dst, fp8_stochastic8<f>(x[0], random[0], saturation),
-             fp8_stochastic8<f>(x[1], random[1], saturation),
-             fp8_stochastic8<f>(x[2], random[2], saturation),
-             fp8_stochastic8<f>(x[3], random[3], saturation));
+template <class T, SmallFloatFormat F = Fp8Format<T>::value>
+void round32_stochastic(const __m256 x[4], const __m256i random[4], T* dst, Saturation saturation) {
+  store32_u8(dst, fp8_stochastic8<F>(x[0], random[0], saturation),
+             fp8_stochastic8<F>(x[1], random[1], saturation),
+             fp8_stochastic8<F>(x[2], random[2], saturation),
+             fp8_stochastic8<F>(x[3], random[3], saturation));
 }
 
 // dst[i] = round(src[i] * scale, i) one element at a time over [begin, end); returns the amax
