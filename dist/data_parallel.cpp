@@ -790,11 +790,7 @@ std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
       "dist.consistency_check_every must be >= 0, got " << config.consistency_check_every);
   MANTISSA_CHECK(params.flat_numel() > 0 && params.masters().defined(),
                  "DataParallel::create: the parameter store is not allocated");
-  MANTISSA_CHECK(params.keeps_all_masters(),
-                 "DataParallel::create: the parameter store keeps only the masters ["
-                     << params.masters_begin() << ", "
-                     << params.masters_begin() + params.masters().numel() << ") of "
-                     << params.flat_numel() << " (already sharded by another DataParallel?)");
+  params.require_all_masters("DataParallel::create");
   MANTISSA_CHECK(
       comm != nullptr && comm->device() == backend.device(),
       "DataParallel::create: the communicator's buffers must live on " << backend.device().str());

@@ -60,11 +60,7 @@ int64_t json_integer(const google::protobuf::Value& v, const std::string& what) 
 void export_safetensors(const std::string& path, const models::ParameterStore& params,
                         core::Backend& backend,
                         const std::map<std::string, std::string>& metadata) {
-  MANTISSA_CHECK(params.keeps_all_masters(), "safetensors: cannot write '"
-                                                 << path << "': the parameter store keeps only the "
-                                                 << params.masters().numel() << " masters from "
-                                                 << params.masters_begin() << " of "
-                                                 << params.flat_numel());
+  params.require_all_masters("safetensors: cannot write '" + path + "'");
   // Built with appends only: GCC 12 misreports `const char* + std::string` (-Wrestrict).
   std::string header = "{";
   auto separate = [&header] {

@@ -92,6 +92,13 @@ void ParameterStore::keep_masters(core::Backend& backend, int64_t begin, int64_t
   masters_begin_ = begin;
 }
 
+void ParameterStore::require_all_masters(const std::string& who) const {
+  MANTISSA_CHECK(keeps_all_masters(), who << ": the parameter store keeps only the masters ["
+                                          << masters_begin_ << ", "
+                                          << masters_begin_ + masters_.numel() << ") of "
+                                          << flat_numel_ << " (one ZeRO-1 shard)");
+}
+
 void ParameterStore::set_weights(core::Backend& backend, const core::Tensor& weights) {
   MANTISSA_CHECK(weights.dtype() == core::DType::kF32 && weights.numel() == flat_numel_,
                  "ParameterStore::set_weights: expects f32[" << flat_numel_ << "], got "

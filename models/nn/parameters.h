@@ -84,6 +84,8 @@ class ParameterStore {
   const core::Tensor& masters() const { return masters_; }
   int64_t masters_begin() const { return masters_begin_; }
   bool keeps_all_masters() const { return masters_.numel() == flat_numel_; }
+  // Throws, naming `who` and the range kept, unless the store keeps all masters.
+  void require_all_masters(const std::string& who) const;
   core::Tensor& grads() { return grads_; }
   core::Tensor& compute() { return compute_; }
 

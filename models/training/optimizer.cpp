@@ -1,7 +1,5 @@
 #include "models/training/optimizer.h"
 
-#include "core/error.h"
-
 namespace mantissa::models {
 
 LocalAdamW::LocalAdamW(core::Backend& backend, const ParameterStore& params,
@@ -9,11 +7,7 @@ LocalAdamW::LocalAdamW(core::Backend& backend, const ParameterStore& params,
     : backend_(backend),
       flat_numel_(params.flat_numel()),
       adamw_(backend, adamw_ranges(params), params.flat_numel(), config) {
-  MANTISSA_CHECK(params.keeps_all_masters(),
-                 "LocalAdamW: the parameter store keeps only the masters ["
-                     << params.masters_begin() << ", "
-                     << params.masters_begin() + params.masters().numel() << ") of "
-                     << params.flat_numel() << " (sharded for ZeRO-1?)");
+  params.require_all_masters("LocalAdamW");
 }
 
 void LocalAdamW::step(ParameterStore& params, float lr, float grad_scale) {
