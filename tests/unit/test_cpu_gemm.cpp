@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -29,6 +31,7 @@
 #include "core/dtype/dtype.h"
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "core/tensor/tensor.h"
 #include "tests/unit/test_util.h"
 
@@ -281,6 +284,39 @@ TEST(CpuGemm, StridedBatchedMatchesPerBatchReference) {
       }
     }
   }
+}
+
+// Shapes past the native BF16 kernel's small cases (cpu_gemm_bf16.cpp): many column blocks
+// with a partial last panel, and a C too short to split by rows, which is split by columns
+// across the threads instead.
+TEST(CpuGemm, LargeShapesCrossPanelBlocksAndColumnSplits) {
+  const std::vector<DTypes> dtypes = {{DType::kBF16, DType::kBF16, DType::kF32},
+                                      {DType::kE4M3, DType::kE5M2, DType::kBF16}};
+  const std::vector<Dims> shapes = {{12, 400, 1500}, {30, 700, 1030}};
+  uint32_t seed = 2000;
+  for (const DTypes& d : dtypes) {
+    for (const Dims& s : shapes) {
+      for (int trans = 0; trans < 4; ++trans) {
+        Case cs{.a = d.a, .b = d.b, .c = d.c, .m = s.m, .n = s.n, .k = s.k};
+        cs.trans_a = trans & 1;
+        cs.trans_b = trans & 2;
+        cs.scales = is_fp8(d.a);
+        cs.beta = trans == 3 ? 0.5f : 0.0f;
+        run_case(cs, seed++);
+      }
+    }
+  }
+}
+
+// ctest runs this file twice, the second time with MANTISSA_CPU_BF16_GEMM=0, so that the
+// widen-and-sgemm path that CPUs without AVX512-BF16 take is tested here too.
+TEST(CpuGemm, NativeBf16KernelFollowsCpuAndEnvironment) {
+  const char* setting = std::getenv("MANTISSA_CPU_BF16_GEMM");
+  const bool turned_off = setting != nullptr && std::string(setting) == "0";
+  const bool cpu_has = __builtin_cpu_supports("avx512bf16") != 0;
+  EXPECT_EQ(bf16_gemm_enabled(), cpu_has && !turned_off);
+  std::printf("BF16 and FP8 operands: %s\n",
+              bf16_gemm_enabled() ? "native AVX512-BF16 kernel" : "widened to FP32 for sgemm");
 }
 
 TEST(CpuGemm, Fp8OutputSaturatesToLargestFinite) {

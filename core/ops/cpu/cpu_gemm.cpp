@@ -1,19 +1,21 @@
 // CpuBackend::gemm: C = alpha * op(A) op(B) + beta * C on the CPU.
 //
-// The numerics are cuBLASLt's with CUBLAS_COMPUTE_32F, computed in three steps:
-//   1. Widen reduced-precision operands to FP32. Every BF16, F16 and FP8 value is exactly
-//      an FP32 value, so nothing is lost; FP32 operands are used in place, without a copy.
-//   2. Multiply with OpenBLAS's cblas_sgemm: FP32 products, FP32 accumulation. The FP8
-//      dequantize scales are folded into alpha, since (a sa)(b sb) summed over k equals
-//      sa sb (a b summed over k): like cuBLASLt's A/B scale pointers they are applied once to
-//      the accumulated sum, not to every operand element.
-//   3. An F32 output is written by sgemm directly. A BF16, F16 or FP8 output is computed into an
-//      FP32 scratch buffer and rounded once, to nearest even (FP8 saturating to the largest
-//      finite value), with the quantize scale c_scale applied and amax taken before it.
+// The numerics are cuBLASLt's with CUBLAS_COMPUTE_32F: exact products summed in FP32.
+//  - BF16 and FP8 operands (every FP8 value is a BF16 value), on CPUs with AVX512-BF16: the
+//    native BF16 kernel of cpu_gemm_bf16.cpp, about three times sgemm's throughput.
+//  - Otherwise: reduced-precision operands are widened to FP32 (exactly: every BF16, F16 and
+//    FP8 value is an FP32 value; FP32 operands are used in place) and multiplied with
+//    OpenBLAS's cblas_sgemm.
+// The FP8 dequantize scales are folded into alpha, since (a sa)(b sb) summed over k equals
+// sa sb (a b summed over k): like cuBLASLt's A/B scale pointers they are applied once to the
+// accumulated sum, not to every operand element. An F32 output is written by the kernel
+// directly. A BF16, F16 or FP8 output is computed into an FP32 scratch buffer and rounded
+// once, to nearest even (FP8 saturating to the largest finite value), with the quantize scale
+// c_scale applied and amax taken before it.
 //
 // BLAS conventions hold: with beta = 0 the old C is never read (garbage or NaN there is
-// simply overwritten), and with alpha = 0 A and B are not read. fast_accumulate has no
-// meaning here: the CPU always accumulates in full FP32.
+// simply overwritten), and with alpha = 0 A and B are not read (sgemm takes that case).
+// fast_accumulate has no meaning here: the CPU always accumulates in full FP32.
 #include <cblas.h>
 #include <omp.h>
 
@@ -26,14 +28,12 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "core/ops/gemm_checks.h"
 
 namespace mantissa::core {
 namespace {
 
-// Below this many flops (tens of microseconds on one core) a GEMM runs on one thread: waking
-// the others would cost more than it saves.
-constexpr double kParallelFlops = 1 << 21;
 // Slices of a product are at least this many rows (or columns) of C.
 constexpr int64_t kMinSlice = 32;
 
@@ -85,7 +85,7 @@ void sliced_sgemm(const GemmShape& s, bool trans_a, bool trans_b, float alpha, c
   if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
   const int64_t threads = omp_get_max_threads();
   const double flops = 2.0 * static_cast<double>(s.batch * s.m) * static_cast<double>(s.n * s.k);
-  const bool parallel = threads > 1 && flops >= kParallelFlops;
+  const bool parallel = threads > 1 && flops >= kGemmParallelFlops;
   // Slices per product: enough that the slice count is a multiple of the thread count (so
   // every thread gets the same work), but none thinner than kMinSlice rows or columns.
   const bool by_rows = s.m >= threads * kMinSlice || s.m >= s.n;
@@ -129,15 +129,17 @@ void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPar
 
   thread_local Scratch a_wide, b_wide, c_wide;
   const float alpha = p.alpha * scale_value(p.a_scale) * scale_value(p.b_scale);
-  const float* a32 = as_f32(a, a_wide);
-  const float* b32 = as_f32(b, b_wide);
   const bool direct = c.dtype() == DType::kF32;
   float* c32 = direct ? c.data_as<float>() : c_wide.get(c.numel());
-  // beta * C needs the old C in FP32 (BF16 and F16 widen exactly); with beta = 0 sgemm does not
-  // read C at all.
+  // beta * C needs the old C in FP32 (BF16 and F16 widen exactly); with beta = 0 neither
+  // kernel reads C at all.
   if (!direct && p.beta != 0.0f) widen_to_f32(c.data(), c.dtype(), c32, c.numel());
 
-  sliced_sgemm(s, p.trans_a, p.trans_b, alpha, a32, b32, p.beta, c32);
+  if (alpha != 0.0f && bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype())) {
+    gemm_bf16(s, a, p.trans_a, b, p.trans_b, alpha, p.beta, c32);
+  } else {
+    sliced_sgemm(s, p.trans_a, p.trans_b, alpha, as_f32(a, a_wide), as_f32(b, b_wide), p.beta, c32);
+  }
   if (direct) return;
 
   NarrowOptions narrow;

@@ -1,0 +1,276 @@
+// BF16 GEMM with VDPBF16PS, for CPUs with AVX512-BF16.
+//
+// VDPBF16PS takes two vectors of 32 BF16 values, multiplies them lane by lane and adds each
+// pair of neighbouring products to one FP32 lane of the accumulator: 32 multiply-adds per
+// instruction, twice the 16 of an FP32 FMA. A product of two BF16 values (8-bit significands)
+// is exact in FP32, and the sums round to nearest even, so the result is an FP32 sum of exact
+// products like cuBLASLt's CUBLAS_COMPUTE_32F. The instruction reads BF16 subnormals
+// (|x| < 2^-126) as zero and flushes subnormal sums to zero; nothing a model trains on lives
+// there, and every FP8 value is a normal BF16 value.
+//
+// The layout is the classic one of BLIS and OpenBLAS:
+//  - op(A) is packed into strips of kRows rows, op(B) into panels of kCols columns, each with
+//    the two values of a k pair side by side (the pairs VDPBF16PS sums) and zeros past the
+//    edges, converting FP8 codes to BF16 on the way.
+//  - A micro-tile is kRows x kCols of C: 24 accumulator vectors, two of B per k pair, and
+//    each A pair broadcast to all lanes. It runs over all of K before touching C, so alpha
+//    and beta are applied once to the complete sum.
+//  - Panels are visited in blocks of about kBlockBytes, so one block stays in L2 while a
+//    thread's strips pass over it.
+// Packing and the micro-tiles are spread over the OpenMP threads; the packed operands live in
+// buffers that grow to the largest call and stay.
+#include "core/ops/cpu/cpu_gemm_bf16.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <type_traits>
+
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+
+// Functions that use AVX-512 carry this attribute: the rest of the library is built for
+// AVX2, and they only run after bf16_gemm_enabled() has seen the instructions.
+#define MANTISSA_AVX512_BF16 gnu::target("avx512f,avx512bw,avx512vl,avx512bf16")
+
+namespace mantissa::core {
+namespace {
+
+constexpr int64_t kRows = 12;  // rows of C per micro-tile: 24 accumulators of 32 registers
+constexpr int64_t kCols = 32;  // columns of C per micro-tile: two vectors of 16 FP32
+constexpr int64_t kBlockBytes = 256 << 10;  // packed B per block of panels, well inside L2
+
+// The BF16 patterns of the 256 codes of an FP8 type (each exact).
+template <class T>
+const std::array<uint16_t, 256>& fp8_to_bf16_table() {
+  static const std::array<uint16_t, 256> table = [] {
+    std::array<uint16_t, 256> t{};
+    for (int code = 0; code < 256; ++code) {
+      t[code] = bf16_from_float(to_float(T{static_cast<uint8_t>(code)})).bits;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// A function object giving the BF16 pattern of a stored value: BF16 as it is, FP8 through
+// its table (looked up once here, not per element).
+template <class T>
+auto bf16_decoder() {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return [](bf16 x) { return x.bits; };
+  } else {
+    const uint16_t* table = fp8_to_bf16_table<T>().data();
+    return [table](T x) { return table[x.bits]; };
+  }
+}
+
+// Packs `lines` lines of K values (rows of op(A) or columns of op(B)) for a tile of
+// `width` lines: value (line l, k) goes to out[2 (k/2 width + l) + k % 2], so each k pair of
+// a line is one dword, and lines past `lines` and the odd K's missing partner are zero.
+// src points at value (0, 0); value (l, k) is src[k ld + l] when k_major, else src[l ld + k].
+// The loops run along whichever index is contiguous in memory.
+template <class T>
+void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k, int64_t width,
+                uint16_t* out) {
+  const auto decode = bf16_decoder<T>();
+  if (lines < width || k % 2 != 0) std::fill(out, out + (k + 1) / 2 * width * 2, uint16_t{0});
+  if (k_major) {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const T* values = src + kk * ld;
+      uint16_t* dst = out + kk / 2 * width * 2 + kk % 2;
+      for (int64_t l = 0; l < lines; ++l) dst[2 * l] = decode(values[l]);
+    }
+  } else {
+    for (int64_t l = 0; l < lines; ++l) {
+      const T* values = src + l * ld;
+      for (int64_t kk = 0; kk < k; ++kk)
+        out[(kk / 2 * width + l) * 2 + kk % 2] = decode(values[kk]);
+    }
+  }
+}
+
+// C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * strip . panel + beta * C.
+[[MANTISSA_AVX512_BF16]] void micro_tile(const uint16_t* a, const uint16_t* b, int64_t pairs,
+                                         float alpha, float beta, float* c, int64_t ldc,
+                                         int64_t rows, int64_t cols) {
+  __m512 acc[kRows][2];
+  for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + 2 * p * kCols);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 2 * p * kCols + 32);
+#pragma GCC unroll 12
+    for (int64_t r = 0; r < kRows; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, a + 2 * (p * kRows + r), sizeof pair);
+      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(pair);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a_pair, b0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a_pair, b1);
+    }
+  }
+
+  const __m512 alpha_v = _mm512_set1_ps(alpha);
+  const __m512 beta_v = _mm512_set1_ps(beta);
+  const auto mask = [](int64_t n) {
+    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
+  };
+  const __mmask16 mask0 = mask(cols), mask1 = mask(cols - 16);
+#pragma GCC unroll 12
+  for (int64_t r = 0; r < kRows; ++r) {
+    if (r >= rows) break;
+    float* row = c + r * ldc;
+    __m512 v0 = _mm512_mul_ps(alpha_v, acc[r][0]);
+    __m512 v1 = _mm512_mul_ps(alpha_v, acc[r][1]);
+    if (beta != 0.0f) {
+      v0 = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mask0, row), v0);
+      v1 = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mask1, row + 16), v1);
+    }
+    _mm512_mask_storeu_ps(row, mask0, v0);
+    _mm512_mask_storeu_ps(row + 16, mask1, v1);
+  }
+}
+
+// The packed operands of the calling thread's GEMMs: buffers that grow to the largest
+// request and stay, so that training allocates (and page-faults) nothing here after its
+// first step.
+class PackBuffers {
+ public:
+  static PackBuffers& of_this_thread() {
+    thread_local PackBuffers buffers;
+    return buffers;
+  }
+  uint16_t* a(int64_t n) { return grow(a_, a_capacity_, n); }
+  uint16_t* b(int64_t n) { return grow(b_, b_capacity_, n); }
+
+ private:
+  static uint16_t* grow(std::unique_ptr<uint16_t[]>& buffer, int64_t& capacity, int64_t n) {
+    if (n > capacity) {
+      buffer = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
+      capacity = n;
+    }
+    return buffer.get();
+  }
+  std::unique_ptr<uint16_t[]> a_, b_;
+  int64_t a_capacity_ = 0, b_capacity_ = 0;
+};
+
+template <class TA, class TB>
+void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
+                 float alpha, float beta, float* c) {
+  const int64_t pairs = (s.k + 1) / 2;
+  const int64_t strips = (s.m + kRows - 1) / kRows;
+  const int64_t panels = (s.n + kCols - 1) / kCols;
+  const int64_t strip_size = 2 * pairs * kRows, panel_size = 2 * pairs * kCols;  // BF16 values
+
+  PackBuffers& buffers = PackBuffers::of_this_thread();
+  uint16_t* packed_a = buffers.a(s.batch * strips * strip_size);
+  uint16_t* packed_b = buffers.b(s.batch * panels * panel_size);
+
+  // Work items: every product's strips cut into row parts and its panels into column parts,
+  // enough items that each thread gets the same share; each item passes its strips over one
+  // block of panels at a time.
+  const int64_t threads = omp_get_max_threads();
+  const double flops = 2.0 * static_cast<double>(s.batch * s.m) * static_cast<double>(s.n * s.k);
+  const bool parallel = threads > 1 && flops >= kGemmParallelFlops;
+  const int64_t per_product = parallel ? threads / std::gcd(s.batch, threads) : 1;
+  const int64_t row_parts = std::clamp<int64_t>(per_product, 1, std::max<int64_t>(1, strips));
+  const int64_t col_parts =
+      std::clamp<int64_t>(per_product / row_parts, 1, std::max<int64_t>(1, panels));
+  const int64_t block_panels =
+      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_size * 2));
+
+#pragma omp parallel if (parallel)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < s.batch * strips; ++i) {
+      // Strip rows [r, r + kRows) of op(A): rows of A, or columns of a transposed A [k, m].
+      const int64_t r = i % strips * kRows;
+      const TA* a_product = a + i / strips * s.m * s.k;
+      pack_pairs(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
+                 std::min(kRows, s.m - r), s.k, kRows, packed_a + i * strip_size);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < s.batch * panels; ++i) {
+      // Panel columns [j, j + kCols) of op(B): columns of B, or rows of a transposed B [n, k].
+      const int64_t j = i % panels * kCols;
+      const TB* b_product = b + i / panels * s.k * s.n;
+      pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
+                 std::min(kCols, s.n - j), s.k, kCols, packed_b + i * panel_size);
+    }
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < s.batch * row_parts * col_parts; ++item) {
+      const int64_t product = item / (row_parts * col_parts);
+      const int64_t row_part = item / col_parts % row_parts, col_part = item % col_parts;
+      const int64_t strip_begin = strips * row_part / row_parts;
+      const int64_t strip_end = strips * (row_part + 1) / row_parts;
+      const int64_t panel_begin = panels * col_part / col_parts;
+      const int64_t panel_end = panels * (col_part + 1) / col_parts;
+      float* c_product = c + product * s.m * s.n;
+      for (int64_t block = panel_begin; block < panel_end; block += block_panels) {
+        for (int64_t strip = strip_begin; strip < strip_end; ++strip) {
+          for (int64_t panel = block; panel < std::min(panel_end, block + block_panels); ++panel) {
+            const int64_t row = strip * kRows, col = panel * kCols;
+            micro_tile(packed_a + (product * strips + strip) * strip_size,
+                       packed_b + (product * panels + panel) * panel_size, pairs, alpha, beta,
+                       c_product + row * s.n + col, s.n, std::min(kRows, s.m - row),
+                       std::min(kCols, s.n - col));
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class TA>
+void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b, bool trans_b,
+                 float alpha, float beta, float* c) {
+  switch (b.dtype()) {
+    case DType::kBF16:
+      return gemm_packed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c);
+    case DType::kE4M3:
+      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e4m3>(), trans_b, alpha, beta, c);
+    case DType::kE5M2:
+      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c);
+    default: MANTISSA_FAIL("gemm_bf16: B is " << b.describe() << ", not BF16 or FP8");
+  }
+}
+
+}  // namespace
+
+bool bf16_gemm_enabled() {
+  static const bool enabled = [] {
+    const char* setting = std::getenv("MANTISSA_CPU_BF16_GEMM");
+    const bool turned_off = setting != nullptr && std::strcmp(setting, "0") == 0;
+    return !turned_off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return enabled;
+}
+
+bool bf16_gemm_supports(DType a, DType b) {
+  return (a == DType::kBF16 && b == DType::kBF16) || (is_fp8(a) && is_fp8(b));
+}
+
+void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+               float alpha, float beta, float* c) {
+  MANTISSA_CHECK(bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype()) && alpha != 0.0f,
+                 "gemm_bf16: called for A " << a.describe() << ", B " << b.describe() << ", alpha "
+                                            << alpha << " it does not take");
+  switch (a.dtype()) {
+    case DType::kBF16:
+      return gemm_with_a(s, a.data_as<const bf16>(), trans_a, b, trans_b, alpha, beta, c);
+    case DType::kE4M3:
+      return gemm_with_a(s, a.data_as<const fp8_e4m3>(), trans_a, b, trans_b, alpha, beta, c);
+    case DType::kE5M2:
+      return gemm_with_a(s, a.data_as<const fp8_e5m2>(), trans_a, b, trans_b, alpha, beta, c);
+    default: MANTISSA_FAIL("gemm_bf16: A is " << a.describe() << ", not BF16 or FP8");
+  }
+}
+
+}  // namespace mantissa::core
