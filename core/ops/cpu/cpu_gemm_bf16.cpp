@@ -72,44 +72,47 @@ auto bf16_decoder() {
 }
 
 // Packs `lines` lines of K values (rows of op(A) or columns of op(B)) for a tile of
-// `width` lines: value (line l, k) goes to out[2 (k/2 width + l) + k % 2], so each k pair of
-// a line is one dword, and lines past `lines` and the odd K's missing partner are zero.
-// src points at value (0, 0); value (l, k) is src[k ld + l] when k_major, else src[l ld + k].
-// The loops run along whichever index is contiguous in memory.
+// `width` lines: dword (p, l) = (value (l, 2p), value (l, 2p + 1)) goes to out[p width + l],
+// zero past `lines` and past an odd K. src points at value (0, 0); value (l, k) is
+// src[k ld + l] when k_major, else src[l ld + k]. Stores run along l, contiguously; when
+// k_major, so do the loads (two source rows interleaved), which the compiler vectorizes.
 template <class T>
 void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k, int64_t width,
-                uint16_t* out) {
+                uint32_t* out) {
   const auto decode = bf16_decoder<T>();
-  if (lines < width || k % 2 != 0) std::fill(out, out + (k + 1) / 2 * width * 2, uint16_t{0});
-  if (k_major) {
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const T* values = src + kk * ld;
-      uint16_t* dst = out + kk / 2 * width * 2 + kk % 2;
-      for (int64_t l = 0; l < lines; ++l) dst[2 * l] = decode(values[l]);
+  const int64_t pairs = (k + 1) / 2;
+  const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
+    return kk < k ? decode(src[k_major ? kk * ld + l : l * ld + kk]) : 0u;
+  };
+  for (int64_t p = 0; p < pairs; ++p) {
+    uint32_t* dst = out + p * width;
+    if (k_major && 2 * p + 1 < k) {
+      const T* lo = src + 2 * p * ld;
+      const T* hi = lo + ld;
+      for (int64_t l = 0; l < lines; ++l) dst[l] = decode(lo[l]) | uint32_t{decode(hi[l])} << 16;
+    } else if (!k_major && 2 * p + 1 < k) {
+      for (int64_t l = 0; l < lines; ++l) {
+        dst[l] = decode(src[l * ld + 2 * p]) | uint32_t{decode(src[l * ld + 2 * p + 1])} << 16;
+      }
+    } else {
+      for (int64_t l = 0; l < lines; ++l) dst[l] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
     }
-  } else {
-    for (int64_t l = 0; l < lines; ++l) {
-      const T* values = src + l * ld;
-      for (int64_t kk = 0; kk < k; ++kk)
-        out[(kk / 2 * width + l) * 2 + kk % 2] = decode(values[kk]);
-    }
+    std::fill(dst + lines, dst + width, 0u);
   }
 }
 
 // C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * strip . panel + beta * C.
-[[MANTISSA_AVX512_BF16]] void micro_tile(const uint16_t* a, const uint16_t* b, int64_t pairs,
+[[MANTISSA_AVX512_BF16]] void micro_tile(const uint32_t* a, const uint32_t* b, int64_t pairs,
                                          float alpha, float beta, float* c, int64_t ldc,
                                          int64_t rows, int64_t cols) {
   __m512 acc[kRows][2];
   for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + 2 * p * kCols);
-    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + 2 * p * kCols + 32);
+    const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kCols);
+    const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kCols + 16);
 #pragma GCC unroll 12
     for (int64_t r = 0; r < kRows; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, a + 2 * (p * kRows + r), sizeof pair);
-      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(pair);
+      const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[p * kRows + r]));
       acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a_pair, b0);
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a_pair, b1);
     }
@@ -145,18 +148,18 @@ class PackBuffers {
     thread_local PackBuffers buffers;
     return buffers;
   }
-  uint16_t* a(int64_t n) { return grow(a_, a_capacity_, n); }
-  uint16_t* b(int64_t n) { return grow(b_, b_capacity_, n); }
+  uint32_t* a(int64_t n) { return grow(a_, a_capacity_, n); }
+  uint32_t* b(int64_t n) { return grow(b_, b_capacity_, n); }
 
  private:
-  static uint16_t* grow(std::unique_ptr<uint16_t[]>& buffer, int64_t& capacity, int64_t n) {
+  static uint32_t* grow(std::unique_ptr<uint32_t[]>& buffer, int64_t& capacity, int64_t n) {
     if (n > capacity) {
-      buffer = std::make_unique_for_overwrite<uint16_t[]>(static_cast<size_t>(n));
+      buffer = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(n));
       capacity = n;
     }
     return buffer.get();
   }
-  std::unique_ptr<uint16_t[]> a_, b_;
+  std::unique_ptr<uint32_t[]> a_, b_;
   int64_t a_capacity_ = 0, b_capacity_ = 0;
 };
 
@@ -166,11 +169,11 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   const int64_t pairs = (s.k + 1) / 2;
   const int64_t strips = (s.m + kRows - 1) / kRows;
   const int64_t panels = (s.n + kCols - 1) / kCols;
-  const int64_t strip_size = 2 * pairs * kRows, panel_size = 2 * pairs * kCols;  // BF16 values
+  const int64_t strip_size = pairs * kRows, panel_size = pairs * kCols;  // dwords: BF16 pairs
 
   PackBuffers& buffers = PackBuffers::of_this_thread();
-  uint16_t* packed_a = buffers.a(s.batch * strips * strip_size);
-  uint16_t* packed_b = buffers.b(s.batch * panels * panel_size);
+  uint32_t* packed_a = buffers.a(s.batch * strips * strip_size);
+  uint32_t* packed_b = buffers.b(s.batch * panels * panel_size);
 
   // Work items: every product's strips cut into row parts and its panels into column parts,
   // enough items that each thread gets the same share; each item passes its strips over one
@@ -183,7 +186,7 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   const int64_t col_parts =
       std::clamp<int64_t>(per_product / row_parts, 1, std::max<int64_t>(1, panels));
   const int64_t block_panels =
-      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_size * 2));
+      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_size * 4));
 
 #pragma omp parallel if (parallel)
   {
