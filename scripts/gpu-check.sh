@@ -3,10 +3,14 @@
 # benchmarks, run them, print a summary.
 #
 #   scripts/gpu-check.sh                 from the repository root, on the GPU machine
-#   BUILD_DIR=... JOBS=... LOG_DIR=... CUDA_ARCHS=... scripts/gpu-check.sh
+#   BUILD_DIR=... JOBS=... LOG_DIR=... CUDA_ARCHS=... STAGE=... scripts/gpu-check.sh
 #
 # CUDA_ARCHS (default: the GPU's own compute capability when nvidia-smi can tell, else the
 # project's default, 80 and 90): building for one architecture halves the CUDA compile time.
+# STAGE: all (default), build (configure and build only) or test (run what an earlier
+# STAGE=build left in BUILD_DIR): two shorter calls where one call's time is limited.
+# Each GPU test is stopped after 240 s and each benchmark after 180 s, so that one that hangs
+# cannot use up the machine.
 #
 # The GPU machine has nvcc, CMake and ninja but no GoogleTest, OpenBLAS or pkg-config: run
 # scripts/fetch-gpu-deps.sh on a machine with package access first and bring .deps/ along.
@@ -21,10 +25,17 @@ root=$PWD
 build_dir=${BUILD_DIR:-build-gpu}
 jobs=${JOBS:-$(nproc)}
 log_dir=${LOG_DIR:-$build_dir/gpu-check-logs}
+stage=${STAGE:-all}
 deps=$root/.deps
 mkdir -p "$log_dir"
+case $stage in all | build | test) ;; *)
+  echo "gpu-check: STAGE=$stage: expected all, build or test" >&2
+  exit 2
+  ;;
+esac
 
-cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMANTISSA_CORE_ONLY=ON)
+cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMANTISSA_CORE_ONLY=ON
+  -DMANTISSA_GPU_TEST_TIMEOUT=240)
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
 archs=${CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
   head -n 1 | tr -d '.[:space:]')}
@@ -41,8 +52,9 @@ if [ -d "$deps/usr" ]; then
     "$libs/openblas-pthread/pkgconfig/openblas.pc" >"$deps/pkgconfig/openblas.pc"
   export PKG_CONFIG_PATH="$deps/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export LD_LIBRARY_PATH="$libs/openblas-pthread:$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  # The prefix also leads CMake to GTestConfig.cmake and to .deps/usr/bin/pkgconf.
-  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr")
+  # The prefix also leads CMake to GTestConfig.cmake and to .deps/usr/bin/pkgconf; GTest_DIR
+  # names the former outright for hosts whose CMake does not search Debian's multiarch paths.
+  cmake_args+=(-DCMAKE_PREFIX_PATH="$deps/usr" -DGTest_DIR="$libs/cmake/GTest")
   echo "gpu-check: using the packages in $deps"
 fi
 
@@ -73,14 +85,22 @@ step() {
   return "$rc"
 }
 
+# The GPU and its driver first: a driver older than the toolkit shows up here, and the
+# runtime's error on stderr of every test.
+if [ "$gpus" -gt 0 ]; then
+  step device nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv
+fi
+
 # Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
 # tested, which is worth more than nothing on a machine that is lent for minutes.
 gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_nccl test_gpu_train
   bench_gpu_gemm bench_gpu_ops)
-if step configure cmake "${cmake_args[@]}"; then
-  step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
-  # A test that hangs costs at most 5 minutes of the machine (each should take well under one).
-  step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure --timeout 300
+if [ "$stage" != test ]; then
+  step configure cmake "${cmake_args[@]}" &&
+    step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
+fi
+if [ "$stage" != build ] && [ -f "$build_dir/CTestTestfile.cmake" ]; then
+  step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure
   # One line per test in the summary too, from ctest's "N/M Test #K: NAME ... STATUS T sec".
   for test in "${gpu_targets[@]}"; do
     case $test in test_*)
@@ -105,17 +125,20 @@ if step configure cmake "${cmake_args[@]}"; then
   done
   for bench in bench_gpu_gemm bench_gpu_ops; do
     if [ -x "$build_dir/bin/$bench" ]; then
-      step "$bench" "$build_dir/bin/$bench"
+      step "$bench" timeout 180 "$build_dir/bin/$bench"
     else
       : >"$log_dir/$bench.log"
       record "$bench" "not built" 0
     fi
   done
+elif [ "$stage" = test ]; then
+  record ctest "no build in $build_dir (run STAGE=build first)" 0
 fi
 
 # One line per step; for the tests and benchmarks also the line that matters most.
 note() {
   local log=$log_dir/$1.log
+  [ -f "$log" ] || return 0
   case $1 in
     ctest) grep -E "tests passed|tests failed" "$log" | tail -n 1 ;;
     bench_gpu_gemm) grep -E "^(no CUDA device|8192\^3)" "$log" | head -n 1 ;;

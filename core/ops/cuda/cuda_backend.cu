@@ -12,15 +12,30 @@
 namespace mantissa::core {
 namespace {
 
-// The number of visible devices, or 0 when there is no driver or no device: the runtime
-// reports those as errors, which here simply mean "none".
+// The number of visible devices, or 0 when the runtime cannot use any. No driver or no
+// device is the normal answer on a CPU machine. Any other failure where a driver is installed
+// (one older than the toolkit, a broken installation) is printed once, so that a GPU machine
+// whose tests all report "skipped: no CUDA device" says why.
 int visible_device_count() {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // clear it, so that it does not surface in a later check
-    return 0;
-  }
-  return count;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess) return count;
+  cudaGetLastError();  // clear it, so that it does not surface in a later check
+  static const bool reported = [status] {
+    int driver = 0, runtime = 0;
+    cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+    cudaRuntimeGetVersion(&runtime);
+    if (status != cudaErrorNoDevice && driver != 0) {
+      std::fprintf(stderr,
+                   "CUDA runtime: cudaGetDeviceCount failed: %s (%s); the driver supports CUDA "
+                   "%d.%d, this build needs %d.%d; no device used\n",
+                   cudaGetErrorName(status), cudaGetErrorString(status), driver / 1000,
+                   driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
+    }
+    return true;
+  }();
+  (void)reported;
+  return 0;
 }
 
 // Writes `pattern` (the bit pattern of one element) into every element of a buffer of
