@@ -64,11 +64,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// max that ignores NaN the way the CPU backend's `a > b ? a : b` scan does: a NaN never wins.
+// max that ignores NaN the way the CPU backend's `a > b ? a : b` scan does: a NaN never wins
+// over a number, whichever lane holds it, so every lane ends with the same value.
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const float other = __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-    v = other > v ? other : v;
+    v = (other > v || v != v) ? other : v;
   }
   return v;
 }
