@@ -68,23 +68,6 @@ const char* reduce_dtype_name(DType dtype) {
 
 namespace {
 
-constexpr int64_t kChunkAlignment = models::kParameterAlignment;
-
-int64_t round_up(int64_t x, int64_t to) {
-  return (x + to - 1) / to * to;
-}
-
-// [begin, end) of `n` elements split into `parts` aligned, nearly equal chunks (the last
-// ones may be short or empty).
-std::vector<int64_t> split_counts(int64_t n, int parts) {
-  const int64_t base = round_up((n + parts - 1) / parts, kChunkAlignment);
-  std::vector<int64_t> counts;
-  for (int r = 0; r < parts; ++r) {
-    counts.push_back(std::clamp<int64_t>(n - r * base, 0, base));
-  }
-  return counts;
-}
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -172,10 +155,21 @@ class DataParallelImpl final : public DataParallel {
     reduce_comm_ = ctrl_->duplicate();
     gather_comm_ = ctrl_->duplicate();
     const int n = ctrl_->size();
-    // ZeRO-1 shards: contiguous, aligned, nearly equal.
-    shard_counts_ = split_counts(params_.flat_numel(), n);
+    // ZeRO-1 shards: contiguous, aligned, nearly equal (the store may be allocated with its
+    // shard already, models::MasterShard, which never holds all masters at once).
+    shard_counts_ = models::split_aligned(params_.flat_numel(), n);
     shard_offsets_ = chunk_offsets(shard_counts_);
-    if (config_.zero_stage == 1) params_.keep_masters(backend_, shard_begin(), shard_end());
+    if (config_.zero_stage == 1) {
+      if (params_.keeps_all_masters()) params_.keep_masters(backend_, shard_begin(), shard_end());
+      MANTISSA_CHECK(params_.masters_begin() == shard_begin() &&
+                         params_.masters_begin() + params_.masters().numel() == shard_end(),
+                     "DataParallel: rank "
+                         << ctrl_->rank() << " of " << n << " owns the ZeRO-1 shard ["
+                         << shard_begin() << ", " << shard_end()
+                         << ") of the masters, but the parameter store keeps ["
+                         << params_.masters_begin() << ", "
+                         << params_.masters_begin() + params_.masters().numel() << ")");
+    }
     build_buckets();
   }
 
@@ -438,7 +432,7 @@ void DataParallelImpl::build_buckets() {
         b.counts.push_back(hi - lo);
       }
     } else if (config_.accumulate_fp32) {
-      b.counts = split_counts(numel, n);
+      b.counts = models::split_aligned(numel, n);
     } else {
       b.counts.assign(static_cast<size_t>(n), 0);
       b.counts[me] = numel;  // unused by all_reduce; "mine" is the whole bucket
@@ -790,7 +784,8 @@ std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
       "dist.consistency_check_every must be >= 0, got " << config.consistency_check_every);
   MANTISSA_CHECK(params.flat_numel() > 0 && params.masters().defined(),
                  "DataParallel::create: the parameter store is not allocated");
-  params.require_all_masters("DataParallel::create");
+  if (config.zero_stage == 0)
+    params.require_all_masters("DataParallel::create (dist.zero_stage 0)");
   MANTISSA_CHECK(
       comm != nullptr && comm->device() == backend.device(),
       "DataParallel::create: the communicator's buffers must live on " << backend.device().str());

@@ -30,8 +30,9 @@
 //                              .optimizer_steps = opt->steps_taken()});
 //   }
 //
-// ZeRO-1 (zero_stage 1): create() keeps only this rank's shard of the FP32 masters in the
-// parameter store (ParameterStore::keep_masters; the rest is freed), and make_optimizer()'s
+// ZeRO-1 (zero_stage 1): the parameter store keeps only this rank's shard of the FP32 masters
+// -- allocated so (models::MasterShard{rank, world}: all masters are never held at once), or
+// cut down by create() (ParameterStore::keep_masters; the rest is freed) -- and make_optimizer()'s
 // moments cover the same shard, so masters and moments take 12 bytes per parameter / N on
 // each rank. The gradients and the compute copy stay whole: the compute copy is all-gathered
 // from every rank's shard after each update, and is then the only whole copy of the weights.
@@ -87,8 +88,9 @@ struct ReplicaState {
 class DataParallel : public models::GradientSync {
  public:
   // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
-  // `params` must be allocated, keep all masters, be identically laid out on every rank, and
-  // outlive the object. Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
+  // `params` must be allocated, be identically laid out on every rank, outlive the object, and
+  // keep all masters, or under ZeRO-1 exactly this rank's shard (MasterShard{rank, size}).
+  // Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
   // The communicator is MPI's or NCCL's as config.backend and the device say, NCCL's
   // bootstrapped over MPI (dist/make_data_parallel.cpp, in mantissa_dist).
   static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,

@@ -49,18 +49,19 @@ ModelDims model_dims(const TrainConfig::Model& model) {
 
 std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
                                                    core::Backend& backend,
-                                                   const core::PrecisionPolicy& policy) {
+                                                   const core::PrecisionPolicy& policy,
+                                                   models::MasterShard shard) {
   const uint64_t seed = config.run().seed();
   if (config.model().has_mlp()) {
     const TrainConfig::Model::MLP& m = config.model().mlp();
     return std::make_unique<models::MLP>(
         models::MLPConfig{m.n_embd(), m.hidden(), m.seq_len(), m.vocab_size()}, backend, policy,
-        seed, fp8_scaling_config(config));
+        seed, fp8_scaling_config(config), shard);
   }
   const TrainConfig::Model::GPT2& g = config.model().gpt2();
   return std::make_unique<models::GPT2>(
       models::GPT2Config{g.n_layer(), g.n_head(), g.n_embd(), g.seq_len(), g.vocab_size()}, backend,
-      policy, seed, fp8_scaling_config(config));
+      policy, seed, fp8_scaling_config(config), shard);
 }
 
 Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode progress)
@@ -87,7 +88,11 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode pro
   device_ = select_device(config_, world.local_rank());
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
-  model_ = build_model(config_, *backend_, policy_);
+  // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
+  const models::MasterShard shard = config_.dist().zero_stage() == 1
+                                        ? models::MasterShard{world.rank(), world.size()}
+                                        : models::MasterShard{};
+  model_ = build_model(config_, *backend_, policy_, shard);
   build_data();
 
   dp_ = dist::DataParallel::create(world, *backend_, model_->parameters(), dist_config(config_));

@@ -40,10 +40,11 @@
 namespace mantissa::launcher {
 
 // The model the config describes, its masters initialised from run.seed (the same on every
-// rank), on `backend`.
+// rank), on `backend`; only the masters of `shard` are kept (a ZeRO-1 rank's).
 std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
                                                    core::Backend& backend,
-                                                   const core::PrecisionPolicy& policy);
+                                                   const core::PrecisionPolicy& policy,
+                                                   models::MasterShard shard = {});
 
 class Trainer {
  public:

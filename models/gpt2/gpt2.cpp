@@ -94,7 +94,7 @@ class GPT2Block {
 };
 
 GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-           uint64_t seed, const core::Fp8ScalingConfig& fp8)
+           uint64_t seed, const core::Fp8ScalingConfig& fp8, MasterShard shard)
     : config_(config) {
   const GPT2Config& c = config_;
   MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 && c.vocab_size > 0,
@@ -109,7 +109,7 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
     blocks_.push_back(std::make_unique<GPT2Block>(params_, c, i, fp8_.get()));
   }
   ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", c.n_embd);
-  params_.allocate(backend, policy.compute_dtype, seed);
+  params_.allocate(backend, policy.compute_dtype, seed, shard);
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 

@@ -30,10 +30,11 @@ class GPT2Block;
 
 class GPT2 final : public LanguageModel {
  public:
-  // Registers and allocates every parameter on the backend's device; FP8 operand scaling
-  // (with `fp8` as its recipe) is set up when the policy asks for FP8 block GEMMs.
+  // Registers and allocates every parameter on the backend's device, keeping the masters of
+  // `shard` only (ParameterStore::allocate); FP8 operand scaling (with `fp8` as its recipe)
+  // is set up when the policy asks for FP8 block GEMMs.
   GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-       uint64_t seed, const core::Fp8ScalingConfig& fp8 = {});
+       uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, MasterShard shard = {});
   ~GPT2() override;
 
   ParameterStore& parameters() override { return params_; }

@@ -9,7 +9,7 @@ using core::Shape;
 using core::Tensor;
 
 MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-         uint64_t seed, const core::Fp8ScalingConfig& fp8)
+         uint64_t seed, const core::Fp8ScalingConfig& fp8, MasterShard shard)
     : config_(config) {
   const MLPConfig& c = config_;
   MANTISSA_CHECK(c.n_embd > 0 && c.hidden > 0 && c.seq_len > 0 && c.vocab_size > 0,
@@ -19,7 +19,7 @@ MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionP
   wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, 0.02f, true});
   fc_ = std::make_unique<Linear>(params_, "fc", c.n_embd, c.hidden, 0.02f, fp8_.get());
   out_ = std::make_unique<Linear>(params_, "out", c.hidden, c.vocab_size, 0.02f, fp8_.get());
-  params_.allocate(backend, policy.compute_dtype, seed);
+  params_.allocate(backend, policy.compute_dtype, seed, shard);
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 

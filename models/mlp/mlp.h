@@ -23,7 +23,7 @@ struct MLPConfig {
 class MLP final : public LanguageModel {
  public:
   MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-      uint64_t seed, const core::Fp8ScalingConfig& fp8 = {});
+      uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, MasterShard shard = {});
 
   ParameterStore& parameters() override { return params_; }
   Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }

@@ -2,9 +2,10 @@
 // FP32 masters, FP32 gradients and the compute copy (the masters rounded to the policy's
 // compute dtype) — and each parameter is a view (offset, shape) into all three.
 //
-// Under ZeRO-1 a rank keeps only one contiguous range of the masters (keep_masters): the
-// gradients and the compute copy stay whole, and the compute copy is then the only complete
-// copy of the weights on the rank (dist/ all-gathers it from every rank's range).
+// Under ZeRO-1 a rank keeps only one contiguous range of the masters, its shard (allocated
+// so from the start, or cut down with keep_masters): the gradients and the compute copy stay
+// whole, and the compute copy is then the only complete copy of the weights on the rank
+// (dist/ all-gathers it from every rank's range).
 //
 // Flat buffers make the distributed and persistence machinery simple: gradient buckets,
 // ZeRO shards, checkpoints and consistency checksums are all operations on contiguous
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -23,6 +25,18 @@
 namespace mantissa::models {
 
 inline constexpr int64_t kParameterAlignment = 128;
+
+// n elements split into `parts` contiguous pieces of nearly equal size, each a multiple of
+// kParameterAlignment except the last non-empty one (the ones after it are empty): the ZeRO-1
+// shards of the flat buffers, and each rank's piece of a gradient bucket.
+std::vector<int64_t> split_aligned(int64_t n, int parts);
+
+// Which masters a store keeps: all of them (world 1), or piece `rank` of split_aligned over
+// the flat buffers into `world` pieces (a ZeRO-1 rank's shard).
+struct MasterShard {
+  int rank = 0;
+  int world = 1;
+};
 
 enum class Init { kZeros, kOnes, kNormal };
 
@@ -48,11 +62,14 @@ class ParameterStore {
   // Registers a parameter (before allocate) and returns its index.
   int add(ParameterSpec spec);
 
-  // Allocates the three flat buffers on the backend's device, initialises the masters
-  // deterministically from `seed` (each element's value depends only on the seed, the
-  // parameter's name and its index, not on the order of registration), zeroes the gradients
-  // and fills the compute copy.
-  void allocate(core::Backend& backend, core::DType compute_dtype, uint64_t seed);
+  // Allocates the flat buffers on the backend's device -- the gradients and the compute copy
+  // whole, the masters only for `shard` -- initialises the masters deterministically from
+  // `seed` (each element's value depends only on the seed, the parameter's name and its
+  // index, not on the order of registration or on the shard), zeroes the gradients and fills
+  // the compute copy. The initial values pass through a small buffer, so no full FP32 copy of
+  // the weights is ever held besides the masters kept.
+  void allocate(core::Backend& backend, core::DType compute_dtype, uint64_t seed,
+                MasterShard shard = {});
 
   // Keeps only the masters [begin, end) and frees the others (ZeRO-1: this rank's shard).
   // Afterwards masters() is that range, element 0 being flat index masters_begin(), and no
@@ -93,6 +110,10 @@ class ParameterStore {
   int find_by_flat_index(int64_t index) const;
 
  private:
+  // Sets flat elements [begin, begin + values.numel()) from `values` (FP32 on the backend's
+  // device): the masters kept in that range, and the compute copy, rounded.
+  void set_range(core::Backend& backend, const core::Tensor& values, int64_t begin);
+
   std::vector<Parameter> params_;
   int64_t flat_numel_ = 0;
   int64_t masters_begin_ = 0;

@@ -2,13 +2,18 @@
 // of the AdamW moments, so masters + moments take 12 bytes per parameter / N per rank (to
 // within the shard alignment), against 12 bytes per parameter under ZeRO-0. The shards tile the
 // flat buffer, and they stay shard-sized through training steps. Rank 0 prints the figures.
+// A model can also be built with its shard from the start (what the trainer does), so that no
+// rank ever holds all the masters.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "dist/data_parallel.h"
 #include "models/data/corpus.h"
 #include "models/data/data_loader.h"
@@ -38,14 +43,13 @@ struct RankBytes {
   int64_t moments = 0;
 };
 
-// Masters and moments this rank holds, with a DataParallel of `zero_stage` on a fresh model
-// trained for `steps` steps.
-RankBytes bytes_after_training(int zero_stage, int64_t steps) {
+// Masters and moments this rank holds after training `model` (on `backend`) for `steps`
+// steps with a DataParallel of `zero_stage`.
+RankBytes bytes_after_training(models::GPT2& model, core::Backend& backend, int zero_stage,
+                               int64_t steps) {
   World& world = testing::world();
-  auto backend = core::make_cpu_backend();
-  models::GPT2 model(kGPT, *backend, kPolicy, 5);
   models::ParameterStore& params = model.parameters();
-  auto dp = DataParallel::create(world, *backend, params, dist_config(zero_stage));
+  auto dp = DataParallel::create(world, backend, params, dist_config(zero_stage));
   dp->broadcast_parameters();
   models::TrainLoopConfig loop;
   loop.steps = steps;
@@ -54,7 +58,7 @@ RankBytes bytes_after_training(int zero_stage, int64_t steps) {
   models::DataLoader loader(
       std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 16)),
       {kGPT.seq_len, 2, world.size(), world.rank(), 5});
-  models::train_loop(model, *backend, kPolicy, loader, loop, *optimizer, dp.get());
+  models::train_loop(model, backend, kPolicy, loader, loop, *optimizer, dp.get());
   EXPECT_EQ(params.masters().data(), masters) << "the masters were reallocated";
 
   const int64_t owned = optimizer->owned_end() - optimizer->owned_begin();
@@ -78,8 +82,9 @@ TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
   const int64_t alignment = models::kParameterAlignment;
   const int64_t shard_limit = ((flat + n - 1) / n + alignment - 1) / alignment * alignment;
 
-  const RankBytes zero0 = bytes_after_training(0, 2);
-  const RankBytes zero1 = bytes_after_training(1, 2);
+  models::GPT2 model0(kGPT, *backend, kPolicy, 5), model1(kGPT, *backend, kPolicy, 5);
+  const RankBytes zero0 = bytes_after_training(model0, *backend, 0, 2);
+  const RankBytes zero1 = bytes_after_training(model1, *backend, 1, 2);
   EXPECT_EQ(zero0.masters, 4 * flat);
   EXPECT_EQ(zero0.moments, 8 * flat);
   EXPECT_LE(zero1.masters, 4 * shard_limit);
@@ -104,6 +109,45 @@ TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
                   static_cast<long long>(b.masters + b.moments));
     }
     std::printf(" (limit %lld)\n", static_cast<long long>(12 * shard_limit));
+  }
+}
+
+// What the trainer does under ZeRO-1: the model is built with this rank's shard of the masters
+// (never all of them at once), DataParallel takes the store as it is, and training gives the
+// same masters and compute copy as a model cut down to its shard by DataParallel::create.
+// A store allocated for another rank's shard is refused, naming both ranges.
+TEST(Zero1Memory, AModelBuiltWithItsShardNeverHoldsAllMasters) {
+  World& world = testing::world();
+  const int n = world.size();
+  auto backend = core::make_cpu_backend();
+  models::GPT2 sharded(kGPT, *backend, kPolicy, 5, {}, models::MasterShard{world.rank(), n});
+  models::GPT2 cut(kGPT, *backend, kPolicy, 5);
+  models::ParameterStore& params = sharded.parameters();
+  const std::vector<int64_t> shards = models::split_aligned(params.flat_numel(), n);
+  EXPECT_EQ(params.masters().numel(), shards[static_cast<size_t>(world.rank())]);
+  EXPECT_EQ(n == 1, params.keeps_all_masters());
+
+  bytes_after_training(sharded, *backend, 1, 2);
+  bytes_after_training(cut, *backend, 1, 2);
+  const models::ParameterStore& reference = cut.parameters();
+  ASSERT_EQ(params.masters_begin(), reference.masters_begin());
+  ASSERT_EQ(params.masters().nbytes(), reference.masters().nbytes());
+  EXPECT_EQ(
+      std::memcmp(params.masters().data(), reference.masters().data(), params.masters().nbytes()),
+      0);
+  EXPECT_EQ(std::memcmp(params.compute().data(), cut.parameters().compute().data(),
+                        params.compute().nbytes()),
+            0);
+
+  if (n > 1) {
+    models::GPT2 other(kGPT, *backend, kPolicy, 5, {},
+                       models::MasterShard{(world.rank() + 1) % n, n});
+    try {
+      DataParallel::create(world, *backend, other.parameters(), dist_config(1));
+      ADD_FAILURE() << "a store holding another rank's shard was accepted";
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("owns the ZeRO-1 shard"), std::string::npos) << e.what();
+    }
   }
 }
 

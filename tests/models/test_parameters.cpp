@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,48 @@ TEST_F(ParameterStoreShard, SetWeightsSetsTheRangeAndTheWholeComputeCopy) {
   EXPECT_NE(
       error_of([&] { params.set_weights(*backend, host.view(0, Shape{10})); }).find("expects f32["),
       std::string::npos);
+}
+
+TEST(SplitAligned, AlignedPiecesThatCoverTheBuffer) {
+  EXPECT_EQ(split_aligned(1000, 3), (std::vector<int64_t>{384, 384, 232}));
+  EXPECT_EQ(split_aligned(100, 4), (std::vector<int64_t>{100, 0, 0, 0}));
+  EXPECT_EQ(split_aligned(0, 2), (std::vector<int64_t>{0, 0}));
+  EXPECT_NE(error_of([] { split_aligned(10, 0); }).find("into 0 parts"), std::string::npos);
+}
+
+// A store allocated with a ZeRO-1 shard holds only that range of the masters from the start,
+// with the values the whole store has there, and the same compute copy. The large parameter
+// spans several staging chunks of the initialisation.
+TEST(ParameterStoreAllocate, ShardKeepsOnlyItsRangeFromTheStart) {
+  const std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
+  const auto make = [&](MasterShard shard) {
+    ParameterStore params;
+    params.add({"small", Shape{300}, Init::kNormal, 0.02f, true});
+    params.add({"big", Shape{1100, 1000}, Init::kNormal, 0.5f, true});
+    params.add({"ones", Shape{77}, Init::kOnes, 0.0f, false});
+    params.allocate(*backend, DType::kBF16, 5, shard);
+    return params;
+  };
+  ParameterStore whole = make({});
+  ASSERT_TRUE(whole.keeps_all_masters());
+  const std::vector<int64_t> counts = split_aligned(whole.flat_numel(), 3);
+  int64_t begin = 0;
+  for (int rank = 0; rank < 3; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    ParameterStore shard = make({rank, 3});
+    EXPECT_EQ(shard.masters_begin(), begin);
+    ASSERT_EQ(shard.masters().numel(), counts[static_cast<size_t>(rank)]);
+    EXPECT_EQ(std::memcmp(shard.masters().data(), whole.masters().data_as<float>() + begin,
+                          shard.masters().nbytes()),
+              0);
+    EXPECT_EQ(bytes(shard.compute()), bytes(whole.compute()));
+    for (const Parameter& p : shard.all()) EXPECT_FALSE(p.master.defined()) << p.spec.name;
+    begin += counts[static_cast<size_t>(rank)];
+  }
+  EXPECT_NE(error_of([&] {
+              make({3, 3});
+            }).find("rank 3 of a world of 3 has no shard"),
+            std::string::npos);
 }
 
 }  // namespace
