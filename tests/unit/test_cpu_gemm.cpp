@@ -239,6 +239,23 @@ struct Dims {
   int64_t m, n, k;
 };
 
+// Calls body(cs, trans) with the case of every dtype triple, shape (with `batch`) and
+// transpose combination (trans: bit 0 transposes A, bit 1 B).
+template <class Body>
+void for_each_case(const std::vector<DTypes>& dtypes, const std::vector<Dims>& shapes,
+                   int64_t batch, const Body& body) {
+  for (const DTypes& d : dtypes) {
+    for (const Dims& s : shapes) {
+      for (int trans = 0; trans < 4; ++trans) {
+        Case cs{.a = d.a, .b = d.b, .c = d.c, .batch = batch, .m = s.m, .n = s.n, .k = s.k};
+        cs.trans_a = trans & 1;
+        cs.trans_b = trans & 2;
+        body(cs, trans);
+      }
+    }
+  }
+}
+
 TEST(CpuGemm, MatchesFp64ReferenceForAllDtypesShapesAndTransposes) {
   // Odd sizes (OpenBLAS kernel edges), degenerate ones (K = 0 leaves beta * C, M = 0 is
   // empty) and larger products that are sliced across threads (by rows of C, or by columns
@@ -247,21 +264,14 @@ TEST(CpuGemm, MatchesFp64ReferenceForAllDtypesShapesAndTransposes) {
                                     {1, 31, 257},  {33, 1, 64},   {3, 4, 0},     {0, 5, 3},
                                     {64, 96, 384}, {96, 64, 384}, {20, 256, 300}};
   uint32_t seed = 1;
-  for (const DTypes& d : kDTypes) {
-    for (const Dims& s : shapes) {
-      for (int trans = 0; trans < 4; ++trans) {
-        Case cs{.a = d.a, .b = d.b, .c = d.c, .m = s.m, .n = s.n, .k = s.k};
-        cs.trans_a = trans & 1;
-        cs.trans_b = trans & 2;
-        cs.scales = is_fp8(d.a) && trans % 2 == 0;
-        run_case(cs, seed++);
-        // alpha and beta (beta only where the output can be accumulated into).
-        cs.alpha = -0.75f;
-        cs.beta = is_fp8(d.c) ? 0.0f : 1.5f;
-        run_case(cs, seed++);
-      }
-    }
-  }
+  for_each_case(kDTypes, shapes, 0, [&](Case cs, int trans) {
+    cs.scales = is_fp8(cs.a) && trans % 2 == 0;
+    run_case(cs, seed++);
+    // alpha and beta (beta only where the output can be accumulated into).
+    cs.alpha = -0.75f;
+    cs.beta = is_fp8(cs.c) ? 0.0f : 1.5f;
+    run_case(cs, seed++);
+  });
 }
 
 // Small batches run one after another; the largest is sliced across threads.
@@ -271,19 +281,12 @@ TEST(CpuGemm, StridedBatchedMatchesPerBatchReference) {
                                       {DType::kE4M3, DType::kE5M2, DType::kE4M3}};
   const std::vector<Dims> shapes = {{5, 7, 9}, {17, 33, 65}, {64, 48, 256}};
   uint32_t seed = 1000;
-  for (const DTypes& d : dtypes) {
-    for (const Dims& s : shapes) {
-      for (int trans = 0; trans < 4; ++trans) {
-        Case cs{.a = d.a, .b = d.b, .c = d.c, .batch = 3, .m = s.m, .n = s.n, .k = s.k};
-        cs.trans_a = trans & 1;
-        cs.trans_b = trans & 2;
-        cs.scales = is_fp8(d.a);
-        cs.alpha = 0.5f;
-        cs.beta = is_fp8(d.c) ? 0.0f : -1.0f;
-        run_case(cs, seed++);
-      }
-    }
-  }
+  for_each_case(dtypes, shapes, 3, [&](Case cs, int) {
+    cs.scales = is_fp8(cs.a);
+    cs.alpha = 0.5f;
+    cs.beta = is_fp8(cs.c) ? 0.0f : -1.0f;
+    run_case(cs, seed++);
+  });
 }
 
 // Shapes past the native BF16 kernel's small cases (cpu_gemm_bf16.cpp): many column blocks
@@ -294,18 +297,11 @@ TEST(CpuGemm, LargeShapesCrossPanelBlocksAndColumnSplits) {
                                       {DType::kE4M3, DType::kE5M2, DType::kBF16}};
   const std::vector<Dims> shapes = {{12, 400, 1500}, {30, 700, 1030}};
   uint32_t seed = 2000;
-  for (const DTypes& d : dtypes) {
-    for (const Dims& s : shapes) {
-      for (int trans = 0; trans < 4; ++trans) {
-        Case cs{.a = d.a, .b = d.b, .c = d.c, .m = s.m, .n = s.n, .k = s.k};
-        cs.trans_a = trans & 1;
-        cs.trans_b = trans & 2;
-        cs.scales = is_fp8(d.a);
-        cs.beta = trans == 3 ? 0.5f : 0.0f;
-        run_case(cs, seed++);
-      }
-    }
-  }
+  for_each_case(dtypes, shapes, 0, [&](Case cs, int trans) {
+    cs.scales = is_fp8(cs.a);
+    cs.beta = trans == 3 ? 0.5f : 0.0f;
+    run_case(cs, seed++);
+  });
 }
 
 // ctest runs this file twice, the second time with MANTISSA_CPU_BF16_GEMM=0, so that the
