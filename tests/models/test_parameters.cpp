@@ -4,11 +4,14 @@
 // what needs all masters (LocalAdamW) refuses such a store.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <memory>
+#include <numbers>
 #include <string>
 #include <vector>
 
+#include "core/dtype/dtype.h"
 #include "core/error.h"
 #include "models/nn/parameters.h"
 #include "models/training/optimizer.h"
@@ -151,6 +154,26 @@ TEST(ParameterStoreAllocate, ShardKeepsOnlyItsRangeFromTheStart) {
               make({3, 3});
             }).find("rank 3 of a world of 3 has no shard"),
             std::string::npos);
+}
+
+// The initial value of element i of a kNormal parameter is init_std times the Box-Muller
+// normal of the uniforms random_u32(key, 2i) and (key, 2i + 1), key = mix64(seed) ^ FNV-1a of
+// the parameter's name: recomputed here in double from dtype.h's random_u32.
+TEST(ParameterStoreAllocate, InitialValuesAreTheSeededNormalsOfEachName) {
+  const std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
+  ParameterStore params;
+  params.add({"w", Shape{5000}, Init::kNormal, 0.5f, true});
+  params.allocate(*backend, DType::kF32, 9);
+  uint64_t name_hash = 0xcbf29ce484222325ULL;
+  for (unsigned char c : std::string("w")) name_hash = (name_hash ^ c) * 0x100000001b3ULL;
+  const uint64_t key = core::mix64(9) ^ name_hash;
+  const float* got = params.masters().data_as<float>();
+  for (uint64_t i = 0; i < 5000; ++i) {
+    const double u1 = (core::random_u32(key, 2 * i) + 1.0) / 4294967297.0;
+    const double u2 = core::random_u32(key, 2 * i + 1) / 4294967296.0;
+    const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+    ASSERT_EQ(got[i], 0.5f * static_cast<float>(normal)) << "element " << i;
+  }
 }
 
 }  // namespace
