@@ -160,7 +160,10 @@ class DataParallelImpl final : public DataParallel {
     shard_counts_ = models::split_aligned(params_.flat_numel(), n);
     shard_offsets_ = chunk_offsets(shard_counts_);
     if (config_.zero_stage == 1) {
-      if (params_.keeps_all_masters()) params_.keep_masters(backend_, shard_begin(), shard_end());
+      // (A shard that is everything, as on one rank, needs no cut and no second copy.)
+      if (params_.keeps_all_masters() && shard_end() - shard_begin() < params_.flat_numel()) {
+        params_.keep_masters(backend_, shard_begin(), shard_end());
+      }
       MANTISSA_CHECK(params_.masters_begin() == shard_begin() &&
                          params_.masters_begin() + params_.masters().numel() == shard_end(),
                      "DataParallel: rank "

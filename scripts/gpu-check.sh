@@ -28,6 +28,7 @@ log_dir=${LOG_DIR:-$build_dir/gpu-check-logs}
 stage=${STAGE:-all}
 deps=$root/.deps
 mkdir -p "$log_dir"
+rm -f "$log_dir"/*.log  # a summary speaks of this call only
 case $stage in all | build | test) ;; *)
   echo "gpu-check: STAGE=$stage: expected all, build or test" >&2
   exit 2
@@ -85,21 +86,28 @@ step() {
   return "$rc"
 }
 
-# The GPU and its driver first: a driver older than the toolkit shows up here, and the
+# The GPU and its driver first, for the record (not a step that can fail the check: old
+# drivers know fewer query fields). A driver older than the toolkit also shows up as the
 # runtime's error on stderr of every test.
 if [ "$gpus" -gt 0 ]; then
-  step device nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv
+  nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv 2>&1 |
+    tee "$log_dir/device.log" || true
 fi
 
 # Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
 # tested, which is worth more than nothing on a machine that is lent for minutes.
 gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_nccl test_gpu_train
   bench_gpu_gemm bench_gpu_ops)
-if [ "$stage" != test ]; then
-  step configure cmake "${cmake_args[@]}" &&
-    step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
+# Tests run after a build step that configured (whatever of it compiled), or on what an
+# earlier STAGE=build left.
+testable=0
+if [ "$stage" = test ]; then
+  [ -f "$build_dir/CTestTestfile.cmake" ] && testable=1
+elif step configure cmake "${cmake_args[@]}"; then
+  testable=1
+  step build cmake --build "$build_dir" -j "$jobs" --target "${gpu_targets[@]}" -- -k 0
 fi
-if [ "$stage" != build ] && [ -f "$build_dir/CTestTestfile.cmake" ]; then
+if [ "$stage" != build ] && [ "$testable" = 1 ]; then
   step ctest ctest --test-dir "$build_dir" -L gpu --output-on-failure
   # One line per test in the summary too, from ctest's "N/M Test #K: NAME ... STATUS T sec".
   for test in "${gpu_targets[@]}"; do

@@ -38,9 +38,10 @@ void fill_initial(const ParameterSpec& spec, uint64_t seed, int64_t first, int64
     case Init::kOnes: std::fill(out, out + count, 1.0f); break;
     case Init::kNormal: {
       // A logarithm and a cosine an element: GPT-2's 124M parameters took 11 s on one core.
-      // Each value depends only on its index, so the threads change nothing.
+      // Each value depends only on its index, so the threads change nothing; short pieces
+      // (biases, norms) stay on the calling thread.
       const uint64_t stream = core::mix64(seed) ^ fnv1a(spec.name);
-#pragma omp parallel
+#pragma omp parallel if (count >= (1 << 16))
       {
         core::RandomStream random(stream);
 #pragma omp for schedule(static)

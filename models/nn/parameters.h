@@ -16,7 +16,6 @@
 
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -96,7 +95,8 @@ class ParameterStore {
   int64_t flat_numel() const { return flat_numel_; }
   // Elements that are parameters (padding excluded).
   int64_t parameter_count() const;
-  // The masters this store keeps: all flat_numel() of them, or the range keep_masters chose.
+  // The masters this store keeps: all flat_numel() of them, or one range (allocate's shard,
+  // or the range keep_masters chose).
   core::Tensor& masters() { return masters_; }
   const core::Tensor& masters() const { return masters_; }
   int64_t masters_begin() const { return masters_begin_; }

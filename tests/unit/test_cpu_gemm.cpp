@@ -315,6 +315,21 @@ TEST(CpuGemm, NativeBf16KernelFollowsCpuAndEnvironment) {
               bf16_gemm_enabled() ? "native AVX512-BF16 kernel" : "widened to FP32 for sgemm");
 }
 
+// What tells the two paths apart: VDPBF16PS reads a BF16 subnormal as zero, sgemm on the
+// widened value does not. 2^-130 (a BF16 subnormal) times 2^100 is 2^-30 or, natively, 0.
+TEST(CpuGemm, Bf16SubnormalOperandIsZeroExactlyWhenTheNativeKernelRuns) {
+  Tensor a = Tensor::empty(Shape{1, 2}, DType::kBF16);
+  Tensor b = Tensor::empty(Shape{2, 1}, DType::kBF16);
+  Tensor c = Tensor::empty(Shape{1, 1}, DType::kF32);
+  set_value(a, 0, std::ldexp(1.0f, -130));
+  set_value(a, 1, 0.0f);
+  set_value(b, 0, std::ldexp(1.0f, 100));
+  set_value(b, 1, 0.0f);
+  ASSERT_EQ(value_at(a, 0), std::ldexp(1.0, -130)) << "2^-130 must be exact in BF16";
+  make_cpu_backend()->gemm(a, b, c, GemmParams{});
+  EXPECT_EQ(value_at(c, 0), bf16_gemm_enabled() ? 0.0 : std::ldexp(1.0, -30));
+}
+
 TEST(CpuGemm, Fp8OutputSaturatesToLargestFinite) {
   // c_scale maps max |ref| to 1000 > 448: the largest results must clamp to +-448, not NaN.
   Case cs{.a = DType::kE4M3, .b = DType::kE4M3, .c = DType::kE4M3, .m = 33, .n = 40, .k = 50};

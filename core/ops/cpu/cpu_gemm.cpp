@@ -14,7 +14,8 @@
 // c_scale applied and amax taken before it.
 //
 // BLAS conventions hold: with beta = 0 the old C is never read (garbage or NaN there is
-// simply overwritten), and with alpha = 0 A and B are not read (sgemm takes that case).
+// simply overwritten), and with alpha = 0 the values of A and B do not matter (sgemm takes
+// that case, and ignores them).
 // fast_accumulate has no meaning here: the CPU always accumulates in full FP32.
 #include <cblas.h>
 #include <omp.h>

@@ -127,15 +127,15 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
 #pragma GCC unroll 12
   for (int64_t r = 0; r < kRows; ++r) {
     if (r >= rows) break;
-    float* row = c + r * ldc;
-    __m512 v0 = _mm512_mul_ps(alpha_v, acc[r][0]);
-    __m512 v1 = _mm512_mul_ps(alpha_v, acc[r][1]);
-    if (beta != 0.0f) {
-      v0 = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mask0, row), v0);
-      v1 = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(mask1, row + 16), v1);
+    // The second half is addressed only when the tile has columns there (past the end of C
+    // otherwise).
+    for (int64_t half = 0; half < 2 && 16 * half < cols; ++half) {
+      float* out = c + r * ldc + 16 * half;
+      const __mmask16 valid = half == 0 ? mask0 : mask1;
+      __m512 v = _mm512_mul_ps(alpha_v, acc[r][half]);
+      if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(valid, out), v);
+      _mm512_mask_storeu_ps(out, valid, v);
     }
-    _mm512_mask_storeu_ps(row, mask0, v0);
-    _mm512_mask_storeu_ps(row + 16, mask1, v1);
   }
 }
 
@@ -183,8 +183,8 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   const bool parallel = threads > 1 && flops >= kGemmParallelFlops;
   const int64_t per_product = parallel ? threads / std::gcd(s.batch, threads) : 1;
   const int64_t row_parts = std::clamp<int64_t>(per_product, 1, std::max<int64_t>(1, strips));
-  const int64_t col_parts =
-      std::clamp<int64_t>(per_product / row_parts, 1, std::max<int64_t>(1, panels));
+  const int64_t col_parts = std::clamp<int64_t>((per_product + row_parts - 1) / row_parts, 1,
+                                                std::max<int64_t>(1, panels));
   const int64_t block_panels =
       std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_size * 4));
 

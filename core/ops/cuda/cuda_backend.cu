@@ -27,8 +27,8 @@ int visible_device_count() {
     cudaRuntimeGetVersion(&runtime);
     if (status != cudaErrorNoDevice && driver != 0) {
       std::fprintf(stderr,
-                   "CUDA runtime: cudaGetDeviceCount failed: %s (%s); the driver supports CUDA "
-                   "%d.%d, this build needs %d.%d; no device used\n",
+                   "CUDA runtime: cudaGetDeviceCount failed: %s (%s); driver for CUDA %d.%d, "
+                   "runtime %d.%d; no device used\n",
                    cudaGetErrorName(status), cudaGetErrorString(status), driver / 1000,
                    driver % 1000 / 10, runtime / 1000, runtime % 1000 / 10);
     }

@@ -65,7 +65,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // max that ignores NaN the way the CPU backend's `a > b ? a : b` scan does: a NaN never wins
-// over a number, whichever lane holds it, so every lane ends with the same value.
+// over a number, whichever lane holds it, so every lane ends with the same value (up to the
+// sign of a zero).
 __device__ __forceinline__ float warp_max(float v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const float other = __shfl_xor_sync(0xFFFFFFFFu, v, offset);
