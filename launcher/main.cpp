@@ -44,6 +44,14 @@ output, in run.dir (default runs/<config file name>):
 signals: SIGUSR1 or SIGTERM to any rank (mpirun forwards SIGUSR1 to all) stops every rank at
 the same step after a checkpoint is written; the exit code is then 0.
 
+environment (CPU runs):
+  OMP_NUM_THREADS           threads per rank (default: every core; under mpirun give each
+                            rank its share, cores / ranks)
+  MANTISSA_CPU_BF16_GEMM=0  GEMMs with BF16 or FP8 operands widen them to FP32 for OpenBLAS
+                            sgemm instead of using the native AVX512-BF16 kernel, which reads
+                            BF16 values and sums below 2^-126 as zero: results then do not
+                            depend on whether the CPU has AVX512-BF16
+
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
   1  runtime failure (I/O, communication, a checkpoint that cannot be written or read)
