@@ -27,6 +27,7 @@
 #include "core/precision/fp8_scaling.h"
 #include "dist/data_parallel.h"
 #include "tests/dist/dist_test.h"
+#include "tests/dist/sync_case.h"
 
 namespace mantissa::dist {
 namespace {
@@ -34,23 +35,16 @@ namespace {
 using core::DType;
 using core::Shape;
 using core::Tensor;
+using testing::describe;
+using testing::make_sync_store;
+using testing::sync_config;
+using testing::SyncCase;
 
 // prefix + number + suffix (GCC 12 warns falsely about "literal" + std::string).
 std::string text(const char* prefix, int64_t number, const char* suffix) {
   std::ostringstream out;
   out << prefix << number << suffix;
   return out.str();
-}
-
-// Odd sizes, so buckets, shards and chunks cut through parameters and padding.
-models::ParameterStore make_store(core::Backend& backend) {
-  models::ParameterStore params;
-  const int64_t sizes[] = {3000, 1, 777, 4096, 130, 2500, 9, 6000};
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    params.add({text("p", i, ""), Shape{sizes[i]}, models::Init::kNormal, 0.02f, i % 2 == 0});
-  }
-  params.allocate(backend, DType::kF32, 7);
-  return params;
 }
 
 // Rank r's gradient element i: magnitudes spread over 2^-12 .. 2^2, both signs.
@@ -72,20 +66,6 @@ void fill_gradients(models::ParameterStore& params, int rank) {
   }
 }
 
-struct SyncCase {
-  DType dtype;
-  bool accumulate_fp32;
-  int zero_stage;
-  bool overlap;
-};
-
-std::string describe(const SyncCase& c) {
-  std::ostringstream out;
-  out << reduce_dtype_name(c.dtype) << (c.accumulate_fp32 ? " accumulate_fp32" : "") << " zero"
-      << c.zero_stage << (c.overlap ? " overlap" : "");
-  return out.str();
-}
-
 class GradSync : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -97,19 +77,14 @@ class GradSync : public ::testing::Test {
   DistConfig config(const SyncCase& c) const {
     DistConfig d;
     d.backend = CommBackend::kMPI;
-    d.grad_reduce_dtype = c.dtype;
-    d.accumulate_fp32 = c.accumulate_fp32;
-    d.zero_stage = c.zero_stage;
-    d.overlap = c.overlap;
-    d.bucket_mb = 0.02;  // 5242 floats: 6 buckets over the 8 parameters
     d.timeout_s = 60;
-    return d;
+    return sync_config(c, d);
   }
 
   // Runs one reduction; returns the RMS error (relative to the RMS of the mean) on the range
   // this rank owns, after checking every element against its bound.
   double reduce_and_check(const SyncCase& c) {
-    models::ParameterStore params = make_store(*backend);
+    models::ParameterStore params = make_sync_store(*backend);
     auto dp = DataParallel::create(testing::world(), *backend, params, config(c));
     auto optimizer = dp->make_optimizer(core::AdamWConfig{});
     fill_gradients(params, me);
@@ -188,7 +163,7 @@ TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
   for (DType d : {DType::kBF16, DType::kE4M3}) {
     std::vector<float> results[2];
     for (bool overlap : {false, true}) {
-      models::ParameterStore params = make_store(*backend);
+      models::ParameterStore params = make_sync_store(*backend);
       auto dp =
           DataParallel::create(testing::world(), *backend, params, config({d, false, 0, overlap}));
       fill_gradients(params, me);
@@ -209,7 +184,7 @@ TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
 
 TEST_F(GradSync, OverlapStartsABucketAsSoonAsItsParametersAreReady) {
   for (bool overlap : {false, true}) {
-    models::ParameterStore params = make_store(*backend);
+    models::ParameterStore params = make_sync_store(*backend);
     auto dp = DataParallel::create(testing::world(), *backend, params,
                                    config({DType::kBF16, false, 0, overlap}));
     fill_gradients(params, me);
@@ -229,7 +204,7 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2}) {
     for (int zero : {0, 1}) {
       for (float bad : {INFINITY, NAN}) {
-        models::ParameterStore params = make_store(*backend);
+        models::ParameterStore params = make_sync_store(*backend);
         auto dp = DataParallel::create(testing::world(), *backend, params,
                                        config({d, false, zero, true}));
         fill_gradients(params, me);
@@ -253,7 +228,7 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
 }
 
 TEST_F(GradSync, ScalarCollectivesAgreeBitForBit) {
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   // 0.1 * (r + 1): a sum whose rounding depends on the order of additions.
@@ -269,7 +244,7 @@ TEST_F(GradSync, ScalarCollectivesAgreeBitForBit) {
 }
 
 TEST_F(GradSync, BroadcastParametersCopiesRankZero) {
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   float* masters = params.masters().data_as<float>();
@@ -282,8 +257,8 @@ TEST_F(GradSync, BroadcastParametersCopiesRankZero) {
 }
 
 TEST_F(GradSync, BroadcastParametersUnderZero1GathersTheShards) {
-  models::ParameterStore reference = make_store(*backend);
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore reference = make_sync_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 1, true}));
   auto optimizer = dp->make_optimizer(core::AdamWConfig{});
@@ -304,7 +279,7 @@ TEST_F(GradSync, BroadcastParametersUnderZero1GathersTheShards) {
 }
 
 TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 1, true}));
   ReplicaState state;
@@ -327,7 +302,7 @@ TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
 }
 
 TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   ReplicaState state;
@@ -367,7 +342,7 @@ TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
 }
 
 TEST_F(GradSync, BadConfigsNameTheField) {
-  models::ParameterStore params = make_store(*backend);
+  models::ParameterStore params = make_sync_store(*backend);
   DistConfig bad = config({DType::kBF16, false, 0, true});
   bad.bucket_mb = 0;
   EXPECT_THROW(

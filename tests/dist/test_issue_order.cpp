@@ -20,6 +20,7 @@
 #include "dist/data_parallel.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "tests/dist/dist_test.h"
+#include "tests/dist/sync_case.h"
 
 namespace mantissa::dist {
 namespace {
@@ -27,6 +28,10 @@ namespace {
 using core::DType;
 using core::Shape;
 using core::Tensor;
+using testing::describe;
+using testing::make_sync_store;
+using testing::sync_config;
+using testing::SyncCase;
 
 constexpr double kTimeout = 60.0;
 
@@ -125,32 +130,6 @@ class RecordingCommunicator final : public Communicator {
   int64_t id_;
 };
 
-// Odd sizes: 6 buckets over the 8 parameters at bucket_mb 0.02.
-models::ParameterStore make_store(core::Backend& backend) {
-  models::ParameterStore params;
-  const int64_t sizes[] = {3000, 1, 777, 4096, 130, 2500, 9, 6000};
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    std::string name = "p";
-    name += std::to_string(i);  // not "p" + ...: GCC 12 warns falsely about it
-    params.add({name, Shape{sizes[i]}, models::Init::kNormal, 0.02f, true});
-  }
-  params.allocate(backend, DType::kF32, 7);
-  return params;
-}
-
-struct OrderCase {
-  DType dtype;
-  bool accumulate_fp32;
-  int zero_stage;
-};
-
-std::string describe(const OrderCase& c) {
-  std::ostringstream out;
-  out << reduce_dtype_name(c.dtype) << (c.accumulate_fp32 ? " accumulate_fp32" : "") << " zero"
-      << c.zero_stage;
-  return out.str();
-}
-
 class IssueOrder : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -161,15 +140,12 @@ class IssueOrder : public ::testing::Test {
 
   // Runs `steps` steps of gradient sync, rank (step % n) sleeping before every grad_ready;
   // returns the collectives this rank issued.
-  std::vector<Call> run_steps(const OrderCase& c, int steps) {
+  std::vector<Call> run_steps(const SyncCase& c, int steps) {
     auto log = std::make_shared<Log>();
-    models::ParameterStore params = make_store(*backend);
+    models::ParameterStore params = make_sync_store(*backend);
     DistConfig config;
-    config.grad_reduce_dtype = c.dtype;
-    config.accumulate_fp32 = c.accumulate_fp32;
-    config.zero_stage = c.zero_stage;
-    config.bucket_mb = 0.02;
     config.timeout_s = kTimeout;
+    config = sync_config(c, config);
     auto dp = DataParallel::create(*backend, params, config,
                                    std::make_unique<RecordingCommunicator>(
                                        make_mpi_communicator(testing::world(), kTimeout), log));
@@ -230,7 +206,7 @@ TEST_F(IssueOrder, EveryRankIssuesThePipelineInTheSameOrderWhateverItsTiming) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3}) {
     for (bool accumulate : {false, true}) {
       for (int zero : {0, 1}) {
-        const OrderCase c{d, accumulate, zero};
+        const SyncCase c{d, accumulate, zero};
         expect_same_on_every_rank(run_steps(c, 3), describe(c));
       }
     }

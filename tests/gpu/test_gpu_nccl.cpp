@@ -37,6 +37,7 @@
 #include "dist/data_parallel.h"
 #include "dist/nccl/nccl_communicator.h"
 #include "models/nn/parameters.h"
+#include "tests/dist/sync_case.h"
 
 #ifdef MANTISSA_TEST_CUDA
 #include "core/ops/cuda/cuda_backend.h"
@@ -49,6 +50,10 @@ using core::Backend;
 using core::DType;
 using core::Shape;
 using core::Tensor;
+using testing::describe;
+using testing::make_sync_store;
+using testing::sync_config;
+using testing::SyncCase;
 
 constexpr double kTimeout = 60.0;
 
@@ -227,19 +232,6 @@ TEST_F(GpuNccl, RejectsHostBuffersAndBadCounts) {
 // ---------------------------------------------------------------------------------------
 // Gradient sync
 
-// Odd sizes, so buckets cut through parameters and padding.
-models::ParameterStore make_store(Backend& backend) {
-  models::ParameterStore params;
-  const int64_t sizes[] = {3000, 1, 777, 4096, 130, 2500, 9, 6000};
-  for (size_t i = 0; i < std::size(sizes); ++i) {
-    std::ostringstream name;
-    name << "p" << i;
-    params.add({name.str(), Shape{sizes[i]}, models::Init::kNormal, 0.02f, i % 2 == 0});
-  }
-  params.allocate(backend, DType::kF32, 7);
-  return params;
-}
-
 // Gradients as backward leaves them (zero in the padding): magnitudes 2^-12 .. 2^2, both
 // signs, so BF16/FP16 round most of them and FP8 flushes the smallest.
 std::vector<float> gradients(const models::ParameterStore& params) {
@@ -256,28 +248,12 @@ std::vector<float> gradients(const models::ParameterStore& params) {
   return g;
 }
 
-struct SyncCase {
-  DType dtype;
-  bool accumulate_fp32;
-  int zero_stage;
-};
-
-std::string describe(const SyncCase& c) {
-  std::ostringstream out;
-  out << reduce_dtype_name(c.dtype) << (c.accumulate_fp32 ? " accumulate_fp32" : "") << " zero"
-      << c.zero_stage;
-  return out.str();
-}
-
+// Every gradient-sync case over NCCL (6 buckets over make_sync_store's parameters).
 DistConfig dist_config(const SyncCase& c) {
   DistConfig d;
   d.backend = CommBackend::kNCCL;
-  d.grad_reduce_dtype = c.dtype;
-  d.accumulate_fp32 = c.accumulate_fp32;
-  d.zero_stage = c.zero_stage;
-  d.bucket_mb = 0.02;  // 5242 floats: 6 buckets over the 8 parameters
   d.timeout_s = kTimeout;
-  return d;
+  return sync_config(c, d);
 }
 
 class GpuGradSync : public GpuNccl {
@@ -325,7 +301,7 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
     }
   }
   for (const SyncCase& c : cases) {
-    models::ParameterStore params = make_store(*gpu);
+    models::ParameterStore params = make_sync_store(*gpu);
     auto dp = data_parallel(params, c);
     auto optimizer = dp->make_optimizer(core::AdamWConfig{});
     std::vector<float> g = gradients(params);
@@ -354,7 +330,7 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
 TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
   for (const DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
     const SyncCase c{d, core::is_fp8(d) && !fp8_reductions(*gpu), 0};
-    models::ParameterStore params = make_store(*gpu);
+    models::ParameterStore params = make_sync_store(*gpu);
     auto dp = data_parallel(params, c);
     std::vector<float> g = gradients(params);
     Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
@@ -377,8 +353,8 @@ TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
 }
 
 TEST_F(GpuGradSync, ScalarCollectivesAndZeroOneOptimizer) {
-  models::ParameterStore zero0_params = make_store(*gpu);
-  models::ParameterStore zero1_params = make_store(*gpu);
+  models::ParameterStore zero0_params = make_sync_store(*gpu);
+  models::ParameterStore zero1_params = make_sync_store(*gpu);
   auto zero0 = data_parallel(zero0_params, {DType::kBF16, false, 0});
   auto zero1 = data_parallel(zero1_params, {DType::kBF16, false, 1});
 
