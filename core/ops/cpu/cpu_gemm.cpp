@@ -23,13 +23,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <memory>
 #include <numeric>
 
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
+#include "core/ops/cpu/scratch_buffer.h"
 #include "core/ops/gemm_checks.h"
 
 namespace mantissa::core {
@@ -38,26 +38,8 @@ namespace {
 // Slices of a product are at least this many rows (or columns) of C.
 constexpr int64_t kMinSlice = 32;
 
-// An FP32 buffer reused across calls: it grows to the largest request and stays, so after the
-// first step training allocates (and page-faults) nothing here. Each thread has its own, so
-// concurrent calls from different threads do not share one.
-class Scratch {
- public:
-  float* get(int64_t n) {
-    if (n > capacity_) {
-      data_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
-      capacity_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<float[]> data_;
-  int64_t capacity_ = 0;
-};
-
 // The operand's values as FP32: F32 in place, anything else widened (exactly) into scratch.
-const float* as_f32(const Tensor& t, Scratch& scratch) {
+const float* as_f32(const Tensor& t, ScratchBuffer<float>& scratch) {
   if (t.dtype() == DType::kF32) return t.data_as<const float>();
   float* wide = scratch.get(t.numel());
   widen_to_f32(t.data(), t.dtype(), wide, t.numel());
@@ -128,7 +110,7 @@ void sliced_sgemm(const GemmShape& s, bool trans_a, bool trans_b, float alpha, c
 void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& p) {
   const GemmShape s = check_gemm(a, b, c, p, device());
 
-  thread_local Scratch a_wide, b_wide, c_wide;
+  thread_local ScratchBuffer<float> a_wide, b_wide, c_wide;
   const float alpha = p.alpha * scale_value(p.a_scale) * scale_value(p.b_scale);
   const bool direct = c.dtype() == DType::kF32;
   float* c32 = direct ? c.data_as<float>() : c_wide.get(c.numel());

@@ -28,12 +28,12 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <type_traits>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/cpu/scratch_buffer.h"
 
 // Functions that use AVX-512 carry this attribute: the rest of the library is built for
 // AVX2, and they only run after bf16_gemm_enabled() has seen the instructions.
@@ -139,29 +139,16 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
-// The packed operands of the calling thread's GEMMs: buffers that grow to the largest
-// request and stay, so that training allocates (and page-faults) nothing here after its
-// first step.
-class PackBuffers {
- public:
-  static PackBuffers& of_this_thread() {
-    thread_local PackBuffers buffers;
-    return buffers;
-  }
-  uint32_t* a(int64_t n) { return grow(a_, a_capacity_, n); }
-  uint32_t* b(int64_t n) { return grow(b_, b_capacity_, n); }
-
- private:
-  static uint32_t* grow(std::unique_ptr<uint32_t[]>& buffer, int64_t& capacity, int64_t n) {
-    if (n > capacity) {
-      buffer = std::make_unique_for_overwrite<uint32_t[]>(static_cast<size_t>(n));
-      capacity = n;
-    }
-    return buffer.get();
-  }
-  std::unique_ptr<uint32_t[]> a_, b_;
-  int64_t a_capacity_ = 0, b_capacity_ = 0;
+// The packed operands of the calling thread's GEMMs, shared by every operand-type
+// instantiation of gemm_packed.
+struct PackBuffers {
+  ScratchBuffer<uint32_t> a, b;
 };
+
+PackBuffers& pack_buffers_of_this_thread() {
+  thread_local PackBuffers buffers;
+  return buffers;
+}
 
 template <class TA, class TB>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
@@ -171,9 +158,9 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   const int64_t panels = (s.n + kCols - 1) / kCols;
   const int64_t strip_size = pairs * kRows, panel_size = pairs * kCols;  // dwords: BF16 pairs
 
-  PackBuffers& buffers = PackBuffers::of_this_thread();
-  uint32_t* packed_a = buffers.a(s.batch * strips * strip_size);
-  uint32_t* packed_b = buffers.b(s.batch * panels * panel_size);
+  PackBuffers& buffers = pack_buffers_of_this_thread();
+  uint32_t* packed_a = buffers.a.get(s.batch * strips * strip_size);
+  uint32_t* packed_b = buffers.b.get(s.batch * panels * panel_size);
 
   // Work items: every product's strips cut into row parts and its panels into column parts,
   // enough items that each thread gets the same share; each item passes its strips over one
