@@ -51,6 +51,9 @@ environment (CPU runs):
                             sgemm instead of using the native AVX512-BF16 kernel, which reads
                             BF16 values and sums below 2^-126 as zero: results then do not
                             depend on whether the CPU has AVX512-BF16
+  MANTISSA_CPU_AVX512_CONVERT=0
+                            stochastic rounding and FP8 casts use their AVX2 code on CPUs
+                            with AVX-512 (the results are the same; for comparison)
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint

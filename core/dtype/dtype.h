@@ -89,11 +89,15 @@ MANTISSA_HD uint64_t mix64(uint64_t x) {
   return x;
 }
 
+// The multipliers of hash32's two rounds (bulk CPU code computes hash32 in vector registers).
+constexpr uint32_t kHash32Multiply1 = 0x21f0aaadu;
+constexpr uint32_t kHash32Multiply2 = 0x735a2d97u;
+
 MANTISSA_HD uint32_t hash32(uint32_t x) {
   x ^= x >> 16;
-  x *= 0x21f0aaadu;
+  x *= kHash32Multiply1;
   x ^= x >> 15;
-  x *= 0x735a2d97u;
+  x *= kHash32Multiply2;
   x ^= x >> 15;
   return x;
 }

@@ -279,7 +279,11 @@ class Help(lu.TempDirTest):
         self.assertIn("  run.steps = 1000\n", text)
         self.assertIn("  precision.loss_scale.growth_factor = 2\n", text)
         environment = text.split("environment (CPU runs):", 1)[1].split("exit codes:", 1)[0]
-        for variable in ("OMP_NUM_THREADS", "MANTISSA_CPU_BF16_GEMM=0"):
+        for variable in (
+            "OMP_NUM_THREADS",
+            "MANTISSA_CPU_BF16_GEMM=0",
+            "MANTISSA_CPU_AVX512_CONVERT=0",
+        ):
             self.assertIn(variable, environment)
 
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -18,6 +19,7 @@
 #include "core/dtype/dtype.h"
 #include "core/error.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_narrow_avx512.h"
 
 namespace mantissa::core {
 namespace {
@@ -532,6 +534,18 @@ TEST(CpuConvert, RejectsNonFloatDtypes) {
       EXPECT_NE(std::string(e.what()).find(dtype_name(d)), std::string::npos) << e.what();
     }
   }
+}
+
+// ctest runs this file twice, the second time with MANTISSA_CPU_AVX512_CONVERT=0, so that the
+// AVX2 code that CPUs without AVX-512 run is tested on this one too.
+TEST(CpuConvert, Avx512KernelsFollowCpuAndEnvironment) {
+  const char* setting = std::getenv("MANTISSA_CPU_AVX512_CONVERT");
+  const bool turned_off = setting != nullptr && std::string(setting) == "0";
+  const bool cpu_has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  EXPECT_EQ(avx512::narrow_enabled(), cpu_has && !turned_off);
+  std::printf("stochastic rounding and FP8 rounding: %s code\n",
+              avx512::narrow_enabled() ? "AVX-512" : "AVX2");
 }
 
 }  // namespace

@@ -24,8 +24,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <type_traits>
 
 #include "core/error.h"
+#include "core/ops/cpu/cpu_narrow_avx512.h"
+#include "core/ops/cpu/narrow_formats.h"
 
 #if !defined(__AVX2__) || !defined(__F16C__)
 #error "cpu_convert.cpp needs AVX2 and F16C (build with -march=x86-64-v3)"
@@ -186,15 +189,6 @@ void round32(const __m256 x[4], fp16* dst, Saturation) {
   }
 }
 
-// The FP32 pattern of the value a normal code of format f stands for. The codes for inf and
-// NaN are read as if their exponent were an ordinary one (E5M2 0x7C as 2^16, E4M3 0x7F as
-// 480), so that rounding that value gives the code back.
-constexpr uint32_t code_bits(SmallFloatFormat f, uint32_t code) {
-  const uint32_t exponent = code >> f.man_bits;
-  const uint32_t mantissa = code & ((1u << f.man_bits) - 1);
-  return (exponent - f.bias + 127) << 23 | mantissa << (23 - f.man_bits);
-}
-
 // float_to_small_rne for an 8-bit format, eight lanes at a time.
 template <SmallFloatFormat F>
 __m256i fp8_round8(__m256 x, Saturation saturation) {
@@ -232,19 +226,6 @@ __m256i fp8_round8(__m256 x, Saturation saturation) {
   return _mm256_blendv_epi8(code, broadcast(F.nan_code),
                             _mm256_cmpgt_epi32(abs, broadcast(kInfBits)));
 }
-
-// The format of each FP8 storage type (undefined for the others, which leaves the FP8
-// overloads below out of their overload sets).
-template <class T>
-struct Fp8Format;
-template <>
-struct Fp8Format<fp8_e4m3> {
-  static constexpr SmallFloatFormat value = e4m3_format();
-};
-template <>
-struct Fp8Format<fp8_e5m2> {
-  static constexpr SmallFloatFormat value = e5m2_format();
-};
 
 template <class T, SmallFloatFormat F = Fp8Format<T>::value>
 void round32(const __m256 x[4], T* dst, Saturation saturation) {
@@ -438,11 +419,37 @@ template <class T>
   return std::max(horizontal_max(vector_amax), tail_amax);
 }
 
+// The AVX-512 kernels (cpu_narrow_avx512.h) where the CPU has them, else the AVX2 ones above.
+// AVX2 keeps FP32 -> FP32 (a scaled copy) and round-to-nearest BF16 and F16, which it does at
+// memory speed.
+template <class T>
+uint32_t narrow_nearest_block(const float* src, T* dst, int64_t begin, int64_t end,
+                              NarrowOptions o) {
+  if constexpr (requires { Fp8Format<T>::value; }) {
+    if (avx512::narrow_enabled()) {
+      return avx512::narrow_nearest(src + begin, dst + begin, end - begin, o.scale, o.saturation);
+    }
+  }
+  return narrow_nearest(src, dst, begin, end, o);
+}
+
+template <class T>
+uint32_t narrow_stochastic_block(const float* src, T* dst, int64_t begin, int64_t end,
+                                 NarrowOptions o, RandomKey key, uint32_t first_offset) {
+  if constexpr (!std::is_same_v<T, float>) {
+    if (avx512::narrow_enabled()) {
+      return avx512::narrow_stochastic(src + begin, dst + begin, end - begin, o.scale, o.saturation,
+                                       {key, first_offset});
+    }
+  }
+  return narrow_stochastic_run(src, dst, begin, end, o, key, first_offset);
+}
+
 // Narrows [begin, end) and returns the amax pattern of the input there. Stochastic rounding
 // goes run by run of 2^32 indices, deriving each run's random key once.
 template <class T>
 uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
-  if (!o.stochastic) return narrow_nearest(src, dst, begin, end, o);
+  if (!o.stochastic) return narrow_nearest_block(src, dst, begin, end, o);
   uint32_t amax = 0;
   for (int64_t run_begin = begin; run_begin < end;) {
     const uint64_t first = o.index_base + static_cast<uint64_t>(run_begin);
@@ -450,7 +457,7 @@ uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, Narr
     const int64_t run_end = std::min(end, run_begin + ((int64_t{1} << 32) - first_offset));
     const RandomKey key = random_key(o.seed, static_cast<uint32_t>(first >> 32));
     amax =
-        std::max(amax, narrow_stochastic_run(src, dst, run_begin, run_end, o, key, first_offset));
+        std::max(amax, narrow_stochastic_block(src, dst, run_begin, run_end, o, key, first_offset));
     run_begin = run_end;
   }
   return amax;
