@@ -134,6 +134,14 @@ int main(int argc, char** argv) {
   report("quantize f32 -> e4m3 + amax", bytes, time_against_memcpy(bytes, [&] {
            narrow_from_f32(f32.data(), narrow_buffer.data(), DType::kE4M3, n, quantize);
          }));
+  // The same with stochastic rounding. Scaled, few values land among E4M3's subnormals (below
+  // 2^-6), whose lanes cost extra; the unscaled "stochastic" rows above have many.
+  NarrowOptions stochastic_quantize = quantize;
+  stochastic_quantize.stochastic = true;
+  stochastic_quantize.seed = 42;
+  report("quantize f32 -> e4m3 + amax, stoch.", bytes, time_against_memcpy(bytes, [&] {
+           narrow_from_f32(f32.data(), narrow_buffer.data(), DType::kE4M3, n, stochastic_quantize);
+         }));
   report("widen e4m3 -> f32 with scale", bytes, time_against_memcpy(bytes, [&] {
            widen_to_f32(narrow_buffer.data(), DType::kE4M3, widened.data(), n, 6.0f / 448.0f);
          }));
