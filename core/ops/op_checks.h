@@ -6,7 +6,6 @@
 // doing any work. (gemm's lives in gemm_checks.h.) Only what needs the data itself is left to
 // the backends: the token and target range checks read the indices where they live (host
 // memory or the device) and report through fail_index_out_of_range, after the validator.
-// This header is included by CUDA sources, which are C++17.
 #pragma once
 
 #include <cstdint>
