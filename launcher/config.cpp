@@ -381,6 +381,37 @@ void validate_data(const Config::Data& data, const ModelShape& model) {
   check_data_files(data);
 }
 
+// FP8_HYBRID runs every Linear layer's three GEMMs in FP8, which read rows of whole 16 bytes
+// (core/ops/gemm_checks.h): the layers' widths are the K of one GEMM or the rows of another's
+// output, and the tokens of a micro-batch are the K of the weight gradient. Checked here, so
+// that a model that trains on the CPU does not stop at its first GEMM on a GPU.
+void validate_fp8_shapes(const TrainConfig& config) {
+  if (config.precision().mode() != Config::Precision::FP8_HYBRID) return;
+  const std::string rule = "must be a multiple of 16 with precision.mode = FP8_HYBRID";
+  const auto multiple_of_16 = [&](const std::string& path, int64_t value) {
+    require(value % 16 == 0, path, std::to_string(value), rule + " (FP8 GEMMs read 16-byte rows)");
+  };
+  const Config::Model& model = config.model();
+  int64_t seq_len = 0;
+  std::string seq_len_path;
+  if (model.has_mlp()) {
+    multiple_of_16("model.mlp.n_embd", model.mlp().n_embd());
+    multiple_of_16("model.mlp.hidden", model.mlp().hidden());
+    multiple_of_16("model.mlp.vocab_size", model.mlp().vocab_size());
+    seq_len = model.mlp().seq_len();
+    seq_len_path = "model.mlp.seq_len";
+  } else {
+    multiple_of_16("model.gpt2.n_embd", model.gpt2().n_embd());
+    seq_len = model.gpt2().seq_len();
+    seq_len_path = "model.gpt2.seq_len";
+  }
+  const int64_t tokens = config.data().micro_batch_size() * seq_len;
+  require(
+      tokens % 16 == 0, "data.micro_batch_size", std::to_string(config.data().micro_batch_size()),
+      "times " + seq_len_path + " = " + std::to_string(seq_len) + " (" + std::to_string(tokens) +
+          " tokens) " + rule + " (the tokens are the K of the FP8 weight-gradient GEMMs)");
+}
+
 void validate_optimizer(const Config::Optimizer& o, int64_t steps) {
   non_negative("optimizer.adamw.lr", o.adamw().lr());
   in_unit_range("optimizer.adamw.beta1", o.adamw().beta1(), true);
@@ -520,6 +551,7 @@ void validate(const TrainConfig& config) {
   validate_data(config.data(), model);
   validate_optimizer(config.optimizer(), run.steps());
   validate_precision(config.precision());
+  validate_fp8_shapes(config);
   validate_dist(config.dist());
 
   at_least("checkpoint.every_steps", config.checkpoint().every_steps(), 0);

@@ -114,6 +114,23 @@ GemmShape check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, const 
   return s;
 }
 
+// FP8 tensor-core GEMMs read 16-byte aligned rows: K (the row length of both operands in the
+// TN layout they take) and the row length of C in bytes must be multiples of 16. The CPU
+// could do without, but refusing the same calls on every backend means that a model which
+// trains on the CPU also trains on a GPU. (Where the operands start is checked by the CUDA
+// backend, which copies some of them into aligned scratch first.)
+void check_fp8_rows(const Tensor& a, const Tensor& b, const Tensor& c, const GemmShape& s) {
+  MANTISSA_CHECK(s.k % 16 == 0, kOp << ": FP8 operands A " << a.describe() << " and B "
+                                    << b.describe() << " have K = " << s.k
+                                    << "; FP8 GEMMs need K to be a multiple of 16 (16-byte "
+                                       "aligned rows)");
+  const int64_t c_row_bytes = s.n * static_cast<int64_t>(dtype_size(c.dtype()));
+  MANTISSA_CHECK(c_row_bytes % 16 == 0,
+                 kOp << ": output C " << c.describe() << " of an FP8 GEMM has rows of " << s.n
+                     << " elements (" << c_row_bytes
+                     << " bytes); FP8 GEMMs need rows that are a multiple of 16 bytes");
+}
+
 }  // namespace
 
 GemmShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
@@ -123,7 +140,9 @@ GemmShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& c, const Ge
   check_fp8_scalar("b_scale", p.b_scale, "operand B", b, device);
   check_fp8_scalar("c_scale", p.c_scale, "output C", c, device);
   check_fp8_scalar("c_amax", p.c_amax, "output C", c, device);
-  return check_shapes(a, b, c, p);
+  const GemmShape s = check_shapes(a, b, c, p);
+  if (is_fp8(a.dtype())) check_fp8_rows(a, b, c, s);
+  return s;
 }
 
 }  // namespace mantissa::core

@@ -163,6 +163,10 @@ TEST(ConfigDefaults, EffectiveConfigRoundTripsThroughText) {
 
 TEST(ConfigValidate, DefaultsAreValid) {
   EXPECT_EQ(validation_error({}), "");
+  EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID"}), "");
+  EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID", "model.mlp={}"}), "");
+  // The same widths train in BF16.
+  EXPECT_EQ(validation_error({"model.gpt2.n_embd=72", "model.gpt2.n_head=3"}), "");
 }
 
 TEST(ConfigValidate, NamesFieldValueAndRule) {
@@ -208,6 +212,16 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "metrics.pushgateway_url = \"localhost:9091\": must be empty or start with http://"},
       {{"run.steps=10", "debug.inject_nonfinite_steps=3", "debug.inject_nonfinite_steps=10"},
        "debug.inject_nonfinite_steps[1] = 10: must lie in [0, 9]"},
+      {{"precision.mode=FP8_HYBRID", "model.gpt2.n_embd=72", "model.gpt2.n_head=3"},
+       "model.gpt2.n_embd = 72: must be a multiple of 16 with precision.mode = FP8_HYBRID (FP8 "
+       "GEMMs read 16-byte rows)"},
+      {{"precision.mode=FP8_HYBRID", "model.gpt2.seq_len=100", "data.micro_batch_size=2"},
+       "data.micro_batch_size = 2: times model.gpt2.seq_len = 100 (200 tokens) must be a multiple "
+       "of 16 with precision.mode = FP8_HYBRID (the tokens are the K of the FP8 weight-gradient "
+       "GEMMs)"},
+      {{"precision.mode=FP8_HYBRID", "model.mlp={hidden: 100}"},
+       "model.mlp.hidden = 100: must be a multiple of 16 with precision.mode = FP8_HYBRID (FP8 "
+       "GEMMs read 16-byte rows)"},
   };
   for (const auto& [sets, expected] : cases) {
     EXPECT_EQ(validation_error(sets), expected) << "sets: " << sets.front();

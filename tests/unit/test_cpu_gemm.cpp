@@ -239,13 +239,22 @@ struct Dims {
   int64_t m, n, k;
 };
 
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
 // Calls body(cs, trans) with the case of every dtype triple, shape (with `batch`) and
-// transpose combination (trans: bit 0 transposes A, bit 1 B).
+// transpose combination (trans: bit 0 transposes A, bit 1 B). FP8 GEMMs need K and the
+// rows of C in whole 16 bytes (gemm_checks.h), so their K and N are rounded up to that.
 template <class Body>
 void for_each_case(const std::vector<DTypes>& dtypes, const std::vector<Dims>& shapes,
                    int64_t batch, const Body& body) {
   for (const DTypes& d : dtypes) {
-    for (const Dims& s : shapes) {
+    for (Dims s : shapes) {
+      if (is_fp8(d.a)) {
+        s.k = round_up(s.k, 16);
+        s.n = round_up(s.n, 16 / static_cast<int64_t>(dtype_size(d.c)));
+      }
       for (int trans = 0; trans < 4; ++trans) {
         Case cs{.a = d.a, .b = d.b, .c = d.c, .batch = batch, .m = s.m, .n = s.n, .k = s.k};
         cs.trans_a = trans & 1;
@@ -332,7 +341,7 @@ TEST(CpuGemm, Bf16SubnormalOperandIsZeroExactlyWhenTheNativeKernelRuns) {
 
 TEST(CpuGemm, Fp8OutputSaturatesToLargestFinite) {
   // c_scale maps max |ref| to 1000 > 448: the largest results must clamp to +-448, not NaN.
-  Case cs{.a = DType::kE4M3, .b = DType::kE4M3, .c = DType::kE4M3, .m = 33, .n = 40, .k = 50};
+  Case cs{.a = DType::kE4M3, .b = DType::kE4M3, .c = DType::kE4M3, .m = 33, .n = 48, .k = 48};
   cs.scales = true;
   cs.c_range = 1000.0f;
   run_case(cs, 7);
@@ -352,9 +361,11 @@ TEST(CpuGemm, NanInAnOperandPropagatesToItsRowOrColumn) {
                                       {DType::kF16, DType::kF16, DType::kF32},
                                       {DType::kE4M3, DType::kE4M3, DType::kE4M3},
                                       {DType::kE5M2, DType::kE4M3, DType::kBF16}};
-  const int64_t m = 9, n = 7, k = 13, i0 = 4, j0 = 2, l0 = 6;
+  const int64_t m = 9, i0 = 4, j0 = 2, l0 = 6;
   std::mt19937 rng(42);
   for (const DTypes& d : dtypes) {
+    // FP8 GEMMs need K and the rows of C in whole 16 bytes.
+    const int64_t n = is_fp8(d.a) ? 16 : 7, k = is_fp8(d.a) ? 16 : 13;
     for (int trans = 0; trans < 4; ++trans) {
       for (bool in_a : {true, false}) {
         SCOPED_TRACE(std::string(dtype_name(d.a)) + " x " + dtype_name(d.b) + " -> " +
@@ -432,6 +443,14 @@ void expect_gemm_error(const std::function<void()>& call, const std::string& ope
   }
 }
 
+void expect_no_gemm_error(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    ADD_FAILURE() << "unexpected error: " << e.what();
+  }
+}
+
 TEST(CpuGemm, RejectsBadArgumentsNamingTheOperand) {
   auto backend = make_cpu_backend();
   std::mt19937 rng(5);
@@ -493,6 +512,13 @@ TEST(CpuGemm, RejectsBadArgumentsNamingTheOperand) {
   GemmParams accumulate;
   accumulate.beta = 1.0f;
   expect_gemm_error(run(a_e4, b_e4, c_e4, accumulate), name("C", c_e4));
+  // FP8 rows of 16 bytes: K (8 here) and C's rows (3 FP32 = 12 bytes), as on a GPU.
+  expect_gemm_error(run(a_e4, b_e4, c), name("A", a_e4));
+  expect_gemm_error(run(a_e4, b_e4, c), name("B", b_e4));
+  const Tensor a_e4_k16 = t(DType::kE4M3, {4, 16});
+  const Tensor b_e4_k16 = t(DType::kE4M3, {16, 3});
+  expect_gemm_error(run(a_e4_k16, b_e4_k16, c), name("C", c));
+  expect_no_gemm_error(run(a_e4_k16, t(DType::kE4M3, {16, 4}), Tensor::empty({4, 4}, DType::kF32)));
 
   // Scale and amax scalars: 1-element F32 tensors, for FP8 tensors only.
   const Tensor two = Tensor::empty({2}, DType::kF32);

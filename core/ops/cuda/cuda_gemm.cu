@@ -62,18 +62,11 @@ bool aligned16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
 
-// 16-byte alignment of what an FP8 GEMM reads in place. An operand that is first copied
-// transposed (copy_a, copy_b) lands in aligned scratch, so only its K matters.
-void check_fp8_layout(const Tensor& a, const Tensor& b, const Tensor& c, const GemmShape& s,
-                      bool copy_a, bool copy_b) {
-  MANTISSA_CHECK(s.k % 16 == 0, kOp << ": FP8 operands A " << a.describe() << " and B "
-                                    << b.describe() << " have K = " << s.k
-                                    << "; FP8 GEMMs need K to be a multiple of 16 (16-byte "
-                                       "aligned rows)");
-  MANTISSA_CHECK((s.n * static_cast<int64_t>(dtype_size(c.dtype()))) % 16 == 0,
-                 kOp << ": output C " << c.describe() << " of an FP8 GEMM has rows of " << s.n
-                     << " elements (" << s.n * static_cast<int64_t>(dtype_size(c.dtype()))
-                     << " bytes); FP8 GEMMs need rows that are a multiple of 16 bytes");
+// 16-byte aligned starts of what an FP8 GEMM reads in place (check_gemm has checked the row
+// lengths). An operand that is first copied transposed (copy_a, copy_b) lands in aligned
+// scratch.
+void check_fp8_alignment(const Tensor& a, const Tensor& b, const Tensor& c, bool copy_a,
+                         bool copy_b) {
   MANTISSA_CHECK(copy_a || aligned16(a.data()),
                  kOp << ": FP8 operand A " << a.describe()
                      << " does not start at a 16-byte aligned address, which FP8 GEMMs need");
@@ -422,7 +415,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
                        << " need FP8 tensor cores (compute capability 8.9 or newer: Ada, "
                           "Hopper), which "
                        << device_description(device_index_) << " does not have");
-    check_fp8_layout(a, b, c, s, copy_a, copy_b);
+    check_fp8_alignment(a, b, c, copy_a, copy_b);
   }
 
   float* amax = p.c_amax != nullptr ? p.c_amax->data_as<float>() : nullptr;
