@@ -110,11 +110,23 @@ def main():
 
             # Every job needs both CPUs: Slurm runs them one after the other.
             job_a = submit("a", "mantissa-1node.sbatch", STEPS)
-            job_b = submit("b", "mantissa-1node.sbatch", STEPS)
+            # B serves metrics and publishes its scrape targets (file_sd) while it runs.
+            port_b = harness.free_port_block(2)
+            sd_dir = os.path.join(workdir, "file_sd")
+            os.mkdir(sd_dir)
+            job_b = submit("b", "mantissa-1node.sbatch", STEPS,
+                           MANTISSA_METRICS_PORT=str(port_b), MANTISSA_METRICS_BIND="127.0.0.1",
+                           MANTISSA_PROM_SD_DIR=sd_dir)
             run_b = os.path.join(workdir, "run-b")
+            host = socket.gethostname().split('.')[0]
 
             harness.wait_until(f"job b to reach step {SIGNAL_AT_STEP}",
                                lambda: last_step(run_b) >= SIGNAL_AT_STEP, timeout=150)
+            sd_file_b = os.path.join(sd_dir, f"mantissa-{job_b}.json")
+            targets_b = read_json(sd_file_b)
+            if targets_b != [{"targets": [f"{host}:{port_b + r}" for r in range(2)],
+                              "labels": {"slurm_job_name": "mantissa-b"}}]:
+                harness.fail(f"job b's file_sd targets are {targets_b}")
             harness.log(f"job b at step {last_step(run_b)}: sending USR1 to its batch script")
             subprocess.run(["scancel", "--batch", "--signal=USR1", job_b], env=env, check=True)
 
@@ -143,8 +155,6 @@ def main():
 
             # C: srun --mpi=pmix, metrics on, scrape targets published while it runs.
             metrics_port = harness.free_port_block(2)
-            sd_dir = os.path.join(workdir, "file_sd")
-            os.mkdir(sd_dir)
             job_c = submit("c", "mantissa-multinode.sbatch", SRUN_STEPS,
                            ["--nodes=1", "--ntasks-per-node=2"],
                            MANTISSA_METRICS_PORT=str(metrics_port),
@@ -153,6 +163,8 @@ def main():
             if wait_completed("a", job_a).get("Restarts") != "0":
                 harness.fail("job a was restarted")
             wait_completed("b", job_b)
+            if os.path.exists(sd_file_b):
+                harness.fail(f"job b left its file_sd targets behind: {sd_file_b}")
             if not 0 <= stopped_at < STEPS - 1:
                 harness.fail(f"job b stopped after step {stopped_at}: not in the middle")
             log_a = harness.read_step_log(os.path.join(workdir, "run-a"), 0)
@@ -174,8 +186,7 @@ def main():
             sd_file = os.path.join(sd_dir, f"mantissa-{job_c}.json")
             targets = harness.wait_until("job c's file_sd targets",
                                          lambda: read_json(sd_file), timeout=150)
-            expected = [f"{socket.gethostname().split('.')[0]}:{metrics_port + r}"
-                        for r in range(2)]
+            expected = [f"{host}:{metrics_port + r}" for r in range(2)]
             if targets[0]["targets"] != expected:
                 harness.fail(f"file_sd targets {targets}, expected {expected}")
             scraped = harness.wait_until(
@@ -191,7 +202,7 @@ def main():
                     range(SRUN_STEPS)):
                 harness.fail("job c (srun) did not log every step on rank 1")
             print("PASS: the 1-node script ran, was preempted, requeued and resumed exactly; "
-                  "the multi-node script ran under srun --mpi=pmix with metrics and file_sd")
+                  "both published file_sd targets; the multi-node script ran under srun --mpi=pmix")
         finally:
             # On failure the cluster's logs stay with the rest of the work directory.
             keep = args.keep or sys.exc_info()[0] is not None
