@@ -105,6 +105,7 @@ struct Bucket {
   Stage stage = Stage::kWaiting;  // the last collective issued (kDone once all are complete)
   RequestPtr request;             // that collective, while in flight
   bool nonfinite = false;         // this rank's gradients, before any cast
+  Tensor found;  // F32 [1] on the backend's device, a view of found_: the non-finite check
 
   // Chunk r of the bucket is reduced by rank r (the whole bucket under plain ZeRO-0).
   std::vector<int64_t> counts;
@@ -208,7 +209,7 @@ class DataParallelImpl final : public DataParallel {
         advance();
       }
     }
-    bool nonfinite = false;
+    bool nonfinite = read_nonfinite_flags();
     for (Bucket& b : buckets_) {
       nonfinite = nonfinite || b.nonfinite;
       b.stage = Stage::kWaiting;
@@ -343,6 +344,21 @@ class DataParallelImpl final : public DataParallel {
     from_comm_device(buf, host);
   }
 
+  // The buckets' device-side non-finite checks (F32, BF16, FP16 reduce), read in one copy once
+  // every reduction is issued: reading each before its collective would stall the host, and
+  // with it the GPU, once per bucket. (FP8 reads its amax per bucket anyway, to scale by it.)
+  bool read_nonfinite_flags() {
+    if (fp8()) return false;
+    std::vector<float> flags(buckets_.size());
+    Tensor host =
+        Tensor::wrap(flags.data(), Shape{static_cast<int64_t>(flags.size())}, DType::kF32);
+    backend_.copy(found_, host);
+    backend_.synchronize();
+    // F32: unscale_check_finite's flag (1 = found); otherwise the cast's amax of the bucket.
+    return std::any_of(flags.begin(), flags.end(),
+                       [&](float f) { return fp32() ? f != 0.0f : !std::isfinite(f); });
+  }
+
   float read_scalar(const Tensor& t) {
     float value = 0.0f;
     Tensor host = Tensor::wrap(&value, Shape{1}, DType::kF32);
@@ -384,7 +400,7 @@ class DataParallelImpl final : public DataParallel {
   std::vector<int> bucket_of_param_;
   std::vector<bool> param_seen_;
   Tensor low_;    // the whole flat buffer in the reduce dtype; buckets view it
-  Tensor found_;  // F32 [1] on the backend's device: F32 path non-finite flag
+  Tensor found_;  // F32 [buckets] on the backend's device: each bucket's non-finite check
   bool step_open_ = false;
   double comm_seconds_ = 0.0;
   int64_t comm_bytes_ = 0;
@@ -397,7 +413,6 @@ void DataParallelImpl::build_buckets() {
       1, static_cast<int64_t>(config_.bucket_mb * 1024.0 * 1024.0 / sizeof(float)));
   const core::Device device = backend_.device();
   if (!fp32()) low_ = Tensor::empty(Shape{flat}, config_.grad_reduce_dtype, device);
-  found_ = Tensor::empty(Shape{1}, DType::kF32, device);
   bucket_of_param_.assign(static_cast<size_t>(params_.size()), -1);
   param_seen_.assign(static_cast<size_t>(params_.size()), false);
 
@@ -423,7 +438,10 @@ void DataParallelImpl::build_buckets() {
   build_order();
 
   const size_t me = static_cast<size_t>(ctrl_->rank());
-  for (Bucket& b : buckets_) {
+  found_ = Tensor::empty(Shape{static_cast<int64_t>(buckets_.size())}, DType::kF32, device);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = buckets_[i];
+    b.found = found_.view(static_cast<int64_t>(i), Shape{1});
     const int64_t numel = b.end - b.begin;
     b.grads = params_.grads().view(b.begin, Shape{numel});
     b.low = fp32() ? b.grads : low_.view(b.begin, Shape{numel});
@@ -525,8 +543,8 @@ void DataParallelImpl::advance() {
 
 void DataParallelImpl::start_amax(Bucket& b) {
   // The amax is also this rank's non-finite check: inf or NaN anywhere makes it non-finite.
-  backend_.amax(b.grads, found_);
-  float amax = read_scalar(found_);
+  backend_.amax(b.grads, b.found);
+  float amax = read_scalar(b.found);
   b.nonfinite = !std::isfinite(amax);
   if (std::isnan(amax)) amax = INFINITY;  // so that MAX cannot drop it
   Tensor host = Tensor::wrap(&amax, Shape{1}, DType::kF32);
@@ -555,19 +573,18 @@ void DataParallelImpl::start_reduce(Bucket& b) {
   backend_.fill(b.w, static_cast<float>(w));
   core::CastParams cast;
   cast.scale = &b.q;
+  // The non-finite checks land in b.found, which finish() reads. The collective needs no
+  // synchronize first: a communicator orders itself after the backend's queued work.
   if (fp32()) {
     // Pre-divide in place, fused with the non-finite check of the values before scaling.
-    backend_.fill(found_, 0.0f);
-    backend_.unscale_check_finite(b.grads, static_cast<float>(q), found_, nullptr);
-    b.nonfinite = read_scalar(found_) != 0.0f;
+    backend_.fill(b.found, 0.0f);
+    backend_.unscale_check_finite(b.grads, static_cast<float>(q), b.found, nullptr);
   } else if (fp8()) {
     backend_.cast(b.grads, b.low, cast);  // nonfinite already known from the amax
   } else {
-    cast.amax = &found_;  // max |g| before the cast: the non-finite check in the same pass
+    cast.amax = &b.found;  // max |g| before the cast: the non-finite check in the same pass
     backend_.cast(b.grads, b.low, cast);
-    b.nonfinite = !std::isfinite(read_scalar(found_));
   }
-  backend_.synchronize();
   if (config_.accumulate_fp32) {
     b.request = reduce_comm_->all_to_all(b.low, b.counts, b.recv,
                                          std::vector<int64_t>(static_cast<size_t>(n), b.mine));
@@ -608,13 +625,11 @@ void DataParallelImpl::after_reduce(Bucket& b) {
     if (b.mine > 0) sum_received_chunks(b);
     if (config_.zero_stage == 1) {
       if (b.mine > 0) backend_.cast(b.sum, my_grads, widen);
-      backend_.synchronize();
       b.stage = Stage::kDone;
       return;
     }
     Tensor my_low = b.low.view(b.mine_offset, Shape{b.mine});
     if (b.mine > 0) backend_.cast(b.sum, my_low, core::CastParams{});
-    backend_.synchronize();
     return;  // the all-gather is issued in its turn
   }
   if (config_.zero_stage == 1) {
@@ -622,7 +637,6 @@ void DataParallelImpl::after_reduce(Bucket& b) {
   } else if (!fp32()) {
     backend_.cast(b.low, b.grads, widen);
   }
-  backend_.synchronize();
   b.stage = Stage::kDone;
 }
 
@@ -639,7 +653,6 @@ void DataParallelImpl::after_gather(Bucket& b) {
     core::CastParams widen;
     widen.scale = &b.w;
     backend_.cast(b.low, b.grads, widen);
-    backend_.synchronize();
   }
   b.stage = Stage::kDone;
 }
