@@ -102,6 +102,17 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
                                            << " must have shape " << expected.str());
 }
 
+void check_disjoint(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                    const Tensor& in) {
+  const auto out0 = reinterpret_cast<uintptr_t>(out.data());
+  const auto in0 = reinterpret_cast<uintptr_t>(in.data());
+  const bool overlap =
+      out.nbytes() > 0 && in.nbytes() > 0 && out0 < in0 + in.nbytes() && in0 < out0 + out.nbytes();
+  MANTISSA_CHECK(!overlap, op << ": " << out_name << " " << out.describe() << " overlaps "
+                              << in_name << " " << in.describe()
+                              << "; the output must not share memory with that input");
+}
+
 void check_scalar(const char* op, const char* name, const Tensor& t, Device device, DType dtype) {
   check_operand(op, name, t, device, {dtype});
   MANTISSA_CHECK(t.numel() == 1, op << ": operand " << name << " " << t.describe()
@@ -133,6 +144,9 @@ void check_copy_sizes(const Tensor& src, const Tensor& dst) {
   MANTISSA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
                  "copy: src " << src.describe() << " and dst " << dst.describe()
                               << " differ in dtype or element count");
+  // A device-to-device cudaMemcpy of overlapping ranges is undefined; a copy onto itself is
+  // a no-op everywhere.
+  if (src.data() != dst.data()) check_disjoint("copy", "dst", dst, "src", src);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -248,6 +262,9 @@ AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, cons
   const AttentionDims d = attention_dims(op, qkv, n_head);
   check_shape(op, "out", out, Shape{d.B, d.T, d.C});
   check_shape(op, "att", att, Shape{d.B, d.H, d.T, d.T});
+  check_disjoint(op, "out", out, "qkv", qkv);
+  check_disjoint(op, "att", att, "qkv", qkv);
+  check_disjoint(op, "att", att, "out", out);
   return d;
 }
 
@@ -262,6 +279,9 @@ AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, co
   check_shape(op, "dout", dout, Shape{d.B, d.T, d.C});
   check_shape(op, "att", att, Shape{d.B, d.H, d.T, d.T});
   check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+  check_disjoint(op, "dqkv", dqkv, "qkv", qkv);
+  check_disjoint(op, "dqkv", dqkv, "dout", dout);
+  check_disjoint(op, "dqkv", dqkv, "att", att);
   return d;
 }
 

@@ -25,6 +25,10 @@ void check_rank(const char* op, const char* name, const Tensor& t, int rank);
 void check_same_shape(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                       const Tensor& b);
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected);
+// `out` shares no byte with `in`: an op whose kernels write out while other threads still read
+// in would otherwise give results that depend on the backend and the schedule.
+void check_disjoint(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                    const Tensor& in);
 // A 1-element F32 tensor on `device` (scales, amax, norms, flags); I64 with `dtype`.
 void check_scalar(const char* op, const char* name, const Tensor& t, Device device,
                   DType dtype = DType::kF32);

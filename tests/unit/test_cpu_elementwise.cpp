@@ -344,6 +344,25 @@ TEST_F(CpuElementwise, CastRejectsBadOperands) {
 }
 
 // ---------------------------------------------------------------------------------------
+// copy
+
+// Bytes move exactly; a copy onto itself is a no-op; partly overlapping ranges are refused on
+// every backend (a device-to-device cudaMemcpy of them is undefined).
+TEST_F(CpuElementwise, CopyIsExactAndRefusesOverlappingRanges) {
+  Tensor src = Tensor::empty(Shape{6}, DType::kBF16);
+  fill_log_uniform(src, rng, -20, 20);
+  Tensor dst = Tensor::empty(Shape{6}, DType::kBF16);
+  backend->copy(src, dst);
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.nbytes()), 0);
+  backend->copy(dst, dst);
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.nbytes()), 0);
+  Tensor head = dst.view(0, Shape{4});
+  Tensor tail = dst.view(2, Shape{4});
+  expect_error([&] { backend->copy(head, tail); }, {"copy", "dst", "overlaps src"});
+  expect_error([&] { backend->copy(src, head); }, {"copy", "element count"});
+}
+
+// ---------------------------------------------------------------------------------------
 // amax
 
 TEST_F(CpuElementwise, AmaxMatchesFp64) {

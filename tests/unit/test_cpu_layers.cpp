@@ -836,6 +836,13 @@ TEST(CpuLayers, BadArgumentsThrowNamingTheOp) {
   Tensor dqkv_wrong = poisoned({1, 4, 30}, DType::kF32);
   expect_error([&] { be.attention_backward(attn_out, qkv, att, dqkv_wrong, 2); },
                {"attention_backward", "dqkv"});
+  // Outputs that share memory with an input: in place would be fine on one backend only.
+  Tensor qkv_copy = make(s.qkv(), DType::kF32, Vec(s.qkv().numel(), 0.5));
+  expect_error([&] { be.attention_backward(attn_out, qkv_copy, att, qkv_copy, 2); },
+               {"attention_backward", "dqkv", "overlaps qkv"});
+  Tensor out_in_qkv = qkv_copy.view(0, s.out());
+  expect_error([&] { be.attention_forward(qkv_copy, out_in_qkv, att, 2); },
+               {"attention_forward", "out", "overlaps qkv"});
 
   const int64_t V = 11;
   Tensor wte = make({V, C}, DType::kF32, Vec(V * C, 1.0));

@@ -112,10 +112,15 @@ class DeviceCache {
   }
 
  private:
+  // Each block leaves the cache before it is freed, so a cudaFree that fails (and throws)
+  // never leaves a freed block behind for acquire() to hand out.
   void release_cached_locked() {
     for (auto& [size, blocks] : free_) {
-      for (void* block : blocks) MANTISSA_CUDA_CHECK(cudaFree(block));
-      blocks.clear();
+      while (!blocks.empty()) {
+        void* block = blocks.back();
+        blocks.pop_back();
+        MANTISSA_CUDA_CHECK(cudaFree(block));
+      }
     }
   }
 

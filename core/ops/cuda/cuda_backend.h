@@ -1,5 +1,7 @@
 // The CUDA backend: cuBLASLt for every GEMM, hand-written kernels for the rest. All work is
 // queued on one stream owned by the backend; nothing synchronises unless asked to.
+// The constructor makes its device the calling thread's current device and no op sets it
+// again: one backend per thread (one rank per GPU), as the trainer runs it.
 //
 // The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
 // (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layers.cu, cuda_optim.cu.
