@@ -10,10 +10,10 @@
 // output, with OpenBLAS's own threads (as many as it starts with). The backend's GEMM runs
 // on the OpenMP threads instead and keeps OpenBLAS single-threaded, so the two take turns in
 // blocks (each block starts with an untimed call that absorbs the hand-over between thread
-// pools), and every configuration is compared with the anchor block just before it, so
-// slow drifts in machine load shift both alike. BF16 and FP8 operands run the native
-// AVX512-BF16 kernel where the CPU has one (the header line says which path ran). Figures
-// only: nothing passes or fails.
+// pools), three blocks of each in alternation, and every configuration is compared with the
+// anchor blocks interleaved with its own, so slow drifts in machine load shift both alike. BF16 and
+// FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the header line says which
+// path ran). Figures only: nothing passes or fails.
 #include <cblas.h>
 #include <omp.h>
 
@@ -36,7 +36,7 @@ using namespace mantissa::core;
 
 namespace {
 
-constexpr int kMinRepetitions = 5;
+constexpr size_t kMinRepetitions = 5;
 
 struct Problem {
   std::string name;
@@ -61,21 +61,42 @@ Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937& rng) {
   return t;
 }
 
-// Median seconds per call: one untimed call, then at least kMinRepetitions timed calls
-// filling at least min_seconds.
-double time_block(const std::function<void()>& call, double min_seconds) {
+struct PairTiming {
+  double anchor_seconds;
+  double op_seconds;
+};
+
+// Median seconds per call of `anchor` and of `op`, timed in alternating blocks: kRounds
+// blocks of each, every block one untimed call (it absorbs the hand-over between thread
+// pools) and then timed calls filling min_seconds / kRounds (at least kMinRepetitions).
+// A burst of load from another process then lands in one block of the several on each
+// side instead of in the only block of one side.
+PairTiming time_pair(const std::function<void()>& anchor, const std::function<void()>& op,
+                     double min_seconds) {
   using Clock = std::chrono::steady_clock;
-  call();
-  std::vector<double> seconds;
-  const Clock::time_point start = Clock::now();
-  while (seconds.size() < kMinRepetitions ||
-         std::chrono::duration<double>(Clock::now() - start).count() < min_seconds) {
-    const Clock::time_point t0 = Clock::now();
+  constexpr int kRounds = 3;
+  const auto time_block = [&](const std::function<void()>& call, std::vector<double>& seconds) {
     call();
-    seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    const Clock::time_point start = Clock::now();
+    for (size_t n = 0;
+         n < kMinRepetitions ||
+         std::chrono::duration<double>(Clock::now() - start).count() < min_seconds / kRounds;
+         ++n) {
+      const Clock::time_point t0 = Clock::now();
+      call();
+      seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+  };
+  std::vector<double> anchor_seconds, op_seconds;
+  for (int round = 0; round < kRounds; ++round) {
+    time_block(anchor, anchor_seconds);
+    time_block(op, op_seconds);
   }
-  std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(anchor_seconds), median(op_seconds)};
 }
 
 Shape stored_a(const Problem& p) {
@@ -117,9 +138,10 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
         params.a_scale = &scale;
         params.b_scale = &scale;
       }
-      const double sgemm_gflops = gflop / time_block(sgemm, min_seconds);
-      const double gemm_gflops =
-          gflop / time_block([&] { backend.gemm(a, b, c, params); }, min_seconds);
+      const PairTiming t = time_pair(
+          sgemm, [&] { backend.gemm(a, b, c, params); }, min_seconds);
+      const double sgemm_gflops = gflop / t.anchor_seconds;
+      const double gemm_gflops = gflop / t.op_seconds;
       std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %8.1f  %6.3f\n", p.name.c_str(),
                   static_cast<long long>(p.m), static_cast<long long>(p.n),
                   static_cast<long long>(p.k), dtype_name(operands), dtype_name(out), gemm_gflops,
