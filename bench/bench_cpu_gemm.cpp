@@ -11,9 +11,9 @@
 // on the OpenMP threads instead and keeps OpenBLAS single-threaded, so the two take turns in
 // blocks (each block starts with an untimed call that absorbs the hand-over between thread
 // pools), three blocks of each in alternation, and every configuration is compared with the
-// anchor blocks interleaved with its own, so slow drifts in machine load shift both alike. BF16 and
-// FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the header line says which
-// path ran). Figures only: nothing passes or fails.
+// anchor blocks interleaved with its own, so slow drifts in machine load shift both alike.
+// BF16 and FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the header
+// line says which path ran). Figures only: nothing passes or fails.
 #include <cblas.h>
 #include <omp.h>
 
