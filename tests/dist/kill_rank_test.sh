@@ -30,6 +30,7 @@ grep -Eq "^mantissa: rank [0-9]+: .*did not complete within .* rank\(s\) \[1\] d
 # awk for the fractional seconds: it is in every Debian installation, bc is not.
 elapsed=$(awk -v end="$end" -v start="$killed_at" 'BEGIN { printf "%.2f", end - start }')
 echo "kill_rank_test: mpirun exited $rc, $elapsed s after the kill (timeout_s $timeout_s)"
-awk -v elapsed="$elapsed" -v limit="$((timeout_s + slack))" 'BEGIN { exit !(elapsed <= limit) }' ||
+awk -v elapsed="$elapsed" -v timeout="$timeout_s" -v slack="$slack" \
+  'BEGIN { exit !(elapsed <= timeout + slack) }' ||
   fail "the survivors took $elapsed s, more than timeout_s + $slack"
 echo "kill_rank_test: passed"

@@ -20,7 +20,6 @@ runs in a private network namespace that nothing outside can reach (harness.isol
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -118,7 +117,8 @@ def main():
                            MANTISSA_METRICS_PORT=str(port_b), MANTISSA_METRICS_BIND="127.0.0.1",
                            MANTISSA_PROM_SD_DIR=sd_dir)
             run_b = os.path.join(workdir, "run-b")
-            host = socket.gethostname().split('.')[0]
+            # Exporters bound to loopback are published as 127.0.0.1 (Prometheus on the node).
+            host = "127.0.0.1"
 
             harness.wait_until(f"job b to reach step {SIGNAL_AT_STEP}",
                                lambda: last_step(run_b) >= SIGNAL_AT_STEP, timeout=150)
@@ -127,6 +127,9 @@ def main():
             if targets_b != [{"targets": [f"{host}:{port_b + r}" for r in range(2)],
                               "labels": {"slurm_job_name": "mantissa-b"}}]:
                 harness.fail(f"job b's file_sd targets are {targets_b}")
+            if 'mantissa_steps_total{rank="1"}' not in harness.http_get(
+                    f"http://{host}:{port_b + 1}/metrics"):
+                harness.fail("job b's published rank 1 target serves no mantissa_steps_total")
             harness.log(f"job b at step {last_step(run_b)}: sending USR1 to its batch script")
             subprocess.run(["scancel", "--batch", "--signal=USR1", job_b], env=env, check=True)
 

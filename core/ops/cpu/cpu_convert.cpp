@@ -13,6 +13,8 @@
 //    NaN, overflow) cost it only in the vectors that hold one.
 //  - amax is the maximum of |x|'s bit pattern: non-negative floats order like their patterns
 //    and every NaN pattern lies above +inf, so a NaN wins the maximum, i.e. propagates.
+// On CPUs with AVX-512, stochastic rounding and rounding to FP8 run the sixteen-lane kernels of
+// cpu_narrow_avx512.cpp instead (narrow_nearest_block, narrow_stochastic_block).
 // A conversion is split into fixed blocks handed to OpenMP threads; a block runs the vector
 // loop and finishes its last few elements with the scalar functions. The block kernels take
 // their arguments by value: vector stores may alias anything, so values read through a
@@ -236,12 +238,9 @@ void round32(const __m256 x[4], T* dst, Saturation saturation) {
 // --- stochastic rounding ---------------------------------------------------------------------
 
 // random[i] = random_u32(key, first_offset + i) for i in [0, n), offsets not wrapping. It is
-// the scalar definition in a loop, which the compiler vectorizes; the four 32-bit multiplies
-// per element are most of stochastic rounding's cost, so target_clones adds an AVX-512 build
-// (twice the lanes per multiply) that the dynamic loader picks on CPUs that have it.
-[[gnu::target_clones("arch=x86-64-v4", "default")]] void fill_random(RandomKey key,
-                                                                     uint32_t first_offset,
-                                                                     uint32_t* random, int64_t n) {
+// the scalar definition in a loop, which the compiler vectorizes. (CPUs with AVX-512 round
+// stochastically in cpu_narrow_avx512.cpp, which hashes in its own loop.)
+void fill_random(RandomKey key, uint32_t first_offset, uint32_t* random, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     random[i] = random_u32(key, first_offset + static_cast<uint32_t>(i));
 }
