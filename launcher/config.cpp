@@ -15,6 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
+#include "core/ops/cpu/cpu_switch.h"
+
 namespace mantissa::launcher {
 
 namespace {
@@ -541,6 +544,18 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
   }
 }
 
+// The environment switches of the CPU backend, checked before anything runs (not at the first
+// GEMM or cast that reads them).
+void validate_environment() {
+  for (const char* variable : {"MANTISSA_CPU_BF16_GEMM", "MANTISSA_CPU_AVX512_CONVERT"}) {
+    try {
+      core::cpu_switch_on(variable);
+    } catch (const core::Error& e) {
+      throw ConfigError(std::string("environment: ") + e.what());
+    }
+  }
+}
+
 void validate(const TrainConfig& config) {
   const Config::Run& run = config.run();
   at_least("run.steps", run.steps(), 1);
@@ -558,6 +573,7 @@ void validate(const TrainConfig& config) {
   at_least("checkpoint.keep", config.checkpoint().keep(), 0);
   validate_metrics(config.metrics());
   validate_debug(config.debug(), run.steps());
+  validate_environment();
 }
 
 std::string describe_defaults() {

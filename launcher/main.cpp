@@ -54,6 +54,7 @@ environment (CPU runs):
   MANTISSA_CPU_AVX512_CONVERT=0
                             stochastic rounding and FP8 casts use their AVX2 code on CPUs
                             with AVX-512 (the results are the same; for comparison)
+  The MANTISSA_CPU_* switches take 0 or 1 (the default); any other value is a config error.
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
+#include "core/ops/cpu/cpu_switch.h"
 
 namespace mantissa::core {
 namespace {
@@ -546,6 +547,27 @@ TEST(CpuConvert, Avx512KernelsFollowCpuAndEnvironment) {
   EXPECT_EQ(avx512::narrow_enabled(), cpu_has && !turned_off);
   std::printf("stochastic rounding and FP8 rounding: %s code\n",
               avx512::narrow_enabled() ? "AVX-512" : "AVX2");
+}
+
+// The switches that turn CPU fast paths off take 0 or 1; anything else is an error that names
+// the variable and its value (a misspelt "off" must not leave the path on).
+TEST(CpuSwitch, TakesZeroOrOneOnly) {
+  const char* variable = "MANTISSA_TEST_CPU_SWITCH";
+  unsetenv(variable);
+  EXPECT_TRUE(cpu_switch_on(variable));
+  setenv(variable, "1", 1);
+  EXPECT_TRUE(cpu_switch_on(variable));
+  setenv(variable, "0", 1);
+  EXPECT_FALSE(cpu_switch_on(variable));
+  setenv(variable, "off", 1);
+  try {
+    cpu_switch_on(variable);
+    ADD_FAILURE() << "\"off\" was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MANTISSA_TEST_CPU_SWITCH=off"), std::string::npos)
+        << e.what();
+  }
+  unsetenv(variable);
 }
 
 }  // namespace

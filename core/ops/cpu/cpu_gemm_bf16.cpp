@@ -26,13 +26,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
 #include <type_traits>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/cpu/cpu_switch.h"
 #include "core/ops/cpu/scratch_buffer.h"
 
 // Functions that use AVX-512 carry this attribute: the rest of the library is built for
@@ -235,10 +234,9 @@ void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b,
 
 bool bf16_gemm_enabled() {
   static const bool enabled = [] {
-    const char* setting = std::getenv("MANTISSA_CPU_BF16_GEMM");
-    const bool turned_off = setting != nullptr && std::strcmp(setting, "0") == 0;
-    return !turned_off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    return cpu_switch_on("MANTISSA_CPU_BF16_GEMM") && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bf16");
   }();
   return enabled;
 }

@@ -15,20 +15,18 @@
 
 #include <immintrin.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
+#include "core/ops/cpu/cpu_switch.h"
 #include "core/ops/cpu/narrow_formats.h"
 
 namespace mantissa::core::avx512 {
 
 bool narrow_enabled() {
   static const bool enabled = [] {
-    const char* setting = std::getenv("MANTISSA_CPU_AVX512_CONVERT");
-    const bool turned_off = setting != nullptr && std::strcmp(setting, "0") == 0;
-    return !turned_off && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return cpu_switch_on("MANTISSA_CPU_AVX512_CONVERT") && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
   }();
   return enabled;
 }
