@@ -7,10 +7,10 @@
 //    then get dtype.h's canonical pattern (0x7FFFFFFF with the code's sign).
 //  - narrowing: BF16 and FP8 round with integer arithmetic on the FP32 pattern, FP16 with
 //    F16C; NaN becomes the canonical code.
-//  - stochastic rounding: random_u32 is computed 512 indices at a time into an L1 buffer
-//    (fill_random, with the key of their run of 2^32 indices derived once per run) and
-//    compared as dtype.h compares it; lanes that need a slower rule (subnormal results, inf,
-//    NaN, overflow) cost it only in the vectors that hold one.
+//  - stochastic rounding: random_u32 is computed for eight indices at once, with the key of
+//    their run of 2^32 indices derived once per run, and compared as dtype.h compares it;
+//    lanes that need a slower rule (subnormal results, inf, NaN, overflow) cost it only in
+//    the vectors that hold one.
 //  - amax is the maximum of |x|'s bit pattern: non-negative floats order like their patterns
 //    and every NaN pattern lies above +inf, so a NaN wins the maximum, i.e. propagates.
 // On CPUs with AVX-512, stochastic rounding and rounding to FP8 run the sixteen-lane kernels of
@@ -237,12 +237,19 @@ void round32(const __m256 x[4], T* dst, Saturation saturation) {
 
 // --- stochastic rounding ---------------------------------------------------------------------
 
-// random[i] = random_u32(key, first_offset + i) for i in [0, n), offsets not wrapping. It is
-// the scalar definition in a loop, which the compiler vectorizes. (CPUs with AVX-512 round
-// stochastically in cpu_narrow_avx512.cpp, which hashes in its own loop.)
-void fill_random(RandomKey key, uint32_t first_offset, uint32_t* random, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    random[i] = random_u32(key, first_offset + static_cast<uint32_t>(i));
+// dtype.h's hash32 on eight lanes.
+__m256i hash8(__m256i x) {
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+  x = _mm256_mullo_epi32(x, broadcast(kHash32Multiply1));
+  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+  x = _mm256_mullo_epi32(x, broadcast(kHash32Multiply2));
+  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+}
+
+// random_u32(key, offsets[k]) in each lane k.
+__m256i random8(RandomKey key, __m256i offsets) {
+  const __m256i first_round = hash8(_mm256_xor_si256(offsets, broadcast(key.first)));
+  return hash8(_mm256_xor_si256(first_round, broadcast(key.second)));
 }
 
 // Lanes where `rare` is set take their code from nearest() instead of `code`. Such lanes (inf,
@@ -391,25 +398,22 @@ template <class T>
 [[gnu::flatten]] uint32_t narrow_stochastic_run(const float* src, T* dst, int64_t begin,
                                                 int64_t end, NarrowOptions o, RandomKey key,
                                                 uint32_t first_offset) {
-  constexpr int64_t kChunk = 512;  // random numbers drawn at a time: a multiple of 32, in L1
-  alignas(32) uint32_t random_chunk[kChunk];
   const __m256 scale = _mm256_set1_ps(o.scale);
   __m256i vector_amax = _mm256_setzero_si256();
+  __m256i offsets =
+      _mm256_add_epi32(broadcast(first_offset), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   int64_t i = begin;
-  while (i + 32 <= end) {
-    const int64_t chunk = std::min(kChunk, (end - i) / 32 * 32);
-    fill_random(key, first_offset + static_cast<uint32_t>(i - begin), random_chunk, chunk);
-    for (int64_t c = 0; c < chunk; c += 32, i += 32) {
-      __m256 x[4];
-      __m256i random[4];
-      for (int k = 0; k < 4; ++k) {
-        x[k] = _mm256_loadu_ps(src + i + 8 * k);
-        vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
-        x[k] = _mm256_mul_ps(x[k], scale);
-        random[k] = _mm256_load_si256(reinterpret_cast<const __m256i*>(random_chunk + c + 8 * k));
-      }
-      round32_stochastic(x, random, dst + i, o.saturation);
+  for (; i + 32 <= end; i += 32) {
+    __m256 x[4];
+    __m256i random[4];
+    for (int k = 0; k < 4; ++k) {
+      x[k] = _mm256_loadu_ps(src + i + 8 * k);
+      vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
+      x[k] = _mm256_mul_ps(x[k], scale);
+      random[k] = random8(key, offsets);
+      offsets = _mm256_add_epi32(offsets, broadcast(8));
     }
+    round32_stochastic(x, random, dst + i, o.saturation);
   }
   const uint32_t tail_amax = narrow_scalar(src, dst, i, end, o.scale, [&](float y, int64_t j) {
     const uint32_t offset = first_offset + static_cast<uint32_t>(j - begin);
