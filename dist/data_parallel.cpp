@@ -104,8 +104,9 @@ struct Bucket {
   int params_ready = 0;
   Stage stage = Stage::kWaiting;  // the last collective issued (kDone once all are complete)
   RequestPtr request;             // that collective, while in flight
-  bool nonfinite = false;         // this rank's gradients, before any cast
-  Tensor found;  // F32 [1] on the backend's device, a view of found_: the non-finite check
+  // F32 [1] on the backend's device, a view of found_: this rank's non-finite check of the
+  // bucket's gradients, before any cast.
+  Tensor found;
 
   // Chunk r of the bucket is reduced by rank r (the whole bucket under plain ZeRO-0).
   std::vector<int64_t> counts;
@@ -209,12 +210,10 @@ class DataParallelImpl final : public DataParallel {
         advance();
       }
     }
-    bool nonfinite = read_nonfinite_flags();
+    const bool nonfinite = read_nonfinite_flags();
     for (Bucket& b : buckets_) {
-      nonfinite = nonfinite || b.nonfinite;
       b.stage = Stage::kWaiting;
       b.params_ready = 0;
-      b.nonfinite = false;
     }
     std::fill(param_seen_.begin(), param_seen_.end(), false);
     next_ = 0;
@@ -344,17 +343,17 @@ class DataParallelImpl final : public DataParallel {
     from_comm_device(buf, host);
   }
 
-  // The buckets' device-side non-finite checks (F32, BF16, FP16 reduce), read in one copy once
-  // every reduction is issued: reading each before its collective would stall the host, and
-  // with it the GPU, once per bucket. (FP8 reads its amax per bucket anyway, to scale by it.)
+  // The buckets' device-side non-finite checks, read in one copy once every reduction is
+  // issued: reading each before its collective would stall the host, and with it the GPU, once
+  // per bucket.
   bool read_nonfinite_flags() {
-    if (fp8()) return false;
     std::vector<float> flags(buckets_.size());
     Tensor host =
         Tensor::wrap(flags.data(), Shape{static_cast<int64_t>(flags.size())}, DType::kF32);
     backend_.copy(found_, host);
     backend_.synchronize();
-    // F32: unscale_check_finite's flag (1 = found); otherwise the cast's amax of the bucket.
+    // F32: unscale_check_finite's flag (1 = found); otherwise the bucket's amax (from the
+    // cast, or for FP8 from start_amax).
     return std::any_of(flags.begin(), flags.end(),
                        [&](float f) { return fp32() ? f != 0.0f : !std::isfinite(f); });
   }
@@ -545,7 +544,6 @@ void DataParallelImpl::start_amax(Bucket& b) {
   // The amax is also this rank's non-finite check: inf or NaN anywhere makes it non-finite.
   backend_.amax(b.grads, b.found);
   float amax = read_scalar(b.found);
-  b.nonfinite = !std::isfinite(amax);
   if (std::isnan(amax)) amax = INFINITY;  // so that MAX cannot drop it
   Tensor host = Tensor::wrap(&amax, Shape{1}, DType::kF32);
   backend_.copy(host, b.amax_comm);
@@ -580,7 +578,7 @@ void DataParallelImpl::start_reduce(Bucket& b) {
     backend_.fill(b.found, 0.0f);
     backend_.unscale_check_finite(b.grads, static_cast<float>(q), b.found, nullptr);
   } else if (fp8()) {
-    backend_.cast(b.grads, b.low, cast);  // nonfinite already known from the amax
+    backend_.cast(b.grads, b.low, cast);  // b.found holds the amax, i.e. the check
   } else {
     cast.amax = &b.found;  // max |g| before the cast: the non-finite check in the same pass
     backend_.cast(b.grads, b.low, cast);
