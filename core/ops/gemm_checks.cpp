@@ -73,12 +73,6 @@ void check_fp8_scalar(const char* name, const Tensor* scalar, const char* tensor
                      << " " << tensor.describe() << " is not FP8; it applies to FP8 tensors only");
 }
 
-bool overlaps(const Tensor& x, const Tensor& y) {
-  const auto x0 = reinterpret_cast<uintptr_t>(x.data());
-  const auto y0 = reinterpret_cast<uintptr_t>(y.data());
-  return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
-}
-
 GemmShape check_shapes(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p) {
   const int rank = a.shape().rank();
   MANTISSA_CHECK(rank == 2 || rank == 3, kOp << ": operand A " << a.describe()

@@ -102,15 +102,17 @@ void check_shape(const char* op, const char* name, const Tensor& t, const Shape&
                                            << " must have shape " << expected.str());
 }
 
+bool overlaps(const Tensor& x, const Tensor& y) {
+  const auto x0 = reinterpret_cast<uintptr_t>(x.data());
+  const auto y0 = reinterpret_cast<uintptr_t>(y.data());
+  return x.nbytes() > 0 && y.nbytes() > 0 && x0 < y0 + y.nbytes() && y0 < x0 + x.nbytes();
+}
+
 void check_disjoint(const char* op, const char* out_name, const Tensor& out, const char* in_name,
                     const Tensor& in) {
-  const auto out0 = reinterpret_cast<uintptr_t>(out.data());
-  const auto in0 = reinterpret_cast<uintptr_t>(in.data());
-  const bool overlap =
-      out.nbytes() > 0 && in.nbytes() > 0 && out0 < in0 + in.nbytes() && in0 < out0 + out.nbytes();
-  MANTISSA_CHECK(!overlap, op << ": " << out_name << " " << out.describe() << " overlaps "
-                              << in_name << " " << in.describe()
-                              << "; the output must not share memory with that input");
+  MANTISSA_CHECK(!overlaps(out, in), op << ": " << out_name << " " << out.describe() << " overlaps "
+                                        << in_name << " " << in.describe()
+                                        << "; the output must not share memory with that input");
 }
 
 void check_scalar(const char* op, const char* name, const Tensor& t, Device device, DType dtype) {
@@ -328,10 +330,8 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor&
     check_same_shape(op, "logits", logits, "dlogits", *dlogits);
     // In-place is fine row by row, but a partial overlap or a different dtype over the same
     // bytes would read logits that an earlier row already overwrote.
-    const auto* l0 = static_cast<const unsigned char*>(logits.data());
-    const auto* d0 = static_cast<const unsigned char*>(dlogits->data());
-    const bool overlap = l0 < d0 + dlogits->nbytes() && d0 < l0 + logits.nbytes();
-    MANTISSA_CHECK(!overlap || (l0 == d0 && logits.dtype() == dlogits->dtype()),
+    MANTISSA_CHECK(!overlaps(logits, *dlogits) ||
+                       (logits.data() == dlogits->data() && logits.dtype() == dlogits->dtype()),
                    op << ": dlogits " << dlogits->describe() << " overlaps logits "
                       << logits.describe() << " without aliasing it exactly");
   }

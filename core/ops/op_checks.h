@@ -25,6 +25,8 @@ void check_rank(const char* op, const char* name, const Tensor& t, int rank);
 void check_same_shape(const char* op, const char* name_a, const Tensor& a, const char* name_b,
                       const Tensor& b);
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected);
+// True when x and y (both non-empty) share a byte.
+bool overlaps(const Tensor& x, const Tensor& y);
 // `out` shares no byte with `in`: an op whose kernels write out while other threads still read
 // in would otherwise give results that depend on the backend and the schedule.
 void check_disjoint(const char* op, const char* out_name, const Tensor& out, const char* in_name,
