@@ -547,12 +547,10 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
 // The environment switches of the CPU backend, checked before anything runs (not at the first
 // GEMM or cast that reads them).
 void validate_environment() {
-  for (const char* variable : {"MANTISSA_CPU_BF16_GEMM", "MANTISSA_CPU_AVX512_CONVERT"}) {
-    try {
-      core::cpu_switch_on(variable);
-    } catch (const core::Error& e) {
-      throw ConfigError(std::string("environment: ") + e.what());
-    }
+  try {
+    core::check_cpu_switches();
+  } catch (const core::Error& e) {
+    throw ConfigError(std::string("environment: ") + e.what());
   }
 }
 

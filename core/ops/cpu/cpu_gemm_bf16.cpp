@@ -234,7 +234,7 @@ void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b,
 
 bool bf16_gemm_enabled() {
   static const bool enabled = [] {
-    return cpu_switch_on("MANTISSA_CPU_BF16_GEMM") && __builtin_cpu_supports("avx512f") &&
+    return cpu_switch_on(kBf16GemmSwitch) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bf16");
   }();

@@ -1,6 +1,7 @@
 #include "core/ops/cpu/cpu_switch.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -16,6 +17,10 @@ bool cpu_switch_on(const char* variable) {
     throw Error(std::string(variable) + "=" + setting + ": must be 0 (off) or 1 (on, the default)");
   }
   return setting == "1";
+}
+
+void check_cpu_switches() {
+  for (const char* variable : {kBf16GemmSwitch, kAvx512ConvertSwitch}) cpu_switch_on(variable);
 }
 
 }  // namespace mantissa::core

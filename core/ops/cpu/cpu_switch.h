@@ -4,9 +4,15 @@
 
 namespace mantissa::core {
 
+inline constexpr const char* kBf16GemmSwitch = "MANTISSA_CPU_BF16_GEMM";
+inline constexpr const char* kAvx512ConvertSwitch = "MANTISSA_CPU_AVX512_CONVERT";
+
 // The value of the switch `variable`: true when it is unset or "1", false when it is "0".
 // Anything else is an error naming the variable and its value, so that a misspelt "off" does
 // not silently leave the path on.
 bool cpu_switch_on(const char* variable);
+
+// Reads every switch above, so that a bad value is reported before any work (an Error).
+void check_cpu_switches();
 
 }  // namespace mantissa::core
