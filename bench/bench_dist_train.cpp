@@ -15,10 +15,10 @@
 #include <string>
 
 #include "dist/data_parallel.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 using namespace mantissa;
 
@@ -46,20 +46,20 @@ int main(int argc, char** argv) {
   const models::GPT2Config config{6, 6, 384, 256, 256};
   models::GPT2 model(config, *backend, policy, 0);
   const int64_t global_batch = 8;
-  models::DataLoaderConfig data;
+  train::DataLoaderConfig data;
   data.seq_len = config.seq_len;
   data.micro_batch = global_batch / world.size();
   data.world_size = world.size();
   data.rank = world.rank();
-  models::DataLoader loader(std::make_shared<const models::Corpus>(models::Corpus::synthetic(1)),
-                            data);
-  models::TrainLoopConfig loop;
+  train::DataLoader loader(std::make_shared<const train::Corpus>(train::Corpus::synthetic(1)),
+                           data);
+  train::TrainLoopConfig loop;
   loop.steps = steps + 1;  // the first step (allocations, page faults) is not timed
   loop.lr.lr = 3e-4;
   loop.loss_scale.mode = core::LossScaleMode::kNone;
 
   std::unique_ptr<dist::DataParallel> dp;
-  std::unique_ptr<models::Optimizer> optimizer;
+  std::unique_ptr<train::Optimizer> optimizer;
   if (mode == "sync") {
     dist::DistConfig dist_config;
     dist_config.backend = dist::CommBackend::kMPI;
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     dp = dist::DataParallel::create(world, *backend, model.parameters(), dist_config);
     optimizer = dp->make_optimizer(loop.adamw);
   } else {
-    optimizer = std::make_unique<models::LocalAdamW>(*backend, model.parameters(), loop.adamw);
+    optimizer = std::make_unique<train::LocalAdamW>(*backend, model.parameters(), loop.adamw);
   }
 
   using Clock = std::chrono::steady_clock;
@@ -76,18 +76,18 @@ int main(int argc, char** argv) {
   int64_t comm_bytes = 0;
   double last_loss = 0.0;
   MPI_Barrier(MPI_COMM_WORLD);
-  models::train_loop(model, *backend, policy, loader, loop, *optimizer, dp.get(), {},
-                     [&](const models::StepReport& r) {
-                       if (r.step == 0) {
-                         start = Clock::now();
-                         return;
-                       }
-                       last_loss = r.loss;
-                       if (dp) {
-                         comm_seconds += dp->last_step_comm_seconds();
-                         comm_bytes += dp->last_step_comm_bytes();
-                       }
-                     });
+  train::train_loop(model, *backend, policy, loader, loop, *optimizer, dp.get(), {},
+                    [&](const train::StepReport& r) {
+                      if (r.step == 0) {
+                        start = Clock::now();
+                        return;
+                      }
+                      last_loss = r.loss;
+                      if (dp) {
+                        comm_seconds += dp->last_step_comm_seconds();
+                        comm_bytes += dp->last_step_comm_bytes();
+                      }
+                    });
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   if (world.rank() == 0) {

@@ -68,11 +68,11 @@ int main(int argc, char** argv) {
   for (int mib : sizes_mib) {
     // Parameters of 1 MiB each, like a model's weight matrices.
     const int64_t per_param = 256 * 1024;
-    models::ParameterStore params;
+    train::ParameterStore params;
     for (int i = 0; i < mib; ++i) {
       std::string name = "w";
       name += std::to_string(i);
-      params.add({name, core::Shape{per_param}, models::Init::kZeros, 0.0f, true});
+      params.add({name, core::Shape{per_param}, train::Init::kZeros, 0.0f, true});
     }
     params.allocate(*backend, core::DType::kBF16, 1);
     const int64_t n = params.flat_numel();

@@ -13,10 +13,10 @@
 #include <string>
 
 #include "core/ops/backend.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 using namespace mantissa;
 
@@ -39,12 +39,12 @@ int main(int argc, char** argv) {
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
   const models::GPT2Config config{6, 6, 384, 256, 256};
   models::GPT2 model(config, *backend, policy, 0);
-  models::DataLoaderConfig data;
+  train::DataLoaderConfig data;
   data.seq_len = config.seq_len;
   data.micro_batch = 8;
-  models::DataLoader loader(std::make_shared<const models::Corpus>(models::Corpus::synthetic(1)),
-                            data);
-  models::TrainLoopConfig loop;
+  train::DataLoader loader(std::make_shared<const train::Corpus>(train::Corpus::synthetic(1)),
+                           data);
+  train::TrainLoopConfig loop;
   loop.steps = steps + 1;  // the first step (allocations, page faults) is not timed
   loop.lr.lr = 3e-4;
   loop.loss_scale.mode = mode == core::PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic
@@ -54,15 +54,15 @@ int main(int argc, char** argv) {
   Clock::time_point start;
   int64_t tokens = 0;
   double last_loss = 0.0;
-  models::train_single_rank(model, *backend, policy, loader, loop, {},
-                            [&](const models::StepReport& r) {
-                              if (r.step == 0) {
-                                start = Clock::now();
-                                return;
-                              }
-                              tokens += r.tokens;
-                              last_loss = r.loss;
-                            });
+  train::train_single_rank(model, *backend, policy, loader, loop, {},
+                           [&](const train::StepReport& r) {
+                             if (r.step == 0) {
+                               start = Clock::now();
+                               return;
+                             }
+                             tokens += r.tokens;
+                             last_loss = r.loss;
+                           });
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -1,8 +1,9 @@
-// Errors that carry their context.
+// Errors that carry their context and their kind.
 //
-// Setup and argument errors throw mantissa::core::Error with a message that names the op,
-// operand, field or file involved; the launcher prints it and exits non-zero. MANTISSA_CHECK
-// builds such a message with stream syntax and adds the source location:
+// Setup and argument errors throw mantissa::core::Error (or one of its kinds below) with a
+// message that names the op, operand, field or file involved; the launcher prints it and
+// exits with the kind's code. MANTISSA_CHECK builds such a message with stream syntax and
+// adds the source location:
 //   MANTISSA_CHECK(a.dim(1) == b.dim(0), "gemm: inner dimensions differ: A " << a.describe());
 #pragma once
 
@@ -12,9 +13,47 @@
 
 namespace mantissa::core {
 
+// What kind of failure ended a run. The values are the mantissa executable's exit codes
+// (README.md, `mantissa train --help`); scripts and Slurm wrappers rely on them: after
+// kConfig or kDiverged a retry fails again, after kFailure or kPeerLost it may not.
+enum class ErrorKind {
+  // A runtime failure: I/O, communication, a checkpoint that could not be written or read.
+  kFailure = 1,
+  // A bad command line or configuration (including data files and devices it names, and a
+  // checkpoint in its run directory that does not fit it): nothing was trained.
+  kConfig = 2,
+  // A peer rank stopped answering within dist.timeout_s: the rank that noticed ends the job,
+  // naming the silent ranks (dist::World::abort_on_timeout).
+  kPeerLost = 3,
+  // Training diverged: a non-finite loss, or gradients non-finite even at the minimum loss
+  // scale for precision.loss_scale.max_overflows_at_min steps in a row.
+  kDiverged = 4,
+};
+
+constexpr int exit_code(ErrorKind kind) {
+  return static_cast<int>(kind);
+}
+
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  virtual ErrorKind kind() const { return ErrorKind::kFailure; }
+};
+
+// Raised where a config field, a command-line argument or an input file named by them is
+// wrong. The message names the field (or file) and the rule.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+  ErrorKind kind() const override { return ErrorKind::kConfig; }
+};
+
+// Raised identically on every rank when training cannot go on (every rank sees the same
+// MAX-reduced overflow flag and the same mean loss).
+class DivergedError : public Error {
+ public:
+  using Error::Error;
+  ErrorKind kind() const override { return ErrorKind::kDiverged; }
 };
 
 [[noreturn]] void throw_error(const std::string& message, const char* file, int line);

@@ -127,12 +127,12 @@ class DataParallelImpl;
 // ZeRO-1: AdamW over this rank's shard of the masters (the only masters the parameter store
 // keeps), moments only for the shard, and the compute copy of the other shards all-gathered
 // after every update.
-class ShardedAdamW final : public models::Optimizer {
+class ShardedAdamW final : public train::Optimizer {
  public:
   ShardedAdamW(DataParallelImpl& dp, const core::AdamWConfig& config);
 
-  void step(models::ParameterStore& params, float lr, float grad_scale) override;
-  void refresh_compute_copy(models::ParameterStore& params) override;
+  void step(train::ParameterStore& params, float lr, float grad_scale) override;
+  void refresh_compute_copy(train::ParameterStore& params) override;
   int64_t owned_begin() const override { return begin_; }
   int64_t owned_end() const override { return end_; }
   Tensor& first_moment() override { return adamw_->first_moment(); }
@@ -141,7 +141,7 @@ class ShardedAdamW final : public models::Optimizer {
   void set_steps_taken(int64_t steps) override { adamw_->set_steps_taken(steps); }
 
  private:
-  void check_store(const models::ParameterStore& params) const;
+  void check_store(const train::ParameterStore& params) const;
 
   DataParallelImpl& dp_;
   int64_t begin_, end_;
@@ -150,7 +150,7 @@ class ShardedAdamW final : public models::Optimizer {
 
 class DataParallelImpl final : public DataParallel {
  public:
-  DataParallelImpl(core::Backend& backend, models::ParameterStore& params, const DistConfig& config,
+  DataParallelImpl(core::Backend& backend, train::ParameterStore& params, const DistConfig& config,
                    std::unique_ptr<Communicator> comm)
       : backend_(backend), params_(params), config_(config), ctrl_(std::move(comm)) {
     amax_comm_ = ctrl_->duplicate();
@@ -158,8 +158,8 @@ class DataParallelImpl final : public DataParallel {
     gather_comm_ = ctrl_->duplicate();
     const int n = ctrl_->size();
     // ZeRO-1 shards: contiguous, aligned, nearly equal (the store may be allocated with its
-    // shard already, models::MasterShard, which never holds all masters at once).
-    shard_counts_ = models::split_aligned(params_.flat_numel(), n);
+    // shard already, train::MasterShard, which never holds all masters at once).
+    shard_counts_ = train::split_aligned(params_.flat_numel(), n);
     shard_offsets_ = chunk_offsets(shard_counts_);
     if (config_.zero_stage == 1) {
       // (A shard that is everything, as on one rank, needs no cut and no second copy.)
@@ -267,9 +267,9 @@ class DataParallelImpl final : public DataParallel {
   double last_step_comm_seconds() const override { return comm_seconds_; }
   int64_t last_step_comm_bytes() const override { return comm_bytes_; }
 
-  std::unique_ptr<models::Optimizer> make_optimizer(const core::AdamWConfig& config) override {
+  std::unique_ptr<train::Optimizer> make_optimizer(const core::AdamWConfig& config) override {
     if (config_.zero_stage == 0) {
-      return std::make_unique<models::LocalAdamW>(backend_, params_, config);
+      return std::make_unique<train::LocalAdamW>(backend_, params_, config);
     }
     return std::make_unique<ShardedAdamW>(*this, config);
   }
@@ -285,7 +285,7 @@ class DataParallelImpl final : public DataParallel {
   int64_t shard_begin() const { return shard_offsets_[static_cast<size_t>(ctrl_->rank())]; }
   int64_t shard_end() const { return shard_offsets_[static_cast<size_t>(ctrl_->rank()) + 1]; }
   core::Backend& backend() { return backend_; }
-  models::ParameterStore& params() { return params_; }
+  train::ParameterStore& params() { return params_; }
 
   // Every rank rounds its shard of the masters into the compute copy, then the shards are
   // all-gathered.
@@ -388,7 +388,7 @@ class DataParallelImpl final : public DataParallel {
   bool fp32() const { return config_.grad_reduce_dtype == DType::kF32; }
 
   core::Backend& backend_;
-  models::ParameterStore& params_;
+  train::ParameterStore& params_;
   DistConfig config_;
   std::unique_ptr<Communicator> ctrl_;  // scalars, broadcasts, the ZeRO-1 all-gather
   std::unique_ptr<Communicator> amax_comm_, reduce_comm_, gather_comm_;  // bucket stages
@@ -452,7 +452,7 @@ void DataParallelImpl::build_buckets() {
         b.counts.push_back(hi - lo);
       }
     } else if (config_.accumulate_fp32) {
-      b.counts = models::split_aligned(numel, n);
+      b.counts = train::split_aligned(numel, n);
     } else {
       b.counts.assign(static_cast<size_t>(n), 0);
       b.counts[me] = numel;  // unused by all_reduce; "mine" is the whole bucket
@@ -748,7 +748,7 @@ ShardedAdamW::ShardedAdamW(DataParallelImpl& dp, const core::AdamWConfig& config
     : dp_(dp), begin_(dp.shard_begin()), end_(dp.shard_end()) {
   // The parameter ranges clipped to the shard, relative to its first element.
   std::vector<core::ParamRange> ranges;
-  for (const core::ParamRange& r : models::adamw_ranges(dp.params())) {
+  for (const core::ParamRange& r : train::adamw_ranges(dp.params())) {
     const int64_t lo = std::max(r.offset, begin_);
     const int64_t hi = std::min(r.offset + r.numel, end_);
     if (hi > lo) ranges.push_back({lo - begin_, hi - lo, r.weight_decay});
@@ -756,7 +756,7 @@ ShardedAdamW::ShardedAdamW(DataParallelImpl& dp, const core::AdamWConfig& config
   adamw_ = std::make_unique<core::AdamW>(dp.backend(), std::move(ranges), end_ - begin_, config);
 }
 
-void ShardedAdamW::step(models::ParameterStore& params, float lr, float grad_scale) {
+void ShardedAdamW::step(train::ParameterStore& params, float lr, float grad_scale) {
   check_store(params);
   const Shape shape{end_ - begin_};
   Tensor grads = params.grads().view(begin_, shape);
@@ -765,12 +765,12 @@ void ShardedAdamW::step(models::ParameterStore& params, float lr, float grad_sca
   dp_.gather_compute_copy();
 }
 
-void ShardedAdamW::refresh_compute_copy(models::ParameterStore& params) {
+void ShardedAdamW::refresh_compute_copy(train::ParameterStore& params) {
   check_store(params);
   dp_.refresh_compute_copy();
 }
 
-void ShardedAdamW::check_store(const models::ParameterStore& params) const {
+void ShardedAdamW::check_store(const train::ParameterStore& params) const {
   MANTISSA_CHECK(params.masters_begin() == begin_ && params.masters().numel() == end_ - begin_,
                  "ZeRO-1 optimizer of the shard ["
                      << begin_ << ", " << end_ << "): the parameter store keeps the masters ["
@@ -781,7 +781,7 @@ void ShardedAdamW::check_store(const models::ParameterStore& params) const {
 }  // namespace
 
 std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
-                                                   models::ParameterStore& params,
+                                                   train::ParameterStore& params,
                                                    const DistConfig& config,
                                                    std::unique_ptr<Communicator> comm) {
   const DType d = config.grad_reduce_dtype;

@@ -1,7 +1,7 @@
 // Data parallelism as the Trainer sees it (contract between dist/ and launcher/; the dist
 // work fills in the implementation and may add members, but keeps these).
 //
-// One object per process. It plugs into models::TrainingStep as its GradientSync (bucketed,
+// One object per process. It plugs into train::TrainingStep as its GradientSync (bucketed,
 // overlapped, reduced-precision gradient all-reduce; one overflow decision for all ranks;
 // MAX-reduced FP8 amaxes), and also provides the few other cross-rank operations a Trainer
 // needs: the start-up broadcast, the consistency check, the mean loss and the agreement on
@@ -14,12 +14,12 @@
 //   models::GPT2 model(gpt_config, *backend, policy, seed);   // same seed on every rank
 //   auto dp = dist::DataParallel::create(world, *backend, model.parameters(), dist_config);
 //   dp->broadcast_parameters();                           // or restore a checkpoint instead
-//   std::unique_ptr<models::Optimizer> opt = dp->make_optimizer(adamw_config);
+//   std::unique_ptr<train::Optimizer> opt = dp->make_optimizer(adamw_config);
 //   core::LossScaler scaler(loss_scale_config);
-//   models::TrainingStep step(model, *backend, policy, scaler, *opt, schedule, grad_clip);
-//   step.before_check = models::nonfinite_injector(*backend, world.rank(),
+//   train::TrainingStep step(model, *backend, policy, scaler, *opt, schedule, grad_clip);
+//   step.before_check = train::nonfinite_injector(*backend, world.rank(),
 //                                                   debug.inject_nonfinite_rank, steps);
-//   models::DataLoader loader(corpus, {.seq_len = T, .micro_batch = B,
+//   train::DataLoader loader(corpus, {.seq_len = T, .micro_batch = B,
 //                                      .world_size = world.size(), .rank = world.rank(),
 //                                      .seed = seed});
 //   for (s = start; s < steps; ++s) {
@@ -31,7 +31,7 @@
 //   }
 //
 // ZeRO-1 (zero_stage 1): the parameter store keeps only this rank's shard of the FP32 masters
-// -- allocated so (models::MasterShard{rank, world}: all masters are never held at once), or
+// -- allocated so (train::MasterShard{rank, world}: all masters are never held at once), or
 // cut down by create() (ParameterStore::keep_masters; the rest is freed) -- and make_optimizer()'s
 // moments cover the same shard, so masters and moments take 12 bytes per parameter / N on
 // each rank. The gradients and the compute copy stay whole: the compute copy is all-gathered
@@ -44,7 +44,7 @@
 // (collective under ZeRO-1).
 //
 // Failures: every collective waits at most config.timeout_s; past it the job ends (MPI_Abort,
-// exit code World::kTimeoutExitCode) with "mantissa: rank R: ... rank(s) [K] did not answer".
+// exit code 3, core::ErrorKind::kPeerLost) with "mantissa: rank R: ... rank(s) [K] did not answer".
 // check_consistency throws core::Error on every rank alike, naming ranks and fields.
 #pragma once
 
@@ -58,9 +58,9 @@
 #include "core/precision/loss_scaler.h"
 #include "dist/communicator.h"
 #include "dist/world.h"
-#include "models/nn/parameters.h"
-#include "models/training/gradient_sync.h"
-#include "models/training/optimizer.h"
+#include "train/gradient_sync.h"
+#include "train/optimizer.h"
+#include "train/parameters.h"
 
 namespace mantissa::dist {
 
@@ -85,7 +85,7 @@ struct ReplicaState {
   int64_t optimizer_steps = 0;
 };
 
-class DataParallel : public models::GradientSync {
+class DataParallel : public train::GradientSync {
  public:
   // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
   // `params` must be allocated, be identically laid out on every rank, outlive the object, and
@@ -94,13 +94,12 @@ class DataParallel : public models::GradientSync {
   // The communicator is MPI's or NCCL's as config.backend and the device say, NCCL's
   // bootstrapped over MPI (dist/make_data_parallel.cpp, in mantissa_dist).
   static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,
-                                              models::ParameterStore& params,
+                                              train::ParameterStore& params,
                                               const DistConfig& config);
   // The same over a communicator the caller made (config.backend is not consulted): needs
   // no MPI, e.g. NCCL at world size 1 (mantissa_dist_core). `comm`'s device must be the
   // backend's.
-  static std::unique_ptr<DataParallel> create(core::Backend& backend,
-                                              models::ParameterStore& params,
+  static std::unique_ptr<DataParallel> create(core::Backend& backend, train::ParameterStore& params,
                                               const DistConfig& config,
                                               std::unique_ptr<Communicator> comm);
 
@@ -124,10 +123,10 @@ class DataParallel : public models::GradientSync {
   virtual double last_step_comm_seconds() const = 0;
   virtual int64_t last_step_comm_bytes() const = 0;
 
-  // The optimizer for this configuration: models::LocalAdamW (ZeRO-0), or AdamW over this
+  // The optimizer for this configuration: train::LocalAdamW (ZeRO-0), or AdamW over this
   // rank's shard of masters and moments whose step() and refresh_compute_copy() end with the
   // all-gather of the compute copy (ZeRO-1).
-  virtual std::unique_ptr<models::Optimizer> make_optimizer(const core::AdamWConfig& config) = 0;
+  virtual std::unique_ptr<train::Optimizer> make_optimizer(const core::AdamWConfig& config) = 0;
 
   // The gradient buckets as [begin, end) flat ranges, in the order they are reduced.
   virtual std::vector<std::pair<int64_t, int64_t>> buckets() const = 0;

@@ -31,7 +31,7 @@ NcclJob nccl_job_over_mpi(const World& world, double timeout_s) {
 }  // namespace
 
 std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& backend,
-                                                   models::ParameterStore& params,
+                                                   train::ParameterStore& params,
                                                    const DistConfig& config) {
   const bool on_gpu = !backend.device().is_cpu();
   CommBackend kind = config.backend;

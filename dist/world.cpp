@@ -142,7 +142,7 @@ void World::abort_on_timeout(const std::string& what, double waited_s) const {
   } else {
     message << "rank(s) " << format_ranks(silent) << " did not answer";
   }
-  abort(kTimeoutExitCode, message.str());
+  abort(core::exit_code(core::ErrorKind::kPeerLost), message.str());
 }
 
 }  // namespace mantissa::dist

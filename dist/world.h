@@ -34,9 +34,8 @@ class World {
   // out at about the same moment and probe too; a dead or hung rank never answers.
   std::vector<int> unresponsive_ranks(double grace_s) const;
   // What a timed-out wait does: names `what`, how long it waited and the unresponsive ranks,
-  // then abort(kTimeoutExitCode, ...).
+  // then aborts the job with the exit code of core::ErrorKind::kPeerLost.
   [[noreturn]] void abort_on_timeout(const std::string& what, double waited_s) const;
-  static constexpr int kTimeoutExitCode = 3;
 
  private:
   struct Probe;  // the probe communicator (an MPI handle kept out of this header)

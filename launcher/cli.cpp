@@ -18,7 +18,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
                        (name == "--progress" && command == "train") ||
                        (name == "--out" && command == "export");
     if (!known) {
-      throw ConfigError("unknown argument '" + arg + "'" + usage);
+      throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
     std::string value;
     if (eq != std::string::npos) {
@@ -26,11 +26,11 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     } else if (i + 1 < args.size()) {
       value = args[++i];
     } else {
-      throw ConfigError(name + " needs a value" + usage);
+      throw core::ConfigError(name + " needs a value" + usage);
     }
     if (name == "--config") {
       if (!out.config_path.empty()) {
-        throw ConfigError("--config given twice" + usage);
+        throw core::ConfigError("--config given twice" + usage);
       }
       out.config_path = value;
     } else if (name == "--set") {
@@ -38,18 +38,18 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     } else if (name == "--out") {
       out.out = value;
     } else if (value == "auto" || value == "live" || value == "lines") {
-      out.progress = value == "live"    ? ProgressMode::kLive
-                     : value == "lines" ? ProgressMode::kLines
-                                        : ProgressMode::kAuto;
+      out.progress = value == "live"    ? metrics::ProgressMode::kLive
+                     : value == "lines" ? metrics::ProgressMode::kLines
+                                        : metrics::ProgressMode::kAuto;
     } else {
-      throw ConfigError("--progress takes auto, live or lines, got '" + value + "'" + usage);
+      throw core::ConfigError("--progress takes auto, live or lines, got '" + value + "'" + usage);
     }
   }
   if (!out.help && out.config_path.empty()) {
-    throw ConfigError("--config FILE.pbtxt is required" + usage);
+    throw core::ConfigError("--config FILE.pbtxt is required" + usage);
   }
   if (!out.help && command == "export" && out.out.empty()) {
-    throw ConfigError("--out FILE.safetensors is required" + usage);
+    throw core::ConfigError("--out FILE.safetensors is required" + usage);
   }
   return out;
 }

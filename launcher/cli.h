@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "launcher/config.h"
-#include "launcher/run_log.h"
+#include "metrics/run_log.h"
 
 namespace mantissa::launcher {
 
@@ -16,12 +16,12 @@ struct TrainArgs {
   bool help = false;
   std::string config_path;
   std::vector<std::string> sets;  // in command-line order: later ones win
-  ProgressMode progress = ProgressMode::kAuto;
+  metrics::ProgressMode progress = metrics::ProgressMode::kAuto;
   std::string out;  // export only
 };
 
 // `command` (train, config or export) decides which options exist and is named in the hint
-// that ends each message. Throws ConfigError for a malformed command line.
+// that ends each message. Throws core::ConfigError for a malformed command line.
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args);
 
 // The effective config: the file, then every --set in order, then the defaults, validated.

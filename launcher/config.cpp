@@ -122,7 +122,8 @@ void parse_text(std::string_view text, const std::string& source, pb::Message& o
   FirstError errors;
   pb::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(std::string(text), &out)) throw ConfigError(errors.describe(source));
+  if (!parser.ParseFromString(std::string(text), &out))
+    throw core::ConfigError(errors.describe(source));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,13 +165,13 @@ FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_
     const pb::FieldDescriptor* field = type.FindFieldByName(std::string(parts[i]));
     const std::string where = walked.empty() ? "TrainConfig" : walked;
     if (field == nullptr) {
-      throw ConfigError(where + " has no field '" + std::string(parts[i]) +
-                        "' (fields: " + field_names(type) + ")");
+      throw core::ConfigError(where + " has no field '" + std::string(parts[i]) +
+                              "' (fields: " + field_names(type) + ")");
     }
     walked += (walked.empty() ? "" : ".") + field->name();
     if (i + 1 == parts.size()) return {message, field};
     if (field->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || field->is_repeated()) {
-      throw ConfigError(walked + " is a value, not a message with fields");
+      throw core::ConfigError(walked + " is a value, not a message with fields");
     }
     const pb::Reflection& reflection = *message->GetReflection();
     if (skip_unselected_oneof && field->containing_oneof() != nullptr &&
@@ -187,13 +188,14 @@ T parse_integer(std::string_view text, const pb::FieldDescriptor& field) {
   T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec == std::errc::result_out_of_range) {
-    throw ConfigError("value '" + std::string(text) + "' does not fit " + field.name() + " (" +
-                      field.type_name() + ", " + std::to_string(std::numeric_limits<T>::min()) +
-                      " to " + std::to_string(std::numeric_limits<T>::max()) + ")");
+    throw core::ConfigError("value '" + std::string(text) + "' does not fit " + field.name() +
+                            " (" + field.type_name() + ", " +
+                            std::to_string(std::numeric_limits<T>::min()) + " to " +
+                            std::to_string(std::numeric_limits<T>::max()) + ")");
   }
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw ConfigError(field.name() + " takes an integer (" + field.type_name() + "), got '" +
-                      std::string(text) + "'");
+    throw core::ConfigError(field.name() + " takes an integer (" + field.type_name() + "), got '" +
+                            std::string(text) + "'");
   }
   return value;
 }
@@ -202,7 +204,7 @@ double parse_double(std::string_view text, const pb::FieldDescriptor& field) {
   double value = 0.0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw ConfigError(field.name() + " takes a number, got '" + std::string(text) + "'");
+    throw core::ConfigError(field.name() + " takes a number, got '" + std::string(text) + "'");
   }
   return value;
 }
@@ -244,7 +246,8 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
     }
     case pb::FieldDescriptor::CPPTYPE_BOOL: {
       if (text != "true" && text != "false") {
-        throw ConfigError(field.name() + " takes true or false, got '" + std::string(text) + "'");
+        throw core::ConfigError(field.name() + " takes true or false, got '" + std::string(text) +
+                                "'");
       }
       add ? r.AddBool(&message, &field, text == "true")
           : r.SetBool(&message, &field, text == "true");
@@ -257,8 +260,8 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
         std::string names;
         for (int i = 0; i < type.value_count(); ++i)
           names += (i ? ", " : "") + type.value(i)->name();
-        throw ConfigError(field.name() + " must be one of " + names + ", got '" +
-                          std::string(text) + "'");
+        throw core::ConfigError(field.name() + " must be one of " + names + ", got '" +
+                                std::string(text) + "'");
       }
       add ? r.AddEnum(&message, &field, v) : r.SetEnum(&message, &field, v);
       return;
@@ -498,10 +501,10 @@ TrainConfig parse_config_text(std::string_view text, const std::string& source) 
 
 TrainConfig load_config_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw ConfigError(path + ": cannot open config: " + std::strerror(errno));
+  if (!in) throw core::ConfigError(path + ": cannot open config: " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) throw ConfigError(path + ": cannot read config: " + std::strerror(errno));
+  if (in.bad()) throw core::ConfigError(path + ": cannot read config: " + std::strerror(errno));
   return parse_config_text(text.str(), path);
 }
 
@@ -509,13 +512,13 @@ void apply_override(TrainConfig& config, std::string_view assignment) {
   const std::string prefix = "--set " + std::string(assignment) + ": ";
   const size_t eq = assignment.find('=');
   if (eq == std::string_view::npos || eq == 0) {
-    throw ConfigError(prefix + "expected path.to.field=value");
+    throw core::ConfigError(prefix + "expected path.to.field=value");
   }
   try {
     const FieldRef ref = resolve(config, assignment.substr(0, eq), false);
     set_from_text(*ref.message, *ref.field, assignment.substr(eq + 1));
-  } catch (const ConfigError& e) {
-    throw ConfigError(prefix + e.what());
+  } catch (const core::ConfigError& e) {
+    throw core::ConfigError(prefix + e.what());
   }
 }
 
@@ -550,7 +553,7 @@ void validate_environment() {
   try {
     core::check_cpu_switches();
   } catch (const core::Error& e) {
-    throw ConfigError(std::string("environment: ") + e.what());
+    throw core::ConfigError(std::string("environment: ") + e.what());
   }
 }
 
@@ -593,7 +596,8 @@ std::string to_text(const TrainConfig& config) {
 
 void require(bool ok, std::string_view path, std::string_view value, std::string_view rule) {
   if (!ok) {
-    throw ConfigError(std::string(path) + " = " + std::string(value) + ": " + std::string(rule));
+    throw core::ConfigError(std::string(path) + " = " + std::string(value) + ": " +
+                            std::string(rule));
   }
 }
 

@@ -6,16 +6,16 @@
 //   apply_defaults(c, path);                       // every unset field gets its default
 //   validate(c);                                   // "optimizer.adamw.beta1 = 1: must ..."
 //
-// Every failure throws ConfigError with one line that names the file position, the --set
+// Every failure throws core::ConfigError with one line that names the file position, the --set
 // argument or the field, the offending value and what is allowed; the launcher prints it and
 // exits with kExitConfig.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
 #include "config.pb.h"
+#include "core/error.h"
 #include "core/optim/adamw.h"
 #include "core/optim/lr_schedule.h"
 #include "core/precision/fp8_scaling.h"
@@ -24,11 +24,6 @@
 #include "dist/data_parallel.h"
 
 namespace mantissa::launcher {
-
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Parses protobuf text format. Unknown fields, bad enum names and syntax errors are reported
 // as "<source>:<line>:<column>: <what>" (1-based).
@@ -58,8 +53,8 @@ std::string describe_defaults();
 // The config in protobuf text format (every set field; after apply_defaults, all of them).
 std::string to_text(const TrainConfig& config);
 
-// Throws ConfigError("<path> = <value>: <rule>") unless `ok`; also used by the Trainer for the
-// checks that depend on the world size or the device.
+// Throws core::ConfigError("<path> = <value>: <rule>") unless `ok`; also used by the Trainer for
+// the checks that depend on the world size or the device.
 void require(bool ok, std::string_view path, std::string_view value, std::string_view rule);
 std::string format_number(double value);
 

@@ -17,7 +17,7 @@ struct DeviceInfo {
 };
 
 // CPU when run.device is CPU, or AUTO without a visible GPU; otherwise GPU
-// local_rank % device count. Throws ConfigError when run.device is CUDA and there is no GPU,
+// local_rank % device count. Throws core::ConfigError when run.device is CUDA and there is no GPU,
 // or when what the config asks does not fit the device (FP8_HYBRID without FP8 tensor cores,
 // NCCL on a CPU rank, MPI gradient reduction on a GPU rank).
 DeviceInfo select_device(const TrainConfig& config, int local_rank);

@@ -1,5 +1,5 @@
 // `mantissa export`: the FP32 weights of a run's newest intact checkpoint as a safetensors
-// file (launcher/safetensors.h: GPT-2 parameter names, matrices stored [out, in]), for tools
+// file (checkpoint/safetensors.h: GPT-2 parameter names, matrices stored [out, in]), for tools
 // outside mantissa. Runs as one process without MPI, on the CPU.
 #pragma once
 
@@ -11,7 +11,7 @@ namespace mantissa::launcher {
 
 // Loads the masters of the newest intact checkpoint in <run.dir>/checkpoints into the model
 // the config describes and writes them to `out`; returns the checkpoint's directory. Throws
-// ConfigError when there is no checkpoint at all, core::Error when none is intact or the
+// core::ConfigError when there is no checkpoint at all, core::Error when none is intact or the
 // file cannot be written.
 std::string export_checkpoint_weights(const TrainConfig& config, const std::string& out);
 

@@ -111,7 +111,7 @@ int train_command(int argc, char** argv) {
   try {
     parsed = parse_train_args("train", args);
     config = effective_config(parsed);
-  } catch (const ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     report_config_error(world.rank(), e.what());
     return kExitConfig;
   }
@@ -123,7 +123,7 @@ int train_command(int argc, char** argv) {
   try {
     Trainer trainer(world, config, parsed.progress);
     return trainer.run();
-  } catch (const ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     // Most of these are found alike on every rank; the few that are not (a port already taken
     // on one node) must not leave the other ranks waiting, so a job of several ranks aborts.
     if (world.size() == 1) {
@@ -131,6 +131,8 @@ int train_command(int argc, char** argv) {
       return kExitConfig;
     }
     world.abort(kExitConfig, e.what());
+  } catch (const core::Error& e) {
+    world.abort(core::exit_code(e.kind()), std::string("error: ") + e.what());
   } catch (const std::exception& e) {
     world.abort(kExitFailure, std::string("error: ") + e.what());
   }
@@ -146,7 +148,7 @@ int config_command(int argc, char** argv) {
     }
     std::fputs(to_text(effective_config(parsed)).c_str(), stdout);
     return kExitOk;
-  } catch (const ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     report_config_error(0, e.what());
     return kExitConfig;
   }
@@ -163,7 +165,7 @@ int export_command(int argc, char** argv) {
     const std::string from = export_checkpoint_weights(effective_config(parsed), parsed.out);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
     return kExitOk;
-  } catch (const ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     report_config_error(0, e.what());
     return kExitConfig;
   } catch (const std::exception& e) {

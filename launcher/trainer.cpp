@@ -12,13 +12,13 @@
 #include "core/error.h"
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
-#include "launcher/llmc_import.h"
 #include "launcher/signals.h"
-#include "models/data/corpus.h"
 #include "models/gpt2/gpt2.h"
+#include "models/gpt2/llmc_import.h"
 #include "models/mlp/mlp.h"
-#include "models/nn/fp8_operands.h"
-#include "models/training/fault_injection.h"
+#include "train/data/corpus.h"
+#include "train/fault_injection.h"
+#include "train/fp8_operands.h"
 
 namespace mantissa::launcher {
 
@@ -47,10 +47,9 @@ ModelDims model_dims(const TrainConfig::Model& model) {
 
 }  // namespace
 
-std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
-                                                   core::Backend& backend,
-                                                   const core::PrecisionPolicy& policy,
-                                                   models::MasterShard shard) {
+std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,
+                                                  const core::PrecisionPolicy& policy,
+                                                  train::MasterShard shard) {
   const uint64_t seed = config.run().seed();
   if (config.model().has_mlp()) {
     const TrainConfig::Model::MLP& m = config.model().mlp();
@@ -64,7 +63,7 @@ std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
       policy, seed, fp8_scaling_config(config), shard);
 }
 
-Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode progress)
+Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress)
     : world_(world),
       config_(config),
       run_dir_(config.run().dir()),
@@ -89,9 +88,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode pro
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
   // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
-  const models::MasterShard shard = config_.dist().zero_stage() == 1
-                                        ? models::MasterShard{world.rank(), world.size()}
-                                        : models::MasterShard{};
+  const train::MasterShard shard = config_.dist().zero_stage() == 1
+                                       ? train::MasterShard{world.rank(), world.size()}
+                                       : train::MasterShard{};
   model_ = build_model(config_, *backend_, policy_, shard);
   build_data();
 
@@ -99,18 +98,19 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode pro
   optimizer_ = dp_->make_optimizer(adamw_config(config_));
   scaler_ = std::make_unique<core::LossScaler>(loss_scaler_config(config_));
   schedule_ = std::make_unique<core::LrSchedule>(lr_schedule_config(config_));
-  step_ = std::make_unique<models::TrainingStep>(
+  step_ = std::make_unique<train::TrainingStep>(
       *model_, *backend_, policy_, *scaler_, *optimizer_, *schedule_,
       static_cast<float>(config_.optimizer().grad_clip()));
-  step_->before_check = models::nonfinite_injector(
+  step_->before_check = train::nonfinite_injector(
       *backend_, world.rank(), debug.inject_nonfinite_rank(),
       {debug.inject_nonfinite_steps().begin(), debug.inject_nonfinite_steps().end()});
 
-  CheckpointGroup group{world.rank(), world.size(),
-                        [this](bool ok) { return dp_->sum_across_ranks(ok ? 0.0 : 1.0) == 0.0; }};
-  checkpointer_ = std::make_unique<Checkpointer>(
-      CheckpointOptions{run_dir_ + "/checkpoints", config_.checkpoint().keep()}, std::move(group),
-      *backend_);
+  checkpoint::CheckpointGroup group{world.rank(), world.size(), [this](bool ok) {
+                                      return dp_->sum_across_ranks(ok ? 0.0 : 1.0) == 0.0;
+                                    }};
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
+      checkpoint::CheckpointOptions{run_dir_ + "/checkpoints", config_.checkpoint().keep()},
+      std::move(group), *backend_);
   const bool resumed = restore();
   if (!resumed) {
     if (!config_.model().init_from().empty()) import_initial_weights();
@@ -118,7 +118,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode pro
   }
 
   build_metrics();
-  log_ = std::make_unique<StepLog>(run_dir_, world.rank(), resumed);
+  log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), resumed);
   if (world.rank() == 0) {
     const std::string path = run_dir_ + "/config.pbtxt";
     std::ofstream out(path);
@@ -126,7 +126,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, ProgressMode pro
     MANTISSA_CHECK(out.good(), "cannot write the effective config to '" << path << "'");
   }
 
-  const models::ParameterStore& params = model_->parameters();
+  const train::ParameterStore& params = model_->parameters();
   const ModelDims dims = model_dims(config_.model());
   const int64_t global_batch =
       config_.data().micro_batch_size() * config_.data().grad_accum_steps() * world.size();
@@ -152,48 +152,48 @@ void Trainer::build_data() {
   // Data problems found while loading (a malformed shard, a corpus shorter than one sequence)
   // are configuration errors like a missing file: nothing can be trained from them.
   try {
-    std::shared_ptr<const models::Corpus> corpus;
+    std::shared_ptr<const train::Corpus> corpus;
     if (data.has_text_file()) {
-      corpus = std::make_shared<const models::Corpus>(
-          models::Corpus::text_file(data.text_file().path()));
+      corpus =
+          std::make_shared<const train::Corpus>(train::Corpus::text_file(data.text_file().path()));
     } else if (data.has_token_shards()) {
-      corpus = std::make_shared<const models::Corpus>(models::Corpus::token_shards(
+      corpus = std::make_shared<const train::Corpus>(train::Corpus::token_shards(
           data.token_shards().pattern(), static_cast<int>(dims.vocab_size)));
     } else {
-      corpus = std::make_shared<const models::Corpus>(
-          models::Corpus::synthetic(seed, data.synthetic().n_tokens()));
+      corpus = std::make_shared<const train::Corpus>(
+          train::Corpus::synthetic(seed, data.synthetic().n_tokens()));
     }
-    models::DataLoaderConfig loader;
+    train::DataLoaderConfig loader;
     loader.seq_len = dims.seq_len;
     loader.micro_batch = data.micro_batch_size();
     loader.world_size = world_.size();
     loader.rank = world_.rank();
     loader.seed = seed;
-    loader_ = std::make_unique<models::DataLoader>(std::move(corpus), loader);
+    loader_ = std::make_unique<train::DataLoader>(std::move(corpus), loader);
   } catch (const core::Error& e) {
-    throw ConfigError(e.what());
+    throw core::ConfigError(e.what());
   }
 }
 
 void Trainer::build_metrics() {
   const TrainConfig::Metrics& m = config_.metrics();
-  MetricsOptions options;
+  metrics::MetricsOptions options;
   options.bind_address = m.bind_address();
   options.port = m.port() == 0 ? 0 : m.port() + world_.local_rank();
   options.rank = world_.rank();
   options.pushgateway_url = m.pushgateway_url();
   options.push_every = static_cast<int>(m.push_every());
   options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
-                       : device_.cuda        ? gpu_peak_flops(device_.name)
-                                             : cpu_nominal_peak_flops(omp_get_max_threads());
+                       : device_.cuda        ? metrics::gpu_peak_flops(device_.name)
+                                      : metrics::cpu_nominal_peak_flops(omp_get_max_threads());
   options.flops_per_token = model_->flops_per_token();
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.loss_scale_min =
       scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC ? scale.min() : 0.0;
   try {
-    metrics_ = std::make_unique<Metrics>(std::move(options));
+    metrics_ = std::make_unique<metrics::Metrics>(std::move(options));
   } catch (const core::Error& e) {
-    throw ConfigError("metrics.port = " + std::to_string(m.port()) + ": " + e.what());
+    throw core::ConfigError("metrics.port = " + std::to_string(m.port()) + ": " + e.what());
   }
 }
 
@@ -203,14 +203,15 @@ bool Trainer::restore() {
 
   // The masters the parameter store keeps and the moments of the range this rank's optimizer
   // owns: everything, or this rank's ZeRO-1 shard, whatever the world size at save time.
-  models::ParameterStore& params = model_->parameters();
+  train::ParameterStore& params = model_->parameters();
   const int64_t n = params.flat_numel();
   const int64_t begin = optimizer_->owned_begin();
-  std::vector<BufferSlice> slices = {{"masters", n, params.masters_begin(), params.masters()},
-                                     {"adam_m", n, begin, optimizer_->first_moment()},
-                                     {"adam_v", n, begin, optimizer_->second_moment()}};
-  const std::optional<CheckpointState> state =
-      checkpointer_->load_latest(parameter_layout(params), slices);
+  std::vector<checkpoint::BufferSlice> slices = {
+      {"masters", n, params.masters_begin(), params.masters()},
+      {"adam_m", n, begin, optimizer_->first_moment()},
+      {"adam_v", n, begin, optimizer_->second_moment()}};
+  const std::optional<checkpoint::CheckpointState> state =
+      checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
             "there is no checkpoint in " + checkpointer_->options().dir);
@@ -220,7 +221,7 @@ bool Trainer::restore() {
   optimizer_->refresh_compute_copy(params);
   optimizer_->set_steps_taken(state->optimizer_steps);
   scaler_->set_state(state->loss_scaler);
-  if (models::Fp8Operands* fp8 = model_->fp8_operands()) {
+  if (train::Fp8Operands* fp8 = model_->fp8_operands()) {
     // A run that switches to FP8 on resume starts its scales afresh.
     if (!state->fp8.tensors.empty()) {
       fp8->registry().set_state(state->fp8);
@@ -237,8 +238,8 @@ bool Trainer::restore() {
         ": the data stream changes from here on");
   }
   say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
-      checkpoint_dir_name(state->step) + " (saved by " + std::to_string(state->world_size) +
-      " rank" + (state->world_size == 1 ? "" : "s") + ")");
+      checkpoint::checkpoint_dir_name(state->step) + " (saved by " +
+      std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") + ")");
   return true;
 }
 
@@ -247,9 +248,9 @@ void Trainer::import_initial_weights() {
   // Every rank reads the file (a shared file system, like the data), so a file that does not
   // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
   try {
-    import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
+    models::import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
   } catch (const core::Error& e) {
-    throw ConfigError("model.init_from = \"" + path + "\": " + e.what());
+    throw core::ConfigError("model.init_from = \"" + path + "\": " + e.what());
   }
   say("mantissa: initial weights from the llm.c model " + path);
 }
@@ -258,7 +259,7 @@ dist::ReplicaState Trainer::replica_state(int64_t steps_done) const {
   dist::ReplicaState state;
   state.step = steps_done;
   state.scaler = scaler_->state();
-  if (models::Fp8Operands* fp8 = model_->fp8_operands()) {
+  if (train::Fp8Operands* fp8 = model_->fp8_operands()) {
     for (const core::Fp8TensorState& t : fp8->registry().state().tensors) {
       state.fp8_scales.push_back(t.scale);
     }
@@ -279,24 +280,24 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   // A checkpoint of replicas that disagree would preserve the disagreement: check first.
   dp_->check_consistency(replica_state(steps_done));
 
-  models::ParameterStore& params = model_->parameters();
-  CheckpointState state;
+  train::ParameterStore& params = model_->parameters();
+  checkpoint::CheckpointState state;
   state.step = steps_done;
   state.tokens = tokens_total_;
   state.optimizer_steps = optimizer_->steps_taken();
   state.seed = config_.run().seed();
   state.zero_stage = config_.dist().zero_stage();
   state.loss_scaler = scaler_->state();
-  if (models::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
+  if (train::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
   state.data = loader_->cursor();
   state.config_text = to_text(config_);
-  state.parameters = parameter_layout(params);
+  state.parameters = checkpoint::parameter_layout(params);
 
   // Without ZeRO every rank holds the same replica and rank 0 writes it; under ZeRO-1 each
   // rank writes the shard it owns, the only masters it keeps.
   const int64_t n = params.flat_numel();
   const int64_t begin = optimizer_->owned_begin();
-  std::vector<BufferSlice> slices;
+  std::vector<checkpoint::BufferSlice> slices;
   if (config_.dist().zero_stage() == 1 || world_.rank() == 0) {
     slices = {{"masters", n, params.masters_begin(), params.masters()},
               {"adam_m", n, begin, optimizer_->first_moment()},
@@ -321,21 +322,19 @@ int Trainer::run() {
   const int64_t accum = config_.data().grad_accum_steps();
   const int64_t check_every = config_.dist().consistency_check_every();
   const int world_size = world_.size();
-  models::Fp8Operands* fp8 = model_->fp8_operands();
+  train::Fp8Operands* fp8 = model_->fp8_operands();
 
   for (int64_t step = start_step_; step < total; ++step) {
     const Clock::time_point start = Clock::now();
-    std::vector<models::Batch> micro_batches;
+    std::vector<train::Batch> micro_batches;
     for (int64_t i = 0; i < accum; ++i) micro_batches.push_back(loader_->next());
 
-    models::StepReport report;
+    train::StepReport report;
     try {
       report = step_->run(step, micro_batches, dp_.get());
-    } catch (const core::Error& e) {
-      // The scaler's abort comes from the MAX-reduced overflow flag: every rank throws it at
-      // the same step, so every rank can stop cleanly. Anything else ends the job.
-      const core::LossScalerState& s = scaler_->state();
-      if (s.overflows_at_min < scaler_->config().max_overflows_at_min) throw;
+    } catch (const core::DivergedError& e) {
+      // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the
+      // same step, so every rank can stop cleanly. Anything else ends the job.
       progress_.finish();
       say("mantissa: training diverged at step " + step_of(step + 1, total) + ": " + e.what());
       return kExitDiverged;
@@ -347,7 +346,7 @@ int Trainer::run() {
     const double seconds = seconds_since(start);
     tokens_total_ += report.tokens * world_size;
 
-    StepLogEntry entry;
+    metrics::StepLogEntry entry;
     entry.step = step;
     entry.loss = report.loss;
     entry.mean_loss = mean_loss;
@@ -363,7 +362,7 @@ int Trainer::run() {
     log_->write(entry);
     if (world_.rank() == 0) progress_.update(entry, world_size);
 
-    StepRecord record;
+    metrics::StepRecord record;
     record.step = step + 1;
     record.loss = report.loss;
     record.loss_scale = report.loss_scale;

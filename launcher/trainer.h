@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/checkpoint.h"
 #include "config.pb.h"
 #include "core/ops/backend.h"
 #include "core/optim/lr_schedule.h"
@@ -28,30 +29,28 @@
 #include "core/precision/policy.h"
 #include "dist/data_parallel.h"
 #include "dist/world.h"
-#include "launcher/checkpoint.h"
 #include "launcher/device.h"
-#include "launcher/metrics.h"
-#include "launcher/run_log.h"
-#include "models/data/data_loader.h"
-#include "models/nn/language_model.h"
-#include "models/training/optimizer.h"
-#include "models/training/training_step.h"
+#include "metrics/metrics.h"
+#include "metrics/run_log.h"
+#include "train/data/data_loader.h"
+#include "train/language_model.h"
+#include "train/optimizer.h"
+#include "train/training_step.h"
 
 namespace mantissa::launcher {
 
 // The model the config describes, its masters initialised from run.seed (the same on every
 // rank), on `backend`; only the masters of `shard` are kept (a ZeRO-1 rank's).
-std::unique_ptr<models::LanguageModel> build_model(const TrainConfig& config,
-                                                   core::Backend& backend,
-                                                   const core::PrecisionPolicy& policy,
-                                                   models::MasterShard shard = {});
+std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,
+                                                  const core::PrecisionPolicy& policy,
+                                                  train::MasterShard shard = {});
 
 class Trainer {
  public:
-  // `config` must have its defaults applied and be validated. Throws ConfigError for what
+  // `config` must have its defaults applied and be validated. Throws core::ConfigError for what
   // the config asks and this world or device cannot do (exit code 2), core::Error for other
   // failures.
-  Trainer(dist::World& world, const TrainConfig& config, ProgressMode progress);
+  Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -79,17 +78,17 @@ class Trainer {
   DeviceInfo device_;
   std::unique_ptr<core::Backend> backend_;
   core::PrecisionPolicy policy_;
-  std::unique_ptr<models::LanguageModel> model_;
-  std::unique_ptr<models::DataLoader> loader_;
+  std::unique_ptr<train::LanguageModel> model_;
+  std::unique_ptr<train::DataLoader> loader_;
   std::unique_ptr<dist::DataParallel> dp_;
-  std::unique_ptr<models::Optimizer> optimizer_;
+  std::unique_ptr<train::Optimizer> optimizer_;
   std::unique_ptr<core::LossScaler> scaler_;
   std::unique_ptr<core::LrSchedule> schedule_;
-  std::unique_ptr<models::TrainingStep> step_;
-  std::unique_ptr<Checkpointer> checkpointer_;
-  std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<StepLog> log_;
-  ProgressLine progress_;
+  std::unique_ptr<train::TrainingStep> step_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<metrics::StepLog> log_;
+  metrics::ProgressLine progress_;
 
   int64_t start_step_ = 0;    // the step the loop starts at (after a resume: the saved one)
   int64_t tokens_total_ = 0;  // tokens trained on, all ranks together

@@ -75,7 +75,7 @@ MANTISSA_HD float bits_to_float(uint32_t bits) {
 //  - Two rounds: neighbouring indices differ in a few low bits, which one round spreads over
 //    the word, but one round leaves indices a power of two apart (a column of a matrix)
 //    visibly dependent at some strides for every key; two rounds pass the same tests
-//    (tests/unit/test_dtype.cpp, RandomPairsAreIndependent).
+//    (tests/core/test_dtype.cpp, RandomPairsAreIndependent).
 //  - Seeds and runs reach the hash only through the key, which the murmur finaliser makes
 //    look independent for neighbouring seeds or runs. Injecting half of it before each round
 //    makes two keys give unrelated functions of lo, where a key xored in front alone would

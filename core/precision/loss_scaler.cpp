@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -83,10 +84,11 @@ bool LossScaler::update(bool found_nonfinite) {
   if (s.overflows_at_min >= config_.max_overflows_at_min) {
     // At scale 1 nothing is being scaled, so the gradients themselves overflow.
     const char* cause = s.scale == 1.0f ? "even unscaled" : "even at this scale";
-    MANTISSA_FAIL("loss scale stuck at minimum "
-                  << s.scale << " after " << s.overflows_at_min
-                  << " consecutive overflowing steps; gradients are non-finite " << cause
-                  << " — lower the learning rate or check the data");
+    std::ostringstream message;
+    message << "loss scale stuck at minimum " << s.scale << " after " << s.overflows_at_min
+            << " consecutive overflowing steps; gradients are non-finite " << cause
+            << " — lower the learning rate or check the data";
+    throw DivergedError(message.str());
   }
   if (dynamic) {
     s.hysteresis_tracker = std::max(s.hysteresis_tracker - 1, 0);

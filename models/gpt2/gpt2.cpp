@@ -20,7 +20,7 @@ constexpr float kInitStd = 0.02f;
 //   out = x2 + mlp_proj(gelu(fc(ln_2(x2))))
 class GPT2Block {
  public:
-  GPT2Block(ParameterStore& store, const GPT2Config& c, int index, Fp8Operands* fp8)
+  GPT2Block(train::ParameterStore& store, const GPT2Config& c, int index, train::Fp8Operands* fp8)
       : n_head_(c.n_head),
         channels_(c.n_embd),
         ln_1_(store, name(index, "ln_1"), c.n_embd),
@@ -31,7 +31,7 @@ class GPT2Block {
         mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd, residual_std(c), fp8) {}
 
   // x: the residual stream [B*T, C].
-  Tensor forward(StepContext& ctx, const Tensor& x, int64_t batch, int64_t seq) {
+  Tensor forward(train::StepContext& ctx, const Tensor& x, int64_t batch, int64_t seq) {
     core::Backend& be = ctx.backend;
     const DType dt = ctx.policy.compute_dtype;
     const int64_t n = batch * seq;
@@ -55,7 +55,7 @@ class GPT2Block {
   }
 
   // dout: gradient of the block output; returns the gradient of its input.
-  Tensor backward(StepContext& ctx, const Tensor& dout) {
+  Tensor backward(train::StepContext& ctx, const Tensor& dout) {
     core::Backend& be = ctx.backend;
     const DType dt = ctx.policy.compute_dtype;
 
@@ -94,7 +94,7 @@ class GPT2Block {
 };
 
 GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-           uint64_t seed, const core::Fp8ScalingConfig& fp8, MasterShard shard)
+           uint64_t seed, const core::Fp8ScalingConfig& fp8, train::MasterShard shard)
     : config_(config) {
   const GPT2Config& c = config_;
   MANTISSA_CHECK(c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0 && c.seq_len > 0 && c.vocab_size > 0,
@@ -102,9 +102,9 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
   MANTISSA_CHECK(c.n_embd % c.n_head == 0, "GPT2: n_embd (" << c.n_embd
                                                             << ") must be a multiple of n_head ("
                                                             << c.n_head << ")");
-  if (policy.fp8_block_gemms) fp8_ = std::make_unique<Fp8Operands>();
-  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, Init::kNormal, kInitStd, true});
-  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, kInitStd, true});
+  if (policy.fp8_block_gemms) fp8_ = std::make_unique<train::Fp8Operands>();
+  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, train::Init::kNormal, kInitStd, true});
+  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, train::Init::kNormal, kInitStd, true});
   for (int i = 0; i < c.n_layer; ++i) {
     blocks_.push_back(std::make_unique<GPT2Block>(params_, c, i, fp8_.get()));
   }
@@ -115,7 +115,8 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
 
 GPT2::~GPT2() = default;
 
-double GPT2::forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) {
+double GPT2::forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                     float dloss_per_token) {
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
   MANTISSA_CHECK(batch.tokens.shape().rank() == 2 && batch.tokens.shape() == batch.targets.shape(),
@@ -156,13 +157,13 @@ double GPT2::forward(StepContext& ctx, const BatchTensors& batch, float dloss_pe
   return sum / static_cast<double>(n);
 }
 
-void GPT2::backward(StepContext& ctx) {
+void GPT2::backward(train::StepContext& ctx) {
   MANTISSA_CHECK(logits_.defined(), "GPT2.backward: no training forward pass to differentiate");
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
   const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1), n = b * t;
   const int64_t channels = config_.n_embd;
-  Parameter& wte = params_[wte_];
+  train::Parameter& wte = params_[wte_];
 
   // GEMM operands share one dtype: the FP32 dlogits are rounded to the compute dtype.
   Tensor dlogits = logits_;
@@ -186,7 +187,7 @@ void GPT2::backward(StepContext& ctx) {
   be.embedding_backward(dresidual.reshape(Shape{b, t, channels}), batch_.tokens, wte.grad, dwpe);
   ctx.mark_grad_ready(wpe_);
   ctx.mark_grad_ready(wte_);
-  batch_ = BatchTensors{};
+  batch_ = train::BatchTensors{};
 }
 
 double GPT2::flops_per_token() const {

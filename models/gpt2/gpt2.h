@@ -11,10 +11,10 @@
 #include <memory>
 #include <vector>
 
-#include "models/nn/fp8_operands.h"
-#include "models/nn/language_model.h"
 #include "models/nn/layer_norm.h"
 #include "models/nn/linear.h"
+#include "train/fp8_operands.h"
+#include "train/language_model.h"
 
 namespace mantissa::models {
 
@@ -28,32 +28,33 @@ struct GPT2Config {
 
 class GPT2Block;
 
-class GPT2 final : public LanguageModel {
+class GPT2 final : public train::LanguageModel {
  public:
   // Registers and allocates every parameter on the backend's device, keeping the masters of
   // `shard` only (ParameterStore::allocate); FP8 operand scaling (with `fp8` as its recipe)
   // is set up when the policy asks for FP8 block GEMMs.
   GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-       uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, MasterShard shard = {});
+       uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, train::MasterShard shard = {});
   ~GPT2() override;
 
-  ParameterStore& parameters() override { return params_; }
-  Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
-  double forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) override;
-  void backward(StepContext& ctx) override;
+  train::ParameterStore& parameters() override { return params_; }
+  train::Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
+  double forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                 float dloss_per_token) override;
+  void backward(train::StepContext& ctx) override;
   double flops_per_token() const override;
 
   const GPT2Config& config() const { return config_; }
 
  private:
   GPT2Config config_;
-  ParameterStore params_;
-  std::unique_ptr<Fp8Operands> fp8_;
+  train::ParameterStore params_;
+  std::unique_ptr<train::Fp8Operands> fp8_;
   int wte_, wpe_;
   std::vector<std::unique_ptr<GPT2Block>> blocks_;
   std::unique_ptr<LayerNorm> ln_f_;
   // Saved by forward for backward.
-  BatchTensors batch_;
+  train::BatchTensors batch_;
   core::Tensor final_hidden_;  // ln_f output [N, C]
   core::Tensor logits_;        // [N, V] F32; holds dlogits after a training forward
 };

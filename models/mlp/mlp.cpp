@@ -9,21 +9,22 @@ using core::Shape;
 using core::Tensor;
 
 MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-         uint64_t seed, const core::Fp8ScalingConfig& fp8, MasterShard shard)
+         uint64_t seed, const core::Fp8ScalingConfig& fp8, train::MasterShard shard)
     : config_(config) {
   const MLPConfig& c = config_;
   MANTISSA_CHECK(c.n_embd > 0 && c.hidden > 0 && c.seq_len > 0 && c.vocab_size > 0,
                  "MLP: n_embd, hidden, seq_len and vocab_size must be positive");
-  if (policy.fp8_block_gemms) fp8_ = std::make_unique<Fp8Operands>();
-  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, Init::kNormal, 0.02f, true});
-  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, Init::kNormal, 0.02f, true});
+  if (policy.fp8_block_gemms) fp8_ = std::make_unique<train::Fp8Operands>();
+  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, train::Init::kNormal, 0.02f, true});
+  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, train::Init::kNormal, 0.02f, true});
   fc_ = std::make_unique<Linear>(params_, "fc", c.n_embd, c.hidden, 0.02f, fp8_.get());
   out_ = std::make_unique<Linear>(params_, "out", c.hidden, c.vocab_size, 0.02f, fp8_.get());
   params_.allocate(backend, policy.compute_dtype, seed, shard);
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 
-double MLP::forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) {
+double MLP::forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                    float dloss_per_token) {
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
   const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
@@ -55,7 +56,7 @@ double MLP::forward(StepContext& ctx, const BatchTensors& batch, float dloss_per
   return sum / static_cast<double>(n);
 }
 
-void MLP::backward(StepContext& ctx) {
+void MLP::backward(train::StepContext& ctx) {
   MANTISSA_CHECK(logits_.defined(), "MLP.backward: no training forward pass to differentiate");
   core::Backend& be = ctx.backend;
   const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1);
@@ -69,7 +70,7 @@ void MLP::backward(StepContext& ctx) {
   ctx.mark_grad_ready(wpe_);
   ctx.mark_grad_ready(wte_);
   fc_out_ = logits_ = Tensor();
-  batch_ = BatchTensors{};
+  batch_ = train::BatchTensors{};
 }
 
 double MLP::flops_per_token() const {

@@ -7,9 +7,9 @@
 
 #include <memory>
 
-#include "models/nn/fp8_operands.h"
-#include "models/nn/language_model.h"
 #include "models/nn/linear.h"
+#include "train/fp8_operands.h"
+#include "train/language_model.h"
 
 namespace mantissa::models {
 
@@ -20,24 +20,25 @@ struct MLPConfig {
   int64_t vocab_size = 256;
 };
 
-class MLP final : public LanguageModel {
+class MLP final : public train::LanguageModel {
  public:
   MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,
-      uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, MasterShard shard = {});
+      uint64_t seed, const core::Fp8ScalingConfig& fp8 = {}, train::MasterShard shard = {});
 
-  ParameterStore& parameters() override { return params_; }
-  Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
-  double forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) override;
-  void backward(StepContext& ctx) override;
+  train::ParameterStore& parameters() override { return params_; }
+  train::Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
+  double forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                 float dloss_per_token) override;
+  void backward(train::StepContext& ctx) override;
   double flops_per_token() const override;
 
  private:
   MLPConfig config_;
-  ParameterStore params_;
-  std::unique_ptr<Fp8Operands> fp8_;
+  train::ParameterStore params_;
+  std::unique_ptr<train::Fp8Operands> fp8_;
   int wte_, wpe_;
   std::unique_ptr<Linear> fc_, out_;
-  BatchTensors batch_;
+  train::BatchTensors batch_;
   core::Tensor fc_out_;  // pre-GELU activations
   core::Tensor logits_;  // [N, V], compute dtype; dlogits after a training forward
 };

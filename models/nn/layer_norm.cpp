@@ -6,13 +6,13 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 
-LayerNorm::LayerNorm(ParameterStore& store, const std::string& name, int64_t channels)
+LayerNorm::LayerNorm(train::ParameterStore& store, const std::string& name, int64_t channels)
     : store_(store) {
-  gamma_ = store.add({name + ".weight", Shape{channels}, Init::kOnes, 0.0f, false});
-  beta_ = store.add({name + ".bias", Shape{channels}, Init::kZeros, 0.0f, false});
+  gamma_ = store.add({name + ".weight", Shape{channels}, train::Init::kOnes, 0.0f, false});
+  beta_ = store.add({name + ".bias", Shape{channels}, train::Init::kZeros, 0.0f, false});
 }
 
-Tensor LayerNorm::forward(StepContext& ctx, const Tensor& x) {
+Tensor LayerNorm::forward(train::StepContext& ctx, const Tensor& x) {
   core::Backend& be = ctx.backend;
   Tensor out = Tensor::empty(x.shape(), ctx.policy.compute_dtype, be.device());
   mean_ = Tensor::empty(Shape{x.dim(0)}, DType::kF32, be.device());
@@ -22,7 +22,7 @@ Tensor LayerNorm::forward(StepContext& ctx, const Tensor& x) {
   return out;
 }
 
-Tensor LayerNorm::backward(StepContext& ctx, const Tensor& dout) {
+Tensor LayerNorm::backward(train::StepContext& ctx, const Tensor& dout) {
   core::Backend& be = ctx.backend;
   Tensor dx = Tensor::empty(saved_x_.shape(), ctx.policy.compute_dtype, be.device());
   be.layernorm_backward(dout, saved_x_, store_[gamma_].compute, mean_, rstd_, dx,

@@ -4,20 +4,20 @@
 #include <string>
 
 #include "core/tensor/tensor.h"
-#include "models/nn/parameters.h"
-#include "models/nn/step_context.h"
+#include "train/parameters.h"
+#include "train/step_context.h"
 
 namespace mantissa::models {
 
 class LayerNorm {
  public:
-  LayerNorm(ParameterStore& store, const std::string& name, int64_t channels);
+  LayerNorm(train::ParameterStore& store, const std::string& name, int64_t channels);
 
-  core::Tensor forward(StepContext& ctx, const core::Tensor& x);      // [N, C] -> [N, C]
-  core::Tensor backward(StepContext& ctx, const core::Tensor& dout);  // -> dx [N, C]
+  core::Tensor forward(train::StepContext& ctx, const core::Tensor& x);      // [N, C] -> [N, C]
+  core::Tensor backward(train::StepContext& ctx, const core::Tensor& dout);  // -> dx [N, C]
 
  private:
-  ParameterStore& store_;
+  train::ParameterStore& store_;
   int gamma_, beta_;
   core::Tensor saved_x_, mean_, rstd_;
 };

@@ -1,7 +1,7 @@
 #include "models/nn/linear.h"
 
 #include "core/error.h"
-#include "models/nn/fp8_operands.h"
+#include "train/fp8_operands.h"
 
 namespace mantissa::models {
 
@@ -10,11 +10,11 @@ using core::GemmParams;
 using core::Shape;
 using core::Tensor;
 
-Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out,
-               float init_std, Fp8Operands* fp8)
+Linear::Linear(train::ParameterStore& store, const std::string& name, int64_t in, int64_t out,
+               float init_std, train::Fp8Operands* fp8)
     : store_(store), in_(in), out_(out) {
-  weight_ = store.add({name + ".weight", Shape{out, in}, Init::kNormal, init_std, true});
-  bias_ = store.add({name + ".bias", Shape{out}, Init::kZeros, 0.0f, false});
+  weight_ = store.add({name + ".weight", Shape{out, in}, train::Init::kNormal, init_std, true});
+  bias_ = store.add({name + ".bias", Shape{out}, train::Init::kZeros, 0.0f, false});
   if (fp8 != nullptr) {
     x_slot_ = fp8->add(name + ".input", DType::kE4M3);
     w_slot_ = fp8->add(name + ".weight", DType::kE4M3);
@@ -22,12 +22,12 @@ Linear::Linear(ParameterStore& store, const std::string& name, int64_t in, int64
   }
 }
 
-Tensor Linear::forward(StepContext& ctx, const Tensor& x) {
+Tensor Linear::forward(train::StepContext& ctx, const Tensor& x) {
   MANTISSA_CHECK(x.shape().rank() == 2 && x.dim(1) == in_,
                  "Linear(" << store_[weight_].spec.name << ").forward: input " << x.describe()
                            << " must be [N, " << in_ << "]");
   core::Backend& be = ctx.backend;
-  const Parameter& w = store_[weight_];
+  const train::Parameter& w = store_[weight_];
   Tensor y = Tensor::empty(Shape{x.dim(0), out_}, ctx.policy.compute_dtype, be.device());
   used_fp8_ = ctx.policy.fp8_block_gemms && x_slot_ >= 0;
   GemmParams p;
@@ -50,10 +50,10 @@ Tensor Linear::forward(StepContext& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor Linear::backward(StepContext& ctx, const Tensor& dy) {
+Tensor Linear::backward(train::StepContext& ctx, const Tensor& dy) {
   core::Backend& be = ctx.backend;
-  Parameter& w = store_[weight_];
-  Parameter& b = store_[bias_];
+  train::Parameter& w = store_[weight_];
+  train::Parameter& b = store_[bias_];
   Tensor dx = Tensor::empty(Shape{dy.dim(0), in_}, ctx.policy.compute_dtype, be.device());
 
   GemmParams data_grad;    // dx = dy W

@@ -12,24 +12,22 @@
 #include <string>
 
 #include "core/tensor/tensor.h"
-#include "models/nn/parameters.h"
-#include "models/nn/step_context.h"
+#include "train/parameters.h"
+#include "train/step_context.h"
 
 namespace mantissa::models {
-
-class Fp8Operands;
 
 class Linear {
  public:
   // `fp8` non-null registers this layer's three FP8 operands there.
-  Linear(ParameterStore& store, const std::string& name, int64_t in, int64_t out, float init_std,
-         Fp8Operands* fp8);
+  Linear(train::ParameterStore& store, const std::string& name, int64_t in, int64_t out,
+         float init_std, train::Fp8Operands* fp8);
 
-  core::Tensor forward(StepContext& ctx, const core::Tensor& x);    // [N, in] -> [N, out]
-  core::Tensor backward(StepContext& ctx, const core::Tensor& dy);  // -> dx [N, in]
+  core::Tensor forward(train::StepContext& ctx, const core::Tensor& x);    // [N, in] -> [N, out]
+  core::Tensor backward(train::StepContext& ctx, const core::Tensor& dy);  // -> dx [N, in]
 
  private:
-  ParameterStore& store_;
+  train::ParameterStore& store_;
   int weight_;
   int bias_;
   int64_t in_, out_;

@@ -9,19 +9,19 @@
 
 #include "core/ops/backend.h"
 #include "dist/data_parallel.h"
-#include "models/nn/parameters.h"
+#include "train/parameters.h"
 
 namespace mantissa::dist::testing {
 
 // Eight FP32-compute parameters of odd sizes, so that buckets, shards and chunks cut through
 // parameters and padding; the even ones decay.
-inline models::ParameterStore make_sync_store(core::Backend& backend) {
-  models::ParameterStore params;
+inline train::ParameterStore make_sync_store(core::Backend& backend) {
+  train::ParameterStore params;
   const int64_t sizes[] = {3000, 1, 777, 4096, 130, 2500, 9, 6000};
   for (size_t i = 0; i < std::size(sizes); ++i) {
     std::string name = "p";
     name += std::to_string(i);  // not "p" + ...: GCC 12 warns falsely about it
-    params.add({name, core::Shape{sizes[i]}, models::Init::kNormal, 0.02f, i % 2 == 0});
+    params.add({name, core::Shape{sizes[i]}, train::Init::kNormal, 0.02f, i % 2 == 0});
   }
   params.allocate(backend, core::DType::kF32, 7);
   return params;

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "dist/data_parallel.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
 #include "tests/dist/dist_test.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 namespace mantissa::dist {
 namespace {
@@ -35,13 +35,13 @@ constexpr int64_t kGlobalBatch = 8;  // sequences per step, all ranks together
 constexpr int64_t kSteps = 100;
 constexpr uint64_t kSeed = 42;
 
-std::shared_ptr<const models::Corpus> corpus() {
-  static auto c = std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 18));
+std::shared_ptr<const train::Corpus> corpus() {
+  static auto c = std::make_shared<const train::Corpus>(train::Corpus::synthetic(1, 1 << 18));
   return c;
 }
 
-models::TrainLoopConfig loop_config() {
-  models::TrainLoopConfig c;
+train::TrainLoopConfig loop_config() {
+  train::TrainLoopConfig c;
   c.steps = kSteps;
   c.lr.lr = 1e-3;
   c.lr.warmup_steps = 10;
@@ -58,13 +58,13 @@ const core::PrecisionPolicy kPolicy = core::PrecisionPolicy::from_mode(core::Pre
 std::vector<double> train_one_rank(int64_t micro_batches) {
   auto backend = core::make_cpu_backend();
   models::GPT2 model(kTinyGPT, *backend, kPolicy, kSeed);
-  models::DataLoaderConfig data{kTinyGPT.seq_len, kGlobalBatch / micro_batches, 1, 0, kSeed};
-  models::DataLoader loader(corpus(), data);
-  models::TrainLoopConfig loop = loop_config();
+  train::DataLoaderConfig data{kTinyGPT.seq_len, kGlobalBatch / micro_batches, 1, 0, kSeed};
+  train::DataLoader loader(corpus(), data);
+  train::TrainLoopConfig loop = loop_config();
   loop.grad_accum_steps = micro_batches;
   std::vector<double> losses;
-  models::train_single_rank(model, *backend, kPolicy, loader, loop, {},
-                            [&](const models::StepReport& r) { losses.push_back(r.loss); });
+  train::train_single_rank(model, *backend, kPolicy, loader, loop, {},
+                           [&](const train::StepReport& r) { losses.push_back(r.loss); });
   return losses;
 }
 
@@ -86,17 +86,17 @@ TrainingRun train_data_parallel(DType dtype, bool accumulate_fp32, int zero_stag
   config.timeout_s = 120;
   auto dp = DataParallel::create(world, *backend, model.parameters(), config);
   dp->broadcast_parameters();
-  const models::TrainLoopConfig loop = loop_config();
+  const train::TrainLoopConfig loop = loop_config();
   auto optimizer = dp->make_optimizer(loop.adamw);
-  models::DataLoaderConfig data{kTinyGPT.seq_len, kGlobalBatch / world.size(), world.size(),
-                                world.rank(), kSeed};
-  models::DataLoader loader(corpus(), data);
+  train::DataLoaderConfig data{kTinyGPT.seq_len, kGlobalBatch / world.size(), world.size(),
+                               world.rank(), kSeed};
+  train::DataLoader loader(corpus(), data);
   TrainingRun run;
   const auto start = std::chrono::steady_clock::now();
-  models::train_loop(model, *backend, kPolicy, loader, loop, *optimizer, dp.get(), {},
-                     [&](const models::StepReport& r) {
-                       run.losses.push_back(dp->sum_across_ranks(r.loss) / world.size());
-                     });
+  train::train_loop(model, *backend, kPolicy, loader, loop, *optimizer, dp.get(), {},
+                    [&](const train::StepReport& r) {
+                      run.losses.push_back(dp->sum_across_ranks(r.loss) / world.size());
+                    });
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ReplicaState state;
   state.step = kSteps;

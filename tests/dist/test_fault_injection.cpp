@@ -1,6 +1,6 @@
 // One decision for all ranks. An inf is planted in the gradients of ONE rank at several steps
 // of a 4-rank run (debug.inject_nonfinite_rank / inject_nonfinite_steps, through
-// models::nonfinite_injector): every rank must skip exactly those steps, the loss scale must
+// train::nonfinite_injector): every rank must skip exactly those steps, the loss scale must
 // be the same on every rank after every step, and the replicas (the FP32 masters; under
 // ZeRO-1 the compute copy, since the masters are sharded) must stay bit-identical, which the
 // consistency check verifies after every step. Covered with a BF16 reduce, and with FP8
@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "dist/data_parallel.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/fault_injection.h"
-#include "models/training/training_step.h"
 #include "tests/dist/dist_test.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/fault_injection.h"
+#include "train/training_step.h"
 
 namespace mantissa::dist {
 namespace {
@@ -57,15 +57,15 @@ void run_with_injection(const FaultCase& c) {
   scaler_config.growth_interval = 4;     // and the scale grows back in between
   core::LossScaler scaler(scaler_config);
   const core::LrSchedule schedule(core::LrScheduleConfig{1e-3, 0, steps, 0.0});
-  models::TrainingStep step(model, *backend, policy, scaler, *optimizer, schedule, 1.0f);
-  step.before_check = models::nonfinite_injector(*backend, world.rank(), culprit, poisoned);
-  models::DataLoader loader(
-      std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 18)),
+  train::TrainingStep step(model, *backend, policy, scaler, *optimizer, schedule, 1.0f);
+  step.before_check = train::nonfinite_injector(*backend, world.rank(), culprit, poisoned);
+  train::DataLoader loader(
+      std::make_shared<const train::Corpus>(train::Corpus::synthetic(1, 1 << 18)),
       {64, 2, world.size(), world.rank(), 3});
 
   int skipped = 0;
   for (int64_t s = 0; s < steps; ++s) {
-    const models::StepReport report = step.run(s, {loader.next()}, dp.get());
+    const train::StepReport report = step.run(s, {loader.next()}, dp.get());
     const bool expected = std::find(poisoned.begin(), poisoned.end(), s) != poisoned.end();
     EXPECT_EQ(report.skipped, expected) << c.name << ": step " << s << " on rank " << world.rank();
     skipped += report.skipped ? 1 : 0;

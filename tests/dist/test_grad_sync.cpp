@@ -57,10 +57,10 @@ double gradient(int rank, int64_t i) {
 }
 
 // Gradients as backward leaves them: zero in the padding.
-void fill_gradients(models::ParameterStore& params, int rank) {
+void fill_gradients(train::ParameterStore& params, int rank) {
   float* g = params.grads().data_as<float>();
   std::fill(g, g + params.flat_numel(), 0.0f);
-  for (const models::Parameter& p : params.all()) {
+  for (const train::Parameter& p : params.all()) {
     for (int64_t i = 0; i < p.numel(); ++i)
       g[p.offset + i] = static_cast<float>(gradient(rank, p.offset + i));
   }
@@ -84,7 +84,7 @@ class GradSync : public ::testing::Test {
   // Runs one reduction; returns the RMS error (relative to the RMS of the mean) on the range
   // this rank owns, after checking every element against its bound.
   double reduce_and_check(const SyncCase& c) {
-    models::ParameterStore params = make_sync_store(*backend);
+    train::ParameterStore params = make_sync_store(*backend);
     auto dp = DataParallel::create(testing::world(), *backend, params, config(c));
     auto optimizer = dp->make_optimizer(core::AdamWConfig{});
     fill_gradients(params, me);
@@ -163,7 +163,7 @@ TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
   for (DType d : {DType::kBF16, DType::kE4M3}) {
     std::vector<float> results[2];
     for (bool overlap : {false, true}) {
-      models::ParameterStore params = make_sync_store(*backend);
+      train::ParameterStore params = make_sync_store(*backend);
       auto dp =
           DataParallel::create(testing::world(), *backend, params, config({d, false, 0, overlap}));
       fill_gradients(params, me);
@@ -184,7 +184,7 @@ TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
 
 TEST_F(GradSync, OverlapStartsABucketAsSoonAsItsParametersAreReady) {
   for (bool overlap : {false, true}) {
-    models::ParameterStore params = make_sync_store(*backend);
+    train::ParameterStore params = make_sync_store(*backend);
     auto dp = DataParallel::create(testing::world(), *backend, params,
                                    config({DType::kBF16, false, 0, overlap}));
     fill_gradients(params, me);
@@ -204,7 +204,7 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3, DType::kE5M2}) {
     for (int zero : {0, 1}) {
       for (float bad : {INFINITY, NAN}) {
-        models::ParameterStore params = make_sync_store(*backend);
+        train::ParameterStore params = make_sync_store(*backend);
         auto dp = DataParallel::create(testing::world(), *backend, params,
                                        config({d, false, zero, true}));
         fill_gradients(params, me);
@@ -228,7 +228,7 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
 }
 
 TEST_F(GradSync, ScalarCollectivesAgreeBitForBit) {
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   // 0.1 * (r + 1): a sum whose rounding depends on the order of additions.
@@ -244,7 +244,7 @@ TEST_F(GradSync, ScalarCollectivesAgreeBitForBit) {
 }
 
 TEST_F(GradSync, BroadcastParametersCopiesRankZero) {
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   float* masters = params.masters().data_as<float>();
@@ -257,8 +257,8 @@ TEST_F(GradSync, BroadcastParametersCopiesRankZero) {
 }
 
 TEST_F(GradSync, BroadcastParametersUnderZero1GathersTheShards) {
-  models::ParameterStore reference = make_sync_store(*backend);
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore reference = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 1, true}));
   auto optimizer = dp->make_optimizer(core::AdamWConfig{});
@@ -279,7 +279,7 @@ TEST_F(GradSync, BroadcastParametersUnderZero1GathersTheShards) {
 }
 
 TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 1, true}));
   ReplicaState state;
@@ -302,7 +302,7 @@ TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
 }
 
 TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,
                                  config({DType::kBF16, false, 0, true}));
   ReplicaState state;
@@ -342,7 +342,7 @@ TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
 }
 
 TEST_F(GradSync, BadConfigsNameTheField) {
-  models::ParameterStore params = make_sync_store(*backend);
+  train::ParameterStore params = make_sync_store(*backend);
   DistConfig bad = config({DType::kBF16, false, 0, true});
   bad.bucket_mb = 0;
   EXPECT_THROW(

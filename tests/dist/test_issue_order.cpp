@@ -142,7 +142,7 @@ class IssueOrder : public ::testing::Test {
   // returns the collectives this rank issued.
   std::vector<Call> run_steps(const SyncCase& c, int steps) {
     auto log = std::make_shared<Log>();
-    models::ParameterStore params = make_sync_store(*backend);
+    train::ParameterStore params = make_sync_store(*backend);
     DistConfig config;
     config.timeout_s = kTimeout;
     config = sync_config(c, config);

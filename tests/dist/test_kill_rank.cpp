@@ -12,10 +12,10 @@
 #include <memory>
 
 #include "dist/data_parallel.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 using namespace mantissa;
 
@@ -30,14 +30,14 @@ int main(int argc, char** argv) {
   config.timeout_s = timeout_s;
   auto dp = dist::DataParallel::create(world, *backend, model.parameters(), config);
   auto optimizer = dp->make_optimizer(core::AdamWConfig{});
-  models::DataLoader loader(
-      std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 16)),
+  train::DataLoader loader(
+      std::make_shared<const train::Corpus>(train::Corpus::synthetic(1, 1 << 16)),
       {64, 2, world.size(), world.rank(), 1});
-  models::TrainLoopConfig loop;
+  train::TrainLoopConfig loop;
   loop.steps = 6;
   loop.loss_scale.mode = core::LossScaleMode::kNone;
-  models::train_loop(
-      model, *backend, policy, loader, loop, *optimizer, dp.get(), [&](models::TrainingStep& step) {
+  train::train_loop(
+      model, *backend, policy, loader, loop, *optimizer, dp.get(), [&](train::TrainingStep& step) {
         // before_check runs after the sync of a step: kill at the end of step 2,
         // so the survivors block in step 3.
         step.before_check = [&](core::Tensor&, int64_t s) {

@@ -15,11 +15,11 @@
 
 #include "core/error.h"
 #include "dist/data_parallel.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
 #include "tests/dist/dist_test.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 namespace mantissa::dist {
 namespace {
@@ -48,17 +48,17 @@ struct RankBytes {
 RankBytes bytes_after_training(models::GPT2& model, core::Backend& backend, int zero_stage,
                                int64_t steps) {
   World& world = testing::world();
-  models::ParameterStore& params = model.parameters();
+  train::ParameterStore& params = model.parameters();
   auto dp = DataParallel::create(world, backend, params, dist_config(zero_stage));
   dp->broadcast_parameters();
-  models::TrainLoopConfig loop;
+  train::TrainLoopConfig loop;
   loop.steps = steps;
   auto optimizer = dp->make_optimizer(loop.adamw);
   const void* masters = params.masters().data();
-  models::DataLoader loader(
-      std::make_shared<const models::Corpus>(models::Corpus::synthetic(1, 1 << 16)),
+  train::DataLoader loader(
+      std::make_shared<const train::Corpus>(train::Corpus::synthetic(1, 1 << 16)),
       {kGPT.seq_len, 2, world.size(), world.rank(), 5});
-  models::train_loop(model, backend, kPolicy, loader, loop, *optimizer, dp.get());
+  train::train_loop(model, backend, kPolicy, loader, loop, *optimizer, dp.get());
   EXPECT_EQ(params.masters().data(), masters) << "the masters were reallocated";
 
   const int64_t owned = optimizer->owned_end() - optimizer->owned_begin();
@@ -79,7 +79,7 @@ TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
   auto backend = core::make_cpu_backend();
   const int64_t flat = models::GPT2(kGPT, *backend, kPolicy, 5).parameters().flat_numel();
   // Shards: ceil(flat / N) rounded up to the parameter alignment (the last ones shorter).
-  const int64_t alignment = models::kParameterAlignment;
+  const int64_t alignment = train::kParameterAlignment;
   const int64_t shard_limit = ((flat + n - 1) / n + alignment - 1) / alignment * alignment;
 
   models::GPT2 model0(kGPT, *backend, kPolicy, 5), model1(kGPT, *backend, kPolicy, 5);
@@ -120,16 +120,16 @@ TEST(Zero1Memory, AModelBuiltWithItsShardNeverHoldsAllMasters) {
   World& world = testing::world();
   const int n = world.size();
   auto backend = core::make_cpu_backend();
-  models::GPT2 sharded(kGPT, *backend, kPolicy, 5, {}, models::MasterShard{world.rank(), n});
+  models::GPT2 sharded(kGPT, *backend, kPolicy, 5, {}, train::MasterShard{world.rank(), n});
   models::GPT2 cut(kGPT, *backend, kPolicy, 5);
-  models::ParameterStore& params = sharded.parameters();
-  const std::vector<int64_t> shards = models::split_aligned(params.flat_numel(), n);
+  train::ParameterStore& params = sharded.parameters();
+  const std::vector<int64_t> shards = train::split_aligned(params.flat_numel(), n);
   EXPECT_EQ(params.masters().numel(), shards[static_cast<size_t>(world.rank())]);
   EXPECT_EQ(n == 1, params.keeps_all_masters());
 
   bytes_after_training(sharded, *backend, 1, 2);
   bytes_after_training(cut, *backend, 1, 2);
-  const models::ParameterStore& reference = cut.parameters();
+  const train::ParameterStore& reference = cut.parameters();
   ASSERT_EQ(params.masters_begin(), reference.masters_begin());
   ASSERT_EQ(params.masters().nbytes(), reference.masters().nbytes());
   EXPECT_EQ(
@@ -141,7 +141,7 @@ TEST(Zero1Memory, AModelBuiltWithItsShardNeverHoldsAllMasters) {
 
   if (n > 1) {
     models::GPT2 other(kGPT, *backend, kPolicy, 5, {},
-                       models::MasterShard{(world.rank() + 1) % n, n});
+                       train::MasterShard{(world.rank() + 1) % n, n});
     try {
       DataParallel::create(world, *backend, other.parameters(), dist_config(1));
       ADD_FAILURE() << "a store holding another rank's shard was accepted";

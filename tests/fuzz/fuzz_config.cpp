@@ -3,8 +3,8 @@
 //
 // Input: config text; lines that start with "--set " are taken out of the text and applied
 // as overrides after parsing, so one input exercises both syntaxes. Every rejection must be a
-// ConfigError (or core::Error) with a message; anything else — a crash, a sanitizer report, any
-// other exception escaping — is a bug.
+// core::ConfigError (or core::Error) with a message; anything else — a crash, a sanitizer report,
+// any other exception escaping — is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string printed = mantissa::launcher::to_text(config);
     const mantissa::TrainConfig again = mantissa::launcher::parse_config_text(printed, "printed");
     if (again.SerializeAsString() != config.SerializeAsString()) __builtin_trap();
-  } catch (const mantissa::launcher::ConfigError&) {
+  } catch (const mantissa::core::ConfigError&) {
   } catch (const mantissa::core::Error&) {
   }
   return 0;

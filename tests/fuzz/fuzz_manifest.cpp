@@ -1,5 +1,5 @@
-// Fuzz target: the checkpoint manifest loader (launcher/checkpoint_manifest.h, and the load
-// path of launcher/checkpoint.h behind it).
+// Fuzz target: the checkpoint manifest loader (checkpoint/checkpoint_manifest.h, and the load
+// path of checkpoint/checkpoint.h behind it).
 //
 // Each input is tried twice: as the bytes of manifest.pb, where nearly every input fails the
 // CRC32C trailer, and sealed with a correct trailer, which lets the fuzzer reach the protobuf
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_manifest.h"
 #include "core/error.h"
-#include "launcher/checkpoint.h"
-#include "launcher/checkpoint_manifest.h"
 
 namespace {
 
@@ -40,7 +40,7 @@ const std::string& checkpoint_dir() {
   return dir;
 }
 
-void load(const std::string& sealed, const launcher::Manifest& manifest) {
+void load(const std::string& sealed, const checkpoint::Manifest& manifest) {
   int64_t total = 0;
   for (const auto& entries : manifest.buffers) total += entries[0].shape(0);
   if (total > (int64_t{1} << 16)) return;  // slices are allocated: keep them small
@@ -51,15 +51,15 @@ void load(const std::string& sealed, const launcher::Manifest& manifest) {
     out.write(sealed.data(), static_cast<std::streamsize>(sealed.size()));
   }
   std::vector<std::vector<char>> storage;
-  std::vector<launcher::BufferSlice> slices;
+  std::vector<checkpoint::BufferSlice> slices;
   for (const auto& entries : manifest.buffers) {
-    const core::DType dtype = launcher::from_proto_dtype(entries[0].dtype(), "fuzz");
+    const core::DType dtype = checkpoint::from_proto_dtype(entries[0].dtype(), "fuzz");
     const int64_t n = entries[0].shape(0);
     storage.emplace_back(static_cast<size_t>(n) * core::dtype_size(dtype) + 1);
     slices.push_back({entries[0].name(), n, 0,
                       core::Tensor::wrap(storage.back().data(), core::Shape{n}, dtype)});
   }
-  launcher::Checkpointer checkpointer({.dir = checkpoint_dir()}, {});
+  checkpoint::Checkpointer checkpointer({.dir = checkpoint_dir()}, {});
   checkpointer.load_latest(manifest.state.parameters, slices);
 }
 
@@ -68,7 +68,7 @@ void load(const std::string& sealed, const launcher::Manifest& manifest) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   try {
-    launcher::decode_manifest(bytes, "fuzz/manifest.pb");
+    checkpoint::decode_manifest(bytes, "fuzz/manifest.pb");
   } catch (const core::Error&) {
   }
   // The input as a TrainState, sealed with a correct trailer (re-serialized, since a body may
@@ -76,9 +76,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mantissa::TrainState parsed;
   if (!parsed.ParseFromString(bytes)) return 0;
   parsed.clear_manifest_crc32c();
-  const std::string sealed = launcher::seal_message(parsed);
+  const std::string sealed = checkpoint::seal_message(parsed);
   try {
-    const launcher::Manifest manifest = launcher::decode_manifest(sealed, "fuzz/manifest.pb");
+    const checkpoint::Manifest manifest = checkpoint::decode_manifest(sealed, "fuzz/manifest.pb");
     load(sealed, manifest);
   } catch (const core::Error&) {
   }

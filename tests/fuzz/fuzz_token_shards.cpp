@@ -1,4 +1,4 @@
-// Fuzz target: the llm.c token shard loader (models::Corpus::token_shards) and the data loader
+// Fuzz target: the llm.c token shard loader (train::Corpus::token_shards) and the data loader
 // on top of it.
 //
 // Input: byte 0 picks the vocabulary size (1..256 scaled to 1..65536), the rest is the shard
@@ -14,8 +14,8 @@
 #include <string>
 
 #include "core/error.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mantissa;
@@ -30,11 +30,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   try {
     auto corpus =
-        std::make_shared<const models::Corpus>(models::Corpus::token_shards(path, vocab_size));
-    models::DataLoader loader(
+        std::make_shared<const train::Corpus>(train::Corpus::token_shards(path, vocab_size));
+    train::DataLoader loader(
         corpus, {.seq_len = 4, .micro_batch = 2, .world_size = 2, .rank = 1, .seed = 3});
     for (int step = 0; step < 3; ++step) {
-      const models::Batch batch = loader.next();
+      const train::Batch batch = loader.next();
       for (size_t i = 0; i < batch.tokens.size(); ++i)
         if (batch.tokens[i] < 0 || batch.tokens[i] >= vocab_size || batch.targets[i] < 0 ||
             batch.targets[i] >= vocab_size)

@@ -36,8 +36,8 @@
 #include "core/precision/fp8_scaling.h"
 #include "dist/data_parallel.h"
 #include "dist/nccl/nccl_communicator.h"
-#include "models/nn/parameters.h"
 #include "tests/dist/sync_case.h"
+#include "train/parameters.h"
 
 #ifdef MANTISSA_TEST_CUDA
 #include "core/ops/cuda/cuda_backend.h"
@@ -234,9 +234,9 @@ TEST_F(GpuNccl, RejectsHostBuffersAndBadCounts) {
 
 // Gradients as backward leaves them (zero in the padding): magnitudes 2^-12 .. 2^2, both
 // signs, so BF16/FP16 round most of them and FP8 flushes the smallest.
-std::vector<float> gradients(const models::ParameterStore& params) {
+std::vector<float> gradients(const train::ParameterStore& params) {
   std::vector<float> g(static_cast<size_t>(params.flat_numel()), 0.0f);
-  for (const models::Parameter& p : params.all()) {
+  for (const train::Parameter& p : params.all()) {
     for (int64_t i = 0; i < p.numel(); ++i) {
       const uint32_t bits = core::random_u32(11, static_cast<uint64_t>(p.offset + i));
       const float mantissa = 0.5f + static_cast<float>(bits & 0xFFFF) / 131072.0f;
@@ -258,7 +258,7 @@ DistConfig dist_config(const SyncCase& c) {
 
 class GpuGradSync : public GpuNccl {
  protected:
-  std::unique_ptr<DataParallel> data_parallel(models::ParameterStore& params, const SyncCase& c) {
+  std::unique_ptr<DataParallel> data_parallel(train::ParameterStore& params, const SyncCase& c) {
     return DataParallel::create(*gpu, params, dist_config(c),
                                 make_nccl_communicator(lone_process(), *gpu, kTimeout));
   }
@@ -301,7 +301,7 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
     }
   }
   for (const SyncCase& c : cases) {
-    models::ParameterStore params = make_sync_store(*gpu);
+    train::ParameterStore params = make_sync_store(*gpu);
     auto dp = data_parallel(params, c);
     auto optimizer = dp->make_optimizer(core::AdamWConfig{});
     std::vector<float> g = gradients(params);
@@ -330,7 +330,7 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
 TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
   for (const DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
     const SyncCase c{d, core::is_fp8(d) && !fp8_reductions(*gpu), 0};
-    models::ParameterStore params = make_sync_store(*gpu);
+    train::ParameterStore params = make_sync_store(*gpu);
     auto dp = data_parallel(params, c);
     std::vector<float> g = gradients(params);
     Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
@@ -353,8 +353,8 @@ TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
 }
 
 TEST_F(GpuGradSync, ScalarCollectivesAndZeroOneOptimizer) {
-  models::ParameterStore zero0_params = make_sync_store(*gpu);
-  models::ParameterStore zero1_params = make_sync_store(*gpu);
+  train::ParameterStore zero0_params = make_sync_store(*gpu);
+  train::ParameterStore zero1_params = make_sync_store(*gpu);
   auto zero0 = data_parallel(zero0_params, {DType::kBF16, false, 0});
   auto zero1 = data_parallel(zero1_params, {DType::kBF16, false, 1});
 

@@ -30,7 +30,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
-#include "tests/unit/test_util.h"
+#include "tests/common/test_util.h"
 
 namespace mantissa::core {
 namespace {

@@ -32,10 +32,10 @@
 #include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
-#include "models/data/corpus.h"
-#include "models/data/data_loader.h"
 #include "models/gpt2/gpt2.h"
-#include "models/training/train_loop.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/train_loop.h"
 
 namespace mantissa::models {
 namespace {
@@ -46,21 +46,22 @@ constexpr int64_t kSteps = 20;
 const GPT2Config kTinyGPT{2, 2, 64, 64, 256};
 
 struct Trajectory {
-  std::vector<StepReport> reports;
+  std::vector<train::StepReport> reports;
   bool parameters_finite = true;
 };
 
 // One run on `backend`: the same seeds (model, data) every time.
 Trajectory train(core::Backend& backend, PrecisionMode mode) {
-  static const auto corpus = std::make_shared<const Corpus>(Corpus::synthetic(1, 1 << 18));
+  static const auto corpus =
+      std::make_shared<const train::Corpus>(train::Corpus::synthetic(1, 1 << 18));
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
   GPT2 model(kTinyGPT, backend, policy, 42);
-  DataLoaderConfig data;
+  train::DataLoaderConfig data;
   data.seq_len = kTinyGPT.seq_len;
   data.micro_batch = 8;
   data.seed = 5;
-  DataLoader loader(corpus, data);
-  TrainLoopConfig config;
+  train::DataLoader loader(corpus, data);
+  train::TrainLoopConfig config;
   config.steps = kSteps;
   config.lr.lr = 3e-3;
   config.lr.warmup_steps = 2;
@@ -69,7 +70,7 @@ Trajectory train(core::Backend& backend, PrecisionMode mode) {
   config.loss_scale.mode =
       mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
   Trajectory run;
-  run.reports = train_single_rank(model, backend, policy, loader, config);
+  run.reports = train::train_single_rank(model, backend, policy, loader, config);
 
   core::Tensor& masters = model.parameters().masters();
   core::Tensor host = core::Tensor::empty(masters.shape(), masters.dtype());
@@ -132,8 +133,8 @@ TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
   const double tol = tolerance(mode);
   double worst = 0.0;
   for (size_t s = 0; s < cpu.reports.size(); ++s) {
-    const StepReport& c = cpu.reports[s];
-    const StepReport& g = gpu.reports[s];
+    const train::StepReport& c = cpu.reports[s];
+    const train::StepReport& g = gpu.reports[s];
     const double rel = std::fabs(g.loss - c.loss) / c.loss;
     worst = std::max(worst, rel);
     std::printf("%s step %2zu: loss cpu %.6f gpu %.6f (%.2e)%s%s\n", name.c_str(), s, c.loss,

@@ -15,12 +15,12 @@
 namespace mantissa::launcher {
 namespace {
 
-// The ConfigError message of `f`, or "" when it does not throw.
+// The core::ConfigError message of `f`, or "" when it does not throw.
 template <typename F>
 std::string error_of(F&& f) {
   try {
     f();
-  } catch (const ConfigError& e) {
+  } catch (const core::ConfigError& e) {
     return e.what();
   }
   return "";
@@ -242,7 +242,7 @@ TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
                                                  "--set=run.seed=2", "--progress=lines"});
   EXPECT_EQ(a.config_path, "c.pbtxt");
   EXPECT_EQ(a.sets, (std::vector<std::string>{"run.steps=5", "run.seed=2"}));
-  EXPECT_EQ(a.progress, ProgressMode::kLines);
+  EXPECT_EQ(a.progress, metrics::ProgressMode::kLines);
   EXPECT_TRUE(parse_train_args("train", {"--help"}).help);
 
   const auto args_error = [](std::vector<std::string> args) {

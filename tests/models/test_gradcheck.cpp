@@ -18,9 +18,9 @@ using core::Shape;
 using core::Tensor;
 
 // Tokens and next-token targets drawn from a fixed hash, [B, T] on the CPU.
-BatchTensors make_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  BatchTensors batch{Tensor::empty(Shape{b, t}, DType::kI32),
-                     Tensor::empty(Shape{b, t}, DType::kI32)};
+train::BatchTensors make_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  train::BatchTensors batch{Tensor::empty(Shape{b, t}, DType::kI32),
+                            Tensor::empty(Shape{b, t}, DType::kI32)};
   for (int64_t i = 0; i < b * t; ++i) {
     batch.tokens.data_as<int32_t>()[i] =
         static_cast<int32_t>(core::random_u32(seed, 2 * i) % vocab);
@@ -32,9 +32,9 @@ BatchTensors make_batch(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 
 // Replaces the masters with N(0, std) values: GPT-2's 0.02 initialisation makes most
 // gradients too small for FP32 finite differences to resolve.
-void randomise_masters(ParameterStore& params, core::Backend& be, float std, uint64_t seed) {
+void randomise_masters(train::ParameterStore& params, core::Backend& be, float std, uint64_t seed) {
   Tensor& masters = params.masters();
-  for (const Parameter& p : params.all()) {
+  for (const train::Parameter& p : params.all()) {
     float* w = masters.data_as<float>() + p.offset;
     for (int64_t i = 0; i < p.numel(); ++i) {
       const double u1 = (core::random_u32(seed + p.offset, 2 * i) + 1.0) / 4294967297.0;
@@ -48,11 +48,11 @@ void randomise_masters(ParameterStore& params, core::Backend& be, float std, uin
 // Gradients here are 1e-4..1e-1; the FP32 loss resolves differences to about 1e-6 at
 // eps = 1e-2, hence the tolerance. Checks up to `per_tensor` elements of every parameter tensor
 // (always the first and the last, the rest spread across the tensor).
-void check_gradients(LanguageModel& model, core::Backend& be, const BatchTensors& batch,
-                     int per_tensor) {
+void check_gradients(train::LanguageModel& model, core::Backend& be,
+                     const train::BatchTensors& batch, int per_tensor) {
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32);
-  StepContext ctx{be, policy, nullptr, {}};
-  ParameterStore& params = model.parameters();
+  train::StepContext ctx{be, policy, nullptr, {}};
+  train::ParameterStore& params = model.parameters();
   params.zero_grad(be);
   const int64_t tokens = batch.tokens.numel();
   model.forward(ctx, batch, 1.0f / static_cast<float>(tokens));
@@ -62,7 +62,7 @@ void check_gradients(LanguageModel& model, core::Backend& be, const BatchTensors
 
   const float eps = 1e-2f;
   float* masters = params.masters().data_as<float>();
-  for (const Parameter& p : params.all()) {
+  for (const train::Parameter& p : params.all()) {
     const int64_t n = p.numel();
     const int samples = static_cast<int>(std::min<int64_t>(n, per_tensor));
     for (int s = 0; s < samples; ++s) {

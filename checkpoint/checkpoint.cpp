@@ -1,0 +1,447 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "checkpoint/checkpoint_manifest.h"
+#include "checkpoint/crc32c.h"
+
+namespace fs = std::filesystem;
+
+namespace mantissa::checkpoint {
+namespace {
+
+constexpr const char* kManifestName = "manifest.pb";
+constexpr const char* kLatestName = "latest";
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// --- writing: every failure is a core::Error naming the path -------------------------------
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    MANTISSA_CHECK(n > 0, path << ": write failed: " << errno_text());
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// A file being written: closed (without syncing) if an error unwinds past it.
+class OutputFile {
+ public:
+  explicit OutputFile(std::string path)
+      : path_(std::move(path)),
+        fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+    MANTISSA_CHECK(fd_ >= 0, path_ << ": cannot create: " << errno_text());
+  }
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+
+  void write(const void* data, size_t size) { write_all(fd_, data, size, path_); }
+  // Data on disk before anyone is told the file exists.
+  void sync_and_close() {
+    MANTISSA_CHECK(::fsync(fd_) == 0, path_ << ": fsync failed: " << errno_text());
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    MANTISSA_CHECK(rc == 0, path_ << ": close failed: " << errno_text());
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+void write_file_durably(const std::string& path, const std::string& bytes) {
+  OutputFile out(path);
+  out.write(bytes.data(), bytes.size());
+  out.sync_and_close();
+}
+
+// A rename or a new file is durable only once its directory is synced.
+void sync_directory(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MANTISSA_CHECK(fd >= 0, path << ": cannot open directory: " << errno_text());
+  const int rc = ::fsync(fd);
+  const std::string error = errno_text();
+  ::close(fd);
+  MANTISSA_CHECK(rc == 0, path << ": fsync of the directory failed: " << error);
+}
+
+// --- reading: every failure is CheckpointDamaged naming the path ---------------------------
+
+std::string read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointDamaged(path + ": cannot open: " + errno_text());
+  std::string bytes;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string error = errno_text();
+      ::close(fd);
+      throw CheckpointDamaged(path + ": read failed: " + error);
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+// Reads bytes [offset, offset + size) of `path`.
+void read_range(const std::string& path, uint64_t offset, size_t size, char* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointDamaged(path + ": cannot open: " + errno_text());
+  while (size > 0) {
+    const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string error = n == 0 ? "unexpected end of file" : errno_text();
+      ::close(fd);
+      throw CheckpointDamaged(path + ": read at byte " + std::to_string(offset) +
+                              " failed: " + error);
+    }
+    out += n;
+    offset += static_cast<uint64_t>(n);
+    size -= static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+// The steps of the step_<digits> directories in `dir`, newest first. Temporary directories
+// (step_<N>.tmp) and anything else are ignored.
+std::vector<int64_t> list_checkpoints(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    const bool is_step =
+        name.starts_with("step_") && digits.size() >= 8 && digits.size() <= 18 &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (is_step && entry.is_directory(ec)) steps.push_back(std::stoll(digits));
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+void warn(int rank, const std::string& message) {
+  // One write per line: ranks that share a stderr (threads in the tests, or ranks whose
+  // output a launcher merges) must not interleave inside each other's lines.
+  const std::string line = "mantissa: rank " + std::to_string(rank) + ": " + message + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(int64_t step) {
+  char name[40];
+  std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
+  return name;
+}
+
+std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params) {
+  std::vector<ParameterLayout> layout;
+  for (const train::Parameter& p : params.all())
+    layout.push_back({p.spec.name, p.spec.shape, p.offset});
+  return layout;
+}
+
+Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group, core::Backend& backend)
+    : Checkpointer(std::move(options), std::move(group)) {
+  backend_ = &backend;
+}
+
+Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group)
+    : options_(std::move(options)), group_(std::move(group)) {
+  MANTISSA_CHECK(!options_.dir.empty(), "checkpoint: no directory given");
+  MANTISSA_CHECK(options_.keep >= 0, "checkpoint.keep must be >= 0, got " << options_.keep);
+  MANTISSA_CHECK(options_.max_entry_bytes >= 8,
+                 "checkpoint: max_entry_bytes must be >= 8, got " << options_.max_entry_bytes);
+  MANTISSA_CHECK(group_.world_size >= 1 && group_.rank >= 0 && group_.rank < group_.world_size,
+                 "checkpoint: rank " << group_.rank << " of " << group_.world_size);
+  MANTISSA_CHECK(group_.world_size == 1 || group_.all_ok,
+                 "checkpoint: " << group_.world_size << " ranks need an all_ok callback");
+}
+
+bool Checkpointer::has_checkpoint() const {
+  return !list_checkpoints(options_.dir).empty();
+}
+
+bool Checkpointer::agree(bool ok) const {
+  return group_.all_ok ? group_.all_ok(ok) : ok;
+}
+
+void Checkpointer::collective(const std::string& what, const std::function<void()>& phase) {
+  std::string error;
+  try {
+    phase();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const bool everyone_ok = agree(error.empty());
+  MANTISSA_CHECK(error.empty(), what << ": " << error);
+  MANTISSA_CHECK(everyone_ok, what << ": failed on another rank (see its message)");
+}
+
+// The bytes of a contiguous tensor in host memory: the tensor itself on the host, else a copy
+// in `staging`.
+const void* Checkpointer::host_bytes(const core::Tensor& t, core::Tensor& staging) {
+  if (t.device().is_cpu()) return t.data();
+  MANTISSA_CHECK(backend_, "checkpoint: " << t.describe() << " needs a backend to copy it");
+  staging = core::Tensor::empty(t.shape(), t.dtype(), core::Device::cpu());
+  backend_->copy(t, staging);
+  backend_->synchronize();
+  return staging.data();
+}
+
+void Checkpointer::write_payload(const std::string& dir, const std::vector<BufferSlice>& slices,
+                                 ShardIndex& index) {
+  if (slices.empty()) return;
+  const std::string file = payload_file_name(group_.rank);
+  OutputFile out(dir + "/" + file);
+  if (backend_) backend_->synchronize();  // the tensors may still be written by queued work
+  uint64_t offset = 0;
+  for (const BufferSlice& slice : slices) {
+    const core::Tensor& data = slice.data;
+    MANTISSA_CHECK(!slice.name.empty() && data.defined(),
+                   "checkpoint save: a slice needs a name and data");
+    MANTISSA_CHECK(slice.begin >= 0 && slice.begin <= slice.global_numel - data.numel(),
+                   "checkpoint save: slice '" << slice.name << "' [" << slice.begin << ", +"
+                                              << data.numel() << ") outside its buffer of "
+                                              << slice.global_numel << " elements");
+    const int64_t element_size = static_cast<int64_t>(core::dtype_size(data.dtype()));
+    const int64_t per_entry = std::max<int64_t>(1, options_.max_entry_bytes / element_size);
+    // An empty slice still gets an entry, so that its buffer exists in the index.
+    for (int64_t first = 0; first == 0 || first < data.numel(); first += per_entry) {
+      const int64_t count = std::min(per_entry, data.numel() - first);
+      const core::Tensor piece = data.view(first, core::Shape{count});
+      core::Tensor staging;
+      const void* bytes = host_bytes(piece, staging);
+      TensorEntry& e = *index.add_tensors();
+      e.set_name(slice.name);
+      e.set_dtype(to_proto_dtype(data.dtype()));
+      e.add_shape(slice.global_numel);
+      e.set_element_begin(slice.begin + first);
+      e.set_element_count(count);
+      e.set_file(file);
+      e.set_byte_offset(offset);
+      e.set_byte_length(piece.nbytes());
+      e.set_crc32c(crc32c(bytes, piece.nbytes()));
+      out.write(bytes, piece.nbytes());
+      offset += piece.nbytes();
+    }
+  }
+  out.sync_and_close();
+}
+
+std::string Checkpointer::save(const CheckpointState& state,
+                               const std::vector<BufferSlice>& slices) {
+  MANTISSA_CHECK(state.step >= 0, "checkpoint save: negative step " << state.step);
+  const std::string name = checkpoint_dir_name(state.step);
+  const std::string final_dir = options_.dir + "/" + name;
+  const std::string tmp_dir = final_dir + ".tmp";
+  const std::string what = "checkpoint save of " + final_dir;
+
+  // 1. Rank 0 makes an empty temporary directory, clearing what a crashed save left behind.
+  collective(what, [&] {
+    if (group_.rank != 0) return;
+    fs::create_directories(options_.dir);
+    for (const fs::directory_entry& entry : fs::directory_iterator(options_.dir)) {
+      const std::string n = entry.path().filename().string();
+      if (n.starts_with("step_") && n.ends_with(".tmp")) fs::remove_all(entry.path());
+    }
+    fs::create_directory(tmp_dir);
+  });
+
+  // 2. Every rank writes its payload and its part of the index, both synced.
+  collective(what, [&] {
+    ShardIndex index;
+    index.set_rank(group_.rank);
+    write_payload(tmp_dir, slices, index);
+    write_file_durably(tmp_dir + "/" + payload_file_name(group_.rank) + ".index",
+                       seal_message(index));
+  });
+
+  // 3. Rank 0 merges the index into the manifest, validates it as a load would, and publishes
+  //    the directory: rename, then `latest`, then pruning.
+  collective(what, [&] {
+    if (group_.rank != 0) return;
+    CheckpointState saved = state;
+    saved.world_size = group_.world_size;
+    TrainState manifest = state_to_proto(saved);
+    for (int r = 0; r < group_.world_size; ++r) {
+      const std::string path = tmp_dir + "/" + payload_file_name(r) + ".index";
+      ShardIndex index;
+      unseal_message(read_whole_file(path), index, path);
+      MANTISSA_CHECK(index.rank() == r, path << ": written by rank " << index.rank());
+      for (const TensorEntry& e : index.tensors()) *manifest.add_tensors() = e;
+    }
+    const std::string bytes = seal_message(manifest);
+    decode_manifest(bytes, final_dir + "/" + kManifestName);  // the slices must tile buffers
+    write_file_durably(tmp_dir + "/" + kManifestName, bytes);
+    for (int r = 0; r < group_.world_size; ++r)
+      fs::remove(tmp_dir + "/" + payload_file_name(r) + ".index");
+    sync_directory(tmp_dir);
+
+    fs::remove_all(final_dir);  // a checkpoint of the same step from an abandoned run
+    fs::rename(tmp_dir, final_dir);
+    sync_directory(options_.dir);
+    write_file_durably(options_.dir + "/latest.tmp", name + "\n");
+    fs::rename(options_.dir + "/latest.tmp", options_.dir + "/" + kLatestName);
+    sync_directory(options_.dir);
+
+    int kept = 0;
+    for (int64_t step : list_checkpoints(options_.dir)) {
+      const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
+      if (step > state.step) {
+        warn(group_.rank, "removing checkpoint " + dir + ": newer than the one just written " +
+                              "(left by a run that resumed from an earlier step)");
+        fs::remove_all(dir);
+      } else if (options_.keep > 0 && ++kept > options_.keep) {
+        fs::remove_all(dir);
+      }
+    }
+  });
+  return final_dir;
+}
+
+CheckpointState Checkpointer::load_one(const std::string& dir,
+                                       const std::vector<ParameterLayout>& layout,
+                                       const std::vector<BufferSlice>& slices) {
+  const std::string manifest_path = dir + "/" + kManifestName;
+  const Manifest m = decode_manifest(read_whole_file(manifest_path), manifest_path);
+
+  if (m.state.parameters != layout) {
+    std::string difference = "a different number of parameters (" +
+                             std::to_string(m.state.parameters.size()) + " saved, " +
+                             std::to_string(layout.size()) + " in the model)";
+    for (size_t i = 0; i < std::min(layout.size(), m.state.parameters.size()); ++i) {
+      const ParameterLayout& a = m.state.parameters[i];
+      const ParameterLayout& b = layout[i];
+      if (a == b) continue;
+      difference = "parameter " + std::to_string(i) + " is " + a.name + " " + a.shape.str() +
+                   " at " + std::to_string(a.offset) + " in the checkpoint, " + b.name + " " +
+                   b.shape.str() + " at " + std::to_string(b.offset) + " in the model";
+      break;
+    }
+    MANTISSA_FAIL(dir << " does not fit this model: " << difference
+                      << " (another model config? start in a fresh checkpoint directory)");
+  }
+  // A truncated (or grown) file is found here even when this rank reads none of it.
+  for (const auto& [file, size] : payload_files(m)) {
+    const std::string path = dir + "/" + file;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      throw CheckpointDamaged(path + ": cannot stat: " + errno_text());
+    if (static_cast<uint64_t>(st.st_size) != size)
+      throw CheckpointDamaged(path + ": " + std::to_string(st.st_size) + " bytes, the index says " +
+                              std::to_string(size) + " (truncated or overwritten)");
+  }
+
+  std::vector<char> staging;
+  for (const BufferSlice& slice : slices) {
+    const core::Tensor& data = slice.data;
+    MANTISSA_CHECK(data.defined(), "checkpoint load: slice '" << slice.name << "' has no data");
+    const auto found = std::find_if(m.buffers.begin(), m.buffers.end(), [&](const auto& entries) {
+      return entries[0].name() == slice.name;
+    });
+    MANTISSA_CHECK(found != m.buffers.end(),
+                   dir << " has no buffer '" << slice.name << "' (saved by another setup?)");
+    const TensorEntry& first = (*found)[0];
+    const core::DType dtype = from_proto_dtype(first.dtype(), dir);
+    MANTISSA_CHECK(first.shape(0) == slice.global_numel && dtype == data.dtype(),
+                   dir << ": buffer '" << slice.name << "' is " << core::dtype_name(dtype) << "["
+                       << first.shape(0) << "], the run expects " << core::dtype_name(data.dtype())
+                       << "[" << slice.global_numel << "]");
+    const int64_t begin = slice.begin;
+    const int64_t end = slice.begin + data.numel();
+    MANTISSA_CHECK(begin >= 0 && end <= slice.global_numel,
+                   "checkpoint load: slice '" << slice.name << "' [" << begin << ", " << end
+                                              << ") outside its buffer");
+    const size_t element_size = core::dtype_size(dtype);
+    for (const TensorEntry& e : *found) {
+      const int64_t lo = std::max(begin, e.element_begin());
+      const int64_t hi = std::min(end, e.element_begin() + e.element_count());
+      if (lo >= hi) continue;
+      // The whole entry is read, since its CRC covers all of it.
+      const std::string path = dir + "/" + e.file();
+      staging.resize(e.byte_length());
+      read_range(path, e.byte_offset(), e.byte_length(), staging.data());
+      const uint32_t crc = crc32c(staging.data(), staging.size());
+      if (crc != e.crc32c()) {
+        char hex[64];
+        std::snprintf(hex, sizeof hex, "stored 0x%08x, computed 0x%08x", e.crc32c(), crc);
+        throw CheckpointDamaged(path + ": buffer '" + e.name() + "' elements [" +
+                                std::to_string(e.element_begin()) + ", " +
+                                std::to_string(e.element_begin() + e.element_count()) +
+                                "): CRC32C mismatch (" + hex + ")");
+      }
+      const char* src = staging.data() + (lo - e.element_begin()) * element_size;
+      core::Tensor dst = data.view(lo - begin, core::Shape{hi - lo});
+      if (dst.device().is_cpu()) {
+        std::memcpy(dst.data(), src, dst.nbytes());
+      } else {
+        MANTISSA_CHECK(backend_, "checkpoint: " << dst.describe() << " needs a backend to fill it");
+        backend_->copy(core::Tensor::wrap(const_cast<char*>(src), dst.shape(), dtype), dst);
+        backend_->synchronize();  // staging is reused by the next entry
+      }
+    }
+  }
+  return m.state;
+}
+
+std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<ParameterLayout>& layout,
+                                                         const std::vector<BufferSlice>& slices) {
+  const std::vector<int64_t> steps = list_checkpoints(options_.dir);
+  if (steps.empty()) return std::nullopt;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string dir = options_.dir + "/" + checkpoint_dir_name(steps[i]);
+    CheckpointState state;
+    std::string damage, misfit;
+    try {
+      state = load_one(dir, layout, slices);
+    } catch (const CheckpointDamaged& e) {
+      damage = e.what();
+    } catch (const std::exception& e) {
+      misfit = e.what();
+    }
+    if (agree(damage.empty() && misfit.empty())) return state;
+    // An intact checkpoint that does not fit this run's config: an error everywhere and no
+    // fallback, and a config error since a retry with the same config would fail again.
+    if (!agree(misfit.empty())) {
+      throw core::ConfigError(
+          "checkpoint load: " +
+          (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
+    }
+    const std::string next = i + 1 < steps.size()
+                                 ? "falling back to " + checkpoint_dir_name(steps[i + 1])
+                                 : "no older checkpoint left";
+    if (!damage.empty()) {
+      warn(group_.rank, "checkpoint " + dir + " is damaged, not loaded: " + damage + "; " + next);
+    } else if (group_.rank == 0) {
+      warn(group_.rank, "checkpoint " + dir + " is damaged on another rank, not loaded; " + next);
+    }
+  }
+  MANTISSA_FAIL("checkpoint load: no intact checkpoint in " << options_.dir << ": " << steps.size()
+                                                            << " found, each damaged (see above)");
+}
+
+}  // namespace mantissa::checkpoint

@@ -1,0 +1,191 @@
+// Checkpoints: save and resume everything a run needs to continue bit for bit.
+//
+// Layout on disk (format in proto/checkpoint.proto):
+//   <dir>/step_<8-digit step>/manifest.pb        TrainState: counters, scaler, FP8, cursor,
+//                                                config, parameter layout, tensor index
+//   <dir>/step_<8-digit step>/rank_<5-digit>.bin payload written by that rank
+//   <dir>/latest                                 "step_<8-digit step>\n", the newest save
+//
+// `latest` is for people and scripts; a load does not trust it alone but scans the step_*
+// directories and takes the newest one that verifies (after a crash between publishing a
+// directory and updating `latest`, that is the newer directory).
+//
+// What is saved: a CheckpointState (small scalars) plus named flat buffers — FP32 masters,
+// AdamW moments — of which each rank passes the slice it holds, as a global element range.
+// Under ZeRO-0 rank 0 passes whole buffers and the other ranks pass none; under ZeRO-1 every
+// rank passes its shard (rank r writes masters[shard r], adam_m[shard r], adam_v[shard r]).
+// The manifest records which element range of which buffer lives where, so a load can ask
+// for any range: a run resumed on another number of ranks simply asks for its new shards.
+//
+// Atomicity. A save writes `step_<N>.tmp/`: every rank writes and fsyncs its payload and its
+// part of the index; after a barrier rank 0 merges the index into manifest.pb (fsynced), fsyncs
+// the directory, renames it to `step_<N>` (fsyncing <dir>), then replaces `latest` the same
+// way (temporary file, fsync, rename) and deletes the checkpoints beyond `keep`. A crash at
+// any point leaves either the old set of complete checkpoints or the new one.
+//
+// Integrity. Every tensor entry carries a CRC32C, the manifest carries one over its own bytes,
+// and payload files must have exactly the size the index says. A load tries the newest
+// checkpoint first; one that is damaged (unreadable, truncated, a CRC mismatch, an index that
+// contradicts itself) is reported on stderr by file and problem, and the next older one is
+// tried. Nothing from a damaged checkpoint reaches the caller: the returned state and every
+// element of the requested slices come from one checkpoint that verified completely (each
+// rank verifies the CRC of every entry it reads and the size of every payload file). A
+// checkpoint that is intact but does not fit the run (another model, other buffer sizes) is
+// an error (core::Error), not a reason to fall back: older ones would not fit either.
+//
+// Ranks. The class never talks to MPI: it takes the rank, the world size and one collective
+// callback, all_ok(bool) -> bool, that blocks until every rank has called it and returns true
+// only if every rank passed true (a barrier fused with a logical AND; the Trainer builds it on
+// DataParallel::sum_across_ranks). Saves and loads are collective: every rank calls them,
+// also the ranks that hold no slice. A failure on any rank (disk full, a CRC mismatch in the
+// part one rank reads) is therefore seen by all of them and handled the same way everywhere.
+// The checkpoint directory must be one shared file system for all ranks.
+//
+// How the Trainer uses it (ZeRO-1 shown, where the parameter store keeps only the shard's
+// masters; ZeRO-0: rank 0 passes begin 0 and whole buffers, other ranks save with no slices
+// but load the same whole buffers):
+//
+//   Checkpointer ckpt({.dir = run_dir + "/checkpoints", .keep = cfg.checkpoint().keep()},
+//                     {.rank = world.rank(), .world_size = world.size(),
+//                      .all_ok = [&](bool ok) { return dp->sum_across_ranks(ok ? 0 : 1) == 0; }},
+//                     backend);
+//   N = params.flat_numel(); [b, e) = this rank's shard
+//   std::vector<BufferSlice> slices = {
+//       {"masters", N, b, params.masters()},   // b == params.masters_begin()
+//       {"adam_m", N, b, adamw.first_moment()},
+//       {"adam_v", N, b, adamw.second_moment()}};
+//   // save, every `every_steps` and at a preemption stop:
+//   ckpt.save(state, slices);   // state: see CheckpointState
+//   // resume, at start-up, into the same slices (this run's shards, whatever the world size
+//   // at save time):
+//   if (auto state = ckpt.load_latest(parameter_layout(params), slices)) { ... restore }
+//
+// Both calls take tensors on any device (a device tensor is staged through host memory with
+// Backend::copy) and throw core::Error, naming the file and the problem, when they fail;
+// load_latest throws core::ConfigError when the newest intact checkpoint does not fit this run
+// (another model, or buffers another setup saved).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/ops/backend.h"
+#include "core/precision/fp8_scaling.h"
+#include "core/precision/loss_scaler.h"
+#include "core/tensor/tensor.h"
+#include "train/data/data_loader.h"
+#include "train/parameters.h"
+
+namespace mantissa {
+class ShardIndex;  // proto/checkpoint.proto
+}
+
+namespace mantissa::checkpoint {
+
+inline constexpr uint32_t kCheckpointFormatVersion = 1;
+
+// One parameter's place in the flat buffers (a train::ParameterStore's layout).
+struct ParameterLayout {
+  std::string name;
+  core::Shape shape;
+  int64_t offset = 0;
+
+  bool operator==(const ParameterLayout&) const = default;
+};
+
+std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params);
+
+// Everything but the tensors.
+struct CheckpointState {
+  int64_t step = 0;             // optimizer steps completed: the resumed run runs this step next
+  int64_t tokens = 0;           // tokens trained on so far, all ranks together
+  int64_t optimizer_steps = 0;  // core::AdamW::steps_taken()
+  uint64_t seed = 0;            // run.seed: every random stream is counter-based from it
+  int zero_stage = 0;
+  int world_size = 1;  // ranks at save time; filled in by save()
+  core::LossScalerState loss_scaler;
+  core::Fp8ScalingState fp8;  // empty without FP8
+  train::DataCursor data;
+  std::string config_text;  // the effective TrainConfig, protobuf text format
+  // Layout of the "masters" buffer; save() stores it and load_latest() compares it.
+  std::vector<ParameterLayout> parameters;
+
+  bool operator==(const CheckpointState&) const = default;
+};
+
+// The slice [begin, begin + data.numel()) of the flat buffer `name` of global_numel
+// elements. save() reads `data`; load_latest() overwrites it.
+struct BufferSlice {
+  std::string name;
+  int64_t global_numel = 0;
+  int64_t begin = 0;
+  core::Tensor data;  // contiguous, any dtype, on the host or the backend's device
+};
+
+struct CheckpointOptions {
+  std::string dir;  // holds the step_* directories and `latest`
+  int keep = 3;     // complete checkpoints kept after a save; 0 keeps all
+  // Payload pieces are at most this long, so a load stages at most this much host memory per
+  // device tensor, and a CRC mismatch points at a small range.
+  int64_t max_entry_bytes = int64_t{64} << 20;
+};
+
+struct CheckpointGroup {
+  int rank = 0;
+  int world_size = 1;
+  // Collective barrier + AND over ranks (see the file comment). May be empty when world_size
+  // is 1.
+  std::function<bool(bool)> all_ok;
+};
+
+class Checkpointer {
+ public:
+  Checkpointer(CheckpointOptions options, CheckpointGroup group, core::Backend& backend);
+  // Without a backend, for tools and tests whose tensors are all on the host (a device tensor
+  // is then an error).
+  Checkpointer(CheckpointOptions options, CheckpointGroup group);
+
+  // Collective. Writes checkpoint `state.step` from every rank's slices (see the file comment)
+  // and returns its directory. Slices of one buffer must tile [0, global_numel) exactly across
+  // ranks. Replaces a checkpoint of the same step, and removes checkpoints of later steps
+  // (they belong to a run that was resumed from an earlier point, and would otherwise be
+  // resumed from next time).
+  std::string save(const CheckpointState& state, const std::vector<BufferSlice>& slices);
+
+  // Collective. Loads the newest checkpoint that verifies completely: fills every slice and
+  // returns its state (with `world_size` the world size at save time). Returns nullopt when
+  // `dir` holds no checkpoint at all. Throws core::Error when checkpoints exist but none is
+  // intact, or when the newest intact one does not fit: its parameter layout differs from
+  // `layout`, or a slice's buffer is missing or has another size. After a throw the slices'
+  // contents are unspecified.
+  std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
+                                             const std::vector<BufferSlice>& slices);
+
+  // Whether `dir` holds any step_* checkpoint directory (complete or not yet verified).
+  bool has_checkpoint() const;
+
+  const CheckpointOptions& options() const { return options_; }
+
+ private:
+  bool agree(bool ok) const;
+  // Runs `phase` on this rank, then agrees with every rank on whether it succeeded: throws
+  // core::Error on every rank when it failed on any.
+  void collective(const std::string& what, const std::function<void()>& phase);
+  const void* host_bytes(const core::Tensor& t, core::Tensor& staging);
+  void write_payload(const std::string& dir, const std::vector<BufferSlice>& slices,
+                     ShardIndex& index);
+  CheckpointState load_one(const std::string& dir, const std::vector<ParameterLayout>& layout,
+                           const std::vector<BufferSlice>& slices);
+
+  CheckpointOptions options_;
+  CheckpointGroup group_;
+  core::Backend* backend_ = nullptr;
+};
+
+// "step_00000042".
+std::string checkpoint_dir_name(int64_t step);
+
+}  // namespace mantissa::checkpoint

@@ -1,0 +1,368 @@
+#include "metrics/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/gateway.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "metrics/metrics_endpoint.h"
+
+namespace mantissa::metrics {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Counter;
+using prometheus::Gauge;
+using prometheus::Histogram;
+using prometheus::Labels;
+
+// Bucket bounds in seconds. Steps run from milliseconds (tiny CPU models) to a minute (large
+// models with accumulation); all-reduce from tens of microseconds (NVLink, small buckets) to
+// seconds; checkpoints from milliseconds to many minutes.
+const Histogram::BucketBoundaries kStepBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120};
+const Histogram::BucketBoundaries kAllreduceBuckets = {
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10};
+const Histogram::BucketBoundaries kCheckpointBuckets = {0.01, 0.05, 0.1, 0.5, 1,   5,
+                                                        10,   30,   60,  120, 300, 600};
+
+struct GatewayAddress {
+  std::string host;  // scheme and host, as prometheus::Gateway wants it
+  std::string port;
+};
+
+// "http://host:port[/]" → {"http://host", "port"}; the scheme defaults to http and the port to
+// the Pushgateway's 9091. A path is refused: prometheus::Gateway appends its own.
+GatewayAddress parse_gateway_url(const std::string& url) {
+  std::string rest = url;
+  std::string scheme = "http://";
+  if (const auto pos = rest.find("://"); pos != std::string::npos) {
+    scheme = rest.substr(0, pos + 3);
+    rest = rest.substr(pos + 3);
+  }
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  MANTISSA_CHECK(
+      scheme == "http://" || scheme == "https://",
+      "metrics.pushgateway_url: unsupported scheme in '" << url << "' (use http:// or https://)");
+  MANTISSA_CHECK(!rest.empty() && rest.find('/') == std::string::npos,
+                 "metrics.pushgateway_url: expected http://host[:port], got '" << url << "'");
+  // The last ':' separates the port unless it belongs to a bracketed IPv6 address.
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos || rest.find(']', colon) != std::string::npos) {
+    return {scheme + rest, "9091"};
+  }
+  const std::string port = rest.substr(colon + 1);
+  MANTISSA_CHECK(!port.empty() && port.find_first_not_of("0123456789") == std::string::npos,
+                 "metrics.pushgateway_url: bad port in '" << url << "'");
+  return {scheme + rest.substr(0, colon), port};
+}
+
+}  // namespace
+
+struct Metrics::State {
+  MetricsOptions options;
+  Labels rank_labels;
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+
+  Gauge* loss_scale = nullptr;
+  Counter* overflow_steps = nullptr;
+  Counter* steps = nullptr;
+  Counter* tokens = nullptr;
+  Gauge* loss = nullptr;
+  Gauge* grad_norm = nullptr;
+  Gauge* learning_rate = nullptr;
+  Gauge* mfu = nullptr;
+  Histogram* step_seconds = nullptr;
+  Histogram* allreduce_seconds = nullptr;
+  Counter* allreduce_bytes = nullptr;
+  prometheus::Family<Gauge>* fp8_amax_family = nullptr;
+  prometheus::Family<Gauge>* fp8_scale_family = nullptr;
+  std::map<std::string, std::pair<Gauge*, Gauge*>, std::less<>> fp8;  // tensor → amax, scale
+  prometheus::Family<Gauge>* last_checkpoint_step_family = nullptr;
+  prometheus::Family<Gauge>* last_checkpoint_time_family = nullptr;
+  Gauge* last_checkpoint_step = nullptr;
+  Gauge* last_checkpoint_time = nullptr;
+  Histogram* checkpoint_seconds = nullptr;
+
+  std::unique_ptr<MetricsEndpoint> endpoint;
+
+  // Pushing runs on its own thread so that a slow or unreachable Pushgateway (the client sets
+  // no HTTP timeout) never stalls a training step. Requests coalesce: if a push is still in
+  // flight when the next is due, one push follows it with the newest values.
+  std::unique_ptr<prometheus::Gateway> gateway;
+  std::thread pusher;
+  std::mutex push_mutex;
+  std::condition_variable push_wanted;
+  bool push_pending = false;
+  bool stopping = false;
+  bool push_failing = false;  // only state changes are logged, not every failed push
+  std::int64_t steps_since_push = 0;
+  bool finished = false;
+
+  void push_loop();
+  void push_once();
+};
+
+void Metrics::State::push_once() {
+  // prometheus-cpp's PushAdd() sends PUT, which the Pushgateway treats as "replace every
+  // metric of this group" — what we want, so a metric the run stopped reporting does not
+  // linger. (Its Push() sends POST, which would only replace same-named metrics.)
+  int status = 0;
+  std::string error;
+  try {
+    status = gateway->PushAdd();
+    // Negative statuses are libcurl error codes (connection refused, DNS, ...).
+    error = status < 0 ? "curl error " + std::to_string(-status) : "HTTP " + std::to_string(status);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const bool ok = status >= 200 && status < 300;
+  if (ok == push_failing) {
+    std::cerr << "metrics: rank " << options.rank << ": "
+              << (ok ? "pushes to " + options.pushgateway_url + " succeed again"
+                     : "push to " + options.pushgateway_url + " failed (" + error +
+                           "); training continues")
+              << "\n";
+    push_failing = !ok;
+  }
+}
+
+void Metrics::State::push_loop() {
+  std::unique_lock lock(push_mutex);
+  for (;;) {
+    push_wanted.wait(lock, [this] { return push_pending || stopping; });
+    const bool last = stopping;
+    push_pending = false;
+    lock.unlock();
+    push_once();
+    lock.lock();
+    if (last) return;
+  }
+}
+
+Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.options = std::move(options);
+  s.rank_labels = {{"rank", std::to_string(s.options.rank)}};
+  auto& reg = *s.registry;
+  const Labels& r = s.rank_labels;
+
+  s.loss_scale =
+      &BuildGauge().Name("mantissa_loss_scale").Help("Current loss scale").Register(reg).Add(r);
+  if (s.options.loss_scale_min > 0) {
+    BuildGauge()
+        .Name("mantissa_loss_scale_min")
+        .Help("Floor of the dynamic loss scale")
+        .Register(reg)
+        .Add(r)
+        .Set(s.options.loss_scale_min);
+  }
+  s.overflow_steps = &BuildCounter()
+                          .Name("mantissa_overflow_steps_total")
+                          .Help("Steps skipped because gradients were not finite")
+                          .Register(reg)
+                          .Add(r);
+  s.steps = &BuildCounter()
+                 .Name("mantissa_steps_total")
+                 .Help("Optimizer steps taken, skipped ones included")
+                 .Register(reg)
+                 .Add(r);
+  s.tokens = &BuildCounter()
+                  .Name("mantissa_tokens_total")
+                  .Help("Tokens this rank trained on")
+                  .Register(reg)
+                  .Add(r);
+  s.loss = &BuildGauge().Name("mantissa_loss").Help("Loss of the last step").Register(reg).Add(r);
+  s.grad_norm = &BuildGauge()
+                     .Name("mantissa_grad_norm")
+                     .Help("Global gradient norm of the last step (unscaled)")
+                     .Register(reg)
+                     .Add(r);
+  s.learning_rate = &BuildGauge()
+                         .Name("mantissa_learning_rate")
+                         .Help("Learning rate of the last step")
+                         .Register(reg)
+                         .Add(r);
+  if (s.options.peak_flops > 0 && s.options.flops_per_token > 0) {
+    s.mfu = &BuildGauge()
+                 .Name("mantissa_mfu_ratio")
+                 .Help("Model FLOPs utilisation of the last step (0..1)")
+                 .Register(reg)
+                 .Add(r);
+  }
+  s.step_seconds = &BuildHistogram()
+                        .Name("mantissa_step_seconds")
+                        .Help("Wall time of one optimizer step")
+                        .Register(reg)
+                        .Add(r, kStepBuckets);
+  s.allreduce_seconds = &BuildHistogram()
+                             .Name("mantissa_allreduce_seconds")
+                             .Help("Time spent in gradient all-reduce per step")
+                             .Register(reg)
+                             .Add(r, kAllreduceBuckets);
+  s.allreduce_bytes = &BuildCounter()
+                           .Name("mantissa_allreduce_bytes_total")
+                           .Help("Bytes this rank contributed to gradient all-reduce")
+                           .Register(reg)
+                           .Add(r);
+  s.fp8_amax_family = &BuildGauge()
+                           .Name("mantissa_fp8_amax")
+                           .Help("Amax behind the tensor's current FP8 scale")
+                           .Register(reg);
+  s.fp8_scale_family = &BuildGauge()
+                            .Name("mantissa_fp8_scale")
+                            .Help("Current FP8 scale of the tensor")
+                            .Register(reg);
+  s.last_checkpoint_step_family = &BuildGauge()
+                                       .Name("mantissa_last_checkpoint_step")
+                                       .Help("Step of the newest checkpoint written")
+                                       .Register(reg);
+  s.last_checkpoint_time_family = &BuildGauge()
+                                       .Name("mantissa_last_checkpoint_timestamp_seconds")
+                                       .Help("Unix time the newest checkpoint was written")
+                                       .Register(reg);
+  s.checkpoint_seconds = &BuildHistogram()
+                              .Name("mantissa_checkpoint_seconds")
+                              .Help("Time to write one checkpoint")
+                              .Register(reg)
+                              .Add(r, kCheckpointBuckets);
+
+  if (s.options.port != 0) {
+    MANTISSA_CHECK(s.options.port > 0 && s.options.port < 65536,
+                   "metrics.port: " << s.options.port << " (plus local rank) is not a TCP port");
+    const std::string address = s.options.bind_address + ":" + std::to_string(s.options.port);
+    std::shared_ptr<prometheus::Registry> registry = s.registry;
+    try {
+      s.endpoint = std::make_unique<MetricsEndpoint>(
+          s.options.bind_address, s.options.port,
+          [registry] { return prometheus::TextSerializer().Serialize(registry->Collect()); });
+    } catch (const core::Error& e) {
+      MANTISSA_FAIL("metrics: " << e.what()
+                                << " (metrics.bind_address, metrics.port + local "
+                                   "rank)");
+    }
+  }
+
+  if (!s.options.pushgateway_url.empty()) {
+    const GatewayAddress address = parse_gateway_url(s.options.pushgateway_url);
+    s.gateway = std::make_unique<prometheus::Gateway>(address.host, address.port, s.options.job,
+                                                      s.rank_labels);
+    s.gateway->RegisterCollectable(s.registry);
+    s.pusher = std::thread([&s] { s.push_loop(); });
+  }
+}
+
+Metrics::~Metrics() {
+  finish();
+}
+
+void Metrics::finish() {
+  State& s = *state_;
+  if (s.finished) return;
+  s.finished = true;
+  if (s.pusher.joinable()) {
+    {
+      std::lock_guard lock(s.push_mutex);
+      s.stopping = true;
+    }
+    s.push_wanted.notify_one();
+    s.pusher.join();
+  }
+}
+
+void Metrics::record_step(const StepRecord& record) {
+  State& s = *state_;
+  s.loss_scale->Set(record.loss_scale);
+  if (record.overflow) s.overflow_steps->Increment();
+  s.steps->Increment();
+  s.tokens->Increment(static_cast<double>(record.tokens));
+  s.loss->Set(record.loss);
+  s.grad_norm->Set(record.grad_norm);
+  s.learning_rate->Set(record.learning_rate);
+  if (s.mfu != nullptr && record.step_seconds > 0) {
+    const double tokens_per_second = static_cast<double>(record.tokens) / record.step_seconds;
+    s.mfu->Set(tokens_per_second * s.options.flops_per_token / s.options.peak_flops);
+  }
+  s.step_seconds->Observe(record.step_seconds);
+  s.allreduce_seconds->Observe(record.allreduce_seconds);
+  s.allreduce_bytes->Increment(static_cast<double>(record.allreduce_bytes));
+  for (const Fp8TensorStat& stat : record.fp8) {
+    auto it = s.fp8.find(stat.tensor);
+    if (it == s.fp8.end()) {
+      Labels labels = s.rank_labels;
+      labels.emplace("tensor", stat.tensor);
+      it = s.fp8
+               .emplace(stat.tensor, std::pair{&s.fp8_amax_family->Add(labels),
+                                               &s.fp8_scale_family->Add(labels)})
+               .first;
+    }
+    it->second.first->Set(stat.amax);
+    it->second.second->Set(stat.scale);
+  }
+
+  if (s.gateway != nullptr && s.options.push_every > 0 &&
+      ++s.steps_since_push >= s.options.push_every) {
+    s.steps_since_push = 0;
+    {
+      std::lock_guard lock(s.push_mutex);
+      s.push_pending = true;
+    }
+    s.push_wanted.notify_one();
+  }
+}
+
+void Metrics::record_checkpoint(std::int64_t step, double seconds) {
+  State& s = *state_;
+  if (s.last_checkpoint_step == nullptr) {
+    s.last_checkpoint_step = &s.last_checkpoint_step_family->Add(s.rank_labels);
+    s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
+  }
+  s.last_checkpoint_step->Set(static_cast<double>(step));
+  s.last_checkpoint_time->SetToCurrentTime();
+  s.checkpoint_seconds->Observe(seconds);
+}
+
+int Metrics::listening_port() const {
+  return state_->endpoint ? state_->endpoint->port() : 0;
+}
+
+double gpu_peak_flops(std::string_view device_name) {
+  // Dense (no sparsity) BF16 tensor-core peaks from the vendors' data sheets. Order matters:
+  // the first substring that matches wins, so the more specific names come first.
+  static const std::pair<std::string_view, double> kPeaks[] = {
+      {"H200", 989e12}, {"H100 NVL", 835e12}, {"H100 PCIe", 756e12}, {"H100", 989e12},
+      {"H800", 989e12}, {"A100", 312e12},     {"A800", 312e12},      {"L40S", 362e12},
+  };
+  for (const auto& [name, peak] : kPeaks) {
+    if (device_name.find(name) != std::string_view::npos) return peak;
+  }
+  return 0;
+}
+
+double cpu_nominal_peak_flops(int threads) {
+  constexpr double kFlopsPerCycle = 2 /* FMA units */ * 8 /* fp32 lanes */ * 2 /* mul+add */;
+  constexpr double kHertz = 3e9;
+  return (threads > 0 ? threads : 1) * kFlopsPerCycle * kHertz;
+}
+
+double transformer_flops_per_token(std::int64_t parameters, int n_layer, int n_embd, int seq_len) {
+  return 6.0 * static_cast<double>(parameters) +
+         6.0 * static_cast<double>(n_layer) * n_embd * seq_len;
+}
+
+}  // namespace mantissa::metrics

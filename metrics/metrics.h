@@ -1,0 +1,121 @@
+// Prometheus metrics of one training rank.
+//
+// Every rank owns one Metrics object. It serves the metrics read-only over HTTP on
+// `bind_address:port` (pull; the launcher passes metrics.port + local rank so ranks sharing a
+// node do not collide) and, where compute nodes cannot be scraped, pushes them to a
+// Pushgateway every `push_every` steps and once more at exit. The names below are a contract
+// with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
+// carries a `rank` label.
+//
+//   mantissa_loss_scale                      gauge      current dynamic loss scale
+//   mantissa_loss_scale_min                  gauge      the scaler's floor (only when dynamic)
+//   mantissa_overflow_steps_total            counter    steps skipped for non-finite gradients
+//   mantissa_steps_total                     counter    optimizer steps taken (skipped included)
+//   mantissa_tokens_total                    counter    tokens this rank trained on
+//   mantissa_loss                            gauge      loss of the last step
+//   mantissa_grad_norm                       gauge      global gradient norm of the last step
+//   mantissa_learning_rate                   gauge      learning rate of the last step
+//   mantissa_mfu_ratio                       gauge      model FLOPs utilisation, 0..1
+//   mantissa_step_seconds                    histogram  wall time of a step
+//   mantissa_allreduce_seconds               histogram  time spent in gradient all-reduce
+//   mantissa_allreduce_bytes_total           counter    bytes this rank sent to all-reduce
+//   mantissa_fp8_amax{tensor}                gauge      amax used for the tensor's FP8 scale
+//   mantissa_fp8_scale{tensor}               gauge      the tensor's FP8 scale
+//   mantissa_last_checkpoint_step            gauge      step of the newest checkpoint written
+//   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time it was written
+//   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
+//
+// Counters start at zero in every process (also after a resume); Prometheus' rate() and
+// increase() treat that as a counter reset. The checkpoint gauges appear with the first
+// checkpoint, the FP8 gauges with the first step that reports the tensor, MFU once both the
+// peak and the FLOPs per token are known.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace mantissa::metrics {
+
+struct MetricsOptions {
+  // Pull exporter: listens on bind_address:port. port 0 turns the exporter off (the proto3
+  // default of metrics.port), so a run without metrics opens no socket.
+  std::string bind_address = "127.0.0.1";
+  int port = 0;
+  int rank = 0;
+  // Pushgateway grouping key is {job, rank}; empty url turns pushing off. url is
+  // "http://host:port" (port defaults to 9091). push_every <= 0 pushes only at exit.
+  std::string job = "mantissa";
+  std::string pushgateway_url;
+  int push_every = 0;
+  // MFU = tokens/s × flops_per_token / peak_flops, per rank (one device per rank).
+  // 0 in either leaves mantissa_mfu_ratio unexported.
+  double peak_flops = 0;
+  double flops_per_token = 0;
+  // The loss scaler's floor; exported as mantissa_loss_scale_min so the "loss scale
+  // collapsed" alert can compare against it. 0 when the scale is not dynamic.
+  double loss_scale_min = 0;
+};
+
+struct Fp8TensorStat {
+  std::string tensor;  // label value, e.g. "h3.attn.qkv.weight"; keep the set small and fixed
+  double amax = 0;
+  double scale = 0;
+};
+
+// What one finished optimizer step reports. Times in seconds, counts for this rank only.
+struct StepRecord {
+  std::int64_t step = 0;  // number of the step just finished
+  double loss = 0;
+  double loss_scale = 1;
+  bool overflow = false;  // the update was skipped for non-finite gradients
+  double grad_norm = 0;
+  double learning_rate = 0;
+  std::int64_t tokens = 0;  // tokens this rank processed in the step
+  double step_seconds = 0;
+  double allreduce_seconds = 0;
+  std::int64_t allreduce_bytes = 0;
+  std::vector<Fp8TensorStat> fp8;
+};
+
+class Metrics {
+ public:
+  // Starts the exporter (throws core::Error naming the address when it cannot listen) and the
+  // push thread when a Pushgateway is configured.
+  explicit Metrics(MetricsOptions options);
+  // Pushes one last time (see finish()).
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  void record_step(const StepRecord& record);
+  void record_checkpoint(std::int64_t step, double seconds);
+
+  // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.
+  // Call it before exiting the process by a path that skips destructors.
+  void finish();
+
+  // The port the exporter listens on (0 when it is off).
+  int listening_port() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Dense BF16 tensor-core peak FLOP/s of one GPU, looked up by the CUDA device name
+// (cudaDeviceProp::name, e.g. "NVIDIA H100 80GB HBM3"); 0 when unknown. MFU is conventionally
+// quoted against the BF16 peak (llm.c, Megatron-LM), whatever precision the run uses.
+double gpu_peak_flops(std::string_view device_name);
+
+// A nominal FP32 peak for a CPU rank with `threads` AVX2 cores: 2 FMA units × 8 lanes × 2
+// FLOPs per cycle at 3 GHz. Only a yardstick: set metrics.peak_flops for a real figure.
+double cpu_nominal_peak_flops(int threads);
+
+// Training FLOPs per token of a decoder-only transformer (the llm.c / PaLM estimate):
+// 6·N for the parameter matmuls (forward + backward) plus 6·L·C·T for attention scores.
+double transformer_flops_per_token(std::int64_t parameters, int n_layer, int n_embd, int seq_len);
+
+}  // namespace mantissa::metrics

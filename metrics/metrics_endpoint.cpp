@@ -1,0 +1,106 @@
+#include "metrics/metrics_endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace mantissa::metrics {
+namespace {
+
+// How often the serving thread looks at stopping_, and how long one client may take to send
+// its request: a scraper sends it at once, a stuck client must not hold the endpoint.
+constexpr int kPollMs = 200;
+constexpr int kRequestTimeoutMs = 2000;
+constexpr size_t kMaxRequestBytes = 8192;
+
+void send_all(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return;  // the scraper went away; nothing to report to anyone
+    sent += static_cast<size_t>(n);
+  }
+}
+
+std::string response(const char* status, const std::string& content_type, const std::string& body) {
+  return std::string("HTTP/1.1 ") + status + "\r\nContent-Type: " + content_type +
+         "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" +
+         body;
+}
+
+}  // namespace
+
+MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
+                                 std::function<std::string()> render)
+    : render_(std::move(render)) {
+  const std::string where = bind_address + ":" + std::to_string(port);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  MANTISSA_CHECK(
+      inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) == 1,
+      "cannot listen on " << where << ": \"" << bind_address << "\" is not an IPv4 address");
+  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  MANTISSA_CHECK(listen_fd_ >= 0,
+                 "cannot listen on " << where << ": socket: " << std::strerror(errno));
+  const int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(listen_fd_, 16) != 0) {
+    const int error = errno;
+    close(listen_fd_);
+    MANTISSA_FAIL("cannot listen on " << where << ": " << std::strerror(error));
+  }
+  socklen_t length = sizeof addr;
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &length);
+  port_ = ntohs(addr.sin_port);
+  thread_ = std::thread([this] { serve(); });
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  stopping_ = true;
+  thread_.join();
+  close(listen_fd_);
+}
+
+void MetricsEndpoint::serve() {
+  while (!stopping_) {
+    pollfd waiting{listen_fd_, POLLIN, 0};
+    if (poll(&waiting, 1, kPollMs) <= 0) continue;
+    const int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) continue;
+    answer(connection);
+    close(connection);
+  }
+}
+
+void MetricsEndpoint::answer(int connection) {
+  // Read the request head (up to the blank line); the body, if any, is ignored.
+  std::string request;
+  char buffer[1024];
+  while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
+    pollfd readable{connection, POLLIN, 0};
+    if (poll(&readable, 1, kRequestTimeoutMs) <= 0) return;
+    const ssize_t n = recv(connection, buffer, sizeof buffer, 0);
+    if (n <= 0) return;
+    request.append(buffer, static_cast<size_t>(n));
+  }
+  const std::string line = request.substr(0, request.find("\r\n"));
+  if (line.rfind("GET ", 0) != 0) {
+    send_all(connection,
+             response("405 Method Not Allowed", "text/plain", "read-only: GET /metrics\n"));
+  } else if (line.rfind("GET /metrics ", 0) == 0 || line == "GET /metrics") {
+    send_all(connection, response("200 OK", "text/plain; version=0.0.4", render_()));
+  } else {
+    send_all(connection, response("404 Not Found", "text/plain", "GET /metrics\n"));
+  }
+}
+
+}  // namespace mantissa::metrics

@@ -1,0 +1,170 @@
+#include "metrics/run_log.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace mantissa::metrics {
+
+namespace {
+
+// Shortest text that reads back as the same double, so logs compare bit for bit across runs
+// (a resumed run against an uninterrupted one); JSON has no inf or NaN, so those are null.
+void append_number(std::string& out, double value) {
+  if (!std::isfinite(value)) {
+    out += "null";
+    return;
+  }
+  char buffer[32];
+  const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
+  out.append(buffer, end);
+}
+
+void append_string(std::string& out, const std::string& value) {
+  out += '"';
+  for (const char c : value) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buffer[32];
+  if (s >= 3600) {
+    std::snprintf(buffer, sizeof buffer, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>(s / 60 % 60));
+  } else if (s >= 60) {
+    std::snprintf(buffer, sizeof buffer, "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%llds", static_cast<long long>(s));
+  }
+  return buffer;
+}
+
+std::string format_rate(double per_second) {
+  char buffer[32];
+  if (per_second >= 1e6) {
+    std::snprintf(buffer, sizeof buffer, "%.2fM", per_second / 1e6);
+  } else if (per_second >= 1e3) {
+    std::snprintf(buffer, sizeof buffer, "%.1fk", per_second / 1e3);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.0f", per_second);
+  }
+  return buffer;
+}
+
+}  // namespace
+
+StepLog::StepLog(const std::string& run_dir, int rank, bool append) {
+  const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  MANTISSA_CHECK(!ec, "cannot create log directory '" << dir.string() << "': " << ec.message());
+  path_ = (dir / ("rank" + std::to_string(rank) + ".jsonl")).string();
+  file_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  MANTISSA_CHECK(file_ != nullptr, "cannot open log '" << path_ << "': " << std::strerror(errno));
+}
+
+StepLog::~StepLog() {
+  std::fclose(file_);
+}
+
+void StepLog::write(const StepLogEntry& e) {
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::string line = "{\"step\":" + std::to_string(e.step);
+  line += ",\"loss\":";
+  append_number(line, e.loss);
+  line += ",\"mean_loss\":";
+  append_number(line, e.mean_loss);
+  line += ",\"loss_scale\":";
+  append_number(line, e.loss_scale);
+  line += e.overflow ? ",\"overflow\":true" : ",\"overflow\":false";
+  line += ",\"grad_norm\":";
+  append_number(line, e.grad_norm);
+  line += ",\"lr\":";
+  append_number(line, e.lr);
+  line += ",\"tokens\":" + std::to_string(e.tokens);
+  line += ",\"tokens_per_s\":";
+  append_number(line, e.tokens_per_s);
+  line += ",\"step_seconds\":";
+  append_number(line, e.step_seconds);
+  line += ",\"allreduce_seconds\":";
+  append_number(line, e.allreduce_seconds);
+  line += ",\"time\":";
+  append_number(line, now);
+  if (!e.skipped_param.empty()) {
+    line += ",\"skipped_param\":";
+    append_string(line, e.skipped_param);
+  }
+  line += "}\n";
+  MANTISSA_CHECK(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0,
+                 "cannot write log '" << path_ << "': " << std::strerror(errno));
+}
+
+ProgressLine::ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every,
+                           std::FILE* out)
+    : live_(mode == ProgressMode::kLive ||
+            (mode == ProgressMode::kAuto && isatty(fileno(out)) == 1)),
+      total_steps_(total_steps),
+      log_every_(log_every),
+      out_(out) {}
+
+void ProgressLine::update(const StepLogEntry& e, int world_size) {
+  // An average that follows speed changes but is not thrown by one slow step (the first one
+  // includes warm-up); it seeds from the first step so the ETA is there from the start.
+  step_seconds_ema_ =
+      step_seconds_ema_ == 0.0 ? e.step_seconds : 0.9 * step_seconds_ema_ + 0.1 * e.step_seconds;
+  const int64_t done = e.step + 1;
+  char line[256];
+  std::snprintf(
+      line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
+      static_cast<long long>(done), static_cast<long long>(total_steps_), e.mean_loss, e.loss_scale,
+      e.lr, format_rate(e.tokens_per_s * world_size).c_str(),
+      format_duration(step_seconds_ema_ * static_cast<double>(total_steps_ - done)).c_str());
+  std::string text = line;
+  if (e.overflow) {
+    text += " | skipped: non-finite gradients";
+    if (!e.skipped_param.empty()) text += " (first in " + e.skipped_param + " on rank 0)";
+  }
+  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || e.overflow;
+  if (live_) {
+    // \033[K clears what a longer previous line left on the right.
+    std::fprintf(out_, "\r%s\033[K%s", text.c_str(), keep ? "\n" : "");
+    line_open_ = !keep;
+  } else if (keep) {
+    std::fprintf(out_, "%s\n", text.c_str());
+  }
+  std::fflush(out_);
+}
+
+void ProgressLine::note(const std::string& text) {
+  finish();
+  std::fprintf(out_, "%s\n", text.c_str());
+  std::fflush(out_);
+}
+
+void ProgressLine::finish() {
+  if (line_open_) std::fputc('\n', out_);
+  line_open_ = false;
+  std::fflush(out_);
+}
+
+}  // namespace mantissa::metrics

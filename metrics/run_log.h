@@ -1,0 +1,82 @@
+// What a run tells the people and programs following it.
+//
+// StepLog: every rank writes <run.dir>/log/rank<R>.jsonl, one JSON object per optimizer step,
+// flushed at once (a crash loses no finished step; tests and scripts read it while the run is
+// going). Keys: step (0-based index, as in debug.inject_nonfinite_steps; the progress line
+// counts from 1), loss (this rank's mean), mean_loss (over all ranks), loss_scale,
+// overflow, grad_norm (0 when skipped), lr, tokens (this rank, this step), tokens_per_s (this
+// rank), step_seconds, allreduce_seconds, time (Unix seconds), and skipped_param (the first
+// parameter whose gradient was non-finite on this rank) when there is one. Non-finite numbers
+// are written as null. A resumed run appends, so a step redone after a crash appears twice:
+// the later line is the one that counts.
+//
+// ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
+// terminal the line updates in place every step and is kept every log_every steps; otherwise a
+// plain line is printed every log_every steps. Skipped steps always get a kept line.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace mantissa::metrics {
+
+struct StepLogEntry {
+  int64_t step = 0;
+  double loss = 0.0;
+  double mean_loss = 0.0;
+  double loss_scale = 1.0;
+  bool overflow = false;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+  int64_t tokens = 0;
+  double tokens_per_s = 0.0;
+  double step_seconds = 0.0;
+  double allreduce_seconds = 0.0;
+  std::string skipped_param;
+};
+
+class StepLog {
+ public:
+  // Opens <run_dir>/log/rank<rank>.jsonl (creating log/), appending when `append`, else
+  // starting it afresh. Throws core::Error naming the file when it cannot.
+  StepLog(const std::string& run_dir, int rank, bool append);
+  ~StepLog();
+  StepLog(const StepLog&) = delete;
+  StepLog& operator=(const StepLog&) = delete;
+
+  void write(const StepLogEntry& entry);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+enum class ProgressMode {
+  kAuto,   // kLive when the stream is a terminal, else kLines
+  kLive,   // \r-updated line (also through mpirun, whose ranks never see a terminal)
+  kLines,  // a plain line every log_every steps
+};
+
+class ProgressLine {
+ public:
+  ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out);
+
+  // After each step (entry.step is the 0-based index of the step just done).
+  void update(const StepLogEntry& entry, int world_size);
+  // A line of its own (ends the live line first).
+  void note(const std::string& text);
+  // Ends a live line, so what follows starts on a fresh line.
+  void finish();
+
+ private:
+  bool live_ = false;
+  int64_t total_steps_;
+  int64_t log_every_;
+  std::FILE* out_;
+  bool line_open_ = false;  // a live line is on screen without its newline
+  double step_seconds_ema_ = 0.0;
+};
+
+}  // namespace mantissa::metrics

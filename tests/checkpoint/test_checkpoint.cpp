@@ -1,0 +1,529 @@
+// Checkpoints: CRC32C, the sealed manifest, save/load round trips (bit-identical), atomic
+// publication and pruning, damage detection with fallback (1000 random byte flips), and
+// multi-rank saves and loads on another number of ranks (ranks simulated by threads sharing
+// one barrier).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_manifest.h"
+#include "checkpoint/crc32c.h"
+#include "launcher/config.h"
+
+namespace fs = std::filesystem;
+using namespace mantissa;
+using checkpoint::BufferSlice;
+using checkpoint::Checkpointer;
+using checkpoint::CheckpointState;
+using checkpoint::crc32c;
+
+namespace {
+
+// A fresh directory under the test's temporary directory, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = (fs::temp_directory_path() /
+             ("mantissa_ckpt_" + std::string(info->name()) + "_" + std::to_string(::getpid())))
+                .string();
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Deterministic values for buffer `name` at step `step`: element i of a buffer is the same
+// whichever rank holds it, so a reassembled buffer can be compared with a fresh one.
+std::vector<float> values(const std::string& name, int64_t step, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  std::mt19937 rng(static_cast<uint32_t>(checkpoint::crc32c(name.data(), name.size()) + step));
+  std::normal_distribution<float> normal;
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+// A state with every field set to something other than its default.
+checkpoint::CheckpointState make_state(int64_t step) {
+  checkpoint::CheckpointState s;
+  s.step = step;
+  s.tokens = step * 4096;
+  s.optimizer_steps = step - 1;
+  s.seed = 0xDEADBEEFCAFEull;
+  s.zero_stage = 1;
+  s.loss_scaler = {.scale = 32768.0f,
+                   .growth_tracker = 17,
+                   .hysteresis_tracker = 1,
+                   .overflows_at_min = 2,
+                   .overflow_steps_total = 5};
+  core::Fp8TensorState fp8;
+  fp8.name = "h.0.attn.c_attn.input";
+  fp8.format = core::DType::kE4M3;
+  fp8.amax_history = {1.5f, 0.25f, 3.0f, 0.0f};
+  fp8.history_next = 3;
+  fp8.scale = 149.33f;
+  fp8.scale_inv = 1.0f / 149.33f;
+  s.fp8.tensors = {fp8};
+  fp8.name = "h.0.attn.c_attn.grad_output";
+  fp8.format = core::DType::kE5M2;
+  s.fp8.tensors.push_back(fp8);
+  s.data.next_window = step * 8;
+  s.config_text = "run { steps: 100 }\nmodel { gpt2 { n_layer: 2 } }\n";
+  s.parameters = {{"wte", core::Shape{10, 4}, 0}, {"h.0.ln_1.weight", core::Shape{4}, 128}};
+  return s;
+}
+
+constexpr int64_t kN = 300;  // elements per flat buffer (the layout above fits)
+const char* const kBuffers[] = {"masters", "adam_m", "adam_v"};
+
+// Host storage for one rank's slices of every buffer.
+struct Slices {
+  std::vector<std::vector<float>> data;
+  std::vector<checkpoint::BufferSlice> slices;
+
+  Slices(int64_t begin, int64_t end, int64_t step) {
+    for (const char* name : kBuffers) {
+      const std::vector<float> all = values(name, step, kN);
+      data.emplace_back(all.begin() + begin, all.begin() + end);
+    }
+    for (size_t i = 0; i < data.size(); ++i)
+      slices.push_back(
+          {kBuffers[i], kN, begin,
+           core::Tensor::wrap(data[i].data(), core::Shape{end - begin}, core::DType::kF32)});
+  }
+  // Zeroed storage to load into.
+  static Slices empty(int64_t begin, int64_t end) {
+    Slices s(begin, end, 0);
+    for (auto& d : s.data) std::fill(d.begin(), d.end(), 0.0f);
+    return s;
+  }
+  // Whether buffer i's held elements equal those of `step`, bit for bit.
+  bool buffer_equals_step(size_t i, int64_t step) const {
+    const std::vector<float> all = values(kBuffers[i], step, kN);
+    return std::memcmp(data[i].data(), all.data() + slices[i].begin, data[i].size() * 4) == 0;
+  }
+  bool equals_step(int64_t step) const {
+    for (size_t i = 0; i < data.size(); ++i)
+      if (!buffer_equals_step(i, step)) return false;
+    return true;
+  }
+};
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
+  TempDir tmp;
+  std::string dir() const { return tmp.path() + "/ckpt"; }
+  checkpoint::CheckpointOptions options(int keep = 3) const {
+    // Small entries, so that buffers are split into several pieces with their own CRCs.
+    return {.dir = dir(), .keep = keep, .max_entry_bytes = 256};
+  }
+  void save(int64_t step, int keep = 3) {
+    checkpoint::Checkpointer ckpt(options(keep), {}, *backend);
+    Slices s(0, kN, step);
+    ckpt.save(make_state(step), s.slices);
+  }
+  std::optional<checkpoint::CheckpointState> load(Slices& into) {
+    checkpoint::Checkpointer ckpt(options(), {}, *backend);
+    return ckpt.load_latest(make_state(0).parameters, into.slices);
+  }
+};
+
+}  // namespace
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 (iSCSI) appendix B.4 and the common check value.
+  EXPECT_EQ(checkpoint::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(checkpoint::crc32c("", 0), 0u);
+  std::vector<unsigned char> bytes(32, 0x00);
+  EXPECT_EQ(checkpoint::crc32c(bytes.data(), 32), 0x8A9136AAu);
+  std::fill(bytes.begin(), bytes.end(), 0xFF);
+  EXPECT_EQ(checkpoint::crc32c(bytes.data(), 32), 0x62A8AB43u);
+  for (int i = 0; i < 32; ++i) bytes[i] = static_cast<unsigned char>(i);
+  EXPECT_EQ(checkpoint::crc32c(bytes.data(), 32), 0x46DD794Eu);
+  for (int i = 0; i < 32; ++i) bytes[i] = static_cast<unsigned char>(31 - i);
+  EXPECT_EQ(checkpoint::crc32c(bytes.data(), 32), 0x113FDB5Cu);
+}
+
+TEST(Crc32c, MatchesBitwiseDefinitionAtEveryLengthAndSplit) {
+  // The slicing-by-8 loop against the one-bit-at-a-time definition, over lengths and
+  // alignments that exercise both loops, and continuation across any split point.
+  std::mt19937 rng(7);
+  std::vector<unsigned char> data(200);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (size_t offset = 0; offset < 8; ++offset) {
+    for (size_t n = 0; n + offset <= data.size(); n += 13) {
+      uint32_t crc = ~0u;
+      for (size_t i = 0; i < n; ++i) {
+        crc ^= data[offset + i];
+        for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0x82F63B78u : 0u);
+      }
+      const uint32_t expected = ~crc;
+      ASSERT_EQ(checkpoint::crc32c(data.data() + offset, n), expected)
+          << "offset " << offset << " n " << n;
+      const size_t split = n / 3;
+      ASSERT_EQ(checkpoint::crc32c(data.data() + offset + split, n - split,
+                                   checkpoint::crc32c(data.data() + offset, split)),
+                expected);
+    }
+  }
+}
+
+TEST(SealedMessage, EveryFlippedByteIsDetected) {
+  const std::string sealed = checkpoint::seal_message(checkpoint::state_to_proto(make_state(42)));
+  mantissa::TrainState parsed;
+  checkpoint::unseal_message(sealed, parsed, "m");
+  EXPECT_EQ(parsed.step(), 42);
+  for (size_t i = 0; i < sealed.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = sealed;
+      bad[i] = static_cast<char>(bad[i] ^ (1 << bit));
+      EXPECT_THROW(checkpoint::unseal_message(bad, parsed, "m"), checkpoint::CheckpointDamaged);
+    }
+  }
+  EXPECT_THROW(checkpoint::unseal_message(sealed.substr(0, sealed.size() - 1), parsed, "m"),
+               checkpoint::CheckpointDamaged);
+  EXPECT_THROW(checkpoint::unseal_message("", parsed, "m"), checkpoint::CheckpointDamaged);
+}
+
+TEST_F(CheckpointTest, NoCheckpointLoadsNothing) {
+  Slices into = Slices::empty(0, kN);
+  checkpoint::Checkpointer ckpt(options(), {}, *backend);
+  EXPECT_FALSE(ckpt.has_checkpoint());
+  EXPECT_FALSE(ckpt.load_latest(make_state(0).parameters, into.slices).has_value());
+}
+
+TEST_F(CheckpointTest, RoundTripIsBitIdentical) {
+  save(7);
+  Slices into = Slices::empty(0, kN);
+  const std::optional<checkpoint::CheckpointState> loaded = load(into);
+  ASSERT_TRUE(loaded.has_value());
+  checkpoint::CheckpointState expected = make_state(7);
+  expected.world_size = 1;
+  EXPECT_EQ(*loaded, expected);  // scaler, FP8 histories and scales, cursor, config, layout
+  EXPECT_TRUE(into.equals_step(7));
+
+  // The layout on disk: the directory, its manifest and payload, and `latest`.
+  EXPECT_EQ(read_file(dir() + "/latest"), "step_00000007\n");
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir() + "/step_00000007"))
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"manifest.pb", "rank_00000.bin"}));
+  // 3 buffers of 1200 bytes in 256-byte entries: 5 entries each.
+  mantissa::TrainState manifest;
+  checkpoint::unseal_message(read_file(dir() + "/step_00000007/manifest.pb"), manifest, "m");
+  EXPECT_EQ(manifest.tensors_size(), 15);
+  EXPECT_EQ(fs::file_size(dir() + "/step_00000007/rank_00000.bin"), 3u * kN * 4);
+}
+
+TEST_F(CheckpointTest, KeepsTheNewestAndReplacesNewerOnes) {
+  for (int64_t step : {10, 20, 30, 40}) save(step, /*keep=*/2);
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000010"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000020"));
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000030"));
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000040"));
+  // A run resumed from step 30 saves step 35: step 40 belongs to the abandoned run.
+  save(35, 2);
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000040"));
+  EXPECT_EQ(read_file(dir() + "/latest"), "step_00000035\n");
+  Slices into = Slices::empty(0, kN);
+  EXPECT_EQ(load(into)->step, 35);
+  // Saving the same step again replaces it.
+  save(35, 2);
+  EXPECT_EQ(load(into)->step, 35);
+  EXPECT_TRUE(into.equals_step(35));
+}
+
+TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
+  save(10);
+  // A save that crashed before its rename leaves step_<N>.tmp; one that crashed before the
+  // manifest was written cannot be published, but a directory without a manifest is also
+  // handled (damaged).
+  fs::create_directories(dir() + "/step_00000020.tmp");
+  write_file(dir() + "/step_00000020.tmp/rank_00000.bin", "partial");
+  fs::create_directories(dir() + "/step_00000030");
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(load(into)->step, 10);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("step_00000030/manifest.pb: cannot open"), std::string::npos) << err;
+  EXPECT_TRUE(into.equals_step(10));
+  save(15);
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000020.tmp"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000030"));
+}
+
+TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
+  save(10);
+  save(20);
+  const std::string payload = dir() + "/step_00000020/rank_00000.bin";
+  fs::resize_file(payload, fs::file_size(payload) - 1);
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(load(into)->step, 10);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(payload + ": 3599 bytes, the index says 3600"), std::string::npos) << err;
+  EXPECT_NE(err.find("falling back to step_00000010"), std::string::npos) << err;
+  EXPECT_TRUE(into.equals_step(10));
+}
+
+TEST_F(CheckpointTest, EveryDamagedCheckpointIsAnError) {
+  save(10);
+  write_file(dir() + "/step_00000010/manifest.pb", "garbage");
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  try {
+    load(into);
+    FAIL() << "loaded a damaged checkpoint";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no intact checkpoint"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("manifest.pb: no CRC32C trailer"),
+            std::string::npos);
+}
+
+TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
+  save(10);
+  save(20);
+  Slices into = Slices::empty(0, kN);
+  checkpoint::Checkpointer ckpt(options(), {}, *backend);
+  std::vector<checkpoint::ParameterLayout> other = make_state(0).parameters;
+  other[1].shape = core::Shape{8};
+  try {
+    ckpt.load_latest(other, into.slices);
+    FAIL() << "loaded a checkpoint of another model";
+  } catch (const core::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(
+        what.find("step_00000020 does not fit this model: parameter 1 is h.0.ln_1.weight [4]"),
+        std::string::npos)
+        << what;
+  }
+  // A buffer of another size, or one the checkpoint lacks.
+  Slices bigger = Slices::empty(0, kN);
+  bigger.slices[1].global_numel = kN + 1;
+  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, bigger.slices), core::ConfigError);
+  std::vector<float> extra(4);
+  into.slices.push_back(
+      {"sgd_momentum", 4, 0, core::Tensor::wrap(extra.data(), core::Shape{4}, core::DType::kF32)});
+  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, into.slices), core::ConfigError);
+}
+
+// The acceptance test: 1000 random byte flips anywhere in the newest checkpoint's manifest or
+// payload. Every one is detected, and the load returns the previous checkpoint, bit for bit.
+TEST_F(CheckpointTest, ThousandRandomByteFlipsAreAllDetected) {
+  save(10);
+  save(20);
+  const std::string files[] = {dir() + "/step_00000020/manifest.pb",
+                               dir() + "/step_00000020/rank_00000.bin"};
+  const std::string originals[] = {read_file(files[0]), read_file(files[1])};
+  const size_t total = originals[0].size() + originals[1].size();
+  std::mt19937_64 rng(2024);
+  int manifest_flips = 0;
+  for (int trial = 0; trial < 1000; ++trial) {
+    size_t at = rng() % total;
+    const int f = at < originals[0].size() ? 0 : 1;
+    if (f == 1) at -= originals[0].size();
+    manifest_flips += f == 0;
+    std::string damaged = originals[f];
+    damaged[at] = static_cast<char>(damaged[at] ^ (1 + rng() % 255));  // never a no-op
+    write_file(files[f], damaged);
+
+    Slices into = Slices::empty(0, kN);
+    testing::internal::CaptureStderr();
+    const std::optional<checkpoint::CheckpointState> loaded = load(into);
+    const std::string err = testing::internal::GetCapturedStderr();
+    ASSERT_TRUE(loaded.has_value());
+    ASSERT_EQ(loaded->step, 10) << "flip of byte " << at << " in " << files[f] << " undetected";
+    ASSERT_TRUE(into.equals_step(10)) << "flip of byte " << at << " in " << files[f];
+    ASSERT_NE(err.find(files[f]), std::string::npos) << "the message names the file: " << err;
+    write_file(files[f], originals[f]);
+  }
+  EXPECT_GT(manifest_flips, 50);  // both files were hit
+  Slices into = Slices::empty(0, kN);
+  EXPECT_EQ(load(into)->step, 20);  // restored: intact again
+  EXPECT_TRUE(into.equals_step(20));
+}
+
+// --- several ranks, simulated by threads -----------------------------------------------------
+
+namespace {
+
+// all_ok for `world` threads: a barrier whose completion ANDs the flags of one round.
+class ThreadGroup {
+ public:
+  explicit ThreadGroup(int world) : world_(world), barrier_(world, Completion{this}) {}
+
+  checkpoint::CheckpointGroup group(int rank) {
+    return {rank, world_, [this](bool ok) {
+              {
+                std::lock_guard lock(mutex_);
+                round_ok_ = round_ok_ && ok;
+              }
+              barrier_.arrive_and_wait();  // the completion published round_ok_ into result_
+              const bool result = result_;
+              barrier_.arrive_and_wait();  // nobody starts the next round before all read it
+              return result;
+            }};
+  }
+
+  // Runs body(rank) on `world` threads; rethrows the first failure.
+  void run(const std::function<void(int)>& body) {
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(world_));
+    for (int r = 0; r < world_; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          body(r);
+        } catch (...) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  struct Completion {
+    ThreadGroup* g;
+    void operator()() noexcept {
+      // Runs once per phase: after the arrival phase it publishes, after the read phase it
+      // resets. Every round has two phases, so alternate.
+      if (!g->publishing_) {
+        g->result_ = g->round_ok_;
+        g->round_ok_ = true;
+      }
+      g->publishing_ = !g->publishing_;
+    }
+  };
+  int world_;
+  std::mutex mutex_;
+  bool round_ok_ = true;
+  bool result_ = true;
+  bool publishing_ = false;
+  std::barrier<Completion> barrier_;
+};
+
+// Rank r's shard of kN elements over `world` ranks (the last one takes the remainder).
+std::pair<int64_t, int64_t> shard(int rank, int world) {
+  const int64_t per = kN / world;
+  return {rank * per, rank == world - 1 ? kN : (rank + 1) * per};
+}
+
+}  // namespace
+
+TEST_F(CheckpointTest, Zero1ShardsResumeOnAnotherWorldSize) {
+  // Saved by 3 ranks, each writing its shard of every buffer.
+  for (int64_t step : {10, 20}) {
+    ThreadGroup saving(3);
+    saving.run([&](int rank) {
+      const auto [b, e] = shard(rank, 3);
+      Slices s(b, e, step);
+      checkpoint::Checkpointer ckpt(options(), saving.group(rank), *backend);
+      ckpt.save(make_state(step), s.slices);
+    });
+  }
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir() + "/step_00000020"))
+    files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"manifest.pb", "rank_00000.bin", "rank_00001.bin",
+                                             "rank_00002.bin"}));
+
+  // Loaded by `world` ranks (a ZeRO-1 run): every rank takes its new shard of every buffer,
+  // the masters too, which is all a ZeRO-1 rank keeps of them.
+  auto load_on = [&](int world, int64_t expected_step) {
+    ThreadGroup loading(world);
+    loading.run([&](int rank) {
+      const auto [b, e] = shard(rank, world);
+      Slices mine = Slices::empty(b, e);
+      checkpoint::Checkpointer ckpt(options(), loading.group(rank), *backend);
+      const auto state = ckpt.load_latest(make_state(0).parameters, mine.slices);
+      ASSERT_TRUE(state.has_value());
+      EXPECT_EQ(state->step, expected_step);
+      EXPECT_EQ(state->world_size, 3);
+      EXPECT_TRUE(mine.equals_step(expected_step)) << "rank " << rank << " of " << world;
+    });
+  };
+  load_on(2, 20);
+  load_on(4, 20);
+  load_on(1, 20);  // whole buffers: a single rank, or `mantissa export`
+
+  // Damage in a part only rank 1 reads (the last piece of adam_v): rank 1 finds it, and both
+  // ranks fall back together.
+  const std::string payload = dir() + "/step_00000020/rank_00002.bin";
+  std::string bytes = read_file(payload);
+  bytes.back() = static_cast<char>(bytes.back() ^ 0x40);
+  write_file(payload, bytes);
+  testing::internal::CaptureStderr();
+  load_on(2, 10);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("rank 1: checkpoint " + dir() + "/step_00000020 is damaged"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("buffer 'adam_v'"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 0: checkpoint " + dir() + "/step_00000020 is damaged on another rank"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(CheckpointTest, Zero0RankZeroWritesEverything) {
+  ThreadGroup saving(2);
+  saving.run([&](int rank) {
+    Slices s(0, kN, 5);
+    checkpoint::Checkpointer ckpt(options(), saving.group(rank), *backend);
+    ckpt.save(make_state(5), rank == 0 ? s.slices : std::vector<checkpoint::BufferSlice>{});
+  });
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000005/rank_00001.bin"));
+  Slices into = Slices::empty(0, kN);
+  const auto state = load(into);  // resumed alone
+  ASSERT_TRUE(state.has_value());
+  EXPECT_EQ(state->world_size, 2);
+  EXPECT_TRUE(into.equals_step(5));
+}
+
+TEST_F(CheckpointTest, SlicesThatDoNotTileAreRefusedOnEveryRank) {
+  // Both ranks claim the first half: the second half is missing and the save fails everywhere,
+  // publishing nothing.
+  ThreadGroup saving(2);
+  std::atomic<int> failures = 0;
+  saving.run([&](int rank) {
+    Slices s(0, kN / 2, 5);
+    checkpoint::Checkpointer ckpt(options(), saving.group(rank), *backend);
+    try {
+      ckpt.save(make_state(5), s.slices);
+    } catch (const core::Error& e) {
+      ++failures;
+      if (rank == 0) {
+        EXPECT_NE(std::string(e.what()).find("stored twice"), std::string::npos) << e.what();
+      }
+    }
+  });
+  EXPECT_EQ(failures, 2);
+  checkpoint::Checkpointer ckpt(options(), {}, *backend);
+  EXPECT_FALSE(ckpt.has_checkpoint());
+}

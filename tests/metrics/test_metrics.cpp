@@ -1,0 +1,261 @@
+// The metrics exporter seen from outside: a real HTTP scrape of the endpoint a rank serves,
+// checked for the contract's names, the rank label on every series, and the values recorded.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+#include "metrics/metrics.h"
+
+namespace mantissa::metrics {
+namespace {
+
+// A TCP port that was free a moment ago on 127.0.0.1 (the kernel picks it).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One HTTP/1.0 request to 127.0.0.1:port; returns the status code and the body.
+std::pair<int, std::string> http(int port, const std::string& method, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return {0, "connect failed"};
+  }
+  const std::string request =
+      method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
+  EXPECT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof buffer, 0)) > 0;) response.append(buffer, n);
+  close(fd);
+  int status = 0;
+  std::istringstream(response.substr(response.find(' ') + 1)) >> status;
+  const auto body = response.find("\r\n\r\n");
+  return {status, body == std::string::npos ? "" : response.substr(body + 4)};
+}
+
+// The text exposition format as a map from "name{labels}" (exactly as served) to value.
+std::map<std::string, double> parse_exposition(const std::string& text) {
+  std::map<std::string, double> samples;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.rfind(' ');
+    samples[line.substr(0, space)] = std::stod(line.substr(space + 1));
+  }
+  return samples;
+}
+
+std::optional<double> sample(const std::map<std::string, double>& samples, const std::string& key) {
+  const auto it = samples.find(key);
+  if (it == samples.end()) return std::nullopt;
+  return it->second;
+}
+
+StepRecord step_record(std::int64_t step, bool overflow) {
+  StepRecord r;
+  r.step = step;
+  r.loss = 5.5 - 0.5 * static_cast<double>(step);
+  r.loss_scale = overflow ? 32768 : 65536;
+  r.overflow = overflow;
+  r.grad_norm = 0.25 * static_cast<double>(step);
+  r.learning_rate = 1e-3;
+  r.tokens = 1024;
+  r.step_seconds = 0.5;
+  r.allreduce_seconds = 0.002;
+  r.allreduce_bytes = 4'000'000;
+  r.fp8 = {{"h0.mlp.fc.weight", 1.5, 298.0}, {"h0.mlp.fc.input", 12.0, 37.0}};
+  return r;
+}
+
+TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
+  MetricsOptions options;
+  options.port = free_port();
+  options.rank = 3;
+  options.peak_flops = 1e12;
+  options.flops_per_token = 1e6;
+  options.loss_scale_min = 1;
+  Metrics metrics(options);
+  ASSERT_EQ(metrics.listening_port(), options.port);
+
+  // Before any checkpoint or step the checkpoint gauges are absent but the counters exist at 0,
+  // so that increase() sees the first overflow.
+  auto before = parse_exposition(http(options.port, "GET", "/metrics").second);
+  EXPECT_EQ(sample(before, R"(mantissa_overflow_steps_total{rank="3"})"), 0.0);
+  EXPECT_FALSE(sample(before, R"(mantissa_last_checkpoint_step{rank="3"})"));
+
+  metrics.record_step(step_record(1, false));
+  metrics.record_step(step_record(2, true));
+  metrics.record_step(step_record(3, false));
+  metrics.record_checkpoint(3, 0.75);
+
+  const auto [status, body] = http(options.port, "GET", "/metrics");
+  ASSERT_EQ(status, 200);
+  const auto s = parse_exposition(body);
+  const auto at = [&](const std::string& name, const std::string& extra = "") {
+    return sample(s, name + "{rank=\"3\"" + extra + "}");
+  };
+  EXPECT_EQ(at("mantissa_loss_scale"), 65536.0);
+  EXPECT_EQ(at("mantissa_loss_scale_min"), 1.0);
+  EXPECT_EQ(at("mantissa_overflow_steps_total"), 1.0);
+  EXPECT_EQ(at("mantissa_steps_total"), 3.0);
+  EXPECT_EQ(at("mantissa_tokens_total"), 3072.0);
+  EXPECT_EQ(at("mantissa_loss"), 4.0);
+  EXPECT_EQ(at("mantissa_grad_norm"), 0.75);
+  EXPECT_EQ(at("mantissa_learning_rate"), 1e-3);
+  // 1024 tokens in 0.5 s × 1e6 FLOPs/token over a 1e12 peak.
+  ASSERT_TRUE(at("mantissa_mfu_ratio"));
+  EXPECT_DOUBLE_EQ(*at("mantissa_mfu_ratio"), 2048.0 * 1e6 / 1e12);
+  EXPECT_EQ(at("mantissa_step_seconds_count"), 3.0);
+  EXPECT_EQ(at("mantissa_step_seconds_sum"), 1.5);
+  EXPECT_EQ(at("mantissa_step_seconds_bucket", ",le=\"0.5\""), 3.0);
+  EXPECT_EQ(at("mantissa_step_seconds_bucket", ",le=\"0.25\""), 0.0);
+  EXPECT_EQ(at("mantissa_allreduce_seconds_count"), 3.0);
+  EXPECT_EQ(at("mantissa_allreduce_bytes_total"), 12e6);
+  EXPECT_EQ(at("mantissa_fp8_amax", ",tensor=\"h0.mlp.fc.weight\""), 1.5);
+  EXPECT_EQ(at("mantissa_fp8_scale", ",tensor=\"h0.mlp.fc.weight\""), 298.0);
+  EXPECT_EQ(at("mantissa_fp8_amax", ",tensor=\"h0.mlp.fc.input\""), 12.0);
+  EXPECT_EQ(at("mantissa_last_checkpoint_step"), 3.0);
+  EXPECT_GT(at("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.6e9);
+  EXPECT_EQ(at("mantissa_checkpoint_seconds_count"), 1.0);
+
+  // Every series of ours carries the rank label (histogram buckets add le after it).
+  for (const auto& [key, value] : s) {
+    if (key.rfind("mantissa_", 0) == 0) {
+      EXPECT_NE(key.find("{rank=\"3\""), std::string::npos) << key;
+    }
+  }
+
+  // Read-only: no method other than GET changes what is served.
+  // (The exposer's own exposer_* statistics count requests, so only ours are compared.)
+  const auto ours = [](std::map<std::string, double> samples) {
+    std::erase_if(samples, [](const auto& kv) { return kv.first.rfind("mantissa_", 0) != 0; });
+    return samples;
+  };
+  for (const char* method : {"POST", "PUT", "DELETE"}) {
+    EXPECT_NE(http(options.port, method, "/metrics").first, 200) << method;
+  }
+  EXPECT_EQ(ours(parse_exposition(http(options.port, "GET", "/metrics").second)), ours(s));
+}
+
+TEST(Metrics, PortZeroOpensNoSocket) {
+  Metrics metrics(MetricsOptions{});
+  EXPECT_EQ(metrics.listening_port(), 0);
+  metrics.record_step(step_record(1, false));
+}
+
+TEST(Metrics, BusyPortIsReportedWithTheAddress) {
+  MetricsOptions options;
+  options.port = free_port();
+  Metrics first(options);
+  try {
+    Metrics second(options);
+    FAIL() << "a second exporter on the same port started";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(options.port)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Metrics, BadPushgatewayUrlNamesTheField) {
+  for (const char* url : {"ftp://host:9091", "http://host:port", "http://host:9091/extra/path"}) {
+    MetricsOptions options;
+    options.pushgateway_url = url;
+    try {
+      Metrics metrics(options);
+      FAIL() << url << " was accepted";
+    } catch (const core::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("metrics.pushgateway_url"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(Metrics, UnreachablePushgatewayNeverFailsTraining) {
+  MetricsOptions options;
+  options.pushgateway_url = "http://127.0.0.1:" + std::to_string(free_port());
+  options.push_every = 1;
+  Metrics metrics(options);
+  for (int step = 1; step <= 5; ++step) metrics.record_step(step_record(step, false));
+  metrics.finish();
+  metrics.finish();  // idempotent
+}
+
+// Needs a real Pushgateway: tests/integration/test_pushgateway.py starts one on 127.0.0.1 and
+// runs this test with MANTISSA_TEST_PUSHGATEWAY_PORT set; a plain run of this binary skips it.
+TEST(Metrics, PushReplacesTheGroupOfJobAndRank) {
+  const char* port_env = std::getenv("MANTISSA_TEST_PUSHGATEWAY_PORT");
+  if (port_env == nullptr) GTEST_SKIP() << "MANTISSA_TEST_PUSHGATEWAY_PORT not set";
+  const int port = std::stoi(port_env);
+  const auto pushed = [&] { return parse_exposition(http(port, "GET", "/metrics").second); };
+  const std::string group = R"({instance="",job="mantissa_push_test",rank="1"})";
+
+  MetricsOptions options;
+  options.rank = 1;
+  options.job = "mantissa_push_test";
+  options.pushgateway_url = "http://127.0.0.1:" + std::string(port_env);
+  options.push_every = 2;
+  {
+    Metrics metrics(options);
+    metrics.record_step(step_record(1, false));
+    metrics.record_step(step_record(2, true));  // push_every reached: pushed in the background
+    metrics.record_step(step_record(3, false));
+    metrics.finish();  // the final push, waited for
+    const auto s = pushed();
+    EXPECT_EQ(sample(s, "mantissa_steps_total" + group), 3.0);
+    EXPECT_EQ(sample(s, "mantissa_overflow_steps_total" + group), 1.0);
+    EXPECT_EQ(sample(s, "mantissa_loss_scale" + group), 65536.0);
+    EXPECT_TRUE(sample(s, R"(mantissa_fp8_amax{instance="",job="mantissa_push_test",rank="1",)"
+                          R"(tensor="h0.mlp.fc.weight"})"));
+  }
+  // A later run of the same job and rank that reports no FP8 tensors replaces the whole group
+  // (HTTP PUT): nothing of the earlier run is left behind.
+  Metrics again(options);
+  StepRecord record = step_record(1, false);
+  record.fp8.clear();
+  again.record_step(record);
+  again.finish();
+  const auto s = pushed();
+  EXPECT_EQ(sample(s, "mantissa_steps_total" + group), 1.0);
+  for (const auto& [key, value] : s) {
+    EXPECT_EQ(key.find("mantissa_fp8_amax"), std::string::npos) << key;
+  }
+}
+
+TEST(Metrics, PeakFlopsTable) {
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H200"), 989e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(gpu_peak_flops("Some Future GPU"), 0.0);
+  EXPECT_EQ(cpu_nominal_peak_flops(2), 2 * 96e9);
+  // GPT-2 124M at T=1024: 6·N + 6·12·768·1024.
+  EXPECT_EQ(transformer_flops_per_token(124'000'000, 12, 768, 1024),
+            6.0 * 124e6 + 6.0 * 12 * 768 * 1024);
+}
+
+}  // namespace
+}  // namespace mantissa::metrics

@@ -1,0 +1,429 @@
+// Data sources and the rank-aware loader: the synthetic corpus against its documented grammar,
+// text files, llm.c token shards (every malformed case), and batch slicing, resume and re-split.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "train/data/corpus.h"
+#include "train/data/data_loader.h"
+#include "train/data/synthetic.h"
+
+namespace mantissa::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------
+// Synthetic corpus
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  for (std::string part; std::getline(in, part, sep);) parts.push_back(part);
+  return parts;
+}
+
+template <size_t N>
+bool in_list(const std::string_view (&words)[N], const std::string& w) {
+  return std::find(std::begin(words), std::end(words), w) != std::end(words);
+}
+
+bool is_number(const std::string& s) {
+  return !s.empty() && s.size() <= 3 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// "<det> [<adj>] <noun>" starting at words[i]; advances i.
+bool noun_phrase(const std::vector<std::string>& words, size_t& i) {
+  if (i >= words.size() || !in_list(kSyntheticDeterminers, words[i++])) return false;
+  if (i < words.size() && in_list(kSyntheticAdjectives, words[i])) ++i;
+  return i < words.size() && in_list(kSyntheticNouns, words[i++]);
+}
+
+enum class LineKind { kSentence, kCopy, kSum, kCount, kInvalid };
+
+// Classifies a line by the grammar documented in train/data/synthetic.h, checking the
+// predictable parts (copy halves equal, sums right, counts consecutive).
+LineKind classify(const std::string& line) {
+  const std::vector<std::string> words = split(line, ' ');
+  if (words.size() == 3 && words[0] == "copy") {
+    const std::string& w = words[1];
+    const bool lower = std::all_of(w.begin(), w.end(), [](char c) { return c >= 'a' && c <= 'z'; });
+    return lower && w.size() >= 3 && w.size() <= 8 && words[2] == w ? LineKind::kCopy
+                                                                    : LineKind::kInvalid;
+  }
+  if (words.size() == 6 && words[0] == "count") {
+    if (!is_number(words[1])) return LineKind::kInvalid;
+    const int n = std::stoi(words[1]);
+    if (n > 95) return LineKind::kInvalid;
+    for (int k = 0; k < 5; ++k) {
+      if (words[1 + k] != std::to_string(n + k)) return LineKind::kInvalid;
+    }
+    return LineKind::kCount;
+  }
+  const size_t plus = line.find('+');
+  const size_t equals = line.find('=');
+  if (words.size() == 1 && plus != std::string::npos && equals != std::string::npos) {
+    const std::string a = line.substr(0, plus);
+    const std::string b = line.substr(plus + 1, equals - plus - 1);
+    const std::string c = line.substr(equals + 1);
+    if (!is_number(a) || !is_number(b) || !is_number(c) || std::stoi(a) > 99 || std::stoi(b) > 99) {
+      return LineKind::kInvalid;
+    }
+    return std::stoi(c) == std::stoi(a) + std::stoi(b) ? LineKind::kSum : LineKind::kInvalid;
+  }
+  if (line.empty() || line.back() != '.') return LineKind::kInvalid;
+  const std::vector<std::string> sw = split(line.substr(0, line.size() - 1), ' ');
+  size_t i = 0;
+  const bool ok = noun_phrase(sw, i) && i < sw.size() && in_list(kSyntheticVerbs, sw[i++]) &&
+                  noun_phrase(sw, i) && i == sw.size();
+  return ok ? LineKind::kSentence : LineKind::kInvalid;
+}
+
+TEST(Synthetic, DeterministicFromTheSeed) {
+  const std::vector<uint16_t> a = synthetic_tokens(7, 5000);
+  EXPECT_EQ(a.size(), 5000u);
+  EXPECT_EQ(a, synthetic_tokens(7, 5000));
+  EXPECT_NE(a, synthetic_tokens(8, 5000));
+  // A shorter corpus is a prefix of a longer one with the same seed.
+  const std::vector<uint16_t> b = synthetic_tokens(7, 1000);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), a.begin()));
+}
+
+TEST(Synthetic, EveryLineFollowsTheDocumentedGrammar) {
+  const std::vector<uint16_t> tokens = synthetic_tokens(1234, 40000);
+  std::string text;
+  for (uint16_t t : tokens) {
+    ASSERT_LT(t, 128);  // ASCII text
+    text += static_cast<char>(t);
+  }
+  std::vector<std::string> lines = split(text, '\n');
+  lines.pop_back();  // the last line may be cut by the length limit
+  ASSERT_GT(lines.size(), 1000u);
+  int counts[5] = {};
+  for (const std::string& line : lines) {
+    const LineKind kind = classify(line);
+    EXPECT_NE(kind, LineKind::kInvalid) << "line: '" << line << "'";
+    counts[static_cast<int>(kind)] += 1;
+  }
+  // Kinds are drawn uniformly: each of the four is near a quarter of the lines.
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_GT(counts[k], static_cast<int>(lines.size()) / 5) << "kind " << k;
+  }
+}
+
+TEST(Synthetic, CorpusIsOneByteLevelSegment) {
+  const Corpus corpus = Corpus::synthetic(3, 4096);
+  EXPECT_EQ(corpus.vocab_size(), 256);
+  EXPECT_EQ(corpus.num_tokens(), 4096);
+  ASSERT_EQ(corpus.segments().size(), 1u);
+  const std::vector<uint16_t> expected = synthetic_tokens(3, 4096);
+  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, expected));
+}
+
+// ---------------------------------------------------------------------------------------
+// Files
+
+class DataFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mantissa_test_data_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  std::string write_bytes(const std::string& name, const std::vector<char>& bytes) const {
+    std::ofstream out(path(name), std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return path(name);
+  }
+
+  // A shard laid out by hand: 256 little-endian int32 (magic, version, count, zeros), then
+  // the uint16 tokens. `count` is what the header claims, independent of tokens.size().
+  std::string write_shard(const std::string& name, const std::vector<uint16_t>& tokens,
+                          int32_t magic = 20240520, int32_t version = 1,
+                          std::optional<int32_t> count = std::nullopt) const {
+    std::vector<int32_t> header(256, 0);
+    header[0] = magic;
+    header[1] = version;
+    header[2] = count.value_or(static_cast<int32_t>(tokens.size()));
+    std::vector<char> bytes(1024 + 2 * tokens.size());
+    std::memcpy(bytes.data(), header.data(), 1024);
+    std::memcpy(bytes.data() + 1024, tokens.data(), 2 * tokens.size());
+    return write_bytes(name, bytes);
+  }
+
+  // The message of the core::Error that `load` throws ("no error" if none).
+  template <class F>
+  static std::string error_of(F load) {
+    try {
+      load();
+    } catch (const core::Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+
+  fs::path dir_;
+};
+
+std::vector<uint16_t> iota_tokens(int n, uint16_t first = 0) {
+  std::vector<uint16_t> tokens(n);
+  for (int i = 0; i < n; ++i) tokens[i] = static_cast<uint16_t>(first + i);
+  return tokens;
+}
+
+TEST_F(DataFiles, TextFileBytesAreTokens) {
+  const std::string p = write_bytes("text.txt", {'h', 'i', '\0', '\x80', '\xff'});
+  const Corpus corpus = Corpus::text_file(p);
+  EXPECT_EQ(corpus.vocab_size(), 256);
+  EXPECT_EQ(corpus.name(), p);
+  ASSERT_EQ(corpus.segments().size(), 1u);
+  const std::vector<uint16_t> expected = {104, 105, 0, 128, 255};
+  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, expected));
+}
+
+TEST_F(DataFiles, TextFileErrorsNameTheFile) {
+  const std::string missing = path("missing.txt");
+  std::string msg = error_of([&] { Corpus::text_file(missing); });
+  EXPECT_NE(msg.find("'" + missing + "'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+
+  const std::string empty = write_bytes("empty.txt", {});
+  msg = error_of([&] { Corpus::text_file(empty); });
+  EXPECT_NE(msg.find("'" + empty + "' is empty"), std::string::npos) << msg;
+}
+
+TEST_F(DataFiles, ShardsLoadInSortedOrder) {
+  // Written out of order: the glob result is sorted.
+  write_shard("train_001.bin", iota_tokens(50, 100));
+  write_shard("train_000.bin", iota_tokens(30, 0));
+  write_shard("val_000.bin", iota_tokens(10, 7));
+  const Corpus corpus = Corpus::token_shards(path("train_*.bin"), 256);
+  EXPECT_EQ(corpus.vocab_size(), 256);
+  EXPECT_EQ(corpus.num_tokens(), 80);
+  ASSERT_EQ(corpus.segments().size(), 2u);
+  EXPECT_EQ(corpus.segments()[0].name, path("train_000.bin"));
+  EXPECT_EQ(corpus.segments()[1].name, path("train_001.bin"));
+  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, iota_tokens(30, 0)));
+  EXPECT_TRUE(std::ranges::equal(corpus.segments()[1].tokens, iota_tokens(50, 100)));
+}
+
+TEST_F(DataFiles, ShardWithTheLargestTokens) {
+  write_shard("big.bin", {0, 50256, 65535});
+  EXPECT_EQ(Corpus::token_shards(path("big.bin"), 65536).num_tokens(), 3);
+  const std::string msg = error_of([&] { Corpus::token_shards(path("big.bin"), 50257); });
+  EXPECT_NE(msg.find("token 65535 at position 2"), std::string::npos) << msg;
+}
+
+TEST_F(DataFiles, EveryBadShardNamesTheFileAndTheProblem) {
+  struct Case {
+    std::string file;
+    std::string expected;  // part of the message after the file name
+  };
+  std::vector<Case> cases;
+
+  cases.push_back({write_bytes("empty.bin", {}), "is empty"});
+  cases.push_back({write_bytes("short.bin", std::vector<char>(500, 0)), "is truncated: 500 bytes"});
+  cases.push_back({write_shard("magic.bin", iota_tokens(8), 20240326), "bad magic 20240326"});
+  cases.push_back({write_shard("version.bin", iota_tokens(8), 20240520, 2),
+                   "unsupported version 2 (expected 1)"});
+  // The header claims 10 tokens, 9 are there: 1024 + 18 bytes instead of 1024 + 20.
+  cases.push_back({write_shard("truncated.bin", iota_tokens(9), 20240520, 1, 10),
+                   "file size 1042 bytes does not match the header's token count 10"});
+  cases.push_back({write_shard("long.bin", iota_tokens(9), 20240520, 1, 8),
+                   "file size 1042 bytes does not match the header's token count 8"});
+  cases.push_back(
+      {write_shard("negative.bin", iota_tokens(2), 20240520, 1, -3), "negative token count -3"});
+  std::vector<uint16_t> bad_token = iota_tokens(8);
+  bad_token[5] = 300;
+  cases.push_back({write_shard("vocab.bin", bad_token),
+                   "token 300 at position 5 (byte offset 1034) is >= "
+                   "vocab_size 256"});
+
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    const std::string msg = error_of([&] { Corpus::token_shards(c.file, 256); });
+    EXPECT_NE(msg.find("token shard '" + c.file + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << msg;
+  }
+}
+
+TEST_F(DataFiles, BadShardAmongGoodOnesIsNamed) {
+  write_shard("part_000.bin", iota_tokens(20));
+  const std::string bad = write_shard("part_001.bin", iota_tokens(20), 1234);
+  const std::string msg = error_of([&] { Corpus::token_shards(path("part_*.bin"), 256); });
+  EXPECT_NE(msg.find("token shard '" + bad + "': bad magic 1234"), std::string::npos) << msg;
+}
+
+TEST_F(DataFiles, MissingShardsNameThePattern) {
+  const std::string pattern = path("nothing_*.bin");
+  std::string msg = error_of([&] { Corpus::token_shards(pattern, 256); });
+  EXPECT_NE(msg.find("'" + pattern + "' matches no file"), std::string::npos) << msg;
+  const std::string missing = path("missing.bin");
+  msg = error_of([&] { Corpus::token_shards(missing, 256); });
+  EXPECT_NE(msg.find("'" + missing + "' matches no file"), std::string::npos) << msg;
+}
+
+// ---------------------------------------------------------------------------------------
+// DataLoader
+
+class Loader : public DataFiles {
+ protected:
+  // A corpus whose token at position p is p, so every window must read start, start + 1, ...
+  void SetUp() override {
+    DataFiles::SetUp();
+    write_shard("count.bin", iota_tokens(5000));
+    corpus_ = std::make_shared<const Corpus>(Corpus::token_shards(path("count.bin"), 65536));
+  }
+
+  DataLoader loader(int64_t micro_batch, int world_size, int rank, uint64_t seed = 42) const {
+    return DataLoader(corpus_, {kSeqLen, micro_batch, world_size, rank, seed});
+  }
+
+  // The global batch of one step: every rank's slice, concatenated in rank order.
+  static std::vector<int32_t> global_tokens(std::vector<DataLoader>& ranks) {
+    std::vector<int32_t> all;
+    for (DataLoader& l : ranks) {
+      const Batch b = l.next();
+      all.insert(all.end(), b.tokens.begin(), b.tokens.end());
+    }
+    return all;
+  }
+
+  std::vector<DataLoader> world(int world_size, int64_t micro_batch) const {
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < world_size; ++r) ranks.push_back(loader(micro_batch, world_size, r));
+    return ranks;
+  }
+
+  static constexpr int64_t kSeqLen = 16;
+  std::shared_ptr<const Corpus> corpus_;
+};
+
+TEST_F(Loader, RowsAreContiguousWindowsAndTargetsAreShiftedByOne) {
+  DataLoader l = loader(4, 1, 0);
+  for (int step = 0; step < 5; ++step) {
+    const Batch b = l.next();
+    ASSERT_EQ(b.batch_size, 4);
+    ASSERT_EQ(b.seq_len, kSeqLen);
+    ASSERT_EQ(b.tokens.size(), 4u * kSeqLen);
+    ASSERT_EQ(b.targets.size(), 4u * kSeqLen);
+    for (int64_t row = 0; row < 4; ++row) {
+      const int32_t start = b.tokens[row * kSeqLen];
+      EXPECT_LE(start + kSeqLen, 4999);  // the target of the last position exists
+      for (int64_t t = 0; t < kSeqLen; ++t) {
+        EXPECT_EQ(b.tokens[row * kSeqLen + t], start + t);
+        EXPECT_EQ(b.targets[row * kSeqLen + t], start + t + 1);
+      }
+    }
+  }
+}
+
+TEST_F(Loader, RankSlicesOfWorldSizes124ReconstructTheSameGlobalBatch) {
+  // Global batch of 8 windows per step: 1x8, 2x4, 4x2.
+  std::vector<DataLoader> w1 = world(1, 8), w2 = world(2, 4), w4 = world(4, 2);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<int32_t> g1 = global_tokens(w1);
+    EXPECT_EQ(global_tokens(w2), g1) << "step " << step;
+    EXPECT_EQ(global_tokens(w4), g1) << "step " << step;
+    // ... and it is windows [8 * step, 8 * step + 8) of the stream.
+    std::vector<int32_t> window(kSeqLen + 1);
+    for (int i = 0; i < 8; ++i) {
+      w1[0].read_window(8 * step + i, window);
+      EXPECT_TRUE(std::equal(window.begin(), window.end() - 1, g1.begin() + i * kSeqLen));
+    }
+  }
+}
+
+TEST_F(Loader, DeterministicFromTheSeed) {
+  DataLoader a = loader(4, 1, 0, 1), b = loader(4, 1, 0, 1), c = loader(4, 1, 0, 2);
+  const std::vector<int32_t> first = a.next().tokens;
+  EXPECT_EQ(b.next().tokens, first);
+  EXPECT_NE(c.next().tokens, first);
+}
+
+TEST_F(Loader, CursorRestoresTheStreamUnderAnyWorldSize) {
+  std::vector<DataLoader> w2 = world(2, 4);
+  for (int step = 0; step < 3; ++step) global_tokens(w2);
+  const DataCursor saved = w2[0].cursor();
+  EXPECT_EQ(saved.next_window, 24);
+  EXPECT_EQ(w2[1].cursor(), saved);  // every rank holds the same cursor
+  std::vector<std::vector<int32_t>> continued;
+  for (int step = 0; step < 3; ++step) continued.push_back(global_tokens(w2));
+
+  // Same global batch size, other world sizes: the same batches.
+  for (auto [world_size, micro_batch] : {std::pair{2, 4}, std::pair{4, 2}, std::pair{1, 8}}) {
+    std::vector<DataLoader> resumed = world(world_size, micro_batch);
+    for (DataLoader& l : resumed) l.set_cursor(saved);
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_EQ(global_tokens(resumed), continued[step]) << "world " << world_size;
+    }
+  }
+
+  // Another global batch size: the same stream, cut differently (two steps of 12 windows
+  // hold the three steps of 8 above).
+  std::vector<DataLoader> w4 = world(4, 3);
+  for (DataLoader& l : w4) l.set_cursor(saved);
+  std::vector<int32_t> stream;
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<int32_t> g = global_tokens(w4);
+    stream.insert(stream.end(), g.begin(), g.end());
+  }
+  std::vector<int32_t> expected;
+  for (const auto& g : continued) expected.insert(expected.end(), g.begin(), g.end());
+  EXPECT_EQ(stream, expected);
+}
+
+TEST_F(Loader, WindowsStayInsideOneSegmentAndCoverAllSegments) {
+  write_shard("seg_000.bin", iota_tokens(40, 0));
+  write_shard("seg_001.bin", iota_tokens(10, 500));  // too short for a window: never used
+  write_shard("seg_002.bin", iota_tokens(40, 1000));
+  auto corpus = std::make_shared<const Corpus>(Corpus::token_shards(path("seg_*.bin"), 65536));
+  DataLoader l(corpus, {kSeqLen, 1, 1, 0, 9});
+  std::vector<int32_t> window(kSeqLen + 1);
+  int from_first = 0, from_last = 0;
+  for (int64_t k = 0; k < 400; ++k) {
+    l.read_window(k, window);
+    for (int64_t t = 1; t <= kSeqLen; ++t) ASSERT_EQ(window[t], window[0] + t) << "window " << k;
+    ASSERT_TRUE(window[0] < 40 - kSeqLen || (window[0] >= 1000 && window[0] < 1040 - kSeqLen))
+        << "window " << k << " starts at token " << window[0];
+    (window[0] < 40 ? from_first : from_last) += 1;
+  }
+  // 24 starts in each long segment: each gets about half of the windows.
+  EXPECT_GT(from_first, 100);
+  EXPECT_GT(from_last, 100);
+}
+
+TEST_F(Loader, RejectsCorpusWithoutAWindowAndBadConfigs) {
+  write_shard("tiny.bin", iota_tokens(10));
+  auto tiny = std::make_shared<const Corpus>(Corpus::token_shards(path("tiny.bin"), 256));
+  const std::string msg = error_of([&] { DataLoader(tiny, {kSeqLen, 1, 1, 0, 0}); });
+  EXPECT_NE(msg.find(path("tiny.bin")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("seq_len + 1 = 17 tokens (the longest has 10)"), std::string::npos) << msg;
+
+  EXPECT_THROW(DataLoader(corpus_, {kSeqLen, 1, 2, 2, 0}), core::Error);  // rank >= world
+  EXPECT_THROW(DataLoader(corpus_, {kSeqLen, 0, 1, 0, 0}), core::Error);
+  EXPECT_THROW(DataLoader(corpus_, {0, 1, 1, 0, 0}), core::Error);
+  DataLoader l = loader(1, 1, 0);
+  EXPECT_THROW(l.set_cursor({-1}), core::Error);
+}
+
+}  // namespace
+}  // namespace mantissa::train

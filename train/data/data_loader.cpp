@@ -1,0 +1,81 @@
+#include "train/data/data_loader.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+
+namespace mantissa::train {
+
+namespace {
+
+// Keeps the window sampler's random stream apart from the synthetic generator's, which may be
+// seeded with the same run seed.
+constexpr uint64_t kStreamTag = 0x77696e646f777321ULL;  // "windows!"
+
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderConfig& config)
+    : corpus_(std::move(corpus)),
+      config_(config),
+      stream_seed_(core::mix64(config.seed ^ kStreamTag)) {
+  MANTISSA_CHECK(corpus_ != nullptr, "data loader: no corpus");
+  MANTISSA_CHECK(config.seq_len >= 1, "data loader: seq_len must be >= 1, got " << config.seq_len);
+  MANTISSA_CHECK(config.micro_batch >= 1,
+                 "data loader: micro_batch_size must be >= 1, got " << config.micro_batch);
+  MANTISSA_CHECK(
+      config.world_size >= 1 && config.rank >= 0 && config.rank < config.world_size,
+      "data loader: rank " << config.rank << " outside world of size " << config.world_size);
+  int64_t total = 0;
+  int64_t longest = 0;
+  for (const TokenSegment& segment : corpus_->segments()) {
+    const auto n = static_cast<int64_t>(segment.tokens.size());
+    longest = std::max(longest, n);
+    total += std::max<int64_t>(n - config.seq_len, 0);  // starts s with s + T + 1 <= n
+    window_starts_end_.push_back(total);
+  }
+  MANTISSA_CHECK(total > 0, "data '" << corpus_->name()
+                                     << "': no segment holds seq_len + 1 = " << config.seq_len + 1
+                                     << " tokens (the longest has " << longest << ")");
+}
+
+void DataLoader::read_window(int64_t k, std::span<int32_t> out) const {
+  MANTISSA_CHECK(k >= 0, "data loader: window index must be >= 0, got " << k);
+  MANTISSA_CHECK(static_cast<int64_t>(out.size()) == config_.seq_len + 1,
+                 "data loader: window buffer holds " << out.size() << " tokens, expected "
+                                                     << config_.seq_len + 1);
+  // A 64-bit draw makes the modulo bias negligible for any corpus size.
+  const uint64_t draw = core::mix64(stream_seed_ ^ core::mix64(static_cast<uint64_t>(k)));
+  const auto start = static_cast<int64_t>(draw % static_cast<uint64_t>(window_starts_end_.back()));
+  const auto segment_end =
+      std::upper_bound(window_starts_end_.begin(), window_starts_end_.end(), start);
+  const size_t segment = static_cast<size_t>(segment_end - window_starts_end_.begin());
+  const int64_t segment_begin = segment == 0 ? 0 : window_starts_end_[segment - 1];
+  const std::span<const uint16_t> tokens = corpus_->segments()[segment].tokens.subspan(
+      static_cast<size_t>(start - segment_begin), out.size());
+  std::copy(tokens.begin(), tokens.end(), out.begin());
+}
+
+Batch DataLoader::next() {
+  const int64_t B = config_.micro_batch;
+  const int64_t T = config_.seq_len;
+  Batch batch{B, T, std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
+  std::vector<int32_t> window(T + 1);
+  const int64_t first = cursor_.next_window + config_.rank * B;
+  for (int64_t b = 0; b < B; ++b) {
+    read_window(first + b, window);
+    std::copy(window.begin(), window.end() - 1, batch.tokens.begin() + b * T);
+    std::copy(window.begin() + 1, window.end(), batch.targets.begin() + b * T);
+  }
+  cursor_.next_window += config_.world_size * B;
+  return batch;
+}
+
+void DataLoader::set_cursor(const DataCursor& cursor) {
+  MANTISSA_CHECK(cursor.next_window >= 0,
+                 "data cursor: next_window must be >= 0, got " << cursor.next_window);
+  cursor_ = cursor;
+}
+
+}  // namespace mantissa::train

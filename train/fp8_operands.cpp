@@ -1,0 +1,82 @@
+#include "train/fp8_operands.h"
+
+#include "core/error.h"
+
+namespace mantissa::train {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+int Fp8Operands::add(const std::string& name, DType format) {
+  MANTISSA_CHECK(!registry_, "Fp8Operands::add(" << name << "): already allocated");
+  names_.push_back(name);
+  formats_.push_back(format);
+  return size() - 1;
+}
+
+void Fp8Operands::allocate(core::Backend& backend, const core::Fp8ScalingConfig& config) {
+  registry_ = std::make_unique<core::Fp8ScalingRegistry>(config);
+  for (int i = 0; i < size(); ++i) registry_->add(names_[i], formats_[i]);
+  const Shape shape{static_cast<int64_t>(size())};
+  scale_ = Tensor::empty(shape, DType::kF32, backend.device());
+  scale_inv_ = Tensor::empty(shape, DType::kF32, backend.device());
+  amax_ = Tensor::empty(shape, DType::kF32, backend.device());
+  backend.fill(amax_, 0.0f);
+  for (int i = 0; i < size(); ++i) {
+    scale_views_.push_back(scale_.view(i, Shape{1}));
+    scale_inv_views_.push_back(scale_inv_.view(i, Shape{1}));
+    amax_views_.push_back(amax_.view(i, Shape{1}));
+  }
+  upload_scales(backend);
+}
+
+void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, Tensor& dst) {
+  Tensor& amax = amax_views_[slot];
+  if (registry_->config().recipe == core::Fp8Recipe::kCurrent) {
+    backend.amax(src, amax);
+    Tensor host = Tensor::empty(Shape{1}, DType::kF32);
+    backend.copy(amax, host);
+    backend.synchronize();
+    const float old_scale = registry_->tensor(slot).scale;
+    const float scale =
+        core::fp8_scale_from_amax(host.data_as<float>()[0], old_scale,
+                                  core::fp8_max(formats_[slot]), registry_->config().margin);
+    float pair[2] = {scale, static_cast<float>(1.0 / scale)};
+    backend.copy(Tensor::wrap(&pair[0], Shape{1}, DType::kF32), scale_views_[slot]);
+    backend.copy(Tensor::wrap(&pair[1], Shape{1}, DType::kF32), scale_inv_views_[slot]);
+    backend.synchronize();  // `pair` lives on this stack frame
+  }
+  core::CastParams p;
+  p.scale = &scale_views_[slot];
+  p.amax = &amax;
+  p.saturation = core::Saturation::kSatFinite;
+  backend.cast(src, dst, p);
+}
+
+std::vector<float> Fp8Operands::read_amaxes(core::Backend& backend) {
+  std::vector<float> amaxes(static_cast<size_t>(size()));
+  Tensor host = Tensor::wrap(amaxes.data(), Shape{static_cast<int64_t>(size())}, DType::kF32);
+  backend.copy(amax_, host);
+  backend.synchronize();
+  return amaxes;
+}
+
+void Fp8Operands::update_scales(core::Backend& backend, const std::vector<float>& amaxes) {
+  registry_->update(amaxes);
+  upload_scales(backend);
+}
+
+void Fp8Operands::upload_scales(core::Backend& backend) {
+  const Shape shape{static_cast<int64_t>(size())};
+  std::vector<float> scales, inverses;
+  for (int i = 0; i < size(); ++i) {
+    scales.push_back(registry_->tensor(i).scale);
+    inverses.push_back(registry_->tensor(i).scale_inv);
+  }
+  backend.copy(Tensor::wrap(scales.data(), shape, DType::kF32), scale_);
+  backend.copy(Tensor::wrap(inverses.data(), shape, DType::kF32), scale_inv_);
+  backend.synchronize();  // the host vectors die with this frame
+}
+
+}  // namespace mantissa::train

@@ -1,0 +1,40 @@
+// What the training step needs from a model: its parameters, a forward pass that computes
+// the loss (and prepares its gradient), and a backward pass into the flat gradient buffer.
+#pragma once
+
+#include "core/tensor/tensor.h"
+#include "train/parameters.h"
+#include "train/step_context.h"
+
+namespace mantissa::train {
+
+class Fp8Operands;
+
+// One rank's share of a global batch, on the backend's device: tokens and the next-token
+// targets, both I32 [B, T].
+struct BatchTensors {
+  core::Tensor tokens;
+  core::Tensor targets;
+};
+
+class LanguageModel {
+ public:
+  virtual ~LanguageModel() = default;
+
+  virtual ParameterStore& parameters() = 0;
+  // The FP8 operand scaling of this model, or nullptr when it has no FP8 GEMMs.
+  virtual Fp8Operands* fp8_operands() = 0;
+
+  // Mean next-token cross-entropy over the batch (the host reads it, so this synchronises).
+  // With dloss_per_token > 0 the pass also keeps what backward needs, with the gradient of
+  // each token's loss set to dloss_per_token (the caller folds 1/tokens, gradient
+  // accumulation and the loss scale into it).
+  virtual double forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) = 0;
+  // Accumulates (+=) this batch's gradients into parameters().grads().
+  virtual void backward(StepContext& ctx) = 0;
+
+  // Training FLOPs per token (forward + backward), for MFU.
+  virtual double flops_per_token() const = 0;
+};
+
+}  // namespace mantissa::train

@@ -1,0 +1,125 @@
+#include "train/training_step.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "train/fp8_operands.h"
+
+namespace mantissa::train {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
+TrainingStep::TrainingStep(LanguageModel& model, core::Backend& backend,
+                           const core::PrecisionPolicy& policy, core::LossScaler& scaler,
+                           Optimizer& optimizer, const core::LrSchedule& schedule, float grad_clip)
+    : model_(model),
+      backend_(backend),
+      policy_(policy),
+      scaler_(scaler),
+      optimizer_(optimizer),
+      schedule_(schedule),
+      grad_clip_(grad_clip) {}
+
+BatchTensors TrainingStep::upload(const Batch& batch) {
+  const Shape shape{batch.batch_size, batch.seq_len};
+  BatchTensors out{Tensor::empty(shape, DType::kI32, backend_.device()),
+                   Tensor::empty(shape, DType::kI32, backend_.device())};
+  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.tokens.data()), shape, DType::kI32),
+                out.tokens);
+  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.targets.data()), shape, DType::kI32),
+                out.targets);
+  return out;
+}
+
+StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batches,
+                             GradientSync* sync) {
+  MANTISSA_CHECK(!micro_batches.empty(), "TrainingStep::run: no micro-batches");
+  StepReport report;
+  report.step = step;
+  report.loss_scale = scaler_.scale();
+  report.lr = schedule_.at(step);
+
+  ParameterStore& params = model_.parameters();
+  params.zero_grad(backend_);
+  StepContext ctx{backend_, policy_, model_.fp8_operands(), {}};
+
+  // d(mean loss)/d(token loss) = 1 / (all tokens of the step), times the loss scale.
+  int64_t tokens = 0;
+  for (const Batch& b : micro_batches) tokens += b.batch_size * b.seq_len;
+  const float dloss =
+      static_cast<float>(static_cast<double>(scaler_.scale()) / static_cast<double>(tokens));
+  double loss_sum = 0.0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    const Batch& mb = micro_batches[i];
+    const bool last = i + 1 == micro_batches.size();
+    if (sync && last) ctx.grad_ready = [sync](int param) { sync->grad_ready(param); };
+    const BatchTensors device_batch = upload(mb);
+    loss_sum +=
+        model_.forward(ctx, device_batch, dloss) * static_cast<double>(mb.batch_size * mb.seq_len);
+    model_.backward(ctx);
+  }
+  report.loss = loss_sum / static_cast<double>(tokens);
+  report.tokens = tokens;
+
+  // The range this rank's optimizer updates: everything, or its ZeRO-1 shard. Only that
+  // range of the gradients is averaged after finish(), so only it is checked and normed.
+  const int64_t begin = optimizer_.owned_begin();
+  const int64_t end = optimizer_.owned_end();
+  const bool sharded = begin != 0 || end != params.flat_numel();
+  MANTISSA_CHECK(sync || !sharded, "TrainingStep::run: the optimizer owns only ["
+                                       << begin << ", " << end << ") of " << params.flat_numel()
+                                       << " parameters, which needs a GradientSync");
+  Tensor& grads = params.grads();
+  const bool nonfinite_before_sync = sync ? sync->finish(grads) : false;
+  Tensor owned = grads.view(begin, Shape{end - begin});
+  if (before_check) before_check(owned, step);
+
+  Tensor found = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
+  Tensor first = Tensor::empty(Shape{1}, DType::kI64, backend_.device());
+  backend_.fill(found, 0.0f);
+  backend_.unscale_check_finite(owned, scaler_.inv_scale(), found, &first);
+  Tensor host_found = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor host_first = Tensor::empty(Shape{1}, DType::kI64);
+  backend_.copy(found, host_found);
+  backend_.copy(first, host_first);
+  backend_.synchronize();
+  const int64_t first_index = host_first.data_as<int64_t>()[0];
+  if (first_index >= 0) {
+    const int param = params.find_by_flat_index(begin + first_index);
+    report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
+  }
+  std::vector<float> flag{(nonfinite_before_sync || host_found.data_as<float>()[0] != 0.0f) ? 1.0f
+                                                                                            : 0.0f};
+  if (sync) sync->max_across_ranks(flag);
+
+  Fp8Operands* fp8 = model_.fp8_operands();
+  if (fp8) {
+    std::vector<float> amaxes = fp8->read_amaxes(backend_);
+    // A MAX reduction drops NaN (every comparison with it is false): report it as inf.
+    for (float& a : amaxes) a = std::isnan(a) ? INFINITY : a;
+    if (sync) sync->max_across_ranks(amaxes);
+    fp8->update_scales(backend_, amaxes);
+  }
+
+  report.skipped = scaler_.update(flag[0] != 0.0f);
+  if (report.skipped) return report;
+
+  Tensor norm_sq = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
+  backend_.fill(norm_sq, 0.0f);
+  backend_.sum_squares(owned, norm_sq);
+  Tensor host_norm = Tensor::empty(Shape{1}, DType::kF32);
+  backend_.copy(norm_sq, host_norm);
+  backend_.synchronize();
+  double sum_squares = static_cast<double>(host_norm.data_as<float>()[0]);
+  // Every rank sums the shards in the same order, so all of them clip by the same factor.
+  if (sharded) sum_squares = sync->sum_across_ranks(sum_squares);
+  report.grad_norm = std::sqrt(sum_squares);
+  const double clip =
+      (grad_clip_ > 0.0f && report.grad_norm > grad_clip_) ? grad_clip_ / report.grad_norm : 1.0;
+  optimizer_.step(params, static_cast<float>(report.lr), static_cast<float>(clip));
+  return report;
+}
+
+}  // namespace mantissa::train
