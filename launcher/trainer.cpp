@@ -329,9 +329,10 @@ int Trainer::run() {
     std::vector<train::Batch> micro_batches;
     for (int64_t i = 0; i < accum; ++i) micro_batches.push_back(loader_->next());
 
-    train::StepReport report;
+    metrics::StepRecord record;
+    const train::StepReport& report = record.report;
     try {
-      report = step_->run(step, micro_batches, dp_.get());
+      record.report = step_->run(step, micro_batches, dp_.get());
     } catch (const core::DivergedError& e) {
       // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the
       // same step, so every rank can stop cleanly. Anything else ends the job.
@@ -346,32 +347,9 @@ int Trainer::run() {
     const double seconds = seconds_since(start);
     tokens_total_ += report.tokens * world_size;
 
-    metrics::StepLogEntry entry;
-    entry.step = step;
-    entry.loss = report.loss;
-    entry.mean_loss = mean_loss;
-    entry.loss_scale = report.loss_scale;
-    entry.overflow = report.skipped;
-    entry.grad_norm = report.grad_norm;
-    entry.lr = report.lr;
-    entry.tokens = report.tokens;
-    entry.tokens_per_s = static_cast<double>(report.tokens) / seconds;
-    entry.step_seconds = seconds;
-    entry.allreduce_seconds = dp_->last_step_comm_seconds();
-    entry.skipped_param = report.nonfinite_param;
-    log_->write(entry);
-    if (world_.rank() == 0) progress_.update(entry, world_size);
-
-    metrics::StepRecord record;
-    record.step = step + 1;
-    record.loss = report.loss;
-    record.loss_scale = report.loss_scale;
-    record.overflow = report.skipped;
-    record.grad_norm = report.grad_norm;
-    record.learning_rate = report.lr;
-    record.tokens = report.tokens;
+    record.mean_loss = mean_loss;
     record.step_seconds = seconds;
-    record.allreduce_seconds = entry.allreduce_seconds;
+    record.allreduce_seconds = dp_->last_step_comm_seconds();
     record.allreduce_bytes = dp_->last_step_comm_bytes();
     if (fp8) {
       const core::Fp8ScalingRegistry& registry = fp8->registry();
@@ -380,6 +358,8 @@ int Trainer::run() {
             {registry.tensor(i).name, registry.newest_amax(i), registry.tensor(i).scale});
       }
     }
+    log_->write(record);
+    if (world_.rank() == 0) progress_.update(record, world_size);
     metrics_->record_step(record);
 
     if (!std::isfinite(mean_loss)) {

@@ -287,16 +287,16 @@ void Metrics::finish() {
 
 void Metrics::record_step(const StepRecord& record) {
   State& s = *state_;
-  s.loss_scale->Set(record.loss_scale);
-  if (record.overflow) s.overflow_steps->Increment();
+  const train::StepReport& report = record.report;
+  s.loss_scale->Set(report.loss_scale);
+  if (report.skipped) s.overflow_steps->Increment();
   s.steps->Increment();
-  s.tokens->Increment(static_cast<double>(record.tokens));
-  s.loss->Set(record.loss);
-  s.grad_norm->Set(record.grad_norm);
-  s.learning_rate->Set(record.learning_rate);
+  s.tokens->Increment(static_cast<double>(report.tokens));
+  s.loss->Set(report.loss);
+  s.grad_norm->Set(report.grad_norm);
+  s.learning_rate->Set(report.lr);
   if (s.mfu != nullptr && record.step_seconds > 0) {
-    const double tokens_per_second = static_cast<double>(record.tokens) / record.step_seconds;
-    s.mfu->Set(tokens_per_second * s.options.flops_per_token / s.options.peak_flops);
+    s.mfu->Set(record.tokens_per_s() * s.options.flops_per_token / s.options.peak_flops);
   }
   s.step_seconds->Observe(record.step_seconds);
   s.allreduce_seconds->Observe(record.allreduce_seconds);

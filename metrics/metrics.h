@@ -37,6 +37,8 @@
 #include <string_view>
 #include <vector>
 
+#include "metrics/step_record.h"
+
 namespace mantissa::metrics {
 
 struct MetricsOptions {
@@ -57,27 +59,6 @@ struct MetricsOptions {
   // The loss scaler's floor; exported as mantissa_loss_scale_min so the "loss scale
   // collapsed" alert can compare against it. 0 when the scale is not dynamic.
   double loss_scale_min = 0;
-};
-
-struct Fp8TensorStat {
-  std::string tensor;  // label value, e.g. "h3.attn.qkv.weight"; keep the set small and fixed
-  double amax = 0;
-  double scale = 0;
-};
-
-// What one finished optimizer step reports. Times in seconds, counts for this rank only.
-struct StepRecord {
-  std::int64_t step = 0;  // number of the step just finished
-  double loss = 0;
-  double loss_scale = 1;
-  bool overflow = false;  // the update was skipped for non-finite gradients
-  double grad_norm = 0;
-  double learning_rate = 0;
-  std::int64_t tokens = 0;  // tokens this rank processed in the step
-  double step_seconds = 0;
-  double allreduce_seconds = 0;
-  std::int64_t allreduce_bytes = 0;
-  std::vector<Fp8TensorStat> fp8;
 };
 
 class Metrics {

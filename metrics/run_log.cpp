@@ -86,33 +86,34 @@ StepLog::~StepLog() {
   std::fclose(file_);
 }
 
-void StepLog::write(const StepLogEntry& e) {
+void StepLog::write(const StepRecord& record) {
+  const train::StepReport& r = record.report;
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::string line = "{\"step\":" + std::to_string(e.step);
+  std::string line = "{\"step\":" + std::to_string(r.step);
   line += ",\"loss\":";
-  append_number(line, e.loss);
+  append_number(line, r.loss);
   line += ",\"mean_loss\":";
-  append_number(line, e.mean_loss);
+  append_number(line, record.mean_loss);
   line += ",\"loss_scale\":";
-  append_number(line, e.loss_scale);
-  line += e.overflow ? ",\"overflow\":true" : ",\"overflow\":false";
+  append_number(line, r.loss_scale);
+  line += r.skipped ? ",\"overflow\":true" : ",\"overflow\":false";
   line += ",\"grad_norm\":";
-  append_number(line, e.grad_norm);
+  append_number(line, r.grad_norm);
   line += ",\"lr\":";
-  append_number(line, e.lr);
-  line += ",\"tokens\":" + std::to_string(e.tokens);
+  append_number(line, r.lr);
+  line += ",\"tokens\":" + std::to_string(r.tokens);
   line += ",\"tokens_per_s\":";
-  append_number(line, e.tokens_per_s);
+  append_number(line, record.tokens_per_s());
   line += ",\"step_seconds\":";
-  append_number(line, e.step_seconds);
+  append_number(line, record.step_seconds);
   line += ",\"allreduce_seconds\":";
-  append_number(line, e.allreduce_seconds);
+  append_number(line, record.allreduce_seconds);
   line += ",\"time\":";
   append_number(line, now);
-  if (!e.skipped_param.empty()) {
+  if (!r.nonfinite_param.empty()) {
     line += ",\"skipped_param\":";
-    append_string(line, e.skipped_param);
+    append_string(line, r.nonfinite_param);
   }
   line += "}\n";
   MANTISSA_CHECK(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0,
@@ -127,24 +128,27 @@ ProgressLine::ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_e
       log_every_(log_every),
       out_(out) {}
 
-void ProgressLine::update(const StepLogEntry& e, int world_size) {
+void ProgressLine::update(const StepRecord& record, int world_size) {
+  const train::StepReport& r = record.report;
   // An average that follows speed changes but is not thrown by one slow step (the first one
   // includes warm-up); it seeds from the first step so the ETA is there from the start.
-  step_seconds_ema_ =
-      step_seconds_ema_ == 0.0 ? e.step_seconds : 0.9 * step_seconds_ema_ + 0.1 * e.step_seconds;
-  const int64_t done = e.step + 1;
+  step_seconds_ema_ = step_seconds_ema_ == 0.0
+                          ? record.step_seconds
+                          : 0.9 * step_seconds_ema_ + 0.1 * record.step_seconds;
+  const int64_t done = r.step + 1;
   char line[256];
   std::snprintf(
       line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
-      static_cast<long long>(done), static_cast<long long>(total_steps_), e.mean_loss, e.loss_scale,
-      e.lr, format_rate(e.tokens_per_s * world_size).c_str(),
+      static_cast<long long>(done), static_cast<long long>(total_steps_), record.mean_loss,
+      static_cast<double>(r.loss_scale), r.lr,
+      format_rate(record.tokens_per_s() * world_size).c_str(),
       format_duration(step_seconds_ema_ * static_cast<double>(total_steps_ - done)).c_str());
   std::string text = line;
-  if (e.overflow) {
+  if (r.skipped) {
     text += " | skipped: non-finite gradients";
-    if (!e.skipped_param.empty()) text += " (first in " + e.skipped_param + " on rank 0)";
+    if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
   }
-  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || e.overflow;
+  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || r.skipped;
   if (live_) {
     // \033[K clears what a longer previous line left on the right.
     std::fprintf(out_, "\r%s\033[K%s", text.c_str(), keep ? "\n" : "");

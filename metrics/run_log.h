@@ -19,22 +19,9 @@
 #include <cstdio>
 #include <string>
 
-namespace mantissa::metrics {
+#include "metrics/step_record.h"
 
-struct StepLogEntry {
-  int64_t step = 0;
-  double loss = 0.0;
-  double mean_loss = 0.0;
-  double loss_scale = 1.0;
-  bool overflow = false;
-  double grad_norm = 0.0;
-  double lr = 0.0;
-  int64_t tokens = 0;
-  double tokens_per_s = 0.0;
-  double step_seconds = 0.0;
-  double allreduce_seconds = 0.0;
-  std::string skipped_param;
-};
+namespace mantissa::metrics {
 
 class StepLog {
  public:
@@ -45,7 +32,7 @@ class StepLog {
   StepLog(const StepLog&) = delete;
   StepLog& operator=(const StepLog&) = delete;
 
-  void write(const StepLogEntry& entry);
+  void write(const StepRecord& record);
   const std::string& path() const { return path_; }
 
  private:
@@ -63,8 +50,8 @@ class ProgressLine {
  public:
   ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out);
 
-  // After each step (entry.step is the 0-based index of the step just done).
-  void update(const StepLogEntry& entry, int world_size);
+  // After each step (record.report.step is the 0-based index of the step just done).
+  void update(const StepRecord& record, int world_size);
   // A line of its own (ends the live line first).
   void note(const std::string& text);
   // Ends a live line, so what follows starts on a fresh line.

@@ -76,13 +76,13 @@ std::optional<double> sample(const std::map<std::string, double>& samples, const
 
 StepRecord step_record(std::int64_t step, bool overflow) {
   StepRecord r;
-  r.step = step;
-  r.loss = 5.5 - 0.5 * static_cast<double>(step);
-  r.loss_scale = overflow ? 32768 : 65536;
-  r.overflow = overflow;
-  r.grad_norm = 0.25 * static_cast<double>(step);
-  r.learning_rate = 1e-3;
-  r.tokens = 1024;
+  r.report.step = step;
+  r.report.loss = 5.5 - 0.5 * static_cast<double>(step);
+  r.report.loss_scale = overflow ? 32768 : 65536;
+  r.report.skipped = overflow;
+  r.report.grad_norm = 0.25 * static_cast<double>(step);
+  r.report.lr = 1e-3;
+  r.report.tokens = 1024;
   r.step_seconds = 0.5;
   r.allreduce_seconds = 0.002;
   r.allreduce_bytes = 4'000'000;
