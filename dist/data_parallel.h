@@ -7,13 +7,21 @@
 // needs: the start-up broadcast, the consistency check, the mean loss and the agreement on
 // a stop step.
 //
-// How a Trainer builds the pieces (every rank runs the same code):
+// It is a facade over the pieces that do the work, all on one control communicator that also
+// keeps the step's communication counts (dist/step_comm.h):
+//   dist/bucketed_grad_sync.h  BucketedGradSync, the gradient sync (train::GradientSync);
+//   dist/zero1_optimizer.h     Zero1Shard and Zero1AdamW, the ZeRO-1 shard and its optimizer;
+//   dist/consistency_check.h   check_consistency and ReplicaState;
+//   dist/dist_config.h         DistConfig and validate().
+//
+// How a Trainer builds the pieces (every rank runs the same code; launcher/trainer.cpp):
 //
 //   dist::World world(&argc, &argv);
 //   auto backend = ...;                                   // CPU, or the GPU local_rank picks
-//   models::GPT2 model(gpt_config, *backend, policy, seed);   // same seed on every rank
+//   train::MasterShard shard = zero_stage == 1 ? train::MasterShard{world.rank(), world.size()}
+//                                              : train::MasterShard{};
+//   models::GPT2 model(gpt_config, *backend, policy, seed, fp8_config, shard);  // same seed
 //   auto dp = dist::DataParallel::create(world, *backend, model.parameters(), dist_config);
-//   dp->broadcast_parameters();                           // or restore a checkpoint instead
 //   std::unique_ptr<train::Optimizer> opt = dp->make_optimizer(adamw_config);
 //   core::LossScaler scaler(loss_scale_config);
 //   train::TrainingStep step(model, *backend, policy, scaler, *opt, schedule, grad_clip);
@@ -22,9 +30,12 @@
 //   train::DataLoader loader(corpus, {.seq_len = T, .micro_batch = B,
 //                                      .world_size = world.size(), .rank = world.rank(),
 //                                      .seed = seed});
+//   dp->broadcast_parameters();                           // or restore a checkpoint instead
 //   for (s = start; s < steps; ++s) {
 //     StepReport r = step.run(s, micro_batches_from(loader), dp.get());
 //     double mean_loss = dp->sum_across_ranks(r.loss) / world.size();
+//     std::vector<float> stop{signal received ? 1.0f : 0.0f};
+//     dp->max_across_ranks(stop);                         // every rank stops at the same step
 //     if (every consistency_check_every, and before every checkpoint)
 //       dp->check_consistency({.step = s + 1, .scaler = scaler.state(), .fp8_scales = ...,
 //                              .optimizer_steps = opt->steps_taken()});
@@ -50,13 +61,14 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ops/backend.h"
 #include "core/optim/adamw.h"
-#include "core/precision/loss_scaler.h"
 #include "dist/communicator.h"
+#include "dist/consistency_check.h"
+#include "dist/dist_config.h"
 #include "dist/world.h"
 #include "train/gradient_sync.h"
 #include "train/optimizer.h"
@@ -64,30 +76,10 @@
 
 namespace mantissa::dist {
 
-enum class CommBackend { kAuto, kMPI, kNCCL };
-
-struct DistConfig {
-  CommBackend backend = CommBackend::kAuto;            // AUTO: NCCL for a CUDA device, else MPI
-  core::DType grad_reduce_dtype = core::DType::kBF16;  // F32, BF16, F16, E4M3 or E5M2
-  bool accumulate_fp32 = false;  // reduce-scatter summed in FP32, then all-gather
-  double bucket_mb = 25.0;       // MiB of FP32 gradients per bucket
-  bool overlap = true;           // start buckets during backward (else all in finish())
-  int zero_stage = 0;            // 0 or 1
-  double timeout_s = 300.0;
-  int64_t consistency_check_every = 100;  // 0: only before checkpoints
-};
-
-// What the consistency check compares across ranks.
-struct ReplicaState {
-  int64_t step = 0;
-  core::LossScalerState scaler;
-  std::vector<float> fp8_scales;
-  int64_t optimizer_steps = 0;
-};
-
 class DataParallel : public train::GradientSync {
  public:
-  // Validates `config` (errors name the field, e.g. "dist.bucket_mb must be > 0").
+  // Validates `config` (dist::validate: core::ConfigError naming the field, e.g.
+  // "dist.bucket_mb = 0: must lie in (0, 65536]").
   // `params` must be allocated, be identically laid out on every rank, outlive the object, and
   // keep all masters, or under ZeRO-1 exactly this rank's shard (MasterShard{rank, size}).
   // Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
@@ -123,9 +115,9 @@ class DataParallel : public train::GradientSync {
   virtual double last_step_comm_seconds() const = 0;
   virtual int64_t last_step_comm_bytes() const = 0;
 
-  // The optimizer for this configuration: train::LocalAdamW (ZeRO-0), or AdamW over this
-  // rank's shard of masters and moments whose step() and refresh_compute_copy() end with the
-  // all-gather of the compute copy (ZeRO-1).
+  // The optimizer for this configuration: train::LocalAdamW (ZeRO-0), or Zero1AdamW, AdamW over
+  // this rank's shard of masters and moments whose step() and refresh_compute_copy() end with
+  // the all-gather of the compute copy (ZeRO-1).
   virtual std::unique_ptr<train::Optimizer> make_optimizer(const core::AdamWConfig& config) = 0;
 
   // The gradient buckets as [begin, end) flat ranges, in the order they are reduced.
@@ -133,8 +125,5 @@ class DataParallel : public train::GradientSync {
   // The communicator for the Trainer's own small collectives (ordered apart from the buckets).
   virtual Communicator& communicator() = 0;
 };
-
-// "FP8_E4M3", ... as in the config (dist.grad_reduce_dtype).
-const char* reduce_dtype_name(core::DType dtype);
 
 }  // namespace mantissa::dist

@@ -33,6 +33,7 @@ NcclJob nccl_job_over_mpi(const World& world, double timeout_s) {
 std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& backend,
                                                    train::ParameterStore& params,
                                                    const DistConfig& config) {
+  validate(config);  // before the communicator is built from it
   const bool on_gpu = !backend.device().is_cpu();
   CommBackend kind = config.backend;
   if (kind == CommBackend::kAuto) kind = on_gpu ? CommBackend::kNCCL : CommBackend::kMPI;

@@ -12,10 +12,13 @@
 // stale data).
 //
 // Gradient sync at world size 1 is the cast round trip: g -> round(g q) in the reduce dtype
-// -> widened times w, with q = 1 and w = 1 (FP8: q = fp8_max / amax of the bucket, w = 1 / q).
+// -> widened times w, with q = 1 and w = 1 (FP8: q = fp8_max / amax of the bucket, at most
+// 2^126, and w = 1 / q; dist::reduce_scales).
 // The expectation is computed with the CPU backend's casts, which are bit-identical to the
 // GPU's (tests/gpu/test_gpu_ops.cpp), so the reduced gradients must match exactly for every
-// reduce dtype, with and without accumulate_fp32, ZeRO-0 and ZeRO-1.
+// reduce dtype, with and without accumulate_fp32, ZeRO-0 and ZeRO-1; also for FP8 buckets of
+// gradients around 1e-38, where the cap on q binds (without it q is +inf and the zeros of the
+// padding become NaN).
 //
 // Every wait is bounded (60 s); a timeout throws core::Error (the lone process's NcclJob has
 // no on_timeout), which fails the test.
@@ -34,6 +37,7 @@
 #include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/fp8_scaling.h"
+#include "dist/bucketed_grad_sync.h"
 #include "dist/data_parallel.h"
 #include "dist/nccl/nccl_communicator.h"
 #include "tests/dist/sync_case.h"
@@ -234,7 +238,8 @@ TEST_F(GpuNccl, RejectsHostBuffersAndBadCounts) {
 
 // Gradients as backward leaves them (zero in the padding): magnitudes 2^-12 .. 2^2, both
 // signs, so BF16/FP16 round most of them and FP8 flushes the smallest.
-std::vector<float> gradients(const train::ParameterStore& params) {
+// Magnitudes 2^(shift - 13) .. 2^(shift + 2), both signs (FP32 subnormals below 2^-126).
+std::vector<float> gradients(const train::ParameterStore& params, int shift = 0) {
   std::vector<float> g(static_cast<size_t>(params.flat_numel()), 0.0f);
   for (const train::Parameter& p : params.all()) {
     for (int64_t i = 0; i < p.numel(); ++i) {
@@ -242,7 +247,7 @@ std::vector<float> gradients(const train::ParameterStore& params) {
       const float mantissa = 0.5f + static_cast<float>(bits & 0xFFFF) / 131072.0f;
       const int exponent = static_cast<int>((bits >> 16) % 15) - 12;
       g[static_cast<size_t>(p.offset + i)] =
-          std::ldexp(mantissa, exponent) * ((bits >> 31) ? -1.0f : 1.0f);
+          std::ldexp(mantissa, exponent + shift) * ((bits >> 31) ? -1.0f : 1.0f);
     }
   }
   return g;
@@ -271,13 +276,9 @@ class GpuGradSync : public GpuNccl {
     if (c.dtype == DType::kF32) return;  // q = w = 1 in FP32: exact
     float amax = 0.0f;
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(grads.data_as<float>()[i]));
-    // The scales as DataParallel computes them (in double, then rounded to float).
-    double q = 1.0;
-    if (core::is_fp8(c.dtype) && amax > 0.0f) {
-      q = static_cast<double>(core::fp8_max(c.dtype)) / static_cast<double>(amax);
-    }
-    const double w = core::is_fp8(c.dtype) ? 1.0 / static_cast<double>(static_cast<float>(q)) : 1.0;
-    float q32 = static_cast<float>(q), w32 = static_cast<float>(w);
+    // The scales as DataParallel computes them.
+    const ReduceScales scales = reduce_scales(c.dtype, 1, amax);
+    float q32 = scales.q, w32 = scales.w;
     Tensor q_t = Tensor::wrap(&q32, Shape{1}, DType::kF32);
     Tensor w_t = Tensor::wrap(&w32, Shape{1}, DType::kF32);
     Tensor low = Tensor::empty(Shape{n}, c.dtype);
@@ -286,6 +287,35 @@ class GpuGradSync : public GpuNccl {
     widen.scale = &w_t;
     cpu->cast(grads, low, narrow);
     cpu->cast(low, grads, widen);
+  }
+
+  // One sync of gradients(params, shift) must leave, bit for bit, the CPU's cast round trip of
+  // every bucket, and only finite values.
+  void expect_round_trip(const SyncCase& c, int shift = 0) {
+    train::ParameterStore params = make_sync_store(*gpu);
+    auto dp = data_parallel(params, c);
+    auto optimizer = dp->make_optimizer(core::AdamWConfig{});
+    std::vector<float> g = gradients(params, shift);
+    Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
+    gpu->copy(host, params.grads());
+    // Backward reports parameters last to first.
+    for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
+    EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+    const Tensor got = to_host(params.grads());
+
+    for (const auto& [begin, end] : dp->buckets()) expected_bucket(c, g, begin, end);
+    const float* r = got.data_as<float>();
+    int64_t bad = 0;
+    for (int64_t i = optimizer->owned_begin(); i < optimizer->owned_end(); ++i) {
+      const float e = g[static_cast<size_t>(i)];
+      if ((!std::isfinite(r[i]) || std::memcmp(&e, &r[i], sizeof e) != 0) && ++bad <= 5) {
+        ADD_FAILURE() << describe(c) << " (gradients times 2^" << shift << "): element " << i
+                      << " is " << r[i] << ", expected " << e;
+      }
+    }
+    EXPECT_EQ(bad, 0) << describe(c);
+    EXPECT_EQ(optimizer->owned_begin(), 0) << describe(c);
+    EXPECT_EQ(optimizer->owned_end(), params.flat_numel()) << describe(c);
   }
 };
 
@@ -300,30 +330,17 @@ TEST_F(GpuGradSync, EveryReduceDtypeIsTheCastRoundTrip) {
       cases.push_back({d, true, zero});
     }
   }
-  for (const SyncCase& c : cases) {
-    train::ParameterStore params = make_sync_store(*gpu);
-    auto dp = data_parallel(params, c);
-    auto optimizer = dp->make_optimizer(core::AdamWConfig{});
-    std::vector<float> g = gradients(params);
-    Tensor host = Tensor::wrap(g.data(), Shape{params.flat_numel()}, DType::kF32);
-    gpu->copy(host, params.grads());
-    // Backward reports parameters last to first.
-    for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-    EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
-    const Tensor got = to_host(params.grads());
+  for (const SyncCase& c : cases) expect_round_trip(c);
+}
 
-    for (const auto& [begin, end] : dp->buckets()) expected_bucket(c, g, begin, end);
-    const float* r = got.data_as<float>();
-    int64_t bad = 0;
-    for (int64_t i = optimizer->owned_begin(); i < optimizer->owned_end(); ++i) {
-      const float e = g[static_cast<size_t>(i)];
-      if (std::memcmp(&e, &r[i], sizeof e) != 0 && ++bad <= 5) {
-        ADD_FAILURE() << describe(c) << ": element " << i << " is " << r[i] << ", expected " << e;
-      }
+// Gradients of 2^-139 .. 2^-124 (about 1e-38): fp8_max / amax exceeds FP32's range, and q is
+// capped at 2^126 (dist::reduce_scales).
+TEST_F(GpuGradSync, Fp8BucketsOfTinyGradientsStayFinite) {
+  for (const DType d : {DType::kE4M3, DType::kE5M2}) {
+    for (const int zero : {0, 1}) {
+      if (fp8_reductions(*gpu)) expect_round_trip({d, false, zero}, -126);
+      expect_round_trip({d, true, zero}, -126);
     }
-    EXPECT_EQ(bad, 0) << describe(c);
-    EXPECT_EQ(optimizer->owned_begin(), 0) << describe(c);
-    EXPECT_EQ(optimizer->owned_end(), params.flat_numel()) << describe(c);
   }
 }
 

@@ -1,0 +1,32 @@
+// How data parallelism is configured (the `dist` section of the config), and the one place
+// that checks its value ranges: DataParallel::create and the config layer both call validate(),
+// so a bad value is reported with the same words wherever it is caught.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace mantissa::dist {
+
+enum class CommBackend { kAuto, kMPI, kNCCL };
+
+struct DistConfig {
+  CommBackend backend = CommBackend::kAuto;            // AUTO: NCCL for a CUDA device, else MPI
+  core::DType grad_reduce_dtype = core::DType::kBF16;  // F32, BF16, F16, E4M3 or E5M2
+  bool accumulate_fp32 = false;           // reduce-scatter summed in FP32, then all-gather
+  double bucket_mb = 25.0;                // MiB of FP32 gradients per bucket, in (0, 65536]
+  bool overlap = true;                    // start buckets during backward (else all in finish())
+  int zero_stage = 0;                     // 0 or 1
+  double timeout_s = 300.0;               // > 0
+  int64_t consistency_check_every = 100;  // >= 0; 0: only before checkpoints
+};
+
+// Throws core::ConfigError for the first value out of its range, in the config layer's words:
+// "dist.<field> = <value>: <rule>", e.g. "dist.bucket_mb = 0: must lie in (0, 65536]".
+void validate(const DistConfig& config);
+
+// "FP8_E4M3", ... as in the config (dist.grad_reduce_dtype).
+const char* reduce_dtype_name(core::DType dtype);
+
+}  // namespace mantissa::dist

@@ -1,0 +1,84 @@
+#include "dist/step_comm.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+namespace mantissa::dist {
+
+using core::DType;
+using core::Shape;
+using core::Tensor;
+using Clock = std::chrono::steady_clock;
+
+StepComm::StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl)
+    : backend_(backend), ctrl_(std::move(ctrl)) {}
+
+void StepComm::open_step() {
+  if (step_open_) return;
+  step_open_ = true;
+  seconds_ = 0.0;
+  bytes_ = 0;
+}
+
+void StepComm::timed_wait(RequestPtr request, size_t bytes) {
+  const auto start = Clock::now();
+  request->wait();
+  seconds_ += std::chrono::duration<double>(Clock::now() - start).count();
+  bytes_ += static_cast<int64_t>(bytes);
+}
+
+Tensor StepComm::on_comm_device(const Tensor& host) {
+  if (ctrl_->device().is_cpu()) return host;
+  Tensor buf = Tensor::empty(host.shape(), host.dtype(), ctrl_->device());
+  backend_.copy(host, buf);
+  backend_.synchronize();
+  return buf;
+}
+
+void StepComm::from_comm_device(const Tensor& buf, Tensor& host) {
+  if (buf.data() == host.data()) return;
+  backend_.copy(buf, host);
+  backend_.synchronize();
+}
+
+void StepComm::max_across_ranks(std::vector<float>& values) {
+  if (values.empty()) return;
+  // MPI's MAX may drop a NaN (every comparison with it is false): reduce it as +inf.
+  for (float& v : values) v = std::isnan(v) ? INFINITY : v;
+  Tensor host =
+      Tensor::wrap(values.data(), Shape{static_cast<int64_t>(values.size())}, DType::kF32);
+  Tensor buf = on_comm_device(host);
+  timed_wait(ctrl_->all_reduce(buf, ReduceOp::kMax), buf.nbytes());
+  from_comm_device(buf, host);
+}
+
+double StepComm::sum_across_ranks(double value) {
+  // Gather every rank's value and add them in rank order, so that every rank holds the same
+  // bits (an all-reduce may combine in a rank-dependent order).
+  const int n = ctrl_->size();
+  int64_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  all_gather_host(&bits, all.data());
+  double sum = 0.0;
+  for (int64_t b : all) {
+    double v;
+    std::memcpy(&v, &b, sizeof v);
+    sum += v;
+  }
+  return sum;
+}
+
+void StepComm::all_gather_host(const int64_t* mine, int64_t* all) {
+  const int n = ctrl_->size();
+  Tensor host = Tensor::wrap(all, Shape{n}, DType::kI64);
+  all[ctrl_->rank()] = *mine;
+  Tensor buf = on_comm_device(host);
+  Tensor slot = buf.view(ctrl_->rank(), Shape{1});
+  timed_wait(ctrl_->all_gather(slot, buf, std::vector<int64_t>(static_cast<size_t>(n), 1)),
+             sizeof(int64_t));
+  from_comm_device(buf, host);
+}
+
+}  // namespace mantissa::dist

@@ -1,0 +1,70 @@
+// DataParallel's control communicator, and the communication of one training step as the
+// metrics report it (DataParallel::last_step_comm_seconds/bytes).
+//
+// The control communicator carries the blocking collectives outside the gradient pipeline: the
+// scalar ones of a step (max_across_ranks, sum_across_ranks), the start-up broadcast, the
+// ZeRO-1 all-gather of the compute copy and the consistency check. It is used only while no
+// collective of the pipeline is in flight (before the first grad_ready of a step, after
+// finish()); the pipeline posts on duplicates of it (dist/bucketed_grad_sync.cpp).
+//
+// Accounting. A step opens at its first grad_ready() or finish() (open_step), which zeroes the
+// counts, and finish() closes it. Until the next step opens, the bytes every collective is
+// handed and the seconds spent waiting for those that had not finished add up: the gradient
+// pipeline's, and those of every blocking collective here, so the scalar collectives after
+// finish(), the ZeRO-1 all-gather of the optimizer step and a consistency check count into
+// the step they follow.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/ops/backend.h"
+#include "dist/communicator.h"
+
+namespace mantissa::dist {
+
+class StepComm {
+ public:
+  // `ctrl`'s device must be the backend's (DataParallel::create checks it).
+  StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl);
+
+  Communicator& ctrl() { return *ctrl_; }
+  int rank() const { return ctrl_->rank(); }
+  int size() const { return ctrl_->size(); }
+
+  // Zeroes the counts, once per step (a no-op while the step is open).
+  void open_step();
+  void close_step() { step_open_ = false; }
+  void add_seconds(double seconds) { seconds_ += seconds; }
+  void add_bytes(int64_t bytes) { bytes_ += bytes; }
+  double seconds() const { return seconds_; }
+  int64_t bytes() const { return bytes_; }
+
+  // Waits for `request`, counting its time and `bytes`.
+  void timed_wait(RequestPtr request, size_t bytes);
+
+  // `host` itself for a host communicator, else a copy of it on the communicator's device.
+  core::Tensor on_comm_device(const core::Tensor& host);
+  // Copies `buf` (from on_comm_device) back into `host`, unless it is `host`.
+  void from_comm_device(const core::Tensor& buf, core::Tensor& host);
+
+  // train::GradientSync's scalar collectives.
+  // Elementwise maximum over ranks, in place; a NaN anywhere becomes +inf.
+  void max_across_ranks(std::vector<float>& values);
+  // Sum over ranks in rank order: the same bits on every rank.
+  double sum_across_ranks(double value);
+
+ private:
+  // all[r] = rank r's *mine, on every rank.
+  void all_gather_host(const int64_t* mine, int64_t* all);
+
+  core::Backend& backend_;
+  std::unique_ptr<Communicator> ctrl_;
+  bool step_open_ = false;
+  double seconds_ = 0.0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace mantissa::dist
