@@ -9,19 +9,19 @@
 // Every failure throws core::ConfigError with one line that names the file position, the --set
 // argument or the field, the offending value and what is allowed; the launcher prints it and
 // exits with kExitConfig.
+//
+// One idea per source file: config_parse.cpp (text format, --set), config_fields.cpp (the
+// reflection both use), config_defaults.cpp (the default table), config_validate.cpp, and
+// config_translate.h (the config as the modules' options).
 #pragma once
 
 #include <string>
 #include <string_view>
 
 #include "config.pb.h"
+#include "core/config_check.h"
 #include "core/error.h"
-#include "core/optim/adamw.h"
-#include "core/optim/lr_schedule.h"
-#include "core/precision/fp8_scaling.h"
-#include "core/precision/loss_scaler.h"
-#include "core/precision/policy.h"
-#include "dist/data_parallel.h"
+#include "launcher/config_translate.h"
 
 namespace mantissa::launcher {
 
@@ -37,14 +37,15 @@ TrainConfig load_config_file(const std::string& path);
 // value appended. Setting a member of a oneof selects it.
 void apply_override(TrainConfig& config, std::string_view assignment);
 
-// Sets every field that is still unset to its default (the table in config.cpp; also shown by
-// `mantissa train --help`). A missing model or data source becomes gpt2 {} or synthetic {}.
-// run.dir defaults to runs/<config file name without extension>.
+// Sets every field that is still unset to its default (the table in config_defaults.cpp; also
+// shown by `mantissa train --help`). A missing model or data source becomes gpt2 {} or
+// synthetic {}. run.dir defaults to runs/<config file name without extension>.
 void apply_defaults(TrainConfig& config, const std::string& config_path);
 
-// Checks every field of a config with defaults applied: value ranges, cross-field rules (heads
-// divide the width, warmup within the run, vocabulary covers the data) and that the data files
-// exist. Checks that need the world or the device are the Trainer's.
+// Checks every field of a config with defaults applied: value ranges (those of the modules'
+// options by the modules' own validate()), cross-field rules (heads divide the width, warmup
+// within the run, vocabulary covers the data), that the data files exist and the CPU backend's
+// environment switches. Checks that need the world or the device are the Trainer's.
 void validate(const TrainConfig& config);
 
 // "path = value" lines of the default table, for --help.
@@ -53,17 +54,10 @@ std::string describe_defaults();
 // The config in protobuf text format (every set field; after apply_defaults, all of them).
 std::string to_text(const TrainConfig& config);
 
-// Throws core::ConfigError("<path> = <value>: <rule>") unless `ok`; also used by the Trainer for
-// the checks that depend on the world size or the device.
-void require(bool ok, std::string_view path, std::string_view value, std::string_view rule);
-std::string format_number(double value);
-
-// The config translated for the parts that run it.
-core::PrecisionPolicy precision_policy(const TrainConfig& config);
-core::LossScalerConfig loss_scaler_config(const TrainConfig& config);
-core::Fp8ScalingConfig fp8_scaling_config(const TrainConfig& config);
-core::AdamWConfig adamw_config(const TrainConfig& config);
-core::LrScheduleConfig lr_schedule_config(const TrainConfig& config);
-dist::DistConfig dist_config(const TrainConfig& config);
+// require(ok, path, value, rule) throws core::ConfigError("<path> = <value>: <rule>") unless
+// `ok`; also used by the Trainer for the checks that depend on the world size or the device.
+// format_number(x) is the shortest text that reads back as x.
+using core::format_number;
+using core::require;
 
 }  // namespace mantissa::launcher

@@ -1,12 +1,21 @@
 #include "core/optim/adamw.h"
 
+#include "core/config_check.h"
 #include "core/error.h"
 
 namespace mantissa::core {
 
+void validate(const AdamWConfig& config) {
+  in_unit_range("adamw.beta1", config.beta1, true);
+  in_unit_range("adamw.beta2", config.beta2, true);
+  positive("adamw.eps", config.eps);
+  non_negative("adamw.weight_decay", config.weight_decay);
+}
+
 AdamW::AdamW(Backend& backend, std::vector<ParamRange> ranges, int64_t flat_numel,
              const AdamWConfig& config)
     : ranges_(std::move(ranges)), config_(config) {
+  validate(config_);
   for (const ParamRange& r : ranges_) {
     MANTISSA_CHECK(r.offset >= 0 && r.numel >= 0 && r.offset + r.numel <= flat_numel,
                    "AdamW: parameter range [" << r.offset << ", " << r.offset + r.numel

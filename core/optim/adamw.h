@@ -20,6 +20,12 @@ struct AdamWConfig {
   float weight_decay = 0.1f;
 };
 
+// Throws core::ConfigError "adamw.<field> = <value>: <rule>" for the first value out of its range
+// (core/config_check.h): beta1 and beta2 in [0, 1) (the bias correction 1 - beta^t must not
+// vanish), eps > 0 (it keeps the update finite where the second moment is 0), weight_decay >= 0,
+// all finite.
+void validate(const AdamWConfig& config);
+
 struct ParamRange {
   int64_t offset = 0;
   int64_t numel = 0;
@@ -28,6 +34,7 @@ struct ParamRange {
 
 class AdamW {
  public:
+  // Validates the config (validate above).
   AdamW(Backend& backend, std::vector<ParamRange> ranges, int64_t flat_numel,
         const AdamWConfig& config);
 

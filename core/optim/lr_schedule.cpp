@@ -3,20 +3,20 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/config_check.h"
 #include "core/error.h"
 
 namespace mantissa::core {
 
+void validate(const LrScheduleConfig& config) {
+  at_least("lr_schedule.total_steps", config.total_steps, 1);
+  non_negative("lr_schedule.lr", config.lr);
+  in_range("lr_schedule.warmup_steps", config.warmup_steps, 0, config.total_steps);
+  in_unit_range("lr_schedule.min_lr_ratio", config.min_lr_ratio, false);
+}
+
 LrSchedule::LrSchedule(const LrScheduleConfig& config) : config_(config) {
-  MANTISSA_CHECK(std::isfinite(config.lr) && config.lr >= 0.0,
-                 "lr schedule: peak lr must be finite and >= 0, got " << config.lr);
-  MANTISSA_CHECK(config.total_steps >= 1,
-                 "lr schedule: total steps must be >= 1, got " << config.total_steps);
-  MANTISSA_CHECK(config.warmup_steps >= 0 && config.warmup_steps <= config.total_steps,
-                 "optimizer.warmup_steps must lie in [0, total steps = "
-                     << config.total_steps << "], got " << config.warmup_steps);
-  MANTISSA_CHECK(config.min_lr_ratio >= 0.0 && config.min_lr_ratio <= 1.0,
-                 "lr schedule: min_lr_ratio must lie in [0, 1], got " << config.min_lr_ratio);
+  validate(config_);
 }
 
 double LrSchedule::at(int64_t step) const {

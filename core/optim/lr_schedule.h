@@ -21,10 +21,14 @@ struct LrScheduleConfig {
   double min_lr_ratio = 0.0;
 };
 
+// Throws core::ConfigError "lr_schedule.<field> = <value>: <rule>" for the first value out of its
+// range (core/config_check.h): total_steps >= 1, lr >= 0 (finite), warmup_steps in
+// [0, total_steps], min_lr_ratio in [0, 1].
+void validate(const LrScheduleConfig& config);
+
 class LrSchedule {
  public:
-  // Validates: lr >= 0, 0 <= warmup_steps <= total_steps, total_steps >= 1,
-  // min_lr_ratio in [0, 1].
+  // Validates the config (validate above).
   explicit LrSchedule(const LrScheduleConfig& config);
 
   double at(int64_t step) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/config_check.h"
 #include "core/error.h"
 
 namespace mantissa::core {
@@ -23,10 +24,15 @@ float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin
   return static_cast<float>(fp8_max / floored / std::ldexp(1.0, margin));
 }
 
+void validate(const Fp8ScalingConfig& config) {
+  // Every FP8 tensor keeps a float history of this length: 2^20 entries are already 4 MiB each.
+  in_range("fp8.amax_history_len", config.amax_history_len, 1, 1 << 20);
+  // 2^-margin scales a float: beyond ~100 the scale underflows.
+  in_range("fp8.margin", config.margin, 0, 100);
+}
+
 Fp8ScalingRegistry::Fp8ScalingRegistry(const Fp8ScalingConfig& config) : config_(config) {
-  MANTISSA_CHECK(config.amax_history_len >= 1,
-                 "fp8.amax_history_len must be >= 1, got " << config.amax_history_len);
-  MANTISSA_CHECK(config.margin >= 0, "fp8.margin must be >= 0, got " << config.margin);
+  validate(config_);
 }
 
 int Fp8ScalingRegistry::add(const std::string& name, DType format) {

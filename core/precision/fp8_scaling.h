@@ -53,6 +53,10 @@ struct Fp8ScalingConfig {
   int32_t margin = 0;  // extra headroom: the scale is divided by 2^margin
 };
 
+// Throws core::ConfigError "fp8.<field> = <value>: <rule>" for the first value out of its range
+// (core/config_check.h): amax_history_len in [1, 2^20], margin in [0, 100].
+void validate(const Fp8ScalingConfig& config);
+
 struct Fp8TensorState {
   std::string name;
   DType format = DType::kE4M3;
@@ -73,7 +77,7 @@ struct Fp8ScalingState {
 
 class Fp8ScalingRegistry {
  public:
-  // Validates the config (the message names the offending field).
+  // Validates the config (validate above).
   explicit Fp8ScalingRegistry(const Fp8ScalingConfig& config);
 
   // Registers an FP8 operand (format kE4M3 or kE5M2) with scale 1 and an empty history and

@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/config_check.h"
 #include "core/error.h"
 
 namespace mantissa::core {
@@ -15,43 +16,40 @@ bool positive_finite(double x) {
   return std::isfinite(x) && x > 0.0;
 }
 
-// The scale is kept as a float (what the loss is multiplied by), so its bounds must be floats.
-bool fits_float(double x) {
-  return x <= std::numeric_limits<float>::max();
-}
-
 }  // namespace
 
+void validate(const LossScalerConfig& c) {
+  // The scale is kept as a float (what the loss is multiplied by), so its bounds must be floats.
+  const double float_max = std::numeric_limits<float>::max();
+  positive("loss_scale.min", c.min);
+  require(c.max >= c.min && c.max <= float_max, "loss_scale.max", format_number(c.max),
+          "must lie in [min = " + format_number(c.min) + ", " + format_number(float_max) + "]");
+  positive("loss_scale.init", c.init);
+  if (c.mode == LossScaleMode::kDynamic) {
+    require(c.init >= c.min && c.init <= c.max, "loss_scale.init", format_number(c.init),
+            "must lie in [min, max] = [" + format_number(c.min) + ", " + format_number(c.max) +
+                "] for a DYNAMIC loss scale");
+  } else {
+    require(c.init <= float_max, "loss_scale.init", format_number(c.init),
+            "must be a finite float");
+  }
+  require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, "loss_scale.growth_factor",
+          format_number(c.growth_factor), "must be > 1");
+  require(c.backoff_factor > 0.0 && c.backoff_factor < 1.0, "loss_scale.backoff_factor",
+          format_number(c.backoff_factor), "must lie in (0, 1)");
+  at_least("loss_scale.growth_interval", c.growth_interval, 1);
+  at_least("loss_scale.hysteresis", c.hysteresis, 1);
+  at_least("loss_scale.max_overflows_at_min", c.max_overflows_at_min, 1);
+}
+
 LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
-  const LossScalerConfig& c = config_;
-  MANTISSA_CHECK(c.max_overflows_at_min >= 1,
-                 "loss_scale.max_overflows_at_min must be >= 1, got " << c.max_overflows_at_min);
-  switch (c.mode) {
+  validate(config_);
+  switch (config_.mode) {
     case LossScaleMode::kDynamic:
-      MANTISSA_CHECK(positive_finite(c.min),
-                     "loss_scale.min must be finite and > 0, got " << c.min);
-      MANTISSA_CHECK(
-          fits_float(c.max) && c.max >= c.min,
-          "loss_scale.max must be >= min " << c.min << " and a finite float, got " << c.max);
-      MANTISSA_CHECK(c.init >= c.min && c.init <= c.max,
-                     "loss_scale.init must lie in [min, max] = [" << c.min << ", " << c.max
-                                                                  << "], got " << c.init);
-      MANTISSA_CHECK(std::isfinite(c.growth_factor) && c.growth_factor > 1.0,
-                     "loss_scale.growth_factor must be finite and > 1, got " << c.growth_factor);
-      MANTISSA_CHECK(c.backoff_factor > 0.0 && c.backoff_factor < 1.0,
-                     "loss_scale.backoff_factor must lie in (0, 1), got " << c.backoff_factor);
-      MANTISSA_CHECK(c.growth_interval >= 1,
-                     "loss_scale.growth_interval must be >= 1, got " << c.growth_interval);
-      MANTISSA_CHECK(c.hysteresis >= 1, "loss_scale.hysteresis must be >= 1, got " << c.hysteresis);
-      state_.scale = static_cast<float>(c.init);
-      state_.hysteresis_tracker = c.hysteresis;
+      state_.scale = static_cast<float>(config_.init);
+      state_.hysteresis_tracker = config_.hysteresis;
       break;
-    case LossScaleMode::kStatic:
-      MANTISSA_CHECK(
-          positive_finite(c.init) && fits_float(c.init),
-          "loss_scale.init must be > 0 and a finite float in STATIC mode, got " << c.init);
-      state_.scale = static_cast<float>(c.init);
-      break;
+    case LossScaleMode::kStatic: state_.scale = static_cast<float>(config_.init); break;
     case LossScaleMode::kNone: state_.scale = 1.0f; break;
   }
 }

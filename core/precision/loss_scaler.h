@@ -46,6 +46,14 @@ struct LossScalerConfig {
   int64_t max_overflows_at_min = 10;
 };
 
+// Throws core::ConfigError "loss_scale.<field> = <value>: <rule>" for the first value out of its
+// range (core/config_check.h). Every field is checked, also those the mode ignores, so that a
+// typo does not wait for the day someone switches modes:
+//   min > 0; max in [min, FLT_MAX]; init > 0, in [min, max] for kDynamic, else <= FLT_MAX;
+//   growth_factor > 1 (finite); backoff_factor in (0, 1); growth_interval, hysteresis and
+//   max_overflows_at_min >= 1.
+void validate(const LossScalerConfig& config);
+
 // Everything the scaler carries from step to step: a checkpoint stores exactly this, and the
 // cross-rank consistency check compares it.
 struct LossScalerState {
@@ -60,7 +68,7 @@ struct LossScalerState {
 
 class LossScaler {
  public:
-  // Validates the config (the message names the offending field).
+  // Validates the config (validate above).
   explicit LossScaler(const LossScalerConfig& config);
 
   float scale() const { return state_.scale; }

@@ -212,5 +212,27 @@ TEST(Fp8Scaling, RejectsBadRegistrationsAndConfigs) {
   EXPECT_THROW(Fp8ScalingRegistry(delayed(4, AmaxCompute::kMax, -1)), Error);
 }
 
+// validate() is the one check of these options: the constructor runs it, and the launcher runs it
+// on the config's translation (adding "precision." to the path).
+TEST(Fp8Scaling, RejectsBadConfigsNamingFieldValueAndRule) {
+  const auto message_for = [](const Fp8ScalingConfig& c) {
+    try {
+      Fp8ScalingRegistry registry(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message_for(delayed(0, AmaxCompute::kMax)),
+            "fp8.amax_history_len = 0: must lie in [1, 1048576]");
+  EXPECT_EQ(message_for(delayed((1 << 20) + 1, AmaxCompute::kMax)),
+            "fp8.amax_history_len = 1048577: must lie in [1, 1048576]");
+  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, -1)),
+            "fp8.margin = -1: must lie in [0, 100]");
+  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, 101)),
+            "fp8.margin = 101: must lie in [0, 100]");
+  EXPECT_EQ(message_for(delayed(1 << 20, AmaxCompute::kMax, 100)), "");
+}
+
 }  // namespace
 }  // namespace mantissa::core

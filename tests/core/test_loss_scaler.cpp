@@ -11,6 +11,17 @@
 namespace mantissa::core {
 namespace {
 
+// The core::ConfigError message of `f`, or "" when it does not throw.
+template <typename F>
+std::string error_message(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A small config so that growth, clamping at max and the minimum are all reached in a few steps.
 LossScalerConfig small_dynamic() {
   LossScalerConfig c;
@@ -257,36 +268,53 @@ TEST(LossScaler, RejectsBadStates) {
   EXPECT_THROW(scaler.set_state(s), Error);
 }
 
-TEST(LossScaler, RejectsBadConfigsNamingTheField) {
+// validate() is the one check of these options: the constructor runs it, and the launcher runs it
+// on the config's translation (adding "precision." to the path).
+TEST(LossScaler, RejectsBadConfigsNamingFieldValueAndRule) {
   auto message_for = [](const LossScalerConfig& c) {
-    try {
-      LossScaler scaler(c);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
+    return error_message([&] { LossScaler scaler(c); });
   };
   LossScalerConfig c = small_dynamic();
   c.growth_factor = 1.0;
-  EXPECT_NE(message_for(c).find("loss_scale.growth_factor"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.growth_factor = 1: must be > 1");
   c = small_dynamic();
   c.backoff_factor = 1.0;
-  EXPECT_NE(message_for(c).find("loss_scale.backoff_factor"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.backoff_factor = 1: must lie in (0, 1)");
   c = small_dynamic();
   c.init = 64.0;
-  EXPECT_NE(message_for(c).find("loss_scale.init"), std::string::npos);
+  EXPECT_EQ(message_for(c),
+            "loss_scale.init = 64: must lie in [min, max] = [1, 32] for a DYNAMIC loss scale");
   c = small_dynamic();
   c.min = 0.0;
-  EXPECT_NE(message_for(c).find("loss_scale.min"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.min = 0: must be > 0");
+  c = small_dynamic();
+  c.max = 1e39;
+  EXPECT_EQ(message_for(c),
+            "loss_scale.max = 1e+39: must lie in [min = 1, 3.4028234663852886e+38]");
   c = small_dynamic();
   c.hysteresis = 0;
-  EXPECT_NE(message_for(c).find("loss_scale.hysteresis"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.hysteresis = 0: must be >= 1");
   c = small_dynamic();
   c.growth_interval = 0;
-  EXPECT_NE(message_for(c).find("loss_scale.growth_interval"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.growth_interval = 0: must be >= 1");
   c = small_dynamic();
   c.max_overflows_at_min = 0;
-  EXPECT_NE(message_for(c).find("loss_scale.max_overflows_at_min"), std::string::npos);
+  EXPECT_EQ(message_for(c), "loss_scale.max_overflows_at_min = 0: must be >= 1");
+  c = small_dynamic();
+  c.mode = LossScaleMode::kStatic;
+  c.init = 1e39;
+  EXPECT_EQ(message_for(c), "loss_scale.init = 1e+39: must be a finite float");
+}
+
+TEST(LossScaler, ChecksEveryFieldWhateverTheMode) {
+  LossScalerConfig c;
+  c.mode = LossScaleMode::kNone;
+  c.growth_factor = 0.5;  // unused without a DYNAMIC scale, still a typo worth reporting
+  EXPECT_EQ(error_message([&] { validate(c); }), "loss_scale.growth_factor = 0.5: must be > 1");
+  c = LossScalerConfig{};
+  c.mode = LossScaleMode::kStatic;
+  c.init = 0.5;  // below min: fine for a fixed scale
+  EXPECT_EQ(error_message([&] { validate(c); }), "");
 }
 
 }  // namespace

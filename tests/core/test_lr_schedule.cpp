@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <numbers>
+#include <string>
 
 #include "core/error.h"
 #include "core/optim/lr_schedule.h"
@@ -61,6 +63,27 @@ TEST(LrSchedule, RejectsBadConfigs) {
   EXPECT_THROW(LrSchedule({-1.0, 0, 10, 0.1}), Error);
   EXPECT_THROW(LrSchedule({1.0, 0, 10, 1.5}), Error);
   EXPECT_THROW(reference().at(-1), Error);
+}
+
+// validate() is the one check of these options: the constructor runs it, and the launcher runs it
+// on the config's translation (naming each field by its config path).
+TEST(LrSchedule, RejectsBadConfigsNamingFieldValueAndRule) {
+  const auto message_for = [](const LrScheduleConfig& c) {
+    try {
+      LrSchedule schedule(c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message_for({1.0, 11, 10, 0.1}), "lr_schedule.warmup_steps = 11: must lie in [0, 10]");
+  EXPECT_EQ(message_for({1.0, -1, 10, 0.1}), "lr_schedule.warmup_steps = -1: must lie in [0, 10]");
+  EXPECT_EQ(message_for({1.0, 0, 0, 0.1}), "lr_schedule.total_steps = 0: must be >= 1");
+  EXPECT_EQ(message_for({-1.0, 0, 10, 0.1}), "lr_schedule.lr = -1: must be >= 0");
+  EXPECT_EQ(message_for({std::numeric_limits<double>::infinity(), 0, 10, 0.1}),
+            "lr_schedule.lr = inf: must be >= 0");
+  EXPECT_EQ(message_for({1.0, 0, 10, 1.5}), "lr_schedule.min_lr_ratio = 1.5: must lie in [0, 1]");
+  EXPECT_EQ(message_for({1.0, 10, 10, 1.0}), "");
 }
 
 }  // namespace

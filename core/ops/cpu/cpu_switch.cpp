@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/ops/cpu_switches.h"
 
 namespace mantissa::core {
 
@@ -19,6 +20,7 @@ bool cpu_switch_on(const char* variable) {
   return setting == "1";
 }
 
+// Every switch the backend reads, listed once.
 void check_cpu_switches() {
   for (const char* variable : {kBf16GemmSwitch, kAvx512ConvertSwitch}) cpu_switch_on(variable);
 }

@@ -1,6 +1,9 @@
 // Environment switches that turn a CPU fast path off (MANTISSA_CPU_BF16_GEMM,
-// MANTISSA_CPU_AVX512_CONVERT).
+// MANTISSA_CPU_AVX512_CONVERT), as the backend reads them. check_cpu_switches(), which reads them
+// all, is declared for code outside the backend in core/ops/cpu_switches.h.
 #pragma once
+
+#include "core/ops/cpu_switches.h"
 
 namespace mantissa::core {
 
@@ -11,8 +14,5 @@ inline constexpr const char* kAvx512ConvertSwitch = "MANTISSA_CPU_AVX512_CONVERT
 // Anything else is an error naming the variable and its value, so that a misspelt "off" does
 // not silently leave the path on.
 bool cpu_switch_on(const char* variable);
-
-// Reads every switch above, so that a bad value is reported before any work (an Error).
-void check_cpu_switches();
 
 }  // namespace mantissa::core

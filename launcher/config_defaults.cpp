@@ -1,0 +1,118 @@
+// The default table: every field a config leaves unset gets its value here, so the effective
+// config lists every value (and `mantissa train --help` shows the table).
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "launcher/config.h"
+#include "launcher/config_fields.h"
+
+namespace mantissa::launcher {
+
+namespace {
+
+using Config = TrainConfig;
+
+// Defaults. Applied through the same reflection as --set, to fields that are still unset, so
+// the table reads like a config file. Two defaults depend on other fields and are applied in
+// apply_defaults itself: precision.loss_scale.mode (DYNAMIC for FP16, NONE otherwise) and
+// run.dir (runs/<config file name>).
+
+constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
+    {"run.steps", "1000"},
+    {"run.seed", "1"},
+    {"run.device", "AUTO"},
+    {"run.log_every", "10"},
+    {"model.gpt2.n_layer", "6"},
+    {"model.gpt2.n_head", "6"},
+    {"model.gpt2.n_embd", "384"},
+    {"model.gpt2.seq_len", "256"},
+    {"model.gpt2.vocab_size", "256"},
+    {"model.mlp.n_embd", "64"},
+    {"model.mlp.hidden", "256"},
+    {"model.mlp.seq_len", "64"},
+    {"model.mlp.vocab_size", "256"},
+    {"model.init_from", ""},
+    {"data.synthetic.n_tokens", "2097152"},
+    {"data.micro_batch_size", "8"},
+    {"data.grad_accum_steps", "1"},
+    {"optimizer.adamw.lr", "0.0006"},
+    {"optimizer.adamw.beta1", "0.9"},
+    {"optimizer.adamw.beta2", "0.95"},
+    {"optimizer.adamw.eps", "1e-08"},
+    {"optimizer.adamw.weight_decay", "0.1"},
+    {"optimizer.grad_clip", "1"},
+    {"optimizer.warmup_steps", "0"},
+    {"optimizer.min_lr_ratio", "0"},
+    {"precision.mode", "BF16"},
+    {"precision.loss_scale.init", "65536"},
+    {"precision.loss_scale.growth_factor", "2"},
+    {"precision.loss_scale.backoff_factor", "0.5"},
+    {"precision.loss_scale.growth_interval", "2000"},
+    {"precision.loss_scale.hysteresis", "2"},
+    {"precision.loss_scale.min", "1"},
+    {"precision.loss_scale.max", "16777216"},
+    {"precision.loss_scale.max_overflows_at_min", "10"},
+    {"precision.fp8.recipe", "DELAYED"},
+    {"precision.fp8.amax_history_len", "1024"},
+    {"precision.fp8.amax_compute", "MAX"},
+    {"precision.fp8.margin", "0"},
+    {"dist.backend", "AUTO"},
+    {"dist.grad_reduce_dtype", "BF16"},
+    {"dist.accumulate_fp32", "false"},
+    {"dist.bucket_mb", "25"},
+    {"dist.overlap", "true"},
+    {"dist.zero_stage", "0"},
+    {"dist.timeout_s", "300"},
+    {"dist.consistency_check_every", "100"},
+    {"checkpoint.every_steps", "1000"},
+    {"checkpoint.keep", "3"},
+    {"checkpoint.resume", "AUTO"},
+    {"metrics.bind_address", "127.0.0.1"},
+    {"metrics.port", "0"},
+    {"metrics.pushgateway_url", ""},
+    {"metrics.push_every", "10"},
+    {"metrics.peak_tflops", "0"},
+    {"debug.inject_nonfinite_rank", "0"},
+};
+
+}  // namespace
+
+void apply_defaults(TrainConfig& config, const std::string& config_path) {
+  if (config.model().arch_case() == Config::Model::ARCH_NOT_SET)
+    config.mutable_model()->mutable_gpt2();
+  if (config.data().source_case() == Config::Data::SOURCE_NOT_SET) {
+    config.mutable_data()->mutable_synthetic();
+  }
+  for (const auto& [path, value] : kDefaults) {
+    const FieldRef ref = resolve(config, path, true);
+    if (ref.field == nullptr || ref.message->GetReflection()->HasField(*ref.message, ref.field)) {
+      continue;
+    }
+    set_from_text(*ref.message, *ref.field, value);
+  }
+  Config::Precision::LossScale& scale = *config.mutable_precision()->mutable_loss_scale();
+  if (!scale.has_mode()) {
+    scale.set_mode(config.precision().mode() == Config::Precision::FP16
+                       ? Config::Precision::LossScale::DYNAMIC
+                       : Config::Precision::LossScale::NONE);
+  }
+  if (!config.run().has_dir()) {
+    const std::string stem = std::filesystem::path(config_path).stem().string();
+    config.mutable_run()->set_dir("runs/" + (stem.empty() ? std::string("default") : stem));
+  }
+}
+
+std::string describe_defaults() {
+  std::string out;
+  for (const auto& [path, value] : kDefaults) {
+    out += "  " + std::string(path) + " = " + (value.empty() ? "\"\"" : std::string(value)) + "\n";
+  }
+  out += "  precision.loss_scale.mode = DYNAMIC for FP16, NONE otherwise\n";
+  out += "  run.dir = runs/<config file name without extension>\n";
+  out += "  model = gpt2 {}, data source = synthetic {} when none is given\n";
+  return out;
+}
+
+}  // namespace mantissa::launcher

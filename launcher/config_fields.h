@@ -1,0 +1,34 @@
+// Fields of a TrainConfig reached by path and set from text, through protobuf reflection: what
+// `--set` and the default table share (internal to the config library).
+#pragma once
+
+#include <google/protobuf/message.h>
+
+#include <string>
+#include <string_view>
+
+namespace mantissa::launcher {
+
+// Parses protobuf text format into `out`. The parser's first error (the rest are usually
+// consequences of it) becomes a core::ConfigError "<source>:<line>:<column>: <what>" (1-based).
+void parse_text(std::string_view text, const std::string& source, google::protobuf::Message& out);
+
+struct FieldRef {
+  google::protobuf::Message* message = nullptr;  // holds the field
+  const google::protobuf::FieldDescriptor* field = nullptr;
+};
+
+// Walks `path` ("precision.loss_scale.init") from `root`. Intermediate messages are created as
+// needed, which for a oneof member selects it; with `skip_unselected_oneof` a path through an
+// unselected oneof member resolves to nothing instead (defaults apply only to the model and
+// data source in use). A name that is not a field throws core::ConfigError listing the fields.
+FieldRef resolve(google::protobuf::Message& root, std::string_view path,
+                 bool skip_unselected_oneof);
+
+// Sets (or, for a repeated field, appends) one value given as text: numbers range-checked for
+// the field's width, enum names, true/false, strings as written, and for a message field its
+// text-format body with or without braces ("{}", "{n_embd: 32}").
+void set_from_text(google::protobuf::Message& message,
+                   const google::protobuf::FieldDescriptor& field, std::string_view text);
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,51 @@
+// A TrainConfig and text: the config file (protobuf text format) in, `--set` overrides, and the
+// effective config printed back out.
+#include <google/protobuf/text_format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "launcher/config.h"
+#include "launcher/config_fields.h"
+
+namespace mantissa::launcher {
+
+TrainConfig parse_config_text(std::string_view text, const std::string& source) {
+  TrainConfig config;
+  parse_text(text, source, config);
+  return config;
+}
+
+TrainConfig load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw core::ConfigError(path + ": cannot open config: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw core::ConfigError(path + ": cannot read config: " + std::strerror(errno));
+  return parse_config_text(text.str(), path);
+}
+
+void apply_override(TrainConfig& config, std::string_view assignment) {
+  const std::string prefix = "--set " + std::string(assignment) + ": ";
+  const size_t eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    throw core::ConfigError(prefix + "expected path.to.field=value");
+  }
+  try {
+    const FieldRef ref = resolve(config, assignment.substr(0, eq), false);
+    set_from_text(*ref.message, *ref.field, assignment.substr(eq + 1));
+  } catch (const core::ConfigError& e) {
+    throw core::ConfigError(prefix + e.what());
+  }
+}
+
+std::string to_text(const TrainConfig& config) {
+  std::string text;
+  google::protobuf::TextFormat::PrintToString(config, &text);
+  return text;
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,231 @@
+// Validation of a config with its defaults applied: one core::ConfigError per failed rule,
+// "<path> = <value>: <rule>" (core/config_check.h). The options of the modules that run the config
+// (loss scaler, FP8 scaling, AdamW, learning-rate schedule, data parallelism) are checked by the
+// modules' own validate(), on the config's translation into them: this file only adds the config
+// path to the field the module names. Everything else (run, model, data, checkpoint, metrics,
+// debug, and rules across sections) is checked here.
+#include <glob.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "core/config_check.h"
+#include "core/error.h"
+#include "core/ops/cpu_switches.h"
+#include "launcher/config.h"
+#include "launcher/config_translate.h"
+
+namespace mantissa::launcher {
+
+namespace {
+
+using Config = TrainConfig;
+using core::at_least;
+using core::in_range;
+using core::non_negative;
+
+std::string quoted(const std::string& s) {
+  return "\"" + s + "\"";
+}
+
+// A module's options are named by the module ("<section>.<field> = ...", the section being the
+// options' own, e.g. "loss_scale.min"); `paths` maps each such section or field name to its
+// path in the config ({"loss_scale", "precision.loss_scale"}). Runs `check` and rethrows its
+// error under the config's name.
+template <typename Check>
+void check_options(Check&& check,
+                   std::initializer_list<std::pair<std::string_view, std::string_view>> paths) {
+  try {
+    check();
+  } catch (const core::ConfigError& e) {
+    const std::string_view message = e.what();
+    for (const auto& [module_name, config_path] : paths) {
+      if (!message.starts_with(module_name)) continue;
+      const std::string_view rest = message.substr(module_name.size());
+      if (rest.starts_with('.') || rest.starts_with(' ')) {
+        throw core::ConfigError(std::string(config_path) + std::string(rest));
+      }
+    }
+    throw;
+  }
+}
+
+void check_readable_file(std::string_view field, const std::string& path) {
+  require(!path.empty(), field, quoted(path), "must name a file");
+  std::error_code ec;  // the overload that throws would turn odd paths into a crash
+  require(!std::filesystem::is_directory(path, ec), field, quoted(path),
+          "is a directory, not a file");
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), field, quoted(path), std::string("cannot be read: ") + std::strerror(errno));
+}
+
+void check_data_files(const Config::Data& data) {
+  if (data.has_text_file()) check_readable_file("data.text_file.path", data.text_file().path());
+  if (data.has_token_shards()) {
+    const std::string& pattern = data.token_shards().pattern();
+    require(!pattern.empty(), "data.token_shards.pattern", quoted(pattern),
+            "must be a glob of token shard files");
+    glob_t matches{};
+    const int rc = glob(pattern.c_str(), 0, nullptr, &matches);
+    globfree(&matches);
+    require(rc == 0, "data.token_shards.pattern", quoted(pattern), "matches no file");
+  }
+}
+
+// The model's sequence length and vocabulary, whichever architecture it is.
+struct ModelShape {
+  std::string prefix;  // "model.gpt2" or "model.mlp"
+  int64_t seq_len = 0;
+  int64_t vocab_size = 0;
+};
+
+ModelShape validate_model(const Config::Model& model) {
+  const std::string& init = model.init_from();
+  if (!init.empty()) {
+    require(model.has_gpt2(), "model.init_from", quoted(init),
+            "needs model.gpt2 (llm.c model files hold GPT-2 weights)");
+    check_readable_file("model.init_from", init);
+  }
+  if (model.has_mlp()) {
+    const Config::Model::MLP& m = model.mlp();
+    at_least("model.mlp.n_embd", m.n_embd(), 1);
+    at_least("model.mlp.hidden", m.hidden(), 1);
+    at_least("model.mlp.seq_len", m.seq_len(), 1);
+    in_range("model.mlp.vocab_size", m.vocab_size(), 1, 65536);
+    return {"model.mlp", m.seq_len(), m.vocab_size()};
+  }
+  const Config::Model::GPT2& g = model.gpt2();
+  at_least("model.gpt2.n_layer", g.n_layer(), 1);
+  at_least("model.gpt2.n_head", g.n_head(), 1);
+  at_least("model.gpt2.n_embd", g.n_embd(), 1);
+  require(g.n_embd() % g.n_head() == 0, "model.gpt2.n_embd", std::to_string(g.n_embd()),
+          "must be a multiple of model.gpt2.n_head = " + std::to_string(g.n_head()));
+  at_least("model.gpt2.seq_len", g.seq_len(), 1);
+  // Token shards store uint16 tokens, so no vocabulary beyond 2^16 can be fed.
+  in_range("model.gpt2.vocab_size", g.vocab_size(), 1, 65536);
+  return {"model.gpt2", g.seq_len(), g.vocab_size()};
+}
+
+void validate_data(const Config::Data& data, const ModelShape& model) {
+  if (data.has_synthetic()) {
+    require(data.synthetic().n_tokens() > model.seq_len, "data.synthetic.n_tokens",
+            std::to_string(data.synthetic().n_tokens()),
+            "must be > " + model.prefix + ".seq_len = " + std::to_string(model.seq_len));
+  }
+  if (!data.has_token_shards()) {
+    const char* source = data.has_text_file() ? "data.text_file" : "data.synthetic";
+    require(model.vocab_size >= 256, model.prefix + ".vocab_size", std::to_string(model.vocab_size),
+            std::string("must be >= 256, the byte vocabulary of ") + source);
+  }
+  at_least("data.micro_batch_size", data.micro_batch_size(), 1);
+  at_least("data.grad_accum_steps", data.grad_accum_steps(), 1);
+  check_data_files(data);
+}
+
+// FP8_HYBRID runs every Linear layer's three GEMMs in FP8, which read rows of whole 16 bytes
+// (core/ops/gemm_checks.h): the layers' widths are the K of one GEMM or the rows of another's
+// output, and the tokens of a micro-batch are the K of the weight gradient. Checked here, so
+// that a model that trains on the CPU does not stop at its first GEMM on a GPU.
+void validate_fp8_shapes(const TrainConfig& config) {
+  if (config.precision().mode() != Config::Precision::FP8_HYBRID) return;
+  const std::string rule = "must be a multiple of 16 with precision.mode = FP8_HYBRID";
+  const auto multiple_of_16 = [&](const std::string& path, int64_t value) {
+    require(value % 16 == 0, path, std::to_string(value), rule + " (FP8 GEMMs read 16-byte rows)");
+  };
+  const Config::Model& model = config.model();
+  int64_t seq_len = 0;
+  std::string seq_len_path;
+  if (model.has_mlp()) {
+    multiple_of_16("model.mlp.n_embd", model.mlp().n_embd());
+    multiple_of_16("model.mlp.hidden", model.mlp().hidden());
+    multiple_of_16("model.mlp.vocab_size", model.mlp().vocab_size());
+    seq_len = model.mlp().seq_len();
+    seq_len_path = "model.mlp.seq_len";
+  } else {
+    multiple_of_16("model.gpt2.n_embd", model.gpt2().n_embd());
+    seq_len = model.gpt2().seq_len();
+    seq_len_path = "model.gpt2.seq_len";
+  }
+  const int64_t tokens = config.data().micro_batch_size() * seq_len;
+  require(
+      tokens % 16 == 0, "data.micro_batch_size", std::to_string(config.data().micro_batch_size()),
+      "times " + seq_len_path + " = " + std::to_string(seq_len) + " (" + std::to_string(tokens) +
+          " tokens) " + rule + " (the tokens are the K of the FP8 weight-gradient GEMMs)");
+}
+
+// The schedule's options come from two sections, and its total_steps is run.steps (whose rule,
+// >= 1, is thus the schedule's): its fields are renamed one by one.
+void validate_optimizer(const TrainConfig& config) {
+  check_options([&] { core::validate(lr_schedule_config(config)); },
+                {{"lr_schedule.total_steps", "run.steps"},
+                 {"lr_schedule.lr", "optimizer.adamw.lr"},
+                 {"lr_schedule.warmup_steps", "optimizer.warmup_steps"},
+                 {"lr_schedule.min_lr_ratio", "optimizer.min_lr_ratio"}});
+  check_options([&] { core::validate(adamw_config(config)); }, {{"adamw", "optimizer.adamw"}});
+  non_negative("optimizer.grad_clip", config.optimizer().grad_clip());
+}
+
+// Every field is checked, also those the chosen mode ignores (the modules' rule).
+void validate_precision(const TrainConfig& config) {
+  check_options([&] { core::validate(loss_scaler_config(config)); },
+                {{"loss_scale", "precision.loss_scale"}});
+  check_options([&] { core::validate(fp8_scaling_config(config)); }, {{"fp8", "precision.fp8"}});
+}
+
+void validate_metrics(const Config::Metrics& m) {
+  require(!m.bind_address().empty(), "metrics.bind_address", quoted(m.bind_address()),
+          "must be an address to listen on, e.g. 127.0.0.1 or 0.0.0.0");
+  in_range("metrics.port", m.port(), 0, 65535);
+  const std::string& url = m.pushgateway_url();
+  require(url.empty() || url.starts_with("http://"), "metrics.pushgateway_url", quoted(url),
+          "must be empty or start with http://");
+  at_least("metrics.push_every", m.push_every(), 1);
+  non_negative("metrics.peak_tflops", m.peak_tflops());
+}
+
+void validate_debug(const Config::Debug& d, int64_t steps) {
+  at_least("debug.inject_nonfinite_rank", d.inject_nonfinite_rank(), 0);
+  for (int i = 0; i < d.inject_nonfinite_steps_size(); ++i) {
+    in_range("debug.inject_nonfinite_steps[" + std::to_string(i) + "]", d.inject_nonfinite_steps(i),
+             0, steps - 1);
+  }
+}
+
+// The environment switches of the CPU backend, checked before anything runs (not at the first
+// GEMM or cast that reads them).
+void validate_environment() {
+  try {
+    core::check_cpu_switches();
+  } catch (const core::Error& e) {
+    throw core::ConfigError(std::string("environment: ") + e.what());
+  }
+}
+
+}  // namespace
+
+void validate(const TrainConfig& config) {
+  const Config::Run& run = config.run();
+  at_least("run.log_every", run.log_every(), 1);
+  require(!run.dir().empty(), "run.dir", quoted(run.dir()), "must name a directory");
+
+  const ModelShape model = validate_model(config.model());
+  validate_data(config.data(), model);
+  validate_optimizer(config);  // run.steps too: it is the schedule's total
+  validate_precision(config);
+  validate_fp8_shapes(config);
+  dist::validate(dist_config(config));
+
+  at_least("checkpoint.every_steps", config.checkpoint().every_steps(), 0);
+  at_least("checkpoint.keep", config.checkpoint().keep(), 0);
+  validate_metrics(config.metrics());
+  validate_debug(config.debug(), run.steps());
+  validate_environment();
+}
+
+}  // namespace mantissa::launcher
