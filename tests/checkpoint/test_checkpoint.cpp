@@ -16,7 +16,6 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
-#include "launcher/config.h"
 
 namespace fs = std::filesystem;
 using namespace mantissa;
