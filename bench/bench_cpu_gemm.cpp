@@ -12,8 +12,8 @@
 // blocks (each block starts with an untimed call that absorbs the hand-over between thread
 // pools), three blocks of each in alternation, and every configuration is compared with the
 // anchor blocks interleaved with its own, so slow drifts in machine load shift both alike.
-// BF16 and FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the header
-// line says which path ran). Figures only: nothing passes or fails.
+// BF16 and FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the "CPU
+// paths" line says which path ran). Figures only: nothing passes or fails.
 #include <cblas.h>
 #include <omp.h>
 
@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
+#include "bench/cpu_paths.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
-#include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "core/tensor/tensor.h"
 
 using namespace mantissa::core;
@@ -182,9 +182,7 @@ int main(int argc, char** argv) {
       "CPU GEMM (backend, %d OpenMP threads) vs cblas_sgemm (OpenBLAS %s, %d threads), "
       "%lld tokens\n",
       omp_get_max_threads(), openblas_get_corename(), blas_threads, static_cast<long long>(tokens));
-  std::printf("BF16 and FP8 operands: %s\n",
-              bf16_gemm_enabled() ? "native AVX512-BF16 kernel (MANTISSA_CPU_BF16_GEMM=0: sgemm)"
-                                  : "widened to FP32 for sgemm");
+  std::printf("%s\n", mantissa::bench::cpu_paths_description().c_str());
   std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %8s  %6s\n", "gemm", "M", "N", "K", "in", "out",
               "GFLOP/s", "sgemm", "ratio");
   auto backend = make_cpu_backend();

@@ -42,7 +42,7 @@ void report(const char* name, double bytes, double seconds, double copy_gbps) {
 }
 
 // What DataParallel runs on the device around every gradient bucket's collective
-// (dist/data_parallel.cpp): the pack, which casts the FP32 gradients to the reduce dtype with
+// (dist/bucketed_grad_sync.cpp): the pack, which casts the FP32 gradients to the reduce dtype with
 // the pre-division q fused in (and, for BF16/FP16, the amax that is also the non-finite
 // check), and the unpack, which widens the reduced codes back to FP32 with the scale w. FP8
 // buckets take their amax in a separate pass first (for the shared scale), and FP32 buckets

@@ -11,7 +11,9 @@ scripts/stop-slurm.sh stops them by PID at the end. Jobs of 2 tasks each:
      ranks serve metrics, and it publishes its scrape targets for Prometheus' file_sd while
      it runs.
 All must complete with exit code 0, and B must end with the same losses and loss scales as A
-(the CPU run is deterministic, so exactly the same).
+(the CPU run is deterministic, so exactly the same). Every job asks for --cpus-per-task=1 on the
+2-CPU node, and every start line of every job must report 1 thread per rank: the scripts set
+OMP_NUM_THREADS from the allocation (without it each rank ran 2 threads, 4 on 2 cores).
 
 Slurm's daemons cannot be bound to one address, so where the kernel allows it the whole test
 runs in a private network namespace that nothing outside can reach (harness.isolate_network).
@@ -26,9 +28,12 @@ import time
 
 import harness
 
-STEPS = 60
+# A step of this tiny model takes about 15 ms with one thread per rank (2 cores): enough steps
+# that the test's polls (every 0.5 s) and the signal's way through Slurm and mpirun land while a
+# job still runs, also on a machine a few times faster.
+STEPS = 600
 SIGNAL_AT_STEP = STEPS // 3
-SRUN_STEPS = 20
+SRUN_STEPS = 600
 
 
 def job_info(job_id, env):
@@ -47,6 +52,12 @@ def job_ended(job_id, env):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def threads_per_rank(output):
+    """The threads per rank of every start line ("mantissa: ... | 2 ranks on CPU (1 thread)
+    | ...") in a job's output."""
+    return [int(t) for t in re.findall(r"\| \d+ ranks? on CPU \((\d+) threads?\b", output)]
 
 
 def last_step(run_dir):
@@ -74,7 +85,9 @@ def main():
             print(started.stdout, started.stderr)
             if started.returncode != 0:
                 harness.fail("scripts/start-slurm.sh failed")
-            env = dict(os.environ, SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"),
+            # No OMP_NUM_THREADS from the test's environment: the scripts must set it.
+            env = dict({k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"},
+                       SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"),
                        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                        MANTISSA=binary, MANTISSA_CONFIG=harness.write_empty_config(workdir),
                        MANTISSA_METRICS_PORT="0")
@@ -101,10 +114,15 @@ def main():
                 info = harness.wait_until(f"job {name} to end", lambda: job_ended(job_id, env),
                                           timeout=150)
                 with open(os.path.join(workdir, f"{name}.out")) as f:
-                    print(f"--- job {name} output (tail) ---\n" + f.read()[-2500:])
+                    output = f.read()
+                print(f"--- job {name} output (tail) ---\n" + output[-2500:])
                 if info["JobState"] != "COMPLETED" or info.get("ExitCode") != "0:0":
                     harness.fail(f"job {name} ended {info['JobState']} "
                                  f"exit {info.get('ExitCode')}")
+                threads = threads_per_rank(output)
+                if not threads or threads != [1] * len(threads):
+                    harness.fail(f"job {name} (--cpus-per-task=1): its start lines report "
+                                 f"{threads or 'no'} threads per rank, expected 1")
                 return info
 
             # Every job needs both CPUs: Slurm runs them one after the other.

@@ -1,0 +1,231 @@
+"""What the documents say about mantissa's exit codes and the Slurm scripts is what they do.
+
+core/error.h's `enum class ErrorKind` is the source of the exit codes (its values are the
+codes; 0 is success). README.md, deploy/README.md and `mantissa train --help` each list every
+code with the same number and meaning, so that no table drifts again (deploy/README.md once
+said "3 diverged", which is 4). And deploy/slurm's two scripts, run here with stand-ins for
+mpirun, srun and scontrol (no Slurm needed), do what deploy/README.md says: they requeue only a
+preemption (exit 0 after USR1), end with mantissa's code otherwise, and give each rank
+OMP_NUM_THREADS = --cpus-per-task (else the node's CPUs / its ranks, at least 1).
+"""
+
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+import launcher_util as lu
+
+# The words every document uses for each code, by ErrorKind name; 0 (success) is no kind.
+SUCCESS_WORDS = "done"
+KIND_WORDS = {
+    "kFailure": "runtime failure",
+    "kConfig": "config",
+    "kPeerLost": "peer rank",
+    "kDiverged": "diverged",
+}
+
+
+def source(path):
+    with open(os.path.join(lu.ARGS.source_dir, path)) as f:
+        return f.read()
+
+
+def error_kinds():
+    """{name: code} of core/error.h's ErrorKind."""
+    enum = re.search(r"enum class ErrorKind\s*\{(.*?)\};", source("core/error.h"), re.S)
+    if enum is None:
+        raise AssertionError("core/error.h has no `enum class ErrorKind { ... };`")
+    values = re.findall(r"^\s*(k\w+)\s*=\s*(\d+)\s*,", enum.group(1), re.M)
+    kinds = {name: int(code) for name, code in values}
+    if not kinds:
+        raise AssertionError("core/error.h's ErrorKind lists no `kName = code,` values")
+    return kinds
+
+
+def flat(text):
+    return " ".join(text.split())
+
+
+def help_codes():
+    """{code: meaning} from `mantissa train --help`: lines "  N  meaning" (and their indented
+    continuation lines) after "exit codes:", up to the blank line."""
+    result = subprocess.run([lu.binary(), "train", "--help"], capture_output=True, text=True,
+                            timeout=30)
+    if result.returncode != 0 or "exit codes:\n" not in result.stdout:
+        raise AssertionError(f"`mantissa train --help` (exit {result.returncode}) has no "
+                             f"'exit codes:' section:\n{result.stdout}{result.stderr}")
+    section = result.stdout.split("exit codes:\n", 1)[1].split("\n\n", 1)[0]
+    return {int(code): flat(text)
+            for code, text in re.findall(r"^  (\d+)  (.*(?:\n {5,}.*)*)", section, re.M)}
+
+
+def readme_codes():
+    """{code: meaning} from README.md's "Exit codes: 0 done, 1 ..., 4 ...." sentence."""
+    match = re.search(r"Exit codes: (.*?)\.(?:\s|$)", flat(source("README.md")))
+    if match is None:
+        raise AssertionError("README.md has no 'Exit codes: 0 ..., 1 ....' sentence")
+    return {int(code): text.strip() for code, text in re.findall(r"(\d+) ([^,]+)", match.group(1))}
+
+
+def deploy_readme_codes():
+    """{code: meaning} from deploy/README.md's table "| code | meaning | the scripts |"."""
+    text = source("deploy/README.md")
+    table = re.search(r"^\| code \| meaning \| the scripts \|\n\|[-|]+\|\n((?:\|.*\n?)*)", text,
+                      re.M)
+    if table is None:
+        raise AssertionError("deploy/README.md has no '| code | meaning | the scripts |' table")
+    return {int(code): meaning.strip()
+            for code, meaning in re.findall(r"^\| (\d+) \| ([^|]+) \|", table.group(1), re.M)}
+
+
+class ExitCodeTables(unittest.TestCase):
+    def setUp(self):
+        self.kinds = error_kinds()
+        unknown = set(self.kinds) - set(KIND_WORDS)
+        self.assertFalse(unknown, f"core/error.h's ErrorKind has {sorted(unknown)}, which this "
+                         "test does not know: add the words the documents use for them to "
+                         "KIND_WORDS")
+        self.expected = {0: (SUCCESS_WORDS, "success")}
+        for name, code in self.kinds.items():
+            self.assertNotIn(code, self.expected, f"ErrorKind::{name} reuses exit code {code}")
+            self.expected[code] = (KIND_WORDS[name], f"ErrorKind::{name}")
+
+    def check(self, document, codes):
+        self.assertEqual(sorted(codes), sorted(self.expected),
+                         f"{document} lists exit codes {sorted(codes)}; core/error.h has "
+                         f"{sorted(self.expected)}")
+        for code, (words, kind) in self.expected.items():
+            self.assertIn(words, codes[code].lower(),
+                          f"{document} says exit code {code} is '{codes[code]}', but {code} is "
+                          f"{kind} (core/error.h): expected it to mention '{words}'")
+
+    def test_help(self):
+        self.check("`mantissa train --help`", help_codes())
+
+    def test_readme(self):
+        self.check("README.md", readme_codes())
+
+    def test_deploy_readme(self):
+        self.check("deploy/README.md", deploy_readme_codes())
+
+
+# Stand-ins put first on PATH: the launcher records how it was called and the OMP_NUM_THREADS
+# it was given, then exits with $STUB_EXIT, at once or (STUB_WAIT=1) when USR1 reaches it, as
+# mantissa's ranks do; scontrol records its arguments.
+LAUNCHER_STUB = """#!/bin/bash
+printf '%s\\n' "$*" >"$STUB_DIR/launcher.args"
+printf '%s\\n' "$OMP_NUM_THREADS" >"$STUB_DIR/launcher.omp"
+trap 'exit "$STUB_EXIT"' USR1
+touch "$STUB_DIR/launcher.started"
+if [ "$STUB_WAIT" = 1 ]; then
+  while :; do sleep 0.05; done
+fi
+exit "$STUB_EXIT"
+"""
+SCONTROL_STUB = """#!/bin/bash
+printf '%s\\n' "$*" >>"$STUB_DIR/scontrol.calls"
+"""
+
+SCRIPTS = [("mantissa-1node.sbatch", None), ("mantissa-multinode.sbatch", "srun"),
+           ("mantissa-multinode.sbatch", "mpirun")]
+
+
+class SlurmScripts(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="mantissa_docs_")
+        for name, text in (("mpirun", LAUNCHER_STUB), ("srun", LAUNCHER_STUB),
+                           ("scontrol", SCONTROL_STUB)):
+            path = os.path.join(self.dir, name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, stat.S_IRWXU)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def stub_file(self, name):
+        path = os.path.join(self.dir, name)
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return f.read()
+
+    def run_script(self, script, launcher, exit_code, preempt=False, **slurm):
+        """Runs the sbatch script as Slurm would (its SLURM_* variables); returns its exit
+        code. With preempt, USR1 goes to the script once the launcher has started."""
+        for name in ("launcher.args", "launcher.omp", "launcher.started", "scontrol.calls"):
+            if os.path.exists(os.path.join(self.dir, name)):
+                os.remove(os.path.join(self.dir, name))
+        env = {key: value for key, value in os.environ.items()
+               if not key.startswith(("SLURM_", "OMP_", "MANTISSA_"))}
+        env.update(PATH=f"{self.dir}:{os.environ['PATH']}", STUB_DIR=self.dir,
+                   STUB_EXIT=str(exit_code), STUB_WAIT="1" if preempt else "0",
+                   MANTISSA_CONFIG="c.pbtxt", MANTISSA_METRICS_PORT="0",
+                   MANTISSA_RUN_DIR=os.path.join(self.dir, "run"), SLURM_JOB_ID="42",
+                   SLURM_JOB_NAME="mantissa", SLURM_NTASKS="2", SLURM_JOB_NUM_NODES="1",
+                   SLURM_JOB_NODELIST="node1", OMP_NUM_THREADS="64")
+        if launcher:
+            env["MANTISSA_LAUNCHER"] = launcher
+        env.update(slurm)
+        process = subprocess.Popen(
+            ["bash", os.path.join(lu.ARGS.source_dir, "deploy", "slurm", script)], env=env,
+            cwd=self.dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if preempt:
+            deadline = time.time() + 30
+            while self.stub_file("launcher.started") is None:
+                if process.poll() is not None or time.time() > deadline:
+                    process.kill()
+                    self.fail(f"{script}: the launcher did not start:\n{process.communicate()[0]}")
+                time.sleep(0.02)
+            process.send_signal(signal.SIGUSR1)
+        output = process.communicate(timeout=60)[0]
+        self.output = output
+        return process.returncode
+
+    def test_only_a_preemption_is_requeued(self):
+        codes = [0] + sorted(error_kinds().values())
+        for script, launcher in SCRIPTS:
+            for code in codes:
+                for preempt in (False, True):
+                    with self.subTest(script=script, launcher=launcher, code=code, preempt=preempt):
+                        status = self.run_script(script, launcher, code, preempt,
+                                                 SLURM_CPUS_PER_TASK="1")
+                        self.assertEqual(status, code, f"the script must end with mantissa's "
+                                         f"code {code}; it ended with {status}:\n{self.output}")
+                        calls = self.stub_file("scontrol.calls")
+                        if preempt and code == 0:
+                            self.assertEqual(calls, "requeue 42\n", self.output)
+                        else:
+                            self.assertIsNone(calls, f"exit {code}, preempted={preempt}: only a "
+                                              f"preemption may be requeued:\n{self.output}")
+
+    def test_threads_per_rank(self):
+        # (SLURM_* settings, OMP_NUM_THREADS every rank must get)
+        cases = [({"SLURM_CPUS_PER_TASK": "3", "SLURM_CPUS_ON_NODE": "6"}, "3"),
+                 ({"SLURM_CPUS_ON_NODE": "5"}, "2"),
+                 ({"SLURM_CPUS_ON_NODE": "1"}, "1")]
+        for script, launcher in SCRIPTS:
+            for slurm, threads in cases:
+                with self.subTest(script=script, launcher=launcher, slurm=slurm):
+                    self.assertEqual(self.run_script(script, launcher, 0, **slurm), 0, self.output)
+                    self.assertEqual(self.stub_file("launcher.omp"), threads + "\n", self.output)
+                    args = self.stub_file("launcher.args")
+                    if launcher == "srun":
+                        # srun no longer reads SLURM_CPUS_PER_TASK (Slurm 22.05): passed again.
+                        cpus = slurm.get("SLURM_CPUS_PER_TASK")
+                        if cpus:
+                            self.assertIn(f" --cpus-per-task={cpus} ", args)
+                        else:
+                            self.assertNotIn("--cpus-per-task", args)
+                    else:
+                        self.assertIn(" -x OMP_NUM_THREADS ", args, "mpirun must pass it on")
+
+
+if __name__ == "__main__":
+    lu.main()
