@@ -1,6 +1,6 @@
-// Data-parallel training throughput on the CPU for the reference configuration of
-// ../shared/REFERENCE.md (GPT of 10.8M parameters: vocab 256, T = 256, d = 384, 6 layers,
-// 6 heads, 8 sequences per step over all ranks), with gradient sync or without it (every rank
+// Data-parallel training throughput on the CPU for the reference configuration (a GPT of
+// 10.8M parameters: vocab 256, T = 256, d = 384, 6 layers, 6 heads, 8 sequences per step over
+// all ranks; bench/torch_gpt.py is the same model in PyTorch), with gradient sync or without it (every rank
 // steps alone on its share of the batch: the same compute, no communication). Figures only;
 // bench/bench_dist_train.sh runs both next to PyTorch DDP.
 //
