@@ -9,6 +9,7 @@
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
+#include "launcher/tokenize.h"
 #include "launcher/trainer.h"
 
 namespace mantissa::launcher {
@@ -186,6 +187,7 @@ constexpr Command kCommands[] = {
     {"train", "train a model from a config (alone, under mpirun or under srun)", train_command},
     {"config", "check a config and print it with every default filled in", config_command},
     {"export", "write a run's newest checkpoint as a safetensors file", export_command},
+    {"tokenize", "train a tokenizer, turn text files into token shards and back", tokenize_command},
     {"help", "this overview, or `mantissa help COMMAND` for one command", help_command},
 };
 
@@ -194,7 +196,7 @@ void print_overview(std::FILE* out) {
       "mantissa: data-parallel mixed-precision pretraining of GPT-style language models\n\n"
       "usage: mantissa COMMAND [options]\n\ncommands:\n",
       out);
-  for (const Command& c : kCommands) std::fprintf(out, "  %-8s %s\n", c.name, c.summary);
+  for (const Command& c : kCommands) std::fprintf(out, "  %-9s %s\n", c.name, c.summary);
   std::fputs("\n`mantissa COMMAND --help` describes a command's options and exit codes.\n", out);
 }
 

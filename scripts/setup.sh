@@ -18,6 +18,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev
+  libsentencepiece-dev
   clang libclang-rt-14-dev libomp-dev
   python3
 )

@@ -1,0 +1,77 @@
+#include "launcher/tokenize_decode.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+#include "launcher/tokenize_model.h"
+#include "launcher/tokenize_shards.h"
+#include "train/data/corpus.h"
+
+namespace mantissa::launcher {
+
+namespace {
+
+// Tokens decoded at a time, so that the text of a large shard never sits in memory whole.
+constexpr size_t kDecodeTokens = size_t{1} << 20;
+
+// `path` as a glob pattern that matches itself only.
+std::string glob_literal(const std::string& path) {
+  std::string pattern;
+  for (const char c : path) {
+    if (c == '*' || c == '?' || c == '[' || c == '\\') pattern += '\\';
+    pattern += c;
+  }
+  return pattern;
+}
+
+// The shard's tokens, checked by the reader training uses (header, size, every id < vocab).
+train::Corpus read_shard(const std::string& path, int vocab_size) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw core::ConfigError("cannot read shard '" + path + "': " + std::strerror(errno));
+  }
+  try {
+    return train::Corpus::token_shards(glob_literal(path), vocab_size);
+  } catch (const core::Error& e) {
+    throw core::ConfigError(e.what());
+  }
+}
+
+}  // namespace
+
+void decode_shards(const std::string& tokenizer_path, const std::vector<std::string>& inputs,
+                   std::FILE* out) {
+  const Tokenizer tokenizer(tokenizer_path);
+  std::vector<train::Corpus> shards;
+  for (const std::string& path : inputs) shards.push_back(read_shard(path, tokenizer.vocab_size()));
+
+  // Decodes `pending` up to the last token where a piece may start (all of it when `all`): a
+  // character's byte tokens are decoded together, whichever shards they lie in.
+  std::vector<uint16_t> pending;
+  auto flush = [&](bool all) {
+    const size_t n = all || pending.empty()
+                         ? pending.size()
+                         : start_at_or_before(tokenizer, pending, pending.size() - 1);
+    const std::string text = tokenizer.decode(std::span<const uint16_t>(pending).first(n));
+    MANTISSA_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(),
+                   "cannot write the decoded text: " << std::strerror(errno));
+    pending.erase(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(n));
+  };
+  for (const train::Corpus& shard : shards) {
+    for (const train::TokenSegment& segment : shard.segments()) {
+      for (size_t at = 0; at < segment.tokens.size(); at += kDecodeTokens) {
+        const std::span<const uint16_t> part =
+            segment.tokens.subspan(at).first(std::min(kDecodeTokens, segment.tokens.size() - at));
+        pending.insert(pending.end(), part.begin(), part.end());
+        if (pending.size() >= kDecodeTokens) flush(false);
+      }
+    }
+  }
+  flush(true);
+  MANTISSA_CHECK(std::fflush(out) == 0, "cannot write the decoded text: " << std::strerror(errno));
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,140 @@
+#include "launcher/tokenize_input.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "core/error.h"
+
+namespace mantissa::launcher {
+
+MappedText::MappedText(std::string path) : path_(std::move(path)) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(errno));
+  }
+  struct stat st {};
+  const int stat_rc = ::fstat(fd, &st);
+  const int stat_errno = errno;
+  void* data = MAP_FAILED;
+  int map_errno = 0;
+  if (stat_rc == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+    data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    map_errno = errno;
+  }
+  ::close(fd);  // the mapping stays valid without the descriptor
+  if (stat_rc != 0) {
+    throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(stat_errno));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw core::ConfigError("input '" + path_ + "' is not a regular file");
+  }
+  if (st.st_size == 0) throw core::ConfigError("input '" + path_ + "' is empty");
+  if (data == MAP_FAILED) {
+    throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(map_errno));
+  }
+  data_ = static_cast<const char*>(data);
+  size_ = static_cast<size_t>(st.st_size);
+  // Read front to back, once per pass.
+  ::madvise(data, size_, MADV_SEQUENTIAL);
+}
+
+MappedText::MappedText(MappedText&& other) noexcept
+    : path_(std::move(other.path_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedText::~MappedText() {
+  if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"bytes", "kB", "MB", "GB", "TB"};
+  int unit = 0;
+  while (bytes >= 1000 && unit < 4) {
+    bytes /= 1000;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.1f %s", bytes, units[unit]);
+  return text;
+}
+
+size_t first_invalid_utf8(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  size_t i = 0;
+  while (i < n) {
+    // ASCII runs, eight bytes at a time: no byte has its top bit set.
+    if (i + 8 <= n) {
+      uint64_t word;
+      std::memcpy(&word, s + i, 8);
+      if ((word & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    const unsigned c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // The lead byte fixes the length and the range of the second byte (RFC 3629's table):
+    // E0 and F0 exclude overlong forms, ED the surrogates, F4 what lies above U+10FFFF;
+    // C0, C1 and F5..FF never occur.
+    size_t len = 0;
+    unsigned lo = 0x80;
+    unsigned hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c == 0xE0) {
+      len = 3;
+      lo = 0xA0;
+    } else if (c == 0xED) {
+      len = 3;
+      hi = 0x9F;
+    } else if (c >= 0xE1 && c <= 0xEF) {
+      len = 3;
+    } else if (c == 0xF0) {
+      len = 4;
+      lo = 0x90;
+    } else if (c == 0xF4) {
+      len = 4;
+      hi = 0x8F;
+    } else if (c >= 0xF1 && c <= 0xF3) {
+      len = 4;
+    } else {
+      return i;
+    }
+    if (n - i < len || s[i + 1] < lo || s[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
+    }
+    i += len;
+  }
+  return n;
+}
+
+void throw_invalid_utf8(const std::string& path, std::string_view file_text, size_t offset) {
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(file_text[offset]));
+  throw core::ConfigError("input '" + path + "' is not valid UTF-8: byte " + byte + " at offset " +
+                          std::to_string(offset));
+}
+
+}  // namespace mantissa::launcher

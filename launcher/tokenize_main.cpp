@@ -1,0 +1,260 @@
+// mantissa-tokenize: `mantissa tokenize train|encode|decode`, in an executable of its own
+// (launcher/tokenize.h says why). Parses the command line and maps errors to exit codes.
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "launcher/exit_codes.h"
+#include "launcher/tokenize_decode.h"
+#include "launcher/tokenize_encode.h"
+#include "launcher/tokenize_model.h"
+#include "launcher/tokenize_train.h"
+
+namespace mantissa::launcher {
+namespace {
+
+constexpr const char* kHelp =
+    R"(usage: mantissa tokenize train  --input FILE... --vocab-size N --out TOK.model
+                                [--model-type bpe|unigram] [--force]
+       mantissa tokenize encode --tokenizer TOK.model --input FILE... --out-dir DIR
+                                [--val-fraction F] [--shard-tokens N] [--force]
+       mantissa tokenize decode --tokenizer TOK.model --input SHARD...
+
+Turns UTF-8 text into llm.c token shards for data.token_shards, and back, with a SentencePiece
+tokenizer whose decoding is exact: decode(encode(text)) is the text, byte for byte, for any
+valid UTF-8.
+
+train   trains a tokenizer on the files and writes it to --out (SentencePiece's model format,
+        which its Python package also reads). Decoding is exact because nothing is normalised
+        (identity rule, spaces kept as they are, no space added in front) and a character
+        outside the vocabulary becomes its UTF-8 bytes (byte fallback). Ids: 0 <unk>, 1 <s>,
+        2 </s> (end of text), 3..258 the bytes 0x00..0xFF, then the learned pieces. Training
+        reads the text in blocks of whole lines of up to 4096 bytes (newlines included, so
+        pieces such as "\n\n" are learned) and holds all of it in memory: for a large corpus,
+        train on a sample (say `head -c 1G`), then encode everything. It prints one line
+        when done, nothing before.
+  --input FILE...     text files (one or more, after one --input or several)
+  --vocab-size N      pieces in the model, 260..65536: shards store ids as uint16, and the
+                      3 special and 256 byte pieces come first. The model's vocab_size must
+                      be at least N.
+  --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
+  --out FILE          where the model goes
+
+encode  encodes the files on every core (the tokens do not depend on the thread count) and
+        writes DIR/train_NNNNNN.bin and DIR/val_NNNNNN.bin, numbered from 000000, and a copy
+        of the tokenizer as DIR/tokenizer.model. The files form one token stream, in the order
+        given; each file is one document and starts with the end-of-text token </s>, as in
+        llm.c's shards. Shards follow llm.c's format: a header of 256 int32 (magic 20240520,
+        version 1, token count), then the tokens as uint16, little-endian. A character
+        encoded as byte tokens never straddles two shards or the train/val cut, so every
+        shard decodes on its own. Progress goes to stderr every 5 s. Memory: up to 4 bytes
+        per token (about the size of the text with a vocabulary of 30k pieces); the files
+        are mapped, not read in.
+  --tokenizer FILE    a model from `mantissa tokenize train` (another SentencePiece model is
+                      refused unless it gives text back exactly)
+  --input FILE...     text files, as for train
+  --out-dir DIR       created when missing
+  --val-fraction F    the tail of the stream held out as val shards (default 0.1; 0: none)
+  --shard-tokens N    tokens per shard at most, at least 4 (default 100000000: 200 MB)
+
+decode  prints the text of the shards on stdout, read in the order given as one stream;
+        end-of-text tokens print nothing, so decoding DIR/train_*.bin then DIR/val_*.bin
+        gives back the encoded files, concatenated.
+  --tokenizer FILE    the model the shards were encoded with
+  --input SHARD...    shards (one or more)
+
+options of train and encode:
+  --force             replace an existing --out file, or the shards and tokenizer.model in
+                      --out-dir (shards of the old set that the new one does not rewrite are
+                      removed)
+  -h, --help          this help
+
+Options take `--opt value` or `--opt=value`. Files are written under temporary names (.tmp)
+and renamed into place when all are complete: a failure leaves none of them behind.
+
+then train on the shards:
+  data { token_shards { pattern: "DIR/train_*.bin" } }
+  model { gpt2 { vocab_size: N } }   (N at least the tokenizer's --vocab-size)
+
+exit codes:
+  0  done
+  1  runtime failure (a file that cannot be written)
+  2  bad command line or input: a vocab size outside 260..65536, an input that is missing,
+     unreadable, empty or not valid UTF-8 (named, with the byte offset), an --out or
+     --out-dir that already holds a model or shards (without --force), a tokenizer that
+     cannot be loaded or does not decode exactly, a shard that is malformed, a text
+     SentencePiece cannot train the vocab size on
+)";
+
+struct Args {
+  std::string subcommand;
+  bool help = false;
+  std::vector<std::string> inputs;
+  std::string tokenizer;
+  std::string out;
+  std::string out_dir;
+  std::optional<int64_t> vocab_size;
+  std::string model_type = "bpe";
+  double val_fraction = kDefaultValFraction;
+  int64_t shard_tokens = kDefaultShardTokens;
+  bool force = false;
+};
+
+const std::string kUsage = " (see mantissa tokenize --help)";
+
+int64_t parse_int(const std::string& name, const std::string& value) {
+  int64_t out = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || end != value.data() + value.size()) {
+    throw core::ConfigError(name + " takes an integer, got '" + value + "'" + kUsage);
+  }
+  return out;
+}
+
+double parse_number(const std::string& name, const std::string& value) {
+  char* end = nullptr;
+  const double out = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(out)) {
+    throw core::ConfigError(name + " takes a number, got '" + value + "'" + kUsage);
+  }
+  return out;
+}
+
+bool allowed(const std::string& subcommand, const std::string& name) {
+  if (name == "--input") return true;
+  if (subcommand == "train") {
+    return name == "--vocab-size" || name == "--out" || name == "--model-type" || name == "--force";
+  }
+  if (subcommand == "encode") {
+    return name == "--tokenizer" || name == "--out-dir" || name == "--val-fraction" ||
+           name == "--shard-tokens" || name == "--force";
+  }
+  return name == "--tokenizer";
+}
+
+void require(bool present, const std::string& what, const Args& args) {
+  if (!present) {
+    throw core::ConfigError("tokenize " + args.subcommand + " needs " + what + kUsage);
+  }
+}
+
+Args parse(const std::vector<std::string>& argv) {
+  Args args;
+  for (const std::string& arg : argv) {
+    if (arg == "-h" || arg == "--help") args.help = true;
+  }
+  if (args.help) return args;
+  if (argv.empty()) {
+    throw core::ConfigError("tokenize needs a subcommand: train, encode or decode" + kUsage);
+  }
+  args.subcommand = argv[0];
+  if (args.subcommand != "train" && args.subcommand != "encode" && args.subcommand != "decode") {
+    throw core::ConfigError("tokenize has no subcommand '" + args.subcommand +
+                            "' (train, encode or decode)" + kUsage);
+  }
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& arg = argv[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    if (!name.starts_with("--") || !allowed(args.subcommand, name)) {
+      throw core::ConfigError("tokenize " + args.subcommand + ": unknown argument '" + arg + "'" +
+                              kUsage);
+    }
+    if (name == "--force") {
+      if (eq != std::string::npos) {
+        throw core::ConfigError("--force takes no value, got '" + arg + "'" + kUsage);
+      }
+      args.force = true;
+      continue;
+    }
+    if (name == "--input" && eq == std::string::npos) {
+      // Every argument up to the next option is a file: `--input data/*.txt`.
+      const size_t first = i + 1;
+      while (i + 1 < argv.size() && !argv[i + 1].starts_with("--")) {
+        args.inputs.push_back(argv[++i]);
+      }
+      if (i + 1 == first) throw core::ConfigError("--input needs at least one file" + kUsage);
+      continue;
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < argv.size()) {
+      value = argv[++i];
+    } else {
+      throw core::ConfigError(name + " needs a value" + kUsage);
+    }
+    if (name == "--input") {
+      args.inputs.push_back(value);
+    } else if (name == "--tokenizer") {
+      args.tokenizer = value;
+    } else if (name == "--out") {
+      args.out = value;
+    } else if (name == "--out-dir") {
+      args.out_dir = value;
+    } else if (name == "--vocab-size") {
+      args.vocab_size = parse_int(name, value);
+    } else if (name == "--shard-tokens") {
+      args.shard_tokens = parse_int(name, value);
+    } else if (name == "--val-fraction") {
+      args.val_fraction = parse_number(name, value);
+    } else if (value == "bpe" || value == "unigram") {
+      args.model_type = value;
+    } else {
+      throw core::ConfigError("--model-type takes bpe or unigram, got '" + value + "'" + kUsage);
+    }
+  }
+  require(!args.inputs.empty(), "--input FILE...", args);
+  if (args.subcommand == "train") {
+    require(args.vocab_size.has_value(), "--vocab-size N", args);
+    require(!args.out.empty(), "--out FILE", args);
+  } else {
+    require(!args.tokenizer.empty(), "--tokenizer FILE", args);
+  }
+  if (args.subcommand == "encode") require(!args.out_dir.empty(), "--out-dir DIR", args);
+  return args;
+}
+
+// An error is reported on one line, whatever SentencePiece's messages hold.
+std::string one_line(std::string message) {
+  for (char& c : message) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return message;
+}
+
+int run(const std::vector<std::string>& argv) {
+  try {
+    const Args args = parse(argv);
+    if (args.help) {
+      std::fputs(kHelp, stdout);
+    } else if (args.subcommand == "train") {
+      train_tokenizer({args.inputs, *args.vocab_size, args.model_type, args.out, args.force});
+    } else if (args.subcommand == "encode") {
+      encode_to_shards({args.tokenizer, args.inputs, args.out_dir, args.val_fraction,
+                        args.shard_tokens, args.force});
+    } else {
+      decode_shards(args.tokenizer, args.inputs, stdout);
+    }
+    return kExitOk;
+  } catch (const core::ConfigError& e) {
+    std::fprintf(stderr, "mantissa: %s\n", one_line(e.what()).c_str());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mantissa: error: %s\n", one_line(e.what()).c_str());
+    return kExitFailure;
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::launcher
+
+int main(int argc, char** argv) {
+  return mantissa::launcher::run(std::vector<std::string>(argv + 1, argv + argc));
+}

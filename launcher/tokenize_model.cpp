@@ -1,0 +1,121 @@
+#include "launcher/tokenize_model.h"
+
+#include <sentencepiece_processor.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "core/error.h"
+
+namespace mantissa::launcher {
+
+namespace {
+
+using std::string_view_literals::operator""sv;
+
+// SentencePiece writes every space as U+2581 (LOWER ONE EIGHTH BLOCK) before it encodes, and
+// decodes every U+2581 back to a space.
+constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
+
+// What an exact tokenizer must give back unchanged: leading, doubled and trailing spaces (which
+// the default normalisation removes), tabs, blank lines and CR LF, NFKC-sensitive characters
+// (the ligature "ﬁ", the full-width "Ａ"), accents, CJK, an emoji (outside any small
+// vocabulary: byte fallback), a literal U+2581 and a NUL.
+constexpr std::string_view kProbe =
+    " two  spaces,\ta tab\n\nCR LF\r\n\xEF\xAC\x81 \xEF\xBC\xA1 caf\xC3\xA9 "
+    "\xE4\xB8\xAD\xE6\x96\x87 "
+    "\xF0\x9F\x98\x80 \xE2\x96\x81 \0 end "sv;
+
+std::string read_model_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw core::ConfigError("cannot read tokenizer '" + path + "'");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  if (in.bad()) throw core::ConfigError("cannot read tokenizer '" + path + "'");
+  return bytes.str();
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(const std::string& path) : Tokenizer(path, read_model_file(path)) {}
+
+Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
+    : path_(path),
+      model_bytes_(std::move(model_bytes)),
+      processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+  const sentencepiece::util::Status status = processor_->LoadFromSerializedProto(model_bytes_);
+  if (!status.ok()) {
+    throw core::ConfigError("tokenizer '" + path_ +
+                            "' is not a SentencePiece model: " + status.ToString());
+  }
+  vocab_size_ = processor_->GetPieceSize();
+  if (vocab_size_ > kMaxShardVocab) {
+    throw core::ConfigError("tokenizer '" + path_ + "' has " + std::to_string(vocab_size_) +
+                            " pieces; uint16 token shards hold at most " +
+                            std::to_string(kMaxShardVocab));
+  }
+  const int eos = processor_->eos_id();
+  if (eos < 0) {
+    throw core::ConfigError("tokenizer '" + path_ +
+                            "' has no end-of-text piece (</s>) to separate documents");
+  }
+  eot_ = static_cast<uint16_t>(eos);
+
+  continuation_.assign(vocab_size_, false);
+  for (int id = 0; id < vocab_size_; ++id) {
+    unsigned byte = 0;
+    if (processor_->IsByte(id) &&
+        std::sscanf(processor_->IdToPiece(id).c_str(), "<0x%2X>", &byte) == 1) {
+      continuation_[id] = byte >= 0x80 && byte <= 0xBF;
+    }
+  }
+  for (const char c : kSpaceSymbol) {
+    char piece[8];
+    std::snprintf(piece, sizeof piece, "<0x%02X>", static_cast<unsigned char>(c));
+    space_symbol_bytes_.push_back(static_cast<uint16_t>(processor_->PieceToId(piece)));
+  }
+
+  std::vector<uint16_t> tokens;
+  encode(kProbe, tokens);
+  if (decode(tokens) != kProbe) {
+    throw core::ConfigError(
+        "tokenizer '" + path_ +
+        "' does not give text back exactly (it normalises text or has no byte fallback); train "
+        "one with `mantissa tokenize train`");
+  }
+}
+
+Tokenizer::~Tokenizer() = default;
+
+void Tokenizer::encode(std::string_view text, std::vector<uint16_t>& out) const {
+  // A U+2581 of the text itself would come back as a space, so it is encoded as its three byte
+  // tokens (byte fallback's own pieces), which decode to those bytes; the text between is
+  // encoded as usual.
+  std::vector<int> ids;
+  while (!text.empty()) {
+    const size_t at = text.find(kSpaceSymbol);
+    const std::string_view part = text.substr(0, at);
+    if (!part.empty()) {
+      const sentencepiece::util::Status status = processor_->Encode(part, &ids);
+      MANTISSA_CHECK(status.ok(),
+                     "tokenizer '" << path_ << "': encoding failed: " << status.ToString());
+      out.insert(out.end(), ids.begin(), ids.end());
+    }
+    if (at == std::string_view::npos) break;
+    out.insert(out.end(), space_symbol_bytes_.begin(), space_symbol_bytes_.end());
+    text.remove_prefix(at + kSpaceSymbol.size());
+  }
+}
+
+std::string Tokenizer::decode(std::span<const uint16_t> tokens) const {
+  const std::vector<int> ids(tokens.begin(), tokens.end());
+  std::string text;
+  const sentencepiece::util::Status status = processor_->Decode(ids, &text);
+  MANTISSA_CHECK(status.ok(),
+                 "tokenizer '" << path_ << "': decoding failed: " << status.ToString());
+  return text;
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,224 @@
+#include "launcher/tokenize_shards.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+#include "train/data/corpus.h"
+
+namespace mantissa::launcher {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "llm.c shards are little-endian, written here as they lie in memory");
+
+constexpr const char* kTempSuffix = ".tmp";
+constexpr const char* kTokenizerName = "tokenizer.model";
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+// What the training config's glob (DIR/train_*.bin, DIR/val_*.bin) would read.
+bool is_shard_name(const std::string& name) {
+  const bool train = name.starts_with("train_");
+  const bool val = name.starts_with("val_");
+  return (train || val) && name.ends_with(".bin");
+}
+
+// A file written, fsynced and closed, or removed again when any of that fails.
+class TempFile {
+ public:
+  explicit TempFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    MANTISSA_CHECK(fd_ >= 0, "cannot create '" << path_ << "': " << errno_text());
+  }
+  ~TempFile() {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      ::unlink(path_.c_str());
+    }
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+
+  void write(const void* data, size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      MANTISSA_CHECK(n > 0, "cannot write '" << path_ << "': " << errno_text());
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+  }
+  // Durable before it is renamed into place: a crash never leaves a final name with a
+  // partial file.
+  void finish() {
+    MANTISSA_CHECK(::fsync(fd_) == 0, "cannot write '" << path_ << "': fsync: " << errno_text());
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) {
+      const std::string error = errno_text();
+      ::unlink(path_.c_str());
+      MANTISSA_FAIL("cannot write '" << path_ << "': close: " << error);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+void rename_into_place(const std::string& from, const std::string& to) {
+  MANTISSA_CHECK(::rename(from.c_str(), to.c_str()) == 0,
+                 "cannot rename '" << from << "' to '" << to << "': " << errno_text());
+}
+
+void sync_directory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MANTISSA_CHECK(fd >= 0, "cannot open directory '" << dir << "': " << errno_text());
+  const int rc = ::fsync(fd);
+  const std::string error = errno_text();
+  ::close(fd);
+  MANTISSA_CHECK(rc == 0, "cannot fsync directory '" << dir << "': " << error);
+}
+
+std::string parent_dir(const std::string& path) {
+  const std::string parent = fs::path(path).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+}  // namespace
+
+size_t start_at_or_before(const Tokenizer& tokenizer, std::span<const uint16_t> tokens,
+                          size_t pos) {
+  size_t p = std::min(pos, tokens.size());
+  while (p > 0 && p < tokens.size() && !tokenizer.can_start_at(tokens[p])) --p;
+  return p;
+}
+
+std::vector<std::pair<size_t, size_t>> plan_shards(const Tokenizer& tokenizer,
+                                                   std::span<const uint16_t> tokens,
+                                                   size_t max_tokens) {
+  MANTISSA_CHECK(max_tokens >= 4, "plan_shards: max_tokens " << max_tokens << " < 4");
+  std::vector<std::pair<size_t, size_t>> shards;
+  for (size_t begin = 0; begin < tokens.size();) {
+    const size_t limit = std::min(begin + max_tokens, tokens.size());
+    size_t end = start_at_or_before(tokenizer, tokens, limit);
+    // Only a stream that is not valid UTF-8 can hold more than 3 continuation bytes in a row;
+    // it is cut where the limit falls.
+    if (end == begin) end = limit;
+    shards.emplace_back(begin, end);
+    begin = end;
+  }
+  return shards;
+}
+
+StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir)) {
+  std::error_code ec;
+  if (!fs::exists(dir_, ec)) {
+    // Remember every directory this creates, so that a failure removes them again.
+    for (fs::path p = fs::absolute(dir_); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+      created_dirs_.push_back(p.string());
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir_, ec);
+    if (ec) {
+      created_dirs_.clear();
+      throw core::ConfigError("cannot create output directory '" + dir_ + "': " + ec.message());
+    }
+    return;
+  }
+  if (!fs::is_directory(dir_, ec)) {
+    throw core::ConfigError("output directory '" + dir_ + "' exists and is not a directory");
+  }
+  if (replace) return;
+  std::vector<std::string> held;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_shard_name(name) || name == kTokenizerName) held.push_back(name);
+  }
+  if (ec) {
+    throw core::ConfigError("cannot list output directory '" + dir_ + "': " + ec.message());
+  }
+  if (!held.empty()) {
+    std::sort(held.begin(), held.end());
+    throw core::ConfigError("output directory '" + dir_ + "' already holds token shards (" +
+                            held.front() + (held.size() > 1 ? ", ..." : "") +
+                            "); --force replaces them");
+  }
+}
+
+StagedOutput::~StagedOutput() {
+  if (committed_) return;
+  for (const std::string& name : staged_) ::unlink((dir_ + "/" + name + kTempSuffix).c_str());
+  // rmdir removes only empty directories: whatever else appeared there stays.
+  for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
+}
+
+void StagedOutput::write_shard(const std::string& name, std::span<const uint16_t> tokens) {
+  MANTISSA_CHECK(tokens.size() <= INT32_MAX,
+                 "shard '" << name << "': " << tokens.size() << " tokens exceed the int32 count");
+  int32_t header[train::kShardHeaderInts] = {};
+  header[0] = train::kShardMagic;
+  header[1] = train::kShardVersion;
+  header[2] = static_cast<int32_t>(tokens.size());
+  staged_.push_back(name);
+  TempFile file(dir_ + "/" + name + kTempSuffix);
+  file.write(header, sizeof header);
+  file.write(tokens.data(), tokens.size_bytes());
+  file.finish();
+}
+
+void StagedOutput::write_file(const std::string& name, std::string_view bytes) {
+  staged_.push_back(name);
+  TempFile file(dir_ + "/" + name + kTempSuffix);
+  file.write(bytes.data(), bytes.size());
+  file.finish();
+}
+
+void StagedOutput::commit() {
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end()) {
+      MANTISSA_CHECK(::unlink(entry.path().c_str()) == 0, "cannot remove the old shard '"
+                                                              << entry.path().string()
+                                                              << "': " << errno_text());
+    }
+  }
+  MANTISSA_CHECK(!ec, "cannot list output directory '" << dir_ << "': " << ec.message());
+  for (const std::string& name : staged_) {
+    rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
+  }
+  sync_directory(dir_);
+  committed_ = true;
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  const std::string temp = path + kTempSuffix;
+  {
+    TempFile file(temp);
+    file.write(bytes.data(), bytes.size());
+    file.finish();
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string error = errno_text();
+    ::unlink(temp.c_str());
+    MANTISSA_FAIL("cannot rename '" << temp << "' to '" << path << "': " << error);
+  }
+  sync_directory(parent_dir(path));
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,63 @@
+// Writing the output of `mantissa tokenize`: llm.c token shards (the format and the reader are
+// in train/data/corpus.h) and the tokenizer model, such that a failure leaves nothing
+// half-written: every file is first written and fsynced under a temporary name (NAME.tmp) and
+// renamed into place only once all of them are complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "launcher/tokenize_model.h"
+
+namespace mantissa::launcher {
+
+// The last position p <= pos where a shard, or a piece decoded on its own, may start: 0,
+// tokens.size(), or a token that does not continue a character's bytes (Tokenizer::can_start_at).
+size_t start_at_or_before(const Tokenizer& tokenizer, std::span<const uint16_t> tokens, size_t pos);
+
+// Cuts `tokens` into shards of at most `max_tokens` tokens (at least 4, the longest UTF-8
+// character), each ending early where needed so that the next one can start there: the
+// [begin, end) ranges, in order, covering all tokens (none for an empty span).
+std::vector<std::pair<size_t, size_t>> plan_shards(const Tokenizer& tokenizer,
+                                                   std::span<const uint16_t> tokens,
+                                                   size_t max_tokens);
+
+// The files of one `mantissa tokenize encode` run, staged in one output directory.
+class StagedOutput {
+ public:
+  // Output into `dir`, created (with its parents) when missing. Throws core::ConfigError when
+  // `dir` is not a directory or cannot be created, or already holds shards (train_*.bin,
+  // val_*.bin) or a tokenizer.model and `replace` is false.
+  StagedOutput(std::string dir, bool replace);
+  // Unless commit() ran: removes every temporary file, and the directories this created.
+  ~StagedOutput();
+  StagedOutput(const StagedOutput&) = delete;
+  StagedOutput& operator=(const StagedOutput&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  // Writes the shard `name` (in dir) under its temporary name. Throws core::Error naming the
+  // file when it cannot be written.
+  void write_shard(const std::string& name, std::span<const uint16_t> tokens);
+  // The same for any other file.
+  void write_file(const std::string& name, std::string_view bytes);
+  // Removes the shards a replaced output held that this one does not rewrite (a stale
+  // train_000007.bin would still match the training glob), then renames every file into place.
+  void commit();
+
+ private:
+  std::string dir_;
+  std::vector<std::string> created_dirs_;  // deepest first
+  std::vector<std::string> staged_;        // final names, in dir
+  bool committed_ = false;
+};
+
+// Writes `bytes` to `path` through `path`.tmp and a rename. Throws core::Error naming the file
+// when it cannot be written (the temporary file is removed).
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+}  // namespace mantissa::launcher

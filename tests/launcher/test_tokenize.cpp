@@ -1,0 +1,202 @@
+// The pieces of `mantissa tokenize` (launcher/tokenize_*.h): the UTF-8 check, exact encoding
+// (a literal U+2581 included), where shards may be cut, and which models are refused.
+// tests/launcher/test_tokenize.py runs the executables end to end.
+#include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "core/error.h"
+#include "launcher/tokenize_input.h"
+#include "launcher/tokenize_model.h"
+#include "launcher/tokenize_shards.h"
+#include "launcher/tokenize_train.h"
+
+namespace mantissa::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using std::string_view_literals::operator""sv;
+
+TEST(Utf8, ValidTextHasNoInvalidByte) {
+  for (const std::string_view text :
+       {""sv, "plain ASCII, longer than eight bytes"sv, "caf\xC3\xA9"sv,
+        "\xE4\xB8\xAD\xE6\x96\x87 and \xF0\x9F\x98\x80"sv, "\xF4\x8F\xBF\xBF"sv, "a\0b"sv}) {
+    EXPECT_EQ(first_invalid_utf8(text), text.size()) << text;
+  }
+}
+
+TEST(Utf8, FindsTheStartOfTheFirstInvalidSequence) {
+  struct Case {
+    std::string_view text;
+    size_t offset;
+  };
+  for (const Case& c :
+       {Case{"0123456789abcdefghij\xFF"sv, 20},      // after the eight-byte ASCII path
+        Case{"ab\xC0\x80"sv, 2},                     // overlong NUL
+        Case{"\xE0\x80\x80"sv, 0},                   // overlong 3-byte form
+        Case{"x\xED\xA0\x80"sv, 1},                  // a surrogate, U+D800
+        Case{"\xF4\x90\x80\x80"sv, 0},               // above U+10FFFF
+        Case{"\xF5\x80\x80\x80"sv, 0},               // no such lead byte
+        Case{"ok \xE2\x96"sv, 3},                    // cut short at the end
+        Case{"\xC3\xA9\xE2\x41\x41"sv, 2},           // a bad continuation byte
+        Case{"\x80"sv, 0},                           // a continuation byte alone
+        Case{"\xF0\x9F\x98\x80\xF0\x9F\x98"sv, 4}})  // the second emoji is cut short
+  {
+    EXPECT_EQ(first_invalid_utf8(c.text), c.offset) << c.text;
+  }
+}
+
+// Lines with accents, CJK and emoji, so that a small vocabulary leaves some characters to
+// byte fallback.
+std::string sample_text() {
+  std::string text;
+  for (int i = 0; i < 400; ++i) {
+    text += "Line " + std::to_string(i) +
+            ": the caf\xC3\xA9 serves cr\xC3\xAA"
+            "pes;  indented\t";
+    text +=
+        i % 7 == 0 ? "\xE4\xB8\xAD\xE6\x96\x87\xE6\x96\x87\xE5\xAD\x97 \xF0\x9F\x98\x80\n" : "\n";
+    if (i % 10 == 0) text += "\n";
+  }
+  return text;
+}
+
+class TokenizerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(fs::path(::testing::TempDir()) / "mantissa_test_tokenize");
+    fs::remove_all(*dir_);
+    fs::create_directories(*dir_);
+    std::ofstream(*dir_ / "text.txt", std::ios::binary) << sample_text();
+    train_tokenizer(
+        {{(*dir_ / "text.txt").string()}, 300, "bpe", (*dir_ / "tok.model").string(), false});
+    tokenizer_ = new Tokenizer((*dir_ / "tok.model").string());
+  }
+  static void TearDownTestSuite() {
+    delete tokenizer_;
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  static fs::path* dir_;
+  static Tokenizer* tokenizer_;
+};
+fs::path* TokenizerTest::dir_ = nullptr;
+Tokenizer* TokenizerTest::tokenizer_ = nullptr;
+
+std::string decode(const Tokenizer& tokenizer, std::span<const uint16_t> tokens) {
+  return tokenizer.decode(tokens);
+}
+
+TEST_F(TokenizerTest, IdsFollowSentencePiecesLayout) {
+  EXPECT_EQ(tokenizer_->vocab_size(), 300);
+  EXPECT_EQ(tokenizer_->eot(), 2);
+  // Byte 0xNN is id 3 + 0xNN: a lead byte may start a shard, a continuation byte may not.
+  EXPECT_TRUE(tokenizer_->can_start_at(3 + 0xE2));
+  EXPECT_FALSE(tokenizer_->can_start_at(3 + 0x96));
+  EXPECT_TRUE(tokenizer_->can_start_at(3 + 0xC0));
+  EXPECT_FALSE(tokenizer_->can_start_at(3 + 0xBF));
+}
+
+TEST_F(TokenizerTest, DecodingGivesTheTextBackExactly) {
+  const std::string sample = sample_text();
+  for (const std::string_view text :
+       {std::string_view(sample), "  leading and doubled  spaces, trailing  "sv,
+        "\n\n\r\n\ttabs\xEF\xAC\x81\xEF\xBC\xA1"sv, "\xF0\x9F\xA6\x80 an emoji never seen"sv,
+        "\xE2\x96\x81\xE2\x96\x81 U+2581 itself, \xE2\x96\x81 twice and at the end\xE2\x96\x81"sv,
+        "nul \0 inside"sv}) {
+    std::vector<uint16_t> tokens;
+    tokenizer_->encode(text, tokens);
+    EXPECT_EQ(decode(*tokenizer_, tokens), text);
+  }
+}
+
+TEST_F(TokenizerTest, TheSpaceSymbolItselfBecomesItsBytes) {
+  std::vector<uint16_t> tokens;
+  tokenizer_->encode("\xE2\x96\x81", tokens);
+  EXPECT_EQ(tokens, (std::vector<uint16_t>{3 + 0xE2, 3 + 0x96, 3 + 0x81}));
+}
+
+TEST_F(TokenizerTest, ShardsNeverCutACharactersBytes) {
+  // Emoji outside the vocabulary: four byte tokens each.
+  std::string text;
+  for (int i = 0; i < 50; ++i) text += "\xF0\x9F\xA6\x80 x\xF0\x9F\xA6\x81";
+  std::vector<uint16_t> tokens;
+  tokenizer_->encode(text, tokens);
+  for (size_t max_tokens = 4; max_tokens <= 9; ++max_tokens) {
+    const auto shards = plan_shards(*tokenizer_, tokens, max_tokens);
+    std::string joined;
+    size_t expected_begin = 0;
+    for (const auto& [begin, end] : shards) {
+      ASSERT_EQ(begin, expected_begin);
+      ASSERT_GT(end, begin);
+      ASSERT_LE(end - begin, max_tokens);
+      const std::string piece =
+          decode(*tokenizer_, std::span<const uint16_t>(tokens).subspan(begin, end - begin));
+      ASSERT_EQ(first_invalid_utf8(piece), piece.size())
+          << "shard [" << begin << ", " << end << ") with max " << max_tokens;
+      joined += piece;
+      expected_begin = end;
+    }
+    EXPECT_EQ(expected_begin, tokens.size());
+    EXPECT_EQ(joined, text);
+  }
+  EXPECT_TRUE(plan_shards(*tokenizer_, {}, 4).empty());
+}
+
+TEST_F(TokenizerTest, StartAtOrBeforeStepsBackToALeadByte) {
+  std::vector<uint16_t> tokens;
+  tokenizer_->encode("a\xF0\x9F\xA6\x80", tokens);
+  ASSERT_EQ(tokens.size(), 5u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 4), 1u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 1), 1u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 5), 5u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 99), 5u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 0), 0u);
+}
+
+void expect_config_error(const std::function<void()>& run, const std::string& part) {
+  try {
+    run();
+    ADD_FAILURE() << "no error; expected one containing: " << part;
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(TokenizerTest, RefusesModelsThatDoNotDecodeExactly) {
+  // SentencePiece's defaults: NFKC, whitespace folding, a dummy prefix, no byte fallback.
+  std::string model;
+  const sentencepiece::util::Status status = sentencepiece::SentencePieceTrainer::Train(
+      std::unordered_map<std::string, std::string>{
+          {"input", (*dir_ / "text.txt").string()}, {"vocab_size", "200"}, {"model_type", "bpe"}},
+      nullptr, &model);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  expect_config_error([&] { Tokenizer("default.model", model); },
+                      "tokenizer 'default.model' does not give text back exactly");
+  expect_config_error([&] { Tokenizer("junk.model", "not a model"); },
+                      "tokenizer 'junk.model' is not a SentencePiece model");
+  expect_config_error([&] { Tokenizer((*dir_ / "missing.model").string()); },
+                      "cannot read tokenizer");
+}
+
+TEST(MappedText, RefusesMissingEmptyAndNonRegularFiles) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_mapped_text";
+  fs::create_directories(dir);
+  std::ofstream(dir / "empty.txt").close();
+  expect_config_error(
+      [&] { MappedText((dir / "none.txt").string()); },
+      "cannot read input '" + (dir / "none.txt").string() + "': No such file or directory");
+  expect_config_error([&] { MappedText((dir / "empty.txt").string()); },
+                      "input '" + (dir / "empty.txt").string() + "' is empty");
+  expect_config_error([&] { MappedText(dir.string()); }, "is not a regular file");
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mantissa::launcher

@@ -1,0 +1,353 @@
+"""`mantissa tokenize` end to end, through the real executables (one process, no mpirun):
+ - a tokenizer trained on a licence text every Debian machine has, the text encoded with a
+   validation split and decoded again: train + val give the text back byte for byte; the same
+   for a UTF-8 text of accents, CJK, emoji, a literal U+2581, CR LF and odd spacing, cut into
+   shards so small that characters outside the vocabulary (byte tokens) meet shard ends, and
+   every shard decodes on its own to valid UTF-8;
+ - the shards follow llm.c's format (256 int32 header: magic, version, count; size 1024 + 2 *
+   count; an end-of-text token before each file) and `mantissa train` reads them (2 CPU steps);
+ - the tokens do not depend on the number of threads (1 core against all of them);
+ - every bad input (a vocab above 65536, an empty, missing or non-regular input, invalid UTF-8,
+   an output that already holds shards or a model) exits 2 with one line that names it, and
+   leaves no file behind; --force replaces an output, stale shards included.
+(tests/launcher/test_tokenize.cpp tests the pieces, and that models which do not decode
+exactly are refused.)
+"""
+
+import array
+import glob
+import os
+import re
+import struct
+import subprocess
+
+import launcher_util as lu
+
+LICENCE = "/usr/share/common-licenses/GPL-3"
+MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
+EOT = 2  # </s>
+
+# Accents, CJK, emoji, a literal U+2581 (SentencePiece's own space symbol), CR LF, tabs,
+# leading, doubled and trailing spaces, and no newline at the end.
+UTF8_LINES = [
+    "  Déjà vu: l'été à Montréal, crème brûlée et cœur — «ça va?»",
+    "中文字符：机器学习与自然语言处理。日本語のテキストも少し。",
+    "Emoji 😀🚀🦀 and flags 🇫🇷; math ∑∫√∞ ≠ ≤; the block ▁ itself ▁▁ twice.",
+    "Ελληνικά και Кириллица, עברית, العربية\tafter a tab  ",
+    "Zürich, Kraków, Ærøskøbing, İstanbul, Đà Nẵng\r",
+]
+
+
+def utf8_text(lines=400):
+    return "\n".join(f"{i:03d} {UTF8_LINES[i % len(UTF8_LINES)]}" for i in range(lines)) + " end"
+
+
+def read_shard(path):
+    """The tokens of an llm.c shard, after checking its header and size."""
+    with open(path, "rb") as f:
+        data = f.read()
+    magic, version, count = struct.unpack("<3i", data[:12])
+    assert (magic, version) == (MAGIC, VERSION), f"{path}: header {magic} {version}"
+    assert len(data) == HEADER_BYTES + 2 * count, f"{path}: {len(data)} bytes for {count} tokens"
+    tokens = array.array("H", data[HEADER_BYTES:])
+    assert len(tokens) == count
+    return list(tokens)
+
+
+class Tokenize(lu.TempDirTest):
+    def tokenize(self, *args, **kwargs):
+        return self.mantissa("tokenize", *args, **kwargs)
+
+    def ok(self, *args):
+        result = self.tokenize(*args)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def train_tokenizer(self, inputs, vocab=1000, out="tok.model", *extra):
+        self.ok("train", "--input", *inputs, "--vocab-size", str(vocab), "--out",
+                os.path.join(self.dir, out), *extra)
+        return os.path.join(self.dir, out)
+
+    def encode(self, tokenizer, inputs, out="shards", *extra):
+        out_dir = os.path.join(self.dir, out)
+        self.ok("encode", "--tokenizer", tokenizer, "--input", *inputs, "--out-dir", out_dir,
+                *extra)
+        return out_dir
+
+    def decode(self, tokenizer, shards):
+        result = subprocess.run([lu.binary(), "tokenize", "decode", "--tokenizer", tokenizer,
+                                 "--input", *shards], capture_output=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout
+
+    def shards(self, out_dir, split):
+        paths = sorted(glob.glob(os.path.join(out_dir, f"{split}_*.bin")))
+        names = [os.path.basename(p) for p in paths]
+        self.assertEqual(names, [f"{split}_{i:06d}.bin" for i in range(len(paths))])
+        return paths
+
+    def assert_round_trip(self, tokenizer, out_dir, text_bytes, documents):
+        train, val = self.shards(out_dir, "train"), self.shards(out_dir, "val")
+        self.assertTrue(train and val, os.listdir(out_dir))
+        tokens = {p: read_shard(p) for p in train + val}
+        stream = [t for p in train + val for t in tokens[p]]
+        self.assertEqual(stream[0], EOT, "each document starts with the end-of-text token")
+        self.assertEqual(stream.count(EOT), documents)
+        val_tokens = sum(len(tokens[p]) for p in val)
+        self.assertAlmostEqual(val_tokens / len(stream), 0.1, delta=0.01)
+        # Train then val is the input; so are the splits decoded apart, concatenated.
+        self.assertEqual(self.decode(tokenizer, train + val), text_bytes)
+        self.assertEqual(self.decode(tokenizer, train) + self.decode(tokenizer, val), text_bytes)
+        with open(tokenizer, "rb") as a, open(os.path.join(out_dir, "tokenizer.model"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        self.assertEqual(glob.glob(os.path.join(out_dir, "*.tmp")), [])
+        return stream
+
+    def test_licence_round_trip_and_training_on_the_shards(self):
+        tokenizer = self.train_tokenizer([LICENCE], 1000)
+        out_dir = self.encode(tokenizer, [LICENCE], "shards", "--val-fraction", "0.1",
+                              "--shard-tokens", "4000")
+        with open(LICENCE, "rb") as f:
+            text = f.read()
+        stream = self.assert_round_trip(tokenizer, out_dir, text, documents=1)
+        self.assertGreater(len(self.shards(out_dir, "train")), 1)
+        self.assertLess(max(stream), 1000)
+        self.assertLess(len(stream), len(text) / 2.5, "a 1000-piece BPE compresses English text")
+
+        # The reader training uses takes them: two CPU steps of a tiny GPT, vocab above 1000.
+        config = self.write("own.pbtxt", f"""
+run {{ steps: 2 seed: 1 device: CPU log_every: 1 dir: "{self.dir}/run" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+precision {{ mode: FP32 }}
+""")
+        result = self.mantissa("train", "--config", config, "--progress", "lines")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        log = lu.read_log(os.path.join(self.dir, "run"), 0)
+        self.assertEqual([e["step"] for e in log], [0, 1])
+
+    def test_utf8_round_trip_with_byte_tokens_at_shard_ends(self):
+        def write(name, text):
+            path = os.path.join(self.dir, name)
+            with open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(text)
+            return path
+
+        # A unigram model of few pieces, trained on the text; then two documents: part of that
+        # text, and characters it never saw, which become byte tokens (up to 4 per character).
+        tokenizer = self.train_tokenizer([write("train.txt", utf8_text())], 400, "tok.model",
+                                         "--model-type", "unigram")
+        seen = write("seen.txt", utf8_text(60))
+        unseen = write("unseen.txt", "".join(f"{i} unseen: 🦀🐍🦊 龍鳳麒麟 ✓✗ ∮ ⌘ ñandú\n"
+                                             for i in range(20)))
+        # Shards so short that their ends keep meeting characters' byte tokens.
+        out_dir = self.encode(tokenizer, [seen, unseen], "shards", "--shard-tokens", "5")
+        expected = (utf8_text(60) + "".join(f"{i} unseen: 🦀🐍🦊 龍鳳麒麟 ✓✗ ∮ ⌘ ñandú\n"
+                                            for i in range(20))).encode("utf-8")
+        stream = self.assert_round_trip(tokenizer, out_dir, expected, documents=2)
+        continuation = range(3 + 0x80, 3 + 0xC0)
+        byte_tokens = [t for t in stream if 3 <= t < 3 + 256]
+        self.assertGreater(len(byte_tokens), 300, "characters outside the vocabulary")
+        # U+2581 itself is encoded as its bytes E2 96 81.
+        self.assertIn([3 + 0xE2, 3 + 0x96, 3 + 0x81],
+                      [stream[i:i + 3] for i in range(len(stream) - 2)])
+        # No shard starts inside a character; shards that start with a character's bytes, or
+        # end early before one, decode on their own to valid UTF-8.
+        shards = self.shards(out_dir, "train") + self.shards(out_dir, "val")
+        lengths = [len(read_shard(p)) for p in shards]
+        self.assertLessEqual(max(lengths), 5)
+        self.assertLess(min(lengths[:-1]), 5, "a shard ended early before a character's bytes")
+        starting_with_bytes = [p for p in shards if 3 <= read_shard(p)[0] < 3 + 256]
+        for path in shards:
+            self.assertNotIn(read_shard(path)[0], continuation, path)
+        self.assertGreater(len(starting_with_bytes), 20)
+        for path in starting_with_bytes[:20]:
+            self.decode(tokenizer, [path]).decode("utf-8")
+
+    def test_tokens_do_not_depend_on_the_thread_count(self):
+        # Over 2 MiB, so that the text is encoded in several chunks at once.
+        with open(LICENCE) as f:
+            licence = f.read()
+        big = self.write("big.txt", "".join(f"{i} {licence}" for i in range(70)))
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+
+        def encode_on(cores, out):
+            out_dir = os.path.join(self.dir, out)
+            result = subprocess.run(
+                [lu.binary(), "tokenize", "encode", "--tokenizer", tokenizer, "--input", big,
+                 "--out-dir", out_dir, "--shard-tokens", "300000"],
+                preexec_fn=lambda: os.sched_setaffinity(0, cores), capture_output=True,
+                text=True, timeout=240)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn(f" on {len(cores)} threads", result.stderr)
+            files = sorted(os.listdir(out_dir))
+            contents = {}
+            for name in files:
+                with open(os.path.join(out_dir, name), "rb") as f:
+                    contents[name] = f.read()
+            return contents
+
+        every = os.sched_getaffinity(0)
+        one = encode_on({min(every)}, "one")
+        self.assertEqual(encode_on(every, "all"), one)
+        self.assertGreater(len(one), 3)
+
+    def test_force_replaces_an_output_and_its_stale_shards(self):
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
+        self.assertGreater(len(self.shards(out_dir, "train")), 2)
+        self.encode(tokenizer, [LICENCE], "shards", "--force")
+        self.assertEqual(sorted(os.listdir(out_dir)),
+                         ["tokenizer.model", "train_000000.bin", "val_000000.bin"])
+        self.train_tokenizer([LICENCE], 700, "tok.model", "--force")
+        self.encode(tokenizer, [LICENCE], "none", "--val-fraction", "0")
+        self.assertEqual(sorted(os.listdir(os.path.join(self.dir, "none"))),
+                         ["tokenizer.model", "train_000000.bin"])
+
+    def test_help(self):
+        for args in (("tokenize", "--help"), ("help", "tokenize"), ("tokenize", "encode", "-h")):
+            result = self.mantissa(*args)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            text = result.stdout
+            for option in ("--input FILE...", "--vocab-size N", "--model-type", "--tokenizer",
+                           "--out-dir DIR", "--val-fraction F", "--shard-tokens N", "--force",
+                           "train_NNNNNN.bin", "val_NNNNNN.bin", "tokenizer.model",
+                           "default 0.1", "20240520", "end-of-text", "65536"):
+                self.assertIn(option, text)
+            codes = re.findall(r"^  (\d)  ", text.split("exit codes:", 1)[1], re.MULTILINE)
+            self.assertEqual(codes, ["0", "1", "2"])
+        self.assertIn("tokenize", self.mantissa("--help").stdout)
+
+
+class BadInput(lu.TempDirTest):
+    """Each case: exit 2, one line on stderr, and no file added to the test's directory."""
+
+    def assert_refused(self, expected, *args):
+        """Runs `mantissa tokenize ARGS`; expects exit 2 and one stderr line equal to `expected`
+        (a str) or matching it (a compiled regex). "{dir}" in either stands for the test's
+        directory."""
+        before = self.listing()
+        result = self.mantissa("tokenize", *(a.replace("{dir}", self.dir) for a in args))
+        lines = result.stderr.splitlines()
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(len(lines), 1, f"expected one line on stderr, got:\n{result.stderr}")
+        if isinstance(expected, str):
+            self.assertEqual(lines[0], expected.replace("{dir}", self.dir))
+        else:
+            self.assertRegex(lines[0], expected)
+        self.assertEqual(self.listing(), before, "nothing may be left behind")
+
+    def listing(self):
+        found = {}
+        for root, _, files in os.walk(self.dir):
+            for name in files:
+                path = os.path.join(root, name)
+                with open(path, "rb") as f:
+                    found[path] = f.read()
+            found[root] = None
+        return found
+
+    def tokenizer(self):
+        path = os.path.join(self.dir, "tok.model")
+        result = self.mantissa("tokenize", "train", "--input", LICENCE, "--vocab-size", "500",
+                               "--out", path)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return path
+
+    def encode_args(self, *inputs, out="out"):
+        return ("encode", "--tokenizer", os.path.join(self.dir, "tok.model"),
+                "--out-dir", os.path.join(self.dir, out), "--input", *inputs)
+
+    def test_vocab_sizes_uint16_shards_cannot_hold(self):
+        self.assert_refused(
+            "mantissa: --vocab-size 65537: uint16 token shards hold at most 65536 token ids",
+            "train", "--input", LICENCE, "--vocab-size", "65537", "--out", "{dir}/tok.model")
+        self.assert_refused(
+            "mantissa: --vocab-size 259: must be at least 260 (3 special and 256 byte pieces come "
+            "first)", "train", "--input", LICENCE, "--vocab-size", "259", "--out",
+            "{dir}/tok.model")
+        self.assert_refused(re.compile(
+            "^mantissa: cannot train a 30000-piece bpe tokenizer on this text: Vocabulary size "
+            r"too high \(30000\)\. Please set it to a value <= \d+\.$"),
+            "train", "--input", LICENCE, "--vocab-size", "30000", "--out", "{dir}/tok.model")
+
+    def test_empty_missing_and_non_regular_inputs(self):
+        empty = self.write("empty.txt", "")
+        missing = os.path.join(self.dir, "missing.txt")
+        self.tokenizer()
+        for command in (("train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input"),
+                        self.encode_args()):
+            with self.subTest(command[0]):
+                self.assert_refused(f"mantissa: input '{empty}' is empty", *command, LICENCE,
+                                    empty)
+                self.assert_refused(f"mantissa: cannot read input '{missing}': No such file or "
+                                    "directory", *command, missing)
+                self.assert_refused(f"mantissa: input '{self.dir}' is not a regular file",
+                                    *command, self.dir)
+
+    def test_invalid_utf8_names_the_file_and_the_offset(self):
+        self.tokenizer()
+        bad = os.path.join(self.dir, "bad.txt")
+        with open(bad, "wb") as f:
+            f.write("naïve text\n".encode() + b"then \xc3\x28 a broken sequence\n")
+        # Deep in a file encoded in several chunks: the offset counts from the file's start.
+        deep = os.path.join(self.dir, "deep.txt")
+        with open(deep, "wb") as f:
+            f.write(b"ascii line\n" * 300000 + b"\xe2\x82 cut short\n" + b"more\n" * 1000)
+        self.assert_refused(f"mantissa: input '{bad}' is not valid UTF-8: byte 0xC3 at offset 17",
+                            "train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input",
+                            LICENCE, bad)
+        self.assert_refused(f"mantissa: input '{bad}' is not valid UTF-8: byte 0xC3 at offset 17",
+                            *self.encode_args(LICENCE, bad))
+        self.assert_refused(
+            f"mantissa: input '{deep}' is not valid UTF-8: byte 0xE2 at offset 3300000",
+            *self.encode_args(deep))
+
+    def test_outputs_that_already_exist(self):
+        tokenizer = self.tokenizer()
+        self.assert_refused(f"mantissa: --out '{tokenizer}' exists; --force replaces it",
+                            "train", "--input", LICENCE, "--vocab-size", "600", "--out", tokenizer)
+        result = self.mantissa("tokenize", *self.encode_args(LICENCE))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assert_refused(
+            "mantissa: output directory '{dir}/out' already holds token shards (tokenizer.model, "
+            "...); --force replaces them", *self.encode_args(LICENCE))
+        self.assert_refused("mantissa: output directory '{dir}/tok.model' exists and is not a "
+                            "directory", *self.encode_args(LICENCE, out="tok.model"))
+
+    def test_bad_tokenizers_shards_and_options(self):
+        junk = self.write("junk.model", "not a model")
+        self.assert_refused(re.compile(f"^mantissa: tokenizer '{junk}' is not a SentencePiece "
+                                       "model: "),
+                            "encode", "--tokenizer", junk, "--out-dir", "{dir}/out", "--input",
+                            LICENCE)
+        tokenizer = self.tokenizer()
+        shard = os.path.join(self.dir, "bad.bin")
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<3i", 7, 1, 0) + bytes(1012))
+        self.assert_refused(re.compile(f"^mantissa: token shard '{shard}': bad magic 7 "),
+                            "decode", "--tokenizer", tokenizer, "--input", shard)
+        cases = {
+            ("--val-fraction", "1"): "mantissa: --val-fraction 1: must lie in [0, 1)",
+            ("--shard-tokens", "3"): "mantissa: --shard-tokens 3: must lie in [4, 2147483647] "
+                                     "(the header's int32 count; a character's up to 4 byte "
+                                     "tokens stay in one shard)",
+            ("--shard-tokens", "many"): "mantissa: --shard-tokens takes an integer, got 'many' "
+                                        "(see mantissa tokenize --help)",
+            ("--vocab-size", "5"): "mantissa: tokenize encode: unknown argument '--vocab-size' "
+                                   "(see mantissa tokenize --help)",
+        }
+        for extra, expected in cases.items():
+            with self.subTest(extra):
+                self.assert_refused(expected, *self.encode_args(LICENCE), *extra)
+        self.assert_refused("mantissa: tokenize needs a subcommand: train, encode or decode "
+                            "(see mantissa tokenize --help)")
+        self.assert_refused("mantissa: tokenize has no subcommand 'split' (train, encode or "
+                            "decode) (see mantissa tokenize --help)", "split")
+        self.assert_refused("mantissa: tokenize encode needs --out-dir DIR (see mantissa "
+                            "tokenize --help)", "encode", "--tokenizer", tokenizer, "--input",
+                            LICENCE)
+
+
+if __name__ == "__main__":
+    lu.main()
