@@ -42,6 +42,10 @@ void apply_override(TrainConfig& config, std::string_view assignment);
 // synthetic {}. run.dir defaults to runs/<config file name without extension>.
 void apply_defaults(TrainConfig& config, const std::string& config_path);
 
+// Whether the data section holds out a validation set: data.synthetic.val_tokens > 0,
+// data.text_file.val_fraction > 0, or a data.token_shards.val_pattern (defaults applied).
+bool has_validation_data(const TrainConfig::Data& data);
+
 // Checks every field of a config with defaults applied: value ranges (those of the modules'
 // options by the modules' own validate()), cross-field rules (heads divide the width, warmup
 // within the run, vocabulary covers the data), that the data files exist and the CPU backend's

@@ -16,7 +16,8 @@ using Config = TrainConfig;
 
 // Defaults. Applied through the same reflection as --set, to fields that are still unset, so
 // the table reads like a config file. Two defaults depend on other fields and are applied in
-// apply_defaults itself: precision.loss_scale.mode (DYNAMIC for FP16, NONE otherwise) and
+// apply_defaults itself: precision.loss_scale.mode (DYNAMIC for FP16, NONE otherwise),
+// run.eval_every (on when the data has a validation set) and
 // run.dir (runs/<config file name>).
 
 constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
@@ -24,6 +25,7 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"run.seed", "1"},
     {"run.device", "AUTO"},
     {"run.log_every", "10"},
+    {"run.eval_tokens", "16384"},
     {"model.gpt2.n_layer", "6"},
     {"model.gpt2.n_head", "6"},
     {"model.gpt2.n_embd", "384"},
@@ -35,6 +37,8 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"model.mlp.vocab_size", "256"},
     {"model.init_from", ""},
     {"data.synthetic.n_tokens", "2097152"},
+    {"data.synthetic.val_tokens", "65536"},
+    {"data.text_file.val_fraction", "0.1"},
     {"data.micro_batch_size", "8"},
     {"data.grad_accum_steps", "1"},
     {"optimizer.adamw.lr", "0.0006"},
@@ -79,6 +83,16 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
 
 }  // namespace
 
+bool has_validation_data(const TrainConfig::Data& data) {
+  switch (data.source_case()) {
+    case Config::Data::kSynthetic: return data.synthetic().val_tokens() > 0;
+    case Config::Data::kTextFile: return data.text_file().val_fraction() > 0.0;
+    case Config::Data::kTokenShards: return !data.token_shards().val_pattern().empty();
+    case Config::Data::SOURCE_NOT_SET: return false;
+  }
+  return false;
+}
+
 void apply_defaults(TrainConfig& config, const std::string& config_path) {
   if (config.model().arch_case() == Config::Model::ARCH_NOT_SET)
     config.mutable_model()->mutable_gpt2();
@@ -98,6 +112,9 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
                        ? Config::Precision::LossScale::DYNAMIC
                        : Config::Precision::LossScale::NONE);
   }
+  if (!config.run().has_eval_every()) {
+    config.mutable_run()->set_eval_every(has_validation_data(config.data()) ? 100 : 0);
+  }
   if (!config.run().has_dir()) {
     const std::string stem = std::filesystem::path(config_path).stem().string();
     config.mutable_run()->set_dir("runs/" + (stem.empty() ? std::string("default") : stem));
@@ -110,6 +127,7 @@ std::string describe_defaults() {
     out += "  " + std::string(path) + " = " + (value.empty() ? "\"\"" : std::string(value)) + "\n";
   }
   out += "  precision.loss_scale.mode = DYNAMIC for FP16, NONE otherwise\n";
+  out += "  run.eval_every = 100 when the data has a validation set, else 0\n";
   out += "  run.dir = runs/<config file name without extension>\n";
   out += "  model = gpt2 {}, data source = synthetic {} when none is given\n";
   return out;

@@ -28,6 +28,7 @@ namespace {
 using Config = TrainConfig;
 using core::at_least;
 using core::in_range;
+using core::in_unit_range;
 using core::non_negative;
 
 std::string quoted(const std::string& s) {
@@ -65,16 +66,20 @@ void check_readable_file(std::string_view field, const std::string& path) {
   require(in.good(), field, quoted(path), std::string("cannot be read: ") + std::strerror(errno));
 }
 
+void check_glob(std::string_view field, const std::string& pattern) {
+  require(!pattern.empty(), field, quoted(pattern), "must be a glob of token shard files");
+  glob_t matches{};
+  const int rc = glob(pattern.c_str(), 0, nullptr, &matches);
+  globfree(&matches);
+  require(rc == 0, field, quoted(pattern), "matches no file");
+}
+
 void check_data_files(const Config::Data& data) {
   if (data.has_text_file()) check_readable_file("data.text_file.path", data.text_file().path());
   if (data.has_token_shards()) {
-    const std::string& pattern = data.token_shards().pattern();
-    require(!pattern.empty(), "data.token_shards.pattern", quoted(pattern),
-            "must be a glob of token shard files");
-    glob_t matches{};
-    const int rc = glob(pattern.c_str(), 0, nullptr, &matches);
-    globfree(&matches);
-    require(rc == 0, "data.token_shards.pattern", quoted(pattern), "matches no file");
+    check_glob("data.token_shards.pattern", data.token_shards().pattern());
+    const std::string& val = data.token_shards().val_pattern();
+    if (!val.empty()) check_glob("data.token_shards.val_pattern", val);
   }
 }
 
@@ -123,9 +128,26 @@ void validate_data(const Config::Data& data, const ModelShape& model) {
     require(model.vocab_size >= 256, model.prefix + ".vocab_size", std::to_string(model.vocab_size),
             std::string("must be >= 256, the byte vocabulary of ") + source);
   }
+  if (data.has_synthetic()) at_least("data.synthetic.val_tokens", data.synthetic().val_tokens(), 0);
+  if (data.has_text_file()) {
+    in_unit_range("data.text_file.val_fraction", data.text_file().val_fraction(), true);
+  }
   at_least("data.micro_batch_size", data.micro_batch_size(), 1);
   at_least("data.grad_accum_steps", data.grad_accum_steps(), 1);
   check_data_files(data);
+}
+
+// Evaluation reads whole windows of seq_len + 1 tokens from the validation set.
+void validate_eval(const TrainConfig& config, const ModelShape& model) {
+  const Config::Run& run = config.run();
+  at_least("run.eval_every", run.eval_every(), 0);
+  if (run.eval_every() == 0) return;
+  require(has_validation_data(config.data()), "run.eval_every", std::to_string(run.eval_every()),
+          "needs a validation set (data.synthetic.val_tokens, data.text_file.val_fraction or "
+          "data.token_shards.val_pattern), or 0 to turn evaluation off");
+  require(run.eval_tokens() >= model.seq_len, "run.eval_tokens", std::to_string(run.eval_tokens()),
+          "must be >= " + model.prefix + ".seq_len = " + std::to_string(model.seq_len) +
+              " (one window)");
 }
 
 // FP8_HYBRID runs every Linear layer's three GEMMs in FP8, which read rows of whole 16 bytes
@@ -216,6 +238,7 @@ void validate(const TrainConfig& config) {
 
   const ModelShape model = validate_model(config.model());
   validate_data(config.data(), model);
+  validate_eval(config, model);
   validate_optimizer(config);  // run.steps too: it is the schedule's total
   validate_precision(config);
   validate_fp8_shapes(config);

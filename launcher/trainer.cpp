@@ -152,16 +152,23 @@ void Trainer::build_data() {
   // Data problems found while loading (a malformed shard, a corpus shorter than one sequence)
   // are configuration errors like a missing file: nothing can be trained from them.
   try {
-    std::shared_ptr<const train::Corpus> corpus;
+    train::Corpus corpus;
+    std::optional<train::Corpus> validation;
     if (data.has_text_file()) {
-      corpus =
-          std::make_shared<const train::Corpus>(train::Corpus::text_file(data.text_file().path()));
+      auto [head, tail] = train::Corpus::text_file(data.text_file().path())
+                              .split_tail(data.text_file().val_fraction());
+      corpus = std::move(head);
+      if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
     } else if (data.has_token_shards()) {
-      corpus = std::make_shared<const train::Corpus>(train::Corpus::token_shards(
-          data.token_shards().pattern(), static_cast<int>(dims.vocab_size)));
+      const int vocab = static_cast<int>(dims.vocab_size);
+      corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
+      const std::string& val_pattern = data.token_shards().val_pattern();
+      if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
     } else {
-      corpus = std::make_shared<const train::Corpus>(
-          train::Corpus::synthetic(seed, data.synthetic().n_tokens()));
+      corpus = train::Corpus::synthetic(seed, data.synthetic().n_tokens());
+      if (data.synthetic().val_tokens() > 0) {
+        validation = train::Corpus::synthetic_validation(seed, data.synthetic().val_tokens());
+      }
     }
     train::DataLoaderConfig loader;
     loader.seq_len = dims.seq_len;
@@ -169,7 +176,13 @@ void Trainer::build_data() {
     loader.world_size = world_.size();
     loader.rank = world_.rank();
     loader.seed = seed;
-    loader_ = std::make_unique<train::DataLoader>(std::move(corpus), loader);
+    loader_ = std::make_unique<train::DataLoader>(
+        std::make_shared<const train::Corpus>(std::move(corpus)), loader);
+    if (config_.run().eval_every() > 0 && validation) {
+      evaluator_ = std::make_unique<train::Evaluator>(
+          std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
+          config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank());
+    }
   } catch (const core::Error& e) {
     throw core::ConfigError(e.what());
   }
@@ -313,6 +326,15 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   say(line);
 }
 
+std::optional<double> Trainer::maybe_evaluate(int64_t steps_done) {
+  const int64_t every = config_.run().eval_every();
+  if (!evaluator_ || (steps_done % every != 0 && steps_done != config_.run().steps())) {
+    return std::nullopt;
+  }
+  const double local = evaluator_->local_loss_sum(*model_, *backend_, policy_);
+  return dp_->sum_across_ranks(local) / static_cast<double>(evaluator_->tokens());
+}
+
 void Trainer::say(const std::string& line) {
   if (world_.rank() == 0) progress_.note(line);
 }
@@ -348,6 +370,7 @@ int Trainer::run() {
     tokens_total_ += report.tokens * world_size;
 
     record.mean_loss = mean_loss;
+    record.val_loss = maybe_evaluate(step + 1);
     record.step_seconds = seconds;
     record.allreduce_seconds = dp_->last_step_comm_seconds();
     record.allreduce_bytes = dp_->last_step_comm_bytes();

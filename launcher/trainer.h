@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "checkpoint/checkpoint.h"
@@ -33,6 +34,7 @@
 #include "metrics/metrics.h"
 #include "metrics/run_log.h"
 #include "train/data/data_loader.h"
+#include "train/evaluate.h"
 #include "train/language_model.h"
 #include "train/optimizer.h"
 #include "train/training_step.h"
@@ -59,7 +61,11 @@ class Trainer {
   int run();
 
  private:
+  // The training corpus and this rank's loader, and the validation set when the run evaluates.
   void build_data();
+  // Held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
+  // after the last step); collective.
+  std::optional<double> maybe_evaluate(int64_t steps_done);
   void build_metrics();
   // Resumes from the newest intact checkpoint; false when there is none (or resume is NEVER).
   bool restore();
@@ -80,6 +86,7 @@ class Trainer {
   core::PrecisionPolicy policy_;
   std::unique_ptr<train::LanguageModel> model_;
   std::unique_ptr<train::DataLoader> loader_;
+  std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;
   std::unique_ptr<core::LossScaler> scaler_;

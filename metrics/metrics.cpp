@@ -98,6 +98,13 @@ struct Metrics::State {
   Gauge* last_checkpoint_step = nullptr;
   Gauge* last_checkpoint_time = nullptr;
   Histogram* checkpoint_seconds = nullptr;
+  // The held-out loss appears with the first evaluation (a 0 before it would read as a loss).
+  prometheus::Family<Gauge>* val_loss_family = nullptr;
+  prometheus::Family<Gauge>* val_loss_rises_family = nullptr;
+  Gauge* val_loss = nullptr;
+  Gauge* val_loss_rises = nullptr;
+  double last_val_loss = 0;
+  int rises = 0;  // evaluations in a row whose loss rose above the one before
 
   std::unique_ptr<MetricsEndpoint> endpoint;
 
@@ -228,6 +235,14 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                             .Name("mantissa_fp8_scale")
                             .Help("Current FP8 scale of the tensor")
                             .Register(reg);
+  s.val_loss_family = &BuildGauge()
+                           .Name("mantissa_val_loss")
+                           .Help("Loss on the held-out validation set at the last evaluation")
+                           .Register(reg);
+  s.val_loss_rises_family = &BuildGauge()
+                                 .Name("mantissa_val_loss_rises")
+                                 .Help("Evaluations in a row whose validation loss rose")
+                                 .Register(reg);
   s.last_checkpoint_step_family = &BuildGauge()
                                        .Name("mantissa_last_checkpoint_step")
                                        .Help("Step of the newest checkpoint written")
@@ -301,6 +316,17 @@ void Metrics::record_step(const StepRecord& record) {
   s.step_seconds->Observe(record.step_seconds);
   s.allreduce_seconds->Observe(record.allreduce_seconds);
   s.allreduce_bytes->Increment(static_cast<double>(record.allreduce_bytes));
+  if (record.val_loss) {
+    if (s.val_loss == nullptr) {
+      s.val_loss = &s.val_loss_family->Add(s.rank_labels);
+      s.val_loss_rises = &s.val_loss_rises_family->Add(s.rank_labels);
+    } else {
+      s.rises = *record.val_loss > s.last_val_loss ? s.rises + 1 : 0;
+    }
+    s.last_val_loss = *record.val_loss;
+    s.val_loss->Set(*record.val_loss);
+    s.val_loss_rises->Set(s.rises);
+  }
   for (const Fp8TensorStat& stat : record.fp8) {
     auto it = s.fp8.find(stat.tensor);
     if (it == s.fp8.end()) {

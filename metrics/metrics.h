@@ -21,13 +21,16 @@
 //   mantissa_allreduce_bytes_total           counter    bytes this rank sent to all-reduce
 //   mantissa_fp8_amax{tensor}                gauge      amax used for the tensor's FP8 scale
 //   mantissa_fp8_scale{tensor}               gauge      the tensor's FP8 scale
+//   mantissa_val_loss                        gauge      held-out loss at the last evaluation
+//   mantissa_val_loss_rises                  gauge      evaluations in a row whose loss rose
 //   mantissa_last_checkpoint_step            gauge      step of the newest checkpoint written
 //   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time it was written
 //   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
 // increase() treat that as a counter reset. The checkpoint gauges appear with the first
-// checkpoint, the FP8 gauges with the first step that reports the tensor, MFU once both the
+// checkpoint, the validation gauges with the first evaluation, the FP8 gauges with the first
+// step that reports the tensor, MFU once both the
 // peak and the FLOPs per token are known.
 #pragma once
 

@@ -95,6 +95,10 @@ void StepLog::write(const StepRecord& record) {
   append_number(line, r.loss);
   line += ",\"mean_loss\":";
   append_number(line, record.mean_loss);
+  if (record.val_loss) {
+    line += ",\"val_loss\":";
+    append_number(line, *record.val_loss);
+  }
   line += ",\"loss_scale\":";
   append_number(line, r.loss_scale);
   line += r.skipped ? ",\"overflow\":true" : ",\"overflow\":false";
@@ -144,11 +148,16 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
       format_rate(record.tokens_per_s() * world_size).c_str(),
       format_duration(step_seconds_ema_ * static_cast<double>(total_steps_ - done)).c_str());
   std::string text = line;
+  if (record.val_loss) {
+    std::snprintf(line, sizeof line, " | val loss %.4f", *record.val_loss);
+    text += line;
+  }
   if (r.skipped) {
     text += " | skipped: non-finite gradients";
     if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
   }
-  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || r.skipped;
+  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || r.skipped ||
+                    record.val_loss.has_value();
   if (live_) {
     // \033[K clears what a longer previous line left on the right.
     std::fprintf(out_, "\r%s\033[K%s", text.c_str(), keep ? "\n" : "");

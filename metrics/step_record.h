@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,9 +23,10 @@ struct StepRecord {
   // step (0-based index), loss of this rank, skipped (non-finite gradients: no update),
   // grad_norm, loss_scale, lr, tokens this rank processed, the first non-finite parameter.
   train::StepReport report;
-  double mean_loss = 0;          // report.loss averaged over all ranks
-  double step_seconds = 0;       // wall time of the step on this rank
-  double allreduce_seconds = 0;  // time this rank waited for gradient collectives
+  double mean_loss = 0;            // report.loss averaged over all ranks
+  std::optional<double> val_loss;  // held-out loss, on the steps that evaluate
+  double step_seconds = 0;         // wall time of the step on this rank
+  double allreduce_seconds = 0;    // time this rank waited for gradient collectives
   std::int64_t allreduce_bytes = 0;
   std::vector<Fp8TensorStat> fp8;
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/tensor/tensor.h"
+#include "train/data/data_loader.h"
 #include "train/parameters.h"
 #include "train/step_context.h"
 
@@ -16,6 +17,9 @@ struct BatchTensors {
   core::Tensor tokens;
   core::Tensor targets;
 };
+
+// A host batch copied to the backend's device.
+BatchTensors upload(const Batch& batch, core::Backend& backend);
 
 class LanguageModel {
  public:

@@ -22,17 +22,6 @@ TrainingStep::TrainingStep(LanguageModel& model, core::Backend& backend,
       schedule_(schedule),
       grad_clip_(grad_clip) {}
 
-BatchTensors TrainingStep::upload(const Batch& batch) {
-  const Shape shape{batch.batch_size, batch.seq_len};
-  BatchTensors out{Tensor::empty(shape, DType::kI32, backend_.device()),
-                   Tensor::empty(shape, DType::kI32, backend_.device())};
-  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.tokens.data()), shape, DType::kI32),
-                out.tokens);
-  backend_.copy(Tensor::wrap(const_cast<int32_t*>(batch.targets.data()), shape, DType::kI32),
-                out.targets);
-  return out;
-}
-
 StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batches,
                              GradientSync* sync) {
   MANTISSA_CHECK(!micro_batches.empty(), "TrainingStep::run: no micro-batches");
@@ -55,7 +44,7 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
     const Batch& mb = micro_batches[i];
     const bool last = i + 1 == micro_batches.size();
     if (sync && last) ctx.grad_ready = [sync](int param) { sync->grad_ready(param); };
-    const BatchTensors device_batch = upload(mb);
+    const BatchTensors device_batch = upload(mb, backend_);
     loss_sum +=
         model_.forward(ctx, device_batch, dloss) * static_cast<double>(mb.batch_size * mb.seq_len);
     model_.backward(ctx);

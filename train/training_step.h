@@ -57,8 +57,6 @@ class TrainingStep {
   std::function<void(core::Tensor& grads, int64_t step)> before_check;
 
  private:
-  BatchTensors upload(const Batch& batch);
-
   LanguageModel& model_;
   core::Backend& backend_;
   core::PrecisionPolicy policy_;

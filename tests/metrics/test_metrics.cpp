@@ -90,6 +90,34 @@ StepRecord step_record(std::int64_t step, bool overflow) {
   return r;
 }
 
+// The validation gauges appear with the first evaluation (a 0 before it would read as a
+// loss), and mantissa_val_loss_rises counts the evaluations in a row whose loss rose.
+TEST(Metrics, ValidationLossAndItsRisesInARow) {
+  MetricsOptions options;
+  options.port = free_port();
+  Metrics metrics(options);
+  const auto scrape = [&](const std::string& name) {
+    return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
+                  name + "{rank=\"0\"}");
+  };
+  metrics.record_step(step_record(1, false));
+  EXPECT_FALSE(scrape("mantissa_val_loss"));
+  EXPECT_FALSE(scrape("mantissa_val_loss_rises"));
+
+  const double losses[] = {3.0, 2.5, 2.6, 2.7, 2.7, 2.8, 2.1};
+  const double rises[] = {0, 0, 1, 2, 0, 1, 0};  // an equal loss is no rise
+  for (int i = 0; i < 7; ++i) {
+    StepRecord record = step_record(2 + i, false);
+    record.val_loss = losses[i];
+    metrics.record_step(record);
+    EXPECT_EQ(scrape("mantissa_val_loss"), losses[i]) << "evaluation " << i;
+    EXPECT_EQ(scrape("mantissa_val_loss_rises"), rises[i]) << "evaluation " << i;
+  }
+  // Steps without an evaluation leave both as they were.
+  metrics.record_step(step_record(9, false));
+  EXPECT_EQ(scrape("mantissa_val_loss"), 2.1);
+}
+
 TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   MetricsOptions options;
   options.port = free_port();

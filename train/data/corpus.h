@@ -11,6 +11,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mantissa::train {
@@ -31,6 +32,9 @@ class Corpus {
  public:
   // The built-in synthetic corpus (train/data/synthetic.h), vocab 256.
   static Corpus synthetic(uint64_t seed, int64_t n_tokens = int64_t{1} << 21);
+  // Another synthetic corpus for the same run, held out for evaluation: generated from a seed
+  // derived from `seed`, so it never repeats the training corpus.
+  static Corpus synthetic_validation(uint64_t seed, int64_t n_tokens);
   // Every byte of the file is a token (vocab 256). Throws core::Error naming the file when it
   // cannot be read or is empty.
   static Corpus text_file(const std::string& path);
@@ -38,6 +42,11 @@ class Corpus {
   // validated on load (header, size, every token < vocab_size); any problem throws core::Error
   // naming the file and what is wrong.
   static Corpus token_shards(const std::string& pattern, int vocab_size);
+
+  // The corpus cut in two at a token: the head keeps all but the last `fraction` of the
+  // tokens (rounded down), the tail holds those (a validation set that is never trained on).
+  // Both share this corpus's memory.
+  std::pair<Corpus, Corpus> split_tail(double fraction) const;
 
   const std::string& name() const { return name_; }  // what was configured, for messages
   int vocab_size() const { return vocab_size_; }

@@ -1,0 +1,143 @@
+"""Held-out evaluation in whole runs of the real binary:
+ - a text file's tail (data.text_file.val_fraction) is the validation set; run.eval_every
+   steps and the last step log val_loss (on every rank alike), the progress line shows it,
+   and it falls as the model learns;
+ - in FP32 the validation loss on one rank equals that on two within 1e-6 relative (each rank
+   evaluates its own slice of the same windows; one all-reduce adds them);
+ - a run stopped and resumed continues the curve: the evaluations after the resume equal those
+   of an uninterrupted run, and no evaluation step is missing or logged twice;
+ - the synthetic corpus and token shards (data.token_shards.val_pattern) have validation sets
+   too, and a run without one, or with eval_every 0, logs no val_loss;
+ - bad settings are refused naming the field (exit code 2).
+"""
+
+import math
+import os
+
+import launcher_util as lu
+
+# /usr/share/common-licenses is on every Debian machine: about 270 kB of English text.
+LICENSES = "/usr/share/common-licenses"
+
+# A constant learning rate after warm-up, so that a run cut in two follows the same schedule.
+CONFIG = """
+run { steps: 40 seed: 5 device: CPU log_every: 10 eval_every: 10 eval_tokens: 4096 }
+model { gpt2 { n_layer: 2 n_head: 2 n_embd: 64 seq_len: 64 } }
+data { text_file { path: "licenses.txt" } micro_batch_size: 4 }
+optimizer { adamw { lr: 0.002 weight_decay: 0 } warmup_steps: 4 min_lr_ratio: 1 }
+precision { mode: FP32 }
+checkpoint { every_steps: 20 }
+"""
+
+
+class Evaluation(lu.TempDirTest):
+    def setUp(self):
+        super().setUp()
+        with open(os.path.join(self.dir, "licenses.txt"), "wb") as out:
+            for name in sorted(os.listdir(LICENSES)):
+                path = os.path.join(LICENSES, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    with open(path, "rb") as f:
+                        out.write(f.read())
+
+    def train(self, name, *sets, ranks=0):
+        config = self.write("eval.pbtxt", CONFIG)
+        args = ["train", "--config", config, "--progress", "lines",
+                "--set", f"run.dir={os.path.join(self.dir, name)}"]
+        for s in sets:
+            args += ["--set", s]
+        result = self.mantissa(*args, ranks=ranks, timeout=240)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def val_losses(self, name, rank=0):
+        return {e["step"]: e["val_loss"] for e in lu.read_log(os.path.join(self.dir, name), rank)
+                if "val_loss" in e}
+
+    def test_val_loss_is_logged_shown_and_falls(self):
+        result = self.train("two", ranks=2)
+        curves = [self.val_losses("two", r) for r in range(2)]
+        self.assertEqual(sorted(curves[0]), [9, 19, 29, 39])
+        self.assertEqual(curves[0], curves[1], "every rank logs the same all-reduced loss")
+        self.assertIn("| val loss ", result.stderr)
+        first, last = curves[0][9], curves[0][39]
+        self.assertLess(last, first - 0.1, f"the validation loss should fall: {curves[0]}")
+        self.assertTrue(all(math.isfinite(v) for v in curves[0].values()))
+
+    def test_one_rank_equals_two_in_fp32(self):
+        # The same weights on both (a learning rate too small to move an FP32 weight), the same
+        # windows: only how they are cut over ranks and batches differs.
+        frozen = ("optimizer.adamw.lr=1e-30", "optimizer.warmup_steps=0", "run.steps=2",
+                  "run.eval_every=1")
+        self.train("one", *frozen)
+        self.train("two", *frozen, ranks=2)
+        one, two = self.val_losses("one"), self.val_losses("two")
+        self.assertEqual(sorted(one), [0, 1])
+        self.assertEqual(sorted(one), sorted(two))
+        for step in one:
+            self.assertAlmostEqual(one[step] / two[step], 1.0, delta=1e-6,
+                                   msg=f"step {step}: 1 rank {one[step]!r}, 2 ranks {two[step]!r}")
+
+    def test_resume_continues_the_curve(self):
+        self.train("whole", ranks=2)
+        self.train("parts", "run.steps=20", ranks=2)
+        self.train("parts", ranks=2)  # resumes from the step-20 checkpoint
+        whole, parts = self.val_losses("whole"), self.val_losses("parts")
+        self.assertEqual(parts, whole)
+        steps = [e["step"] for e in lu.read_log(os.path.join(self.dir, "parts"), 0)
+                 if "val_loss" in e]
+        self.assertEqual(steps, [9, 19, 29, 39], "no evaluation missing or repeated")
+
+    def test_other_sources_and_off(self):
+        tiny = self.write("tiny.pbtxt", lu.TINY_GPT)
+
+        def run(name, *sets):
+            args = ["train", "--config", tiny, "--set", f"run.dir={os.path.join(self.dir, name)}",
+                    "--set", "run.steps=8", "--set", "run.eval_every=4"]
+            for s in sets:
+                args += ["--set", s]
+            result = self.mantissa(*args)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            return self.val_losses(name)
+
+        self.assertEqual(sorted(run("synthetic")), [3, 7])
+        self.assertEqual(run("off", "run.eval_every=0"), {})
+        self.assertEqual(run("none", "data.synthetic.val_tokens=0", "run.eval_every=0"), {})
+
+        # Token shards: the same tokens as training and validation sets.
+        shard = os.path.join(self.dir, "tokens.bin")
+        count = 20000
+        with open(shard, "wb") as f:
+            header = [20240520, 1, count] + [0] * 253
+            f.write(b"".join(v.to_bytes(4, "little", signed=True) for v in header))
+            f.write(b"".join(((i * 7) % 256).to_bytes(2, "little") for i in range(count)))
+        shards = run("shards", f"data.token_shards.pattern={shard}",
+                     f"data.token_shards.val_pattern={shard}")
+        self.assertEqual(sorted(shards), [3, 7])
+
+    def test_bad_settings_name_the_field(self):
+        config = self.write("eval.pbtxt", CONFIG)
+        cases = [
+            ("run.eval_every=-1", "run.eval_every = -1: must be >= 0"),
+            ("data.text_file.val_fraction=1", "data.text_file.val_fraction = 1: must lie in [0, 1)"),
+            ("run.eval_tokens=10", "run.eval_tokens = 10: must be >= model.gpt2.seq_len = 64"),
+            ("data.text_file.val_fraction=0",
+             "run.eval_every = 10: needs a validation set (data.synthetic.val_tokens, "
+             "data.text_file.val_fraction or data.token_shards.val_pattern)"),
+        ]
+        for setting, message in cases:
+            result = self.mantissa("config", "--config", config, "--set", setting)
+            self.assertEqual(result.returncode, 2, setting)
+            self.assertIn(message, result.stderr, setting)
+        missing = os.path.join(self.dir, "none_*.bin")
+        result = self.mantissa("config", "--config", config, "--set",
+                               f"data.token_shards.pattern={os.path.join(LICENSES, 'GPL-3')}",
+                               "--set",
+                               f"data.token_shards.val_pattern={missing}")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn(f'data.token_shards.val_pattern = "{missing}": matches no file',
+                      result.stderr)
+
+
+if __name__ == "__main__":
+    lu.main()

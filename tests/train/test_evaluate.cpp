@@ -1,0 +1,93 @@
+// Held-out data and evaluation:
+//  - Corpus::split_tail holds out exactly the last fraction of the tokens, across segments,
+//    sharing the corpus's memory;
+//  - the Evaluator's slices of the validation windows, summed over any number of ranks, give
+//    the single-rank sum (FP32), whatever the micro-batch; every evaluation of the same weights
+//    gives the same loss; and the windows are the corpus's first ones, laid end to end;
+//  - a validation set without one whole window is a config error naming it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/ops/backend.h"
+#include "models/gpt2/gpt2.h"
+#include "train/data/corpus.h"
+#include "train/evaluate.h"
+
+namespace mantissa::train {
+namespace {
+
+using core::PrecisionMode;
+using core::PrecisionPolicy;
+
+TEST(Corpus, SplitTailHoldsOutTheLastFraction) {
+  const Corpus whole = Corpus::synthetic(3, 1000);
+  const auto [head, tail] = whole.split_tail(0.25);
+  EXPECT_EQ(head.num_tokens(), 750);
+  EXPECT_EQ(tail.num_tokens(), 250);
+  ASSERT_EQ(head.segments().size(), 1u);
+  ASSERT_EQ(tail.segments().size(), 1u);
+  // Views into the same tokens: the tail starts where the head ends.
+  EXPECT_EQ(head.segments()[0].tokens.data(), whole.segments()[0].tokens.data());
+  EXPECT_EQ(tail.segments()[0].tokens.data(), whole.segments()[0].tokens.data() + 750);
+
+  const auto [all, none] = whole.split_tail(0.0);
+  EXPECT_EQ(all.num_tokens(), 1000);
+  EXPECT_EQ(none.num_tokens(), 0);
+  EXPECT_THROW(whole.split_tail(1.0), core::Error);
+}
+
+TEST(Corpus, SyntheticValidationIsAnotherCorpus) {
+  const Corpus train = Corpus::synthetic(3, 4096);
+  const Corpus val = Corpus::synthetic_validation(3, 4096);
+  const auto a = train.segments()[0].tokens, b = val.segments()[0].tokens;
+  EXPECT_FALSE(std::equal(a.begin(), a.end(), b.begin()));
+  const Corpus again = Corpus::synthetic_validation(3, 4096);
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), again.segments()[0].tokens.begin()));
+}
+
+TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP32);
+  const models::GPT2Config config{2, 2, 32, 16, 256};
+  models::GPT2 model(config, *be, policy, 7);
+  auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 5000));
+  const int64_t eval_tokens = 40 * config.seq_len;  // 40 windows
+
+  const Evaluator one(corpus, config.seq_len, eval_tokens, 8, 1, 0);
+  EXPECT_EQ(one.tokens(), eval_tokens);
+  const double whole = one.local_loss_sum(model, *be, policy);
+  EXPECT_EQ(one.local_loss_sum(model, *be, policy), whole) << "the same tokens every time";
+  EXPECT_NEAR(whole / static_cast<double>(eval_tokens), std::log(256.0), 0.5)
+      << "an untrained model is near uniform";
+  for (int world : {2, 3, 7}) {
+    for (int64_t micro_batch : {1, 3, 8}) {
+      double sum = 0.0;
+      for (int rank = 0; rank < world; ++rank) {
+        const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank);
+        EXPECT_EQ(slice.tokens(), eval_tokens);
+        sum += slice.local_loss_sum(model, *be, policy);
+      }
+      EXPECT_NEAR(sum / whole, 1.0, 1e-9) << world << " ranks, micro-batch " << micro_batch;
+    }
+  }
+}
+
+TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
+  auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 16));
+  try {
+    Evaluator(corpus, 16, 1024, 4, 1, 0);
+    FAIL() << "expected a ConfigError";
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("no whole window of seq_len + 1 = 17 tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::train

@@ -1,0 +1,75 @@
+#include "train/evaluate.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "train/step_context.h"
+
+namespace mantissa::train {
+
+namespace {
+
+// Whole windows of seq_len + 1 tokens, laid end to end with a stride of seq_len, in a segment.
+int64_t windows_in(const TokenSegment& segment, int64_t seq_len) {
+  const auto n = static_cast<int64_t>(segment.tokens.size());
+  return n > seq_len ? (n - 1) / seq_len : 0;
+}
+
+}  // namespace
+
+Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
+                     int64_t micro_batch, int world_size, int rank)
+    : corpus_(std::move(corpus)), seq_len_(seq_len), micro_batch_(micro_batch) {
+  int64_t available = 0;
+  for (const TokenSegment& s : corpus_->segments()) available += windows_in(s, seq_len_);
+  if (available == 0) {
+    throw core::ConfigError(
+        "validation set " + corpus_->name() + ": " + std::to_string(corpus_->num_tokens()) +
+        " tokens hold no whole window of seq_len + 1 = " + std::to_string(seq_len_ + 1) +
+        " tokens");
+  }
+  windows_ = std::min(available, std::max<int64_t>(1, eval_tokens / seq_len_));
+  first_window_ = windows_ * rank / world_size;
+  end_window_ = windows_ * (rank + 1) / world_size;
+}
+
+void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>& tokens,
+                             std::vector<int32_t>& targets) const {
+  tokens.resize(static_cast<size_t>(count * seq_len_));
+  targets.resize(tokens.size());
+  int64_t w = 0;  // windows of the segments before `segment`
+  int64_t filled = 0;
+  for (const TokenSegment& segment : corpus_->segments()) {
+    const int64_t here = windows_in(segment, seq_len_);
+    for (int64_t k = std::max(first, w); k < std::min(first + count, w + here); ++k, ++filled) {
+      const uint16_t* window = segment.tokens.data() + (k - w) * seq_len_;
+      int32_t* in = tokens.data() + filled * seq_len_;
+      int32_t* out = targets.data() + filled * seq_len_;
+      for (int64_t t = 0; t < seq_len_; ++t) {
+        in[t] = window[t];
+        out[t] = window[t + 1];
+      }
+    }
+    w += here;
+    if (w >= first + count) break;
+  }
+}
+
+double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
+                                 const core::PrecisionPolicy& policy) const {
+  StepContext ctx{backend, policy, model.fp8_operands(), {}};
+  double sum = 0.0;
+  Batch batch;
+  batch.seq_len = seq_len_;
+  for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
+    batch.batch_size = std::min(micro_batch_, end_window_ - first);
+    read_windows(first, batch.batch_size, batch.tokens, batch.targets);
+    // dloss_per_token 0: the forward keeps nothing for a backward pass.
+    const double mean = model.forward(ctx, upload(batch, backend), 0.0f);
+    sum += mean * static_cast<double>(batch.batch_size * seq_len_);
+  }
+  return sum;
+}
+
+}  // namespace mantissa::train

@@ -1,0 +1,48 @@
+// Held-out evaluation: the mean next-token loss of the model over a fixed validation set.
+//
+// The validation windows are the first whole windows of T + 1 tokens of the validation corpus,
+// laid end to end (window w holds inputs at tokens [w*T, w*T + T) of its segment and the
+// targets one further; windows never cross a segment), as many as eval_tokens / T. So every
+// evaluation reads the same tokens, whatever the step, the seed or the world size, and curves
+// of different runs compare. The windows are cut into one contiguous slice per rank; each rank
+// sums the losses of its tokens, and the caller adds the sums over ranks (one all-reduce) and
+// divides by tokens(): the same mean, within rounding, on any number of ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/ops/backend.h"
+#include "core/precision/policy.h"
+#include "train/data/corpus.h"
+#include "train/language_model.h"
+
+namespace mantissa::train {
+
+class Evaluator {
+ public:
+  // Throws core::ConfigError when the corpus holds no whole window of seq_len + 1 tokens.
+  Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
+            int64_t micro_batch, int world_size, int rank);
+
+  // The sum over this rank's validation tokens of the model's loss (a forward pass only, in
+  // micro-batches of up to micro_batch windows).
+  double local_loss_sum(LanguageModel& model, core::Backend& backend,
+                        const core::PrecisionPolicy& policy) const;
+  // Validation tokens of one evaluation, all ranks together.
+  int64_t tokens() const { return windows_ * seq_len_; }
+
+ private:
+  // Fills tokens and targets of `count` windows starting at window `first`.
+  void read_windows(int64_t first, int64_t count, std::vector<int32_t>& tokens,
+                    std::vector<int32_t>& targets) const;
+
+  std::shared_ptr<const Corpus> corpus_;
+  int64_t seq_len_;
+  int64_t micro_batch_;
+  int64_t windows_ = 0;       // all ranks together
+  int64_t first_window_ = 0;  // this rank's slice [first_window_, end_window_)
+  int64_t end_window_ = 0;
+};
+
+}  // namespace mantissa::train
