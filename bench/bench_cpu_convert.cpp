@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/cpu_paths.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu_switches.h"
 #include "core/tensor/tensor.h"
 
 using namespace mantissa::core;
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 24;
   std::printf("bench_cpu_convert: %lld elements, %d OpenMP threads\n", static_cast<long long>(n),
               omp_get_max_threads());
-  std::printf("%s\n", mantissa::bench::cpu_paths_description().c_str());
+  std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
   std::printf("GB/s = bytes read + written per second; memcpy moves the same bytes\n\n");
   std::printf("%-34s %9s %9s %9s %7s\n", "conversion", "ms", "GB/s", "memcpy", "ratio");
 

@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "bench/cpu_paths.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
+#include "core/ops/cpu_switches.h"
 #include "core/tensor/tensor.h"
 
 using namespace mantissa::core;
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
       "CPU GEMM (backend, %d OpenMP threads) vs cblas_sgemm (OpenBLAS %s, %d threads), "
       "%lld tokens\n",
       omp_get_max_threads(), openblas_get_corename(), blas_threads, static_cast<long long>(tokens));
-  std::printf("%s\n", mantissa::bench::cpu_paths_description().c_str());
+  std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
   std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %8s  %6s\n", "gemm", "M", "N", "K", "in", "out",
               "GFLOP/s", "sgemm", "ratio");
   auto backend = make_cpu_backend();

@@ -1,12 +1,12 @@
-// Prints the "CPU paths" line the CPU benchmarks start with (bench/cpu_paths.h), for benchmark
-// scripts whose other programs do not print it (the PyTorch anchor, bench_dist_train).
+// Prints the "CPU paths" line the CPU benchmarks start with (core::cpu_paths_description), for
+// benchmark scripts whose other programs do not print it (the PyTorch anchor, bench_dist_train).
 //
 //   bench_cpu_paths
 #include <cstdio>
 
-#include "bench/cpu_paths.h"
+#include "core/ops/cpu_switches.h"
 
 int main() {
-  std::printf("%s\n", mantissa::bench::cpu_paths_description().c_str());
+  std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
   return 0;
 }

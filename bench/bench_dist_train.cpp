@@ -1,8 +1,8 @@
 // Data-parallel training throughput on the CPU for the reference configuration (a GPT of
 // 10.8M parameters: vocab 256, T = 256, d = 384, 6 layers, 6 heads, 8 sequences per step over
-// all ranks; bench/torch_gpt.py is the same model in PyTorch), with gradient sync or without it (every rank
-// steps alone on its share of the batch: the same compute, no communication). Figures only;
-// bench/bench_dist_train.sh runs both next to PyTorch DDP.
+// all ranks; bench/torch_gpt.py is the same model in PyTorch), with gradient sync or without it
+// (every rank steps alone on its share of the batch: the same compute, no communication). Figures
+// only; bench/bench_dist_train.sh runs both next to PyTorch DDP.
 //
 //   OMP_NUM_THREADS=1 mpirun -np 2 bench_dist_train [sync|nosync] [steps] [bf16|fp32]
 //                                                   [reduce: FP32|BF16|FP8_E4M3|FP8_E5M2]

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype/dtype.h"
+#include "core/ops/cpu_switches.h"
 #include "dist/data_parallel.h"
 
 using namespace mantissa;
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
                         {"ours FP8_E4M3", core::DType::kE4M3, false},
                         {"ours FP8_E5M2", core::DType::kE5M2, false}};
   if (world.rank() == 0) {
+    std::printf("%s\n", core::cpu_paths_description().c_str());
     std::printf("gradient sync on %d ranks (median seconds; ratio to MPI_Allreduce FP32)\n",
                 world.size());
   }

@@ -13,8 +13,8 @@
 #include <memory>
 #include <string>
 
-#include "bench/cpu_paths.h"
 #include "core/ops/backend.h"
+#include "core/ops/cpu_switches.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  std::printf("%s\n", bench::cpu_paths_description().c_str());
+  std::printf("%s\n", core::cpu_paths_description().c_str());
   auto backend = core::make_cpu_backend();
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
   const models::GPT2Config config{6, 6, 384, 256, 256};

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/ops/cpu_switches.h"
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/signals.h"
@@ -141,6 +142,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       static_cast<long long>(global_batch), static_cast<long long>(dims.seq_len),
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(summary);
+  // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
+  // bits): say so, so that runs on different machines can be compared.
+  if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
 }
 
 Trainer::~Trainer() = default;

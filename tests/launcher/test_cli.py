@@ -303,5 +303,21 @@ class Fp8Scaling(lu.TempDirTest):
         self.assertEqual(len(lu.read_log(f"{self.dir}/run", 0)), 4)
 
 
+class StartLine(lu.TempDirTest):
+    def test_cpu_runs_say_which_code_paths_ran(self):
+        """The start line names the CPU paths, and the MANTISSA_CPU_* switches change them."""
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path, "--set", f"run.dir={self.dir}/a")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertRegex(result.stderr, r"(?m)^mantissa: CPU paths: BF16/FP8 GEMM .*, FP32 GEMM "
+                                        r"OpenBLAS sgemm, conversions .*$")
+        env = lu.environment(MANTISSA_CPU_BF16_GEMM="0", MANTISSA_CPU_AVX512_CONVERT="0")
+        result = self.mantissa("train", "--config", path, "--set", f"run.dir={self.dir}/b",
+                               env=env)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM widened to FP32 for OpenBLAS sgemm, "
+                      "FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C\n", result.stderr)
+
+
 if __name__ == "__main__":
     lu.main()
