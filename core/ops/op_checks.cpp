@@ -160,6 +160,15 @@ void check_cast(const Tensor& src, const Tensor& dst, const CastParams& params, 
   MANTISSA_CHECK(src.numel() == dst.numel(), "cast: operands src " << src.describe() << " and dst "
                                                                    << dst.describe()
                                                                    << " differ in element count");
+  // In place (dst exactly over src, elements of one width) every element is read before it is
+  // overwritten, by the same GPU thread or CPU slice. Any other overlap (a shifted range, or
+  // elements of another width over the same bytes) has some threads or slices read bytes that
+  // others already wrote: a data race on the GPU, and a result that differs between backends.
+  const bool in_place =
+      src.data() == dst.data() && dtype_size(src.dtype()) == dtype_size(dst.dtype());
+  MANTISSA_CHECK(!overlaps(src, dst) || in_place,
+                 "cast: dst " << dst.describe() << " overlaps src " << src.describe()
+                              << " without aliasing it exactly (same start, same element width)");
   if (params.scale != nullptr) check_scalar("cast", "scale", *params.scale, device);
   if (params.amax != nullptr) check_scalar("cast", "amax", *params.amax, device);
 }

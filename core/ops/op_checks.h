@@ -12,6 +12,7 @@
 #include <initializer_list>
 
 #include "core/ops/backend.h"
+#include "core/ops/math/adamw_update.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
@@ -98,17 +99,7 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor&
 
 // --- optimizer and gradient checks -----------------------------------------------------------
 
-// AdamW's per-step constants, folded on the host once from AdamWParams.
-struct AdamWCoefficients {
-  float lr;
-  float beta1;
-  float beta2;
-  float eps;
-  float weight_decay;
-  float grad_scale;
-  float bias_correction1;  // 1 - beta1^step
-  float bias_correction2;  // 1 - beta2^step
-};
+// The AdamWCoefficients the update (core/ops/math/adamw_update.h) uses, folded from p.
 AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
                               const Tensor& v, const Tensor* compute_copy, const AdamWParams& p,
                               Device device);

@@ -1,8 +1,8 @@
 // The CPU backend's conversions and elementwise ops against FP64 references: cast (every dtype
-// pair, scales, fused amax, saturation, stochastic rounding), amax, add_bias, bias_backward,
-// add and GELU. Inputs are stored in their dtype first and read back exactly, so every
-// reference starts from the values the op really saw. Outputs are filled with NaN before
-// each call, so an element the op forgot to write cannot pass.
+// pair, scales, fused amax, saturation, stochastic rounding, overlapping operands), amax,
+// add_bias, bias_backward, add and GELU (its tails included). Inputs are stored in their dtype
+// first and read back exactly, so every reference starts from the values the op really saw. Outputs
+// are filled with NaN before each call, so an element the op forgot to write cannot pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -343,6 +343,56 @@ TEST_F(CpuElementwise, CastRejectsBadOperands) {
   expect_error([&] { backend->cast(f32, bf, bad_amax); }, {"cast", "amax"});
 }
 
+// An output that overlaps its input is refused unless it is the input itself, element for
+// element (same start, same element width): any other overlap is a data race on the GPU, where
+// some threads read bytes others already wrote, so the backends would differ. In place, and
+// disjoint parts of one buffer, still work.
+TEST_F(CpuElementwise, CastRefusesOverlapUnlessInPlace) {
+  Tensor buffer = Tensor::empty(Shape{8}, DType::kF32);
+  fill_log_uniform(buffer, rng, -10, 10);
+  // The same bytes seen as 8 BF16 (the first half of buffer) and as 4 F16 after them.
+  Tensor as_bf16 = Tensor::wrap(buffer.data(), Shape{8}, DType::kBF16);
+  Tensor head_f32 = buffer.view(0, Shape{4});
+  Tensor tail_f32 = buffer.view(2, Shape{4});
+  const auto refused = [&](const Tensor& src, Tensor& dst) {
+    expect_error([&] { backend->cast(src, dst, {}); },
+                 {"cast", "dst", "overlaps src", "without aliasing it exactly"});
+  };
+  refused(buffer, as_bf16);  // same start, element widths 4 and 2
+  refused(as_bf16, buffer);
+  Tensor shifted = buffer.view(1, Shape{4});
+  refused(head_f32, shifted);  // same width, shifted by one element
+  refused(tail_f32, head_f32);
+  Tensor bf16_over_tail =
+      Tensor::wrap(static_cast<float*>(buffer.data()) + 2, Shape{4}, DType::kBF16);
+  refused(head_f32, bf16_over_tail);  // starts inside src, narrower elements
+
+  // In place, one width: F32 scaled, and BF16 rewritten as F16 over the same bytes.
+  const std::vector<double> before = values_of(buffer);
+  const Tensor two = f32_scalar(2.0f);
+  CastParams scaled;
+  scaled.scale = &two;
+  backend->cast(buffer, buffer, scaled);
+  for (int64_t i = 0; i < buffer.numel(); ++i) EXPECT_EQ(value_at(buffer, i), 2 * before[i]);
+  Tensor halves = Tensor::wrap(buffer.data(), Shape{16}, DType::kBF16);
+  fill_log_uniform(halves, rng, -10, 10);
+  const std::vector<double> bf16_values = values_of(halves);
+  Tensor as_f16 = Tensor::wrap(buffer.data(), Shape{16}, DType::kF16);
+  backend->cast(halves, as_f16, {});
+  for (int64_t i = 0; i < as_f16.numel(); ++i) {
+    EXPECT_EQ(code_at(as_f16, i), encode(DType::kF16, static_cast<float>(bf16_values[i])));
+  }
+
+  // Disjoint parts of one buffer, of different widths: F32 [0, 2) into BF16 over F32 [4, 5).
+  fill_log_uniform(buffer, rng, -10, 10);
+  const Tensor src = buffer.view(0, Shape{2});
+  Tensor dst = Tensor::wrap(static_cast<float*>(buffer.data()) + 4, Shape{2}, DType::kBF16);
+  backend->cast(src, dst, {});
+  for (int64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(code_at(dst, i), encode(DType::kBF16, static_cast<float>(value_at(src, i))));
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // copy
 
@@ -625,6 +675,65 @@ TEST_F(CpuElementwise, GeluBackwardMatchesFiniteDifferences) {
     backend->gelu_backward(x, dout, dout);
     for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(value_at(dout, i), expected[i]);
   }
+}
+
+// gelu'(x) in FP64 from its closed form, with s = sigmoid(2u) and du = du/dx:
+//   gelu'(x) = s + 2 x s (1 - s) du.
+// Also returns |s| + |2 x s (1 - s) du|, the size of the terms, for a tolerance.
+double gelu_grad_fp64(double x, double* term_size) {
+  const double u = kSqrt2OverPi * (x + 0.044715 * x * x * x);
+  const double e = std::exp(-2.0 * std::fabs(u));
+  const double t = 1.0 / (1.0 + e);
+  const double s = u >= 0.0 ? t : e * t;
+  const double tail = 2.0 * x * (e * t * t) * kSqrt2OverPi * (1.0 + 3.0 * 0.044715 * x * x);
+  *term_size = std::fabs(s) + std::fabs(tail);
+  return s + tail;
+}
+
+// The tails of GELU, densely: x over [-30, 30] in F32, where sigmoid(2u) runs from 1 down
+// through the FP32 subnormals to 0 (|u| up to about 1000), forward and backward against FP64.
+// The errors allowed are a few FP32 roundings times the condition numbers (gelu's for the
+// forward, 1 + 2|u| for exp(-2|u|) in the backward), plus the absolute precision of the
+// subnormals (|x| 2^-148); past |x| = 10 the clamped derivative must stay within 1e-35 of the
+// true one, and the non-finite inputs behave as documented in core/ops/math/gelu.h.
+TEST_F(CpuElementwise, GeluTailsMatchFp64) {
+  const int64_t n = 600001;
+  Tensor x = Tensor::empty(Shape{n + 3}, DType::kF32);
+  for (int64_t i = 0; i < n; ++i) {
+    set_value(x, i, static_cast<float>(-30.0 + 60.0 * static_cast<double>(i) / (n - 1)));
+  }
+  set_value(x, n, INFINITY);
+  set_value(x, n + 1, -INFINITY);
+  set_value(x, n + 2, NAN);
+  Tensor ones = Tensor::empty(x.shape(), DType::kF32);
+  backend->fill(ones, 1.0f);
+  Tensor out = Tensor::empty(x.shape(), DType::kF32);
+  Tensor dx = Tensor::empty(x.shape(), DType::kF32);
+  poison(out);
+  poison(dx);
+  backend->gelu_forward(x, out);
+  backend->gelu_backward(x, ones, dx);
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = value_at(x, i);
+    const double ref = gelu_fp64(xi);
+    const double tolerance =
+        8 * (1 + gelu_condition(xi)) * 0x1p-24 * std::fabs(ref) + std::fabs(xi) * 0x1p-148;
+    ASSERT_LE(std::fabs(value_at(out, i) - ref), tolerance)
+        << "gelu(" << xi << ") = " << ref << ", got " << value_at(out, i);
+    double term_size = 0.0;
+    const double grad_ref = gelu_grad_fp64(xi, &term_size);
+    const double u = kSqrt2OverPi * (xi + 0.044715 * xi * xi * xi);
+    const double grad_tolerance =
+        std::fabs(xi) <= 10.0 ? 8 * (1 + 2 * std::fabs(u)) * 0x1p-24 * term_size : 1e-35;
+    ASSERT_LE(std::fabs(value_at(dx, i) - grad_ref), grad_tolerance)
+        << "gelu'(" << xi << ") = " << grad_ref << ", got " << value_at(dx, i);
+  }
+  EXPECT_EQ(value_at(out, n), INFINITY);
+  EXPECT_TRUE(std::isnan(value_at(out, n + 1)));  // -inf * sigmoid(-inf) = -inf * 0
+  EXPECT_TRUE(std::isnan(value_at(out, n + 2)));
+  EXPECT_EQ(value_at(dx, n), 1.0);
+  EXPECT_LE(std::fabs(value_at(dx, n + 1)), 1e-35);
+  EXPECT_TRUE(std::isnan(value_at(dx, n + 2)));
 }
 
 TEST_F(CpuElementwise, GeluPropagatesNaN) {

@@ -179,8 +179,8 @@ TEST_F(CpuOptim, AdamWBiasCorrectionAtLateSteps) {
 }
 
 // adamw does not check its inputs for inf/NaN (the trainer skips the step before calling it,
-// see cpu_optim.cpp). What it does with one, as documented: the bad element's m, v and
-// parameter (and compute copy) become non-finite, exactly as IEEE arithmetic on the update
+// see core/ops/math/adamw_update.h). What it does with one, as documented: the bad element's m, v
+// and parameter (and compute copy) become non-finite, exactly as IEEE arithmetic on the update
 // formula gives (the FP64 reference, run on the same gradients, says the same), and every
 // other element is updated normally.
 TEST_F(CpuOptim, AdamWWithNonFiniteGradientPoisonsOnlyThoseElements) {

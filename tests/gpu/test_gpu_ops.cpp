@@ -5,8 +5,9 @@
 // backends from identical inputs (copied to the device with Backend::copy), and compares:
 //  - bit for bit where both backends do the same arithmetic in the same order: casts (every
 //    dtype pair, scales, saturation, stochastic rounding), amax, add_bias, bias_backward,
-//    add, embeddings (forward and backward), unscale_check_finite (a NaN in an F32 result
-//    only as a NaN: the payloads differ between x86 and NVIDIA hardware);
+//    add, GELU (core/ops/math/gelu.h, compiled for both), embeddings (forward and backward),
+//    unscale_check_finite (a NaN in an F32 result only as a NaN: the payloads differ between
+//    x86 and NVIDIA hardware);
 //  - within a relative tolerance elsewhere (reduction order, expf, FMA contraction):
 //    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)) with tol 1e-5 for F32 results, 2e-3 for F16
 //    and 1e-2 for BF16 (about two units in the last place), NaN only where the CPU has NaN.
@@ -344,7 +345,11 @@ TEST(GpuOps, AddMatchesCpuBitForBitIncludingInPlace) {
   }
 }
 
-TEST(GpuOps, GeluMatchesCpu) {
+// Both backends run core/ops/math/gelu.h, so forward and backward agree bit for bit: over
+// random inputs at several magnitudes, the non-finite ones, and a dense sweep of [-30, 30]
+// that crosses the tails (sigmoid(2u) through the FP32 subnormals, the derivative's clamp at
+// |x| = 10).
+TEST(GpuOps, GeluMatchesCpuBitForBit) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   Backends b;
   std::mt19937_64 rng(6);
@@ -358,23 +363,29 @@ TEST(GpuOps, GeluMatchesCpu) {
         set_code(x, 2, encode(dtype, NAN));
         set_code(x, 3, encode(dtype, -1e30f));
       }
+      // The tail sweep in the first half of the large case.
+      if (n > 50000) {
+        for (int64_t i = 4; i < n / 2; ++i) {
+          set_code(x, i, encode(dtype, static_cast<float>(-30.0 + 60.0 * i / (n / 2))));
+        }
+      }
       const Tensor dout = random_tensor(Shape{n}, dtype, rng);
       const Tensor x_dev = b.to_device(x);
       auto [out, out_dev] = b.poisoned(Shape{n}, dtype);
       b.cpu->gelu_forward(x, out);
       b.gpu->gelu_forward(x_dev, out_dev);
-      expect_close(out, b.to_host(out_dev), "gelu_forward " + what);
+      expect_same_bits(out, b.to_host(out_dev), "gelu_forward " + what);
 
       auto [dx, dx_dev] = b.poisoned(Shape{n}, dtype);
       b.cpu->gelu_backward(x, dout, dx);
       b.gpu->gelu_backward(x_dev, b.to_device(dout), dx_dev);
-      expect_close(dx, b.to_host(dx_dev), "gelu_backward " + what);
+      expect_same_bits(dx, b.to_host(dx_dev), "gelu_backward " + what);
       // dx aliasing dout.
       Tensor dout_cpu = b.clone_host(dout);
       Tensor dout_dev = b.to_device(dout);
       b.cpu->gelu_backward(x, dout_cpu, dout_cpu);
       b.gpu->gelu_backward(x_dev, dout_dev, dout_dev);
-      expect_close(dout_cpu, b.to_host(dout_dev), "gelu_backward in place " + what);
+      expect_same_bits(dout_cpu, b.to_host(dout_dev), "gelu_backward in place " + what);
     }
   }
 }
@@ -641,6 +652,19 @@ TEST(GpuOps, AdamWMatchesCpu) {
   }
 }
 
+// Both accumulate the squares in FP64 and round the sum to FP32 once. A non-finite result (an
+// FP32 overflow) must be the same value on both; a finite one agrees to 1e-6.
+void expect_same_sum(const Tensor& cpu, const Tensor& gpu, const std::string& what) {
+  const float expected = cpu.data_as<float>()[0];
+  const float actual = gpu.data_as<float>()[0];
+  if (!std::isfinite(expected)) {
+    EXPECT_TRUE(actual == expected || (std::isnan(expected) && std::isnan(actual)))
+        << what << ": " << actual << " on the GPU, " << expected << " on the CPU";
+  } else {
+    EXPECT_NEAR(actual, expected, 1e-6 * std::fabs(expected)) << what;
+  }
+}
+
 TEST(GpuOps, SumSquaresMatchesCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   Backends b;
@@ -649,9 +673,7 @@ TEST(GpuOps, SumSquaresMatchesCpu) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string what =
           describe_case({"sum_squares", dtype_name(dtype), "n=" + std::to_string(n)});
-      Tensor x = random_tensor(Shape{n}, dtype, rng, {0.01f, 1.0f, 100.0f});
-      // An FP32 square of 1e20 overflows; the FP64 accumulation must not.
-      if (dtype == DType::kF32 && n > 10) set_code(x, 10, encode(dtype, 1e20f));
+      const Tensor x = random_tensor(Shape{n}, dtype, rng, {0.01f, 1.0f, 100.0f});
       Tensor out = f32_scalar(2.5f);
       Tensor out_dev = b.to_device(out);
       const Tensor x_dev = b.to_device(x);
@@ -660,12 +682,36 @@ TEST(GpuOps, SumSquaresMatchesCpu) {
         b.cpu->sum_squares(x, out);
         b.gpu->sum_squares(x_dev, out_dev);
       }
-      const Tensor gpu_out = b.to_host(out_dev);
-      EXPECT_NEAR(gpu_out.data_as<float>()[0], out.data_as<float>()[0],
-                  1e-6 * std::fabs(out.data_as<float>()[0]))
-          << what;
+      expect_same_sum(out, b.to_host(out_dev), what);
     }
   }
+
+  // What the FP64 accumulation is for: squares below FP32's normal range (values around 3e-22,
+  // squares around 1e-43, a few dozen units of the smallest subnormal) keep their digits.
+  // Squared in FP32 they would lose about 1e-4 of the total (5e-4 if also summed in FP32); in
+  // FP64 both backends agree with an FP64 sum to 1e-6.
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::string what = describe_case({"sum_squares of tiny values", dtype_name(dtype)});
+    const Tensor x = random_tensor(Shape{(1 << 20) + 3}, dtype, rng, {3e-22f});
+    double reference = 0.0;
+    for (int64_t i = 0; i < x.numel(); ++i) reference += value_at(x, i) * value_at(x, i);
+    Tensor out = f32_scalar(0.0f);
+    Tensor out_dev = b.to_device(out);
+    b.cpu->sum_squares(x, out);
+    b.gpu->sum_squares(b.to_device(x), out_dev);
+    EXPECT_NEAR(out.data_as<float>()[0], reference, 1e-6 * reference) << what;
+    expect_same_sum(out, b.to_host(out_dev), what);
+  }
+
+  // An FP32 result that overflows is inf on both.
+  Tensor x = random_tensor(Shape{1000}, DType::kF32, rng);
+  set_code(x, 10, encode(DType::kF32, 1e20f));
+  Tensor out = f32_scalar(2.5f);
+  Tensor out_dev = b.to_device(out);
+  b.cpu->sum_squares(x, out);
+  b.gpu->sum_squares(b.to_device(x), out_dev);
+  EXPECT_EQ(out.data_as<float>()[0], INFINITY);
+  expect_same_sum(out, b.to_host(out_dev), "sum_squares overflowing to inf");
 }
 
 TEST(GpuOps, UnscaleCheckFiniteMatchesCpuBitForBit) {

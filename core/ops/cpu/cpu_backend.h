@@ -3,8 +3,10 @@
 // is parallelised with OpenMP; GEMMs widen their operands to FP32 and call OpenBLAS.
 //
 // The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp,
-// cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layers.cpp (LayerNorm,
-// attention, embedding, cross-entropy), cpu_optim.cpp (AdamW, norms, non-finite checks).
+// cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layernorm.cpp,
+// cpu_attention.cpp, cpu_embedding.cpp, cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms,
+// non-finite checks). The per-element math they share with the CUDA backend is in
+// core/ops/math/.
 #pragma once
 
 #include "core/ops/backend.h"

@@ -2,12 +2,12 @@
 //
 // Every loop reads its storage dtype, computes in FP32 and rounds once to the output dtype
 // with the conversions of core/dtype/dtype.h, so the results match the GPU's wherever the
-// arithmetic is exactly specified (casts, adds) and to a few FP32 ulps elsewhere (GELU).
-// Loops are written to vectorise: no libm calls in the hot loops, and selects rather than
-// branches. (GCC still keeps the GELU loops scalar under its default -ftrapping-math: it
-// turns the clamps into branches and then may not speculate the arithmetic behind them.
-// -fno-trapping-math, which changes no result, lets it vectorise them.) Large loops are
-// split across OpenMP threads.
+// arithmetic is exactly specified (casts, adds); GELU runs core/ops/math/gelu.h, the formula
+// the GPU runs too. Loops are written to vectorise: no libm calls in the hot loops, and
+// selects rather than branches. (GCC still keeps the GELU loops scalar under its default
+// -ftrapping-math: it turns the clamps into branches and then may not speculate the
+// arithmetic behind them. -fno-trapping-math, which changes no result, lets it vectorise
+// them.) Large loops are split across OpenMP threads.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/math/gelu.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
@@ -139,71 +140,7 @@ void add_elements(const T* a, const T* b, T* out, int64_t n) {
 // ---------------------------------------------------------------------------------------
 // GELU
 
-// exp(x) in FP32 to within 1 ulp, as straight-line arithmetic that vectorises (libm's expf
-// is a call GCC cannot vectorise without -ffast-math). The classic Cody-Waite scheme:
-// x = n ln2 + r with |r| <= ln2/2, exp(r) from a degree-7 polynomial (the Cephes
-// coefficients), times 2^n. 2^n is applied as two factors 2^(n/2) 2^(n - n/2), each a normal
-// float, so that results beyond the float range overflow to inf or underflow (through the
-// subnormals) to 0 by themselves. NaN in gives inf out; every caller also multiplies by x,
-// which carries the NaN on.
-inline float exp_f32(float x) {
-  // Beyond these bounds exp is inf / 0 in FP32 anyway; they keep n within [-150, 129].
-  float xc = x < 89.0f ? x : 89.0f;
-  xc = xc > -104.0f ? xc : -104.0f;
-  // Round x / ln2 to an integer by adding and subtracting 1.5 * 2^23 (exact, no libm call).
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  // ln2 split into a part with few bits (so n * 0.693359375 is exact) and a correction.
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t n_half = static_cast<int32_t>(n) >> 1;
-  const int32_t n_rest = static_cast<int32_t>(n) - n_half;
-  const float two_half = bits_to_float(static_cast<uint32_t>(n_half + 127) << 23);
-  const float two_rest = bits_to_float(static_cast<uint32_t>(n_rest + 127) << 23);
-  return p * two_half * two_rest;
-}
-
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
-constexpr float kGeluCubic = 0.044715f;
-
-// GELU is 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), and 0.5 (1 + tanh(u))
-// is the logistic sigmoid of 2u. With e = exp(-2|u|) (in (0, 1], so it never overflows) and
-// t = 1 / (1 + e):
-//   sigmoid(2u) = t for u >= 0, e t for u < 0,      sigmoid(2u) (1 - sigmoid(2u)) = e t^2.
-// Evaluated this way, nothing cancels: 1 + tanh(u) would lose every digit for negative x, and
-// the tail of gelu keeps full relative precision down to the FP32 subnormals.
-struct GeluTerms {
-  float s;      // sigmoid(2u)
-  float s_1ms;  // sigmoid(2u) (1 - sigmoid(2u))
-};
-
-inline GeluTerms gelu_terms(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float e = exp_f32(-2.0f * std::fabs(u));
-  const float t = 1.0f / (1.0f + e);
-  return {t * (u >= 0.0f ? 1.0f : e), e * t * t};
-}
-
-inline float gelu(float x) {
-  return x * gelu_terms(x).s;
-}
-
-// d/dx [x sigmoid(2u)] = sigmoid(2u) + 2 x sigmoid(2u) (1 - sigmoid(2u)) du/dx, with
-// du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2). Outside [-10, 10] gelu' is 0 or 1 to within
-// 1e-35, so x is clamped there: for huge |x| the second term would be 0 * inf. The clamp
-// lets NaN through (NaN in, NaN out) and maps +-inf to the limits.
-inline float gelu_grad(float x) {
-  const float xc = x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
-  const GeluTerms g = gelu_terms(xc);
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xc * xc);
-  return g.s + 2.0f * xc * g.s_1ms * du;
-}
-
+// The formula is core/ops/math/gelu.h's, shared with the CUDA backend.
 template <class T>
 void gelu_forward_elements(const T* x, T* out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)

@@ -7,12 +7,12 @@
 // index in unscale_check_finite). Runs with different thread counts therefore agree bit for
 // bit, which the cross-rank consistency checks rely on.
 #include <algorithm>
-#include <cmath>
 #include <type_traits>
 #include <vector>
 
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/math/adamw_update.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
@@ -30,37 +30,18 @@ constexpr int64_t kReduceBlock = 4096;
 // Stands for "no compute copy" in adamw_elements.
 struct NoCopy {};
 
-// One AdamW update per element, all in FP32:
-//   g = grad * grad_scale
-//   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
-//   m_hat = m / (1 - beta1^t)            v_hat = v / (1 - beta2^t)
-//   param -= lr (m_hat / (sqrt(v_hat) + eps) + weight_decay param)
-// The weight decay is decoupled (it acts on the parameter, not through the moments) and
-// uses the parameter from before this step, as in PyTorch's AdamW. When C is a storage
-// type, the updated parameter is also rounded (to nearest even) into copy[i], saving a
-// second pass over the parameters to produce the compute copy.
+// adamw_update (core/ops/math/adamw_update.h, shared with the CUDA backend) for every
+// element. When C is a storage type, the updated parameter is also rounded (to nearest even)
+// into copy[i], saving a second pass over the parameters to produce the compute copy.
 //
-// Nothing here checks for non-finite values: a NaN or inf gradient makes that element's m,
-// v and parameter (and its compute copy) non-finite, and leaves every other element
-// untouched. The trainer runs unscale_check_finite first and skips the whole step on every
-// rank when any gradient is non-finite, so adamw never sees one in a normal run.
-//
-// (GCC vectorises this loop only with -fno-math-errno: otherwise std::sqrt keeps a scalar
-// path that sets errno for negative inputs. The flag changes no result.)
+// (GCC vectorises this loop only with -fno-math-errno: otherwise sqrt keeps a scalar path
+// that sets errno for negative inputs. The flag changes no result.)
 template <class G, class C>
 void adamw_elements(float* param, const G* grad, float* m, float* v, C* copy, int64_t n,
                     const AdamWCoefficients k) {
 #pragma omp parallel for simd schedule(static) if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = to_float(grad[i]) * k.grad_scale;
-    const float m_i = k.beta1 * m[i] + (1.0f - k.beta1) * g;
-    const float v_i = k.beta2 * v[i] + (1.0f - k.beta2) * g * g;
-    m[i] = m_i;
-    v[i] = v_i;
-    const float m_hat = m_i / k.bias_correction1;
-    const float v_hat = v_i / k.bias_correction2;
-    const float p =
-        param[i] - k.lr * (m_hat / (std::sqrt(v_hat) + k.eps) + k.weight_decay * param[i]);
+    const float p = adamw_update(param[i], to_float(grad[i]), m[i], v[i], k);
     param[i] = p;
     if constexpr (!std::is_same_v<C, NoCopy>) copy[i] = round_to<C>(p);
   }

@@ -4,7 +4,8 @@
 // again: one backend per thread (one rank per GPU), as the trainer runs it.
 //
 // The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
-// (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layers.cu, cuda_optim.cu.
+// (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layernorm.cu,
+// cuda_attention.cu, cuda_embedding.cu, cuda_cross_entropy.cu, cuda_optim.cu.
 #pragma once
 
 #include <cublasLt.h>

@@ -2,14 +2,15 @@
 //
 // Each kernel reads its storage dtype, computes in FP32 and rounds once with the conversions
 // of core/dtype/dtype.h, the same code the CPU backend runs, so casts and adds are
-// bit-identical to the CPU's and GELU agrees to a few FP32 ulps (expf differs from the CPU's
-// polynomial in the last bit). The element-wise kernels are grid-stride loops over 16-byte
-// packs (see cuda_kernel_utils.cuh) followed by a scalar loop over the remainder; a
-// misaligned view takes the scalar loop for everything. Validation is op_checks.h's, shared
-// with the CPU backend, so a bad call fails with the same message on both.
+// bit-identical to the CPU's; GELU runs core/ops/math/gelu.h, the CPU's formula compiled to
+// the same operations, so it is bit-identical too. The element-wise kernels are grid-stride
+// loops over 16-byte packs (see cuda_kernel_utils.cuh) followed by a scalar loop over the
+// remainder; a misaligned view takes the scalar loop for everything. Validation is op_checks.h's,
+// shared with the CPU backend, so a bad call fails with the same message on both.
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
+#include "core/ops/math/gelu.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
@@ -150,29 +151,7 @@ __global__ void add_kernel(const T* a, const T* b, T* out, int64_t n, int64_t n_
 }
 
 // ---------------------------------------------------------------------------------------
-// GELU, tanh approximation, in the CPU backend's formulation: with
-// u = sqrt(2/pi) (x + 0.044715 x^3), 0.5 (1 + tanh(u)) = sigmoid(2u) = 1 / (1 + exp(-2u)), so
-// gelu(x) = x / (1 + exp(-2u)). Unlike 1 + tanh(u) this has no cancellation for negative x,
-// and for very negative x exp overflows to inf and the result is -0, the correct limit.
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
-constexpr float kGeluCubic = 0.044715f;
-
-__device__ __forceinline__ float gelu(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return x / (1.0f + expf(-2.0f * u));
-}
-
-// d/dx [x s(2u)] with s = sigmoid: s + 2 x s (1 - s) du/dx, du/dx = sqrt(2/pi) (1 +
-// 3 * 0.044715 x^2), and 1 - s = e s with e = exp(-2u), free of cancellation. Where e is 0
-// or inf the second term's limit is 0, but it would evaluate to 0 * inf, so it is dropped.
-__device__ __forceinline__ float gelu_grad(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float e = expf(-2.0f * u);
-  const float s = 1.0f / (1.0f + e);
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-  const float tail = 2.0f * x * s * (e * s) * du;
-  return s + ((e > 0.0f && e < INFINITY) ? tail : 0.0f);
-}
+// GELU: core/ops/math/gelu.h, the formula the CPU backend runs.
 
 template <class T, int K>
 __global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n,

@@ -1,4 +1,4 @@
-// Building blocks shared by the hand-written kernels (cuda_elementwise.cu, cuda_layers.cu,
+// Building blocks shared by the hand-written kernels (cuda_elementwise.cu, the layer kernels,
 // cuda_optim.cu): 16-byte packs, warp and block reductions, launch sizing, dtype dispatch.
 #pragma once
 

@@ -1,7 +1,7 @@
 // AdamW, sums of squares (for the global gradient norm) and the fused unscale + non-finite
 // check on the GPU, mirroring cpu_optim.cpp: the same validation (op_checks.h, shared with
-// it), the same formulas, the same results (AdamW and sum_squares to an FP32 rounding or two,
-// unscale bit for bit).
+// it), the same formulas (AdamW's is core/ops/math/adamw_update.h, compiled for both), the
+// same results (AdamW and sum_squares to an FP32 rounding or two, unscale bit for bit).
 //
 // The reductions are deterministic: sum_squares splits the work by a grid whose size
 // depends only on the tensor and adds the per-block results in block order, and
@@ -12,6 +12,7 @@
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
+#include "core/ops/math/adamw_update.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
@@ -27,27 +28,11 @@ constexpr int kBlock = 256;
 // Stands for "no compute copy" in adamw_kernel.
 struct NoCopy {};
 
-// One AdamW update, all in FP32:
-//   g = grad * grad_scale
-//   m = beta1 m + (1 - beta1) g          v = beta2 v + (1 - beta2) g^2
-//   m_hat = m / (1 - beta1^t)            v_hat = v / (1 - beta2^t)
-//   param -= lr (m_hat / (sqrt(v_hat) + eps) + weight_decay param)
-// The weight decay is decoupled and uses the parameter from before this step (PyTorch's
-// AdamW). Division and sqrt are IEEE-rounded (nvcc's defaults without --use_fast_math).
-__device__ __forceinline__ float adamw_update(float param, float grad, float& m, float& v,
-                                              const AdamWCoefficients& k) {
-  const float g = grad * k.grad_scale;
-  m = k.beta1 * m + (1.0f - k.beta1) * g;
-  v = k.beta2 * v + (1.0f - k.beta2) * g * g;
-  const float m_hat = m / k.bias_correction1;
-  const float v_hat = v / k.bias_correction2;
-  return param - k.lr * (m_hat / (sqrtf(v_hat) + k.eps) + k.weight_decay * param);
-}
-
-// One pass over params, grads, m, v (and the compute copy, when C is a storage type rather
-// than NoCopy): the updated parameter is rounded into the copy while it is in registers,
-// saving a second pass over the parameters. K = 8 elements per pack, so every operand moves
-// whole 16-byte vectors (two for the F32 ones).
+// adamw_update (core/ops/math/adamw_update.h, the CPU backend's formula) in one pass over
+// params, grads, m, v (and the compute copy, when C is a storage type rather than NoCopy):
+// the updated parameter is rounded into the copy while it is in registers, saving a second
+// pass over the parameters. K = 8 elements per pack, so every operand moves whole 16-byte
+// vectors (two for the F32 ones).
 template <class G, class C, int K>
 __global__ void adamw_kernel(float* __restrict__ params, const G* __restrict__ grads,
                              float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
@@ -96,8 +81,9 @@ void launch_adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, C* 
 // ---------------------------------------------------------------------------------------
 // sum_squares
 
-// Squares are accumulated in FP64, as on the CPU: elements above 1.8e19, whose FP32 square
-// overflows, still count correctly, and the result is rounded to FP32 once.
+// Squares are accumulated in FP64, as on the CPU: the square of an FP32 value is exact there
+// (even where its FP32 square would fall into the subnormals and lose digits), and the result
+// is rounded to FP32 once.
 __device__ __forceinline__ double warp_sum_f64(double v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);

@@ -1,0 +1,58 @@
+// The fused softmax cross-entropy on the CPU (the math follows llm.c's train_gpt2.c; the
+// per-element pieces are core/ops/math/softmax.h's, shared with the CUDA backend). Operands
+// are read and written as cpu_layer_io.h describes.
+#include <cmath>
+#include <vector>
+
+#include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_layer_io.h"
+#include "core/ops/math/softmax.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+
+using namespace cpu_layer_io;
+
+// One row of logits per iteration:
+//   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target]
+//   dz   = (softmax(z) - onehot(target)) * grad_scale
+// The row is widened into scratch before anything is written, which is what lets dlogits
+// alias logits.
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
+                                       Tensor* dlogits, float grad_scale) {
+  const auto [N, V] = check_softmax_cross_entropy(logits, targets, losses, dlogits, device());
+  check_indices("softmax_cross_entropy", "target", targets, V);
+
+  const int32_t* target = targets.data_as<const int32_t>();
+  float* loss = losses.data_as<float>();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(V));
+    float* z = row.data();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      load(logits, n * V, V, z);
+      const int64_t y = target[n];
+      const float z_target = z[y];
+      // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
+      float max_logit = -INFINITY;
+      for (int64_t v = 0; v < V; ++v) max_logit = softmax_max(max_logit, z[v]);
+      float sum = 0.0f;
+      for (int64_t v = 0; v < V; ++v) {
+        z[v] = softmax_exp(z[v], max_logit);
+        sum += z[v];
+      }
+      loss[n] = cross_entropy_loss(max_logit, sum, z_target);
+      if (dlogits != nullptr) {
+        // The probabilities first, each rounded to FP32, then the gradient from them (the
+        // target's 1 comes off the rounded probability).
+        const float inv_sum = 1.0f / sum;
+        for (int64_t v = 0; v < V; ++v) z[v] *= inv_sum;
+        for (int64_t v = 0; v < V; ++v) z[v] = cross_entropy_grad(z[v], v == y, grad_scale);
+        store(z, V, *dlogits, n * V);
+      }
+    }
+  }
+}
+
+}  // namespace mantissa::core

@@ -1,0 +1,129 @@
+// Token and position embeddings on the GPU; the CPU backend's twin is cpu_embedding.cpp.
+// Operands are read and written as cuda_layer_io.cuh describes.
+//
+// Determinism: no kernel here uses floating-point atomics. dwpe and dwte are summed in
+// position order, exactly as the CPU backend adds them, so both are bit-identical to the
+// CPU's.
+#include <cub/device/device_radix_sort.cuh>
+
+#include "core/ops/cuda/cuda_backend.h"
+#include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_kernel_utils.cuh"
+#include "core/ops/cuda/cuda_layer_io.cuh"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+using namespace cuda_kernels;
+
+constexpr int kBlock = 256;
+constexpr int kWarpsPerBlock = kBlock / kWarpSize;
+
+// out[b, t, c] = wte[tokens[b, t], c] + wpe[t, c], one thread per element.
+__global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, FloatIn wte,
+                                         FloatIn wpe, FloatOut y, int64_t BT, int64_t T,
+                                         int64_t C) {
+  for (int64_t i = global_thread_index(); i < BT * C; i += grid_stride()) {
+    const int64_t bt = i / C;
+    const int64_t c = i % C;
+    const int64_t token = tokens[bt];
+    store(y, i, load(wte, token * C + c) + load(wpe, (bt % T) * C + c));
+  }
+}
+
+// dwpe[t, c] += dout[0, t, c] + dout[1, t, c] + ..., one thread per (t, c), added into the
+// gradient one batch row at a time as the CPU backend does.
+__global__ void embedding_backward_wpe_kernel(FloatIn dout, float* __restrict__ dwpe, int64_t B,
+                                              int64_t T, int64_t C) {
+  for (int64_t i = global_thread_index(); i < T * C; i += grid_stride()) {
+    float acc = dwpe[i];
+    for (int64_t b = 0; b < B; ++b) acc += load(dout, b * T * C + i);
+    dwpe[i] = acc;
+  }
+}
+
+__global__ void iota_kernel(int32_t* __restrict__ out, int64_t n) {
+  for (int64_t i = global_thread_index(); i < n; i += grid_stride())
+    out[i] = static_cast<int32_t>(i);
+}
+
+// dwte[token] += dout[position] for every position of every token. The (token, position)
+// pairs arrive sorted by token, positions ascending within a token (a stable radix sort), so
+// the positions of one token form a contiguous run. The warp at the start of each run owns
+// that dwte row: no two warps write the same row (no atomics) and each row receives its
+// contributions in position order, like the CPU backend's loop. The price is that a token
+// repeated r times is summed by one warp, r rows in sequence.
+__global__ void embedding_backward_wte_kernel(FloatIn dout,
+                                              const int32_t* __restrict__ sorted_tokens,
+                                              const int32_t* __restrict__ sorted_positions,
+                                              float* __restrict__ dwte, int64_t BT, int64_t C) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (i >= BT) return;
+  const int32_t token = sorted_tokens[i];
+  if (i > 0 && sorted_tokens[i - 1] == token) return;  // not the start of a run
+  int64_t run_end = i + 1;
+  while (run_end < BT && sorted_tokens[run_end] == token) ++run_end;
+  float* row = dwte + static_cast<int64_t>(token) * C;
+  for (int64_t c = lane; c < C; c += kWarpSize) {
+    float acc = row[c];
+    for (int64_t j = i; j < run_end; ++j) acc += load(dout, sorted_positions[j] * C + c);
+    row[c] = acc;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                                    Tensor& out) {
+  const auto [B, T, V, C] = check_embedding_forward(tokens, wte, wpe, out, device());
+  check_indices("embedding_forward", "token", tokens, V, multiprocessor_count_, stream_);
+  if (B * T * C == 0) return;
+
+  embedding_forward_kernel<<<grid_size(B * T * C, kBlock, multiprocessor_count_), kBlock, 0,
+                             stream_>>>(tokens.data_as<const int32_t>(), as_in(wte), as_in(wpe),
+                                        as_out(out), B * T, T, C);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+}
+
+void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
+                                     Tensor& dwpe) {
+  const auto [B, T, V, C] = check_embedding_backward(dout, tokens, dwte, dwpe, device());
+  check_indices("embedding_backward", "token", tokens, V, multiprocessor_count_, stream_);
+  const int64_t BT = B * T;
+  if (BT * C == 0) return;
+
+  embedding_backward_wpe_kernel<<<grid_size(T * C, kBlock, multiprocessor_count_), kBlock, 0,
+                                  stream_>>>(as_in(dout), dwpe.data_as<float>(), B, T, C);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+
+  // Group positions by token: a stable radix sort of (token, position) pairs over just the
+  // bits a token in [0, V) can use. Temporaries are freed when this function returns (the
+  // allocator's reuse is ordered on this stream).
+  Tensor positions = Tensor::empty(Shape{BT}, DType::kI32, device());
+  Tensor sorted = Tensor::empty(Shape{2, BT}, DType::kI32, device());
+  int32_t* sorted_tokens = sorted.data_as<int32_t>();
+  int32_t* sorted_positions = sorted_tokens + BT;
+  iota_kernel<<<grid_size(BT, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+      positions.data_as<int32_t>(), BT);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+  int end_bit = 1;
+  while (end_bit < 31 && (int64_t{1} << end_bit) < V) ++end_bit;
+  const int num_items = static_cast<int>(BT);
+  size_t temp_bytes = 0;
+  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, tokens.data_as<const int32_t>(), sorted_tokens,
+      positions.data_as<const int32_t>(), sorted_positions, num_items, 0, end_bit, stream_));
+  Tensor temp = Tensor::empty(Shape{static_cast<int64_t>(temp_bytes)}, DType::kU8, device());
+  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      temp.data(), temp_bytes, tokens.data_as<const int32_t>(), sorted_tokens,
+      positions.data_as<const int32_t>(), sorted_positions, num_items, 0, end_bit, stream_));
+
+  embedding_backward_wte_kernel<<<static_cast<int>(ceil_div(BT, kWarpsPerBlock)), kBlock, 0,
+                                  stream_>>>(as_in(dout), sorted_tokens, sorted_positions,
+                                             dwte.data_as<float>(), BT, C);
+  MANTISSA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace mantissa::core

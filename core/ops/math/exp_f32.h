@@ -1,0 +1,42 @@
+// exp(x) in FP32 as straight-line arithmetic, one definition for host and device.
+//
+// libm's expf is a call GCC cannot vectorise without -ffast-math, so the CPU's GELU loops use
+// this instead; the CUDA kernels use it too, so that both backends evaluate GELU with the
+// same operations.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype/dtype.h"
+
+namespace mantissa::core {
+
+// exp(x) to within 1 ulp. The classic Cody-Waite scheme: x = n ln2 + r with |r| <= ln2/2,
+// exp(r) from a degree-7 polynomial (the Cephes coefficients), times 2^n. 2^n is applied as
+// two factors 2^(n/2) 2^(n - n/2), each a normal float, so that results beyond the float range
+// overflow to inf or underflow (through the subnormals) to 0 by themselves. NaN in gives inf
+// out (the clamps below map it to 89); every caller also multiplies by x, which carries the
+// NaN on.
+MANTISSA_HD float exp_f32(float x) {
+  // Beyond these bounds exp is inf / 0 in FP32 anyway; they keep n within [-150, 129].
+  float xc = x < 89.0f ? x : 89.0f;
+  xc = xc > -104.0f ? xc : -104.0f;
+  // Round x / ln2 to an integer by adding and subtracting 1.5 * 2^23 (exact, no libm call).
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  // ln2 split into a part with few bits (so n * 0.693359375 is exact) and a correction.
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t n_half = static_cast<int32_t>(n) >> 1;
+  const int32_t n_rest = static_cast<int32_t>(n) - n_half;
+  const float two_half = bits_to_float(static_cast<uint32_t>(n_half + 127) << 23);
+  const float two_rest = bits_to_float(static_cast<uint32_t>(n_rest + 127) << 23);
+  return p * two_half * two_rest;
+}
+
+}  // namespace mantissa::core

@@ -1,0 +1,55 @@
+// GELU (the tanh approximation) and its derivative, one definition for host and device: the
+// CPU backend's loops and the CUDA kernels call these, so the two evaluate the same formula
+// with the same operations.
+#pragma once
+
+#include <cmath>
+
+#include "core/dtype/dtype.h"
+#include "core/ops/math/exp_f32.h"
+
+namespace mantissa::core {
+
+inline constexpr float kGeluSqrt2OverPi = 0.79788456080286536f;
+inline constexpr float kGeluCubic = 0.044715f;
+
+// GELU is 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), and 0.5 (1 + tanh(u))
+// is the logistic sigmoid of 2u. With e = exp(-2|u|) (in (0, 1], so it never overflows) and
+// t = 1 / (1 + e):
+//   sigmoid(2u) = t for u >= 0, e t for u < 0,      sigmoid(2u) (1 - sigmoid(2u)) = e t^2.
+// Evaluated this way, nothing cancels: 1 + tanh(u) would lose every digit for negative x, and
+// the tail of gelu keeps full relative precision down to the FP32 subnormals.
+struct GeluTerms {
+  float s;      // sigmoid(2u)
+  float s_1ms;  // sigmoid(2u) (1 - sigmoid(2u))
+};
+
+MANTISSA_HD GeluTerms gelu_terms(float x) {
+  const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float e = exp_f32(-2.0f * fabsf(u));
+  const float t = 1.0f / (1.0f + e);
+  return {t * (u >= 0.0f ? 1.0f : e), e * t * t};
+}
+
+// gelu(x) = x sigmoid(2u). +inf gives +inf; -inf and NaN give NaN.
+MANTISSA_HD float gelu(float x) {
+  return x * gelu_terms(x).s;
+}
+
+// d/dx [x sigmoid(2u)] = sigmoid(2u) + 2 x sigmoid(2u) (1 - sigmoid(2u)) du/dx, with
+// du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2). Outside [-10, 10] gelu' is 0 or 1 to within
+// 1e-35, so x is clamped there: for huge |x| the second term would be 0 * inf. The clamp
+// lets NaN through (NaN in, NaN out) and maps +-inf to the limits.
+//
+// The final sum is an explicit fmaf: GCC (x86-64-v3) fuses it with the last product of the
+// second term, while nvcc, left to itself, fuses it with the product that makes sigmoid(2u)
+// (e t) instead, and the backends would differ in the last bit. Everything else here and in
+// exp_f32 compiles to the same operations on both (tests/gpu/test_gpu_ops.cpp compares bits).
+MANTISSA_HD float gelu_grad(float x) {
+  const float xc = x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
+  const GeluTerms g = gelu_terms(xc);
+  const float du = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xc * xc);
+  return fmaf(2.0f * xc * g.s_1ms, du, g.s);
+}
+
+}  // namespace mantissa::core
