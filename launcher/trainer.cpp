@@ -374,7 +374,9 @@ int Trainer::run() {
     tokens_total_ += report.tokens * world_size;
 
     record.mean_loss = mean_loss;
+    const Clock::time_point eval_start = Clock::now();
     record.val_loss = maybe_evaluate(step + 1);
+    if (record.val_loss) record.eval_seconds = seconds_since(eval_start);
     record.step_seconds = seconds;
     record.allreduce_seconds = dp_->last_step_comm_seconds();
     record.allreduce_bytes = dp_->last_step_comm_bytes();

@@ -98,6 +98,8 @@ void StepLog::write(const StepRecord& record) {
   if (record.val_loss) {
     line += ",\"val_loss\":";
     append_number(line, *record.val_loss);
+    line += ",\"eval_seconds\":";
+    append_number(line, record.eval_seconds);
   }
   line += ",\"loss_scale\":";
   append_number(line, r.loss_scale);

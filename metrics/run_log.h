@@ -3,8 +3,8 @@
 // StepLog: every rank writes <run.dir>/log/rank<R>.jsonl, one JSON object per optimizer step,
 // flushed at once (a crash loses no finished step; tests and scripts read it while the run is
 // going). Keys: step (0-based index, as in debug.inject_nonfinite_steps; the progress line
-// counts from 1), loss (this rank's mean), mean_loss (over all ranks), val_loss (the held-out
-// loss, only on steps that evaluate), loss_scale,
+// counts from 1), loss (this rank's mean), mean_loss (over all ranks), val_loss and
+// eval_seconds (the held-out loss and how long it took, only on steps that evaluate), loss_scale,
 // overflow, grad_norm (0 when skipped), lr, tokens (this rank, this step), tokens_per_s (this
 // rank), step_seconds, allreduce_seconds, time (Unix seconds), and skipped_param (the first
 // parameter whose gradient was non-finite on this rank) when there is one. Non-finite numbers

@@ -25,6 +25,7 @@ struct StepRecord {
   train::StepReport report;
   double mean_loss = 0;            // report.loss averaged over all ranks
   std::optional<double> val_loss;  // held-out loss, on the steps that evaluate
+  double eval_seconds = 0;         // wall time of that evaluation (not in step_seconds)
   double step_seconds = 0;         // wall time of the step on this rank
   double allreduce_seconds = 0;    // time this rank waited for gradient collectives
   std::int64_t allreduce_bytes = 0;

@@ -60,6 +60,10 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(sorted(curves[0]), [9, 19, 29, 39])
         self.assertEqual(curves[0], curves[1], "every rank logs the same all-reduced loss")
         self.assertIn("| val loss ", result.stderr)
+        for entry in lu.read_log(os.path.join(self.dir, "two"), 0):
+            self.assertEqual("eval_seconds" in entry, "val_loss" in entry, entry)
+            if "val_loss" in entry:
+                self.assertGreater(entry["eval_seconds"], 0)
         first, last = curves[0][9], curves[0][39]
         self.assertLess(last, first - 0.1, f"the validation loss should fall: {curves[0]}")
         self.assertTrue(all(math.isfinite(v) for v in curves[0].values()))
