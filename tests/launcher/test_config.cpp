@@ -101,7 +101,7 @@ TEST(ConfigOverride, ErrorsNameTheArgumentAndWhatIsAllowed) {
   };
   EXPECT_EQ(set_error("run.stepz=5"),
             "--set run.stepz=5: run has no field 'stepz' (fields: steps, seed, dir, device, "
-            "log_every)");
+            "log_every, eval_every, eval_tokens)");
   EXPECT_EQ(set_error("rnu.steps=5").rfind("--set rnu.steps=5: TrainConfig has no field 'rnu'", 0),
             0u);
   EXPECT_EQ(set_error("precision.mode=FP7"),
