@@ -58,9 +58,30 @@ int64_t json_integer(const google::protobuf::Value& v, const std::string& what) 
 }  // namespace
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,
-                        core::Backend& backend,
-                        const std::map<std::string, std::string>& metadata) {
+                        core::Backend& backend, const std::map<std::string, std::string>& metadata,
+                        const std::map<std::string, int64_t>& leading_rows) {
   params.require_all_masters("safetensors: cannot write '" + path + "'");
+  // What is written of each parameter: its shape, with fewer rows where leading_rows says so.
+  std::vector<core::Shape> shapes;
+  for (const train::Parameter& p : params.all()) {
+    std::vector<int64_t> dims = p.spec.shape.dims();
+    const auto found = leading_rows.find(p.spec.name);
+    if (found != leading_rows.end()) {
+      MANTISSA_CHECK(found->second >= 1 && found->second <= dims[0],
+                     "safetensors: cannot write '" << path << "': " << found->second
+                                                   << " leading rows of " << p.spec.name << " "
+                                                   << p.spec.shape.str() << " asked for");
+      dims[0] = found->second;
+    }
+    shapes.emplace_back(dims);
+  }
+  for (const auto& [name, rows] : leading_rows) {
+    const bool known = std::any_of(params.all().begin(), params.all().end(),
+                                   [&](const train::Parameter& p) { return p.spec.name == name; });
+    MANTISSA_CHECK(known, "safetensors: cannot write '" << path << "': leading rows of " << name
+                                                        << " asked for, a parameter the model "
+                                                           "does not have");
+  }
   // Built with appends only: GCC 12 misreports `const char* + std::string` (-Wrestrict).
   std::string header = "{";
   auto separate = [&header] {
@@ -77,15 +98,16 @@ void export_safetensors(const std::string& path, const train::ParameterStore& pa
     header += '}';
   }
   uint64_t offset = 0;
-  for (const train::Parameter& p : params.all()) {
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const train::Parameter& p = params.all()[k];
     MANTISSA_CHECK(p.spec.name != "__metadata__", "safetensors: a parameter named __metadata__");
-    const uint64_t end = offset + static_cast<uint64_t>(p.numel()) * 4;
+    const uint64_t end = offset + static_cast<uint64_t>(shapes[k].numel()) * 4;
     separate();
     header += json_string(p.spec.name);
     header += ":{\"dtype\":\"F32\",\"shape\":[";
-    for (int i = 0; i < p.spec.shape.rank(); ++i) {
+    for (int i = 0; i < shapes[k].rank(); ++i) {
       if (i) header += ',';
-      header += std::to_string(p.spec.shape[i]);
+      header += std::to_string(shapes[k][i]);
     }
     header += "],\"data_offsets\":[";
     header += std::to_string(offset);
@@ -107,11 +129,13 @@ void export_safetensors(const std::string& path, const train::ParameterStore& pa
     out.write(reinterpret_cast<const char*>(length), 8);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
     backend.synchronize();
-    for (const train::Parameter& p : params.all()) {
-      core::Tensor host = p.master;
-      if (!p.master.device().is_cpu()) {
-        host = core::Tensor::empty(p.master.shape(), p.master.dtype(), core::Device::cpu());
-        backend.copy(p.master, host);
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      // The leading rows are the first elements of the row-major master.
+      const core::Tensor written = params.all()[k].master.view(0, shapes[k]);
+      core::Tensor host = written;
+      if (!written.device().is_cpu()) {
+        host = core::Tensor::empty(written.shape(), written.dtype(), core::Device::cpu());
+        backend.copy(written, host);
         backend.synchronize();
       }
       out.write(static_cast<const char*>(host.data()), static_cast<std::streamsize>(host.nbytes()));

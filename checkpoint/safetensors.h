@@ -20,14 +20,18 @@ namespace mantissa::checkpoint {
 
 // Writes every parameter's FP32 master (by its GPT-2 name and shape, e.g. "wte" [V, C],
 // "h.0.attn.c_attn.weight" [3C, C], stored [out, in]) to `path`, through a temporary file
-// renamed into place. `metadata` goes into "__metadata__". Throws core::Error naming the path,
-// or when the store keeps only a range of the masters (load a whole checkpoint into an unsharded
-// model instead, as `mantissa export` does).
+// renamed into place. `metadata` goes into "__metadata__". `leading_rows` names parameters of
+// which only the first rows are written, the tensor's shape saying so (GPT-2's wte without its
+// vocabulary padding: {"wte", vocab_size}); a count outside [1, the parameter's rows] or a
+// name the store does not have is an error. Throws core::Error naming the path, or when the
+// store keeps only a range of the masters (load a whole checkpoint into an unsharded model
+// instead, as `mantissa export` does).
 // (Hugging Face's GPT-2 stores its Conv1D weights transposed, [in, out]: a converter to that
 // layout transposes the four matrices of each block.)
 void export_safetensors(const std::string& path, const train::ParameterStore& params,
                         core::Backend& backend,
-                        const std::map<std::string, std::string>& metadata = {});
+                        const std::map<std::string, std::string>& metadata = {},
+                        const std::map<std::string, int64_t>& leading_rows = {});
 
 struct SafetensorsTensor {
   std::string name;

@@ -41,6 +41,7 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"data.text_file.val_fraction", "0.1"},
     {"data.micro_batch_size", "8"},
     {"data.grad_accum_steps", "1"},
+    {"data.tokenizer", ""},
     {"optimizer.adamw.lr", "0.0006"},
     {"optimizer.adamw.beta1", "0.9"},
     {"optimizer.adamw.beta2", "0.95"},

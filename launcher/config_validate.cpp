@@ -81,6 +81,7 @@ void check_data_files(const Config::Data& data) {
     const std::string& val = data.token_shards().val_pattern();
     if (!val.empty()) check_glob("data.token_shards.val_pattern", val);
   }
+  if (!data.tokenizer().empty()) check_readable_file("data.tokenizer", data.tokenizer());
 }
 
 // The model's sequence length and vocabulary, whichever architecture it is.

@@ -1,5 +1,7 @@
 #include "launcher/export.h"
 
+#include <map>
+
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/ops/backend.h"
@@ -24,9 +26,13 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                                {{"masters", params.flat_numel(), 0, params.masters()}});
   require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
           "holds no checkpoint to export (" + dir + " is empty or missing)");
+  // GPT-2 pads its vocabulary internally (models/gpt2/gpt2.h); the file keeps the true one.
+  std::map<std::string, int64_t> leading_rows;
+  if (!config.model().has_mlp()) leading_rows["wte"] = config.model().gpt2().vocab_size();
   checkpoint::export_safetensors(
       out, params, *backend,
-      {{"mantissa_step", std::to_string(state->step)}, {"mantissa_config", state->config_text}});
+      {{"mantissa_step", std::to_string(state->step)}, {"mantissa_config", state->config_text}},
+      leading_rows);
   return dir + "/" + checkpoint::checkpoint_dir_name(state->step);
 }
 

@@ -1,6 +1,7 @@
 // `mantissa export`: the FP32 weights of a run's newest intact checkpoint as a safetensors
-// file (checkpoint/safetensors.h: GPT-2 parameter names, matrices stored [out, in]), for tools
-// outside mantissa. Runs as one process without MPI, on the CPU.
+// file (checkpoint/safetensors.h: GPT-2 parameter names, matrices stored [out, in]; wte holds
+// the true vocabulary, [vocab_size, C], without the model's padding rows), for tools outside
+// mantissa. Runs as one process without MPI, on the CPU.
 #pragma once
 
 #include <string>

@@ -9,6 +9,7 @@
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
+#include "launcher/sample.h"
 #include "launcher/tokenize.h"
 #include "launcher/trainer.h"
 
@@ -189,6 +190,7 @@ constexpr Command kCommands[] = {
     {"config", "check a config and print it with every default filled in", config_command},
     {"export", "write a run's newest checkpoint as a safetensors file", export_command},
     {"tokenize", "train a tokenizer, turn text files into token shards and back", tokenize_command},
+    {"sample", "generate text from a run's checkpoint", sample_command},
     {"help", "this overview, or `mantissa help COMMAND` for one command", help_command},
 };
 

@@ -1,5 +1,6 @@
-// mantissa-tokenize: `mantissa tokenize train|encode|decode`, in an executable of its own
-// (launcher/tokenize.h says why). Parses the command line and maps errors to exit codes.
+// mantissa-tokenize: `mantissa tokenize train|encode|decode` and, for `mantissa sample`,
+// `info|ids|text`, in an executable of its own (launcher/tokenize.h says why). Parses the
+// command line and maps errors to exit codes.
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/tokenize_decode.h"
 #include "launcher/tokenize_encode.h"
+#include "launcher/tokenize_ids.h"
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_train.h"
 
@@ -25,6 +27,7 @@ constexpr const char* kHelp =
        mantissa tokenize encode --tokenizer TOK.model --input FILE... --out-dir DIR
                                 [--val-fraction F] [--shard-tokens N] [--force]
        mantissa tokenize decode --tokenizer TOK.model --input SHARD...
+       mantissa tokenize info|ids|text --tokenizer TOK.model
 
 Turns UTF-8 text into llm.c token shards for data.token_shards, and back, with a SentencePiece
 tokenizer whose decoding is exact: decode(encode(text)) is the text, byte for byte, for any
@@ -68,6 +71,13 @@ decode  prints the text of the shards on stdout, read in the order given as one 
         gives back the encoded files, concatenated.
   --tokenizer FILE    the model the shards were encoded with
   --input SHARD...    shards (one or more)
+
+info    prints "vocab_size N" and "eot E" (the end-of-text id), one per line.
+ids     reads UTF-8 text on stdin to its end and prints its token ids on one line, decimal,
+        separated by spaces (no end-of-text token is added).
+text    reads token ids on stdin (decimal, separated by white space) and prints their text
+        exactly. `mantissa sample` uses these three, since it cannot load SentencePiece itself.
+  --tokenizer FILE    the model
 
 options of train and encode:
   --force             replace an existing --out file, or the shards and tokenizer.model in
@@ -126,8 +136,13 @@ double parse_number(const std::string& name, const std::string& value) {
   return out;
 }
 
+// info, ids and text take no --input files (ids and text read standard input).
+bool takes_no_files(const std::string& subcommand) {
+  return subcommand == "info" || subcommand == "ids" || subcommand == "text";
+}
+
 bool allowed(const std::string& subcommand, const std::string& name) {
-  if (name == "--input") return true;
+  if (name == "--input") return !takes_no_files(subcommand);
   if (subcommand == "train") {
     return name == "--vocab-size" || name == "--out" || name == "--model-type" || name == "--force";
   }
@@ -154,7 +169,8 @@ Args parse(const std::vector<std::string>& argv) {
     throw core::ConfigError("tokenize needs a subcommand: train, encode or decode" + kUsage);
   }
   args.subcommand = argv[0];
-  if (args.subcommand != "train" && args.subcommand != "encode" && args.subcommand != "decode") {
+  if (args.subcommand != "train" && args.subcommand != "encode" && args.subcommand != "decode" &&
+      !takes_no_files(args.subcommand)) {
     throw core::ConfigError("tokenize has no subcommand '" + args.subcommand +
                             "' (train, encode or decode)" + kUsage);
   }
@@ -210,7 +226,7 @@ Args parse(const std::vector<std::string>& argv) {
       throw core::ConfigError("--model-type takes bpe or unigram, got '" + value + "'" + kUsage);
     }
   }
-  require(!args.inputs.empty(), "--input FILE...", args);
+  if (!takes_no_files(args.subcommand)) require(!args.inputs.empty(), "--input FILE...", args);
   if (args.subcommand == "train") {
     require(args.vocab_size.has_value(), "--vocab-size N", args);
     require(!args.out.empty(), "--out FILE", args);
@@ -239,8 +255,14 @@ int run(const std::vector<std::string>& argv) {
     } else if (args.subcommand == "encode") {
       encode_to_shards({args.tokenizer, args.inputs, args.out_dir, args.val_fraction,
                         args.shard_tokens, args.force});
-    } else {
+    } else if (args.subcommand == "decode") {
       decode_shards(args.tokenizer, args.inputs, stdout);
+    } else if (args.subcommand == "info") {
+      print_tokenizer_info(args.tokenizer, stdout);
+    } else if (args.subcommand == "ids") {
+      text_to_ids(args.tokenizer, stdin, stdout);
+    } else {
+      ids_to_text(args.tokenizer, stdin, stdout);
     }
     return kExitOk;
   } catch (const core::ConfigError& e) {

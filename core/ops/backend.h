@@ -119,6 +119,14 @@ class Backend {
   // dqkv overwritten.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                   Tensor& dqkv, int n_head) = 0;
+  // Causal attention of N new positions over a KV cache (text generation, one sequence).
+  // qkv[N, 3C] holds their Q, K, V as attention_forward's rows do. Their K and V are first
+  // written to rows [start, start + N) of k_cache and v_cache [S, C] (start + N <= S); then
+  // the new row i, at position start + i, attends to cache rows [0, start + i] and out[N, C]
+  // receives the result. The math is attention_forward's (scale 1/sqrt(D), FP32 softmax), so
+  // with caches of qkv's dtype row i equals attention_forward's row start + i up to rounding.
+  virtual void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                                int n_head, int64_t start) = 0;
 
   // out[B, T, C] = wte[tokens[b, t]] + wpe[t]; tokens I32 [B, T]. A token outside
   // [0, vocab) is an error.
@@ -132,8 +140,13 @@ class Backend {
   // losses[N] (F32) = -log softmax(logits)[target]. When dlogits is non-null it is
   // overwritten with (softmax - onehot(target)) * grad_scale (the caller folds 1/N and the
   // loss scale into grad_scale). dlogits may alias logits.
-  virtual void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
-                                     Tensor* dlogits, float grad_scale) = 0;
+  // Only the first valid_cols columns (1 <= valid_cols <= V) are the vocabulary: the softmax
+  // and the loss see those alone, targets must lie in [0, valid_cols), and the columns past
+  // them (a padded vocabulary's) get probability 0 and a gradient of exactly 0. Each row's
+  // result is bit-identical to the op on a copy of its first valid_cols columns.
+  virtual void softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
+                                     const Tensor& targets, Tensor& losses, Tensor* dlogits,
+                                     float grad_scale) = 0;
 
   // --- optimizer and gradient checks ---------------------------------------------------
   // AdamW on FP32 masters with FP32 moments m, v; grads F32 (or BF16) multiplied by

@@ -296,6 +296,42 @@ AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, co
   return d;
 }
 
+AttentionDecodeDims check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
+                                           const Tensor& v_cache, const Tensor& out, int n_head,
+                                           int64_t start, Device device) {
+  const char* op = "attention_decode";
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "k_cache", k_cache, device);
+  check_activation(op, "v_cache", v_cache, device);
+  check_activation(op, "out", out, device);
+  check_rank(op, "qkv", qkv, 2);
+  MANTISSA_CHECK(qkv.dim(1) % 3 == 0 && qkv.dim(1) > 0,
+                 op << ": operand qkv " << qkv.describe()
+                    << " must have 3C > 0 channels (Q, K and V side by side)");
+  const int64_t N = qkv.dim(0), C = qkv.dim(1) / 3;
+  MANTISSA_CHECK(n_head > 0 && C % n_head == 0, op << ": C = " << C << " (from qkv "
+                                                   << qkv.describe()
+                                                   << ") is not divisible by n_head = " << n_head);
+  check_rank(op, "k_cache", k_cache, 2);
+  MANTISSA_CHECK(k_cache.dim(1) == C, op << ": operand k_cache " << k_cache.describe()
+                                         << " must have " << C << " channels (as qkv "
+                                         << qkv.describe() << ")");
+  check_same_shape(op, "v_cache", v_cache, "k_cache", k_cache);
+  check_shape(op, "out", out, Shape{N, C});
+  const int64_t S = k_cache.dim(0);
+  MANTISSA_CHECK(start >= 0 && start + N <= S,
+                 op << ": positions [" << start << ", " << start + N << ") of qkv "
+                    << qkv.describe() << " do not fit the caches " << k_cache.describe()
+                    << " (start must be >= 0 and start + N <= " << S << ")");
+  check_disjoint(op, "out", out, "qkv", qkv);
+  check_disjoint(op, "k_cache", k_cache, "qkv", qkv);
+  check_disjoint(op, "v_cache", v_cache, "qkv", qkv);
+  check_disjoint(op, "v_cache", v_cache, "k_cache", k_cache);
+  check_disjoint(op, "out", out, "k_cache", k_cache);
+  check_disjoint(op, "out", out, "v_cache", v_cache);
+  return {N, S, C, n_head, C / n_head, start};
+}
+
 EmbeddingDims check_embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                       const Tensor& out, Device device) {
   const char* op = "embedding_forward";
@@ -320,9 +356,9 @@ EmbeddingDims check_embedding_backward(const Tensor& dout, const Tensor& tokens,
   return d;
 }
 
-CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
-                                             const Tensor& losses, const Tensor* dlogits,
-                                             Device device) {
+CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
+                                             const Tensor& targets, const Tensor& losses,
+                                             const Tensor* dlogits, Device device) {
   const char* op = "softmax_cross_entropy";
   check_activation(op, "logits", logits, device);
   check_operand(op, "targets", targets, device, {DType::kI32});
@@ -332,6 +368,9 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor&
                     << " must have a non-empty last axis (the vocabulary)");
   const int64_t V = logits.dim(-1);
   const int64_t N = logits.numel() / V;
+  MANTISSA_CHECK(valid_cols >= 1 && valid_cols <= V,
+                 op << ": valid_cols = " << valid_cols << " must lie in [1, " << V
+                    << "], the columns of logits " << logits.describe());
   check_rows(op, "targets", targets, N, "target", logits);
   check_rows(op, "losses", losses, N, "loss", logits);
   if (dlogits != nullptr) {

@@ -80,6 +80,15 @@ AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, cons
 AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                        const Tensor& dqkv, int n_head, Device device);
 
+// qkv[N, 3C] (N new positions, H = n_head heads of D = C / H channels) against caches [S, C]
+// of which rows [0, start + N) are used.
+struct AttentionDecodeDims {
+  int64_t N, S, C, H, D, start;
+};
+AttentionDecodeDims check_attention_decode(const Tensor& qkv, const Tensor& k_cache,
+                                           const Tensor& v_cache, const Tensor& out, int n_head,
+                                           int64_t start, Device device);
+
 // tokens[B, T] into a table of V rows of C channels.
 struct EmbeddingDims {
   int64_t B, T, V, C;
@@ -89,13 +98,14 @@ EmbeddingDims check_embedding_forward(const Tensor& tokens, const Tensor& wte, c
 EmbeddingDims check_embedding_backward(const Tensor& dout, const Tensor& tokens, const Tensor& dwte,
                                        const Tensor& dwpe, Device device);
 
-// logits viewed as N rows over a vocabulary of V.
+// logits viewed as N rows of V columns; the first valid_cols of them, in [1, V], are the
+// vocabulary (the rest padding).
 struct CrossEntropyDims {
   int64_t N, V;
 };
-CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, const Tensor& targets,
-                                             const Tensor& losses, const Tensor* dlogits,
-                                             Device device);
+CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
+                                             const Tensor& targets, const Tensor& losses,
+                                             const Tensor* dlogits, Device device);
 
 // --- optimizer and gradient checks -----------------------------------------------------------
 

@@ -1,5 +1,6 @@
 #include "models/gpt2/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -12,8 +13,27 @@ using core::Shape;
 using core::Tensor;
 
 namespace {
+
 constexpr float kInitStd = 0.02f;
+
+// Sets the elements of parameter `index` from `first` on to zero, in the compute copy and in
+// the masters the store keeps (all, or a ZeRO-1 shard).
+void zero_from(train::ParameterStore& params, int index, int64_t first, core::Backend& backend) {
+  const train::Parameter& p = params[index];
+  if (first == p.numel()) return;
+  Tensor compute = p.compute.view(first, Shape{p.numel() - first});
+  backend.fill(compute, 0.0f);
+  Tensor& masters = params.masters();
+  const int64_t kept_begin = params.masters_begin();
+  const int64_t begin = std::max(p.offset + first, kept_begin);
+  const int64_t end = std::min(p.offset + p.numel(), kept_begin + masters.numel());
+  if (begin < end) {
+    Tensor kept = masters.view(begin - kept_begin, Shape{end - begin});
+    backend.fill(kept, 0.0f);
+  }
 }
+
+}  // namespace
 
 // One pre-LayerNorm transformer block:
 //   x2  = x  + proj(attention(qkv(ln_1(x))))
@@ -103,13 +123,19 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
                                                             << ") must be a multiple of n_head ("
                                                             << c.n_head << ")");
   if (policy.fp8_block_gemms) fp8_ = std::make_unique<train::Fp8Operands>();
-  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, train::Init::kNormal, kInitStd, true});
+  wte_ = params_.add(
+      {"wte", Shape{c.padded_vocab_size(), c.n_embd}, train::Init::kNormal, kInitStd, true});
   wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, train::Init::kNormal, kInitStd, true});
   for (int i = 0; i < c.n_layer; ++i) {
     blocks_.push_back(std::make_unique<GPT2Block>(params_, c, i, fp8_.get()));
   }
   ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", c.n_embd);
   params_.allocate(backend, policy.compute_dtype, seed, shard);
+  // The padding rows of wte start at zero, as in llm.c's model files, and stay there: their
+  // gradient is exactly zero (no token indexes them and their logits' gradient is 0), so AdamW
+  // never moves them and weight decay keeps zero at zero. The real rows keep the values the
+  // store drew, the same as an unpadded wte's (a value depends on its element index).
+  zero_from(params_, wte_, c.vocab_size * c.n_embd, backend);
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 
@@ -123,7 +149,7 @@ double GPT2::forward(train::StepContext& ctx, const train::BatchTensors& batch,
                  "GPT2.forward: tokens " << batch.tokens.describe() << " and targets "
                                          << batch.targets.describe() << " must both be [B, T]");
   const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
-  const int64_t channels = config_.n_embd, vocab = config_.vocab_size;
+  const int64_t channels = config_.n_embd, padded_vocab = config_.padded_vocab_size();
   MANTISSA_CHECK(t <= config_.seq_len,
                  "GPT2.forward: sequence length " << t << " exceeds seq_len " << config_.seq_len);
 
@@ -134,15 +160,16 @@ double GPT2::forward(train::StepContext& ctx, const train::BatchTensors& batch,
   for (auto& block : blocks_) residual = block->forward(ctx, residual, b, t);
   final_hidden_ = ln_f_->forward(ctx, residual);
 
-  // The tied LM head; logits (and then dlogits, in place) in FP32 for an exact loss.
-  logits_ = Tensor::empty(Shape{n, vocab}, DType::kF32, be.device());
+  // The tied LM head over the padded vocabulary; logits (and then dlogits, in place) in FP32
+  // for an exact loss, which sees the first vocab_size columns only.
+  logits_ = Tensor::empty(Shape{n, padded_vocab}, DType::kF32, be.device());
   core::GemmParams head;
   head.trans_b = true;
   be.gemm(final_hidden_, params_[wte_].compute, logits_, head);
   Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
   const bool training = dloss_per_token > 0.0f;
-  be.softmax_cross_entropy(logits_, batch.targets, losses, training ? &logits_ : nullptr,
-                           dloss_per_token);
+  be.softmax_cross_entropy(logits_, config_.vocab_size, batch.targets, losses,
+                           training ? &logits_ : nullptr, dloss_per_token);
 
   Tensor host_losses = Tensor::empty(Shape{n}, DType::kF32);
   be.copy(losses, host_losses);
@@ -165,7 +192,9 @@ void GPT2::backward(train::StepContext& ctx) {
   const int64_t channels = config_.n_embd;
   train::Parameter& wte = params_[wte_];
 
-  // GEMM operands share one dtype: the FP32 dlogits are rounded to the compute dtype.
+  // GEMM operands share one dtype: the FP32 dlogits are rounded to the compute dtype. Their
+  // padding columns are exactly 0, so the padding rows of wte add nothing to dresidual and
+  // receive nothing in wte.grad.
   Tensor dlogits = logits_;
   if (dt != DType::kF32) {
     dlogits = Tensor::empty(logits_.shape(), dt, be.device());
@@ -193,7 +222,12 @@ void GPT2::backward(train::StepContext& ctx) {
 double GPT2::flops_per_token() const {
   // 6 FLOPs per parameter per token (2 forward, 4 backward) plus the attention score and
   // value products, which have no parameters: 6 * L * C * T (llm.c's and PaLM's estimate).
-  const auto n = static_cast<double>(params_.parameter_count());
+  // The parameters are the true model's: the vocabulary padding's rows are multiplied too but
+  // compute nothing the model needs, so MFU counts useful work only (and an unpadded run
+  // would report the same FLOPs per token). llm.c counts them; for GPT-2 124M the two differ
+  // by 47 x 768 parameters, 0.03%.
+  const int64_t padding = (config_.padded_vocab_size() - config_.vocab_size) * config_.n_embd;
+  const auto n = static_cast<double>(params_.parameter_count() - padding);
   return 6.0 * n + 6.0 * static_cast<double>(config_.n_layer * config_.n_embd * config_.seq_len);
 }
 

@@ -6,6 +6,15 @@
 // block N(0, 0.02 / sqrt(2 n_layer)) so the residual stream's variance does not grow with
 // depth, biases 0, LayerNorm gain 1. Parameter names follow the GPT-2 checkpoints
 // (wte, wpe, h.<i>.ln_1, h.<i>.attn.c_attn, ...), which importers rely on.
+//
+// The vocabulary is padded as llm.c pads it: wte, hence the tied LM head, has
+// padded_vocab_size() rows, vocab_size rounded up to a multiple of 128 (GPT-2's 50257 becomes
+// 50304), so that the LM-head GEMM, the largest of a step, has a dimension tensor cores tile
+// evenly. The padding rows start at zero and stay there: no token or target reaches them, and
+// the loss takes the softmax over the first vocab_size logits only (softmax_cross_entropy's
+// valid_cols), so their logits get no probability and no gradient. Loss and gradients are
+// those of the unpadded model. Exports drop the padding (files keep vocab_size rows);
+// checkpoints keep the model's own buffers.
 #pragma once
 
 #include <memory>
@@ -24,6 +33,13 @@ struct GPT2Config {
   int64_t n_embd = 384;
   int64_t seq_len = 256;  // longest sequence (size of the position table)
   int64_t vocab_size = 256;
+
+  // The rows of wte and the columns of the logits: vocab_size rounded up to a multiple of
+  // kVocabPadding.
+  static constexpr int64_t kVocabPadding = 128;
+  int64_t padded_vocab_size() const {
+    return (vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  }
 };
 
 class GPT2Block;
@@ -56,7 +72,7 @@ class GPT2 final : public train::LanguageModel {
   // Saved by forward for backward.
   train::BatchTensors batch_;
   core::Tensor final_hidden_;  // ln_f output [N, C]
-  core::Tensor logits_;        // [N, V] F32; holds dlogits after a training forward
+  core::Tensor logits_;        // [N, padded V] F32; holds dlogits after a training forward
 };
 
 }  // namespace mantissa::models

@@ -160,15 +160,20 @@ void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backen
       const auto found = index.find(name);
       MANTISSA_CHECK(found != index.end(), "llm.c import: the model has no parameter " << name);
       const train::Parameter& p = params[found->second];
-      // wte and wpe may keep fewer rows than the file has (vocab padding, shorter sequences).
-      const int64_t rows = t.cols ? p.spec.shape[0] : t.rows;
+      // The rows the model holds and the rows it takes from the file. wte takes the model's
+      // vocabulary, vocab_size rows: the file's padding rows (llm.c pads to its own multiple)
+      // are dropped and the model's own padding stays zero. wpe takes the model's seq_len rows
+      // (to train on shorter sequences). Every other tensor is taken whole.
+      const bool is_wte = name == "wte", is_wpe = name == "wpe";
+      const int64_t rows = is_wte ? c.padded_vocab_size() : is_wpe ? c.seq_len : t.rows;
+      const int64_t taken = is_wte ? c.vocab_size : rows;
       const core::Shape expected = t.cols ? core::Shape{rows, t.cols} : core::Shape{t.rows};
       MANTISSA_CHECK(p.spec.shape == expected, "llm.c import: parameter "
                                                    << name << " is " << p.spec.shape.str()
                                                    << ", the file's " << t.llmc_name << " needs "
                                                    << expected.str());
       float* dst = masters.data() + p.offset;
-      const int64_t count = expected.numel();
+      const int64_t count = taken * (t.cols ? t.cols : 1);
       if (h.version == kLlmcVersionF32) {
         std::memcpy(dst, raw.data(), static_cast<size_t>(count) * 4);
       } else {

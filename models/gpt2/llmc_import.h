@@ -40,14 +40,17 @@ struct LlmcModelHeader {
 // the field that is wrong.
 LlmcModelHeader read_llmc_header(const std::string& path);
 
-// The GPT-2 config that holds the file's weights exactly (vocab_size: the unpadded vocab).
+// The GPT-2 config that holds the file's weights exactly (vocab_size: the unpadded vocab,
+// which the model pads itself).
 models::GPT2Config llmc_gpt2_config(const LlmcModelHeader& header);
 
 // Overwrites the model's FP32 masters (those the parameter store keeps: all, or a ZeRO-1
 // shard) and its whole compute copy with the file's weights. The
 // model must match the file: same n_layer, n_head and n_embd; vocab_size equal to the file's
-// vocab_size (the padding rows of wte are dropped) or padded_vocab_size (kept); seq_len at most
-// max_seq_len (the first seq_len rows of wpe are used, to train on shorter sequences).
+// vocab_size (the file's padding rows of wte are dropped) or padded_vocab_size (they are
+// kept, as vocabulary); seq_len at most max_seq_len (the first seq_len rows of wpe are used,
+// to train on shorter sequences). The model's own vocabulary padding (the rows of wte past
+// its vocab_size, GPT2Config::padded_vocab_size) is set to zero.
 // Throws core::Error naming the file and the field on any mismatch; the masters are left
 // untouched unless the whole file was read.
 void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backend& backend);

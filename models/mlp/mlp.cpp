@@ -41,8 +41,8 @@ double MLP::forward(train::StepContext& ctx, const train::BatchTensors& batch,
 
   Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
   const bool training = dloss_per_token > 0.0f;
-  be.softmax_cross_entropy(logits_, batch.targets, losses, training ? &logits_ : nullptr,
-                           dloss_per_token);
+  be.softmax_cross_entropy(logits_, config_.vocab_size, batch.targets, losses,
+                           training ? &logits_ : nullptr, dloss_per_token);
   Tensor host = Tensor::empty(Shape{n}, DType::kF32);
   be.copy(losses, host);
   be.synchronize();

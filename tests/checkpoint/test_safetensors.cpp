@@ -1,7 +1,7 @@
 // safetensors export: a GPT-2's FP32 masters written by export_safetensors are read back by
 // our reader (bit-identical) and by an independent Python reader (the safetensors library when
-// installed, else the format's definition with the standard library); malformed files are
-// rejected with a message naming the problem.
+// installed, else the format's definition with the standard library), wte without the
+// model's vocabulary padding; malformed files are rejected with a message naming the problem.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -26,12 +26,28 @@ std::string temp_path(const std::string& name) {
       .string();
 }
 
+// A GPT-2 of 10 tokens, which it pads to 128 rows of wte; the export keeps the 10.
 struct Model {
   std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
   models::GPT2 gpt2{{.n_layer = 2, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab_size = 10},
                     *backend,
                     core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32),
                     7};
+  const std::map<std::string, int64_t> leading_rows = {{"wte", 10}};
+
+  // What the file must hold of parameter i: its shape with wte's rows cut to the vocabulary,
+  // and the first elements of its master.
+  std::vector<int64_t> exported_shape(size_t i) {
+    const train::Parameter& p = gpt2.parameters().all()[i];
+    std::vector<int64_t> dims = p.spec.shape.dims();
+    if (p.spec.name == "wte") dims[0] = 10;
+    return dims;
+  }
+  int64_t exported_numel(size_t i) {
+    int64_t n = 1;
+    for (int64_t d : exported_shape(i)) n *= d;
+    return n;
+  }
 };
 
 const std::map<std::string, std::string> kMetadata = {
@@ -47,7 +63,7 @@ std::string read_bytes(const std::string& path) {
 TEST(Safetensors, ExportReadsBackBitIdentical) {
   Model m;
   const std::string path = temp_path("model.safetensors");
-  checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, kMetadata);
+  checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, kMetadata, m.leading_rows);
 
   const std::string bytes = read_bytes(path);
   uint64_t header = 0;
@@ -62,11 +78,12 @@ TEST(Safetensors, ExportReadsBackBitIdentical) {
     const checkpoint::SafetensorsTensor& t = file.tensors[i];
     EXPECT_EQ(t.name, params[i].spec.name);
     EXPECT_EQ(t.dtype, "F32");
-    EXPECT_EQ(t.shape, params[i].spec.shape.dims());
-    ASSERT_EQ(t.data.size(), params[i].master.nbytes());
+    EXPECT_EQ(t.shape, m.exported_shape(i));
+    ASSERT_EQ(t.data.size(), static_cast<size_t>(m.exported_numel(i)) * 4);
     EXPECT_EQ(std::memcmp(t.data.data(), params[i].master.data(), t.data.size()), 0) << t.name;
   }
   EXPECT_EQ(file.tensors[0].name, "wte");
+  EXPECT_EQ(params[0].spec.shape.dims(), (std::vector<int64_t>{128, 8}));
   EXPECT_EQ(file.tensors[0].shape, (std::vector<int64_t>{10, 8}));
   std::filesystem::remove(path);
 }
@@ -76,7 +93,7 @@ TEST(Safetensors, PythonReadsTheExport) {
   Model m;
   const std::string path = temp_path("py.safetensors");
   const std::string expected_path = temp_path("expected.json");
-  checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, kMetadata);
+  checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, kMetadata, m.leading_rows);
 
   // What Python must find: the metadata, then every tensor's name, shape and values (%.9g
   // round-trips a float exactly).
@@ -88,12 +105,13 @@ TEST(Safetensors, PythonReadsTheExport) {
   const auto& params = m.gpt2.parameters().all();
   for (size_t i = 0; i < params.size(); ++i) {
     std::fprintf(f, "%s[\"%s\", [", i ? ", " : "", params[i].spec.name.c_str());
-    const auto& dims = params[i].spec.shape.dims();
+    const std::vector<int64_t> dims = m.exported_shape(i);
     for (size_t d = 0; d < dims.size(); ++d)
       std::fprintf(f, "%s%lld", d ? ", " : "", static_cast<long long>(dims[d]));
     std::fprintf(f, "], [");
     const float* v = params[i].master.data_as<float>();
-    for (int64_t k = 0; k < params[i].numel(); ++k) std::fprintf(f, "%s%.9g", k ? ", " : "", v[k]);
+    for (int64_t k = 0; k < m.exported_numel(i); ++k)
+      std::fprintf(f, "%s%.9g", k ? ", " : "", v[k]);
     std::fprintf(f, "]]");
   }
   std::fprintf(f, "]}\n");
@@ -104,6 +122,29 @@ TEST(Safetensors, PythonReadsTheExport) {
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::filesystem::remove(path);
   std::filesystem::remove(expected_path);
+}
+
+TEST(Safetensors, LeadingRowsMustBeRowsOfAParameter) {
+  Model m;
+  const std::string path = temp_path("rows.safetensors");
+  auto error = [&](const std::map<std::string, int64_t>& leading_rows) -> std::string {
+    try {
+      checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, {}, leading_rows);
+    } catch (const core::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  for (const auto& [rows, part] : {std::pair<int64_t, const char*>{0, "0 leading rows of wte"},
+                                   {129, "129 leading rows of wte [128, 8]"}}) {
+    const std::string e = error({{"wte", rows}});
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  }
+  const std::string e = error({{"wtf", 10}});
+  EXPECT_NE(e.find("leading rows of wtf asked for, a parameter the model does not have"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(std::filesystem::exists(path)) << "nothing written for a refused export";
 }
 
 TEST(Safetensors, MalformedFilesAreRejected) {

@@ -670,7 +670,7 @@ TEST(CpuCrossEntropy, MatchesFp64AndFiniteDifferences) {
     const Vec lv = values_of(logits);
     Tensor losses = poisoned({2, 5}, DType::kF32);
     Tensor dlogits = poisoned({2, 5, V}, dtype);
-    be.softmax_cross_entropy(logits, make_indices({2, 5}, targets), losses, &dlogits,
+    be.softmax_cross_entropy(logits, V, make_indices({2, 5}, targets), losses, &dlogits,
                              static_cast<float>(grad_scale));
     const CrossEntropyRef ref = cross_entropy_ref(lv, targets, V, grad_scale);
     // The loss is FP32 math on the stored logits whatever their dtype.
@@ -698,7 +698,7 @@ TEST(CpuCrossEntropy, LargeVocabularyAndLossOnly) {
   // Large logits: without the max shift exp would overflow FP32.
   const Tensor logits = make({N, V}, DType::kF32, rng.uniform(N * V, 60.0, 100.0));
   Tensor losses = poisoned({N}, DType::kF32);
-  be.softmax_cross_entropy(logits, make_indices({N}, targets), losses, nullptr, 1.0f);
+  be.softmax_cross_entropy(logits, V, make_indices({N}, targets), losses, nullptr, 1.0f);
   expect_close(values_of(losses), cross_entropy_ref(values_of(logits), targets, V, 1.0).losses,
                1e-5, "losses");
 }
@@ -713,11 +713,11 @@ TEST(CpuCrossEntropy, DlogitsMayAliasLogits) {
     const Tensor logits = make({N, V}, dtype, lv);
     Tensor losses = poisoned({N}, DType::kF32);
     Tensor dlogits = poisoned({N, V}, dtype);
-    be.softmax_cross_entropy(logits, make_indices({N}, targets), losses, &dlogits, 0.25f);
+    be.softmax_cross_entropy(logits, V, make_indices({N}, targets), losses, &dlogits, 0.25f);
 
     Tensor in_place = make({N, V}, dtype, lv);
     Tensor losses_in_place = poisoned({N}, DType::kF32);
-    be.softmax_cross_entropy(in_place, make_indices({N}, targets), losses_in_place, &in_place,
+    be.softmax_cross_entropy(in_place, V, make_indices({N}, targets), losses_in_place, &in_place,
                              0.25f);
     EXPECT_TRUE(same_bytes(in_place, dlogits)) << dtype_name(dtype);
     EXPECT_TRUE(same_bytes(losses_in_place, losses)) << dtype_name(dtype);
@@ -733,13 +733,62 @@ TEST(CpuCrossEntropy, NanLogitGivesNanLossInItsRowOnly) {
   const std::vector<int32_t> targets = {0, 2, 8, 5};  // the NaN is not the target's logit
   Tensor losses = poisoned({N}, DType::kF32);
   Tensor dlogits = poisoned({N, V}, DType::kF32);
-  be.softmax_cross_entropy(make({N, V}, DType::kF32, lv), make_indices({N}, targets), losses,
+  be.softmax_cross_entropy(make({N, V}, DType::kF32, lv), V, make_indices({N}, targets), losses,
                            &dlogits, 1.0f);
   const Vec l = values_of(losses);
   const Vec d = values_of(dlogits);
   for (int64_t n = 0; n < N; ++n) {
     EXPECT_EQ(std::isnan(l[n]), n == 1) << "row " << n;
     for (int64_t v = 0; v < V; ++v) EXPECT_EQ(std::isnan(d[n * V + v]), n == 1) << n << ", " << v;
+  }
+}
+
+// A padded vocabulary (GPT-2's 50257 in 50304 columns): only the first valid_cols columns are
+// the softmax's. Each row's loss and gradient are bit-identical to the op's on an unpadded
+// copy of those columns, whatever the padding holds (huge, infinite, NaN), and the padding's
+// gradient is exactly +0: with a separate dlogits, in place, and for the loss alone.
+TEST(CpuCrossEntropy, PaddingColumnsAreOutsideTheSoftmax) {
+  CpuBackend be;
+  Rng rng(19);
+  const int64_t N = 7, V = 200, Vp = 256;
+  std::vector<int32_t> target_values = rng.indices(N, static_cast<int32_t>(V));
+  target_values[0] = static_cast<int32_t>(V - 1);  // the last valid column
+  const Tensor targets = make_indices({N}, target_values);
+  const Vec real = rng.uniform(N * V, -4.0, 4.0);
+  const double junk[] = {1e30, INFINITY, NAN, -INFINITY, 0.0, 80.0};
+  Vec padded(static_cast<size_t>(N * Vp));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < Vp; ++v)
+      padded[n * Vp + v] = v < V ? real[n * V + v] : junk[(n + v) % 6];
+  const float grad_scale = 0.37f;
+
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const std::string what = dtype_name(dtype);
+    Tensor ref_losses = poisoned({N}, DType::kF32), ref_dlogits = poisoned({N, V}, dtype);
+    be.softmax_cross_entropy(make({N, V}, dtype, real), V, targets, ref_losses, &ref_dlogits,
+                             grad_scale);
+
+    const Tensor logits = make({N, Vp}, dtype, padded);
+    Tensor losses = poisoned({N}, DType::kF32), dlogits = poisoned({N, Vp}, dtype);
+    be.softmax_cross_entropy(logits, V, targets, losses, &dlogits, grad_scale);
+    EXPECT_TRUE(same_bytes(losses, ref_losses)) << what;
+    Tensor in_place = make({N, Vp}, dtype, padded);
+    Tensor losses_in_place = poisoned({N}, DType::kF32);
+    be.softmax_cross_entropy(in_place, V, targets, losses_in_place, &in_place, grad_scale);
+    EXPECT_TRUE(same_bytes(losses_in_place, ref_losses)) << what << " in place";
+    Tensor loss_only = poisoned({N}, DType::kF32);
+    be.softmax_cross_entropy(logits, V, targets, loss_only, nullptr, grad_scale);
+    EXPECT_TRUE(same_bytes(loss_only, ref_losses)) << what << " loss only";
+
+    for (const Tensor* d : {&dlogits, &in_place}) {
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t v = 0; v < Vp; ++v) {
+          const uint64_t expected = v < V ? code_at(ref_dlogits, n * V + v) : 0;  // +0
+          ASSERT_EQ(code_at(*d, n * Vp + v), expected)
+              << what << (d == &in_place ? " in place" : "") << ", row " << n << ", column " << v;
+        }
+      }
+    }
   }
 }
 
@@ -776,7 +825,7 @@ TEST(CpuLayers, ResultsDoNotDependOnTheThreadCount) {
     Tensor dwpe = make({s.T, C}, DType::kF32, Vec(s.T * C, 0.0));
     be.embedding_backward(dy.reshape(s.out()), tokens, dwte, dwpe);
     Tensor losses = poisoned({BT}, DType::kF32), dlogits = poisoned({BT, V}, DType::kF32);
-    be.softmax_cross_entropy(logits, targets, losses, &dlogits, 1.0f);
+    be.softmax_cross_entropy(logits, V, targets, losses, &dlogits, 1.0f);
     return std::vector<Tensor>{out,      mean, rstd, dx,   dgamma, dbeta,  attn.out,
                                attn.att, dqkv, dwte, dwpe, losses, dlogits};
   };
@@ -873,17 +922,29 @@ TEST(CpuLayers, BadArgumentsThrowNamingTheOp) {
   Tensor logits = make({3, V}, DType::kF32, Vec(3 * V, 0.0));
   Tensor losses = poisoned({3}, DType::kF32);
   Tensor bad_targets = make_indices({3}, {0, 11, 2});
-  expect_error([&] { be.softmax_cross_entropy(logits, bad_targets, losses, nullptr, 1.0f); },
+  Tensor targets_of_logits = make_indices({3}, {0, 10, 2});
+  expect_error([&] { be.softmax_cross_entropy(logits, V, bad_targets, losses, nullptr, 1.0f); },
                {"softmax_cross_entropy", "target 11", "position [1]", "[0, 11)"});
+  expect_error(
+      [&] { be.softmax_cross_entropy(logits, 0, targets_of_logits, losses, nullptr, 1.0f); },
+      {"softmax_cross_entropy", "valid_cols = 0", "[1, 11]"});
+  expect_error(
+      [&] { be.softmax_cross_entropy(logits, V + 1, targets_of_logits, losses, nullptr, 1.0f); },
+      {"softmax_cross_entropy", "valid_cols = 12", "[1, 11]"});
+  // A target in the padding: a valid index into logits, but not into the vocabulary.
+  Tensor padding_target = make_indices({3}, {0, 10, 2});
+  expect_error(
+      [&] { be.softmax_cross_entropy(logits, V - 1, padding_target, losses, nullptr, 1.0f); },
+      {"softmax_cross_entropy", "target 10", "position [1]", "[0, 10)"});
   Tensor short_targets = make_indices({2}, {0, 1});
-  expect_error([&] { be.softmax_cross_entropy(logits, short_targets, losses, nullptr, 1.0f); },
+  expect_error([&] { be.softmax_cross_entropy(logits, V, short_targets, losses, nullptr, 1.0f); },
                {"softmax_cross_entropy", "targets"});
   Tensor shifted = logits.view(1, {2, V});
   Tensor overlapping = logits.view(0, {2, V});
   Tensor two_targets = make_indices({2}, {0, 1});
   Tensor two_losses = poisoned({2}, DType::kF32);
   expect_error(
-      [&] { be.softmax_cross_entropy(shifted, two_targets, two_losses, &overlapping, 1.0f); },
+      [&] { be.softmax_cross_entropy(shifted, V, two_targets, two_losses, &overlapping, 1.0f); },
       {"softmax_cross_entropy", "dlogits", "overlaps"});
 }
 

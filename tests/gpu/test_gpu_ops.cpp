@@ -573,26 +573,90 @@ TEST(GpuOps, SoftmaxCrossEntropyMatchesCpu) {
 
     // Loss only.
     auto [losses, losses_dev] = b.poisoned(Shape{c.N}, DType::kF32);
-    b.cpu->softmax_cross_entropy(logits, targets, losses, nullptr, grad_scale);
-    b.gpu->softmax_cross_entropy(logits_dev, targets_dev, losses_dev, nullptr, grad_scale);
+    b.cpu->softmax_cross_entropy(logits, c.V, targets, losses, nullptr, grad_scale);
+    b.gpu->softmax_cross_entropy(logits_dev, c.V, targets_dev, losses_dev, nullptr, grad_scale);
     expect_close(losses, b.to_host(losses_dev), "losses " + what);
 
     // Loss and a separate gradient.
     auto [dlogits, dlogits_dev] = b.poisoned(Shape{c.N, c.V}, c.dlogits);
     b.cpu->fill(losses, NAN);
     b.gpu->fill(losses_dev, NAN);
-    b.cpu->softmax_cross_entropy(logits, targets, losses, &dlogits, grad_scale);
-    b.gpu->softmax_cross_entropy(logits_dev, targets_dev, losses_dev, &dlogits_dev, grad_scale);
+    b.cpu->softmax_cross_entropy(logits, c.V, targets, losses, &dlogits, grad_scale);
+    b.gpu->softmax_cross_entropy(logits_dev, c.V, targets_dev, losses_dev, &dlogits_dev,
+                                 grad_scale);
     expect_close(losses, b.to_host(losses_dev), "losses with dlogits " + what);
     expect_close(dlogits, b.to_host(dlogits_dev), "dlogits " + what);
 
     // The gradient written over the logits.
     Tensor inplace = b.clone_host(logits);
     Tensor inplace_dev = b.to_device(logits);
-    b.cpu->softmax_cross_entropy(inplace, targets, losses, &inplace, grad_scale);
-    b.gpu->softmax_cross_entropy(inplace_dev, targets_dev, losses_dev, &inplace_dev, grad_scale);
+    b.cpu->softmax_cross_entropy(inplace, c.V, targets, losses, &inplace, grad_scale);
+    b.gpu->softmax_cross_entropy(inplace_dev, c.V, targets_dev, losses_dev, &inplace_dev,
+                                 grad_scale);
     expect_close(losses, b.to_host(losses_dev), "losses in place " + what);
     expect_close(inplace, b.to_host(inplace_dev), "dlogits in place " + what);
+  }
+}
+
+// A padded vocabulary: logits [N, Vp] of which the first V columns are the softmax's, the
+// padding holding junk (huge, infinite, NaN). The GPU matches the CPU (within the tolerance
+// above), reproduces bit for bit its own result on an unpadded copy of the first V columns
+// (each thread takes the same columns, the reductions add the same partial sums), and writes
+// exactly +0 into the padding's gradient, with a separate dlogits and in place.
+TEST(GpuOps, SoftmaxCrossEntropyPaddedVocabularyMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(21);
+  struct Case {
+    int64_t N, V, Vp;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {4, 50257, 50304, DType::kF32}, {3, 200, 256, DType::kBF16}, {5, 1000, 1024, DType::kF16}};
+  const float junk[] = {1e30f, INFINITY, NAN, -INFINITY, 0.0f, 80.0f};
+  for (const Case& c : cases) {
+    const std::string what = describe_case({"N=" + std::to_string(c.N), "V=" + std::to_string(c.V),
+                                            "Vp=" + std::to_string(c.Vp), dtype_name(c.dtype)});
+    const Tensor real = random_tensor(Shape{c.N, c.V}, c.dtype, rng, {1.0f, 5.0f});
+    Tensor logits = Tensor::empty(Shape{c.N, c.Vp}, c.dtype);
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t v = 0; v < c.Vp; ++v)
+        set_code(logits, n * c.Vp + v,
+                 v < c.V ? code_at(real, n * c.V + v)
+                         : encode(c.dtype, junk[(n + v) % 6], Saturation::kNoSat));
+    const Tensor targets = tokens_tensor(Shape{c.N}, static_cast<int32_t>(c.V), rng);
+    const Tensor targets_dev = b.to_device(targets);
+    const float grad_scale = 1024.0f / static_cast<float>(c.N);
+
+    auto [losses, losses_dev] = b.poisoned(Shape{c.N}, DType::kF32);
+    auto [dlogits, dlogits_dev] = b.poisoned(Shape{c.N, c.Vp}, c.dtype);
+    b.cpu->softmax_cross_entropy(logits, c.V, targets, losses, &dlogits, grad_scale);
+    b.gpu->softmax_cross_entropy(b.to_device(logits), c.V, targets_dev, losses_dev, &dlogits_dev,
+                                 grad_scale);
+    expect_close(losses, b.to_host(losses_dev), "losses " + what);
+    expect_close(dlogits, b.to_host(dlogits_dev), "dlogits " + what);
+
+    // The GPU on the unpadded copy, then what the padded calls must give: its results, and +0
+    // in the padding.
+    Tensor unpadded_losses = b.poisoned(Shape{c.N}, DType::kF32).second;
+    Tensor unpadded_dlogits = b.poisoned(Shape{c.N, c.V}, c.dtype).second;
+    b.gpu->softmax_cross_entropy(b.to_device(real), c.V, targets_dev, unpadded_losses,
+                                 &unpadded_dlogits, grad_scale);
+    const Tensor reference = b.to_host(unpadded_dlogits);
+    Tensor expected = Tensor::empty(Shape{c.N, c.Vp}, c.dtype);
+    for (int64_t n = 0; n < c.N; ++n)
+      for (int64_t v = 0; v < c.Vp; ++v)
+        set_code(expected, n * c.Vp + v, v < c.V ? code_at(reference, n * c.V + v) : 0);
+    expect_same_bits(b.to_host(unpadded_losses), b.to_host(losses_dev),
+                     "losses against the unpadded GPU call " + what);
+    expect_same_bits(expected, b.to_host(dlogits_dev),
+                     "dlogits against the unpadded GPU call " + what);
+
+    Tensor inplace_dev = b.to_device(logits);
+    b.gpu->softmax_cross_entropy(inplace_dev, c.V, targets_dev, losses_dev, &inplace_dev,
+                                 grad_scale);
+    expect_same_bits(expected, b.to_host(inplace_dev),
+                     "dlogits in place against the unpadded GPU call " + what);
   }
 }
 
@@ -879,8 +943,23 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
        [&](Backend& be, const Move& mv) {
          const Tensor logits = random_tensor(Shape{12, 50}, DType::kF32, rng);
          Tensor losses = mv(random_tensor(Shape{12}, DType::kF32, rng));
-         be.softmax_cross_entropy(mv(logits), mv(bad_tokens.reshape(Shape{12})), losses, nullptr,
-                                  1.0f);
+         be.softmax_cross_entropy(mv(logits), 50, mv(bad_tokens.reshape(Shape{12})), losses,
+                                  nullptr, 1.0f);
+       }},
+      {"cross-entropy valid_cols",
+       [&](Backend& be, const Move& mv) {
+         const Tensor logits = random_tensor(Shape{12, 50}, DType::kF32, rng);
+         Tensor losses = mv(random_tensor(Shape{12}, DType::kF32, rng));
+         be.softmax_cross_entropy(mv(logits), 51, mv(tokens_tensor(Shape{12}, 50, rng)), losses,
+                                  nullptr, 1.0f);
+       }},
+      {"cross-entropy target in the padding",
+       [&](Backend& be, const Move& mv) {
+         const Tensor logits = random_tensor(Shape{12, 64}, DType::kF32, rng);
+         Tensor losses = mv(random_tensor(Shape{12}, DType::kF32, rng));
+         Tensor targets = tokens_tensor(Shape{12}, 49, rng);
+         targets.data_as<int32_t>()[5] = 49;  // a column of logits, but not of the vocabulary
+         be.softmax_cross_entropy(mv(logits), 49, mv(targets), losses, nullptr, 1.0f);
        }},
       {"adamw fp8 copy",
        [&](Backend& be, const Move& mv) {

@@ -1,9 +1,14 @@
 // Every parameter gradient of a tiny GPT-2 (and of the MLP) against central finite
-// differences of the loss, in FP32.
+// differences of the loss, in FP32; and GPT-2's padded vocabulary (gpt2.h), whose loss and
+// gradients must be those of the unpadded model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -47,9 +52,12 @@ void randomise_masters(train::ParameterStore& params, core::Backend& be, float s
 
 // Gradients here are 1e-4..1e-1; the FP32 loss resolves differences to about 1e-6 at
 // eps = 1e-2, hence the tolerance. Checks up to `per_tensor` elements of every parameter tensor
-// (always the first and the last, the rest spread across the tensor).
+// (always the first and the last, the rest spread across the tensor). A parameter named in
+// `leading` has its samples spread over its first that many elements instead, and its last
+// element checked besides (GPT-2's wte: the real rows, then one element of the padding).
 void check_gradients(train::LanguageModel& model, core::Backend& be,
-                     const train::BatchTensors& batch, int per_tensor) {
+                     const train::BatchTensors& batch, int per_tensor,
+                     const std::map<std::string, int64_t>& leading = {}) {
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32);
   train::StepContext ctx{be, policy, nullptr, {}};
   train::ParameterStore& params = model.parameters();
@@ -63,10 +71,15 @@ void check_gradients(train::LanguageModel& model, core::Backend& be,
   const float eps = 1e-2f;
   float* masters = params.masters().data_as<float>();
   for (const train::Parameter& p : params.all()) {
-    const int64_t n = p.numel();
+    const auto found = leading.find(p.spec.name);
+    const int64_t n = found == leading.end() ? p.numel() : found->second;
     const int samples = static_cast<int>(std::min<int64_t>(n, per_tensor));
-    for (int s = 0; s < samples; ++s) {
-      const int64_t i = p.offset + (samples == 1 ? 0 : s * (n - 1) / (samples - 1));
+    std::vector<int64_t> elements;
+    for (int s = 0; s < samples; ++s)
+      elements.push_back(samples == 1 ? 0 : s * (n - 1) / (samples - 1));
+    if (n < p.numel()) elements.push_back(p.numel() - 1);
+    for (const int64_t element : elements) {
+      const int64_t i = p.offset + element;
       const float saved = masters[i];
       masters[i] = saved + eps;
       params.refresh_compute_copy(be);
@@ -84,12 +97,17 @@ void check_gradients(train::LanguageModel& model, core::Backend& be,
   params.refresh_compute_copy(be);
 }
 
+// 13 tokens, which the model pads to 128: the logits have 115 padding columns, outside the
+// loss. wte is sampled over its 13 real rows, and one padding element (randomised here like
+// every master) must show no gradient either way.
 TEST(Gradcheck, TinyGPT2EveryParameterTensor) {
   auto be = core::make_cpu_backend();
   const GPT2Config config{2, 2, 8, 6, 13};
+  ASSERT_EQ(config.padded_vocab_size(), 128);
   GPT2 model(config, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 7);
   randomise_masters(model.parameters(), *be, 0.3f, 11);
-  check_gradients(model, *be, make_batch(2, 5, config.vocab_size, 3), 6);
+  check_gradients(model, *be, make_batch(2, 5, config.vocab_size, 3), 6,
+                  {{"wte", config.vocab_size * config.n_embd}});
 }
 
 TEST(Gradcheck, MLPEveryParameterTensor) {
@@ -98,6 +116,130 @@ TEST(Gradcheck, MLPEveryParameterTensor) {
   MLP model(config, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 5);
   randomise_masters(model.parameters(), *be, 0.3f, 13);
   check_gradients(model, *be, make_batch(3, 4, config.vocab_size, 9), 6);
+}
+
+// ---------------------------------------------------------------------------------------
+// The padded vocabulary: 200 tokens in 256 rows of wte.
+
+constexpr int64_t kVocab = 200, kPaddedVocab = 256, kChannels = 8;
+const GPT2Config kPaddedConfig{2, 2, kChannels, 6, kVocab};
+
+// The loss of a forward and backward pass, and the whole flat gradient buffer after it.
+struct Pass {
+  double loss;
+  std::vector<float> grads;
+};
+
+Pass forward_backward(GPT2& model, core::Backend& be, core::PrecisionMode mode,
+                      const train::BatchTensors& batch) {
+  train::StepContext ctx{be, core::PrecisionPolicy::from_mode(mode), nullptr, {}};
+  train::ParameterStore& params = model.parameters();
+  params.zero_grad(be);
+  const double loss = model.forward(ctx, batch, 1.0f / static_cast<float>(batch.tokens.numel()));
+  model.backward(ctx);
+  const float* g = params.grads().data_as<float>();
+  return {loss, std::vector<float>(g, g + params.flat_numel())};
+}
+
+// The padding rows start at zero, in the masters and the compute copy; the real rows hold
+// what an unpadded wte holds (256 tokens need no padding: its first 200 rows).
+TEST(PaddedVocabulary, PaddingRowsOfWteStartAtZero) {
+  auto be = core::make_cpu_backend();
+  const auto policy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kBF16);
+  GPT2 model(kPaddedConfig, *be, policy, 7);
+  GPT2Config unpadded_config = kPaddedConfig;
+  unpadded_config.vocab_size = kPaddedVocab;
+  GPT2 unpadded(unpadded_config, *be, policy, 7);
+  const train::Parameter& wte = model.parameters()[0];
+  const train::Parameter& unpadded_wte = unpadded.parameters()[0];
+  ASSERT_EQ(wte.spec.name, "wte");
+  ASSERT_EQ(wte.spec.shape, Shape({kPaddedVocab, kChannels}));
+  ASSERT_EQ(unpadded_wte.spec.shape, wte.spec.shape);
+  const float* master = wte.master.data_as<float>();
+  const auto* compute = wte.compute.data_as<core::bf16>();
+  const float* unpadded_master = unpadded_wte.master.data_as<float>();
+  for (int64_t i = 0; i < wte.numel(); ++i) {
+    const float expected = i < kVocab * kChannels ? unpadded_master[i] : 0.0f;
+    ASSERT_EQ(master[i], expected) << "element " << i;
+    ASSERT_EQ(core::bf16_to_float(compute[i]), core::bf16_to_float(core::bf16_from_float(expected)))
+        << "element " << i;
+  }
+}
+
+// Under ZeRO-1 a rank keeps one range of the masters, which may start or end inside the
+// padding: every rank's range equals the same range of a whole store's.
+TEST(PaddedVocabulary, EveryZero1ShardHasTheSameWeights) {
+  auto be = core::make_cpu_backend();
+  const auto policy = core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32);
+  GPT2 whole(kPaddedConfig, *be, policy, 7);
+  const float* all = whole.parameters().masters().data_as<float>();
+  for (int world : {2, 3, 7}) {
+    for (int rank = 0; rank < world; ++rank) {
+      GPT2 sharded(kPaddedConfig, *be, policy, 7, {}, train::MasterShard{rank, world});
+      train::ParameterStore& params = sharded.parameters();
+      const float* kept = params.masters().data_as<float>();
+      for (int64_t i = 0; i < params.masters().numel(); ++i)
+        ASSERT_EQ(kept[i], all[params.masters_begin() + i])
+            << "rank " << rank << " of " << world << ", flat element "
+            << params.masters_begin() + i;
+      EXPECT_EQ(std::memcmp(params.compute().data(), whole.parameters().compute().data(),
+                            params.compute().nbytes()),
+                0)
+          << "compute copy, rank " << rank << " of " << world;
+    }
+  }
+}
+
+// The unpadded reference by construction: with wte all zero every logit is 0, so each
+// token's loss is log(200) exactly as the FP32 op computes it (a sum of 200 ones), where a
+// softmax over the padded 256 columns would give log(256).
+TEST(PaddedVocabulary, LossIsOverTheTrueVocabulary) {
+  auto be = core::make_cpu_backend();
+  GPT2 model(kPaddedConfig, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 7);
+  train::ParameterStore& params = model.parameters();
+  const train::Parameter& wte = params[0];
+  std::fill(wte.master.data_as<float>(), wte.master.data_as<float>() + wte.numel(), 0.0f);
+  params.refresh_compute_copy(*be);
+  const Pass pass =
+      forward_backward(model, *be, core::PrecisionMode::kFP32, make_batch(2, 5, kVocab, 3));
+  EXPECT_EQ(pass.loss, static_cast<double>(std::log(static_cast<float>(kVocab))));
+}
+
+// Loss and every gradient bit for bit the same whatever the padding rows of wte hold: their
+// logits are outside the softmax, their gradient is exactly zero, and what they add to the
+// hidden states' gradient is exactly zero (0 x w). So the padded model's loss and gradients
+// are the unpadded model's, in FP32 and in BF16.
+TEST(PaddedVocabulary, PaddingRowsChangeNoBitOfTheLossOrTheGradients) {
+  auto be = core::make_cpu_backend();
+  for (core::PrecisionMode mode : {core::PrecisionMode::kFP32, core::PrecisionMode::kBF16}) {
+    const std::string what = core::precision_mode_name(mode);
+    GPT2 model(kPaddedConfig, *be, core::PrecisionPolicy::from_mode(mode), 7);
+    train::ParameterStore& params = model.parameters();
+    randomise_masters(params, *be, 0.3f, 11);
+    const train::Parameter& wte = params[0];
+    float* padding = wte.master.data_as<float>() + kVocab * kChannels;
+    const int64_t padding_count = wte.numel() - kVocab * kChannels;
+    std::fill(padding, padding + padding_count, 0.0f);
+    params.refresh_compute_copy(*be);
+    const train::BatchTensors batch = make_batch(2, 5, kVocab, 3);
+    const Pass zero_padding = forward_backward(model, *be, mode, batch);
+    for (int64_t i = 0; i < padding_count; ++i)
+      ASSERT_EQ(zero_padding.grads[static_cast<size_t>(wte.offset + kVocab * kChannels + i)], 0.0f)
+          << what << ": gradient of padding element " << i;
+
+    // Large values of both signs: logits far above the real ones, were they in the softmax.
+    for (int64_t i = 0; i < padding_count; ++i)
+      padding[i] = static_cast<float>((i % 7) - 3) * 100.0f;
+    params.refresh_compute_copy(*be);
+    const Pass junk_padding = forward_backward(model, *be, mode, batch);
+    EXPECT_EQ(std::memcmp(&junk_padding.loss, &zero_padding.loss, sizeof(double)), 0)
+        << what << ": loss " << junk_padding.loss << " vs " << zero_padding.loss;
+    ASSERT_EQ(junk_padding.grads.size(), zero_padding.grads.size());
+    EXPECT_EQ(std::memcmp(junk_padding.grads.data(), zero_padding.grads.data(),
+                          zero_padding.grads.size() * sizeof(float)),
+              0)
+        << what << ": gradients differ";
+  }
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 //
 // The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp,
 // cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layernorm.cpp,
-// cpu_attention.cpp, cpu_embedding.cpp, cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms,
-// non-finite checks). The per-element math they share with the CUDA backend is in
-// core/ops/math/.
+// cpu_attention.cpp, cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
+// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element
+// math they share with the CUDA backend is in core/ops/math/.
 #pragma once
 
 #include "core/ops/backend.h"
@@ -40,12 +40,14 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, Tensor& dqkv,
                           int n_head) override;
+  void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                        int n_head, int64_t start) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                           Tensor& dwpe) override;
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
-                             Tensor* dlogits, float grad_scale) override;
+  void softmax_cross_entropy(const Tensor& logits, int64_t valid_cols, const Tensor& targets,
+                             Tensor& losses, Tensor* dlogits, float grad_scale) override;
 
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
              const AdamWParams& p) override;

@@ -1,6 +1,7 @@
 // The fused softmax cross-entropy on the CPU (the math follows llm.c's train_gpt2.c; the
 // per-element pieces are core/ops/math/softmax.h's, shared with the CUDA backend). Operands
 // are read and written as cpu_layer_io.h describes.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -13,15 +14,21 @@ namespace mantissa::core {
 
 using namespace cpu_layer_io;
 
-// One row of logits per iteration:
+// One row of logits per iteration, over its first valid_cols columns (the vocabulary):
 //   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target]
 //   dz   = (softmax(z) - onehot(target)) * grad_scale
+// and dz = 0 for the padding columns past them, whatever they hold (they are never read, so
+// not even a NaN there reaches the loss). Each loop runs over the first valid_cols columns in
+// order, exactly as over a row that had no others, which is what makes the result
+// bit-identical to the op on an unpadded copy of the logits.
 // The row is widened into scratch before anything is written, which is what lets dlogits
 // alias logits.
-void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
-                                       Tensor* dlogits, float grad_scale) {
-  const auto [N, V] = check_softmax_cross_entropy(logits, targets, losses, dlogits, device());
-  check_indices("softmax_cross_entropy", "target", targets, V);
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
+                                       const Tensor& targets, Tensor& losses, Tensor* dlogits,
+                                       float grad_scale) {
+  const auto [N, V] =
+      check_softmax_cross_entropy(logits, valid_cols, targets, losses, dlogits, device());
+  check_indices("softmax_cross_entropy", "target", targets, valid_cols);
 
   const int32_t* target = targets.data_as<const int32_t>();
   float* loss = losses.data_as<float>();
@@ -31,14 +38,14 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targe
     float* z = row.data();
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      load(logits, n * V, V, z);
+      load(logits, n * V, valid_cols, z);
       const int64_t y = target[n];
       const float z_target = z[y];
       // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
       float max_logit = -INFINITY;
-      for (int64_t v = 0; v < V; ++v) max_logit = softmax_max(max_logit, z[v]);
+      for (int64_t v = 0; v < valid_cols; ++v) max_logit = softmax_max(max_logit, z[v]);
       float sum = 0.0f;
-      for (int64_t v = 0; v < V; ++v) {
+      for (int64_t v = 0; v < valid_cols; ++v) {
         z[v] = softmax_exp(z[v], max_logit);
         sum += z[v];
       }
@@ -47,8 +54,10 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targe
         // The probabilities first, each rounded to FP32, then the gradient from them (the
         // target's 1 comes off the rounded probability).
         const float inv_sum = 1.0f / sum;
-        for (int64_t v = 0; v < V; ++v) z[v] *= inv_sum;
-        for (int64_t v = 0; v < V; ++v) z[v] = cross_entropy_grad(z[v], v == y, grad_scale);
+        for (int64_t v = 0; v < valid_cols; ++v) z[v] *= inv_sum;
+        for (int64_t v = 0; v < valid_cols; ++v)
+          z[v] = cross_entropy_grad(z[v], v == y, grad_scale);
+        std::fill(z + valid_cols, z + V, 0.0f);
         store(z, V, *dlogits, n * V);
       }
     }

@@ -5,7 +5,8 @@
 //
 // The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
 // (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layernorm.cu,
-// cuda_attention.cu, cuda_embedding.cu, cuda_cross_entropy.cu, cuda_optim.cu.
+// cuda_attention.cu, cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
+// cuda_cross_entropy.cu, cuda_optim.cu.
 #pragma once
 
 #include <cublasLt.h>
@@ -55,12 +56,14 @@ class CudaBackend final : public Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, Tensor& dqkv,
                           int n_head) override;
+  void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                        int n_head, int64_t start) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                           Tensor& dwpe) override;
-  void softmax_cross_entropy(const Tensor& logits, const Tensor& targets, Tensor& losses,
-                             Tensor* dlogits, float grad_scale) override;
+  void softmax_cross_entropy(const Tensor& logits, int64_t valid_cols, const Tensor& targets,
+                             Tensor& losses, Tensor* dlogits, float grad_scale) override;
 
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
              const AdamWParams& p) override;

@@ -1,0 +1,109 @@
+// Causal attention of new positions over a KV cache on the CPU (Backend::attention_decode),
+// the step of text generation. Operands are read and written as cpu_layer_io.h describes; the
+// softmax pieces are core/ops/math/softmax.h's.
+//
+// For the new row i at position p = start + i and head h, with q its query and k_t, v_t the
+// cached keys and values of position t, the math is cpu_attention.cpp's for one query row:
+//   s[t] = scale q . k_t  for t <= p  (scale = 1 / sqrt(D)),  P = softmax(s),
+//   o    = sum_t P[t] v_t.
+// One task per (new row, head). A score sums its channels in eight interleaved partial sums
+// (one AVX2 vector), added in a fixed order; the output sums the keys in increasing order.
+// Neither depends on the thread count. The cost is O(p D) per row and head: the only part of
+// a generation step that grows with the tokens already in the cache.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_layer_io.h"
+#include "core/ops/math/softmax.h"
+#include "core/ops/op_checks.h"
+
+namespace mantissa::core {
+
+using namespace cpu_layer_io;
+
+namespace {
+
+// 8-lane FP32 vectors (GCC/Clang vector extension; with -march=x86-64-v3 one AVX2 register, and
+// `acc += a * b` one FMA), as in cpu_attention.cpp.
+typedef float f32x8 __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 8;
+
+f32x8 load8(const float* p) {
+  f32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// q . k over d_padded channels (a multiple of kLanes, zero past the head's D): lane l sums the
+// channels l, l + 8, ..., then the lanes are added in order.
+float dot(const float* q, const float* k, int64_t d_padded) {
+  f32x8 acc = {};
+  for (int64_t d = 0; d < d_padded; d += kLanes) acc += load8(q + d) * load8(k + d);
+  float sum = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) sum += acc[l];
+  return sum;
+}
+
+}  // namespace
+
+void CpuBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
+                                  int n_head, int64_t start) {
+  const auto [N, S, C, H, D, first] =
+      check_attention_decode(qkv, k_cache, v_cache, out, n_head, start, device());
+
+  // The new keys and values join the caches first (rounded to the caches' dtype: exact when it
+  // is qkv's), so that a new row sees those of the rows before it.
+  std::vector<float> row(static_cast<size_t>(C));
+  for (int64_t i = 0; i < N; ++i) {
+    load(qkv, i * 3 * C + C, C, row.data());
+    store(row.data(), C, k_cache, (first + i) * C);
+    load(qkv, i * 3 * C + 2 * C, C, row.data());
+    store(row.data(), C, v_cache, (first + i) * C);
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // Below this many multiply-adds (a short context), waking the threads costs more than it
+  // saves.
+  constexpr int64_t kParallelMin = 1 << 15;
+  const bool parallel = N * H * (first + N) * D >= kParallelMin;
+#pragma omp parallel if (parallel)
+  {
+    // q and one cached key at a time, zero-padded to whole vectors.
+    const int64_t d_padded = (D + kLanes - 1) / kLanes * kLanes;
+    std::vector<float> q(static_cast<size_t>(d_padded)), cached(static_cast<size_t>(d_padded));
+    std::vector<float> o(static_cast<size_t>(D)), p(static_cast<size_t>(first + N));
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < N * H; ++task) {
+      const int64_t i = task / H, h = task % H;
+      const int64_t n = first + i + 1;  // visible positions
+      load(qkv, i * 3 * C + h * D, D, q.data());
+      // Softmax in FP32, shifted by the maximum so that exp never overflows. A NaN score never
+      // wins the comparison but still turns the sum, hence the row, into NaN.
+      float max_score = -INFINITY;
+      for (int64_t t = 0; t < n; ++t) {
+        load(k_cache, t * C + h * D, D, cached.data());
+        p[t] = dot(q.data(), cached.data(), d_padded) * scale;
+        max_score = softmax_max(max_score, p[t]);
+      }
+      float sum = 0.0f;
+      for (int64_t t = 0; t < n; ++t) {
+        p[t] = softmax_exp(p[t], max_score);
+        sum += p[t];
+      }
+      const float inv_sum = 1.0f / sum;
+      for (int64_t t = 0; t < n; ++t) p[t] *= inv_sum;
+
+      std::fill(o.begin(), o.end(), 0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        load(v_cache, t * C + h * D, D, cached.data());
+        for (int64_t d = 0; d < D; ++d) o[d] += p[t] * cached[d];
+      }
+      store(o.data(), D, out, i * C + h * D);
+    }
+  }
+}
+
+}  // namespace mantissa::core

@@ -1,0 +1,368 @@
+#include "launcher/sample.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+
+#include "checkpoint/checkpoint.h"
+#include "core/ops/backend.h"
+#include "core/precision/policy.h"
+#include "launcher/config.h"
+#include "launcher/exit_codes.h"
+#include "launcher/tokenize_client.h"
+#include "launcher/trainer.h"
+#include "models/gpt2/generate.h"
+#include "models/gpt2/gpt2.h"
+#include "models/sampling.h"
+
+namespace mantissa::launcher {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kHelp =
+    R"(usage: mantissa sample --run DIR [--step N] [--prompt TEXT] [--max-new-tokens N]
+                       [--temperature T] [--top-k K] [--seed S] [--device AUTO|CPU|CUDA]
+
+Generates text with the GPT-2 model of a `mantissa train` run. Reads DIR/config.pbtxt (the
+run's effective config), loads the FP32 weights of the newest intact checkpoint in
+DIR/checkpoints (or of step N), continues the prompt one token at a time with a KV cache, and
+prints the prompt and its continuation on stdout, then a newline. What it loaded and how fast
+it went goes to stderr. One process, no mpirun.
+
+options:
+  --run DIR           the run directory (run.dir of the training run)
+  --step N            the checkpoint of step N (DIR/checkpoints/step_<N>), not the newest
+  --prompt TEXT       the text to continue (default empty: the start of a document)
+  --max-new-tokens N  tokens to generate (default 256)
+  --temperature T     the logits are divided by T before the softmax: below 1 sharpens, above
+                      1 flattens; 0 is greedy, always the most likely token (default 1)
+  --top-k K           draw among the K most likely tokens only; 0: among all (default 0)
+  --seed S            seed of the draws: the same seed, checkpoint, prompt, options and device
+                      give the same text (default 1)
+  --device D          AUTO (a GPU when one is visible; the default), CPU or CUDA
+  -h, --help          this help
+Options take `--opt value` or `--opt=value`.
+
+tokens: the run's tokenizer turns the prompt into tokens and the tokens into text:
+  data.tokenizer when the config sets it, else tokenizer.model in the directory of
+  data.token_shards.pattern (where `mantissa tokenize encode` puts it); synthetic and
+  text_file data, and token shards of vocab_size 256 without a tokenizer.model, are bytes.
+  With a tokenizer the prompt starts with the end-of-text token, as every document of the
+  shards does, only the tokenizer's ids are drawn, and end-of-text tokens print nothing. With
+  bytes an empty prompt starts from a newline, which is not printed.
+
+the window: the model sees at most model.gpt2.seq_len tokens. A longer prompt keeps its last
+  seq_len tokens (all of it is printed). When generation fills the window it slides: the
+  cache is refilled with the last seq_len / 2 tokens, so every token is drawn with at least
+  seq_len / 2 tokens of context, and the positions stay within the model's seq_len.
+
+exit codes:
+  0  done
+  1  runtime failure: no checkpoint is intact, a file cannot be read, mantissa-tokenize fails
+  2  bad command line or input: an unknown option, a temperature or top-k below 0, a run
+     directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
+     tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8, a
+     config that the checkpoint does not fit, a model other than GPT-2, --device CUDA
+     without a GPU
+)";
+
+const std::string kUsage = " (see mantissa sample --help)";
+
+// A command-line value out of range, with the hint to the help.
+[[noreturn]] void bad_value(const std::string& name, const std::string& value,
+                            const std::string& rule) {
+  throw core::ConfigError(name + " " + value + ": " + rule + kUsage);
+}
+
+// Something the command line names that is not usable (a directory, a checkpoint).
+[[noreturn]] void bad_input(const std::string& name, const std::string& value,
+                            const std::string& rule) {
+  throw core::ConfigError(name + " " + value + ": " + rule);
+}
+
+template <class T>
+T parse_integer(const std::string& name, const std::string& value, T minimum) {
+  T out{};
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || end != value.data() + value.size()) {
+    bad_value(name, "'" + value + "'", "takes an integer");
+  }
+  if (out < minimum) bad_value(name, value, "must be >= " + std::to_string(minimum));
+  return out;
+}
+
+// Where the run's tokenizer is, or none for bytes. Throws core::ConfigError naming a file that
+// is missing.
+std::optional<std::string> find_tokenizer(const TrainConfig& config) {
+  const TrainConfig::Data& data = config.data();
+  if (!data.tokenizer().empty()) {
+    require(fs::is_regular_file(data.tokenizer()), "data.tokenizer", "\"" + data.tokenizer() + "\"",
+            "no such file (the run's config names it)");
+    return data.tokenizer();
+  }
+  if (!data.has_token_shards()) return std::nullopt;  // synthetic or text_file: bytes
+  const fs::path beside = fs::path(data.token_shards().pattern()).parent_path() / "tokenizer.model";
+  if (fs::is_regular_file(beside)) return beside.string();
+  require(config.model().gpt2().vocab_size() == 256, "data.token_shards.pattern",
+          "\"" + data.token_shards().pattern() + "\"",
+          "has no tokenizer beside it: " + beside.string() +
+              " is missing (set data.tokenizer to the model the shards were encoded with)");
+  return std::nullopt;
+}
+
+// A directory that holds only a link to one checkpoint, so that Checkpointer::load_latest,
+// which takes the newest intact checkpoint of a directory, loads exactly that one (with all
+// its checks). Removed with the object.
+class SingleCheckpointDir {
+ public:
+  explicit SingleCheckpointDir(const fs::path& checkpoint) {
+    std::string pattern = (fs::temp_directory_path() / "mantissa-sample-XXXXXX").string();
+    MANTISSA_CHECK(::mkdtemp(pattern.data()) != nullptr,
+                   "cannot create a temporary directory " << pattern);
+    dir_ = pattern;
+    fs::create_directory_symlink(fs::absolute(checkpoint), dir_ / checkpoint.filename());
+  }
+  ~SingleCheckpointDir() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  SingleCheckpointDir(const SingleCheckpointDir&) = delete;
+  SingleCheckpointDir& operator=(const SingleCheckpointDir&) = delete;
+  std::string path() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+};
+
+// "20, 40, 60": the steps of the checkpoint directories in `dir`, for messages.
+std::string list_steps(const fs::path& dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    const char* digits = name.data() + 5;
+    const auto [end, parse] = std::from_chars(digits, name.data() + name.size(), step);
+    if (name.starts_with("step_") && parse == std::errc() && end == name.data() + name.size()) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  std::string out;
+  for (const int64_t s : steps) out += (out.empty() ? "" : ", ") + std::to_string(s);
+  return out.empty() ? "none" : out;
+}
+
+// Loads the masters of the run's checkpoint (args.step, or the newest intact one) into
+// `params` and refreshes the compute copy; returns the checkpoint's directory and step.
+std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::ParameterStore& params,
+                                             core::Backend& backend) {
+  const fs::path dir = fs::path(args.run_dir) / "checkpoints";
+  std::optional<SingleCheckpointDir> single;
+  std::string load_from = dir.string();
+  if (args.step) {
+    const fs::path wanted = dir / checkpoint::checkpoint_dir_name(*args.step);
+    if (!fs::is_directory(wanted)) {
+      bad_input("--step", std::to_string(*args.step),
+                "no checkpoint " + wanted.string() + " (the steps saved: " + list_steps(dir) + ")");
+    }
+    single.emplace(wanted);
+    load_from = single->path();
+  }
+  checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{load_from, 0},
+                                        checkpoint::CheckpointGroup{}, backend);
+  std::optional<checkpoint::CheckpointState> state;
+  try {
+    state = checkpointer.load_latest(checkpoint::parameter_layout(params),
+                                     {{"masters", params.flat_numel(), 0, params.masters()}});
+  } catch (const core::Error& e) {
+    if (!single) throw;
+    // Name the checkpoint where it is, not through the link.
+    std::string message = e.what();
+    for (size_t at; (at = message.find(load_from)) != std::string::npos;) {
+      message.replace(at, load_from.size(), dir.string());
+    }
+    if (e.kind() == core::ErrorKind::kConfig) throw core::ConfigError(message);
+    MANTISSA_FAIL(message);
+  }
+  if (!state) {
+    bad_input("--run", args.run_dir,
+              "holds no checkpoint (" + dir.string() + " is empty or missing)");
+  }
+  params.refresh_compute_copy(backend);
+  return {(dir / checkpoint::checkpoint_dir_name(state->step)).string(), state->step};
+}
+
+std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, std::string& name) {
+  const bool cuda = device == "CUDA" || (device == "AUTO" && core::cuda_device_available());
+  if (device == "CUDA" && !core::cuda_device_available()) {
+    bad_input("--device", "CUDA",
+              "no CUDA device is visible to this process (or this build has no CUDA backend)");
+  }
+  name = cuda ? "CUDA device 0" : "the CPU";
+  return cuda ? core::make_cuda_backend(0) : core::make_cpu_backend();
+}
+
+int run_sample(const SampleArgs& args) {
+  const fs::path config_path = fs::path(args.run_dir) / "config.pbtxt";
+  if (!fs::is_regular_file(config_path)) {
+    bad_input("--run", args.run_dir,
+              "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");
+  }
+  TrainConfig config = load_config_file(config_path.string());
+  apply_defaults(config, config_path.string());
+  if (!config.model().has_gpt2()) {
+    bad_input("--run", args.run_dir, "trains model.mlp; mantissa sample needs a GPT-2 model");
+  }
+  const int64_t vocab = config.model().gpt2().vocab_size();
+  const std::optional<std::string> tokenizer_path = find_tokenizer(config);
+  std::optional<TokenizerClient> tokenizer;
+  if (tokenizer_path) {
+    tokenizer.emplace(*tokenizer_path);
+    require(tokenizer->vocab_size() <= vocab, "model.gpt2.vocab_size", std::to_string(vocab),
+            "is smaller than the " + std::to_string(tokenizer->vocab_size()) +
+                " pieces of the tokenizer " + *tokenizer_path + " (not the run's tokenizer?)");
+  }
+  // Check the sampling options before the (possibly long) load.
+  const models::SamplingOptions options{args.temperature, args.top_k, args.seed};
+  models::TokenSampler sampler(options);
+
+  std::string device_name;
+  const std::unique_ptr<core::Backend> backend = make_sample_backend(args.device, device_name);
+  // The masters are FP32, and generation runs in FP32 from them.
+  const std::unique_ptr<train::LanguageModel> model =
+      build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
+  auto& gpt2 = dynamic_cast<models::GPT2&>(*model);
+  const auto [checkpoint_dir, step] = load_weights(args, gpt2.parameters(), *backend);
+
+  // The prompt's tokens: a document's start (end of text) and the text, or its bytes.
+  std::vector<int32_t> prompt;
+  if (tokenizer) {
+    prompt.push_back(tokenizer->eot());
+    const std::vector<int32_t> ids = tokenizer->encode(args.prompt);
+    prompt.insert(prompt.end(), ids.begin(), ids.end());
+  } else if (args.prompt.empty()) {
+    prompt.push_back('\n');
+  } else {
+    for (const char c : args.prompt) prompt.push_back(static_cast<unsigned char>(c));
+  }
+  const int64_t window = config.model().gpt2().seq_len();
+  const int64_t vocab_limit = tokenizer ? tokenizer->vocab_size() : std::min<int64_t>(vocab, 256);
+  const std::string cut =
+      std::ssize(prompt) > window ? " (its last " + std::to_string(window) + " in the window)" : "";
+  const std::string codec = tokenizer ? "tokenizer " + *tokenizer_path : "bytes";
+  std::fprintf(stderr,
+               "mantissa: sampling from %s (step %lld) on %s: a prompt of %zu tokens%s, %lld new, "
+               "temperature %s, top-k %lld, seed %llu; %s\n",
+               checkpoint_dir.c_str(), static_cast<long long>(step), device_name.c_str(),
+               prompt.size(), cut.c_str(), static_cast<long long>(args.max_new_tokens),
+               format_number(args.temperature).c_str(), static_cast<long long>(args.top_k),
+               static_cast<unsigned long long>(args.seed), codec.c_str());
+
+  models::GPT2Decoder decoder(gpt2, *backend);
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<int32_t> generated =
+      models::generate(decoder, prompt, args.max_new_tokens, sampler, vocab_limit);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::string text;
+  if (tokenizer) {
+    std::vector<int32_t> all = prompt;
+    all.insert(all.end(), generated.begin(), generated.end());
+    text = tokenizer->decode(all);  // decoded together: a character may span the two
+  } else {
+    text = args.prompt;
+    for (const int32_t t : generated) text.push_back(static_cast<char>(t));
+  }
+  text.push_back('\n');
+  MANTISSA_CHECK(
+      std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0,
+      "cannot write the text to stdout");
+  std::fprintf(stderr, "mantissa: %zu tokens in %.2f s (%.1f tokens/s)\n", generated.size(),
+               seconds, seconds > 0 ? static_cast<double>(generated.size()) / seconds : 0.0);
+  return kExitOk;
+}
+
+}  // namespace
+
+SampleArgs parse_sample_args(const std::vector<std::string>& args) {
+  SampleArgs out;
+  for (const std::string& arg : args) {
+    if (arg == "-h" || arg == "--help") out.help = true;
+  }
+  if (out.help) return out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    static const char* const kOptions[] = {
+        "--run",         "--step",  "--prompt", "--max-new-tokens",
+        "--temperature", "--top-k", "--seed",   "--device"};
+    if (std::find(std::begin(kOptions), std::end(kOptions), name) == std::end(kOptions)) {
+      throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
+    }
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      throw core::ConfigError(name + " needs a value" + kUsage);
+    }
+    if (name == "--run") {
+      out.run_dir = value;
+    } else if (name == "--step") {
+      out.step = parse_integer<int64_t>(name, value, 0);
+    } else if (name == "--prompt") {
+      out.prompt = value;
+    } else if (name == "--max-new-tokens") {
+      out.max_new_tokens = parse_integer<int64_t>(name, value, 0);
+    } else if (name == "--top-k") {
+      out.top_k = parse_integer<int64_t>(name, value, 0);
+    } else if (name == "--seed") {
+      out.seed = parse_integer<uint64_t>(name, value, 0);
+    } else if (name == "--temperature") {
+      char* end = nullptr;
+      out.temperature = std::strtod(value.c_str(), &end);
+      if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(out.temperature)) {
+        bad_value(name, "'" + value + "'", "takes a number");
+      }
+      if (out.temperature < 0.0) bad_value(name, value, "must be >= 0 (0 is greedy)");
+    } else if (value == "AUTO" || value == "CPU" || value == "CUDA") {
+      out.device = value;
+    } else {
+      bad_value(name, "'" + value + "'", "takes AUTO, CPU or CUDA");
+    }
+  }
+  if (out.run_dir.empty()) throw core::ConfigError("sample needs --run DIR" + kUsage);
+  return out;
+}
+
+int sample_command(int argc, char** argv) {
+  try {
+    const SampleArgs args = parse_sample_args(std::vector<std::string>(argv + 2, argv + argc));
+    if (args.help) {
+      std::fputs(kHelp, stdout);
+      return kExitOk;
+    }
+    return run_sample(args);
+  } catch (const core::ConfigError& e) {
+    std::fprintf(stderr, "mantissa: %s\n", e.what());
+    return kExitConfig;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
+    return kExitFailure;
+  }
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,70 @@
+#include "models/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+
+namespace mantissa::models {
+
+TokenSampler::TokenSampler(const SamplingOptions& options) : options_(options) {
+  MANTISSA_CHECK(std::isfinite(options.temperature) && options.temperature >= 0.0,
+                 "sampling: the temperature must be finite and >= 0, got " << options.temperature);
+  MANTISSA_CHECK(options.top_k >= 0, "sampling: top_k must be >= 0, got " << options.top_k);
+}
+
+int32_t TokenSampler::next(std::span<const float> logits) {
+  MANTISSA_CHECK(!logits.empty(), "sampling: no logits to choose from");
+  const auto n = static_cast<int32_t>(logits.size());
+  for (int32_t i = 0; i < n; ++i) {
+    MANTISSA_CHECK(std::isfinite(logits[i]), "sampling: logit " << i << " is " << logits[i]
+                                                                << " (the weights are not finite)");
+  }
+  // A strict order, more likely first and the lower id among equals, so that neither argmax
+  // nor top-k depends on how a sort treats ties.
+  const auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (options_.temperature == 0.0) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; ++i) best = before(i, best) ? i : best;
+    return best;
+  }
+
+  candidates_.resize(static_cast<size_t>(n));
+  std::iota(candidates_.begin(), candidates_.end(), 0);
+  if (options_.top_k > 0 && options_.top_k < n) {
+    const auto k = static_cast<ptrdiff_t>(options_.top_k);
+    std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), before);
+    candidates_.resize(static_cast<size_t>(k));
+  }
+  // softmax(z / T) over the candidates, unnormalised: exp((z - max) / T) in [0, 1], in double.
+  float max_logit = logits[static_cast<size_t>(candidates_[0])];
+  for (const int32_t c : candidates_)
+    max_logit = std::max(max_logit, logits[static_cast<size_t>(c)]);
+  weights_.resize(candidates_.size());
+  double total = 0.0;
+  for (size_t j = 0; j < candidates_.size(); ++j) {
+    const double z = logits[static_cast<size_t>(candidates_[j])];
+    weights_[j] = std::exp((z - max_logit) / options_.temperature);
+    total += weights_[j];
+  }
+  // u uniform in (0, 1), from 32 random bits; the first candidate whose cumulative weight
+  // passes u * total is the draw (the most likely one always has weight 1, so total >= 1).
+  const double u =
+      (static_cast<double>(core::random_u32(options_.seed, draws_++)) + 0.5) / 4294967296.0;
+  const double target = u * total;
+  double cumulative = 0.0;
+  size_t last_positive = 0;
+  for (size_t j = 0; j < candidates_.size(); ++j) {
+    if (weights_[j] == 0.0) continue;
+    cumulative += weights_[j];
+    last_positive = j;
+    if (target < cumulative) return candidates_[j];
+  }
+  return candidates_[last_positive];  // u * total rounded above the sum
+}
+
+}  // namespace mantissa::models

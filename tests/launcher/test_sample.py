@@ -1,0 +1,246 @@
+"""`mantissa sample` end to end, through the real executables:
+ - on a tiny run trained on the synthetic corpus (bytes): a seed gives the same text twice,
+   other seeds give other text, temperature 0 is greedy (the same text whatever the seed),
+   top-k 1 is greedy too; the text starts with the prompt; a prompt longer than seq_len and
+   generation far past seq_len (the window slides) work; --step picks a checkpoint;
+ - bad input exits 2 with one line that names it: no --run, a directory without config.pbtxt,
+   a run without a checkpoint, a step that was not saved, a temperature or top-k below 0, an
+   unknown option, a missing tokenizer file (data.tokenizer, or tokenizer.model beside the
+   shards), --device CUDA without a GPU;
+ - the help lists the options and exit codes, and `mantissa --help` lists the command;
+ - the whole chain on a licence text every Debian machine has: `mantissa tokenize train` and
+   `encode` with a validation split, 2 ranks under mpirun with evaluation (the validation loss
+   falls), then samples that continue a UTF-8 prompt with multi-byte characters, through the
+   tokenizer beside the shards and through data.tokenizer.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+import launcher_util as lu
+
+LICENCE = "/usr/share/common-licenses/GPL-3"
+
+
+def run_sample(*args, timeout=120):
+    """mantissa sample with bytes out (the text of a byte-level model need not be UTF-8)."""
+    return subprocess.run([lu.binary(), "sample", *args], env=lu.environment(), timeout=timeout,
+                          capture_output=True)
+
+
+class TinyRun(unittest.TestCase):
+    """One tiny GPT trained on the synthetic corpus (vocab 256, seq_len 64), checkpoints at
+    steps 20, 40 and 60, shared by the tests."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="mantissa_sample_")
+        cls.run_dir = os.path.join(cls.dir, "run")
+        config = os.path.join(cls.dir, "tiny.pbtxt")
+        with open(config, "w") as f:
+            f.write(lu.TINY_GPT)
+        result = subprocess.run([lu.binary(), "train", "--config", config, "--progress", "lines",
+                                 "--set", f"run.dir={cls.run_dir}"], env=lu.environment(),
+                                timeout=240, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise AssertionError(f"training failed: {result.stderr}")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def sample(self, *args):
+        result = run_sample("--run", self.run_dir, *args)
+        self.assertEqual(result.returncode, 0, result.stderr.decode(errors="replace"))
+        return result
+
+    def text(self, *args):
+        return self.sample(*args).stdout
+
+    def test_a_seed_repeats_and_other_seeds_differ(self):
+        first = self.text("--prompt", "the red fox", "--seed", "7", "--max-new-tokens", "80")
+        self.assertEqual(first, self.text("--prompt", "the red fox", "--seed", "7",
+                                          "--max-new-tokens", "80"))
+        self.assertTrue(first.startswith(b"the red fox"), first)
+        self.assertEqual(len(first), len("the red fox") + 80 + 1, "prompt, 80 bytes, a newline")
+        self.assertTrue(first.endswith(b"\n"))
+        others = {self.text("--prompt", "the red fox", "--seed", str(s), "--max-new-tokens", "80")
+                  for s in (8, 9)}
+        self.assertNotIn(first, others)
+        self.assertEqual(len(others), 2)
+
+    def test_temperature_zero_is_greedy(self):
+        greedy = self.text("--temperature", "0", "--seed", "1", "--max-new-tokens", "60")
+        self.assertEqual(greedy, self.text("--temperature", "0", "--seed", "2",
+                                           "--max-new-tokens", "60"))
+        self.assertEqual(greedy, self.text("--top-k", "1", "--seed", "3", "--max-new-tokens", "60"))
+        # An empty prompt starts from a newline, which is not printed.
+        self.assertEqual(len(greedy), 61)
+
+    def test_the_model_learned_something(self):
+        # After 60 steps on the synthetic corpus the greedy continuation of a sentence is made of
+        # its lowercase words and spaces, not random bytes.
+        text = self.text("--prompt", "the", "--temperature", "0", "--max-new-tokens", "40")
+        letters = sum(c in b"abcdefghijklmnopqrstuvwxyz .\n" for c in text)
+        self.assertGreater(letters / len(text), 0.8, text)
+
+    def test_long_prompt_and_generation_past_the_window(self):
+        prompt = "the quick fox sees a dog. " * 6  # 156 bytes, seq_len is 64
+        result = self.sample("--prompt", prompt, "--max-new-tokens", "300", "--seed", "4")
+        self.assertTrue(result.stdout.startswith(prompt.encode()))
+        self.assertEqual(len(result.stdout), len(prompt) + 300 + 1)
+        stderr = result.stderr.decode()
+        self.assertIn("a prompt of 156 tokens (its last 64 in the window), 300 new", stderr)
+        self.assertRegex(stderr, r"300 tokens in [0-9.]+ s \([0-9.]+ tokens/s\)")
+
+    def test_step_picks_a_checkpoint(self):
+        newest = self.sample("--max-new-tokens", "5").stderr.decode()
+        self.assertIn(os.path.join("checkpoints", "step_00000060") + " (step 60)", newest)
+        older = self.sample("--step", "20", "--max-new-tokens", "5").stderr.decode()
+        self.assertIn(os.path.join(self.run_dir, "checkpoints", "step_00000020") + " (step 20)", older)
+        self.assertIn("bytes", older)
+
+    def bad(self, *args, run=True):
+        result = run_sample(*(["--run", self.run_dir] if run else []), *args)
+        stderr = result.stderr.decode()
+        self.assertEqual(result.returncode, 2, stderr)
+        self.assertEqual(result.stdout, b"")
+        self.assertEqual(len(stderr.strip().splitlines()), 1, stderr)
+        return stderr
+
+    def test_bad_input_exits_2_naming_it(self):
+        self.assertIn("needs --run DIR", self.bad(run=False))
+        self.assertIn("--temperature -0.5: must be >= 0", self.bad("--temperature", "-0.5"))
+        self.assertIn("--top-k -1: must be >= 0", self.bad("--top-k", "-1"))
+        self.assertIn("unknown argument '--topk'", self.bad("--topk", "3"))
+        self.assertIn("--max-new-tokens 'many': takes an integer",
+                      self.bad("--max-new-tokens", "many"))
+        self.assertIn("--step 30: no checkpoint", self.bad("--step", "30"))
+        self.assertIn("the steps saved: 20, 40, 60", self.bad("--step", "30"))
+        self.assertIn("--device 'TPU': takes AUTO, CPU or CUDA", self.bad("--device", "TPU"))
+        nowhere = os.path.join(self.dir, "nowhere")
+        self.assertIn("has no config.pbtxt", self.bad("--run", nowhere, run=False))
+
+    def test_a_run_without_checkpoint(self):
+        empty = os.path.join(self.dir, "empty")
+        os.makedirs(empty, exist_ok=True)
+        shutil.copy(os.path.join(self.run_dir, "config.pbtxt"), empty)
+        stderr = self.bad("--run", empty, run=False)
+        self.assertIn(f"--run {empty}: holds no checkpoint", stderr)
+
+    def test_cuda_without_a_gpu(self):
+        if os.path.exists("/dev/nvidia0"):
+            self.skipTest("a GPU is visible")
+        self.assertIn("--device CUDA: no CUDA device", self.bad("--device", "CUDA"))
+
+    def copy_run(self, name, replace):
+        """A copy of the run whose config.pbtxt has `replace` applied: (old, new) pairs."""
+        copy = os.path.join(self.dir, name)
+        shutil.copytree(self.run_dir, copy)
+        path = os.path.join(copy, "config.pbtxt")
+        with open(path) as f:
+            config = f.read()
+        for old, new in replace:
+            self.assertIn(old, config)
+            config = config.replace(old, new)
+        with open(path, "w") as f:
+            f.write(config)
+        return copy
+
+    def test_missing_tokenizer_files_are_named(self):
+        missing = os.path.join(self.dir, "missing.model")
+        run = self.copy_run("with_tokenizer", [('tokenizer: ""', f'tokenizer: "{missing}"')])
+        stderr = self.bad("--run", run, run=False)
+        self.assertIn(f'data.tokenizer = "{missing}": no such file', stderr)
+
+        # A run on token shards of vocab 512 without a tokenizer.model beside them (the error
+        # comes before any checkpoint is read).
+        shards = os.path.join(self.dir, "shards")
+        run = os.path.join(self.dir, "on_shards")
+        os.makedirs(run, exist_ok=True)
+        with open(os.path.join(run, "config.pbtxt"), "w") as f:
+            f.write(f"""
+model {{ gpt2 {{ n_layer: 2 n_head: 2 n_embd: 64 seq_len: 64 vocab_size: 512 }} }}
+data {{ token_shards {{ pattern: "{shards}/train_*.bin" }} }}
+""")
+        stderr = self.bad("--run", run, run=False)
+        self.assertIn(os.path.join(shards, "tokenizer.model") + " is missing", stderr)
+
+    def test_help_tells_the_options_and_exit_codes(self):
+        result = subprocess.run([lu.binary(), "sample", "--help"], capture_output=True, text=True,
+                                timeout=30)
+        self.assertEqual(result.returncode, 0)
+        for option in ("--run DIR", "--step N", "--prompt TEXT", "--max-new-tokens N",
+                       "--temperature T", "--top-k K", "--seed S", "--device D", "--help"):
+            self.assertIn(option, result.stdout)
+        codes = re.findall(r"^  (\d)  ", result.stdout.split("exit codes:", 1)[1], re.MULTILINE)
+        self.assertEqual(codes, ["0", "1", "2"])
+        overview = subprocess.run([lu.binary(), "--help"], capture_output=True, text=True,
+                                  timeout=30)
+        self.assertRegex(overview.stdout, r"\n  sample +generate text")
+
+
+class Chain(lu.TempDirTest):
+    """Text file to samples: tokenizer, shards with a validation split, 2 ranks, sample."""
+
+    def test_licence_text_to_samples(self):
+        tokenizer = os.path.join(self.dir, "tok.model")
+        shards = os.path.join(self.dir, "shards")
+        for args in (["train", "--input", LICENCE, "--vocab-size", "512", "--out", tokenizer],
+                     ["encode", "--tokenizer", tokenizer, "--input", LICENCE, "--out-dir", shards,
+                      "--val-fraction", "0.1"]):
+            result = self.mantissa("tokenize", *args, timeout=240)
+            self.assertEqual(result.returncode, 0, result.stderr)
+
+        run = os.path.join(self.dir, "run")
+        config = self.write("own.pbtxt", f"""
+run {{ steps: 30 seed: 2 device: CPU log_every: 10 eval_every: 10 eval_tokens: 2048
+      dir: "{run}" }}
+model {{ gpt2 {{ n_layer: 2 n_head: 2 n_embd: 64 seq_len: 64 vocab_size: 512 }} }}
+data {{ token_shards {{ pattern: "{shards}/train_*.bin" val_pattern: "{shards}/val_*.bin" }}
+       micro_batch_size: 4 }}
+optimizer {{ adamw {{ lr: 0.003 weight_decay: 0 }} warmup_steps: 3 }}
+precision {{ mode: FP32 }}
+checkpoint {{ every_steps: 30 }}
+""")
+        result = self.mantissa("train", "--config", config, "--progress", "lines", ranks=2,
+                               timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        val = [e["val_loss"] for e in lu.read_log(run, 0) if "val_loss" in e]
+        self.assertEqual(len(val), 3)
+        self.assertLess(val[-1], val[0], f"the validation loss should fall: {val}")
+
+        prompt = "Déjà vu — the GNU General Public License"
+        args = ["--prompt", prompt, "--max-new-tokens", "100", "--seed", "3"]
+        first = run_sample("--run", run, *args)
+        self.assertEqual(first.returncode, 0, first.stderr.decode(errors="replace"))
+        text = first.stdout.decode("utf-8")  # decodes: the tokenizer writes whole characters
+        self.assertTrue(text.startswith(prompt), text)
+        self.assertGreater(len(text), len(prompt) + 20, text)
+        self.assertIn("tokenizer " + os.path.join(shards, "tokenizer.model"),
+                      first.stderr.decode())
+        self.assertEqual(first.stdout, run_sample("--run", run, *args).stdout)
+
+        # data.tokenizer names the model elsewhere: the same text.
+        elsewhere = os.path.join(self.dir, "elsewhere.model")
+        os.rename(os.path.join(shards, "tokenizer.model"), elsewhere)
+        path = os.path.join(run, "config.pbtxt")
+        with open(path) as f:
+            config_text = f.read()
+        with open(path, "w") as f:
+            f.write(config_text.replace('tokenizer: ""', f'tokenizer: "{elsewhere}"'))
+        second = run_sample("--run", run, *args)
+        self.assertEqual(second.returncode, 0, second.stderr.decode(errors="replace"))
+        self.assertEqual(second.stdout, first.stdout)
+        self.assertIn("tokenizer " + elsewhere, second.stderr.decode())
+        greedy = run_sample("--run", run, "--temperature", "0", "--max-new-tokens", "40")
+        self.assertEqual(greedy.returncode, 0, greedy.stderr.decode(errors="replace"))
+        greedy.stdout.decode("utf-8")
+
+
+if __name__ == "__main__":
+    lu.main()
