@@ -127,7 +127,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     MANTISSA_CHECK(out.good(), "cannot write the effective config to '" << path << "'");
   }
 
-  const train::ParameterStore& params = model_->parameters();
   const ModelDims dims = model_dims(config_.model());
   const int64_t global_batch =
       config_.data().micro_batch_size() * config_.data().grad_accum_steps() * world.size();
@@ -137,7 +136,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       "mantissa: %s, %.2fM parameters, %s | %d rank%s on %s | batch %lld x %lld tokens "
       "per step | %s",
       config_.model().has_mlp() ? "MLP" : "GPT-2",
-      static_cast<double>(params.parameter_count()) / 1e6, core::precision_mode_name(policy_.mode),
+      static_cast<double>(model_->parameter_count()) / 1e6, core::precision_mode_name(policy_.mode),
       world.size(), world.size() == 1 ? "" : "s", device_.name.c_str(),
       static_cast<long long>(global_batch), static_cast<long long>(dims.seq_len),
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");

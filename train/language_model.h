@@ -37,6 +37,9 @@ class LanguageModel {
   // Accumulates (+=) this batch's gradients into parameters().grads().
   virtual void backward(StepContext& ctx) = 0;
 
+  // The model's own parameters: the store's, less any padding it carries for the hardware
+  // (GPT-2's vocabulary rows past vocab_size).
+  virtual int64_t parameter_count() const = 0;
   // Training FLOPs per token (forward + backward), for MFU.
   virtual double flops_per_token() const = 0;
 };

@@ -219,6 +219,11 @@ void GPT2::backward(train::StepContext& ctx) {
   batch_ = train::BatchTensors{};
 }
 
+int64_t GPT2::parameter_count() const {
+  const int64_t padding = (config_.padded_vocab_size() - config_.vocab_size) * config_.n_embd;
+  return params_.parameter_count() - padding;
+}
+
 double GPT2::flops_per_token() const {
   // 6 FLOPs per parameter per token (2 forward, 4 backward) plus the attention score and
   // value products, which have no parameters: 6 * L * C * T (llm.c's and PaLM's estimate).
@@ -226,8 +231,7 @@ double GPT2::flops_per_token() const {
   // compute nothing the model needs, so MFU counts useful work only (and an unpadded run
   // would report the same FLOPs per token). llm.c counts them; for GPT-2 124M the two differ
   // by 47 x 768 parameters, 0.03%.
-  const int64_t padding = (config_.padded_vocab_size() - config_.vocab_size) * config_.n_embd;
-  const auto n = static_cast<double>(params_.parameter_count() - padding);
+  const auto n = static_cast<double>(parameter_count());
   return 6.0 * n + 6.0 * static_cast<double>(config_.n_layer * config_.n_embd * config_.seq_len);
 }
 

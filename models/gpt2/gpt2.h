@@ -58,6 +58,7 @@ class GPT2 final : public train::LanguageModel {
   double forward(train::StepContext& ctx, const train::BatchTensors& batch,
                  float dloss_per_token) override;
   void backward(train::StepContext& ctx) override;
+  int64_t parameter_count() const override;
   double flops_per_token() const override;
 
   const GPT2Config& config() const { return config_; }

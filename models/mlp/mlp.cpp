@@ -74,7 +74,7 @@ void MLP::backward(train::StepContext& ctx) {
 }
 
 double MLP::flops_per_token() const {
-  return 6.0 * static_cast<double>(params_.parameter_count());
+  return 6.0 * static_cast<double>(parameter_count());
 }
 
 }  // namespace mantissa::models

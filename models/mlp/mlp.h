@@ -30,6 +30,7 @@ class MLP final : public train::LanguageModel {
   double forward(train::StepContext& ctx, const train::BatchTensors& batch,
                  float dloss_per_token) override;
   void backward(train::StepContext& ctx) override;
+  int64_t parameter_count() const override { return params_.parameter_count(); }
   double flops_per_token() const override;
 
  private:

@@ -155,6 +155,10 @@ TEST(PaddedVocabulary, PaddingRowsOfWteStartAtZero) {
   ASSERT_EQ(wte.spec.name, "wte");
   ASSERT_EQ(wte.spec.shape, Shape({kPaddedVocab, kChannels}));
   ASSERT_EQ(unpadded_wte.spec.shape, wte.spec.shape);
+  // The model's own parameters leave the padding out (the start line and MFU count them).
+  const int64_t padding = (kPaddedVocab - kPaddedConfig.vocab_size) * kChannels;
+  EXPECT_EQ(model.parameter_count(), model.parameters().parameter_count() - padding);
+  EXPECT_EQ(unpadded.parameter_count(), unpadded.parameters().parameter_count());
   const float* master = wte.master.data_as<float>();
   const auto* compute = wte.compute.data_as<core::bf16>();
   const float* unpadded_master = unpadded_wte.master.data_as<float>();
