@@ -1,0 +1,142 @@
+"""The test cluster of hosts in network namespaces, for the multinode tests (python3 stdlib).
+
+scripts/start-cluster.sh starts hosts node1..nodeN (each its own network, hostname and /tmp,
+on a bridge in 198.18.0.0/24); scripts/stop-cluster.sh removes them. Cluster (a context
+manager) starts one with its state in a directory of the test, always stops it, and fails the
+test if anything of it is left. mpirun_argv() is mpirun as on a real cluster: a hostfile, the
+remote shell scripts/cluster-rsh-agent, every daemon and rank on the cluster's subnet, TCP
+between ranks.
+
+The whole test runs in a private network namespace (isolate_network): the bridge, and the
+sockets mpirun opens on all interfaces, then exist only there, unreachable from the machine's
+real network.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import harness  # noqa: E402 (the integration tests' helpers: deadline, logs, train argv)
+
+SUBNET = "198.18.0.0/24"
+
+
+def skip(reason):
+    """Ends the test as skipped; ctest matches "SKIPPED (multinode)" (SKIP_REGULAR_EXPRESSION)."""
+    print(f"SKIPPED (multinode): {reason}", flush=True)
+    sys.exit(0)
+
+
+def running_hosts():
+    """The cluster hosts (network namespaces named nodeK) that exist now."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.split() and line.split()[0].startswith("node")]
+
+
+def require_namespaces():
+    """Skips unless this is root and network namespaces can be made here; fails if a cluster
+    (namespaces named nodeK) is already running, since the test starts and stops its own."""
+    if os.geteuid() != 0:
+        skip("the cluster of network namespaces needs root")
+    missing = [t for t in ("ip", "nsenter", "unshare", "tc") if shutil.which(t) is None]
+    if missing:
+        skip(f"{', '.join(missing)} not installed (iproute2, util-linux)")
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        skip(f"`ip netns` is unavailable: {probe.stderr.strip()}")
+    if subprocess.run(["unshare", "--net", "true"], capture_output=True).returncode != 0:
+        skip("network namespaces cannot be created here (unshare --net failed)")
+    running = running_hosts()
+    if running:
+        harness.fail(f"a cluster ({', '.join(running)}) is already running; the test starts "
+                     "its own: stop it first (scripts/stop-cluster.sh)")
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(f"terminated by signal {signum}")
+
+
+def isolate_network(source_dir):
+    """Reruns this test in a private network namespace with only loopback up, and exits with its
+    status; returns when already inside. A SIGTERM (ctest's timeout, someone stopping the test)
+    becomes an exception in both, so that their finally blocks stop the cluster; if the rerun
+    dies without stopping it, it is stopped here (its hosts' namespaces outlive the private
+    one)."""
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    if os.environ.get("MANTISSA_TEST_NETNS") == "1":
+        return
+    env = dict(os.environ, MANTISSA_TEST_NETNS="1")
+    rerun = subprocess.Popen(["unshare", "--net", "--", "sh", "-c", 'ip link set lo up && exec "$@"',
+                              "sh", sys.executable, *sys.argv], env=env)
+    try:
+        rc = rerun.wait()
+    finally:
+        if rerun.poll() is None:
+            rerun.terminate()
+            try:
+                rerun.wait(timeout=harness.DEADLINE_MARGIN_S / 2)
+            except subprocess.TimeoutExpired:
+                rerun.kill()
+                rerun.wait()
+        if running_hosts():
+            harness.log("the test left its cluster running: stopping it")
+            subprocess.run([os.path.join(source_dir, "scripts", "stop-cluster.sh")])
+    sys.exit(rc)
+
+
+class Cluster:
+    """`with Cluster(source_dir, state_dir, hosts):` a cluster of `hosts` hosts, stopped at the
+    end whatever happens; a stop that leaves anything behind fails the test."""
+
+    def __init__(self, source_dir, state_dir, hosts, slots=2):
+        self.scripts = os.path.join(source_dir, "scripts")
+        self.hosts = hosts
+        self.env = dict(os.environ, CLUSTER_DIR=state_dir, SLOTS=str(slots))
+        self.state_dir = state_dir
+
+    def __enter__(self):
+        harness.log(f"starting a cluster of {self.hosts} hosts")
+        try:
+            start = subprocess.run([os.path.join(self.scripts, "start-cluster.sh"), str(self.hosts)],
+                                   env=self.env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            harness.fail("start-cluster.sh did not finish within 60 s")
+        if start.returncode != 0:
+            self.stop()
+            harness.fail(f"start-cluster.sh {self.hosts} failed:\n{start.stderr}")
+        harness.log(start.stderr.strip())
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self):
+        stop = subprocess.run([os.path.join(self.scripts, "stop-cluster.sh")], env=self.env,
+                              capture_output=True, text=True, timeout=60)
+        leftovers = running_hosts()
+        if stop.returncode != 0 or leftovers:
+            harness.fail(f"stop-cluster.sh left the cluster behind (namespaces {leftovers}):\n"
+                         f"{stop.stderr}")
+        harness.log("cluster stopped, nothing left")
+
+    @property
+    def hostfile(self):
+        return os.path.join(self.state_dir, "hostfile")
+
+    def mpirun_argv(self, np, hostfile=None, env=()):
+        """mpirun for np ranks over the hosts of hostfile (default: every host, 2 slots each),
+        with each `NAME=VALUE` of env set on every rank (-x). Run it with the environment
+        self.env: the remote shell finds the hosts through its CLUSTER_DIR."""
+        argv = ["mpirun", "--allow-run-as-root", "--hostfile", hostfile or self.hostfile,
+                "-np", str(np), "--bind-to", "none",
+                "--mca", "plm_rsh_agent", os.path.join(self.scripts, "cluster-rsh-agent"),
+                "--mca", "oob_tcp_if_include", SUBNET, "--mca", "btl_tcp_if_include", SUBNET,
+                "--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
+        for e in env:
+            argv += ["-x", e]
+        return argv
