@@ -1,6 +1,23 @@
 #include "dist/communicator.h"
 
+#include <utility>
+
 namespace mantissa::dist {
+
+bool Request::test() {
+  if (!poll()) return false;
+  held_.clear();
+  return true;
+}
+
+void Request::wait() {
+  wait_until_done();
+  held_.clear();
+}
+
+void Request::hold(std::vector<core::Tensor> tensors) {
+  held_ = std::move(tensors);
+}
 
 std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& counts) {
   std::vector<int64_t> offsets(counts.size() + 1, 0);

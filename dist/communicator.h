@@ -31,14 +31,31 @@ namespace mantissa::dist {
 
 enum class ReduceOp { kSum, kMax };
 
+// A collective in flight. It holds a reference to every tensor it was given (core::Tensor
+// copies share their Storage) until it has completed, so a caller may drop its own handles at
+// once: the memory is neither freed nor, on a GPU, handed by the caching allocator to a kernel
+// on the backend's stream while the communicator's stream still reads or writes it. The
+// references go when test() first returns true, when wait() returns, or with the request
+// (whose destructor waits for a collective still in flight).
 class Request {
  public:
   virtual ~Request() = default;
   // Drives the operation forward; true once it has completed (its buffers are the caller's
   // again). Cheap: call it often while computing.
-  virtual bool test() = 0;
+  bool test();
   // Returns when complete; ends the job after the communicator's timeout.
-  virtual void wait() = 0;
+  void wait();
+
+  // Keeps `tensors` alive until completion (the communicators call it when they start one).
+  void hold(std::vector<core::Tensor> tensors);
+
+ protected:
+  // test() and wait() of the implementation, without the bookkeeping above.
+  virtual bool poll() = 0;
+  virtual void wait_until_done() = 0;
+
+ private:
+  std::vector<core::Tensor> held_;
 };
 using RequestPtr = std::unique_ptr<Request>;
 

@@ -39,8 +39,9 @@ output, in run.dir (default runs/<config file name>):
   config.pbtxt        the effective config (every default filled in), also printed at start
   log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss, mean_loss,
                       loss_scale, overflow, grad_norm, lr, tokens, tokens_per_s, step_seconds,
-                      allreduce_seconds, time, skipped_param when a step was skipped, and
-                      val_loss and eval_seconds on steps that evaluate (run.eval_every)
+                      allreduce_seconds, host_syncs, time, skipped_param when a step was
+                      skipped, and val_loss and eval_seconds on steps that evaluate
+                      (run.eval_every)
   checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
                       (checkpoint.resume)
 

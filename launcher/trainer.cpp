@@ -351,6 +351,7 @@ int Trainer::run() {
 
   for (int64_t step = start_step_; step < total; ++step) {
     const Clock::time_point start = Clock::now();
+    const int64_t syncs_before = backend_->host_syncs();
     std::vector<train::Batch> micro_batches;
     for (int64_t i = 0; i < accum; ++i) micro_batches.push_back(loader_->next());
 
@@ -370,6 +371,7 @@ int Trainer::run() {
     std::vector<float> stop{stop_signal() != 0 ? 1.0f : 0.0f};
     dp_->max_across_ranks(stop);
     const double seconds = seconds_since(start);
+    const int64_t syncs_at_end = backend_->host_syncs();
     tokens_total_ += report.tokens * world_size;
 
     record.mean_loss = mean_loss;
@@ -377,6 +379,7 @@ int Trainer::run() {
     record.val_loss = maybe_evaluate(step + 1);
     if (record.val_loss) record.eval_seconds = seconds_since(eval_start);
     record.step_seconds = seconds;
+    record.host_syncs = syncs_at_end - syncs_before;
     record.allreduce_seconds = dp_->last_step_comm_seconds();
     record.allreduce_bytes = dp_->last_step_comm_bytes();
     if (fp8) {

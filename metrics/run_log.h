@@ -6,7 +6,8 @@
 // counts from 1), loss (this rank's mean), mean_loss (over all ranks), val_loss and
 // eval_seconds (the held-out loss and how long it took, only on steps that evaluate), loss_scale,
 // overflow, grad_norm (0 when skipped), lr, tokens (this rank, this step), tokens_per_s (this
-// rank), step_seconds, allreduce_seconds, time (Unix seconds), and skipped_param (the first
+// rank), step_seconds, allreduce_seconds, host_syncs (the backend's host synchronisations in
+// the step), time (Unix seconds), and skipped_param (the first
 // parameter whose gradient was non-finite on this rank) when there is one. Non-finite numbers
 // are written as null. A resumed run appends, so a step redone after a crash appears twice:
 // the later line is the one that counts.

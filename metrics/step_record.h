@@ -29,6 +29,9 @@ struct StepRecord {
   double step_seconds = 0;         // wall time of the step on this rank
   double allreduce_seconds = 0;    // time this rank waited for gradient collectives
   std::int64_t allreduce_bytes = 0;
+  // Host synchronisations of the backend during the step (core::Backend::host_syncs()), in
+  // the window of step_seconds: on a GPU each one drains the pipeline.
+  std::int64_t host_syncs = 0;
   std::vector<Fp8TensorStat> fp8;
 
   double tokens_per_s() const { return static_cast<double>(report.tokens) / step_seconds; }

@@ -44,8 +44,8 @@ void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, 
                                   core::fp8_max(formats_[slot]), registry_->config().margin);
     float pair[2] = {scale, static_cast<float>(1.0 / scale)};
     backend.copy(Tensor::wrap(&pair[0], Shape{1}, DType::kF32), scale_views_[slot]);
+    // A copy from host memory has read it on return (Backend::copy): `pair` may go at once.
     backend.copy(Tensor::wrap(&pair[1], Shape{1}, DType::kF32), scale_inv_views_[slot]);
-    backend.synchronize();  // `pair` lives on this stack frame
   }
   core::CastParams p;
   p.scale = &scale_views_[slot];
@@ -75,8 +75,9 @@ void Fp8Operands::upload_scales(core::Backend& backend) {
     inverses.push_back(registry_->tensor(i).scale_inv);
   }
   backend.copy(Tensor::wrap(scales.data(), shape, DType::kF32), scale_);
+  // A copy from host memory has read it on return (Backend::copy), so the host vectors may
+  // die with this frame without a host synchronisation.
   backend.copy(Tensor::wrap(inverses.data(), shape, DType::kF32), scale_inv_);
-  backend.synchronize();  // the host vectors die with this frame
 }
 
 }  // namespace mantissa::train

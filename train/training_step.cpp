@@ -1,6 +1,7 @@
 #include "train/training_step.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "train/fp8_operands.h"
@@ -65,27 +66,37 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   Tensor owned = grads.view(begin, Shape{end - begin});
   if (before_check) before_check(owned, step);
 
-  Tensor found = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
-  Tensor first = Tensor::empty(Shape{1}, DType::kI64, backend_.device());
+  // Everything the host decides on is read back at one host synchronisation: the non-finite
+  // flag, the first non-finite index and the squared gradient norm share one 16-byte device
+  // buffer (F32 found, F32 norm^2, I64 first index at byte 8), copied with one copy, and the
+  // FP8 amaxes (final since backward) are copied before the same synchronize(). The norm is
+  // therefore summed before the skip decision; a skipped step ignores it (it may be inf).
+  Tensor scalars = Tensor::empty(Shape{4}, DType::kF32, backend_.device());
+  Tensor found = scalars.view(0, Shape{1});
+  Tensor norm_sq = scalars.view(1, Shape{1});
+  Tensor first = Tensor::wrap(static_cast<char*>(scalars.data()) + 8, Shape{1}, DType::kI64,
+                              backend_.device());
   backend_.fill(found, 0.0f);
+  backend_.fill(norm_sq, 0.0f);
   backend_.unscale_check_finite(owned, scaler_.inv_scale(), found, &first);
-  Tensor host_found = Tensor::empty(Shape{1}, DType::kF32);
-  Tensor host_first = Tensor::empty(Shape{1}, DType::kI64);
-  backend_.copy(found, host_found);
-  backend_.copy(first, host_first);
-  backend_.synchronize();
-  const int64_t first_index = host_first.data_as<int64_t>()[0];
+  backend_.sum_squares(owned, norm_sq);
+  Tensor host_scalars = Tensor::empty(Shape{4}, DType::kF32);
+  backend_.copy(scalars, host_scalars);
+  Fp8Operands* fp8 = model_.fp8_operands();
+  // read_amaxes() copies and synchronises once, which also completes host_scalars.
+  std::vector<float> amaxes = fp8 ? fp8->read_amaxes(backend_) : std::vector<float>{};
+  if (!fp8) backend_.synchronize();
+  const float* host = host_scalars.data_as<float>();
+  int64_t first_index = 0;
+  std::memcpy(&first_index, host + 2, sizeof first_index);
   if (first_index >= 0) {
     const int param = params.find_by_flat_index(begin + first_index);
     report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
   }
-  std::vector<float> flag{(nonfinite_before_sync || host_found.data_as<float>()[0] != 0.0f) ? 1.0f
-                                                                                            : 0.0f};
+  std::vector<float> flag{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f};
   if (sync) sync->max_across_ranks(flag);
 
-  Fp8Operands* fp8 = model_.fp8_operands();
   if (fp8) {
-    std::vector<float> amaxes = fp8->read_amaxes(backend_);
     // A MAX reduction drops NaN (every comparison with it is false): report it as inf.
     for (float& a : amaxes) a = std::isnan(a) ? INFINITY : a;
     if (sync) sync->max_across_ranks(amaxes);
@@ -95,13 +106,7 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   report.skipped = scaler_.update(flag[0] != 0.0f);
   if (report.skipped) return report;
 
-  Tensor norm_sq = Tensor::empty(Shape{1}, DType::kF32, backend_.device());
-  backend_.fill(norm_sq, 0.0f);
-  backend_.sum_squares(owned, norm_sq);
-  Tensor host_norm = Tensor::empty(Shape{1}, DType::kF32);
-  backend_.copy(norm_sq, host_norm);
-  backend_.synchronize();
-  double sum_squares = static_cast<double>(host_norm.data_as<float>()[0]);
+  double sum_squares = static_cast<double>(host[1]);
   // Every rank sums the shards in the same order, so all of them clip by the same factor.
   if (sharded) sum_squares = sync->sum_across_ranks(sum_squares);
   report.grad_norm = std::sqrt(sum_squares);

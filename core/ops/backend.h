@@ -65,10 +65,22 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual Device device() const = 0;
+  // Waits until every op queued so far has completed. Each call is one host
+  // synchronisation (see host_syncs()).
   virtual void synchronize() = 0;
+
+  // Host synchronisations so far: the times the host waited for this backend's queued work
+  // (synchronize(), and anything else the backend itself has to wait on). On a GPU each one
+  // drains the pipeline, so a training step should need as few as possible. The CPU backend
+  // counts the same calls (its synchronize() has nothing to wait for), so that CPU tests
+  // count what a GPU run would wait for.
+  int64_t host_syncs() const { return host_syncs_; }
 
   // --- memory -------------------------------------------------------------------------
   // Copies between any two devices (host<->device included); same dtype and numel.
+  // From host memory, the source has been read when copy() returns (it may be reused or
+  // freed at once); into host memory, the data is there after the next synchronize()
+  // (a device-to-host read is a copy followed by one synchronize(), however many copies).
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Every element set to `value` rounded to the tensor's dtype (I32/I64 take it truncated).
   virtual void fill(Tensor& dst, float value) = 0;
@@ -128,6 +140,35 @@ class Backend {
   virtual void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                                 int n_head, int64_t start) = 0;
 
+  // Llama-style decoder layers (per-element math in core/ops/math/rmsnorm.h, rope.h,
+  // swiglu.h). RMSNorm over the last axis of x[N, C]: rstd = 1 / sqrt(mean(x^2) + eps) in
+  // FP32, out = x * rstd * gamma (no mean, no bias). Saves rstd[N] (F32) for the backward.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
+                               Tensor& rstd) = 0;
+  // dx overwritten (it may be dout itself); dgamma accumulated.
+  virtual void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                const Tensor& rstd, Tensor& dx, Tensor& dgamma) = 0;
+  // Rotary position embeddings on x[B, T, H, D]: rows of H heads of D channels (D even) at
+  // positions start + t; the first `rotated` heads of each row (0 < rotated <= H) are rotated
+  // and the others copied. So the output of a fused q|k|v projection, viewed as
+  // [B, T, n_head + 2 n_kv_head, D], has its q and k heads rotated in one call
+  // (rotated = n_head + n_kv_head), in place. Hugging Face's rotate_half pairing: channels i
+  // and i + D/2 of a head rotate by the angle of their position, read from table[S, D] (F32,
+  // cos in channels [0, D/2), sin in [D/2, D); make_rope_table builds it once per run),
+  // start + T <= S. out may be x itself.
+  virtual void rope_forward(const Tensor& x, const Tensor& table, int64_t start, int64_t rotated,
+                            Tensor& out) = 0;
+  // dx = dout with its first `rotated` heads rotated by -angle and the others copied
+  // (overwritten; it may be dout itself).
+  virtual void rope_backward(const Tensor& dout, const Tensor& table, int64_t start,
+                             int64_t rotated, Tensor& dx) = 0;
+  // SwiGLU on the output of one fused gate|up projection: gate_up[N, 2I] holds gate in
+  // columns [0, I) and up in [I, 2I); out[N, I] = silu(gate) * up, silu(g) = g sigmoid(g).
+  virtual void swiglu_forward(const Tensor& gate_up, Tensor& out) = 0;
+  // dgate_up[N, 2I] overwritten with dgate = dout * up * silu'(gate) and dup = dout *
+  // silu(gate); it may be gate_up itself (in place).
+  virtual void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) = 0;
+
   // out[B, T, C] = wte[tokens[b, t]] + wpe[t]; tokens I32 [B, T]. A token outside
   // [0, vocab) is an error.
   virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
@@ -163,6 +204,9 @@ class Backend {
   // smallest index of a non-finite element, or -1.
   virtual void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                                     Tensor* first_index) = 0;
+
+ protected:
+  int64_t host_syncs_ = 0;  // incremented by the implementations, see host_syncs()
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -264,6 +264,141 @@ LayerNormDims check_layernorm_backward(const Tensor& dout, const Tensor& x, cons
   return d;
 }
 
+namespace {
+
+// `out` is `in` itself (an op that reads each element before writing it in the same thread
+// may run in place on both backends) or shares no byte with it.
+void check_same_or_disjoint(const char* op, const char* out_name, const Tensor& out,
+                            const char* in_name, const Tensor& in) {
+  const bool same = out.data() == in.data() && out.nbytes() == in.nbytes();
+  MANTISSA_CHECK(same || !overlaps(out, in),
+                 op << ": " << out_name << " " << out.describe() << " overlaps " << in_name << " "
+                    << in.describe() << " partly; it must be exactly that tensor or disjoint");
+}
+
+}  // namespace
+
+// x, out: F32, BF16 or F16 of one shape [..., C]; gamma[C] a parameter; rstd F32, one per
+// row; eps positive. out must not share memory with x (the backward needs x).
+LayerNormDims check_rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps,
+                                    const Tensor& out, const Tensor& rstd, Device device) {
+  const char* op = "rmsnorm_forward";
+  check_activation(op, "x", x, device);
+  check_activation(op, "out", out, device);
+  check_parameter(op, "gamma", gamma, device);
+  check_operand(op, "rstd", rstd, device, {DType::kF32});
+  MANTISSA_CHECK(std::isfinite(eps) && eps > 0.0f,
+                 op << ": eps " << eps << " must be positive and finite");
+  const LayerNormDims d = layernorm_rows(op, x);
+  check_same_shape(op, "x", x, "out", out);
+  check_shape(op, "gamma", gamma, Shape{d.C});
+  check_rows(op, "rstd", rstd, d.N, "rstd", x);
+  check_disjoint(op, "out", out, "x", x);
+  check_disjoint(op, "rstd", rstd, "x", x);
+  check_disjoint(op, "rstd", rstd, "out", out);
+  return d;
+}
+
+// dx may be dout itself (in place); dgamma F32, accumulated.
+LayerNormDims check_rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                                     Device device) {
+  const char* op = "rmsnorm_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "x", x, device);
+  check_activation(op, "dx", dx, device);
+  check_parameter(op, "gamma", gamma, device);
+  check_operand(op, "rstd", rstd, device, {DType::kF32});
+  check_operand(op, "dgamma", dgamma, device, {DType::kF32});
+  const LayerNormDims d = layernorm_rows(op, x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_shape(op, "gamma", gamma, Shape{d.C});
+  check_shape(op, "dgamma", dgamma, Shape{d.C});
+  check_rows(op, "rstd", rstd, d.N, "rstd", x);
+  check_same_or_disjoint(op, "dx", dx, "dout", dout);
+  check_disjoint(op, "dx", dx, "x", x);
+  check_disjoint(op, "dgamma", dgamma, "dout", dout);
+  check_disjoint(op, "dgamma", dgamma, "x", x);
+  return d;
+}
+
+// in, out: F32, BF16 or F16 of one shape [B, T, H, D], D even; table F32 [S, D] (cos in
+// channels [0, D/2), sin in [D/2, D), see make_rope_table) with start + T <= S; rotated in
+// [1, H]. out may be in itself (in place).
+RopeDims check_rope(const char* op, const Tensor& in, const char* in_name, const Tensor& table,
+                    int64_t start, int64_t rotated, const Tensor& out, const char* out_name,
+                    Device device) {
+  check_activation(op, in_name, in, device);
+  check_activation(op, out_name, out, device);
+  check_operand(op, "table", table, device, {DType::kF32});
+  check_rank(op, in_name, in, 4);
+  check_rank(op, "table", table, 2);
+  check_same_shape(op, in_name, in, out_name, out);
+  const RopeDims d{in.dim(0), in.dim(1), in.dim(2), in.dim(3), start, rotated};
+  MANTISSA_CHECK(rotated > 0 && rotated <= d.H,
+                 op << ": rotated = " << rotated << " heads is outside [1, " << d.H
+                    << "], the heads of " << in_name << " " << in.describe());
+  MANTISSA_CHECK(d.D > 0 && d.D % 2 == 0,
+                 op << ": operand " << in_name << " " << in.describe()
+                    << " must have an even, non-zero head_dim (last axis)");
+  MANTISSA_CHECK(table.dim(1) == d.D, op << ": operand table " << table.describe()
+                                         << " must have head_dim = " << d.D << " channels (as "
+                                         << in_name << " " << in.describe() << ")");
+  MANTISSA_CHECK(start >= 0 && start + d.T <= table.dim(0),
+                 op << ": positions [" << start << ", " << start + d.T << ") of " << in_name << " "
+                    << in.describe() << " are outside the table " << table.describe());
+  check_same_or_disjoint(op, out_name, out, in_name, in);
+  check_disjoint(op, out_name, out, "table", table);
+  return d;
+}
+
+namespace {
+
+// gate_up[..., 2I] with I > 0, as N rows.
+SwigluDims swiglu_rows(const char* op, const Tensor& gate_up) {
+  MANTISSA_CHECK(gate_up.shape().rank() >= 1 && gate_up.dim(-1) > 0 && gate_up.dim(-1) % 2 == 0,
+                 op << ": operand gate_up " << gate_up.describe()
+                    << " must have an even, non-zero last axis (gate and up side by side)");
+  return {gate_up.numel() / gate_up.dim(-1), gate_up.dim(-1) / 2};
+}
+
+// gate_up's shape with the last axis halved.
+Shape swiglu_out_shape(const Tensor& gate_up) {
+  std::vector<int64_t> dims(gate_up.shape().dims().begin(), gate_up.shape().dims().end());
+  dims.back() /= 2;
+  return Shape(dims);
+}
+
+}  // namespace
+
+// gate_up[..., 2I], out[..., I]: F32, BF16 or F16 each; out disjoint from gate_up.
+SwigluDims check_swiglu_forward(const Tensor& gate_up, const Tensor& out, Device device) {
+  const char* op = "swiglu_forward";
+  check_activation(op, "gate_up", gate_up, device);
+  check_activation(op, "out", out, device);
+  const SwigluDims d = swiglu_rows(op, gate_up);
+  check_shape(op, "out", out, swiglu_out_shape(gate_up));
+  check_disjoint(op, "out", out, "gate_up", gate_up);
+  return d;
+}
+
+// dout[..., I], gate_up and dgate_up [..., 2I]; dgate_up may be gate_up itself (in place) and
+// shares no memory with dout.
+SwigluDims check_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                                 Device device) {
+  const char* op = "swiglu_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "gate_up", gate_up, device);
+  check_activation(op, "dgate_up", dgate_up, device);
+  const SwigluDims d = swiglu_rows(op, gate_up);
+  check_shape(op, "dout", dout, swiglu_out_shape(gate_up));
+  check_same_shape(op, "dgate_up", dgate_up, "gate_up", gate_up);
+  check_same_or_disjoint(op, "dgate_up", dgate_up, "gate_up", gate_up);
+  check_disjoint(op, "dgate_up", dgate_up, "dout", dout);
+  return d;
+}
+
 AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& att,
                                       int n_head, Device device) {
   const char* op = "attention_forward";

@@ -71,6 +71,28 @@ LayerNormDims check_layernorm_backward(const Tensor& dout, const Tensor& x, cons
                                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
                                        const Tensor& dgamma, const Tensor& dbeta, Device device);
 
+// Llama-style decoder layers (rmsnorm, rope, swiglu): x viewed as N rows of C channels for
+// RMSNorm; rows of H heads of D channels at positions [start, start + T) for RoPE; rows of
+// 2I fused gate|up channels for SwiGLU. check_rope serves rope_forward (in x, out out) and
+// rope_backward (in dout, out dx); the first R = rotated heads of each row are rotated.
+LayerNormDims check_rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps,
+                                    const Tensor& out, const Tensor& rstd, Device device);
+LayerNormDims check_rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                                     const Tensor& rstd, const Tensor& dx, const Tensor& dgamma,
+                                     Device device);
+struct RopeDims {
+  int64_t B, T, H, D, start, R;
+};
+RopeDims check_rope(const char* op, const Tensor& in, const char* in_name, const Tensor& table,
+                    int64_t start, int64_t rotated, const Tensor& out, const char* out_name,
+                    Device device);
+struct SwigluDims {
+  int64_t N, I;
+};
+SwigluDims check_swiglu_forward(const Tensor& gate_up, const Tensor& out, Device device);
+SwigluDims check_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
+                                 Device device);
+
 // qkv[B, T, 3C] with H = n_head heads of D = C / H channels.
 struct AttentionDims {
   int64_t B, T, C, H, D;

@@ -91,6 +91,9 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // "bf16[2, 3] on cpu" for error messages.
   std::string describe() const;
+  // The allocation this tensor keeps alive, watched without keeping it (empty for wrapped
+  // memory): whether anyone still holds it, e.g. a collective in flight (dist::Request).
+  std::weak_ptr<const Storage> storage_watch() const { return storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;

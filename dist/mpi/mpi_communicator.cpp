@@ -202,21 +202,22 @@ class MpiRequest final : public Request {
 
   MPI_Request* handle() { return &request_; }
 
-  bool test() override {
+ protected:
+  bool poll() override {
     if (request_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     MANTISSA_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
     return done != 0;
   }
 
-  void wait() override {
+  void wait_until_done() override {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration<double>(timeout_s_);
     // MPI's non-blocking collectives advance only inside MPI calls, so poll without
     // sleeping; yielding hands the core to a rank still computing when ranks oversubscribe
     // the cores.
-    while (!test()) {
+    while (!poll()) {
       if (Clock::now() > deadline) {
         world_.abort_on_timeout(what_, std::chrono::duration<double>(Clock::now() - start).count());
       }
@@ -250,7 +251,7 @@ class MpiCommunicator final : public Communicator {
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
     check_host(buf, "all_reduce", "buf");
-    auto request = start("all_reduce", buf);
+    auto request = start("all_reduce", buf, {buf});
     MANTISSA_MPI_CHECK(MPI_Iallreduce(
         MPI_IN_PLACE, buf.data(), mpi_count(buf.numel(), "all_reduce"), mpi_datatype(buf.dtype()),
         mpi_op(*ops_, buf.dtype(), op), comm_.get(), request->handle()));
@@ -265,7 +266,7 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank_],
                    "MPI reduce_scatter: recv " << recv.describe() << " must hold " << counts[rank_]
                                                << " elements of send's dtype");
-    auto request = start("reduce_scatter", send);
+    auto request = start("reduce_scatter", send, {send, recv});
     const std::vector<int> c = mpi_counts(counts, "reduce_scatter");
     MANTISSA_MPI_CHECK(
         MPI_Ireduce_scatter(send.data(), recv.data(), c.data(), mpi_datatype(send.dtype()),
@@ -284,7 +285,7 @@ class MpiCommunicator final : public Communicator {
     const std::vector<int64_t> offsets = chunk_offsets(counts);
     const char* mine = static_cast<const char*>(recv.data()) +
                        offsets[rank_] * static_cast<int64_t>(core::dtype_size(recv.dtype()));
-    auto request = start("all_gather", recv);
+    auto request = start("all_gather", recv, {send, recv});
     const std::vector<int> c = mpi_counts(counts, "all_gather");
     const std::vector<int> d = mpi_displacements(counts, "all_gather");
     const MPI_Datatype type = mpi_datatype(recv.dtype());
@@ -297,7 +298,7 @@ class MpiCommunicator final : public Communicator {
   RequestPtr broadcast(Tensor& buf, int root) override {
     check_host(buf, "broadcast", "buf");
     MANTISSA_CHECK(root >= 0 && root < size_, "MPI broadcast: root " << root << " out of range");
-    auto request = start("broadcast", buf);
+    auto request = start("broadcast", buf, {buf});
     MANTISSA_MPI_CHECK(MPI_Ibcast(buf.data(), mpi_count(buf.numel(), "broadcast"),
                                   mpi_datatype(buf.dtype()), root, comm_.get(), request->handle()));
     return request;
@@ -312,7 +313,7 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_CHECK(send.dtype() == recv.dtype(), "MPI all_to_all: send "
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
-    auto request = start("all_to_all", send);
+    auto request = start("all_to_all", send, {send, recv});
     const std::vector<int> sc = mpi_counts(send_counts, "all_to_all");
     const std::vector<int> sd = mpi_displacements(send_counts, "all_to_all");
     const std::vector<int> rc = mpi_counts(recv_counts, "all_to_all");
@@ -330,10 +331,14 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
-  std::unique_ptr<MpiRequest> start(const char* op, const Tensor& buf) {
+  // A request named after `buf`, holding `operands` until it completes (see Request).
+  std::unique_ptr<MpiRequest> start(const char* op, const Tensor& buf,
+                                    std::vector<Tensor> operands) {
     std::ostringstream what;
     what << "MPI " << op << " of " << buf.describe();
-    return std::make_unique<MpiRequest>(world_, timeout_s_, what.str());
+    auto request = std::make_unique<MpiRequest>(world_, timeout_s_, what.str());
+    request->hold(std::move(operands));
+    return request;
   }
 
   void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {

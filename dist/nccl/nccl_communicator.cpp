@@ -186,7 +186,8 @@ class NcclRequest final : public Request {
   cudaEvent_t event() const { return done_event_.get(); }
   const std::string& what() const { return what_; }
 
-  bool test() override {
+ protected:
+  bool poll() override {
     if (done_) return true;
     ncclResult_t state = ncclSuccess;
     MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(comm_.get(), &state), comm_.get(), comm_.rank());
@@ -198,9 +199,9 @@ class NcclRequest final : public Request {
     return true;
   }
 
-  void wait() override {
+  void wait_until_done() override {
     const auto start = Clock::now();
-    while (!test()) {
+    while (!poll()) {
       if (NcclComm::seconds_since(start) > timeout_s_) {
         comm_.timed_out(what_, NcclComm::seconds_since(start));
       }
@@ -240,7 +241,7 @@ class NcclCommunicator final : public Communicator {
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
     check_device(buf, "all_reduce");
-    auto request = begin("all_reduce", buf);
+    auto request = begin("all_reduce", buf, {buf});
     MANTISSA_NCCL_CHECK(
         ncclAllReduce(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
                       nccl_dtype(buf.dtype()), nccl_op(op), comm_->get(), stream_.get()),
@@ -256,7 +257,7 @@ class NcclCommunicator final : public Communicator {
     MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank()],
                    "NCCL reduce_scatter: recv " << recv.describe() << " must hold "
                                                 << counts[rank()] << " elements of send's dtype");
-    auto request = begin("reduce_scatter", send);
+    auto request = begin("reduce_scatter", send, {send, recv});
     const ncclDataType_t type = nccl_dtype(send.dtype());
     if (equal(counts)) {
       MANTISSA_NCCL_CHECK(
@@ -288,7 +289,7 @@ class NcclCommunicator final : public Communicator {
     MANTISSA_CHECK(send.dtype() == recv.dtype() && send.numel() == counts[rank()],
                    "NCCL all_gather: send " << send.describe() << " must hold " << counts[rank()]
                                             << " elements of recv's dtype");
-    auto request = begin("all_gather", recv);
+    auto request = begin("all_gather", recv, {send, recv});
     const ncclDataType_t type = nccl_dtype(recv.dtype());
     const std::vector<int64_t> offsets = chunk_offsets(counts);
     if (equal(counts)) {
@@ -315,7 +316,7 @@ class NcclCommunicator final : public Communicator {
   RequestPtr broadcast(Tensor& buf, int root) override {
     check_device(buf, "broadcast");
     MANTISSA_CHECK(root >= 0 && root < size_, "NCCL broadcast: root " << root << " out of range");
-    auto request = begin("broadcast", buf);
+    auto request = begin("broadcast", buf, {buf});
     MANTISSA_NCCL_CHECK(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
                                       nccl_dtype(buf.dtype()), root, comm_->get(), stream_.get()),
                         comm_->get(), rank());
@@ -331,7 +332,7 @@ class NcclCommunicator final : public Communicator {
     MANTISSA_CHECK(send.dtype() == recv.dtype(), "NCCL all_to_all: send "
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
-    auto request = begin("all_to_all", send);
+    auto request = begin("all_to_all", send, {send, recv});
     const ncclDataType_t type = nccl_dtype(send.dtype());
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
     const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
@@ -386,11 +387,15 @@ class NcclCommunicator final : public Communicator {
                                                  << " has " << buf.numel());
   }
 
-  // The collective must see every write already queued on the backend's stream.
-  std::unique_ptr<NcclRequest> begin(const char* op, const Tensor& buf) {
+  // The collective must see every write already queued on the backend's stream. The request
+  // holds `operands` until it completes (see Request): a tensor the caller drops meanwhile
+  // goes back to the caching allocator only once the communicator's stream is done with it.
+  std::unique_ptr<NcclRequest> begin(const char* op, const Tensor& buf,
+                                     std::vector<Tensor> operands) {
     std::ostringstream what;
     what << op << " of " << buf.describe();
     auto request = std::make_unique<NcclRequest>(*comm_, timeout_s_, what.str());
+    request->hold(std::move(operands));
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
     MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
     return request;

@@ -328,6 +328,26 @@ TEST(GpuMemory, CachingAllocatorReusesFreedBlocks) {
   EXPECT_EQ(again.data(), first);
 }
 
+// Backend::host_syncs counts the host's waits: a warm GEMM (plan chosen, scratch grown) and
+// uploads queue without waiting; a read is one copy and one synchronize().
+TEST(GpuMemory, HostSyncsCountOnlyTheWaits) {
+  if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  auto gpu = make_cuda_backend(0);
+  const Tensor a =
+      to_device(*gpu, host_tensor(Shape{64, 32}, DType::kBF16, std::vector<float>(64 * 32, 0.5f)));
+  const Tensor b =
+      to_device(*gpu, host_tensor(Shape{32, 48}, DType::kBF16, std::vector<float>(32 * 48, 0.25f)));
+  Tensor c = Tensor::empty(Shape{64, 48}, DType::kF32, gpu->device());
+  gpu->gemm(a, b, c, GemmParams{});
+  gpu->synchronize();
+  const int64_t before = gpu->host_syncs();
+  for (int i = 0; i < 3; ++i) gpu->gemm(a, b, c, GemmParams{});
+  EXPECT_EQ(gpu->host_syncs(), before) << "queued GEMMs must not wait for the GPU";
+  const Tensor got = to_host(*gpu, c);
+  EXPECT_EQ(gpu->host_syncs(), before + 1);
+  EXPECT_EQ(load(got)[0], 32 * 0.5f * 0.25f);
+}
+
 TEST(GpuMemory, BadDeviceAndForeignTensorsAreErrors) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   EXPECT_THROW(make_cuda_backend(4096), Error);

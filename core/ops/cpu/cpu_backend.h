@@ -4,9 +4,10 @@
 //
 // The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp,
 // cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layernorm.cpp,
-// cpu_attention.cpp, cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
-// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element
-// math they share with the CUDA backend is in core/ops/math/.
+// cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp (Llama-style decoders), cpu_attention.cpp,
+// cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp, cpu_cross_entropy.cpp,
+// cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element math they share with the
+// CUDA backend is in core/ops/math/.
 #pragma once
 
 #include "core/ops/backend.h"
@@ -16,7 +17,8 @@ namespace mantissa::core {
 class CpuBackend final : public Backend {
  public:
   Device device() const override { return Device::cpu(); }
-  void synchronize() override {}
+  // Nothing to wait for, but counted as a GPU's would be (Backend::host_syncs).
+  void synchronize() override { ++host_syncs_; }
 
   void copy(const Tensor& src, Tensor& dst) override;
   void fill(Tensor& dst, float value) override;
@@ -42,6 +44,16 @@ class CpuBackend final : public Backend {
                           int n_head) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
+                       Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma) override;
+  void rope_forward(const Tensor& x, const Tensor& table, int64_t start, int64_t rotated,
+                    Tensor& out) override;
+  void rope_backward(const Tensor& dout, const Tensor& table, int64_t start, int64_t rotated,
+                     Tensor& dx) override;
+  void swiglu_forward(const Tensor& gate_up, Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,

@@ -10,7 +10,9 @@
 // Reuse is stream-ordered only in the simple sense that matters here: every backend queues
 // its work on one stream, so a block freed on the host while kernels still use it is reused
 // only by work queued later on that same stream. Work on another stream (a communicator's)
-// must be ordered with an event before the tensors it reads are released.
+// must keep the tensors it uses alive until it has completed: dist::Request holds every
+// tensor given to a collective until the collective's completion event has fired, so a
+// block comes back here only once that stream is done with it.
 //
 // When cudaMalloc runs out of memory, the cached blocks of that device are released and the
 // allocation is tried once more. The cache lives for the whole process and is deliberately

@@ -5,8 +5,9 @@
 //
 // The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
 // (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layernorm.cu,
-// cuda_attention.cu, cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
-// cuda_cross_entropy.cu, cuda_optim.cu.
+// cuda_rmsnorm.cu, cuda_rope.cu, cuda_swiglu.cu (Llama-style decoders), cuda_attention.cu,
+// cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu, cuda_cross_entropy.cu,
+// cuda_optim.cu.
 #pragma once
 
 #include <cublasLt.h>
@@ -58,6 +59,16 @@ class CudaBackend final : public Backend {
                           int n_head) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
+                       Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma) override;
+  void rope_forward(const Tensor& x, const Tensor& table, int64_t start, int64_t rotated,
+                    Tensor& out) override;
+  void rope_backward(const Tensor& dout, const Tensor& table, int64_t start, int64_t rotated,
+                     Tensor& dx) override;
+  void swiglu_forward(const Tensor& gate_up, Tensor& out) override;
+  void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,

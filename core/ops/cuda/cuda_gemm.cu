@@ -26,10 +26,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/cuda/algorithm_choice.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_gemm.h"
@@ -239,7 +242,17 @@ const char* type_name(cudaDataType_t type) {
 struct CublasLtGemm::Plan {
   MatmulDesc desc;
   Layout a, b, c, d;
-  cublasLtMatmulAlgo_t algo{};
+  // The heuristic's algorithms, best first, and which of them runs (algorithm_choice.h).
+  // (Wrapped in a named struct: nvcc's front end fails on destroying cuBLASLt's anonymous
+  // struct types inside std::vector.)
+  struct Candidate {
+    cublasLtMatmulAlgo_t algo;
+  };
+  std::vector<Candidate> candidates;
+  cublasStatus_t heuristic_status = CUBLAS_STATUS_SUCCESS;
+  AlgorithmChoice choice{0};
+  // Why each candidate was refused, for the message when none runs.
+  std::string refusals;
 };
 
 bool CublasLtGemm::PlanKey::operator==(const PlanKey& o) const {
@@ -290,8 +303,9 @@ CublasLtGemm::CublasLtGemm() {
 
 CublasLtGemm::~CublasLtGemm() = default;
 
-void* CublasLtGemm::scratch(int slot, size_t nbytes, cudaStream_t stream) {
+void* CublasLtGemm::scratch(int slot, size_t nbytes, cudaStream_t stream, int64_t& host_syncs) {
   if (nbytes > scratch_bytes_[slot]) {
+    ++host_syncs;
     MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream));
     scratch_[slot].reset();
     scratch_bytes_[slot] = 0;
@@ -306,6 +320,11 @@ void* CublasLtGemm::scratch(int slot, size_t nbytes, cudaStream_t stream) {
 }
 
 void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
+  std::string failure;
+  MANTISSA_CHECK(try_matmul(p, stream, failure), failure);
+}
+
+bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::string& failure) {
   const bool fp8 = is_fp8_type(p.a_type) || is_fp8_type(p.b_type);
   const bool fp8_out = is_fp8_type(p.d_type);
   const PlanKey key{p.batch,
@@ -325,77 +344,104 @@ void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
                     alignment_of(p.a),
                     alignment_of(p.b),
                     alignment_of(p.d)};
-  auto found = plans_.find(key);
-  const bool fresh = found == plans_.end();
-  std::unique_ptr<Plan> fresh_plan;
-  Plan* plan = fresh ? nullptr : found->second.get();
-  if (fresh) {
-    fresh_plan = std::make_unique<Plan>();
-    plan = fresh_plan.get();
-    cublasLtMatmulDesc_t desc = nullptr;
-    MANTISSA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    plan->desc.reset(desc);
-    set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                           p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
-    set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                           p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
-    if (fp8) {
-      set_attribute<int8_t>(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, p.fast_accumulate ? 1 : 0);
-    }
-    plan->a = p.trans_a ? make_layout(p.a_type, p.k, p.m, p.batch)
-                        : make_layout(p.a_type, p.m, p.k, p.batch);
-    plan->b = p.trans_b ? make_layout(p.b_type, p.n, p.k, p.batch)
-                        : make_layout(p.b_type, p.k, p.n, p.batch);
-    // An FP8 output takes a BF16 C in cuBLASLt's type table (never read: beta is 0).
-    plan->c = make_layout(fp8_out ? CUDA_R_16BF : p.d_type, p.m, p.n, p.batch);
-    plan->d = make_layout(p.d_type, p.m, p.n, p.batch);
-  }
+  std::unique_ptr<Plan>& slot = plans_[key];
+  if (!slot) slot = make_plan(key, p);
+  Plan& plan = *slot;
   // The scale and amax pointers change from call to call; which of them are set is part of
-  // the key, so the algorithm chosen with them stays valid.
+  // the key, so the algorithms chosen with them stay valid.
   if (fp8) {
-    set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a);
-    set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b);
+    set_attribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a);
+    set_attribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b);
     if (fp8_out) {
-      set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d);
-      set_attribute(plan->desc.get(), CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax_d);
+      set_attribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d);
+      set_attribute(plan.desc.get(), CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax_d);
     }
   }
-  if (fresh) {
-    cublasLtMatmulPreference_t raw = nullptr;
-    MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
-    Preference preference(raw);
-    const uint64_t workspace = kWorkspaceBytes;
-    MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
-    const uint32_t aligns[4] = {key.align_a, key.align_b, fp8_out ? kMaxAlignment : key.align_d,
-                                key.align_d};
-    const cublasLtMatmulPreferenceAttributes_t align_attributes[4] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; ++i) {
-      MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw, align_attributes[i],
-                                                                 &aligns[i], sizeof aligns[i]));
-    }
-    cublasLtMatmulHeuristicResult_t result{};
-    int returned = 0;
-    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-        handle_.get(), plan->desc.get(), plan->a.get(), plan->b.get(), plan->c.get(), plan->d.get(),
-        raw, 1, &result, &returned);
-    MANTISSA_CHECK(status == CUBLAS_STATUS_SUCCESS && returned > 0,
-                   "cuBLASLt has no algorithm for the column-major product D["
-                       << p.m << ", " << p.n << "] = op(A) op(B), K = " << p.k << ", batch "
-                       << p.batch << ", A " << type_name(p.a_type) << (p.trans_a ? "^T" : "")
-                       << " x B " << type_name(p.b_type) << (p.trans_b ? "^T" : "") << " -> "
-                       << type_name(p.d_type) << ", pointer alignments " << key.align_a << "/"
-                       << key.align_b << "/" << key.align_d
-                       << " bytes (heuristic status: " << cublasLtGetStatusName(status) << ")");
-    plan->algo = result.algo;
-    plans_.emplace(key, std::move(fresh_plan));
+  // A refused algorithm queues nothing (cuBLASLt checks before it launches), so the next one
+  // can simply be tried.
+  const int ran = plan.choice.run([&](int i) {
+    const cublasStatus_t status = cublasLtMatmul(
+        handle_.get(), plan.desc.get(), &p.alpha, p.a, plan.a.get(), p.b, plan.b.get(), &p.beta,
+        fp8_out ? nullptr : p.d, plan.c.get(), p.d, plan.d.get(), &plan.candidates[i].algo,
+        workspace_.get(), kWorkspaceBytes, stream);
+    if (status == CUBLAS_STATUS_SUCCESS) return true;
+    plan.refusals += std::string(plan.refusals.empty() ? "" : ", ") + "algorithm " +
+                     std::to_string(i) + ": " + cublasLtGetStatusName(status);
+    return false;
+  });
+  if (ran >= 0) return true;
+  std::ostringstream why;
+  why << "cuBLASLt cannot run the column-major product D[" << p.m << ", " << p.n
+      << "] = op(A) op(B), K = " << p.k << ", batch " << p.batch << ", A " << type_name(p.a_type)
+      << (p.trans_a ? "^T" : "") << " x B " << type_name(p.b_type) << (p.trans_b ? "^T" : "")
+      << " -> " << type_name(p.d_type) << (p.amax_d != nullptr ? " with AMAX_D" : "")
+      << ", pointer alignments " << key.align_a << "/" << key.align_b << "/" << key.align_d
+      << " bytes: ";
+  if (plan.candidates.empty()) {
+    why << "the heuristic offers no algorithm (status "
+        << cublasLtGetStatusName(plan.heuristic_status) << ")";
+  } else {
+    why << "each of the heuristic's " << plan.candidates.size() << " algorithms was refused ("
+        << plan.refusals << ")";
   }
-  MANTISSA_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), plan->desc.get(), &p.alpha, p.a,
-                                       plan->a.get(), p.b, plan->b.get(), &p.beta,
-                                       fp8_out ? nullptr : p.d, plan->c.get(), p.d, plan->d.get(),
-                                       &plan->algo, workspace_.get(), kWorkspaceBytes, stream));
+  failure = why.str();
+  return false;
+}
+
+std::unique_ptr<CublasLtGemm::Plan> CublasLtGemm::make_plan(const PlanKey& key, const LtMatmul& p) {
+  const bool fp8 = is_fp8_type(p.a_type) || is_fp8_type(p.b_type);
+  const bool fp8_out = is_fp8_type(p.d_type);
+  auto plan = std::make_unique<Plan>();
+  cublasLtMatmulDesc_t desc = nullptr;
+  MANTISSA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  plan->desc.reset(desc);
+  set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
+  if (fp8) {
+    set_attribute<int8_t>(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, p.fast_accumulate ? 1 : 0);
+    // The heuristic sees the same descriptor the calls use: which scale and amax pointers
+    // are set changes which algorithms qualify (the pointers themselves are set per call).
+    set_attribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a);
+    set_attribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, p.scale_b);
+    if (fp8_out) {
+      set_attribute(desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, p.scale_d);
+      set_attribute(desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, p.amax_d);
+    }
+  }
+  plan->a = p.trans_a ? make_layout(p.a_type, p.k, p.m, p.batch)
+                      : make_layout(p.a_type, p.m, p.k, p.batch);
+  plan->b = p.trans_b ? make_layout(p.b_type, p.n, p.k, p.batch)
+                      : make_layout(p.b_type, p.k, p.n, p.batch);
+  // An FP8 output takes a BF16 C in cuBLASLt's type table (never read: beta is 0).
+  plan->c = make_layout(fp8_out ? CUDA_R_16BF : p.d_type, p.m, p.n, p.batch);
+  plan->d = make_layout(p.d_type, p.m, p.n, p.batch);
+
+  cublasLtMatmulPreference_t raw = nullptr;
+  MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+  Preference preference(raw);
+  const uint64_t workspace = kWorkspaceBytes;
+  MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      raw, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace));
+  const uint32_t aligns[4] = {key.align_a, key.align_b, fp8_out ? kMaxAlignment : key.align_d,
+                              key.align_d};
+  const cublasLtMatmulPreferenceAttributes_t align_attributes[4] = {
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  for (int i = 0; i < 4; ++i) {
+    MANTISSA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(raw, align_attributes[i], &aligns[i],
+                                                               sizeof aligns[i]));
+  }
+  // A problem no algorithm supports is an answer, not an error: the plan remembers it, and the
+  // caller falls back or reports it with the problem's shape (try_matmul).
+  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  int returned = 0;
+  plan->heuristic_status = cublasLtMatmulAlgoGetHeuristic(
+      handle_.get(), plan->desc.get(), plan->a.get(), plan->b.get(), plan->c.get(), plan->d.get(),
+      raw, kCandidates, results, &returned);
+  if (plan->heuristic_status != CUBLAS_STATUS_SUCCESS) returned = 0;
+  for (int i = 0; i < returned; ++i) plan->candidates.push_back({results[i].algo});
+  plan->choice = AlgorithmChoice(returned);
+  return plan;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -440,12 +486,12 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   const void* a_data = a.data();
   const void* b_data = b.data();
   if (copy_a) {  // A stored [k, m] -> [m, k]
-    void* t = gemm_->scratch(0, a.nbytes(), stream_);
+    void* t = gemm_->scratch(0, a.nbytes(), stream_, host_syncs_);
     transpose_bytes(a.data(), t, s.k, s.m, s.batch, stream_);
     a_data = t;
   }
   if (copy_b) {  // B stored [k, n] -> [n, k]
-    void* t = gemm_->scratch(1, b.nbytes(), stream_);
+    void* t = gemm_->scratch(1, b.nbytes(), stream_, host_syncs_);
     transpose_bytes(b.data(), t, s.k, s.n, s.batch, stream_);
     b_data = t;
   }
@@ -472,7 +518,27 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   lt.amax_d = amax;
   lt.fast_accumulate = fp8 && p.fast_accumulate;
   try {
-    gemm_->matmul(lt, stream_);
+    std::string failure;
+    if (gemm_->try_matmul(lt, stream_, failure)) return;
+    // Some FP8-output problems (batched ones) may have no algorithm with AMAX_D. Then the
+    // product goes to FP32 scratch, and one cast takes the amax and rounds into C with the
+    // same scale: what the epilogue computes (max |value| before the scale, one saturating
+    // rounding of the FP32 result; the CPU backend does the same).
+    MANTISSA_CHECK(is_fp8(c.dtype()) && amax != nullptr, failure);
+    Tensor wide = Tensor::empty(c.shape(), DType::kF32, here);
+    LtMatmul f32 = lt;
+    f32.d = wide.data();
+    f32.d_type = CUDA_R_32F;
+    f32.scale_d = nullptr;
+    f32.amax_d = nullptr;
+    std::string wide_failure;
+    MANTISSA_CHECK(gemm_->try_matmul(f32, stream_, wide_failure),
+                   failure << "; nor into FP32 for the fallback: " << wide_failure);
+    CastParams narrow;
+    narrow.scale = p.c_scale;
+    narrow.amax = p.c_amax;
+    narrow.saturation = Saturation::kSatFinite;
+    cast(wide, c, narrow);
   } catch (const Error& e) {
     MANTISSA_FAIL(kOp << ": A " << a.describe() << (p.trans_a ? " (transposed)" : "") << " x B "
                       << b.describe() << (p.trans_b ? " (transposed)" : "") << " -> C "

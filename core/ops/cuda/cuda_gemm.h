@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <unordered_map>
 
 namespace mantissa::core {
@@ -53,12 +54,21 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   // Queues the product on `stream`. The first call for a new kind of problem asks cuBLASLt's
-  // heuristics for an algorithm (and throws when there is none); later ones reuse it.
+  // heuristics for up to kCandidates algorithms; each call runs the first of them that
+  // cuBLASLt accepts, starting with the one that ran last (AlgorithmChoice). Returns false,
+  // with the reason in `failure`, when none runs (now or on an earlier call of the problem);
+  // nothing is queued then.
+  bool try_matmul(const LtMatmul& p, cudaStream_t stream, std::string& failure);
+  // try_matmul, throwing the reason when no algorithm runs.
   void matmul(const LtMatmul& p, cudaStream_t stream);
 
   // Device memory of at least `nbytes` in one of two slots (one per operand), reused by later
-  // calls. Growing it waits for `stream` first, since queued work may still read the old one.
-  void* scratch(int slot, size_t nbytes, cudaStream_t stream);
+  // calls. Growing it waits for `stream` first, since queued work may still read the old one,
+  // and counts that wait in `host_syncs`.
+  void* scratch(int slot, size_t nbytes, cudaStream_t stream, int64_t& host_syncs);
+
+  // How many algorithms a plan asks the heuristic for.
+  static constexpr int kCandidates = 8;
 
  private:
   // Everything the algorithm choice depends on: the problem (shape, types, transposes,
@@ -75,7 +85,9 @@ class CublasLtGemm {
   struct PlanKeyHash {
     size_t operator()(const PlanKey& key) const;
   };
-  struct Plan;  // descriptors and the chosen algorithm, see cuda_gemm.cu
+  struct Plan;  // descriptors, the candidate algorithms and the choice, see cuda_gemm.cu
+  // Descriptors for a new kind of problem, and the heuristic's candidates for it.
+  std::unique_ptr<Plan> make_plan(const PlanKey& key, const LtMatmul& p);
 
   struct HandleDeleter {
     void operator()(cublasLtContext* handle) const;
