@@ -25,103 +25,12 @@
 #include "core/ops/backend.h"
 #include "core/ops/rope_table.h"
 #include "tests/common/test_util.h"
+#include "tests/gpu/gpu_compare.h"
 
 namespace mantissa::core {
 namespace {
 
-struct Backends {
-  std::unique_ptr<Backend> cpu = make_cpu_backend();
-  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
-  Device device = gpu->device();
-
-  Tensor to_device(const Tensor& host) {
-    Tensor t = Tensor::empty(host.shape(), host.dtype(), device);
-    gpu->copy(host, t);
-    return t;
-  }
-  Tensor to_host(const Tensor& on_device) {
-    Tensor t = Tensor::empty(on_device.shape(), on_device.dtype());
-    gpu->copy(on_device, t);
-    gpu->synchronize();
-    return t;
-  }
-  std::pair<Tensor, Tensor> poisoned(const Shape& shape, DType dtype) {
-    Tensor host = Tensor::empty(shape, dtype);
-    Tensor dev = Tensor::empty(shape, dtype, device);
-    cpu->fill(host, NAN);
-    gpu->fill(dev, NAN);
-    return {host, dev};
-  }
-  Tensor clone_host(const Tensor& host) {
-    Tensor t = Tensor::empty(host.shape(), host.dtype());
-    cpu->copy(host, t);
-    return t;
-  }
-};
-
-// Random normal values times a magnitude drawn per element from `magnitudes`, in `dtype`.
-Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng,
-                     std::vector<float> magnitudes = {1.0f}) {
-  Tensor t = Tensor::empty(shape, dtype);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<size_t> pick(0, magnitudes.size() - 1);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    set_code(t, i, encode(dtype, normal(rng) * magnitudes[pick(rng)]));
-  return t;
-}
-
-// The same bit pattern in every element, any NaN matching any NaN in an F32 result (x86 keeps
-// NaN payloads, NVIDIA GPUs make them canonical).
-void expect_same_bits(const Tensor& expected, const Tensor& actual, const std::string& what) {
-  ASSERT_EQ(expected.dtype(), actual.dtype()) << what;
-  ASSERT_EQ(expected.numel(), actual.numel()) << what;
-  const bool f32 = expected.dtype() == DType::kF32;
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const bool both_nan =
-        f32 && std::isnan(value_at(expected, i)) && std::isnan(value_at(actual, i));
-    if (code_at(expected, i) != code_at(actual, i) && !both_nan && ++mismatches <= 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << value_at(actual, i) << " on the GPU, "
-                    << value_at(expected, i) << " on the CPU";
-    }
-  }
-  EXPECT_EQ(mismatches, 0) << what << ": elements that differ, of " << expected.numel();
-}
-
-double tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16: return 1e-2;
-    case DType::kF16: return 2e-3;
-    default: return 1e-5;
-  }
-}
-
-void expect_close(const Tensor& expected, const Tensor& actual, const std::string& what) {
-  ASSERT_EQ(expected.numel(), actual.numel()) << what;
-  const double tol = tolerance(actual.dtype());
-  double squares = 0.0;
-  int64_t finite = 0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const double e = value_at(expected, i);
-    if (std::isfinite(e)) {
-      squares += e * e;
-      ++finite;
-    }
-  }
-  const double rms = finite > 0 ? std::sqrt(squares / static_cast<double>(finite)) : 0.0;
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const double e = value_at(expected, i);
-    const double a = value_at(actual, i);
-    const bool ok = std::isfinite(e) ? std::fabs(a - e) <= tol * std::max(std::fabs(e), rms)
-                                     : (std::isnan(e) ? std::isnan(a) : a == e);
-    if (!ok && ++mismatches <= 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << a << " on the GPU, " << e
-                    << " on the CPU (tolerance " << tol << " relative, rms " << rms << ")";
-    }
-  }
-  EXPECT_EQ(mismatches, 0) << what << ": elements out of tolerance, of " << expected.numel();
-}
+using namespace gpu_test;
 
 // ---------------------------------------------------------------------------------------
 // RMSNorm
