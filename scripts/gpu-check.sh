@@ -96,9 +96,8 @@ fi
 
 # Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
 # tested, which is worth more than nothing on a machine that is lent for minutes.
-gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_llama_ops test_gpu_decode test_gpu_nccl
-  test_gpu_train
-  bench_gpu_gemm bench_gpu_ops)
+gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_llama_ops test_gpu_decode
+  test_gpu_nccl test_gpu_train bench_gpu_gemm bench_gpu_ops)
 # Tests run after a build step that configured (whatever of it compiled), or on what an
 # earlier STAGE=build left.
 testable=0
