@@ -162,18 +162,25 @@ for k in $(seq "$n"); do
     { echo "start-cluster: node1 cannot reach node$k" >&2; false; }
 done
 
-step="writing $dir/hostfile and $dir/mpi.env"
+step="writing $dir/hostfile, $dir/cluster-rsh-agent and $dir/mpi.env"
 : >"$dir/hostfile.new"
 for k in $(seq "$n"); do
   echo "node$k slots=$slots" >>"$dir/hostfile.new"
 done
 mv "$dir/hostfile.new" "$dir/hostfile"
+# The remote shell goes where every host sees it (a checkout under /tmp is invisible inside
+# the hosts, and Open MPI's daemons on the hosts check that the agent exists), knowing this
+# cluster's directory without CLUSTER_DIR (which a fresh login environment does not carry).
+sed "s|^dir=\${CLUSTER_DIR:-.*}\$|dir=\${CLUSTER_DIR:-$dir}|" "$here/cluster-rsh-agent" >"$dir/cluster-rsh-agent.new"
+grep -q "^dir=\${CLUSTER_DIR:-$dir}\$" "$dir/cluster-rsh-agent.new"
+chmod +x "$dir/cluster-rsh-agent.new"
+mv "$dir/cluster-rsh-agent.new" "$dir/cluster-rsh-agent"
 # Open MPI as on a real cluster: the remote shell enters a host's namespaces; its daemons and
 # ranks talk only over the cluster's subnet; ranks talk TCP only (ob1 + tcp; also within a
 # host, so that every test's traffic crosses the same transport); each orted binds nothing.
 cat >"$dir/mpi.env" <<EOF
 export CLUSTER_DIR=$dir
-export OMPI_MCA_plm_rsh_agent=$here/cluster-rsh-agent
+export OMPI_MCA_plm_rsh_agent=$dir/cluster-rsh-agent
 export OMPI_MCA_oob_tcp_if_include=$subnet_prefix.0/24
 export OMPI_MCA_btl_tcp_if_include=$subnet_prefix.0/24
 export OMPI_MCA_pml=ob1

@@ -50,7 +50,8 @@ for host in $hosts; do
 done
 
 ip link show "$bridge" >/dev/null 2>&1 && ip link del "$bridge"
-rm -f "$dir/hostfile" "$dir/hostfile.new" "$dir/mpi.env"
+rm -f "$dir/hostfile" "$dir/hostfile.new" "$dir/mpi.env" "$dir/cluster-rsh-agent" \
+  "$dir/cluster-rsh-agent.new"
 rmdir "$dir" 2>/dev/null
 
 left=

@@ -134,7 +134,7 @@ class Cluster:
         self.env: the remote shell finds the hosts through its CLUSTER_DIR."""
         argv = ["mpirun", "--allow-run-as-root", "--hostfile", hostfile or self.hostfile,
                 "-np", str(np), "--bind-to", "none",
-                "--mca", "plm_rsh_agent", os.path.join(self.scripts, "cluster-rsh-agent"),
+                "--mca", "plm_rsh_agent", os.path.join(self.state_dir, "cluster-rsh-agent"),
                 "--mca", "oob_tcp_if_include", SUBNET, "--mca", "btl_tcp_if_include", SUBNET,
                 "--mca", "pml", "ob1", "--mca", "btl", "self,tcp"]
         for e in env:

@@ -15,6 +15,7 @@ and nothing of it may be left.
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -109,6 +110,11 @@ def main():
     ok = False
     try:
         config = harness.write_empty_config(workdir)
+        # The hosts see the shared file system but each its own /tmp, where a build tree (a CI
+        # clone) may live: the ranks run a copy of the binary from the work directory.
+        staged = os.path.join(workdir, "mantissa")
+        shutil.copy2(binary, staged)
+        binary = staged
         with cluster.Cluster(args.source_dir, os.path.join(workdir, "cluster"), 2) as nodes:
             layouts = {
                 "2x2": (nodes.hostfile, {0: ("node1", 0), 1: ("node1", 1),
