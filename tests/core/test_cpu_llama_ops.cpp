@@ -19,25 +19,13 @@
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/rope_table.h"
 #include "tests/common/test_util.h"
+#include "tests/core/fp64_reference.h"
 
 namespace mantissa::core {
 namespace {
 
-using Vec = std::vector<double>;
-
 // ---------------------------------------------------------------------------------------
-// Host tensors from FP64 (values_of() reads them back), comparisons, finite differences.
-
-Tensor make(const Shape& shape, DType dtype, const Vec& values) {
-  Tensor t = Tensor::empty(shape, dtype);
-  EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel());
-  for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, static_cast<float>(values[i]));
-  return t;
-}
-
-Tensor poisoned(const Shape& shape, DType dtype) {
-  return make(shape, dtype, Vec(static_cast<size_t>(shape.numel()), NAN));
-}
+// More host tensors and operands (tests/core/fp64_reference.h has the shared ones).
 
 Tensor clone(const Tensor& t) {
   Tensor c = Tensor::empty(t.shape(), t.dtype());
@@ -52,72 +40,10 @@ Vec uniform(std::mt19937_64& rng, int64_t n, double lo = -1.0, double hi = 1.0) 
   return v;
 }
 
-// Every element within rtol of the reference, measured against max(|ref|, rms(ref)); NaN in
-// the result (an unwritten element) always fails.
-void expect_close(const Vec& actual, const Vec& expected, double rtol, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  double sq = 0.0;
-  for (double e : expected) sq += e * e;
-  const double rms = std::sqrt(sq / static_cast<double>(std::max<size_t>(expected.size(), 1)));
-  double worst = 0.0;
-  size_t worst_i = 0;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    double err =
-        std::fabs(actual[i] - expected[i]) / std::max({std::fabs(expected[i]), rms, 1e-300});
-    if (std::isnan(err)) err = INFINITY;
-    if (err > worst) {
-      worst = err;
-      worst_i = i;
-    }
-  }
-  EXPECT_LE(worst, rtol) << what << ": element " << worst_i << " is " << actual[worst_i]
-                         << ", expected " << expected[worst_i] << " (rms " << rms << ")";
-}
-
 Vec minus(const Vec& a, const Vec& b) {
   Vec out(a.size());
   for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
   return out;
-}
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Central differences of the scalar f around x, one coordinate at a time (h = 1e-6 balances
-// truncation against rounding for an FP64 f of order-one inputs).
-Vec finite_difference(const std::function<double(const Vec&)>& f, Vec x) {
-  const double h = 1e-6;
-  Vec grad(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double xi = x[i];
-    x[i] = xi + h;
-    const double up = f(x);
-    x[i] = xi - h;
-    const double down = f(x);
-    x[i] = xi;
-    grad[i] = (up - down) / (2.0 * h);
-  }
-  return grad;
-}
-
-// Bit patterns of a narrow tensor equal round-to-nearest-even of an F32 tensor.
-void expect_rounded_once(const Tensor& wide, const Tensor& narrow, const std::string& what) {
-  ASSERT_EQ(wide.dtype(), DType::kF32);
-  ASSERT_EQ(wide.numel(), narrow.numel());
-  for (int64_t i = 0; i < wide.numel(); ++i) {
-    const float w = wide.data_as<float>()[i];
-    const uint64_t expected =
-        narrow.dtype() == DType::kBF16 ? round_to<bf16>(w).bits : round_to<fp16>(w).bits;
-    ASSERT_EQ(code_at(narrow, i), expected)
-        << what << ": element " << i << " is not the F32 result rounded once";
-  }
-}
-
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
 // ---------------------------------------------------------------------------------------
