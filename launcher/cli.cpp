@@ -1,5 +1,7 @@
 #include "launcher/cli.h"
 
+#include "launcher/option_value.h"
+
 namespace mantissa::launcher {
 
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args) {
@@ -11,23 +13,14 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       out.help = true;
       continue;
     }
-    // "--name=value" or "--name value".
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(0, eq);
+    const std::string name = arg.substr(0, arg.find('='));
     const bool known = name == "--config" || name == "--set" ||
                        (name == "--progress" && command == "train") ||
                        (name == "--out" && command == "export");
     if (!known) {
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw core::ConfigError(name + " needs a value" + usage);
-    }
+    const std::string value = option_value(args, i, usage);
     if (name == "--config") {
       if (!out.config_path.empty()) {
         throw core::ConfigError("--config given twice" + usage);

@@ -16,6 +16,7 @@
 #include "core/precision/policy.h"
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
+#include "launcher/option_value.h"
 #include "launcher/tokenize_client.h"
 #include "launcher/trainer.h"
 #include "models/gpt2/generate.h"
@@ -303,22 +304,14 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   if (out.help) return out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    const size_t eq = arg.find('=');
-    const std::string name = arg.substr(0, eq);
+    const std::string name = arg.substr(0, arg.find('='));
     static const char* const kOptions[] = {
         "--run",         "--step",  "--prompt", "--max-new-tokens",
         "--temperature", "--top-k", "--seed",   "--device"};
     if (std::find(std::begin(kOptions), std::end(kOptions), name) == std::end(kOptions)) {
       throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
     }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      throw core::ConfigError(name + " needs a value" + kUsage);
-    }
+    const std::string value = option_value(args, i, kUsage);
     if (name == "--run") {
       out.run_dir = value;
     } else if (name == "--step") {

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "launcher/exit_codes.h"
+#include "launcher/option_value.h"
 #include "launcher/tokenize_decode.h"
 #include "launcher/tokenize_encode.h"
 #include "launcher/tokenize_ids.h"
@@ -198,14 +199,7 @@ Args parse(const std::vector<std::string>& argv) {
       if (i + 1 == first) throw core::ConfigError("--input needs at least one file" + kUsage);
       continue;
     }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-    } else if (i + 1 < argv.size()) {
-      value = argv[++i];
-    } else {
-      throw core::ConfigError(name + " needs a value" + kUsage);
-    }
+    const std::string value = option_value(argv, i, kUsage);
     if (name == "--input") {
       args.inputs.push_back(value);
     } else if (name == "--tokenizer") {
