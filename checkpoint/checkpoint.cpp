@@ -182,7 +182,11 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group)
 }
 
 bool Checkpointer::has_checkpoint() const {
-  return !list_checkpoints(options_.dir).empty();
+  return !steps().empty();
+}
+
+std::vector<int64_t> Checkpointer::steps() const {
+  return list_checkpoints(options_.dir);
 }
 
 bool Checkpointer::agree(bool ok) const {
@@ -408,31 +412,42 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
   return m.state;
 }
 
+std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
+                                                         const std::vector<ParameterLayout>& layout,
+                                                         const std::vector<BufferSlice>& slices,
+                                                         std::string& damage) {
+  CheckpointState state;
+  std::string misfit;
+  try {
+    state = load_one(dir, layout, slices);
+  } catch (const CheckpointDamaged& e) {
+    damage = e.what();
+  } catch (const std::exception& e) {
+    misfit = e.what();
+  }
+  if (agree(damage.empty() && misfit.empty())) return state;
+  // An intact checkpoint that does not fit this run's config: an error everywhere and no
+  // fallback, and a config error since a retry with the same config would fail again.
+  if (!agree(misfit.empty())) {
+    throw core::ConfigError(
+        "checkpoint load: " +
+        (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
+  }
+  return std::nullopt;
+}
+
 std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<ParameterLayout>& layout,
                                                          const std::vector<BufferSlice>& slices) {
-  const std::vector<int64_t> steps = list_checkpoints(options_.dir);
-  if (steps.empty()) return std::nullopt;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const std::string dir = options_.dir + "/" + checkpoint_dir_name(steps[i]);
-    CheckpointState state;
-    std::string damage, misfit;
-    try {
-      state = load_one(dir, layout, slices);
-    } catch (const CheckpointDamaged& e) {
-      damage = e.what();
-    } catch (const std::exception& e) {
-      misfit = e.what();
+  const std::vector<int64_t> found = steps();
+  if (found.empty()) return std::nullopt;
+  for (size_t i = 0; i < found.size(); ++i) {
+    const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
+    std::string damage;
+    if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
+      return state;
     }
-    if (agree(damage.empty() && misfit.empty())) return state;
-    // An intact checkpoint that does not fit this run's config: an error everywhere and no
-    // fallback, and a config error since a retry with the same config would fail again.
-    if (!agree(misfit.empty())) {
-      throw core::ConfigError(
-          "checkpoint load: " +
-          (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
-    }
-    const std::string next = i + 1 < steps.size()
-                                 ? "falling back to " + checkpoint_dir_name(steps[i + 1])
+    const std::string next = i + 1 < found.size()
+                                 ? "falling back to " + checkpoint_dir_name(found[i + 1])
                                  : "no older checkpoint left";
     if (!damage.empty()) {
       warn(group_.rank, "checkpoint " + dir + " is damaged, not loaded: " + damage + "; " + next);
@@ -440,8 +455,22 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
       warn(group_.rank, "checkpoint " + dir + " is damaged on another rank, not loaded; " + next);
     }
   }
-  MANTISSA_FAIL("checkpoint load: no intact checkpoint in " << options_.dir << ": " << steps.size()
+  MANTISSA_FAIL("checkpoint load: no intact checkpoint in " << options_.dir << ": " << found.size()
                                                             << " found, each damaged (see above)");
+}
+
+std::optional<CheckpointState> Checkpointer::load_step(int64_t step,
+                                                       const std::vector<ParameterLayout>& layout,
+                                                       const std::vector<BufferSlice>& slices) {
+  const std::vector<int64_t> found = steps();
+  if (std::find(found.begin(), found.end(), step) == found.end()) return std::nullopt;
+  const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
+  std::string damage;
+  if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
+    return state;
+  }
+  throw CheckpointDamaged("checkpoint " + dir + " is damaged, not loaded: " +
+                          (damage.empty() ? "damaged on another rank" : damage));
 }
 
 }  // namespace mantissa::checkpoint

@@ -164,8 +164,17 @@ class Checkpointer {
   std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices);
 
+  // Collective. Loads checkpoint `step` as load_latest loads the newest, with every check, but
+  // with no fallback: nullopt when `dir` has no step_<step> directory; throws
+  // CheckpointDamaged when it does not verify (on any rank), core::ConfigError when it does
+  // not fit.
+  std::optional<CheckpointState> load_step(int64_t step, const std::vector<ParameterLayout>& layout,
+                                           const std::vector<BufferSlice>& slices);
+
   // Whether `dir` holds any step_* checkpoint directory (complete or not yet verified).
   bool has_checkpoint() const;
+  // The steps of the step_* directories in `dir`, newest first (complete or not yet verified).
+  std::vector<int64_t> steps() const;
 
   const CheckpointOptions& options() const { return options_; }
 
@@ -179,6 +188,13 @@ class Checkpointer {
                      ShardIndex& index);
   CheckpointState load_one(const std::string& dir, const std::vector<ParameterLayout>& layout,
                            const std::vector<BufferSlice>& slices);
+  // Collective load_one: the state when `dir` verified on every rank; nullopt when it is
+  // damaged somewhere (`damage` then says how, on the ranks where it is); throws
+  // core::ConfigError on every rank when it is intact but does not fit.
+  std::optional<CheckpointState> load_agreed(const std::string& dir,
+                                             const std::vector<ParameterLayout>& layout,
+                                             const std::vector<BufferSlice>& slices,
+                                             std::string& damage);
 
   CheckpointOptions options_;
   CheckpointGroup group_;

@@ -1,7 +1,5 @@
 #include "launcher/sample.h"
 
-#include <stdlib.h>
-
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -120,80 +118,30 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   return std::nullopt;
 }
 
-// A directory that holds only a link to one checkpoint, so that Checkpointer::load_latest,
-// which takes the newest intact checkpoint of a directory, loads exactly that one (with all
-// its checks). Removed with the object.
-class SingleCheckpointDir {
- public:
-  explicit SingleCheckpointDir(const fs::path& checkpoint) {
-    std::string pattern = (fs::temp_directory_path() / "mantissa-sample-XXXXXX").string();
-    MANTISSA_CHECK(::mkdtemp(pattern.data()) != nullptr,
-                   "cannot create a temporary directory " << pattern);
-    dir_ = pattern;
-    fs::create_directory_symlink(fs::absolute(checkpoint), dir_ / checkpoint.filename());
-  }
-  ~SingleCheckpointDir() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  SingleCheckpointDir(const SingleCheckpointDir&) = delete;
-  SingleCheckpointDir& operator=(const SingleCheckpointDir&) = delete;
-  std::string path() const { return dir_.string(); }
-
- private:
-  fs::path dir_;
-};
-
-// "20, 40, 60": the steps of the checkpoint directories in `dir`, for messages.
-std::string list_steps(const fs::path& dir) {
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    int64_t step = 0;
-    const char* digits = name.data() + 5;
-    const auto [end, parse] = std::from_chars(digits, name.data() + name.size(), step);
-    if (name.starts_with("step_") && parse == std::errc() && end == name.data() + name.size()) {
-      steps.push_back(step);
-    }
-  }
-  std::sort(steps.begin(), steps.end());
-  std::string out;
-  for (const int64_t s : steps) out += (out.empty() ? "" : ", ") + std::to_string(s);
-  return out.empty() ? "none" : out;
-}
-
 // Loads the masters of the run's checkpoint (args.step, or the newest intact one) into
 // `params` and refreshes the compute copy; returns the checkpoint's directory and step.
 std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::ParameterStore& params,
                                              core::Backend& backend) {
   const fs::path dir = fs::path(args.run_dir) / "checkpoints";
-  std::optional<SingleCheckpointDir> single;
-  std::string load_from = dir.string();
-  if (args.step) {
-    const fs::path wanted = dir / checkpoint::checkpoint_dir_name(*args.step);
-    if (!fs::is_directory(wanted)) {
-      bad_input("--step", std::to_string(*args.step),
-                "no checkpoint " + wanted.string() + " (the steps saved: " + list_steps(dir) + ")");
-    }
-    single.emplace(wanted);
-    load_from = single->path();
-  }
-  checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{load_from, 0},
+  checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir.string(), 0},
                                         checkpoint::CheckpointGroup{}, backend);
+  const std::vector<checkpoint::ParameterLayout> layout = checkpoint::parameter_layout(params);
+  const std::vector<checkpoint::BufferSlice> slices = {
+      {"masters", params.flat_numel(), 0, params.masters()}};
   std::optional<checkpoint::CheckpointState> state;
-  try {
-    state = checkpointer.load_latest(checkpoint::parameter_layout(params),
-                                     {{"masters", params.flat_numel(), 0, params.masters()}});
-  } catch (const core::Error& e) {
-    if (!single) throw;
-    // Name the checkpoint where it is, not through the link.
-    std::string message = e.what();
-    for (size_t at; (at = message.find(load_from)) != std::string::npos;) {
-      message.replace(at, load_from.size(), dir.string());
+  if (args.step) {
+    state = checkpointer.load_step(*args.step, layout, slices);
+    if (!state) {
+      std::vector<int64_t> saved = checkpointer.steps();
+      std::sort(saved.begin(), saved.end());
+      std::string list;
+      for (const int64_t s : saved) list += (list.empty() ? "" : ", ") + std::to_string(s);
+      bad_input("--step", std::to_string(*args.step),
+                "no checkpoint " + (dir / checkpoint::checkpoint_dir_name(*args.step)).string() +
+                    " (the steps saved: " + (list.empty() ? "none" : list) + ")");
     }
-    if (e.kind() == core::ErrorKind::kConfig) throw core::ConfigError(message);
-    MANTISSA_FAIL(message);
+  } else {
+    state = checkpointer.load_latest(layout, slices);
   }
   if (!state) {
     bad_input("--run", args.run_dir,

@@ -289,6 +289,33 @@ TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   EXPECT_TRUE(into.equals_step(10));
 }
 
+// load_step loads exactly the checkpoint asked for, with the same checks as load_latest and
+// no fallback; steps() lists what there is, newest first.
+TEST_F(CheckpointTest, LoadStepLoadsThatCheckpointOrNothing) {
+  save(10);
+  save(20);
+  checkpoint::Checkpointer ckpt(options(), {}, *backend);
+  EXPECT_EQ(ckpt.steps(), (std::vector<int64_t>{20, 10}));
+  Slices into = Slices::empty(0, kN);
+  const std::optional<checkpoint::CheckpointState> older =
+      ckpt.load_step(10, make_state(0).parameters, into.slices);
+  ASSERT_TRUE(older.has_value());
+  EXPECT_EQ(older->step, 10);
+  EXPECT_TRUE(into.equals_step(10));
+  EXPECT_FALSE(ckpt.load_step(15, make_state(0).parameters, into.slices).has_value());
+
+  const std::string payload = dir() + "/step_00000010/rank_00000.bin";
+  fs::resize_file(payload, fs::file_size(payload) - 1);
+  try {
+    ckpt.load_step(10, make_state(0).parameters, into.slices);
+    FAIL() << "loaded a damaged checkpoint";
+  } catch (const checkpoint::CheckpointDamaged& e) {
+    EXPECT_NE(std::string(e.what()).find(payload + ": 3599 bytes, the index says 3600"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(CheckpointTest, EveryDamagedCheckpointIsAnError) {
   save(10);
   write_file(dir() + "/step_00000010/manifest.pb", "garbage");
