@@ -1,5 +1,7 @@
 // CPU GEMM throughput at the shapes of the reference GPT (d = 384, 4d = 1536, 3d = 1152,
-// vocab 256, 2048 tokens per micro-batch), next to raw cblas_sgemm on the same shape.
+// vocab 256, 2048 tokens per micro-batch), next to raw cblas_sgemm on the same shape and
+// against the machine's FP32 FMA peak, measured by a small FMA-throughput loop in the same run
+// (bench/fma_peak.h) on the same OpenMP threads.
 //
 // Each linear layer y[M, N] = x[M, K] W[N, K]^T runs three GEMMs per step:
 //   forward       y  = x W^T         (M = tokens, B transposed)
@@ -12,21 +14,28 @@
 // blocks (each block starts with an untimed call that absorbs the hand-over between thread
 // pools), three blocks of each in alternation, and every configuration is compared with the
 // anchor blocks interleaved with its own, so slow drifts in machine load shift both alike.
-// BF16 and FP8 operands run the native AVX512-BF16 kernel where the CPU has one (the "CPU
-// paths" line says which path ran). Figures only: nothing passes or fails.
+// "peak" columns are GFLOP/s over the measured FMA peak (the native AVX512-BF16 kernel can
+// pass 1: one VDPBF16PS does twice the multiply-adds of an FP32 FMA). BF16 and FP8 operands
+// run the native AVX512-BF16 kernel where the CPU has one, else the AVX2/FMA kernel (the "CPU
+// paths" line says which path ran); the last lines give, per operand dtype, the lowest and
+// the geometric mean of its ratio to sgemm over the shapes. Figures only: nothing passes or
+// fails.
 #include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/fma_peak.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
@@ -106,8 +115,11 @@ Shape stored_b(const Problem& p) {
   return p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
 }
 
+// Per operand and output dtype ("bf16 -> f32"), the op's ratio to sgemm on every shape.
+using Ratios = std::map<std::string, std::vector<double>>;
+
 void bench(Backend& backend, const Problem& p, int blas_threads, double min_seconds,
-           std::mt19937& rng) {
+           double peak_gflops, Ratios& ratios, std::mt19937& rng) {
   const Tensor a32 = random_tensor(stored_a(p), DType::kF32, rng);
   const Tensor b32 = random_tensor(stored_b(p), DType::kF32, rng);
   Tensor c32 = Tensor::empty({p.m, p.n}, DType::kF32);
@@ -142,10 +154,13 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
           sgemm, [&] { backend.gemm(a, b, c, params); }, min_seconds);
       const double sgemm_gflops = gflop / t.anchor_seconds;
       const double gemm_gflops = gflop / t.op_seconds;
-      std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %8.1f  %6.3f\n", p.name.c_str(),
-                  static_cast<long long>(p.m), static_cast<long long>(p.n),
+      std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %5.2f  %8.1f  %5.2f  %6.3f\n",
+                  p.name.c_str(), static_cast<long long>(p.m), static_cast<long long>(p.n),
                   static_cast<long long>(p.k), dtype_name(operands), dtype_name(out), gemm_gflops,
-                  sgemm_gflops, gemm_gflops / sgemm_gflops);
+                  gemm_gflops / peak_gflops, sgemm_gflops, sgemm_gflops / peak_gflops,
+                  gemm_gflops / sgemm_gflops);
+      ratios[std::string(dtype_name(operands)) + " -> " + dtype_name(out)].push_back(gemm_gflops /
+                                                                                     sgemm_gflops);
     }
   }
 }
@@ -168,8 +183,11 @@ int main(int argc, char** argv) {
     const char* name;
     int64_t in, out;
   };
-  const Layer layers[] = {
-      {"qkv", 384, 1152}, {"fc", 384, 1536}, {"fc_proj", 1536, 384}, {"lm_head", 384, 256}};
+  const Layer layers[] = {{"qkv", 384, 1152},
+                          {"attn_proj", 384, 384},
+                          {"fc", 384, 1536},
+                          {"fc_proj", 1536, 384},
+                          {"lm_head", 384, 256}};
   std::vector<Problem> problems;
   for (const Layer& l : layers) {
     const std::string name = l.name;
@@ -183,10 +201,24 @@ int main(int argc, char** argv) {
       "%lld tokens\n",
       omp_get_max_threads(), openblas_get_corename(), blas_threads, static_cast<long long>(tokens));
   std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
-  std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %8s  %6s\n", "gemm", "M", "N", "K", "in", "out",
-              "GFLOP/s", "sgemm", "ratio");
+  const mantissa::bench::FmaPeak peak = mantissa::bench::measure_fma_peak();
+  std::printf("FP32 FMA peak (measured): %.1f GFLOP/s (%s)\n", peak.gflops,
+              peak.describe().c_str());
+  std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %5s  %8s  %5s  %6s\n", "gemm", "M", "N", "K",
+              "in", "out", "GFLOP/s", "peak", "sgemm", "peak", "ratio");
   auto backend = make_cpu_backend();
   std::mt19937 rng(1);
-  for (const Problem& p : problems) bench(*backend, p, blas_threads, min_seconds, rng);
+  Ratios ratios;
+  for (const Problem& p : problems) {
+    bench(*backend, p, blas_threads, min_seconds, peak.gflops, ratios, rng);
+  }
+  std::printf("ratio to sgemm over the %zu shapes:\n", problems.size());
+  for (const auto& [dtypes, r] : ratios) {
+    double log_sum = 0;
+    for (double x : r) log_sum += std::log(x);
+    std::printf("  %-12s  lowest %6.3f  geometric mean %6.3f\n", dtypes.c_str(),
+                *std::min_element(r.begin(), r.end()),
+                std::exp(log_sum / static_cast<double>(r.size())));
+  }
   return 0;
 }

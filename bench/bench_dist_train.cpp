@@ -4,8 +4,9 @@
 // (every rank steps alone on its share of the batch: the same compute, no communication). Figures
 // only; bench/bench_dist_train.sh runs both next to PyTorch DDP.
 //
-//   OMP_NUM_THREADS=1 mpirun -np 2 bench_dist_train [sync|nosync] [steps] [bf16|fp32]
+//   OMP_NUM_THREADS=1 mpirun -np 2 bench_dist_train [sync|nosync] [steps] [bf16|fp32|fp8]
 //                                                   [reduce: FP32|BF16|FP8_E4M3|FP8_E5M2]
+// (fp8: FP8_HYBRID, the block GEMMs in FP8 and everything else in BF16)
 #include <mpi.h>
 
 #include <chrono>
@@ -35,12 +36,16 @@ int main(int argc, char** argv) {
     reduce_dtype = core::DType::kE4M3;
   else if (reduce == "FP8_E5M2")
     reduce_dtype = core::DType::kE5M2;
-  if ((mode != "sync" && mode != "nosync") || (precision != "bf16" && precision != "fp32")) {
-    std::fprintf(stderr, "usage: bench_dist_train [sync|nosync] [steps] [bf16|fp32] [reduce]\n");
+  if ((mode != "sync" && mode != "nosync") ||
+      (precision != "bf16" && precision != "fp32" && precision != "fp8")) {
+    std::fprintf(stderr,
+                 "usage: bench_dist_train [sync|nosync] [steps] [bf16|fp32|fp8] [reduce]\n");
     return 2;
   }
-  const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(
-      precision == "fp32" ? core::PrecisionMode::kFP32 : core::PrecisionMode::kBF16);
+  const core::PrecisionPolicy policy =
+      core::PrecisionPolicy::from_mode(precision == "fp32"  ? core::PrecisionMode::kFP32
+                                       : precision == "fp8" ? core::PrecisionMode::kFP8Hybrid
+                                                            : core::PrecisionMode::kBF16);
 
   auto backend = core::make_cpu_backend();
   const models::GPT2Config config{6, 6, 384, 256, 256};

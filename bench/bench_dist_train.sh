@@ -2,8 +2,8 @@
 # Data-parallel CPU training of the reference configuration (a GPT-2 of 10.84M parameters:
 # vocab 256, T = 256, d = 384, 6 layers, 6 heads; 8 sequences of 256 tokens per step over all
 # ranks) on 2 ranks x 1 thread: mantissa BF16 with gradient sync (BF16 and FP8 reduce) and
-# without it (same compute, no communication), and FP32, next to PyTorch DDP over gloo (FP32,
-# 2 processes x 1 thread, bench/torch_gpt.py). Figures only.
+# without it (same compute, no communication), FP8_HYBRID (BF16 reduce), and FP32, next to
+# PyTorch DDP over gloo (FP32, 2 processes x 1 thread, bench/torch_gpt.py). Figures only.
 #   bench/bench_dist_train.sh [build dir] [steps]
 # Installs python3-torch and libopenblas0-pthread when missing (scripts/install-bench-deps.sh).
 set -euo pipefail
@@ -21,6 +21,7 @@ scripts/install-bench-deps.sh || torch_ok=0
 "${mpirun[@]}" "$build/bin/bench_dist_train" nosync "$steps" bf16
 "${mpirun[@]}" "$build/bin/bench_dist_train" sync "$steps" bf16 BF16
 "${mpirun[@]}" "$build/bin/bench_dist_train" sync "$steps" bf16 FP8_E4M3
+"${mpirun[@]}" "$build/bin/bench_dist_train" sync "$steps" fp8 BF16
 "${mpirun[@]}" "$build/bin/bench_dist_train" nosync "$steps" fp32
 "${mpirun[@]}" "$build/bin/bench_dist_train" sync "$steps" fp32 FP32
 if [ "$torch_ok" = 1 ]; then

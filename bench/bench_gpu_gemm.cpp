@@ -1,5 +1,6 @@
 // GEMM throughput of the CUDA backend: BF16 and FP8 (E4M3) through cuBLASLt at 8192^3 and at
-// GPT-2 shapes, plus device-to-device copy bandwidth as the anchor for memory-bound kernels.
+// GPT-2 shapes, the FP8 recipes' block-scaled GEMMs next to per-tensor FP8, plus
+// device-to-device copy bandwidth as the anchor for memory-bound kernels.
 //
 //   bench_gpu_gemm [repetitions]
 //
@@ -115,6 +116,70 @@ double gemm_tflops(CudaBackend& gpu, const Tensor& a, const Tensor& b, const Con
   return 2.0 * static_cast<double>(m) * n * k / (ms * 1e-3) / 1e12;
 }
 
+// TFLOP/s of the same product with block-scaled E4M3 operands in scale modes a_mode x b_mode
+// (core/precision/block_scaling.h), BF16 output; the scale tensors hold one value (timing does
+// not depend on it).
+double scaled_gemm_tflops(CudaBackend& gpu, const Tensor& a, const Tensor& b, ScaleMode a_mode,
+                          ScaleMode b_mode, int repetitions) {
+  const int64_t m = a.dim(0);
+  const int64_t n = b.dim(0);
+  const int64_t k = a.dim(1);
+  Tensor c = Tensor::empty(Shape{m, n}, DType::kBF16, gpu.device());
+  const auto scales = [&](ScaleMode mode, int64_t rows) {
+    Tensor t = Tensor::empty(Shape{scale_count(mode, rows, k)}, scale_dtype(mode), gpu.device());
+    if (mode == ScaleMode::kVec32Ue8m0) {
+      MANTISSA_CUDA_CHECK(cudaMemsetAsync(t.data(), 119, t.nbytes(), gpu.stream()));  // 2^-8
+    } else {
+      gpu.fill(t, 1.0f / 200.0f);
+    }
+    return t;
+  };
+  const Tensor sa = scales(a_mode, m);
+  const Tensor sb = scales(b_mode, n);
+  GemmParams p;
+  p.trans_b = true;
+  p.a_scale = &sa;
+  p.b_scale = &sb;
+  p.a_scale_mode = a_mode;
+  p.b_scale_mode = b_mode;
+  const double ms = median_ms(
+      gpu, [&] { gpu.gemm(a, b, c, p); }, repetitions);
+  return 2.0 * static_cast<double>(m) * n * k / (ms * 1e-3) / 1e12;
+}
+
+// The FP8 recipes' forward GEMM (core/precision/fp8_scaling.h) next to per-tensor scales
+// (e4m3->bf16 without fast accumulation, which block scales do not have either).
+void print_recipes(CudaBackend& gpu, int repetitions) {
+  struct Recipe {
+    const char* name;
+    ScaleMode a, b;
+  };
+  const Recipe recipes[] = {{"BLOCKWISE", ScaleMode::kVec128, ScaleMode::kBlock128},
+                            {"ROWWISE", ScaleMode::kOuterVec, ScaleMode::kOuterVec},
+                            {"MXFP8", ScaleMode::kVec32Ue8m0, ScaleMode::kVec32Ue8m0}};
+  const BenchShape shapes[] = {{"8192^3", 8192, 8192, 8192}, {"gpt2 mlp fc", 8192, 3072, 768}};
+  std::printf("\nFP8 recipes, e4m3 -> bf16, TFLOP/s and ratio to per-tensor scales\n");
+  for (const BenchShape& s : shapes) {
+    const Tensor a = random_tensor(gpu, Shape{s.m, s.k}, DType::kE4M3, 5);
+    const Tensor b = random_tensor(gpu, Shape{s.n, s.k}, DType::kE4M3, 6);
+    const double tensor =
+        gemm_tflops(gpu, a, b, {"e4m3->bf16", DType::kE4M3, DType::kBF16, false}, repetitions);
+    std::printf("%-16s per-tensor %8.1f", s.name, tensor);
+    for (const Recipe& r : recipes) {
+      const std::string why = gpu.unsupported_scale_modes(r.a, r.b);
+      if (!why.empty()) {
+        std::printf(" | %s: not on this device", r.name);
+        continue;
+      }
+      const double t = scaled_gemm_tflops(gpu, a, b, r.a, r.b, repetitions);
+      std::printf(" | %s %8.1f (%.2fx)", r.name, t, t / tensor);
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  std::printf("target: BLOCKWISE >= 0.85x per-tensor at 8192^3\n");
+}
+
 // cudaMemcpy device to device: every byte is read once and written once.
 double copy_gb_per_s(CudaBackend& gpu, int repetitions) {
   constexpr int64_t kBytes = int64_t{1} << 30;
@@ -181,6 +246,7 @@ int run(int repetitions) {
     std::printf("\n");
   }
   std::printf("\ntargets (H200): bf16 >= 700 TFLOP/s at 8192^3; fp8 >= 1.6x bf16\n");
+  if (gpu.compute_capability() >= 89) print_recipes(gpu, repetitions);
   return 0;
 }
 

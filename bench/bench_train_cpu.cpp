@@ -1,7 +1,9 @@
 // Single-process training throughput on the CPU for the reference configuration (a GPT-2 of
 // 10.84M parameters: vocab 256, T = 256, d = 384, 6 layers, 6 heads, 8 sequences per step,
-// AdamW at lr 3e-4 on a cosine schedule), with the process's peak resident memory. Figures
-// only; bench/train_cpu_vs_torch.sh runs it next to PyTorch on the same configuration
+// AdamW at lr 3e-4 on a cosine schedule), with the process's peak resident memory and the
+// step's model FLOPs (llm.c's estimate, 6 N + 6 L C T per token, in FP32 terms whatever the
+// precision) as a fraction of the FP32 FMA peak measured in the same run (bench/fma_peak.h).
+// Figures only; bench/train_cpu_vs_torch.sh runs it next to PyTorch on the same configuration
 // (bench/torch_gpt.py).
 //
 //   bench_train_cpu [fp32|bf16|fp16|fp8] [steps]
@@ -13,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/fma_peak.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
 #include "models/gpt2/gpt2.h"
@@ -38,6 +41,7 @@ int main(int argc, char** argv) {
   }
 
   std::printf("%s\n", core::cpu_paths_description().c_str());
+  const bench::FmaPeak peak = bench::measure_fma_peak();
   auto backend = core::make_cpu_backend();
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(mode);
   const models::GPT2Config config{6, 6, 384, 256, 256};
@@ -69,10 +73,16 @@ int main(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
+  const int64_t params = model.parameters().parameter_count();
+  const double flops_per_token =
+      6.0 * static_cast<double>(params) + 6.0 * config.n_layer * config.n_embd * config.seq_len;
+  const double tokens_per_s = static_cast<double>(tokens) / seconds;
   std::printf(
-      "mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f\n",
-      core::precision_mode_name(mode), static_cast<long long>(model.parameters().parameter_count()),
-      seconds / static_cast<double>(steps), static_cast<double>(tokens) / seconds, last_loss,
-      static_cast<double>(usage.ru_maxrss) / 1024.0);
+      "mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f "
+      "gflops=%.1f fma_peak_gflops=%.1f (%s) fraction_of_peak=%.3f\n",
+      core::precision_mode_name(mode), static_cast<long long>(params),
+      seconds / static_cast<double>(steps), tokens_per_s, last_loss,
+      static_cast<double>(usage.ru_maxrss) / 1024.0, tokens_per_s * flops_per_token * 1e-9,
+      peak.gflops, peak.describe().c_str(), tokens_per_s * flops_per_token * 1e-9 / peak.gflops);
   return 0;
 }

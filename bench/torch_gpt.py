@@ -4,6 +4,8 @@ bench_train_cpu and bench_dist_train train it, in PyTorch on the CPU. Prints tok
 
   /usr/bin/python3 bench/torch_gpt.py [--steps 6] [--threads 2] [--bf16]
   /usr/bin/python3 bench/torch_gpt.py --ranks 2 --threads 1 [--steps 6] [--bf16]
+  GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_gpt.py --ranks 2 --rank R \
+      --master ADDR --port PORT --threads 1    # one rank per host, each started by the caller
 
 The reference configuration: GPT-2 architecture, vocabulary 256, 256 positions, width 384,
 6 layers of 6 heads (10.84M parameters, LM head tied to the token embedding), 8 sequences of
@@ -19,6 +21,8 @@ policy (FP32 masters, BF16 GEMMs). --ranks N starts N processes of this script (
 Debian's is broken on Python 3.11) that train as DistributedDataParallel over gloo on
 127.0.0.1, each on 8 / N sequences per step with --threads threads; DDP's 25 MiB gradient
 buckets are mantissa's default bucket size too. Each rank prints its line, then the total.
+With --rank, this process is that one rank only, meeting the others at --master:--port (rank
+0's host): how bench/bench_scaling.sh runs one rank on each host of the test cluster.
 
 Runs on Debian's PyTorch (python3-torch, for /usr/bin/python3) with libopenblas0-pthread:
 without OpenBLAS it runs on the reference BLAS, about 15 times slower (the paths line names the
@@ -129,8 +133,8 @@ def train(args, rank, ranks):
     params = sum(p.numel() for p in model.parameters())
     if ranks > 1:
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
-                                world_size=ranks)
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master}:{args.port}",
+                                rank=rank, world_size=ranks)
         model = nn.parallel.DistributedDataParallel(model)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     vectors = [p for p in model.parameters() if p.dim() < 2]
@@ -206,12 +210,18 @@ def main():
     parser.add_argument("--threads", type=int, default=2, help="threads per process")
     parser.add_argument("--bf16", action="store_true", help="forward under BF16 autocast")
     parser.add_argument("--ranks", type=int, default=1, help="DDP processes over gloo")
-    parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # set for the started ranks
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int,
+                        help="this process's rank, the others started elsewhere (default: start "
+                             "all --ranks here)")
+    parser.add_argument("--port", type=int, help="rank 0's port (with --rank)")
+    parser.add_argument("--master", default="127.0.0.1",
+                        help="rank 0's address (with --rank: ranks on several hosts)")
     args = parser.parse_args()
     if args.steps < 1 or args.threads < 1 or args.ranks < 1 or GLOBAL_BATCH % args.ranks:
         parser.error(f"--steps and --threads must be >= 1, and --ranks must divide the "
                      f"{GLOBAL_BATCH} sequences of a step")
+    if args.rank is not None and args.ranks > 1 and args.port is None:
+        parser.error("--rank needs --port (and --master when rank 0 runs on another host)")
     if args.ranks > 1 and args.rank is None:
         run_ranks(args)
     else:

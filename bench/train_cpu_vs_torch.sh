@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Single-process CPU training throughput and peak memory of mantissa (FP32, BF16) next to
-# Debian's PyTorch (FP32, BF16 autocast) on the reference configuration, in one run: a GPT-2
+# Single-process CPU training throughput and peak memory of mantissa (FP32, BF16, FP8_HYBRID)
+# next to Debian's PyTorch (FP32, BF16 autocast) on the reference configuration, in one run: a GPT-2
 # of 10.84M parameters (vocab 256, T = 256, d = 384, 6 layers, 6 heads), 8 sequences per step,
 # 2 threads. PyTorch runs bench/torch_gpt.py, the same model and optimizer.
 #   bench/train_cpu_vs_torch.sh [build dir] [steps]
@@ -16,7 +16,7 @@ torch_ok=1
 scripts/install-bench-deps.sh || torch_ok=0
 /usr/bin/python3 -c "import torch" 2>/dev/null || torch_ok=0
 
-for p in fp32 bf16; do "$build/bin/bench_train_cpu" "$p" "$steps"; done
+for p in fp32 bf16 fp8; do "$build/bin/bench_train_cpu" "$p" "$steps"; done
 if [ "$torch_ok" = 1 ]; then
   /usr/bin/python3 bench/torch_gpt.py --threads 2 --steps "$steps"
   # Without AVX512-BF16 (AVX2 CPUs) PyTorch 1.13's BF16 autocast runs at a few dozen tokens/s:

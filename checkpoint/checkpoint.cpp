@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
+#include "checkpoint/fsync_path.h"
 
 namespace fs = std::filesystem;
 
@@ -70,16 +71,6 @@ void write_file_durably(const std::string& path, const std::string& bytes) {
   OutputFile out(path);
   out.write(bytes.data(), bytes.size());
   out.sync_and_close();
-}
-
-// A rename or a new file is durable only once its directory is synced.
-void sync_directory(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MANTISSA_CHECK(fd >= 0, path << ": cannot open directory: " << errno_text());
-  const int rc = ::fsync(fd);
-  const std::string error = errno_text();
-  ::close(fd);
-  MANTISSA_CHECK(rc == 0, path << ": fsync of the directory failed: " << error);
 }
 
 // --- reading: every failure is CheckpointDamaged naming the path ---------------------------
@@ -303,14 +294,14 @@ std::string Checkpointer::save(const CheckpointState& state,
     write_file_durably(tmp_dir + "/" + kManifestName, bytes);
     for (int r = 0; r < group_.world_size; ++r)
       fs::remove(tmp_dir + "/" + payload_file_name(r) + ".index");
-    sync_directory(tmp_dir);
+    fsync_path(tmp_dir);
 
     fs::remove_all(final_dir);  // a checkpoint of the same step from an abandoned run
     fs::rename(tmp_dir, final_dir);
-    sync_directory(options_.dir);
+    fsync_path(options_.dir);
     write_file_durably(options_.dir + "/latest.tmp", name + "\n");
     fs::rename(options_.dir + "/latest.tmp", options_.dir + "/" + kLatestName);
-    sync_directory(options_.dir);
+    fsync_path(options_.dir);
 
     int kept = 0;
     for (int64_t step : list_checkpoints(options_.dir)) {

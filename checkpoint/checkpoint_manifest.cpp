@@ -128,6 +128,7 @@ TrainState state_to_proto(const CheckpointState& state) {
     f.set_scale(t.scale);
     f.set_scale_inv(t.scale_inv);
   }
+  if (!state.fp8.tensors.empty()) p.set_fp8_recipe(state.fp8.recipe);
   p.set_data_next_window(state.data.next_window);
   p.set_config_text(state.config_text);
   for (const ParameterLayout& layout : state.parameters) {
@@ -206,6 +207,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
     t.scale_inv = f.scale_inv();
     s.fp8.tensors.push_back(std::move(t));
   }
+  s.fp8.recipe = p.fp8_recipe();
   s.data.next_window = p.data_next_window();
   s.config_text = p.config_text();
   for (const mantissa::ParameterLayout& l : p.parameters()) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -35,6 +36,18 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return out.str();
 }
 
+std::string format_hosts(const std::vector<int>& ranks,
+                         const std::vector<std::string>& hosts_by_rank) {
+  std::vector<std::string> hosts;
+  for (int r : ranks) {
+    const std::string& host = hosts_by_rank.at(static_cast<size_t>(r));
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
+  }
+  std::ostringstream out;
+  for (size_t i = 0; i < hosts.size(); ++i) out << (i ? ", " : "") << hosts[i];
+  return out.str();
+}
+
 // A duplicate of MPI_COMM_WORLD used only by unresponsive_ranks(), so probes never match a
 // message of any other traffic.
 struct World::Probe {
@@ -59,8 +72,10 @@ World::World(int* argc, char*** argv) {
   // then all-gather, so every rank still gets the same bits) matches it. A value the user
   // set in the environment wins.
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+  // MPI_THREAD_MULTIPLE lets a thread of its own drive the progress of collectives while
+  // this one computes (dist/mpi/mpi_progress.h); FUNNELED is all the rest needs.
   int provided = 0;
-  MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   MANTISSA_CHECK(provided >= MPI_THREAD_FUNNELED,
                  "MPI_Init_thread: the MPI library provides thread level "
                      << provided << ", mantissa needs MPI_THREAD_FUNNELED");
@@ -68,6 +83,17 @@ World::World(int* argc, char*** argv) {
   MANTISSA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MANTISSA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   local_rank_ = env_int("OMPI_COMM_WORLD_LOCAL_RANK", env_int("SLURM_LOCALID", 0));
+  // Every rank's host name in fixed-size slots, gathered while every rank still answers.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MANTISSA_MPI_CHECK(MPI_Get_processor_name(name, &length));
+  std::vector<char> names(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+  MANTISSA_MPI_CHECK(MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(),
+                                   MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD));
+  for (int r = 0; r < size_; ++r) {
+    const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
+  }
   probe_ = std::make_unique<Probe>();
   MANTISSA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe_->comm));
 }
@@ -140,7 +166,8 @@ void World::abort_on_timeout(const std::string& what, double waited_s) const {
     message << "every rank answered a probe, so a rank is stuck outside this collective "
                "(ranks out of step)";
   } else {
-    message << "rank(s) " << format_ranks(silent) << " did not answer";
+    message << "rank(s) " << format_ranks(silent) << " did not answer (host(s) "
+            << format_hosts(silent, hosts_) << ")";
   }
   abort(core::exit_code(core::ErrorKind::kPeerLost), message.str());
 }

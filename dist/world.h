@@ -1,7 +1,9 @@
 // The process's place in the job: MPI's lifetime, rank and world size, and the local rank
 // that picks this process's GPU. Works the same under mpirun, srun and alone (world size 1).
 //
-// Local rank: OMPI_COMM_WORLD_LOCAL_RANK, else SLURM_LOCALID, else 0.
+// Local rank: OMPI_COMM_WORLD_LOCAL_RANK, else SLURM_LOCALID, else 0. Every rank knows the
+// host of every rank (MPI_Get_processor_name, gathered once at start-up), so that a failure
+// names the host of a rank that stopped answering: a lost host is what an operator replaces.
 #pragma once
 
 #include <memory>
@@ -12,8 +14,9 @@ namespace mantissa::dist {
 
 class World {
  public:
-  // MPI_Init_thread (MPI_THREAD_FUNNELED) with MPI_ERRORS_RETURN, so every failure reaches
-  // our checks and carries its context instead of aborting inside MPI.
+  // MPI_Init_thread (MPI_THREAD_MULTIPLE where MPI provides it, at least FUNNELED) with
+  // MPI_ERRORS_RETURN, so every failure reaches our checks and carries its context instead of
+  // aborting inside MPI.
   World(int* argc, char*** argv);
   ~World();  // MPI_Finalize
   World(const World&) = delete;
@@ -22,6 +25,8 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
+  // The host rank `rank` runs on, as MPI_Get_processor_name reported it there.
+  const std::string& host_of(int rank) const { return hosts_.at(static_cast<size_t>(rank)); }
 
   // Prints "mantissa: rank R: <message>" to stderr and ends the whole job with `exit_code`
   // (MPI_Abort), so no rank is left waiting for a peer that gave up.
@@ -33,8 +38,8 @@ class World {
   // this alone and waits for theirs. The live ranks are stuck in the same collective, time
   // out at about the same moment and probe too; a dead or hung rank never answers.
   std::vector<int> unresponsive_ranks(double grace_s) const;
-  // What a timed-out wait does: names `what`, how long it waited and the unresponsive ranks,
-  // then aborts the job with the exit code of core::ErrorKind::kPeerLost.
+  // What a timed-out wait does: names `what`, how long it waited, the unresponsive ranks and
+  // their hosts, then aborts the job with the exit code of core::ErrorKind::kPeerLost.
   [[noreturn]] void abort_on_timeout(const std::string& what, double waited_s) const;
 
  private:
@@ -42,10 +47,16 @@ class World {
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
+  std::vector<std::string> hosts_;  // by rank
   std::unique_ptr<Probe> probe_;
 };
 
 // "[2, 3]": how messages list ranks.
 std::string format_ranks(const std::vector<int>& ranks);
+
+// "node2, node3": the distinct hosts of `ranks` (hosts_by_rank[r] is rank r's), in the order
+// `ranks` first names them.
+std::string format_hosts(const std::vector<int>& ranks,
+                         const std::vector<std::string>& hosts_by_rank);
 
 }  // namespace mantissa::dist

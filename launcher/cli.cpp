@@ -16,7 +16,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     const std::string name = arg.substr(0, arg.find('='));
     const bool known = name == "--config" || name == "--set" ||
                        (name == "--progress" && command == "train") ||
-                       (name == "--out" && command == "export");
+                       ((name == "--out" || name == "--format") && command == "export");
     if (!known) {
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
@@ -30,6 +30,11 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       out.sets.push_back(value);
     } else if (name == "--out") {
       out.out = value;
+    } else if (name == "--format") {
+      if (value != "safetensors" && value != "hf") {
+        throw core::ConfigError("--format takes safetensors or hf, got '" + value + "'" + usage);
+      }
+      out.hf_format = value == "hf";
     } else if (value == "auto" || value == "live" || value == "lines") {
       out.progress = value == "live"    ? metrics::ProgressMode::kLive
                      : value == "lines" ? metrics::ProgressMode::kLines
@@ -42,7 +47,8 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     throw core::ConfigError("--config FILE.pbtxt is required" + usage);
   }
   if (!out.help && command == "export" && out.out.empty()) {
-    throw core::ConfigError("--out FILE.safetensors is required" + usage);
+    throw core::ConfigError(std::string(out.hf_format ? "--out DIR" : "--out FILE.safetensors") +
+                            " is required" + usage);
   }
   return out;
 }

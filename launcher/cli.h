@@ -1,6 +1,7 @@
 // The command line of `mantissa train`, `config` and `export`:
 //   --config FILE.pbtxt  [--set path.to.field=value]...  [--progress auto|live|lines]  (train)
-//   [--out FILE.safetensors]  (export, where it is required)
+//   --out FILE.safetensors | --out DIR --format hf  [--format safetensors|hf]  (export: --out
+//   is required)
 // Both `--opt value` and `--opt=value` are accepted.
 #pragma once
 
@@ -17,7 +18,8 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> sets;  // in command-line order: later ones win
   metrics::ProgressMode progress = metrics::ProgressMode::kAuto;
-  std::string out;  // export only
+  std::string out;         // export only
+  bool hf_format = false;  // export --format hf (else safetensors)
 };
 
 // `command` (train, config or export) decides which options exist and is named in the hint

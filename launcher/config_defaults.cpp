@@ -14,11 +14,20 @@ namespace {
 
 using Config = TrainConfig;
 
+// Llama's SwiGLU width: 8/3 n_embd (the parameters of a 4 n_embd GELU MLP in three matrices
+// instead of two), rounded up to a multiple of 64 as Llama rounds it (to 256 there).
+int64_t default_ffn_hidden(int64_t n_embd) {
+  constexpr int64_t kMultiple = 64;
+  const int64_t width = (8 * n_embd + 2) / 3;
+  return (width + kMultiple - 1) / kMultiple * kMultiple;
+}
+
 // Defaults. Applied through the same reflection as --set, to fields that are still unset, so
-// the table reads like a config file. Two defaults depend on other fields and are applied in
+// the table reads like a config file. The defaults that depend on other fields are applied in
 // apply_defaults itself: precision.loss_scale.mode (DYNAMIC for FP16, NONE otherwise),
-// run.eval_every (on when the data has a validation set) and
-// run.dir (runs/<config file name>).
+// precision.fp8.grad_format and power_of_two_scales (from the recipe),
+// model.llama.n_kv_head (n_head) and ffn_hidden (from n_embd), run.eval_every (on when the
+// data has a validation set) and run.dir (runs/<config file name>).
 
 constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"run.steps", "1000"},
@@ -31,6 +40,14 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"model.gpt2.n_embd", "384"},
     {"model.gpt2.seq_len", "256"},
     {"model.gpt2.vocab_size", "256"},
+    {"model.llama.n_layer", "6"},
+    {"model.llama.n_head", "6"},
+    {"model.llama.n_embd", "384"},
+    {"model.llama.seq_len", "256"},
+    {"model.llama.vocab_size", "256"},
+    {"model.llama.rope_theta", "10000"},
+    {"model.llama.norm_eps", "1e-05"},
+    {"model.llama.tie_embeddings", "false"},
     {"model.mlp.n_embd", "64"},
     {"model.mlp.hidden", "256"},
     {"model.mlp.seq_len", "64"},
@@ -63,6 +80,7 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"precision.fp8.amax_history_len", "1024"},
     {"precision.fp8.amax_compute", "MAX"},
     {"precision.fp8.margin", "0"},
+    {"precision.fp8.allow_recipe_change", "false"},
     {"dist.backend", "AUTO"},
     {"dist.grad_reduce_dtype", "BF16"},
     {"dist.accumulate_fp32", "false"},
@@ -113,6 +131,20 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
                        ? Config::Precision::LossScale::DYNAMIC
                        : Config::Precision::LossScale::NONE);
   }
+  Config::Precision::Fp8& fp8 = *config.mutable_precision()->mutable_fp8();
+  const bool per_tensor = fp8.recipe() == Config::Precision::Fp8::DELAYED ||
+                          fp8.recipe() == Config::Precision::Fp8::CURRENT;
+  if (!fp8.has_grad_format()) {
+    fp8.set_grad_format(per_tensor ? Config::Precision::Fp8::E5M2 : Config::Precision::Fp8::E4M3);
+  }
+  if (!fp8.has_power_of_two_scales()) {
+    fp8.set_power_of_two_scales(fp8.recipe() == Config::Precision::Fp8::MXFP8);
+  }
+  if (config.model().has_llama()) {
+    Config::Model::Llama& llama = *config.mutable_model()->mutable_llama();
+    if (!llama.has_n_kv_head()) llama.set_n_kv_head(llama.n_head());
+    if (!llama.has_ffn_hidden()) llama.set_ffn_hidden(default_ffn_hidden(llama.n_embd()));
+  }
   if (!config.run().has_eval_every()) {
     config.mutable_run()->set_eval_every(has_validation_data(config.data()) ? 100 : 0);
   }
@@ -128,6 +160,10 @@ std::string describe_defaults() {
     out += "  " + std::string(path) + " = " + (value.empty() ? "\"\"" : std::string(value)) + "\n";
   }
   out += "  precision.loss_scale.mode = DYNAMIC for FP16, NONE otherwise\n";
+  out += "  precision.fp8.grad_format = E5M2 for DELAYED and CURRENT, E4M3 otherwise\n";
+  out += "  precision.fp8.power_of_two_scales = true for MXFP8, false otherwise\n";
+  out += "  model.llama.n_kv_head = model.llama.n_head\n";
+  out += "  model.llama.ffn_hidden = 8/3 model.llama.n_embd rounded up to a multiple of 64\n";
   out += "  run.eval_every = 100 when the data has a validation set, else 0\n";
   out += "  run.dir = runs/<config file name without extension>\n";
   out += "  model = gpt2 {}, data source = synthetic {} when none is given\n";

@@ -8,6 +8,14 @@ using Config = TrainConfig;
 
 }  // namespace
 
+ModelShape model_shape(const TrainConfig::Model& model) {
+  if (model.has_mlp()) return {"model.mlp", model.mlp().seq_len(), model.mlp().vocab_size()};
+  if (model.has_llama()) {
+    return {"model.llama", model.llama().seq_len(), model.llama().vocab_size()};
+  }
+  return {"model.gpt2", model.gpt2().seq_len(), model.gpt2().vocab_size()};
+}
+
 core::PrecisionPolicy precision_policy(const TrainConfig& config) {
   switch (config.precision().mode()) {
     case Config::Precision::BF16:
@@ -42,13 +50,21 @@ core::LossScalerConfig loss_scaler_config(const TrainConfig& config) {
 core::Fp8ScalingConfig fp8_scaling_config(const TrainConfig& config) {
   const Config::Precision::Fp8& f = config.precision().fp8();
   core::Fp8ScalingConfig c;
-  c.recipe = f.recipe() == Config::Precision::Fp8::CURRENT ? core::Fp8Recipe::kCurrent
-                                                           : core::Fp8Recipe::kDelayed;
+  switch (f.recipe()) {
+    case Config::Precision::Fp8::CURRENT: c.recipe = core::Fp8Recipe::kCurrent; break;
+    case Config::Precision::Fp8::BLOCKWISE: c.recipe = core::Fp8Recipe::kBlockwise; break;
+    case Config::Precision::Fp8::ROWWISE: c.recipe = core::Fp8Recipe::kRowwise; break;
+    case Config::Precision::Fp8::MXFP8: c.recipe = core::Fp8Recipe::kMxfp8; break;
+    default: c.recipe = core::Fp8Recipe::kDelayed; break;
+  }
   c.amax_history_len = f.amax_history_len();
   c.amax_compute = f.amax_compute() == Config::Precision::Fp8::MOST_RECENT
                        ? core::AmaxCompute::kMostRecent
                        : core::AmaxCompute::kMax;
   c.margin = f.margin();
+  c.grad_format =
+      f.grad_format() == Config::Precision::Fp8::E4M3 ? core::DType::kE4M3 : core::DType::kE5M2;
+  c.power_of_two = f.power_of_two_scales();
   return c;
 }
 

@@ -3,6 +3,9 @@
 // translations, so a value is checked by one rule wherever it is caught.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "config.pb.h"
 #include "core/optim/adamw.h"
 #include "core/optim/lr_schedule.h"
@@ -12,6 +15,16 @@
 #include "dist/dist_config.h"
 
 namespace mantissa::launcher {
+
+// The model section's sequence length and vocabulary, whichever architecture it holds, and
+// the path of that architecture's section for messages ("model.gpt2", "model.llama" or
+// "model.mlp").
+struct ModelShape {
+  std::string prefix;
+  int64_t seq_len = 0;
+  int64_t vocab_size = 0;
+};
+ModelShape model_shape(const TrainConfig::Model& model);
 
 core::PrecisionPolicy precision_policy(const TrainConfig& config);
 core::LossScalerConfig loss_scaler_config(const TrainConfig& config);  // precision.loss_scale

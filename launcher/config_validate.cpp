@@ -7,6 +7,7 @@
 #include <glob.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -84,18 +85,43 @@ void check_data_files(const Config::Data& data) {
   if (!data.tokenizer().empty()) check_readable_file("data.tokenizer", data.tokenizer());
 }
 
-// The model's sequence length and vocabulary, whichever architecture it is.
-struct ModelShape {
-  std::string prefix;  // "model.gpt2" or "model.mlp"
-  int64_t seq_len = 0;
-  int64_t vocab_size = 0;
-};
+void validate_llama(const Config::Model::Llama& m) {
+  at_least("model.llama.n_layer", m.n_layer(), 1);
+  at_least("model.llama.n_head", m.n_head(), 1);
+  at_least("model.llama.n_kv_head", m.n_kv_head(), 1);
+  at_least("model.llama.n_embd", m.n_embd(), 1);
+  const std::string n_head = std::to_string(m.n_head());
+  require(m.n_embd() % m.n_head() == 0, "model.llama.n_embd", std::to_string(m.n_embd()),
+          "must be a multiple of model.llama.n_head = " + n_head);
+  const int64_t head_dim = m.n_embd() / m.n_head();
+  require(head_dim % 2 == 0, "model.llama.n_embd", std::to_string(m.n_embd()),
+          "divided by model.llama.n_head = " + n_head + " gives the head dimension " +
+              std::to_string(head_dim) + ", which must be even (RoPE rotates channel pairs)");
+  require(m.n_head() % m.n_kv_head() == 0, "model.llama.n_kv_head", std::to_string(m.n_kv_head()),
+          "must divide model.llama.n_head = " + n_head);
+  at_least("model.llama.ffn_hidden", m.ffn_hidden(), 1);
+  at_least("model.llama.seq_len", m.seq_len(), 1);
+  in_range("model.llama.vocab_size", m.vocab_size(), 1, 65536);
+  require(std::isfinite(m.rope_theta()) && m.rope_theta() > 1.0, "model.llama.rope_theta",
+          format_number(m.rope_theta()), "must be finite and > 1");
+  require(std::isfinite(m.norm_eps()) && m.norm_eps() > 0.0, "model.llama.norm_eps",
+          format_number(m.norm_eps()), "must be finite and > 0");
+}
 
 ModelShape validate_model(const Config::Model& model) {
   const std::string& init = model.init_from();
-  if (!init.empty()) {
+  std::error_code ec;
+  if (!init.empty() && std::filesystem::is_directory(init, ec)) {
+    // A Hugging Face model directory (launcher/hf_weights.h); its contents are checked when
+    // it is read.
+    require(!model.has_mlp(), "model.init_from", quoted(init),
+            "is a Hugging Face model directory, which needs model.gpt2 or model.llama");
+    for (const char* file : {"model.safetensors", "config.json"})
+      check_readable_file("model.init_from", (std::filesystem::path(init) / file).string());
+  } else if (!init.empty()) {
     require(model.has_gpt2(), "model.init_from", quoted(init),
-            "needs model.gpt2 (llm.c model files hold GPT-2 weights)");
+            "needs model.gpt2 (llm.c model files hold GPT-2 weights; Llama weights come from a "
+            "Hugging Face model directory)");
     check_readable_file("model.init_from", init);
   }
   if (model.has_mlp()) {
@@ -104,7 +130,11 @@ ModelShape validate_model(const Config::Model& model) {
     at_least("model.mlp.hidden", m.hidden(), 1);
     at_least("model.mlp.seq_len", m.seq_len(), 1);
     in_range("model.mlp.vocab_size", m.vocab_size(), 1, 65536);
-    return {"model.mlp", m.seq_len(), m.vocab_size()};
+    return model_shape(model);
+  }
+  if (model.has_llama()) {
+    validate_llama(model.llama());
+    return model_shape(model);
   }
   const Config::Model::GPT2& g = model.gpt2();
   at_least("model.gpt2.n_layer", g.n_layer(), 1);
@@ -115,7 +145,7 @@ ModelShape validate_model(const Config::Model& model) {
   at_least("model.gpt2.seq_len", g.seq_len(), 1);
   // Token shards store uint16 tokens, so no vocabulary beyond 2^16 can be fed.
   in_range("model.gpt2.vocab_size", g.vocab_size(), 1, 65536);
-  return {"model.gpt2", g.seq_len(), g.vocab_size()};
+  return model_shape(model);
 }
 
 void validate_data(const Config::Data& data, const ModelShape& model) {
@@ -151,35 +181,60 @@ void validate_eval(const TrainConfig& config, const ModelShape& model) {
               " (one window)");
 }
 
-// FP8_HYBRID runs every Linear layer's three GEMMs in FP8, which read rows of whole 16 bytes
-// (core/ops/gemm_checks.h): the layers' widths are the K of one GEMM or the rows of another's
-// output, and the tokens of a micro-batch are the K of the weight gradient. Checked here, so
-// that a model that trains on the CPU does not stop at its first GEMM on a GPU.
+// FP8_HYBRID runs every Linear layer's three GEMMs in FP8. Their K are the layers' input
+// widths (forward), output widths (input gradient) and the tokens of a micro-batch (weight
+// gradient). FP8 GEMMs read rows of whole 16 bytes (core/ops/gemm_checks.h), and the block
+// recipes scale whole blocks along K: every K must be a multiple of 128 for BLOCKWISE and of
+// 32 for MXFP8 (a block cut short would still run, but it is not the recipe's block: such
+// shapes are refused, not padded); the rows of their GEMMs are then multiples of 4 too, as
+// cuBLASLt's 1x128 and 128x128 scales need. Checked here, so that a model that trains on the
+// CPU does not stop at its first GEMM on a GPU.
 void validate_fp8_shapes(const TrainConfig& config) {
   if (config.precision().mode() != Config::Precision::FP8_HYBRID) return;
-  const std::string rule = "must be a multiple of 16 with precision.mode = FP8_HYBRID";
-  const auto multiple_of_16 = [&](const std::string& path, int64_t value) {
-    require(value % 16 == 0, path, std::to_string(value), rule + " (FP8 GEMMs read 16-byte rows)");
+  const Config::Precision::Fp8::Recipe recipe = config.precision().fp8().recipe();
+  const int64_t block = recipe == Config::Precision::Fp8::BLOCKWISE ? 128
+                        : recipe == Config::Precision::Fp8::MXFP8   ? 32
+                                                                    : 16;
+  const std::string rule =
+      "must be a multiple of " + std::to_string(block) + " with precision.mode = FP8_HYBRID" +
+      (block == 16 ? std::string()
+                   : " and precision.fp8.recipe = " + Config::Precision::Fp8::Recipe_Name(recipe));
+  const std::string why = block == 16 ? " (FP8 GEMMs read 16-byte rows)"
+                                      : " (the K of its FP8 GEMMs must be whole " +
+                                            std::to_string(block) + "-element scale blocks)";
+  const auto multiple = [&](const std::string& path, int64_t value) {
+    require(value % block == 0, path, std::to_string(value), rule + why);
   };
   const Config::Model& model = config.model();
   int64_t seq_len = 0;
   std::string seq_len_path;
   if (model.has_mlp()) {
-    multiple_of_16("model.mlp.n_embd", model.mlp().n_embd());
-    multiple_of_16("model.mlp.hidden", model.mlp().hidden());
-    multiple_of_16("model.mlp.vocab_size", model.mlp().vocab_size());
+    multiple("model.mlp.n_embd", model.mlp().n_embd());
+    multiple("model.mlp.hidden", model.mlp().hidden());
+    multiple("model.mlp.vocab_size", model.mlp().vocab_size());
     seq_len = model.mlp().seq_len();
     seq_len_path = "model.mlp.seq_len";
+  } else if (model.has_llama()) {
+    const Config::Model::Llama& m = model.llama();
+    multiple("model.llama.n_embd", m.n_embd());
+    multiple("model.llama.ffn_hidden", m.ffn_hidden());
+    const int64_t kv_width = 2 * m.n_kv_head() * (m.n_embd() / m.n_head());
+    require(kv_width % block == 0, "model.llama.n_kv_head", std::to_string(m.n_kv_head()),
+            "times 2 head dimensions (" + std::to_string(kv_width) +
+                ", the k and v rows of the fused q|k|v projection) " + rule + why);
+    seq_len = m.seq_len();
+    seq_len_path = "model.llama.seq_len";
   } else {
-    multiple_of_16("model.gpt2.n_embd", model.gpt2().n_embd());
+    multiple("model.gpt2.n_embd", model.gpt2().n_embd());
     seq_len = model.gpt2().seq_len();
     seq_len_path = "model.gpt2.seq_len";
   }
   const int64_t tokens = config.data().micro_batch_size() * seq_len;
-  require(
-      tokens % 16 == 0, "data.micro_batch_size", std::to_string(config.data().micro_batch_size()),
-      "times " + seq_len_path + " = " + std::to_string(seq_len) + " (" + std::to_string(tokens) +
-          " tokens) " + rule + " (the tokens are the K of the FP8 weight-gradient GEMMs)");
+  require(tokens % block == 0, "data.micro_batch_size",
+          std::to_string(config.data().micro_batch_size()),
+          "times " + seq_len_path + " = " + std::to_string(seq_len) + " (" +
+              std::to_string(tokens) + " tokens) " + rule +
+              " (the tokens are the K of the FP8 weight-gradient GEMMs)");
 }
 
 // The schedule's options come from two sections, and its total_steps is run.steps (whose rule,

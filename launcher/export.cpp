@@ -1,22 +1,39 @@
 #include "launcher/export.h"
 
+#include <filesystem>
 #include <map>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/ops/backend.h"
 #include "launcher/config.h"
+#include "launcher/hf_weights.h"
 #include "launcher/trainer.h"
 
 namespace mantissa::launcher {
 
-std::string export_checkpoint_weights(const TrainConfig& config, const std::string& out) {
+std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
+  const TrainConfig::Data& data = config.data();
+  if (!data.tokenizer().empty()) return data.tokenizer();
+  if (!data.has_token_shards()) return std::nullopt;
+  const std::filesystem::path beside =
+      std::filesystem::path(data.token_shards().pattern()).parent_path() / "tokenizer.model";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
+  return std::nullopt;
+}
+
+std::string export_checkpoint_weights(const TrainConfig& config, const std::string& out,
+                                      ExportFormat format) {
   std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
   // The masters are FP32 whatever the run's precision, and the parameter layout does not
   // depend on it: an FP32 model holds them without FP8 scaling state it would not use.
   const std::unique_ptr<train::LanguageModel> model =
       build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
   train::ParameterStore& params = model->parameters();
+  // Before the checkpoint is read: a model without a Hugging Face layout is a config error.
+  std::optional<models::HfLayout> layout;
+  if (format == ExportFormat::kHf) layout = hf_layout_of(*model, "--format hf");
 
   const std::string dir = config.run().dir() + "/checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},
@@ -26,13 +43,24 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                                {{"masters", params.flat_numel(), 0, params.masters()}});
   require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
           "holds no checkpoint to export (" + dir + " is empty or missing)");
-  // GPT-2 pads its vocabulary internally (models/gpt2/gpt2.h); the file keeps the true one.
-  std::map<std::string, int64_t> leading_rows;
-  if (!config.model().has_mlp()) leading_rows["wte"] = config.model().gpt2().vocab_size();
-  checkpoint::export_safetensors(
-      out, params, *backend,
-      {{"mantissa_step", std::to_string(state->step)}, {"mantissa_config", state->config_text}},
-      leading_rows);
+  const std::string step = std::to_string(state->step);
+  if (layout) {
+    export_hf_directory(out, *layout, params, *backend, run_tokenizer_file(config),
+                        {{"mantissa_step", step}});
+  } else {
+    // GPT-2 pads its vocabulary internally (models/gpt2/gpt2.h); the file keeps the true one.
+    std::map<std::string, int64_t> leading_rows;
+    if (!config.model().has_mlp() && !config.model().has_llama())
+      leading_rows["wte"] = config.model().gpt2().vocab_size();
+    if (config.model().has_llama()) {
+      const int64_t vocab = config.model().llama().vocab_size();
+      leading_rows["embed_tokens.weight"] = vocab;
+      if (!config.model().llama().tie_embeddings()) leading_rows["lm_head.weight"] = vocab;
+    }
+    checkpoint::export_safetensors(
+        out, params, *backend, {{"mantissa_step", step}, {"mantissa_config", state->config_text}},
+        leading_rows);
+  }
   return dir + "/" + checkpoint::checkpoint_dir_name(state->step);
 }
 

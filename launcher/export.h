@@ -1,19 +1,34 @@
-// `mantissa export`: the FP32 weights of a run's newest intact checkpoint as a safetensors
-// file (checkpoint/safetensors.h: GPT-2 parameter names, matrices stored [out, in]; wte holds
-// the true vocabulary, [vocab_size, C], without the model's padding rows), for tools outside
-// mantissa. Runs as one process without MPI, on the CPU.
+// `mantissa export`: the FP32 weights of a run's newest intact checkpoint, for tools outside
+// mantissa, in one of two formats:
+//  - kSafetensors: one safetensors file with mantissa's own parameter names and shapes
+//    (checkpoint/safetensors.h: matrices stored [out, in]; GPT-2's wte holds the true
+//    vocabulary, [vocab_size, C], without the model's padding rows), the step and the effective
+//    config in its metadata;
+//  - kHf: a Hugging Face model directory (launcher/hf_weights.h: model.safetensors under
+//    transformers' names and layouts, config.json, the run's tokenizer.model), which
+//    transformers loads as GPT2LMHeadModel or LlamaForCausalLM and model.init_from reads.
+// Runs as one process without MPI, on the CPU.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "config.pb.h"
 
 namespace mantissa::launcher {
 
+enum class ExportFormat { kSafetensors, kHf };
+
 // Loads the masters of the newest intact checkpoint in <run.dir>/checkpoints into the model
-// the config describes and writes them to `out`; returns the checkpoint's directory. Throws
-// core::ConfigError when there is no checkpoint at all, core::Error when none is intact or the
-// file cannot be written.
-std::string export_checkpoint_weights(const TrainConfig& config, const std::string& out);
+// the config describes and writes them to `out` (a file, or a directory for kHf); returns the
+// checkpoint's directory. Throws core::ConfigError when there is no checkpoint at all, when the
+// model has no Hugging Face layout (the MLP) or `out` is a non-empty directory (kHf);
+// core::Error when none is intact or the output cannot be written.
+std::string export_checkpoint_weights(const TrainConfig& config, const std::string& out,
+                                      ExportFormat format = ExportFormat::kSafetensors);
+
+// The SentencePiece model of a run, which a Hugging Face export copies: data.tokenizer, else
+// tokenizer.model beside the token shards when there is one; none for bytes.
+std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 
 }  // namespace mantissa::launcher

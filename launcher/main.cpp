@@ -51,14 +51,20 @@ the same step after a checkpoint is written; the exit code is then 0.
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: every core; under mpirun give each
                             rank its share, cores / ranks)
-  MANTISSA_CPU_BF16_GEMM=0  GEMMs with BF16 or FP8 operands widen them to FP32 for OpenBLAS
-                            sgemm instead of using the native AVX512-BF16 kernel, which reads
-                            BF16 values and sums below 2^-126 as zero: results then do not
-                            depend on whether the CPU has AVX512-BF16
+  MANTISSA_CPU_BF16_GEMM=0  GEMMs with BF16 or FP8 operands run the AVX2/FMA kernel in FP32,
+                            as on CPUs without AVX512-BF16, instead of the native kernel, which
+                            reads BF16 values and sums below 2^-126 as zero: results then do
+                            not depend on whether the CPU has AVX512-BF16
   MANTISSA_CPU_AVX512_CONVERT=0
                             stochastic rounding and FP8 casts use their AVX2 code on CPUs
                             with AVX-512 (the results are the same; for comparison)
   The MANTISSA_CPU_* switches take 0 or 1 (the default); any other value is a config error.
+
+environment (MPI runs):
+  MANTISSA_MPI_PROGRESS_THREAD=0
+                            no thread of each rank drives MPI's collectives while backward
+                            runs (gradient sync then advances only between layers; for
+                            comparison: see deploy/README.md)
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
@@ -82,12 +88,31 @@ filled in. Exit code 0 when it is valid, 2 (with one line saying why) when it is
 
 constexpr const char* kExportHelp =
     R"(usage: mantissa export --config FILE.pbtxt [--set path.to.field=value]... --out FILE.safetensors
+       mantissa export --config FILE.pbtxt [--set path.to.field=value]... --format hf --out DIR
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
-config describes, as a safetensors file: GPT-2 parameter names (wte, wpe, h.<i>.attn.c_attn.
-weight, ...), matrices stored [out, in], the step and the effective config in __metadata__.
-Runs as one process (no mpirun needed). Exit code 0 when written, 1 when no checkpoint is
-intact or the file cannot be written, 2 for a bad command line or config, or no checkpoint.
+config describes. Runs as one process (no mpirun needed).
+
+options:
+  --config FILE     the run's config, as for mantissa train
+  --set PATH=VALUE  override one field, as for mantissa train
+  --format FORMAT   safetensors (the default): one file with mantissa's parameter names
+                    (GPT-2: wte, wpe, h.<i>.attn.c_attn.weight, ...; Llama: embed_tokens.weight,
+                    layers.<i>.self_attn.qkv_proj.weight, ...), matrices stored [out, in], the
+                    vocabulary without its padding rows, the step and the effective config in
+                    __metadata__.
+                    hf: a Hugging Face model directory, which transformers loads as
+                    GPT2LMHeadModel or LlamaForCausalLM and model.init_from reads:
+                    model.safetensors with transformers' tensor names and layouts, config.json,
+                    and tokenizer.model when the run has one (data.tokenizer, else the one
+                    beside the token shards). GPT-2 and Llama only. DIR must not exist or be
+                    empty; it is written as DIR.tmp and renamed to DIR once complete.
+  --out PATH        the file (safetensors) or directory (hf) to write
+  -h, --help        this help
+
+exit codes: 0 written; 1 no checkpoint is intact, or the output cannot be written; 2 a bad
+command line or config, no checkpoint at all, an existing non-empty DIR, or --format hf for a
+model without a Hugging Face layout (model.mlp).
 )";
 
 void print_train_help() {
@@ -166,7 +191,9 @@ int export_command(int argc, char** argv) {
       std::fputs(kExportHelp, stdout);
       return kExitOk;
     }
-    const std::string from = export_checkpoint_weights(effective_config(parsed), parsed.out);
+    const std::string from = export_checkpoint_weights(
+        effective_config(parsed), parsed.out,
+        parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
     return kExitOk;
   } catch (const core::ConfigError& e) {
@@ -189,7 +216,8 @@ struct Command {
 constexpr Command kCommands[] = {
     {"train", "train a model from a config (alone, under mpirun or under srun)", train_command},
     {"config", "check a config and print it with every default filled in", config_command},
-    {"export", "write a run's newest checkpoint as a safetensors file", export_command},
+    {"export", "write a run's newest checkpoint as safetensors or a Hugging Face directory",
+     export_command},
     {"tokenize", "train a tokenizer, turn text files into token shards and back", tokenize_command},
     {"sample", "generate text from a run's checkpoint", sample_command},
     {"help", "this overview, or `mantissa help COMMAND` for one command", help_command},

@@ -19,6 +19,8 @@
 #include "launcher/trainer.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
+#include "models/llama/llama_decoder.h"
 #include "models/sampling.h"
 
 namespace mantissa::launcher {
@@ -31,7 +33,7 @@ constexpr const char* kHelp =
     R"(usage: mantissa sample --run DIR [--step N] [--prompt TEXT] [--max-new-tokens N]
                        [--temperature T] [--top-k K] [--seed S] [--device AUTO|CPU|CUDA]
 
-Generates text with the GPT-2 model of a `mantissa train` run. Reads DIR/config.pbtxt (the
+Generates text with the GPT-2 or Llama model of a `mantissa train` run. Reads DIR/config.pbtxt (the
 run's effective config), loads the FP32 weights of the newest intact checkpoint in
 DIR/checkpoints (or of step N), continues the prompt one token at a time with a KV cache, and
 prints the prompt and its continuation on stdout, then a newline. What it loaded and how fast
@@ -59,7 +61,7 @@ tokens: the run's tokenizer turns the prompt into tokens and the tokens into tex
   shards does, only the tokenizer's ids are drawn, and end-of-text tokens print nothing. With
   bytes an empty prompt starts from a newline, which is not printed.
 
-the window: the model sees at most model.gpt2.seq_len tokens. A longer prompt keeps its last
+the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama). A longer prompt keeps its last
   seq_len tokens (all of it is printed). When generation fills the window it slides: the
   cache is refilled with the last seq_len / 2 tokens, so every token is drawn with at least
   seq_len / 2 tokens of context, and the positions stay within the model's seq_len.
@@ -70,8 +72,8 @@ exit codes:
   2  bad command line or input: an unknown option, a temperature or top-k below 0, a run
      directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
      tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8, a
-     config that the checkpoint does not fit, a model other than GPT-2, --device CUDA
-     without a GPU
+     config that the checkpoint does not fit, a model other than GPT-2 or Llama, --device
+     CUDA without a GPU
 )";
 
 const std::string kUsage = " (see mantissa sample --help)";
@@ -111,7 +113,7 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   if (!data.has_token_shards()) return std::nullopt;  // synthetic or text_file: bytes
   const fs::path beside = fs::path(data.token_shards().pattern()).parent_path() / "tokenizer.model";
   if (fs::is_regular_file(beside)) return beside.string();
-  require(config.model().gpt2().vocab_size() == 256, "data.token_shards.pattern",
+  require(model_shape(config.model()).vocab_size == 256, "data.token_shards.pattern",
           "\"" + data.token_shards().pattern() + "\"",
           "has no tokenizer beside it: " + beside.string() +
               " is missing (set data.tokenizer to the model the shards were encoded with)");
@@ -169,15 +171,18 @@ int run_sample(const SampleArgs& args) {
   }
   TrainConfig config = load_config_file(config_path.string());
   apply_defaults(config, config_path.string());
-  if (!config.model().has_gpt2()) {
-    bad_input("--run", args.run_dir, "trains model.mlp; mantissa sample needs a GPT-2 model");
+  if (config.model().has_mlp()) {
+    bad_input("--run", args.run_dir,
+              "trains model.mlp, which has no attention to generate with; mantissa sample "
+              "needs a GPT-2 or Llama model");
   }
-  const int64_t vocab = config.model().gpt2().vocab_size();
+  const ModelShape shape = model_shape(config.model());
+  const int64_t vocab = shape.vocab_size;
   const std::optional<std::string> tokenizer_path = find_tokenizer(config);
   std::optional<TokenizerClient> tokenizer;
   if (tokenizer_path) {
     tokenizer.emplace(*tokenizer_path);
-    require(tokenizer->vocab_size() <= vocab, "model.gpt2.vocab_size", std::to_string(vocab),
+    require(tokenizer->vocab_size() <= vocab, shape.prefix + ".vocab_size", std::to_string(vocab),
             "is smaller than the " + std::to_string(tokenizer->vocab_size()) +
                 " pieces of the tokenizer " + *tokenizer_path + " (not the run's tokenizer?)");
   }
@@ -190,8 +195,7 @@ int run_sample(const SampleArgs& args) {
   // The masters are FP32, and generation runs in FP32 from them.
   const std::unique_ptr<train::LanguageModel> model =
       build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
-  auto& gpt2 = dynamic_cast<models::GPT2&>(*model);
-  const auto [checkpoint_dir, step] = load_weights(args, gpt2.parameters(), *backend);
+  const auto [checkpoint_dir, step] = load_weights(args, model->parameters(), *backend);
 
   // The prompt's tokens: a document's start (end of text) and the text, or its bytes.
   std::vector<int32_t> prompt;
@@ -204,7 +208,7 @@ int run_sample(const SampleArgs& args) {
   } else {
     for (const char c : args.prompt) prompt.push_back(static_cast<unsigned char>(c));
   }
-  const int64_t window = config.model().gpt2().seq_len();
+  const int64_t window = shape.seq_len;
   const int64_t vocab_limit = tokenizer ? tokenizer->vocab_size() : std::min<int64_t>(vocab, 256);
   const std::string cut =
       std::ssize(prompt) > window ? " (its last " + std::to_string(window) + " in the window)" : "";
@@ -217,10 +221,15 @@ int run_sample(const SampleArgs& args) {
                format_number(args.temperature).c_str(), static_cast<long long>(args.top_k),
                static_cast<unsigned long long>(args.seed), codec.c_str());
 
-  models::GPT2Decoder decoder(gpt2, *backend);
+  std::unique_ptr<models::Decoder> decoder;
+  if (auto* llama = dynamic_cast<models::Llama*>(model.get())) {
+    decoder = std::make_unique<models::LlamaDecoder>(*llama, *backend);
+  } else {
+    decoder = std::make_unique<models::GPT2Decoder>(dynamic_cast<models::GPT2&>(*model), *backend);
+  }
   const auto start = std::chrono::steady_clock::now();
   const std::vector<int32_t> generated =
-      models::generate(decoder, prompt, args.max_new_tokens, sampler, vocab_limit);
+      models::generate(*decoder, prompt, args.max_new_tokens, sampler, vocab_limit);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

@@ -13,9 +13,11 @@
 #include "core/ops/cpu_switches.h"
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
+#include "launcher/hf_weights.h"
 #include "launcher/signals.h"
 #include "models/gpt2/gpt2.h"
 #include "models/gpt2/llmc_import.h"
+#include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
 #include "train/data/corpus.h"
 #include "train/fault_injection.h"
@@ -36,14 +38,10 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-struct ModelDims {
-  int64_t seq_len = 0;
-  int64_t vocab_size = 0;
-};
-
-ModelDims model_dims(const TrainConfig::Model& model) {
-  if (model.has_mlp()) return {model.mlp().seq_len(), model.mlp().vocab_size()};
-  return {model.gpt2().seq_len(), model.gpt2().vocab_size()};
+const char* model_name(const TrainConfig::Model& model) {
+  if (model.has_mlp()) return "MLP";
+  if (model.has_llama()) return "Llama";
+  return "GPT-2";
 }
 
 }  // namespace
@@ -57,6 +55,22 @@ std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, cor
     return std::make_unique<models::MLP>(
         models::MLPConfig{m.n_embd(), m.hidden(), m.seq_len(), m.vocab_size()}, backend, policy,
         seed, fp8_scaling_config(config), shard);
+  }
+  if (config.model().has_llama()) {
+    const TrainConfig::Model::Llama& l = config.model().llama();
+    models::LlamaConfig c;
+    c.n_layer = l.n_layer();
+    c.n_head = l.n_head();
+    c.n_kv_head = l.n_kv_head();
+    c.n_embd = l.n_embd();
+    c.ffn_hidden = l.ffn_hidden();
+    c.seq_len = l.seq_len();
+    c.vocab_size = l.vocab_size();
+    c.rope_theta = l.rope_theta();
+    c.norm_eps = static_cast<float>(l.norm_eps());
+    c.tie_embeddings = l.tie_embeddings();
+    return std::make_unique<models::Llama>(c, backend, policy, seed, fp8_scaling_config(config),
+                                           shard);
   }
   const TrainConfig::Model::GPT2& g = config.model().gpt2();
   return std::make_unique<models::GPT2>(
@@ -88,6 +102,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   device_ = select_device(config_, world.local_rank());
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
+  check_fp8_recipe_support();
   // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
   const train::MasterShard shard = config_.dist().zero_stage() == 1
                                        ? train::MasterShard{world.rank(), world.size()}
@@ -127,7 +142,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     MANTISSA_CHECK(out.good(), "cannot write the effective config to '" << path << "'");
   }
 
-  const ModelDims dims = model_dims(config_.model());
+  const ModelShape dims = model_shape(config_.model());
   const int64_t global_batch =
       config_.data().micro_batch_size() * config_.data().grad_accum_steps() * world.size();
   char summary[512];
@@ -135,10 +150,10 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       summary, sizeof summary,
       "mantissa: %s, %.2fM parameters, %s | %d rank%s on %s | batch %lld x %lld tokens "
       "per step | %s",
-      config_.model().has_mlp() ? "MLP" : "GPT-2",
-      static_cast<double>(model_->parameter_count()) / 1e6, core::precision_mode_name(policy_.mode),
-      world.size(), world.size() == 1 ? "" : "s", device_.name.c_str(),
-      static_cast<long long>(global_batch), static_cast<long long>(dims.seq_len),
+      model_name(config_.model()), static_cast<double>(model_->parameter_count()) / 1e6,
+      core::precision_mode_name(policy_.mode), world.size(), world.size() == 1 ? "" : "s",
+      device_.name.c_str(), static_cast<long long>(global_batch),
+      static_cast<long long>(dims.seq_len),
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(summary);
   // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
@@ -148,9 +163,28 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
 
 Trainer::~Trainer() = default;
 
+// The block recipes' scale modes need a device (and library) that has them: a run that cannot
+// have them stops here, before anything trains, rather than scaling differently.
+void Trainer::check_fp8_recipe_support() const {
+  if (!policy_.fp8_block_gemms) return;
+  const core::Fp8Recipe recipe = fp8_scaling_config(config_).recipe;
+  if (!core::is_block_recipe(recipe)) return;
+  using core::Fp8Role;
+  // The three GEMMs of a Linear layer: forward, input gradient, weight gradient.
+  const std::pair<Fp8Role, Fp8Role> gemms[] = {{Fp8Role::kInput, Fp8Role::kWeight},
+                                               {Fp8Role::kGradient, Fp8Role::kWeight},
+                                               {Fp8Role::kGradient, Fp8Role::kInput}};
+  for (const auto& [a, b] : gemms) {
+    const std::string why = backend_->unsupported_scale_modes(core::fp8_scale_mode(recipe, a),
+                                                              core::fp8_scale_mode(recipe, b));
+    require(why.empty(), "precision.fp8.recipe", core::fp8_recipe_name(recipe),
+            "cannot run on " + device_.name + ": " + why);
+  }
+}
+
 void Trainer::build_data() {
   const TrainConfig::Data& data = config_.data();
-  const ModelDims dims = model_dims(config_.model());
+  const ModelShape dims = model_shape(config_.model());
   const uint64_t seed = config_.run().seed();
   // Data problems found while loading (a malformed shard, a corpus shorter than one sequence)
   // are configuration errors like a missing file: nothing can be trained from them.
@@ -238,10 +272,27 @@ bool Trainer::restore() {
   optimizer_->set_steps_taken(state->optimizer_steps);
   scaler_->set_state(state->loss_scaler);
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) {
-    // A run that switches to FP8 on resume starts its scales afresh.
+    // A run that switches to FP8 on resume starts its scales afresh; one that switches FP8
+    // recipe only when told to (the scaling states of two recipes do not carry over).
     if (!state->fp8.tensors.empty()) {
-      fp8->registry().set_state(state->fp8);
-      fp8->upload_scales(*backend_);
+      const core::Fp8Recipe recipe = fp8->config().recipe;
+      const std::string now = core::fp8_recipe_name(recipe);
+      // Checkpoints older than the recorded recipe had a per-tensor one.
+      const std::string& saved = state->fp8.recipe;
+      const bool changed = saved.empty() ? core::is_block_recipe(recipe) : saved != now;
+      if (changed) {
+        require(config_.precision().fp8().allow_recipe_change(), "precision.fp8.recipe", now,
+                "differs from the recipe of the checkpoint to resume (" +
+                    (saved.empty() ? std::string("DELAYED or CURRENT") : saved) +
+                    "); set precision.fp8.allow_recipe_change=true to resume with fresh FP8 "
+                    "scaling state");
+        say("mantissa: FP8 recipe " + now + " replaces the checkpoint's " +
+            (saved.empty() ? std::string("per-tensor recipe") : saved) +
+            ": FP8 scaling state starts afresh");
+      } else {
+        fp8->registry().set_state(state->fp8);
+        fp8->upload_scales(*backend_);
+      }
     }
   }
   loader_->set_cursor(state->data);
@@ -263,12 +314,19 @@ void Trainer::import_initial_weights() {
   const std::string& path = config_.model().init_from();
   // Every rank reads the file (a shared file system, like the data), so a file that does not
   // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
+  const bool hf = is_hf_directory(path);
   try {
-    models::import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
+    if (hf) {
+      import_hf_directory(path, hf_layout_of(*model_, "model.init_from"), model_->parameters(),
+                          *backend_);
+    } else {
+      models::import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
+    }
   } catch (const core::Error& e) {
     throw core::ConfigError("model.init_from = \"" + path + "\": " + e.what());
   }
-  say("mantissa: initial weights from the llm.c model " + path);
+  say(std::string("mantissa: initial weights from the ") +
+      (hf ? "Hugging Face model " : "llm.c model ") + path);
 }
 
 dist::ReplicaState Trainer::replica_state(int64_t steps_done) const {

@@ -67,9 +67,12 @@ class Trainer {
   // after the last step); collective.
   std::optional<double> maybe_evaluate(int64_t steps_done);
   void build_metrics();
+  // precision.fp8.recipe's scale modes on this device (exit 2 where it lacks them).
+  void check_fp8_recipe_support() const;
   // Resumes from the newest intact checkpoint; false when there is none (or resume is NEVER).
   bool restore();
-  // model.init_from: the llm.c GPT-2 weights a run starts from (when it does not resume).
+  // model.init_from: the weights a run starts from (when it does not resume): an llm.c GPT-2
+  // file or a Hugging Face model directory (launcher/hf_weights.h).
   void import_initial_weights();
   // Called after step `steps_done` completed: writes a checkpoint when it is due (every
   // checkpoint.every_steps, and after the last step) or when `force`d by a stop request.

@@ -96,8 +96,9 @@ fi
 
 # Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
 # tested, which is worth more than nothing on a machine that is lent for minutes.
-gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_ops test_gpu_llama_ops test_gpu_decode
-  test_gpu_nccl test_gpu_train bench_gpu_gemm bench_gpu_ops)
+gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_block_fp8 test_gpu_ops test_gpu_attention
+  test_gpu_llama_ops test_gpu_decode test_gpu_nccl test_gpu_train bench_gpu_gemm bench_gpu_ops
+  bench_attention)
 # Tests run after a build step that configured (whatever of it compiled), or on what an
 # earlier STAGE=build left.
 testable=0
@@ -131,9 +132,12 @@ if [ "$stage" != build ] && [ "$testable" = 1 ]; then
       ;;
     esac
   done
-  for bench in bench_gpu_gemm bench_gpu_ops; do
+  # bench_attention's argument picks its GPU half (the attention op next to its GEMMs).
+  for bench in bench_gpu_gemm bench_gpu_ops bench_attention; do
+    args=()
+    [ "$bench" = bench_attention ] && args=(gpu)
     if [ -x "$build_dir/bin/$bench" ]; then
-      step "$bench" timeout 180 "$build_dir/bin/$bench"
+      step "$bench" timeout 180 "$build_dir/bin/$bench" "${args[@]}"
     else
       : >"$log_dir/$bench.log"
       record "$bench" "not built" 0
@@ -156,6 +160,8 @@ note() {
       grep -E "^  (pack|unpack) " "$log" | awk '{ v = $(NF - 2); sub(/%/, "", v); print v "\t" $0 }' |
         sort -n | head -n 1 | cut -f2 | sed -E 's/ +/ /g; s/^ /slowest grad-sync cast: /'
       ;;
+    bench_attention) grep -E "^(no CUDA device|  attention (forward|backward))" "$log" |
+      sed -E 's/ +/ /g' ;;
   esac
 }
 echo

@@ -21,6 +21,7 @@ packages=(
   libsentencepiece-dev
   clang libclang-rt-14-dev libomp-dev
   python3
+  python3-torch  # the PyTorch references of tests/models/hf_reference.py
 )
 
 scripts/install-packages.sh "${packages[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stop the single-node cluster that scripts/start-slurm.sh started in DIR: slurmd, slurmctld
-# and munged, each by the PID recorded in DIR, in that order; SIGKILL after 10 s. Then the
+# Stop the cluster that scripts/start-slurm.sh started in DIR: every slurmd, slurmctld and
+# munged, each by the PID recorded in DIR, in that order; SIGKILL after 10 s. Then the
 # directory is removed unless KEEP=1.
 #   scripts/stop-slurm.sh DIR
 set -uo pipefail
@@ -35,8 +35,8 @@ if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$d
   fi
 fi
 
-for daemon in slurmd slurmctld munged; do
-  stop_pid_file "$dir/$daemon.pid"
+for pid_file in "$dir"/slurmd.pid "$dir"/slurmd.node*.pid "$dir"/slurmctld.pid "$dir"/munged.pid; do
+  stop_pid_file "$pid_file"
 done
 
 if [ "${KEEP:-0}" = 1 ]; then

@@ -66,7 +66,7 @@ double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
     batch.batch_size = std::min(micro_batch_, end_window_ - first);
     read_windows(first, batch.batch_size, batch.tokens, batch.targets);
     // dloss_per_token 0: the forward keeps nothing for a backward pass.
-    const double mean = model.forward(ctx, upload(batch, backend), 0.0f);
+    const double mean = mean_loss(backend, model.forward(ctx, upload(batch, backend), 0.0f));
     sum += mean * static_cast<double>(batch.batch_size * seq_len_);
   }
   return sum;

@@ -8,16 +8,20 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 
-int Fp8Operands::add(const std::string& name, DType format) {
+int Fp8Operands::add(const std::string& name, core::Fp8Role role) {
   MANTISSA_CHECK(!registry_, "Fp8Operands::add(" << name << "): already allocated");
   names_.push_back(name);
-  formats_.push_back(format);
+  roles_.push_back(role);
   return size() - 1;
 }
 
 void Fp8Operands::allocate(core::Backend& backend, const core::Fp8ScalingConfig& config) {
   registry_ = std::make_unique<core::Fp8ScalingRegistry>(config);
-  for (int i = 0; i < size(); ++i) registry_->add(names_[i], formats_[i]);
+  formats_.clear();
+  for (int i = 0; i < size(); ++i) {
+    formats_.push_back(roles_[i] == core::Fp8Role::kGradient ? config.grad_format : DType::kE4M3);
+    registry_->add(names_[i], formats_[i]);
+  }
   const Shape shape{static_cast<int64_t>(size())};
   scale_ = Tensor::empty(shape, DType::kF32, backend.device());
   scale_inv_ = Tensor::empty(shape, DType::kF32, backend.device());
@@ -52,6 +56,32 @@ void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, 
   p.amax = &amax;
   p.saturation = core::Saturation::kSatFinite;
   backend.cast(src, dst, p);
+}
+
+Fp8Operand Fp8Operands::quantize_operand(core::Backend& backend, int slot, const Tensor& src,
+                                         bool transpose) {
+  MANTISSA_CHECK(block_scaled(), "Fp8Operands::quantize_operand("
+                                     << names_[slot] << "): recipe "
+                                     << core::fp8_recipe_name(config().recipe)
+                                     << " scales whole tensors; use quantize()");
+  MANTISSA_CHECK(src.shape().rank() == 2, "Fp8Operands::quantize_operand("
+                                              << names_[slot] << "): " << src.describe()
+                                              << " is not 2-D");
+  const core::ScaleMode mode = core::fp8_scale_mode(config().recipe, roles_[slot]);
+  const int64_t rows = src.dim(transpose ? 1 : 0);
+  const int64_t k = src.dim(transpose ? 0 : 1);
+  Fp8Operand op;
+  op.mode = mode;
+  op.codes = Tensor::empty(Shape{rows, k}, formats_[slot], backend.device());
+  op.scale = Tensor::empty(Shape{core::scale_count(mode, rows, k)}, core::scale_dtype(mode),
+                           backend.device());
+  core::BlockQuantizeParams p;
+  p.mode = mode;
+  p.transpose = transpose;
+  p.power_of_two = config().power_of_two;
+  p.amax = &amax_views_[slot];
+  backend.quantize_blocks(src, op.codes, op.scale, p);
+  return op;
 }
 
 std::vector<float> Fp8Operands::read_amaxes(core::Backend& backend) {

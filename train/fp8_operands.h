@@ -6,6 +6,10 @@
 // contiguous device arrays, so a step reads all amaxes with one copy (and data parallelism
 // MAX-reduces them in one collective) before the host-side scaling state (amax histories,
 // recipe) computes the next scales and uploads them with one copy.
+//
+// The block recipes (BLOCKWISE, ROWWISE, MXFP8; core/precision/fp8_scaling.h) scale each
+// operand by its own blocks where it is quantized (quantize_operand): their slots only record
+// the amax, for the log and metrics, and their scales stay 1.
 #pragma once
 
 #include <memory>
@@ -17,18 +21,37 @@
 
 namespace mantissa::train {
 
+// One FP8 GEMM operand as Backend::gemm takes it: the codes, and the scale in `mode`'s layout
+// (a 1-element view of the slot's scale_inv for kTensor, a scale tensor otherwise).
+struct Fp8Operand {
+  core::Tensor codes;
+  core::Tensor scale;
+  core::ScaleMode mode = core::ScaleMode::kTensor;
+};
+
 class Fp8Operands {
  public:
-  // Registers an operand quantized to `format` (E4M3 or E5M2); returns its slot.
-  int add(const std::string& name, core::DType format);
+  // Registers an operand of the given role; returns its slot. Its format follows from the
+  // role when allocate() sees the config: E4M3 for inputs and weights, grad_format for
+  // gradients.
+  int add(const std::string& name, core::Fp8Role role);
   // Creates the scaling state and the device arrays (every scale starts at 1).
   void allocate(core::Backend& backend, const core::Fp8ScalingConfig& config = {});
 
-  // dst = round(src * scale) in the slot's format (saturating), recording max |src| in the
-  // slot. With the CURRENT recipe the scale is first derived from this tensor's own amax,
-  // which costs a host round trip per operand.
+  const core::Fp8ScalingConfig& config() const { return registry_->config(); }
+  bool block_scaled() const { return core::is_block_recipe(config().recipe); }
+  core::DType format(int slot) const { return formats_[slot]; }
+
+  // Per-tensor recipes: dst = round(src * scale) in the slot's format (saturating), recording
+  // max |src| in the slot. With the CURRENT recipe the scale is first derived from this
+  // tensor's own amax, which costs a host round trip per operand.
   void quantize(core::Backend& backend, int slot, const core::Tensor& src, core::Tensor& dst);
   const core::Tensor& scale_inv(int slot) const { return scale_inv_views_[slot]; }
+
+  // Block recipes: src[rows, K] (or src[K, rows]^T with `transpose`) quantized in the slot's
+  // role's scale mode and format (Backend::quantize_blocks), recording max |src| in the slot.
+  Fp8Operand quantize_operand(core::Backend& backend, int slot, const core::Tensor& src,
+                              bool transpose = false);
 
   int size() const { return static_cast<int>(names_.size()); }
   // This step's amaxes, one per slot in slot order (host copy; synchronises).
@@ -42,7 +65,8 @@ class Fp8Operands {
 
  private:
   std::vector<std::string> names_;
-  std::vector<core::DType> formats_;
+  std::vector<core::Fp8Role> roles_;
+  std::vector<core::DType> formats_;  // set by allocate()
   std::unique_ptr<core::Fp8ScalingRegistry> registry_;
   core::Tensor scale_, scale_inv_, amax_;  // F32 [size] on the device
   std::vector<core::Tensor> scale_views_, scale_inv_views_, amax_views_;

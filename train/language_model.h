@@ -21,6 +21,10 @@ struct BatchTensors {
 // A host batch copied to the backend's device.
 BatchTensors upload(const Batch& batch, core::Backend& backend);
 
+// The mean of forward()'s token losses, summed in FP64 on the host in row order (one host
+// synchronisation).
+double mean_loss(core::Backend& backend, const core::Tensor& token_losses);
+
 class LanguageModel {
  public:
   virtual ~LanguageModel() = default;
@@ -29,13 +33,25 @@ class LanguageModel {
   // The FP8 operand scaling of this model, or nullptr when it has no FP8 GEMMs.
   virtual Fp8Operands* fp8_operands() = 0;
 
-  // Mean next-token cross-entropy over the batch (the host reads it, so this synchronises).
+  // The next-token cross-entropy of every token of the batch: F32 [B*T] on the backend's
+  // device, row b*T + t. Nothing is read back: the caller copies the losses to the host with
+  // its other scalars, at one synchronisation (mean_loss() below when there are none).
   // With dloss_per_token > 0 the pass also keeps what backward needs, with the gradient of
   // each token's loss set to dloss_per_token (the caller folds 1/tokens, gradient
   // accumulation and the loss scale into it).
-  virtual double forward(StepContext& ctx, const BatchTensors& batch, float dloss_per_token) = 0;
+  virtual core::Tensor forward(StepContext& ctx, const BatchTensors& batch,
+                               float dloss_per_token) = 0;
   // Accumulates (+=) this batch's gradients into parameters().grads().
   virtual void backward(StepContext& ctx) = 0;
+
+  // The next-token logits of every position of `tokens` (I32 [B, T] on the backend's device,
+  // T <= the model's seq_len): F32 [B*T, Vp] on the device, row b*T + t for token t of
+  // sequence b, Vp the model's padded vocabulary (GPT-2's and Llama's padded_vocab_size(), the
+  // MLP's vocab_size); the columns past vocab_size belong to the padding and mean nothing.
+  // Exactly the logits forward() computes its loss from (the same operations; widened to F32
+  // where the model's head computes in another dtype). Forward only: nothing is kept for a
+  // backward pass, and a backward after it is refused.
+  virtual core::Tensor logits(StepContext& ctx, const core::Tensor& tokens) = 0;
 
   // The model's own parameters: the store's, less any padding it carries for the hardware
   // (GPT-2's vocabulary rows past vocab_size).

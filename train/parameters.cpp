@@ -206,4 +206,24 @@ int ParameterStore::find_by_flat_index(int64_t index) const {
   return -1;
 }
 
+void ParameterStore::zero_from(core::Backend& backend, int index, int64_t first) {
+  const Parameter& p = (*this)[index];
+  if (first == p.numel()) return;
+  core::Tensor compute = p.compute.view(first, core::Shape{p.numel() - first});
+  backend.fill(compute, 0.0f);
+  const int64_t begin = std::max(p.offset + first, masters_begin_);
+  const int64_t end = std::min(p.offset + p.numel(), masters_begin_ + masters_.numel());
+  if (begin < end) {
+    core::Tensor kept = masters_.view(begin - masters_begin_, core::Shape{end - begin});
+    backend.fill(kept, 0.0f);
+  }
+}
+
+const Parameter& ParameterStore::named(const std::string& name) const {
+  for (const Parameter& p : params_) {
+    if (p.spec.name == name) return p;
+  }
+  MANTISSA_FAIL("the model has no parameter '" << name << "'");
+}
+
 }  // namespace mantissa::train

@@ -85,6 +85,9 @@ class ParameterStore {
   // only a range of the masters, the rest of the compute copy is left as it is.
   void refresh_compute_copy(core::Backend& backend);
   void zero_grad(core::Backend& backend);
+  // Sets the elements of parameter `index` from `first` on to zero, in the compute copy and
+  // in the masters this store keeps (a vocabulary's padding rows, say).
+  void zero_from(core::Backend& backend, int index, int64_t first);
 
   int size() const { return static_cast<int>(params_.size()); }
   Parameter& operator[](int i) { return params_[static_cast<size_t>(i)]; }
@@ -105,6 +108,9 @@ class ParameterStore {
   void require_all_masters(const std::string& who) const;
   core::Tensor& grads() { return grads_; }
   core::Tensor& compute() { return compute_; }
+
+  // The parameter registered as `name`; throws core::Error naming it when there is none.
+  const Parameter& named(const std::string& name) const;
 
   // The parameter whose elements contain flat index `index`, or -1 for padding.
   int find_by_flat_index(int64_t index) const;

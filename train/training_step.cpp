@@ -33,24 +33,28 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
 
   ParameterStore& params = model_.parameters();
   params.zero_grad(backend_);
-  StepContext ctx{backend_, policy_, model_.fp8_operands(), {}};
+  StepContext ctx{backend_, policy_, model_.fp8_operands(), {}, step};
 
   // d(mean loss)/d(token loss) = 1 / (all tokens of the step), times the loss scale.
   int64_t tokens = 0;
   for (const Batch& b : micro_batches) tokens += b.batch_size * b.seq_len;
   const float dloss =
       static_cast<float>(static_cast<double>(scaler_.scale()) / static_cast<double>(tokens));
-  double loss_sum = 0.0;
+  // Every token's loss goes to the host with the step's other scalars, at their one
+  // synchronisation below.
+  Tensor host_losses = Tensor::empty(Shape{tokens}, DType::kF32);
+  int64_t copied = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Batch& mb = micro_batches[i];
     const bool last = i + 1 == micro_batches.size();
     if (sync && last) ctx.grad_ready = [sync](int param) { sync->grad_ready(param); };
     const BatchTensors device_batch = upload(mb, backend_);
-    loss_sum +=
-        model_.forward(ctx, device_batch, dloss) * static_cast<double>(mb.batch_size * mb.seq_len);
+    const Tensor losses = model_.forward(ctx, device_batch, dloss);
+    Tensor slot = host_losses.view(copied, Shape{losses.numel()});
+    backend_.copy(losses, slot);
+    copied += losses.numel();
     model_.backward(ctx);
   }
-  report.loss = loss_sum / static_cast<double>(tokens);
   report.tokens = tokens;
 
   // The range this rank's optimizer updates: everything, or its ZeRO-1 shard. Only that
@@ -66,10 +70,10 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   Tensor owned = grads.view(begin, Shape{end - begin});
   if (before_check) before_check(owned, step);
 
-  // Everything the host decides on is read back at one host synchronisation: the non-finite
-  // flag, the first non-finite index and the squared gradient norm share one 16-byte device
-  // buffer (F32 found, F32 norm^2, I64 first index at byte 8), copied with one copy, and the
-  // FP8 amaxes (final since backward) are copied before the same synchronize(). The norm is
+  // Everything the host decides on is read back at one host synchronisation: the token
+  // losses, the non-finite flag, the first non-finite index and the squared gradient norm share one
+  // 16-byte device buffer (F32 found, F32 norm^2, I64 first index at byte 8), copied with one copy,
+  // and the FP8 amaxes (final since backward) are copied before the same synchronize(). The norm is
   // therefore summed before the skip decision; a skipped step ignores it (it may be inf).
   Tensor scalars = Tensor::empty(Shape{4}, DType::kF32, backend_.device());
   Tensor found = scalars.view(0, Shape{1});
@@ -86,6 +90,9 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   // read_amaxes() copies and synchronises once, which also completes host_scalars.
   std::vector<float> amaxes = fp8 ? fp8->read_amaxes(backend_) : std::vector<float>{};
   if (!fp8) backend_.synchronize();
+  double loss_sum = 0.0;
+  for (int64_t i = 0; i < tokens; ++i) loss_sum += host_losses.data_as<float>()[i];
+  report.loss = loss_sum / static_cast<double>(tokens);
   const float* host = host_scalars.data_as<float>();
   int64_t first_index = 0;
   std::memcpy(&first_index, host + 2, sizeof first_index);

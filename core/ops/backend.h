@@ -18,8 +18,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "core/dtype/dtype.h"
+#include "core/precision/block_scaling.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
@@ -32,14 +34,31 @@ struct GemmParams {
   float alpha = 1.0f;
   float beta = 0.0f;  // C = alpha * op(A) op(B) + beta * C
   // Dequantize factors for FP8 operands (value = code * scale), 1-element F32 or nullptr.
+  // With a scale mode other than kTensor (core/precision/block_scaling.h) a_scale and b_scale
+  // are scale tensors in that mode's layout for op(A) [M, K] and op(B)^T [N, K] (both
+  // required; the pairs cuBLASLt allows, 2-D operands, F32 or BF16 C, no fast accumulation,
+  // no c_scale or c_amax): every K-block's FP32 partial sum is multiplied by its two scales
+  // and accumulated in FP32.
   const Tensor* a_scale = nullptr;
   const Tensor* b_scale = nullptr;
+  ScaleMode a_scale_mode = ScaleMode::kTensor;
+  ScaleMode b_scale_mode = ScaleMode::kTensor;
   // For an FP8 output: quantize factor (code = round(value * scale)) and max |value| before
   // the scale is applied. beta must be 0 for FP8 output.
   const Tensor* c_scale = nullptr;
   Tensor* c_amax = nullptr;
   // Ask for the fast (less exact) FP8 accumulation path where the device has one.
   bool fast_accumulate = false;
+};
+
+// Block quantisation (Backend::quantize_blocks), with the rules of block_scaling.h.
+struct BlockQuantizeParams {
+  ScaleMode mode = ScaleMode::kVec128;  // any mode but kTensor (cast() scales whole tensors)
+  // false: the operand's rows are src's rows (K runs along src's rows); true: they are src's
+  // columns (codes = the quantised src^T, K-major either way).
+  bool transpose = false;
+  bool power_of_two = false;  // power-of-two scales (always for kVec32Ue8m0)
+  Tensor* amax = nullptr;     // max |src| over the whole tensor (F32 scalar), when non-null
 };
 
 struct CastParams {
@@ -90,7 +109,7 @@ class Backend {
   // A, B: F32, BF16, F16, or FP8 (E4M3xE4M3, E4M3xE5M2, E5M2xE4M3); C: F32, BF16, F16 or
   // FP8, per the dtype table of core/ops/gemm_checks.h.
   // With 3-D operands [batch, rows, cols] every batch is an independent product
-  // (strided-batched; used by attention).
+  // (strided-batched; the products of core/ops/attention.h).
   virtual void gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& params) = 0;
 
   // --- conversions --------------------------------------------------------------------
@@ -99,6 +118,16 @@ class Backend {
   virtual void cast(const Tensor& src, Tensor& dst, const CastParams& params) = 0;
   // out = max |x| (NaN propagates).
   virtual void amax(const Tensor& x, Tensor& out) = 0;
+  // codes[outer, K] (E4M3 or E5M2) and scales: src[outer, K] (or src[K, outer] with
+  // p.transpose), F32, BF16 or F16, quantised block by block in p.mode: one scale per block
+  // from the block's amax, each code round(x / scale) (core/precision/block_scaling.h).
+  // scales: scale_count(mode, outer, K) elements of scale_dtype(mode), padding set to 1.
+  virtual void quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
+                               const BlockQuantizeParams& p) = 0;
+  // "" when gemm() takes FP8 operands with scale modes a and b on this device, else why not
+  // (the pair, the architecture or the library). A GEMM the device cannot run in the asked
+  // modes fails; it never falls back to other scales.
+  virtual std::string unsupported_scale_modes(ScaleMode a, ScaleMode b) const = 0;
 
   // --- elementwise --------------------------------------------------------------------
   // x[N, C] += bias[C], in place.
@@ -124,13 +153,42 @@ class Backend {
 
   // Causal multi-head self-attention. qkv[B, T, 3C] holds Q, K, V side by side (head h uses
   // channels [h*D, (h+1)*D) of each, D = C / n_head); out[B, T, C]. att[B, H, T, T] saves
-  // the softmax probabilities for the backward (in any activation dtype: F32 keeps them
-  // exact, BF16 halves the largest activation of a training step); scores are scaled by
-  // 1/sqrt(D), the softmax is computed in FP32 and out uses the unrounded probabilities.
+  // the softmax probabilities P for the backward (in any activation dtype: F32 keeps them
+  // exact, BF16 halves the largest activation of a training step), zero above the diagonal.
+  // Per head: S = Q K^T, P = causal_softmax_forward(S, 1/sqrt(D)) (FP32 math), out = P V
+  // with P as saved in att, so the backward (which reads att) is the gradient of what the
+  // forward computed. core/ops/attention.h defines the function: its routine composes it from
+  // the primitives below and batched gemm calls, storing S, dP and dS in the activation dtype
+  // (BF16 in a BF16 step; no FP32 [B, H, T, T] buffer). The CUDA backend runs that routine
+  // (cuBLASLt strided-batched GEMMs); the CPU backend runs a fused kernel that rounds at the
+  // same points, the same function up to the order of FP32 sums and faster on a CPU.
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) = 0;
   // dqkv overwritten.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                   Tensor& dqkv, int n_head) = 0;
+  // The attention primitives (core/ops/attention.h composes them with batched gemm calls).
+  // split_heads: x[B, T, P*H*D] (P parts side by side, each H heads of D channels, as qkv's
+  // Q | K | V with P = 3) into out[P, B, H, T, D]:
+  //   out[p, b, h, t, d] = x[b, t, (p*H + h)*D + d],
+  // so that out[p] is one contiguous [B*H, T, D] operand of a batched gemm. Values are
+  // converted to out's dtype (a copy when the dtypes agree, exact when out is wider).
+  virtual void split_heads(const Tensor& x, Tensor& out) = 0;
+  // merge_heads: the inverse permutation (split_heads' backward, and the way per-head results
+  // return to rows): x[P, B, H, T, D] into out[B, T, P*H*D], converted to out's dtype.
+  virtual void merge_heads(const Tensor& x, Tensor& out) = 0;
+  // Causal softmax of square score matrices scores[..., T, T] (any leading axes), row by row:
+  // row t sees the columns t2 <= t, and with z = scale * scores (core/ops/math/softmax.h, FP32)
+  //   probs[t, t2] = exp(z[t2] - max_{j<=t} z[j]) / sum_{j<=t} exp(z[j] - max)   for t2 <= t,
+  //   probs[t, t2] = 0                                                         for t2 > t,
+  // whatever scores holds above the diagonal (NaN included); rounded once into probs' dtype.
+  // probs may be scores itself (in place) or must be disjoint from it.
+  virtual void causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) = 0;
+  // Its backward from the saved probabilities P and their gradient dP, row by row:
+  //   dscores[t, t2] = scale * P[t, t2] (dP[t, t2] - sum_{j<=t} P[t, j] dP[t, j])  for t2 <= t,
+  // and 0 above the diagonal (whatever dP holds there). dscores may be dprobs itself (in place)
+  // and must be disjoint from probs.
+  virtual void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
+                                       Tensor& dscores) = 0;
   // Causal attention of N new positions over a KV cache (text generation, one sequence).
   // qkv[N, 3C] holds their Q, K, V as attention_forward's rows do. Their K and V are first
   // written to rows [start, start + N) of k_cache and v_cache [S, C] (start + N <= S); then
@@ -168,12 +226,27 @@ class Backend {
   // dgate_up[N, 2I] overwritten with dgate = dout * up * silu'(gate) and dup = dout *
   // silu(gate); it may be gate_up itself (in place).
   virtual void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) = 0;
+  // Grouped-query attention on top of attention_forward: qkv[B, T, (H + 2 KV) D] holds
+  // H = n_head query heads, then KV = n_kv_head key heads and KV value heads (KV divides H);
+  // out[B, T, 3 H D] is the multi-head layout attention_forward reads, in which query head h
+  // gets key/value head h / (H / KV). A copy: out is exact in any dtype.
+  virtual void repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                               Tensor& out) = 0;
+  // Its backward: dqkv[B, T, (H + 2 KV) D] (overwritten) gets the query gradients of
+  // dout[B, T, 3 H D] and, for each key/value head, the sum of the gradients of the H / KV
+  // heads that shared it, added in head order in FP32 and rounded once.
+  virtual void repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, int64_t n_kv_head,
+                                        Tensor& dqkv) = 0;
 
   // out[B, T, C] = wte[tokens[b, t]] + wpe[t]; tokens I32 [B, T]. A token outside
-  // [0, vocab) is an error.
+  // [0, vocab) is a caller's error (the data loaders check every token on the host): the CPU
+  // backend throws, naming it and its position; the CUDA backend, which would have to
+  // synchronise the host to read the tokens back, writes NaN in its row of out and drops its
+  // gradient, so the step's non-finite check skips the step. wpe may be an undefined Tensor: no
+  // position table (models whose positions come from RoPE), out = wte[tokens[b, t]].
   virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                  Tensor& out) = 0;
-  // dwte and dwpe accumulated.
+  // dwte and dwpe accumulated; dwpe undefined when forward had no wpe.
   virtual void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                                   Tensor& dwpe) = 0;
 
@@ -184,7 +257,9 @@ class Backend {
   // Only the first valid_cols columns (1 <= valid_cols <= V) are the vocabulary: the softmax
   // and the loss see those alone, targets must lie in [0, valid_cols), and the columns past
   // them (a padded vocabulary's) get probability 0 and a gradient of exactly 0. Each row's
-  // result is bit-identical to the op on a copy of its first valid_cols columns.
+  // result is bit-identical to the op on a copy of its first valid_cols columns. A target
+  // outside the range is treated as embedding_forward treats a bad token: the CPU backend
+  // throws, the CUDA backend makes that row's loss and gradient NaN.
   virtual void softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
                                      const Tensor& targets, Tensor& losses, Tensor* dlogits,
                                      float grad_scale) = 0;

@@ -15,9 +15,10 @@ void check_cpu_switches();
 // Which of the CPU backend's code paths run on this machine with these switches, in one line
 // ("CPU paths: ..."), for the start line of a run and for every benchmark, so that figures
 // from different machines can be read side by side. GEMMs with FP32 operands always run
-// OpenBLAS sgemm; those with BF16 or FP8 operands run the native AVX512-BF16 kernel or widen to
-// FP32 for sgemm. Rounding to BF16 and F16 to nearest always runs AVX2/F16C code; stochastic
-// rounding and FP8 casts run AVX-512 code where the CPU has AVX-512 F, BW, VL and DQ.
+// OpenBLAS sgemm; those with BF16 or FP8 operands run the native AVX512-BF16 kernel or the
+// AVX2/FMA kernel that widens them to FP32 while it packs them. Rounding to BF16 and F16 to nearest
+// always runs AVX2/F16C code; stochastic rounding and FP8 casts run AVX-512 code where the CPU has
+// AVX-512 F, BW, VL and DQ.
 std::string cpu_paths_description();
 
 }  // namespace mantissa::core

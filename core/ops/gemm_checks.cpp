@@ -125,16 +125,68 @@ void check_fp8_rows(const Tensor& a, const Tensor& b, const Tensor& c, const Gem
                      << " bytes); FP8 GEMMs need rows that are a multiple of 16 bytes");
 }
 
+// A scale tensor of a block-scaled operand (block_scaling.h): present, in the mode's dtype,
+// exactly the layout's size; cuBLASLt's 1x128 and 128x128 modes also need the operand's rows
+// to be a multiple of 4.
+void check_scale_tensor(const char* name, const Tensor* scale, ScaleMode mode, const char* operand,
+                        int64_t outer, int64_t k, Device device) {
+  MANTISSA_CHECK(scale != nullptr, kOp << ": " << name << " is missing; operand " << operand
+                                       << " is scaled " << scale_mode_name(mode)
+                                       << ", which needs a scale tensor");
+  check_operand(kOp, name, *scale, device, {scale_dtype(mode)});
+  const int64_t count = scale_count(mode, outer, k);
+  MANTISSA_CHECK(scale->numel() == count,
+                 kOp << ": " << name << " " << scale->describe() << " holds " << scale->numel()
+                     << " scales; operand " << operand << " read as [" << outer << ", " << k
+                     << "] and scaled " << scale_mode_name(mode) << " needs " << count);
+  if (mode == ScaleMode::kVec128 || mode == ScaleMode::kBlock128) {
+    MANTISSA_CHECK(outer % 4 == 0, kOp << ": operand " << operand << " has " << outer
+                                       << " rows; scaled " << scale_mode_name(mode)
+                                       << " it needs a multiple of 4 (cuBLASLt's rule)");
+  }
+}
+
+// Block-scaled FP8 operands: a pair cuBLASLt defines, 2-D, an F32 or BF16 output (cuBLASLt
+// writes no FP8 from them), no fast accumulation (it has none for these modes), and a scale
+// tensor for each operand.
+void check_block_scales(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
+                        const GemmShape& s, Device device) {
+  const char* a_mode = scale_mode_name(p.a_scale_mode);
+  const char* b_mode = scale_mode_name(p.b_scale_mode);
+  MANTISSA_CHECK(is_fp8(a.dtype()), kOp << ": scale modes " << a_mode << " x " << b_mode
+                                        << " are given but operands A " << a.describe() << " and B "
+                                        << b.describe()
+                                        << " are not FP8; scale modes apply to FP8 operands");
+  const char* rule = scale_mode_pair_rule(p.a_scale_mode, p.b_scale_mode);
+  MANTISSA_CHECK(rule == nullptr, kOp << ": scale modes A " << a_mode << " x B " << b_mode
+                                      << " are not a pair: " << rule);
+  MANTISSA_CHECK(a.shape().rank() == 2, kOp << ": operand A " << a.describe()
+                                            << " is batched; block-scaled products are 2-D");
+  MANTISSA_CHECK(!p.fast_accumulate, kOp << ": fast_accumulate with scale modes " << a_mode << " x "
+                                         << b_mode
+                                         << "; block-scaled products accumulate in full FP32");
+  MANTISSA_CHECK(c.dtype() == DType::kF32 || c.dtype() == DType::kBF16,
+                 kOp << ": output C " << c.describe() << " of a block-scaled product (" << a_mode
+                     << " x " << b_mode << ") must be f32 or bf16");
+  check_scale_tensor("a_scale", p.a_scale, p.a_scale_mode, "A", s.m, s.k, device);
+  check_scale_tensor("b_scale", p.b_scale, p.b_scale_mode, "B", s.n, s.k, device);
+}
+
 }  // namespace
 
 GemmShape check_gemm(const Tensor& a, const Tensor& b, const Tensor& c, const GemmParams& p,
                      Device device) {
   check_dtypes(a, b, c, p, device);
-  check_fp8_scalar("a_scale", p.a_scale, "operand A", a, device);
-  check_fp8_scalar("b_scale", p.b_scale, "operand B", b, device);
+  const bool block_scaled =
+      p.a_scale_mode != ScaleMode::kTensor || p.b_scale_mode != ScaleMode::kTensor;
+  if (!block_scaled) {
+    check_fp8_scalar("a_scale", p.a_scale, "operand A", a, device);
+    check_fp8_scalar("b_scale", p.b_scale, "operand B", b, device);
+  }
   check_fp8_scalar("c_scale", p.c_scale, "output C", c, device);
   check_fp8_scalar("c_amax", p.c_amax, "output C", c, device);
   const GemmShape s = check_shapes(a, b, c, p);
+  if (block_scaled) check_block_scales(a, b, c, p, s, device);
   if (is_fp8(a.dtype())) check_fp8_rows(a, b, c, s);
   return s;
 }

@@ -10,6 +10,9 @@
 //   E4M3 x E5M2, E5M2 x E4M3    F32, BF16, E4M3, E5M2
 // E5M2 x E5M2 has no kernel on Hopper and is rejected. a_scale / b_scale apply to FP8
 // operands only, c_scale / c_amax to an FP8 output only. C must not overlap A or B.
+// Block-scaled FP8 (scale modes other than kTensor, core/precision/block_scaling.h): a pair
+// of modes cuBLASLt defines, 2-D operands, C F32 or BF16, no fast accumulation, scale tensors
+// of exactly the layout's size, and for 1x128 and 128x128 rows (M, N) a multiple of 4.
 #pragma once
 
 #include <cstdint>

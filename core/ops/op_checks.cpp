@@ -58,8 +58,9 @@ EmbeddingDims embedding_dims(const char* op, const Tensor& tokens, const char* t
                              const Tensor& positions) {
   check_rank(op, "tokens", tokens, 2);
   check_rank(op, table_name, table, 2);
-  check_rank(op, positions_name, positions, 2);
   const int64_t B = tokens.dim(0), T = tokens.dim(1), V = table.dim(0), C = table.dim(1);
+  if (!positions.defined()) return {B, T, V, C};  // no position table
+  check_rank(op, positions_name, positions, 2);
   MANTISSA_CHECK(positions.dim(1) == C && positions.dim(0) >= T,
                  op << ": operand " << positions_name << " " << positions.describe()
                     << " must have " << C << " channels (as " << table_name << " "
@@ -399,6 +400,47 @@ SwigluDims check_swiglu_backward(const Tensor& dout, const Tensor& gate_up, cons
   return d;
 }
 
+namespace {
+
+// grouped[B, T, (H + 2 KV) D] against expanded[B, T, 3 H D].
+KvHeadsDims kv_heads_dims(const char* op, const char* grouped_name, const Tensor& grouped,
+                          int64_t n_head, int64_t n_kv_head, const char* expanded_name,
+                          const Tensor& expanded) {
+  check_rank(op, grouped_name, grouped, 3);
+  MANTISSA_CHECK(
+      n_head > 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
+      op << ": n_kv_head = " << n_kv_head << " must be positive and divide n_head = " << n_head);
+  const int64_t heads = n_head + 2 * n_kv_head;
+  MANTISSA_CHECK(grouped.dim(2) > 0 && grouped.dim(2) % heads == 0,
+                 op << ": operand " << grouped_name << " " << grouped.describe()
+                    << " must have (n_head + 2 n_kv_head) = " << heads << " heads of D channels");
+  const KvHeadsDims d{grouped.dim(0), grouped.dim(1), n_head, n_kv_head, grouped.dim(2) / heads};
+  check_shape(op, expanded_name, expanded, Shape{d.B, d.T, 3 * d.H * d.D});
+  return d;
+}
+
+}  // namespace
+
+KvHeadsDims check_repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                                  const Tensor& out, Device device) {
+  const char* op = "repeat_kv_heads";
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "out", out, device);
+  const KvHeadsDims d = kv_heads_dims(op, "qkv", qkv, n_head, n_kv_head, "out", out);
+  check_disjoint(op, "out", out, "qkv", qkv);
+  return d;
+}
+
+KvHeadsDims check_repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, int64_t n_kv_head,
+                                           const Tensor& dqkv, Device device) {
+  const char* op = "repeat_kv_heads_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "dqkv", dqkv, device);
+  const KvHeadsDims d = kv_heads_dims(op, "dqkv", dqkv, n_head, n_kv_head, "dout", dout);
+  check_disjoint(op, "dqkv", dqkv, "dout", dout);
+  return d;
+}
+
 AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& att,
                                       int n_head, Device device) {
   const char* op = "attention_forward";
@@ -428,6 +470,77 @@ AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, co
   check_disjoint(op, "dqkv", dqkv, "qkv", qkv);
   check_disjoint(op, "dqkv", dqkv, "dout", dout);
   check_disjoint(op, "dqkv", dqkv, "att", att);
+  return d;
+}
+
+namespace {
+
+// heads[P, B, H, T, D] against rows[B, T, P*H*D].
+HeadsDims heads_dims(const char* op, const char* heads_name, const Tensor& heads,
+                     const char* rows_name, const Tensor& rows) {
+  check_rank(op, heads_name, heads, 5);
+  const HeadsDims d{heads.dim(0), heads.dim(1), heads.dim(2), heads.dim(3), heads.dim(4)};
+  check_shape(op, rows_name, rows, Shape{d.B, d.T, d.P * d.H * d.D});
+  return d;
+}
+
+// Score matrices [..., T, T]: at least two axes, the last two equal.
+CausalSoftmaxDims score_dims(const char* op, const char* name, const Tensor& t) {
+  MANTISSA_CHECK(t.shape().rank() >= 2 && t.dim(-1) == t.dim(-2),
+                 op << ": operand " << name << " " << t.describe()
+                    << " must be square score matrices [..., T, T]");
+  const int64_t T = t.dim(-1);
+  return {T == 0 ? 0 : t.numel() / (T * T), T};
+}
+
+void check_softmax_scale(const char* op, float scale) {
+  MANTISSA_CHECK(std::isfinite(scale), op << ": scale " << scale << " must be finite");
+}
+
+}  // namespace
+
+HeadsDims check_split_heads(const Tensor& x, const Tensor& out, Device device) {
+  const char* op = "split_heads";
+  check_activation(op, "x", x, device);
+  check_activation(op, "out", out, device);
+  const HeadsDims d = heads_dims(op, "out", out, "x", x);
+  check_disjoint(op, "out", out, "x", x);
+  return d;
+}
+
+HeadsDims check_merge_heads(const Tensor& x, const Tensor& out, Device device) {
+  const char* op = "merge_heads";
+  check_activation(op, "x", x, device);
+  check_activation(op, "out", out, device);
+  const HeadsDims d = heads_dims(op, "x", x, "out", out);
+  check_disjoint(op, "out", out, "x", x);
+  return d;
+}
+
+CausalSoftmaxDims check_causal_softmax_forward(const Tensor& scores, float scale,
+                                               const Tensor& probs, Device device) {
+  const char* op = "causal_softmax_forward";
+  check_activation(op, "scores", scores, device);
+  check_activation(op, "probs", probs, device);
+  check_softmax_scale(op, scale);
+  const CausalSoftmaxDims d = score_dims(op, "scores", scores);
+  check_same_shape(op, "probs", probs, "scores", scores);
+  check_same_or_disjoint(op, "probs", probs, "scores", scores);
+  return d;
+}
+
+CausalSoftmaxDims check_causal_softmax_backward(const Tensor& probs, const Tensor& dprobs,
+                                                float scale, const Tensor& dscores, Device device) {
+  const char* op = "causal_softmax_backward";
+  check_activation(op, "probs", probs, device);
+  check_activation(op, "dprobs", dprobs, device);
+  check_activation(op, "dscores", dscores, device);
+  check_softmax_scale(op, scale);
+  const CausalSoftmaxDims d = score_dims(op, "probs", probs);
+  check_same_shape(op, "dprobs", dprobs, "probs", probs);
+  check_same_shape(op, "dscores", dscores, "probs", probs);
+  check_same_or_disjoint(op, "dscores", dscores, "dprobs", dprobs);
+  check_disjoint(op, "dscores", dscores, "probs", probs);
   return d;
 }
 
@@ -472,7 +585,7 @@ EmbeddingDims check_embedding_forward(const Tensor& tokens, const Tensor& wte, c
   const char* op = "embedding_forward";
   check_operand(op, "tokens", tokens, device, {DType::kI32});
   check_parameter(op, "wte", wte, device);
-  check_parameter(op, "wpe", wpe, device);
+  if (wpe.defined()) check_parameter(op, "wpe", wpe, device);
   check_activation(op, "out", out, device);
   const EmbeddingDims d = embedding_dims(op, tokens, "wte", wte, "wpe", wpe);
   check_shape(op, "out", out, Shape{d.B, d.T, d.C});
@@ -485,7 +598,7 @@ EmbeddingDims check_embedding_backward(const Tensor& dout, const Tensor& tokens,
   check_activation(op, "dout", dout, device);
   check_operand(op, "tokens", tokens, device, {DType::kI32});
   check_operand(op, "dwte", dwte, device, {DType::kF32});
-  check_operand(op, "dwpe", dwpe, device, {DType::kF32});
+  if (dwpe.defined()) check_operand(op, "dwpe", dwpe, device, {DType::kF32});
   const EmbeddingDims d = embedding_dims(op, tokens, "dwte", dwte, "dwpe", dwpe);
   check_shape(op, "dout", dout, Shape{d.B, d.T, d.C});
   return d;

@@ -4,8 +4,9 @@
 // The per-op validators below run all of an op's checks in one fixed order and return the
 // dimensions the op's loops or kernels need; each backend calls the one for its op before
 // doing any work. (gemm's lives in gemm_checks.h.) Only what needs the data itself is left to
-// the backends: the token and target range checks read the indices where they live (host
-// memory or the device) and report through fail_index_out_of_range, after the validator.
+// the backends: the CPU backend checks token and target ranges and reports through
+// fail_index_out_of_range, after the validator; the CUDA backend does not read indices back
+// (that would synchronise the host) and turns an out-of-range index into NaN (backend.h).
 #pragma once
 
 #include <cstdint>
@@ -93,6 +94,16 @@ SwigluDims check_swiglu_forward(const Tensor& gate_up, const Tensor& out, Device
 SwigluDims check_swiglu_backward(const Tensor& dout, const Tensor& gate_up, const Tensor& dgate_up,
                                  Device device);
 
+// qkv[B, T, (H + 2 KV) D] (H = n_head query heads, KV = n_kv_head key and value heads of D
+// channels) and its multi-head expansion [B, T, 3 H D].
+struct KvHeadsDims {
+  int64_t B, T, H, KV, D;
+};
+KvHeadsDims check_repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_kv_head,
+                                  const Tensor& out, Device device);
+KvHeadsDims check_repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, int64_t n_kv_head,
+                                           const Tensor& dqkv, Device device);
+
 // qkv[B, T, 3C] with H = n_head heads of D = C / H channels.
 struct AttentionDims {
   int64_t B, T, C, H, D;
@@ -101,6 +112,22 @@ AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, cons
                                       int n_head, Device device);
 AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                        const Tensor& dqkv, int n_head, Device device);
+
+// The attention primitives: rows[B, T, P*H*D] and their heads[P, B, H, T, D] (split_heads
+// reads rows and writes heads, merge_heads the reverse); square score matrices [..., T, T],
+// N of them.
+struct HeadsDims {
+  int64_t P, B, H, T, D;
+};
+HeadsDims check_split_heads(const Tensor& x, const Tensor& out, Device device);
+HeadsDims check_merge_heads(const Tensor& x, const Tensor& out, Device device);
+struct CausalSoftmaxDims {
+  int64_t N, T;
+};
+CausalSoftmaxDims check_causal_softmax_forward(const Tensor& scores, float scale,
+                                               const Tensor& probs, Device device);
+CausalSoftmaxDims check_causal_softmax_backward(const Tensor& probs, const Tensor& dprobs,
+                                                float scale, const Tensor& dscores, Device device);
 
 // qkv[N, 3C] (N new positions, H = n_head heads of D = C / H channels) against caches [S, C]
 // of which rows [0, start + N) are used.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "core/config_check.h"
 #include "core/error.h"
@@ -24,15 +25,60 @@ float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin
   return static_cast<float>(fp8_max / floored / std::ldexp(1.0, margin));
 }
 
+const char* fp8_recipe_name(Fp8Recipe recipe) {
+  switch (recipe) {
+    case Fp8Recipe::kDelayed: return "DELAYED";
+    case Fp8Recipe::kCurrent: return "CURRENT";
+    case Fp8Recipe::kBlockwise: return "BLOCKWISE";
+    case Fp8Recipe::kRowwise: return "ROWWISE";
+    case Fp8Recipe::kMxfp8: return "MXFP8";
+  }
+  return "?";
+}
+
+bool is_block_recipe(Fp8Recipe recipe) {
+  return recipe == Fp8Recipe::kBlockwise || recipe == Fp8Recipe::kRowwise ||
+         recipe == Fp8Recipe::kMxfp8;
+}
+
+ScaleMode fp8_scale_mode(Fp8Recipe recipe, Fp8Role role) {
+  switch (recipe) {
+    case Fp8Recipe::kBlockwise:
+      return role == Fp8Role::kWeight ? ScaleMode::kBlock128 : ScaleMode::kVec128;
+    case Fp8Recipe::kRowwise: return ScaleMode::kOuterVec;
+    case Fp8Recipe::kMxfp8: return ScaleMode::kVec32Ue8m0;
+    default: return ScaleMode::kTensor;
+  }
+}
+
 void validate(const Fp8ScalingConfig& config) {
   // Every FP8 tensor keeps a float history of this length: 2^20 entries are already 4 MiB each.
   in_range("fp8.amax_history_len", config.amax_history_len, 1, 1 << 20);
   // 2^-margin scales a float: beyond ~100 the scale underflows.
   in_range("fp8.margin", config.margin, 0, 100);
+  const std::string recipe = fp8_recipe_name(config.recipe);
+  const bool block = is_block_recipe(config.recipe);
+  require(!block || config.margin == 0, "fp8.margin", std::to_string(config.margin),
+          "must be 0 with recipe " + recipe +
+              " (block scales map each block's amax onto the format's maximum)");
+  const bool fp8 = config.grad_format == DType::kE4M3 || config.grad_format == DType::kE5M2;
+  const std::string format =
+      fp8 ? (config.grad_format == DType::kE4M3 ? "E4M3" : "E5M2") : dtype_name(config.grad_format);
+  require(fp8, "fp8.grad_format", format, "must be E4M3 or E5M2");
+  require(config.recipe != Fp8Recipe::kRowwise || config.grad_format == DType::kE4M3,
+          "fp8.grad_format", format,
+          "must be E4M3 with recipe ROWWISE (torchao's row-wise recipe: E4M3 for every operand)");
+  const std::string pow2 = config.power_of_two ? "true" : "false";
+  require(block || !config.power_of_two, "fp8.power_of_two_scales", pow2,
+          "applies to the BLOCKWISE, ROWWISE and MXFP8 recipes only, not " + recipe);
+  require(config.recipe != Fp8Recipe::kMxfp8 || config.power_of_two, "fp8.power_of_two_scales",
+          pow2, "must be true with recipe MXFP8 (its E8M0 scales are powers of two)");
 }
 
-Fp8ScalingRegistry::Fp8ScalingRegistry(const Fp8ScalingConfig& config) : config_(config) {
+Fp8ScalingRegistry::Fp8ScalingRegistry(const Fp8ScalingConfig& config)
+    : config_(config), history_len_(is_block_recipe(config.recipe) ? 1 : config.amax_history_len) {
   validate(config_);
+  state_.recipe = fp8_recipe_name(config_.recipe);
 }
 
 int Fp8ScalingRegistry::add(const std::string& name, DType format) {
@@ -45,7 +91,7 @@ int Fp8ScalingRegistry::add(const std::string& name, DType format) {
   Fp8TensorState t;
   t.name = name;
   t.format = format;
-  t.amax_history.assign(config_.amax_history_len, 0.0f);
+  t.amax_history.assign(history_len_, 0.0f);
   state_.tensors.push_back(std::move(t));
   return size() - 1;
 }
@@ -58,7 +104,7 @@ const Fp8TensorState& Fp8ScalingRegistry::tensor(int index) const {
 
 float Fp8ScalingRegistry::newest_amax(int index) const {
   const Fp8TensorState& t = tensor(index);
-  const int len = config_.amax_history_len;
+  const int len = history_len_;
   return t.amax_history[(t.history_next + len - 1) % len];
 }
 
@@ -70,7 +116,7 @@ void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
                                                                         << "' must be >= 0, got "
                                                                         << amaxes[i]);
   }
-  const int len = config_.amax_history_len;
+  const int len = history_len_;
   const bool use_history_max =
       config_.recipe == Fp8Recipe::kDelayed && config_.amax_compute == AmaxCompute::kMax;
   for (int i = 0; i < size(); ++i) {
@@ -79,6 +125,8 @@ void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
     if (!std::isfinite(amax)) continue;
     t.amax_history[t.history_next] = amax;
     t.history_next = (t.history_next + 1) % len;
+    // Block recipes scale at each use: the amax is kept for the log, the scale stays 1.
+    if (is_block_recipe(config_.recipe)) continue;
     const float used =
         use_history_max ? *std::max_element(t.amax_history.begin(), t.amax_history.end()) : amax;
     t.scale = fp8_scale_from_amax(used, t.scale, fp8_max(t.format), config_.margin);
@@ -87,6 +135,9 @@ void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
 }
 
 void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
+  MANTISSA_CHECK(
+      state.recipe.empty() || state.recipe == state_.recipe,
+      "fp8 scaling state: saved by recipe " << state.recipe << ", this run uses " << state_.recipe);
   MANTISSA_CHECK(state.tensors.size() == state_.tensors.size(),
                  "fp8 scaling state: holds " << state.tensors.size() << " tensors, the model has "
                                              << state_.tensors.size());
@@ -98,19 +149,25 @@ void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
                                                 << dtype_name(got.format) << "), the model has '"
                                                 << want.name << "' (" << dtype_name(want.format)
                                                 << ")");
-    MANTISSA_CHECK(got.amax_history.size() == want.amax_history.size(),
-                   "fp8 scaling state: tensor '"
-                       << got.name << "' has an amax history of " << got.amax_history.size()
-                       << " entries, fp8.amax_history_len is " << want.amax_history.size());
-    MANTISSA_CHECK(got.history_next >= 0 && got.history_next < config_.amax_history_len,
+    MANTISSA_CHECK(
+        got.amax_history.size() == want.amax_history.size(),
+        "fp8 scaling state: tensor '"
+            << got.name << "' has an amax history of " << got.amax_history.size() << " entries, "
+            << (is_block_recipe(config_.recipe)
+                    ? std::string("recipe ") + fp8_recipe_name(config_.recipe) + " keeps "
+                    : std::string("fp8.amax_history_len is "))
+            << want.amax_history.size());
+    MANTISSA_CHECK(got.history_next >= 0 && got.history_next < history_len_,
                    "fp8 scaling state: tensor '" << got.name << "' has history position "
                                                  << got.history_next << " outside [0, "
-                                                 << config_.amax_history_len << ")");
+                                                 << history_len_ << ")");
     MANTISSA_CHECK(std::isfinite(got.scale) && got.scale > 0.0f,
                    "fp8 scaling state: tensor '" << got.name << "' has scale " << got.scale
                                                  << ", expected finite and > 0");
   }
+  const std::string recipe = state_.recipe;
   state_ = state;
+  state_.recipe = recipe;
 }
 
 }  // namespace mantissa::core

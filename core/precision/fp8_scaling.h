@@ -15,6 +15,15 @@
 //    caller measures the amax before the cast and calls update() before using the scale.
 //    amax_compute is ignored (it is always this step's amax), the history is still kept for
 //    metrics.
+//  - kBlockwise, kRowwise, kMxfp8: finer scales (core/precision/block_scaling.h). Every
+//    operand is quantised where it is used, with the scales of its own blocks computed from
+//    its own values (Backend::quantize_blocks): nothing is carried from step to step. Per
+//    operand role (fp8_recipe_modes):
+//      BLOCKWISE (DeepSeek-V3)  inputs and gradients 1x128 tiles along K, weights 128x128
+//      ROWWISE (torchao)        one scale per row along K, for every operand
+//      MXFP8 (OCP MX)           1x32 blocks along K with E8M0 scales, for every operand
+//    The registry keeps only each operand's newest amax (a history of one entry, for the log
+//    and metrics) and a scale of 1; amax_history_len and amax_compute do not apply.
 //
 // Step protocol, on every rank:
 //   1. gather this step's amax of every tensor into one flat vector in registration order
@@ -33,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "core/precision/block_scaling.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
@@ -43,18 +53,37 @@ float fp8_max(DType format);
 // The scale rule above for one amax. Returns old_scale when amax is 0 or not finite.
 float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin);
 
-enum class Fp8Recipe : uint8_t { kDelayed, kCurrent };
+enum class Fp8Recipe : uint8_t { kDelayed, kCurrent, kBlockwise, kRowwise, kMxfp8 };
 enum class AmaxCompute : uint8_t { kMax, kMostRecent };
+
+// The config's name of a recipe ("DELAYED", "BLOCKWISE", ...).
+const char* fp8_recipe_name(Fp8Recipe recipe);
+// BLOCKWISE, ROWWISE and MXFP8: scales per block, no history.
+bool is_block_recipe(Fp8Recipe recipe);
+
+// What a GEMM operand is to its layer: a layer's input (activation), its weight, or the
+// gradient of its output.
+enum class Fp8Role : uint8_t { kInput, kWeight, kGradient };
+
+// The scale mode of each role under a recipe (kTensor for DELAYED and CURRENT).
+ScaleMode fp8_scale_mode(Fp8Recipe recipe, Fp8Role role);
 
 struct Fp8ScalingConfig {
   Fp8Recipe recipe = Fp8Recipe::kDelayed;
   int32_t amax_history_len = 1024;
   AmaxCompute amax_compute = AmaxCompute::kMax;
   int32_t margin = 0;  // extra headroom: the scale is divided by 2^margin
+  // The output gradients' format (inputs and weights are always E4M3): E5M2 is the HYBRID
+  // format of the per-tensor recipes, E4M3 what the block recipes use by default.
+  DType grad_format = DType::kE5M2;
+  bool power_of_two = false;  // block recipes: power-of-two scales (MXFP8's always are)
 };
 
 // Throws core::ConfigError "fp8.<field> = <value>: <rule>" for the first value out of its range
-// (core/config_check.h): amax_history_len in [1, 2^20], margin in [0, 100].
+// (core/config_check.h): amax_history_len in [1, 2^20], margin in [0, 100] and 0 for the block
+// recipes (their scales map each block's amax onto the format's maximum), grad_format E4M3 or
+// E5M2 and E4M3 for ROWWISE (torchao's recipe: E4M3 for every operand), power_of_two_scales
+// only for the block recipes and never false for MXFP8 (E8M0 scales are powers of two).
 void validate(const Fp8ScalingConfig& config);
 
 struct Fp8TensorState {
@@ -68,16 +97,18 @@ struct Fp8TensorState {
   bool operator==(const Fp8TensorState&) const = default;
 };
 
-// What a checkpoint stores: every tensor's state in registration order.
+// What a checkpoint stores: every tensor's state in registration order, and the recipe that
+// produced it (fp8_recipe_name; empty in checkpoints written before recipes were recorded).
 struct Fp8ScalingState {
   std::vector<Fp8TensorState> tensors;
+  std::string recipe;
 
   bool operator==(const Fp8ScalingState&) const = default;
 };
 
 class Fp8ScalingRegistry {
  public:
-  // Validates the config (validate above).
+  // Validates the config (validate above). Block recipes keep a history of one entry.
   explicit Fp8ScalingRegistry(const Fp8ScalingConfig& config);
 
   // Registers an FP8 operand (format kE4M3 or kE5M2) with scale 1 and an empty history and
@@ -95,11 +126,15 @@ class Fp8ScalingRegistry {
   const Fp8ScalingConfig& config() const { return config_; }
   const Fp8ScalingState& state() const { return state_; }
   // Restores a checkpointed state; it must describe the registered tensors (same names,
-  // formats, order) with histories of amax_history_len entries.
+  // formats, order) with histories of history_len() entries, under this recipe (an empty
+  // recipe, from an older checkpoint, is taken for this one).
   void set_state(const Fp8ScalingState& state);
+  // Entries of each tensor's amax history: amax_history_len, or 1 for the block recipes.
+  int32_t history_len() const { return history_len_; }
 
  private:
   Fp8ScalingConfig config_;
+  int32_t history_len_ = 0;
   Fp8ScalingState state_;
 };
 

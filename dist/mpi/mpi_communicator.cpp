@@ -11,6 +11,7 @@
 
 #include "core/dtype/dtype.h"
 #include "dist/mpi/mpi_check.h"
+#include "dist/mpi/mpi_progress.h"
 
 namespace mantissa::dist {
 
@@ -189,8 +190,12 @@ class CommHandle {
 // like every wait, and ends the job rather than throw from a destructor.
 class MpiRequest final : public Request {
  public:
-  MpiRequest(const World& world, double timeout_s, std::string what)
-      : world_(world), timeout_s_(timeout_s), what_(std::move(what)) {}
+  MpiRequest(const World& world, double timeout_s, std::string what,
+             std::shared_ptr<MpiProgress> progress)
+      : world_(world),
+        timeout_s_(timeout_s),
+        what_(std::move(what)),
+        progress_(std::move(progress)) {}
   ~MpiRequest() override {
     if (request_ == MPI_REQUEST_NULL) return;
     try {
@@ -201,12 +206,23 @@ class MpiRequest final : public Request {
   }
 
   MPI_Request* handle() { return &request_; }
+  // The collective has been started on handle(): the progress thread drives it from now on.
+  void issued() {
+    if (progress_ && request_ != MPI_REQUEST_NULL) {
+      progress_->begin();
+      counted_ = true;
+    }
+  }
 
  protected:
   bool poll() override {
     if (request_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     MANTISSA_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+    if (done && counted_) {
+      progress_->end();
+      counted_ = false;
+    }
     return done != 0;
   }
 
@@ -229,14 +245,20 @@ class MpiRequest final : public Request {
   const World& world_;
   double timeout_s_;
   std::string what_;
+  std::shared_ptr<MpiProgress> progress_;  // null: no progress thread
+  bool counted_ = false;                   // in progress_'s count of collectives in flight
   MPI_Request request_ = MPI_REQUEST_NULL;
 };
 
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(const World& world, double timeout_s, MPI_Comm parent,
-                  std::shared_ptr<const ReducedOps> ops)
-      : world_(world), timeout_s_(timeout_s), comm_(parent), ops_(std::move(ops)) {
+                  std::shared_ptr<const ReducedOps> ops, std::shared_ptr<MpiProgress> progress)
+      : world_(world),
+        timeout_s_(timeout_s),
+        comm_(parent),
+        ops_(std::move(ops)),
+        progress_(std::move(progress)) {
     MANTISSA_MPI_CHECK(MPI_Comm_rank(comm_.get(), &rank_));
     MANTISSA_MPI_CHECK(MPI_Comm_size(comm_.get(), &size_));
   }
@@ -246,7 +268,7 @@ class MpiCommunicator final : public Communicator {
   core::Device device() const override { return core::Device::cpu(); }
 
   std::unique_ptr<Communicator> duplicate() override {
-    return std::make_unique<MpiCommunicator>(world_, timeout_s_, comm_.get(), ops_);
+    return std::make_unique<MpiCommunicator>(world_, timeout_s_, comm_.get(), ops_, progress_);
   }
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
@@ -255,6 +277,7 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_MPI_CHECK(MPI_Iallreduce(
         MPI_IN_PLACE, buf.data(), mpi_count(buf.numel(), "all_reduce"), mpi_datatype(buf.dtype()),
         mpi_op(*ops_, buf.dtype(), op), comm_.get(), request->handle()));
+    request->issued();
     return request;
   }
 
@@ -271,6 +294,7 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_MPI_CHECK(
         MPI_Ireduce_scatter(send.data(), recv.data(), c.data(), mpi_datatype(send.dtype()),
                             mpi_op(*ops_, send.dtype(), op), comm_.get(), request->handle()));
+    request->issued();
     return request;
   }
 
@@ -292,6 +316,7 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_MPI_CHECK(MPI_Iallgatherv(send.data() == mine ? MPI_IN_PLACE : send.data(), c[rank_],
                                        type, recv.data(), c.data(), d.data(), type, comm_.get(),
                                        request->handle()));
+    request->issued();
     return request;
   }
 
@@ -301,6 +326,7 @@ class MpiCommunicator final : public Communicator {
     auto request = start("broadcast", buf, {buf});
     MANTISSA_MPI_CHECK(MPI_Ibcast(buf.data(), mpi_count(buf.numel(), "broadcast"),
                                   mpi_datatype(buf.dtype()), root, comm_.get(), request->handle()));
+    request->issued();
     return request;
   }
 
@@ -321,12 +347,14 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = mpi_datatype(send.dtype());
     MANTISSA_MPI_CHECK(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), type, recv.data(),
                                       rc.data(), rd.data(), type, comm_.get(), request->handle()));
+    request->issued();
     return request;
   }
 
   void barrier() override {
-    MpiRequest request(world_, timeout_s_, "MPI barrier");
+    MpiRequest request(world_, timeout_s_, "MPI barrier", progress_);
     MANTISSA_MPI_CHECK(MPI_Ibarrier(comm_.get(), request.handle()));
+    request.issued();
     request.wait();
   }
 
@@ -336,7 +364,7 @@ class MpiCommunicator final : public Communicator {
                                     std::vector<Tensor> operands) {
     std::ostringstream what;
     what << "MPI " << op << " of " << buf.describe();
-    auto request = std::make_unique<MpiRequest>(world_, timeout_s_, what.str());
+    auto request = std::make_unique<MpiRequest>(world_, timeout_s_, what.str(), progress_);
     request->hold(std::move(operands));
     return request;
   }
@@ -354,6 +382,7 @@ class MpiCommunicator final : public Communicator {
   double timeout_s_;
   CommHandle comm_;
   std::shared_ptr<const ReducedOps> ops_;
+  std::shared_ptr<MpiProgress> progress_;  // shared by the duplicates; null: none
   int rank_ = 0;
   int size_ = 1;
 };
@@ -362,8 +391,8 @@ class MpiCommunicator final : public Communicator {
 
 std::unique_ptr<Communicator> make_mpi_communicator(const World& world, double timeout_s) {
   MANTISSA_CHECK(timeout_s > 0, "dist.timeout_s must be > 0, got " << timeout_s);
-  return std::make_unique<MpiCommunicator>(world, timeout_s, MPI_COMM_WORLD,
-                                           std::make_shared<const ReducedOps>());
+  return std::make_unique<MpiCommunicator>(
+      world, timeout_s, MPI_COMM_WORLD, std::make_shared<const ReducedOps>(), MpiProgress::start());
 }
 
 }  // namespace mantissa::dist

@@ -11,33 +11,21 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 
-namespace {
-
-// The compute copy of the parameter `name` (GPT-2's names, gpt2.h).
-Tensor parameter(const train::ParameterStore& params, const std::string& name) {
-  for (const train::Parameter& p : params.all()) {
-    if (p.spec.name == name) return p.compute;
-  }
-  MANTISSA_FAIL("GPT2Decoder: the model has no parameter '" << name << "'");
-}
-
-}  // namespace
-
 GPT2Decoder::GPT2Decoder(GPT2& model, core::Backend& backend)
     : config_(model.config()), backend_(backend) {
   const train::ParameterStore& params = model.parameters();
   const int64_t C = config_.n_embd;
-  const Tensor wte = parameter(params, "wte");
+  const Tensor wte = params.named("wte").compute;
   dtype_ = wte.dtype();
   // A padded wte has rows past vocab_size; no token indexes them and no logit of theirs is
   // sampled, so the decoder sees the first vocab_size rows only.
   wte_ = wte.view(0, Shape{config_.vocab_size, C});
-  wpe_ = parameter(params, "wpe");
-  ln_f_weight_ = parameter(params, "ln_f.weight");
-  ln_f_bias_ = parameter(params, "ln_f.bias");
+  wpe_ = params.named("wpe").compute;
+  ln_f_weight_ = params.named("ln_f.weight").compute;
+  ln_f_bias_ = params.named("ln_f.bias").compute;
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    auto get = [&](const char* part) { return parameter(params, h + part); };
+    auto get = [&](const char* part) { return params.named(h + part).compute; };
     Layer layer{get("ln_1.weight"),
                 get("ln_1.bias"),
                 get("attn.c_attn.weight"),
@@ -139,46 +127,6 @@ Tensor GPT2Decoder::forward(std::span<const int32_t> tokens, bool cached) {
   if (!cached) return logits;
   length_ += n;
   return logits.reshape(Shape{V});
-}
-
-std::vector<int32_t> generate(GPT2Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit) {
-  MANTISSA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token");
-  MANTISSA_CHECK(
-      vocab_limit >= 1 && vocab_limit <= decoder.vocab_size(),
-      "generate: vocab_limit " << vocab_limit << " outside [1, " << decoder.vocab_size() << "]");
-  std::vector<int32_t> generated;
-  if (max_new_tokens <= 0) return generated;
-  const int64_t window = decoder.capacity();
-  const int64_t keep = std::max<int64_t>(1, window / 2);
-  // The tokens in the cache, at positions 0, 1, ...
-  std::vector<int32_t> context(prompt.end() - std::min<int64_t>(window, std::ssize(prompt)),
-                               prompt.end());
-  decoder.clear();
-  Tensor logits = decoder.append(context);
-
-  core::Backend& be = decoder.backend();
-  std::vector<float> host(static_cast<size_t>(vocab_limit));
-  Tensor host_logits = Tensor::wrap(host.data(), Shape{vocab_limit}, DType::kF32);
-  generated.reserve(static_cast<size_t>(max_new_tokens));
-  while (true) {
-    be.copy(logits.view(0, Shape{vocab_limit}), host_logits);
-    be.synchronize();
-    const int32_t token = sampler.next(host);
-    generated.push_back(token);
-    if (std::ssize(generated) == max_new_tokens) break;
-    if (decoder.length() < window) {
-      context.push_back(token);
-      logits = decoder.append(std::span<const int32_t>(&token, 1));
-    } else {
-      // The window slides: the last keep - 1 tokens and the new one, from position 0.
-      context.erase(context.begin(), context.end() - (keep - 1));
-      context.push_back(token);
-      decoder.clear();
-      logits = decoder.append(context);
-    }
-  }
-  return generated;
 }
 
 }  // namespace mantissa::models

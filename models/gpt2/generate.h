@@ -16,34 +16,25 @@
 
 #include "core/ops/backend.h"
 #include "core/tensor/tensor.h"
+#include "models/decoder.h"
 #include "models/gpt2/gpt2.h"
-#include "models/sampling.h"
 
 namespace mantissa::models {
 
-class GPT2Decoder {
+class GPT2Decoder final : public Decoder {
  public:
   // Reads the weights of `model` (its compute copy, as it is when each token runs) on
   // `backend`, the model's; both must outlive the decoder. Allocates the cache: 2 n_layer
   // seq_len n_embd values of the compute dtype.
   GPT2Decoder(GPT2& model, core::Backend& backend);
 
-  int64_t capacity() const { return config_.seq_len; }  // positions the cache holds
-  int64_t length() const { return length_; }            // positions in it now
-  int64_t vocab_size() const { return config_.vocab_size; }
-  core::Backend& backend() const { return backend_; }
-  void clear() { length_ = 0; }
-
-  // Runs `tokens` at positions length(), length() + 1, ... (at least one, and length() +
-  // tokens.size() <= capacity()), adding their keys and values to the cache. Returns the
-  // logits of the token after the last one: [vocab_size] F32 on the backend's device (the
-  // first vocab_size of a padded LM head's), valid until the next call.
-  core::Tensor append(std::span<const int32_t> tokens);
-
-  // The logits after every position of `tokens` (positions 0, 1, ...; at most capacity()) from
-  // the full causal forward, attention_forward over the whole sequence, as in training; the
-  // cache is neither read nor changed. [tokens.size(), vocab_size] F32 on the device.
-  core::Tensor full_logits(std::span<const int32_t> tokens);
+  int64_t capacity() const override { return config_.seq_len; }
+  int64_t length() const override { return length_; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  core::Backend& backend() const override { return backend_; }
+  void clear() override { length_ = 0; }
+  core::Tensor append(std::span<const int32_t> tokens) override;
+  core::Tensor full_logits(std::span<const int32_t> tokens) override;
 
  private:
   // A block's parameters (compute copies) and its cache.
@@ -71,15 +62,5 @@ class GPT2Decoder {
   std::vector<Layer> layers_;
   int64_t length_ = 0;
 };
-
-// Generates `max_new_tokens` tokens after `prompt` (at least one token), drawing each from the
-// first `vocab_limit` logits (the ids the caller can decode) with `sampler`. The last
-// capacity() tokens of the prompt fill the cache. When the cache is full, the window slides:
-// it is cleared and refilled with the last capacity() / 2 tokens (the newest included, at
-// positions from 0, so they stay within wpe's rows), after which capacity() / 2 more tokens
-// run one at a time; every token thus sees at least the last capacity() / 2 tokens, and the
-// refill's cost is spread over the tokens that follow it. Starts from an empty cache.
-std::vector<int32_t> generate(GPT2Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit);
 
 }  // namespace mantissa::models

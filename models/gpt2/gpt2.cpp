@@ -1,6 +1,5 @@
 #include "models/gpt2/gpt2.h"
 
-#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -15,23 +14,6 @@ using core::Tensor;
 namespace {
 
 constexpr float kInitStd = 0.02f;
-
-// Sets the elements of parameter `index` from `first` on to zero, in the compute copy and in
-// the masters the store keeps (all, or a ZeRO-1 shard).
-void zero_from(train::ParameterStore& params, int index, int64_t first, core::Backend& backend) {
-  const train::Parameter& p = params[index];
-  if (first == p.numel()) return;
-  Tensor compute = p.compute.view(first, Shape{p.numel() - first});
-  backend.fill(compute, 0.0f);
-  Tensor& masters = params.masters();
-  const int64_t kept_begin = params.masters_begin();
-  const int64_t begin = std::max(p.offset + first, kept_begin);
-  const int64_t end = std::min(p.offset + p.numel(), kept_begin + masters.numel());
-  if (begin < end) {
-    Tensor kept = masters.view(begin - kept_begin, Shape{end - begin});
-    backend.fill(kept, 0.0f);
-  }
-}
 
 }  // namespace
 
@@ -130,90 +112,66 @@ GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::Precisi
     blocks_.push_back(std::make_unique<GPT2Block>(params_, c, i, fp8_.get()));
   }
   ln_f_ = std::make_unique<LayerNorm>(params_, "ln_f", c.n_embd);
+  head_ = std::make_unique<LMHead>(params_, wte_, c.vocab_size);  // tied to wte
   params_.allocate(backend, policy.compute_dtype, seed, shard);
   // The padding rows of wte start at zero, as in llm.c's model files, and stay there: their
   // gradient is exactly zero (no token indexes them and their logits' gradient is 0), so AdamW
   // never moves them and weight decay keeps zero at zero. The real rows keep the values the
   // store drew, the same as an unpadded wte's (a value depends on its element index).
-  zero_from(params_, wte_, c.vocab_size * c.n_embd, backend);
+  params_.zero_from(backend, wte_, c.vocab_size * c.n_embd);
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 
 GPT2::~GPT2() = default;
 
-double GPT2::forward(train::StepContext& ctx, const train::BatchTensors& batch,
-                     float dloss_per_token) {
+Tensor GPT2::final_hidden(train::StepContext& ctx, const Tensor& tokens) {
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
-  MANTISSA_CHECK(batch.tokens.shape().rank() == 2 && batch.tokens.shape() == batch.targets.shape(),
-                 "GPT2.forward: tokens " << batch.tokens.describe() << " and targets "
-                                         << batch.targets.describe() << " must both be [B, T]");
-  const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
-  const int64_t channels = config_.n_embd, padded_vocab = config_.padded_vocab_size();
+  MANTISSA_CHECK(tokens.shape().rank() == 2,
+                 "GPT2: tokens " << tokens.describe() << " must be [B, T]");
+  const int64_t b = tokens.dim(0), t = tokens.dim(1), n = b * t;
+  const int64_t channels = config_.n_embd;
   MANTISSA_CHECK(t <= config_.seq_len,
-                 "GPT2.forward: sequence length " << t << " exceeds seq_len " << config_.seq_len);
+                 "GPT2: sequence length " << t << " exceeds seq_len " << config_.seq_len);
 
   Tensor x = Tensor::empty(Shape{b, t, channels}, dt, be.device());
   const Tensor wpe = params_[wpe_].compute.view(0, Shape{t, channels});
-  be.embedding_forward(batch.tokens, params_[wte_].compute, wpe, x);
+  be.embedding_forward(tokens, params_[wte_].compute, wpe, x);
   Tensor residual = x.reshape(Shape{n, channels});
   for (auto& block : blocks_) residual = block->forward(ctx, residual, b, t);
-  final_hidden_ = ln_f_->forward(ctx, residual);
+  return ln_f_->forward(ctx, residual);
+}
 
-  // The tied LM head over the padded vocabulary; logits (and then dlogits, in place) in FP32
-  // for an exact loss, which sees the first vocab_size columns only.
-  logits_ = Tensor::empty(Shape{n, padded_vocab}, DType::kF32, be.device());
-  core::GemmParams head;
-  head.trans_b = true;
-  be.gemm(final_hidden_, params_[wte_].compute, logits_, head);
-  Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
-  const bool training = dloss_per_token > 0.0f;
-  be.softmax_cross_entropy(logits_, config_.vocab_size, batch.targets, losses,
-                           training ? &logits_ : nullptr, dloss_per_token);
+Tensor GPT2::logits(train::StepContext& ctx, const Tensor& tokens) {
+  Tensor out = head_->logits(ctx, final_hidden(ctx, tokens));
+  head_->drop();  // what a training forward kept no longer matches
+  return out;
+}
 
-  Tensor host_losses = Tensor::empty(Shape{n}, DType::kF32);
-  be.copy(losses, host_losses);
-  be.synchronize();
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += host_losses.data_as<float>()[i];
-  if (training) {
-    batch_ = batch;
-  } else {
-    final_hidden_ = logits_ = Tensor();
-  }
-  return sum / static_cast<double>(n);
+Tensor GPT2::forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                     float dloss_per_token) {
+  MANTISSA_CHECK(batch.tokens.shape() == batch.targets.shape(),
+                 "GPT2.forward: tokens " << batch.tokens.describe() << " and targets "
+                                         << batch.targets.describe() << " must both be [B, T]");
+  Tensor losses =
+      head_->forward(ctx, final_hidden(ctx, batch.tokens), batch.targets, dloss_per_token);
+  batch_ = head_->has_pass() ? batch : train::BatchTensors{};
+  return losses;
 }
 
 void GPT2::backward(train::StepContext& ctx) {
-  MANTISSA_CHECK(logits_.defined(), "GPT2.backward: no training forward pass to differentiate");
+  MANTISSA_CHECK(head_->has_pass(), "GPT2.backward: no training forward pass to differentiate");
   core::Backend& be = ctx.backend;
-  const DType dt = ctx.policy.compute_dtype;
-  const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1), n = b * t;
+  const int64_t b = batch_.tokens.dim(0), t = batch_.tokens.dim(1);
   const int64_t channels = config_.n_embd;
-  train::Parameter& wte = params_[wte_];
 
-  // GEMM operands share one dtype: the FP32 dlogits are rounded to the compute dtype. Their
-  // padding columns are exactly 0, so the padding rows of wte add nothing to dresidual and
-  // receive nothing in wte.grad.
-  Tensor dlogits = logits_;
-  if (dt != DType::kF32) {
-    dlogits = Tensor::empty(logits_.shape(), dt, be.device());
-    be.cast(logits_, dlogits, core::CastParams{});
-  }
-  Tensor dresidual = Tensor::empty(Shape{n, channels}, dt, be.device());
-  be.gemm(dlogits, wte.compute, dresidual, core::GemmParams{});
-  core::GemmParams wte_grad;
-  wte_grad.trans_a = true;
-  wte_grad.beta = 1.0f;
-  be.gemm(dlogits, final_hidden_, wte.grad, wte_grad);
-  logits_ = final_hidden_ = Tensor();
-
-  dresidual = ln_f_->backward(ctx, dresidual);
+  Tensor dresidual = ln_f_->backward(ctx, head_->backward(ctx));
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {
     dresidual = (*it)->backward(ctx, dresidual);
   }
   Tensor dwpe = params_[wpe_].grad.view(0, Shape{t, channels});
-  be.embedding_backward(dresidual.reshape(Shape{b, t, channels}), batch_.tokens, wte.grad, dwpe);
+  be.embedding_backward(dresidual.reshape(Shape{b, t, channels}), batch_.tokens, params_[wte_].grad,
+                        dwpe);
   ctx.mark_grad_ready(wpe_);
   ctx.mark_grad_ready(wte_);
   batch_ = train::BatchTensors{};

@@ -22,6 +22,7 @@
 
 #include "models/nn/layer_norm.h"
 #include "models/nn/linear.h"
+#include "models/nn/lm_head.h"
 #include "train/fp8_operands.h"
 #include "train/language_model.h"
 
@@ -55,25 +56,28 @@ class GPT2 final : public train::LanguageModel {
 
   train::ParameterStore& parameters() override { return params_; }
   train::Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
-  double forward(train::StepContext& ctx, const train::BatchTensors& batch,
-                 float dloss_per_token) override;
+  core::Tensor forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                       float dloss_per_token) override;
   void backward(train::StepContext& ctx) override;
+  core::Tensor logits(train::StepContext& ctx, const core::Tensor& tokens) override;
   int64_t parameter_count() const override;
   double flops_per_token() const override;
 
   const GPT2Config& config() const { return config_; }
 
  private:
+  // ln_f(blocks(embedding)) of tokens [B, T]: [B*T, C] in the compute dtype.
+  core::Tensor final_hidden(train::StepContext& ctx, const core::Tensor& tokens);
+
   GPT2Config config_;
   train::ParameterStore params_;
   std::unique_ptr<train::Fp8Operands> fp8_;
   int wte_, wpe_;
   std::vector<std::unique_ptr<GPT2Block>> blocks_;
   std::unique_ptr<LayerNorm> ln_f_;
+  std::unique_ptr<LMHead> head_;
   // Saved by forward for backward.
   train::BatchTensors batch_;
-  core::Tensor final_hidden_;  // ln_f output [N, C]
-  core::Tensor logits_;        // [N, padded V] F32; holds dlogits after a training forward
 };
 
 }  // namespace mantissa::models

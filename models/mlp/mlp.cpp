@@ -23,37 +23,49 @@ MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionP
   if (fp8_) fp8_->allocate(backend, fp8);
 }
 
-double MLP::forward(train::StepContext& ctx, const train::BatchTensors& batch,
-                    float dloss_per_token) {
+Tensor MLP::compute_logits(train::StepContext& ctx, const Tensor& tokens) {
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
-  const int64_t b = batch.tokens.dim(0), t = batch.tokens.dim(1), n = b * t;
+  MANTISSA_CHECK(tokens.shape().rank() == 2,
+                 "MLP: tokens " << tokens.describe() << " must be [B, T]");
+  const int64_t b = tokens.dim(0), t = tokens.dim(1), n = b * t;
   MANTISSA_CHECK(t <= config_.seq_len,
-                 "MLP.forward: sequence length " << t << " exceeds seq_len " << config_.seq_len);
+                 "MLP: sequence length " << t << " exceeds seq_len " << config_.seq_len);
 
   Tensor x = Tensor::empty(Shape{b, t, config_.n_embd}, dt, be.device());
-  be.embedding_forward(batch.tokens, params_[wte_].compute,
+  be.embedding_forward(tokens, params_[wte_].compute,
                        params_[wpe_].compute.view(0, Shape{t, config_.n_embd}), x);
   fc_out_ = fc_->forward(ctx, x.reshape(Shape{n, config_.n_embd}));
   Tensor activated = Tensor::empty(fc_out_.shape(), dt, be.device());
   be.gelu_forward(fc_out_, activated);
-  logits_ = out_->forward(ctx, activated);
+  return out_->forward(ctx, activated);
+}
+
+Tensor MLP::logits(train::StepContext& ctx, const Tensor& tokens) {
+  Tensor out = compute_logits(ctx, tokens);
+  fc_out_ = logits_ = Tensor();  // what a training forward kept no longer matches
+  if (out.dtype() == DType::kF32) return out;
+  Tensor widened = Tensor::empty(out.shape(), DType::kF32, ctx.backend.device());
+  ctx.backend.cast(out, widened, core::CastParams{});
+  return widened;
+}
+
+Tensor MLP::forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                    float dloss_per_token) {
+  core::Backend& be = ctx.backend;
+  logits_ = compute_logits(ctx, batch.tokens);
+  const int64_t n = logits_.dim(0);
 
   Tensor losses = Tensor::empty(Shape{n}, DType::kF32, be.device());
   const bool training = dloss_per_token > 0.0f;
   be.softmax_cross_entropy(logits_, config_.vocab_size, batch.targets, losses,
                            training ? &logits_ : nullptr, dloss_per_token);
-  Tensor host = Tensor::empty(Shape{n}, DType::kF32);
-  be.copy(losses, host);
-  be.synchronize();
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; ++i) sum += host.data_as<float>()[i];
   if (training) {
     batch_ = batch;
   } else {
     fc_out_ = logits_ = Tensor();
   }
-  return sum / static_cast<double>(n);
+  return losses;
 }
 
 void MLP::backward(train::StepContext& ctx) {

@@ -27,13 +27,17 @@ class MLP final : public train::LanguageModel {
 
   train::ParameterStore& parameters() override { return params_; }
   train::Fp8Operands* fp8_operands() override { return fp8_ ? fp8_.get() : nullptr; }
-  double forward(train::StepContext& ctx, const train::BatchTensors& batch,
-                 float dloss_per_token) override;
+  core::Tensor forward(train::StepContext& ctx, const train::BatchTensors& batch,
+                       float dloss_per_token) override;
   void backward(train::StepContext& ctx) override;
+  core::Tensor logits(train::StepContext& ctx, const core::Tensor& tokens) override;
   int64_t parameter_count() const override { return params_.parameter_count(); }
   double flops_per_token() const override;
 
  private:
+  // out(gelu(fc(embedding))) of tokens [B, T]: [B*T, V] in the compute dtype; keeps fc_out_.
+  core::Tensor compute_logits(train::StepContext& ctx, const core::Tensor& tokens);
+
   MLPConfig config_;
   train::ParameterStore params_;
   std::unique_ptr<train::Fp8Operands> fp8_;

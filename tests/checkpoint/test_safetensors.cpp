@@ -1,7 +1,9 @@
 // safetensors export: a GPT-2's FP32 masters written by export_safetensors are read back by
 // our reader (bit-identical) and by an independent Python reader (the safetensors library when
 // installed, else the format's definition with the standard library), wte without the
-// model's vocabulary padding; malformed files are rejected with a message naming the problem.
+// model's vocabulary padding; malformed files (truncated, an unknown dtype, a header length
+// beyond the file, ranges that do not tile the data, bad JSON, ...) are rejected with one line
+// naming the file and the problem, read whole or header first as model.init_from reads them.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -175,10 +177,10 @@ TEST(Safetensors, MalformedFilesAreRejected) {
     const std::string e = error(bytes);
     EXPECT_NE(e.find(part), std::string::npos) << "expected '" << part << "', got '" << e << "'";
   };
-  expect_error("abc", "too short");
+  expect_error("abc", "safetensors 'f': 3 bytes, too short for the header length");
   std::string huge = file("{}", 0);
   huge[7] = 1;  // header length 2^56
-  expect_error(huge, "exceeds the file");
+  expect_error(huge, "header length 72057594037927938 exceeds the file (10 bytes");
   expect_error(file("{\"a\":", 0), "not valid JSON");
   expect_error(file("[1]", 0), "not a JSON object");
   expect_error(file("{" + a + "}", 12), "data bytes [8, 12) belong to no tensor");
@@ -189,11 +191,88 @@ TEST(Safetensors, MalformedFilesAreRejected) {
                "unknown dtype 'F33'");
   expect_error(file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
                "not a non-negative integer");
-  expect_error(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8),
-               "outside the 8 data bytes");
+  expect_error(file(R"({"a":{"dtype":"F32","shape":[20],"data_offsets":[0,80]}})", 8),
+               "truncated: tensor 'a' ends at data byte 80, the file holds 8 data bytes");
+  expect_error(file("{" + a + "," + b + "}", 10), "truncated: tensor 'b' ends at data byte 12");
+  expect_error(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8),
+               "end before they begin");
+  expect_error(file(R"({"a":{"dtype":32,"shape":[2],"data_offsets":[0,8]}})", 8),
+               "dtype is not a string");
+  expect_error(file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8),
+               "data_offsets is not [begin, end]");
+  expect_error(file(R"({"__metadata__":{"n":1}})", 0), "value of 'n' is not a string");
+  expect_error(file(R"({"a":[1]})", 0), "'a' is not a JSON object");
   expect_error(file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                     R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                     8),
                "are shared");
   expect_error(file(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "has no \"data_offsets\"");
+}
+
+// The path model.init_from takes: the header alone, then each tensor from the file; a file
+// cut short or not a safetensors file at all is one line naming it.
+TEST(Safetensors, ReadsHeaderThenTensorsFromDisk) {
+  Model m;
+  const std::string path = temp_path("disk.safetensors");
+  checkpoint::export_safetensors(path, m.gpt2.parameters(), *m.backend, kMetadata, m.leading_rows);
+  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(path);
+  const checkpoint::SafetensorsFile whole = checkpoint::read_safetensors(path);
+  EXPECT_EQ(header.metadata, kMetadata);
+  ASSERT_EQ(header.tensors.size(), whole.tensors.size());
+  for (size_t i = 0; i < header.tensors.size(); ++i) {
+    EXPECT_EQ(header.tensors[i].name, whole.tensors[i].name);
+    EXPECT_EQ(checkpoint::read_safetensors_data(path, header, header.tensors[i]),
+              whole.tensors[i].data);
+  }
+
+  auto header_error = [](const std::string& p) -> std::string {
+    try {
+      checkpoint::read_safetensors_header(p);
+    } catch (const core::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // Cut in the data, in the header, in the length field.
+  const std::string bytes = read_bytes(path);
+  const std::string cut = temp_path("cut.safetensors");
+  for (const auto& [keep, part] :
+       {std::pair<size_t, std::string>{bytes.size() - 3, "truncated: tensor 'ln_f.bias' ends at"},
+        {100, "exceeds the file (100 bytes; truncated, or not a safetensors file)"},
+        {5, "5 bytes, too short for the header length"}}) {
+    std::ofstream(cut, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(keep));
+    const std::string e = header_error(cut);
+    EXPECT_NE(e.find("safetensors '" + cut + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find(part), std::string::npos) << e;
+  }
+  std::ofstream(cut, std::ios::binary) << "# a text file, not weights\n";
+  EXPECT_NE(header_error(cut).find("exceeds the file"), std::string::npos);
+  EXPECT_NE(header_error(temp_path("missing")).find("cannot open"), std::string::npos);
+  EXPECT_NE(header_error(std::filesystem::temp_directory_path().string()).find("a directory"),
+            std::string::npos);
+  std::filesystem::remove(path);
+  std::filesystem::remove(cut);
+}
+
+TEST(Safetensors, WriterRefusesDuplicateAndReservedNames) {
+  const std::string path = temp_path("names.safetensors");
+  auto fill = [](float* out) { out[0] = 1.0f; };
+  auto error = [&](const std::vector<checkpoint::SafetensorsOutput>& tensors) -> std::string {
+    try {
+      checkpoint::write_safetensors(path, tensors);
+    } catch (const core::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error({{"x", {1}, fill}, {"x", {1}, fill}}).find("tensor x twice"), std::string::npos);
+  EXPECT_NE(error({{"__metadata__", {1}, fill}}).find("a tensor named __metadata__"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_EQ(error({{"x", {1}, fill}, {"y", {}, fill}}), "");
+  const checkpoint::SafetensorsFile file = checkpoint::read_safetensors(path);
+  ASSERT_EQ(file.tensors.size(), 2u);
+  EXPECT_EQ(file.tensors[1].shape, std::vector<int64_t>{});
+  EXPECT_EQ(file.tensors[1].data.size(), 4u);
+  std::filesystem::remove(path);
 }

@@ -314,18 +314,19 @@ TEST(CpuGemm, LargeShapesCrossPanelBlocksAndColumnSplits) {
 }
 
 // ctest runs this file twice, the second time with MANTISSA_CPU_BF16_GEMM=0, so that the
-// widen-and-sgemm path that CPUs without AVX512-BF16 take is tested here too.
+// AVX2/FMA kernel that CPUs without AVX512-BF16 run BF16 and FP8 operands on is tested here
+// too (F16 operands run it on every CPU).
 TEST(CpuGemm, NativeBf16KernelFollowsCpuAndEnvironment) {
   const char* setting = std::getenv("MANTISSA_CPU_BF16_GEMM");
   const bool turned_off = setting != nullptr && std::string(setting) == "0";
   const bool cpu_has = __builtin_cpu_supports("avx512bf16") != 0;
   EXPECT_EQ(bf16_gemm_enabled(), cpu_has && !turned_off);
   std::printf("BF16 and FP8 operands: %s\n",
-              bf16_gemm_enabled() ? "native AVX512-BF16 kernel" : "widened to FP32 for sgemm");
+              bf16_gemm_enabled() ? "native AVX512-BF16 kernel" : "AVX2/FMA kernel in FP32");
 }
 
-// What tells the two paths apart: VDPBF16PS reads a BF16 subnormal as zero, sgemm on the
-// widened value does not. 2^-130 (a BF16 subnormal) times 2^100 is 2^-30 or, natively, 0.
+// What tells the two paths apart: VDPBF16PS reads a BF16 subnormal as zero, the AVX2 kernel
+// on the widened value does not. 2^-130 (a BF16 subnormal) times 2^100 is 2^-30 or, natively, 0.
 TEST(CpuGemm, Bf16SubnormalOperandIsZeroExactlyWhenTheNativeKernelRuns) {
   Tensor a = Tensor::empty(Shape{1, 2}, DType::kBF16);
   Tensor b = Tensor::empty(Shape{2, 1}, DType::kBF16);
@@ -337,6 +338,54 @@ TEST(CpuGemm, Bf16SubnormalOperandIsZeroExactlyWhenTheNativeKernelRuns) {
   ASSERT_EQ(value_at(a, 0), std::ldexp(1.0, -130)) << "2^-130 must be exact in BF16";
   make_cpu_backend()->gemm(a, b, c, GemmParams{});
   EXPECT_EQ(value_at(c, 0), bf16_gemm_enabled() ? 0.0 : std::ldexp(1.0, -30));
+}
+
+// A BF16 C is the FP32 result rounded once to nearest even: the kernels round as they store,
+// with no FP32 pass in between, and must give exactly bf16_from_float of the F32 output of the
+// same call (beta reading the same BF16 values).
+TEST(CpuGemm, Bf16OutputIsTheF32OutputRoundedOnce) {
+  const std::vector<DTypes> pairs = {{DType::kBF16, DType::kBF16, DType::kBF16},
+                                     {DType::kE4M3, DType::kE5M2, DType::kBF16}};
+  const std::vector<Dims> shapes = {{7, 32, 48}, {33, 48, 64}, {130, 80, 320}};
+  std::mt19937 rng(11);
+  auto backend = make_cpu_backend();
+  for (int64_t batch : {0, 2}) {
+    for_each_case(pairs, shapes, batch, [&](Case cs, int trans) {
+      for (float beta : {0.0f, 0.5f}) {
+        SCOPED_TRACE(describe(cs) + " beta " + std::to_string(beta) + " trans " +
+                     std::to_string(trans));
+        const int64_t batches = std::max<int64_t>(batch, 1);
+        const Tensor a = random_operand(
+            cs.trans_a ? operand_shape(batch, cs.k, cs.m) : operand_shape(batch, cs.m, cs.k), cs.a,
+            rng);
+        const Tensor b = random_operand(
+            cs.trans_b ? operand_shape(batch, cs.n, cs.k) : operand_shape(batch, cs.k, cs.n), cs.b,
+            rng);
+        Tensor c16 = Tensor::empty(operand_shape(batch, cs.m, cs.n), DType::kBF16);
+        Tensor c32 = Tensor::empty(c16.shape(), DType::kF32);
+        std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+        for (int64_t i = 0; i < c16.numel(); ++i) {
+          set_value(c16, i, uniform(rng));
+          set_value(c32, i, static_cast<float>(value_at(c16, i)));
+        }
+        GemmParams params;
+        params.trans_a = cs.trans_a;
+        params.trans_b = cs.trans_b;
+        params.alpha = -0.75f;
+        params.beta = beta;
+        backend->gemm(a, b, c32, params);
+        backend->gemm(a, b, c16, params);
+        int failures = 0;
+        for (int64_t e = 0; e < batches * cs.m * cs.n; ++e) {
+          const uint16_t expected = bf16_from_float(static_cast<float>(value_at(c32, e))).bits;
+          if (code_at(c16, e) != expected && failures++ < 5) {
+            ADD_FAILURE() << "element " << e << ": BF16 code " << code_at(c16, e)
+                          << ", the F32 result " << value_at(c32, e) << " rounds to " << expected;
+          }
+        }
+      }
+    });
+  }
 }
 
 TEST(CpuGemm, Fp8OutputSaturatesToLargestFinite) {

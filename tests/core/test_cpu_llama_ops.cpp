@@ -526,6 +526,94 @@ TEST(CpuSwiglu, BackwardMatchesFiniteDifferencesAndInPlace) {
 
 // Every reduction runs in an order fixed by the data (dgamma by blocks of channels), so the
 // thread count cannot change a single bit.
+// ---------------------------------------------------------------------------------------
+// Key/value heads of grouped-query attention: rows of H query, KV key and KV value heads.
+
+// The multi-head row layout [q heads | k heads | v heads] (H each) from grouped rows.
+Vec repeat_kv_ref(const Vec& qkv, int64_t rows, int64_t H, int64_t KV, int64_t D) {
+  const int64_t in_row = (H + 2 * KV) * D, out_row = 3 * H * D, group = H / KV;
+  Vec out(static_cast<size_t>(rows * out_row));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t part = 0; part < 3; ++part) {
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t src_head = part == 0 ? h : H + (part - 1) * KV + h / group;
+        for (int64_t d = 0; d < D; ++d) {
+          out[r * out_row + (part * H + h) * D + d] = qkv[r * in_row + src_head * D + d];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(CpuKvHeads, RepeatCopiesEachKeyValueHeadToItsGroup) {
+  CpuBackend be;
+  std::mt19937_64 rng(21);
+  struct Case {
+    int64_t B, T, H, KV, D;
+    DType in, out;
+  };
+  const Case cases[] = {
+      {2, 3, 4, 2, 6, DType::kF32, DType::kF32},   {1, 5, 6, 1, 4, DType::kBF16, DType::kBF16},
+      {2, 2, 8, 4, 2, DType::kF16, DType::kF16},   {1, 4, 3, 3, 8, DType::kF32, DType::kF32},
+      {3, 1, 4, 1, 16, DType::kBF16, DType::kF32},
+  };
+  for (const Case& k : cases) {
+    const std::string what = "H " + std::to_string(k.H) + " KV " + std::to_string(k.KV) + " " +
+                             dtype_name(k.in) + " -> " + dtype_name(k.out);
+    const int64_t rows = k.B * k.T, width = (k.H + 2 * k.KV) * k.D;
+    const Tensor qkv = make({k.B, k.T, width}, k.in, uniform(rng, rows * width));
+    Tensor out = poisoned({k.B, k.T, 3 * k.H * k.D}, k.out);
+    be.repeat_kv_heads(qkv, k.H, k.KV, out);
+    // A copy: exact (values_of the narrow input are representable in every output here).
+    const Vec expected = repeat_kv_ref(values_of(qkv), rows, k.H, k.KV, k.D);
+    const Vec actual = values_of(out);
+    ASSERT_EQ(actual.size(), expected.size()) << what;
+    for (size_t i = 0; i < actual.size(); ++i)
+      ASSERT_EQ(actual[i], expected[i]) << what << " " << i;
+  }
+}
+
+// The backward is the adjoint of the forward: <repeat(x), w> = <x, repeat_backward(w)> for
+// every x, which the finite differences of the FP64 forward give element by element; and the
+// group's gradients are summed in FP32, rounded once.
+TEST(CpuKvHeads, BackwardSumsEachGroupAndIsTheAdjoint) {
+  CpuBackend be;
+  std::mt19937_64 rng(22);
+  const int64_t B = 2, T = 3, H = 6, KV = 2, D = 4, rows = B * T;
+  const int64_t width = (H + 2 * KV) * D;
+  const Vec x = uniform(rng, rows * width);
+  const Vec w = values_of(make({B, T, 3 * H * D}, DType::kF32, uniform(rng, rows * 3 * H * D)));
+  const Vec fd =
+      finite_difference([&](const Vec& v) { return dot(repeat_kv_ref(v, rows, H, KV, D), w); }, x);
+  Tensor dqkv = poisoned({B, T, width}, DType::kF32);
+  be.repeat_kv_heads_backward(make({B, T, 3 * H * D}, DType::kF32, w), H, KV, dqkv);
+  expect_close(values_of(dqkv), fd, 1e-6, "dqkv against finite differences");
+
+  const Tensor w_bf16 = make({B, T, 3 * H * D}, DType::kBF16, w);
+  Tensor wide = poisoned({B, T, width}, DType::kF32);
+  Tensor narrow = poisoned({B, T, width}, DType::kBF16);
+  be.repeat_kv_heads_backward(w_bf16, H, KV, wide);
+  be.repeat_kv_heads_backward(w_bf16, H, KV, narrow);
+  expect_rounded_once(wide, narrow, "BF16 dqkv");
+}
+
+TEST(CpuKvHeads, BadArgumentsThrowNamingTheOpAndOperand) {
+  CpuBackend be;
+  Tensor qkv = make({1, 2, 8 * 4}, DType::kF32, Vec(64, 1.0));  // H 4 + 2 KV 2, D 4
+  Tensor out = poisoned({1, 2, 3 * 4 * 4}, DType::kF32);
+  be.repeat_kv_heads(qkv, 4, 2, out);
+  expect_error([&] { be.repeat_kv_heads(qkv, 4, 3, out); },
+               {"repeat_kv_heads", "n_kv_head = 3", "divide n_head = 4"});
+  expect_error([&] { be.repeat_kv_heads(qkv, 5, 1, out); }, {"repeat_kv_heads", "qkv", "7 heads"});
+  Tensor small = poisoned({1, 2, 40}, DType::kF32);
+  expect_error([&] { be.repeat_kv_heads(qkv, 4, 2, small); }, {"repeat_kv_heads", "out"});
+  Tensor flat = make({2, 32}, DType::kF32, Vec(64, 1.0));
+  expect_error([&] { be.repeat_kv_heads(flat, 4, 2, out); }, {"repeat_kv_heads", "qkv"});
+  expect_error([&] { be.repeat_kv_heads_backward(qkv, 4, 2, out); },
+               {"repeat_kv_heads_backward", "dout", "[1, 2, 32]", "[1, 2, 72]"});
+}
+
 TEST(CpuLlamaOps, ResultsDoNotDependOnTheThreadCount) {
   CpuBackend be;
   std::mt19937_64 rng(11);

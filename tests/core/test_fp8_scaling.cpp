@@ -236,3 +236,68 @@ TEST(Fp8Scaling, RejectsBadConfigsNamingFieldValueAndRule) {
 
 }  // namespace
 }  // namespace mantissa::core
+
+namespace mantissa::core {
+namespace {
+
+// The block recipes' options, and each refusal naming its field.
+void expect_config_error(const Fp8ScalingConfig& c, const std::string& field) {
+  try {
+    validate(c);
+    ADD_FAILURE() << "expected a ConfigError naming " << field;
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind(field + " = ", 0), 0u) << e.what();
+  }
+}
+
+TEST(Fp8Recipes, BlockRecipeOptionsAreValidated) {
+  Fp8ScalingConfig c;
+  c.recipe = Fp8Recipe::kBlockwise;
+  c.grad_format = DType::kE4M3;
+  EXPECT_NO_THROW(validate(c));
+  c.power_of_two = true;
+  EXPECT_NO_THROW(validate(c));
+  c.margin = 1;
+  expect_config_error(c, "fp8.margin");
+  c = Fp8ScalingConfig{};
+  c.recipe = Fp8Recipe::kRowwise;
+  c.grad_format = DType::kE5M2;
+  expect_config_error(c, "fp8.grad_format");
+  c.grad_format = DType::kBF16;
+  expect_config_error(c, "fp8.grad_format");
+  c = Fp8ScalingConfig{};
+  c.recipe = Fp8Recipe::kMxfp8;
+  expect_config_error(c, "fp8.power_of_two_scales");
+  c.power_of_two = true;
+  EXPECT_NO_THROW(validate(c));
+  c = Fp8ScalingConfig{};
+  c.power_of_two = true;  // DELAYED
+  expect_config_error(c, "fp8.power_of_two_scales");
+}
+
+TEST(Fp8Recipes, ScaleModesPerRole) {
+  EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kBlockwise, Fp8Role::kInput), ScaleMode::kVec128);
+  EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kBlockwise, Fp8Role::kGradient), ScaleMode::kVec128);
+  EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kBlockwise, Fp8Role::kWeight), ScaleMode::kBlock128);
+  for (Fp8Role role : {Fp8Role::kInput, Fp8Role::kWeight, Fp8Role::kGradient}) {
+    EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kRowwise, role), ScaleMode::kOuterVec);
+    EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kMxfp8, role), ScaleMode::kVec32Ue8m0);
+    EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kDelayed, role), ScaleMode::kTensor);
+    EXPECT_EQ(fp8_scale_mode(Fp8Recipe::kCurrent, role), ScaleMode::kTensor);
+  }
+  // The pairs a Linear layer multiplies are pairs cuBLASLt defines.
+  for (Fp8Recipe r : {Fp8Recipe::kBlockwise, Fp8Recipe::kRowwise, Fp8Recipe::kMxfp8}) {
+    EXPECT_EQ(scale_mode_pair_rule(fp8_scale_mode(r, Fp8Role::kInput),
+                                   fp8_scale_mode(r, Fp8Role::kWeight)),
+              nullptr);
+    EXPECT_EQ(scale_mode_pair_rule(fp8_scale_mode(r, Fp8Role::kGradient),
+                                   fp8_scale_mode(r, Fp8Role::kWeight)),
+              nullptr);
+    EXPECT_EQ(scale_mode_pair_rule(fp8_scale_mode(r, Fp8Role::kGradient),
+                                   fp8_scale_mode(r, Fp8Role::kInput)),
+              nullptr);
+  }
+}
+
+}  // namespace
+}  // namespace mantissa::core

@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "core/dtype/dtype.h"
@@ -17,6 +20,7 @@
 #include "core/ops/cpu/cpu_convert.h"
 #include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "dist/world.h"
 #include "tests/dist/dist_test.h"
 
 namespace mantissa::dist {
@@ -260,6 +264,36 @@ TEST_F(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
   } catch (const core::Error& e) {
     EXPECT_NE(std::string(e.what()).find("counts add up to"), std::string::npos) << e.what();
   }
+}
+
+// The progress thread (MPI_THREAD_MULTIPLE) completes a collective while no rank calls MPI:
+// 4 MiB take several rendezvous and ring rounds, each of which needs both ranks to enter MPI,
+// so without the thread the first test() after the pause could not find it complete.
+TEST_F(Collectives, ProgressThreadCompletesACollectiveWhileTheRanksCompute) {
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  ASSERT_EQ(provided, MPI_THREAD_MULTIPLE) << "World asks MPI for MPI_THREAD_MULTIPLE";
+  Tensor buf = make(DType::kF32, me(), 1 << 20, 21);
+  RequestPtr r = comm->all_reduce(buf, ReduceOp::kSum);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // "computing": no MPI call
+  EXPECT_TRUE(r->test()) << "4 MiB all-reduce not complete after 3 s without MPI calls";
+  r->wait();
+  expect_sum(DType::kF32, buf, 0, 21);
+}
+
+// Every rank knows every rank's host (here all on this one machine); a timeout names the
+// distinct hosts of the silent ranks in rank order.
+TEST(World, KnowsTheHostOfEveryRank) {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  ASSERT_EQ(MPI_Get_processor_name(name, &length), MPI_SUCCESS);
+  for (int r = 0; r < testing::world().size(); ++r) {
+    EXPECT_EQ(testing::world().host_of(r), std::string(name, static_cast<size_t>(length))) << r;
+  }
+  const std::vector<std::string> hosts = {"node1", "node1", "node2", "node2", "node3"};
+  EXPECT_EQ(format_hosts({2, 3}, hosts), "node2");
+  EXPECT_EQ(format_hosts({4, 1, 3}, hosts), "node3, node1, node2");
+  EXPECT_EQ(format_hosts({}, hosts), "");
 }
 
 }  // namespace

@@ -132,12 +132,12 @@ inline double tolerance(DType dtype) {
   }
 }
 
-// |actual - expected| <= tol * max(|expected|, rms(expected)) with tol from actual's dtype;
-// the RMS floor keeps near-zero results of a cancellation from demanding more relative
-// accuracy than the computation has. NaN must meet NaN, inf the same inf.
-inline void expect_close(const Tensor& expected, const Tensor& actual, const std::string& what) {
+// |actual - expected| <= tol * max(|expected|, rms(expected)); the RMS floor keeps near-zero
+// results of a cancellation from demanding more relative accuracy than the computation has.
+// NaN must meet NaN, inf the same inf.
+inline void expect_close(const Tensor& expected, const Tensor& actual, double tol,
+                         const std::string& what) {
   ASSERT_EQ(expected.numel(), actual.numel()) << what;
-  const double tol = tolerance(actual.dtype());
   double squares = 0.0;
   int64_t finite = 0;
   for (int64_t i = 0; i < expected.numel(); ++i) {
@@ -160,6 +160,11 @@ inline void expect_close(const Tensor& expected, const Tensor& actual, const std
     }
   }
   EXPECT_EQ(mismatches, 0) << what << ": elements out of tolerance, of " << expected.numel();
+}
+
+// The same with tol from actual's dtype.
+inline void expect_close(const Tensor& expected, const Tensor& actual, const std::string& what) {
+  expect_close(expected, actual, tolerance(actual.dtype()), what);
 }
 
 }  // namespace mantissa::core::gpu_test

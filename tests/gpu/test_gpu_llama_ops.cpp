@@ -1,9 +1,11 @@
-// The CUDA backend's Llama-style decoder ops (RMSNorm, RoPE, SwiGLU) against the CPU backend,
+// The CUDA backend's Llama-style decoder ops (RMSNorm, RoPE, SwiGLU, the key/value heads of
+// grouped-query attention, embeddings without a position table) against the CPU backend,
 // through the Backend interface alone, from identical inputs (copied to the device with
 // Backend::copy). Compared:
 //  - bit for bit where both backends do the same arithmetic in the same order: RoPE (the
-//    rotation of core/ops/math/rope.h, explicit fmaf) and SwiGLU (core/ops/math/swiglu.h,
-//    exp_f32 and explicit fmaf), forward and backward, in place or not, NaN meeting NaN in F32;
+//    rotation of core/ops/math/rope.h, explicit fmaf), SwiGLU (core/ops/math/swiglu.h,
+//    exp_f32 and explicit fmaf), the key/value heads (copies, and group sums in head order)
+//    and the embedding, forward and backward, in place or not, NaN meeting NaN in F32;
 //  - within a relative tolerance for RMSNorm (its row sums and dgamma run in another order):
 //    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)), tol 1e-5 for F32, 2e-3 for F16 and 1e-2 for
 //    BF16 results.
@@ -184,6 +186,62 @@ TEST(GpuLlamaOps, SwigluMatchesCpuBitForBit) {
     b.gpu->swiglu_backward(b.to_device(dout), in_place, in_place);
     expect_same_bits(dgu, b.to_host(in_place), "swiglu_backward in place " + what);
   }
+}
+
+TEST(GpuLlamaOps, KvHeadsMatchCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(24);
+  struct Case {
+    int64_t B, T, H, KV, D;
+    DType dtype;
+  };
+  const Case cases[] = {
+      {1, 3, 4, 2, 6, DType::kF32},
+      {2, 5, 6, 1, 4, DType::kBF16},
+      {2, 7, 8, 4, 64, DType::kF16},
+      {4, 256, 32, 8, 64, DType::kBF16},  // grid-stride
+  };
+  for (const Case& c : cases) {
+    const std::string what =
+        "H " + std::to_string(c.H) + " KV " + std::to_string(c.KV) + " " + dtype_name(c.dtype);
+    const Shape grouped{c.B, c.T, (c.H + 2 * c.KV) * c.D}, expanded{c.B, c.T, 3 * c.H * c.D};
+    const Tensor qkv = random_tensor(grouped, c.dtype, rng);
+    auto [out, out_dev] = b.poisoned(expanded, c.dtype);
+    b.cpu->repeat_kv_heads(qkv, c.H, c.KV, out);
+    b.gpu->repeat_kv_heads(b.to_device(qkv), c.H, c.KV, out_dev);
+    expect_same_bits(out, b.to_host(out_dev), "repeat_kv_heads " + what);
+
+    const Tensor dout = random_tensor(expanded, c.dtype, rng);
+    auto [dqkv, dqkv_dev] = b.poisoned(grouped, c.dtype);
+    b.cpu->repeat_kv_heads_backward(dout, c.H, c.KV, dqkv);
+    b.gpu->repeat_kv_heads_backward(b.to_device(dout), c.H, c.KV, dqkv_dev);
+    expect_same_bits(dqkv, b.to_host(dqkv_dev), "repeat_kv_heads_backward " + what);
+  }
+}
+
+TEST(GpuLlamaOps, EmbeddingWithoutPositionsMatchesCpuBitForBit) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(25);
+  const int64_t B = 3, T = 37, V = 50, C = 96;
+  Tensor tokens = Tensor::empty(Shape{B, T}, DType::kI32);
+  for (int64_t i = 0; i < B * T; ++i)
+    tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng() % V);
+  const Tensor tokens_dev = b.to_device(tokens);
+  const Tensor wte = random_tensor(Shape{V, C}, DType::kBF16, rng);
+  auto [out, out_dev] = b.poisoned(Shape{B, T, C}, DType::kBF16);
+  b.cpu->embedding_forward(tokens, wte, Tensor(), out);
+  b.gpu->embedding_forward(tokens_dev, b.to_device(wte), Tensor(), out_dev);
+  expect_same_bits(out, b.to_host(out_dev), "embedding_forward without wpe");
+
+  const Tensor dout = random_tensor(Shape{B, T, C}, DType::kBF16, rng);
+  Tensor dwte = random_tensor(Shape{V, C}, DType::kF32, rng);
+  Tensor dwte_dev = b.to_device(dwte);
+  Tensor none, none_dev;
+  b.cpu->embedding_backward(dout, tokens, dwte, none);
+  b.gpu->embedding_backward(b.to_device(dout), tokens_dev, dwte_dev, none_dev);
+  expect_same_bits(dwte, b.to_host(dwte_dev), "embedding_backward without dwpe");
 }
 
 // Misaligned views take the scalar paths; the same bits (RoPE, SwiGLU) or values within

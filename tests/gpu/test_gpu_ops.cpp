@@ -1,4 +1,5 @@
-// The CUDA backend against the CPU backend, op by op, through the Backend interface alone.
+// The CUDA backend against the CPU backend, op by op, through the Backend interface alone
+// (attention and its primitives: test_gpu_attention.cpp).
 //
 // Every test builds random host inputs (normal values at several magnitudes, plus raw bit
 // patterns and non-finite values where the op must handle them), runs the op on both
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
@@ -318,56 +320,6 @@ TEST(GpuOps, LayerNormMatchesCpu) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Attention
-
-struct AttentionCase {
-  int64_t B, T, C;
-  int n_head;
-  DType dtype;
-  DType att = DType::kF32;  // the saved probabilities: F32, or rounded to BF16 or F16
-};
-
-TEST(GpuOps, AttentionMatchesCpu) {
-  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
-  Backends b;
-  std::mt19937_64 rng(8);
-  const AttentionCase cases[] = {
-      {1, 1, 4, 1, DType::kF32},
-      {2, 7, 12, 3, DType::kF32},
-      {2, 64, 128, 2, DType::kF32},
-      {1, 70, 96, 2, DType::kBF16},
-      {2, 33, 768, 12, DType::kBF16},
-      {1, 40, 80, 1, DType::kF16},
-      {2, 65, 192, 3, DType::kF16, DType::kF16},
-      {1, 70, 96, 2, DType::kBF16, DType::kBF16},
-      {2, 17, 64, 2, DType::kF32, DType::kBF16},
-      {1, 45, 48, 4, DType::kBF16, DType::kF16},
-  };
-  for (const AttentionCase& c : cases) {
-    const std::string what = describe_case(
-        {"B=" + std::to_string(c.B), "T=" + std::to_string(c.T), "C=" + std::to_string(c.C),
-         "H=" + std::to_string(c.n_head), dtype_name(c.dtype), "att", dtype_name(c.att)});
-    const Shape qkv_shape{c.B, c.T, 3 * c.C};
-    const Shape out_shape{c.B, c.T, c.C};
-    const Shape att_shape{c.B, c.n_head, c.T, c.T};
-    const Tensor qkv = random_tensor(qkv_shape, c.dtype, rng, {0.5f, 2.0f});
-    const Tensor qkv_dev = b.to_device(qkv);
-    auto [out, out_dev] = b.poisoned(out_shape, c.dtype);
-    auto [att, att_dev] = b.poisoned(att_shape, c.att);
-    b.cpu->attention_forward(qkv, out, att, c.n_head);
-    b.gpu->attention_forward(qkv_dev, out_dev, att_dev, c.n_head);
-    expect_close(out, b.to_host(out_dev), "attention_forward out " + what);
-    expect_close(att, b.to_host(att_dev), "attention_forward att " + what);
-
-    const Tensor dout = random_tensor(out_shape, c.dtype, rng);
-    auto [dqkv, dqkv_dev] = b.poisoned(qkv_shape, c.dtype);
-    b.cpu->attention_backward(dout, qkv, att, dqkv, c.n_head);
-    b.gpu->attention_backward(b.to_device(dout), qkv_dev, b.to_device(att), dqkv_dev, c.n_head);
-    expect_close(dqkv, b.to_host(dqkv_dev), "attention_backward dqkv " + what);
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // Embeddings
 
 TEST(GpuOps, EmbeddingMatchesCpuBitForBit) {
@@ -406,6 +358,76 @@ TEST(GpuOps, EmbeddingMatchesCpuBitForBit) {
     expect_same_bits(dwte, b.to_host(dwte_dev), "embedding_backward dwte " + what);
     expect_same_bits(dwpe, b.to_host(dwpe_dev), "embedding_backward dwpe " + what);
   }
+}
+
+// Indices outside the table (the CPU backend throws for them) cost the GPU no host
+// synchronisation: their rows of the embedding and the loss are NaN, every other row is the
+// CPU's result on the same valid indices, and their embedding gradient is dropped.
+TEST(GpuOps, OutOfRangeIndicesBecomeNaNWithoutASync) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(15);
+  const int64_t B = 2, T = 6, V = 50, C = 8;
+  Tensor tokens = tokens_tensor(Shape{B, T}, static_cast<int32_t>(V), rng);
+  Tensor bad = tokens_tensor(Shape{B, T}, static_cast<int32_t>(V), rng);
+  std::memcpy(bad.data(), tokens.data(), tokens.nbytes());
+  bad.data_as<int32_t>()[9] = static_cast<int32_t>(V);
+  bad.data_as<int32_t>()[11] = -3;
+  const Tensor wte = random_tensor(Shape{V, C}, DType::kF32, rng);
+  const Tensor wpe = random_tensor(Shape{T, C}, DType::kF32, rng);
+  const Tensor bad_dev = b.to_device(bad);
+  const Tensor wte_dev = b.to_device(wte), wpe_dev = b.to_device(wpe);
+  Tensor out_dev = b.to_device(random_tensor(Shape{B, T, C}, DType::kF32, rng));
+  const Tensor logits = random_tensor(Shape{B * T, V}, DType::kF32, rng);
+  const Tensor logits_dev = b.to_device(logits);
+  Tensor losses_dev = b.to_device(random_tensor(Shape{B * T}, DType::kF32, rng));
+  Tensor dlogits_dev = b.to_device(logits);
+
+  const int64_t syncs = b.gpu->host_syncs();
+  b.gpu->embedding_forward(bad_dev, wte_dev, wpe_dev, out_dev);
+  b.gpu->softmax_cross_entropy(logits_dev, V, bad_dev.reshape(Shape{B * T}), losses_dev,
+                               &dlogits_dev, 1.0f);
+  EXPECT_EQ(b.gpu->host_syncs(), syncs) << "the ops must not wait for the device";
+
+  Tensor out = random_tensor(Shape{B, T, C}, DType::kF32, rng);
+  b.cpu->embedding_forward(tokens, wte, wpe, out);
+  Tensor losses = random_tensor(Shape{B * T}, DType::kF32, rng);
+  Tensor dlogits = logits;
+  b.cpu->softmax_cross_entropy(logits, V, tokens.reshape(Shape{B * T}), losses, &dlogits, 1.0f);
+  const Tensor out_gpu = b.to_host(out_dev), losses_gpu = b.to_host(losses_dev);
+  const Tensor dlogits_gpu = b.to_host(dlogits_dev);
+  for (int64_t row = 0; row < B * T; ++row) {
+    const bool bad_row = row == 9 || row == 11;
+    for (int64_t c = 0; c < C; ++c) {
+      const float g = out_gpu.data_as<float>()[row * C + c];
+      if (bad_row) {
+        EXPECT_TRUE(std::isnan(g)) << "embedding row " << row;
+      } else {
+        EXPECT_EQ(g, out.data_as<float>()[row * C + c]) << "embedding row " << row;
+      }
+    }
+    const float loss = losses_gpu.data_as<float>()[row];
+    EXPECT_EQ(std::isnan(loss), bad_row) << "loss row " << row;
+    if (!bad_row) {
+      EXPECT_NEAR(loss, losses.data_as<float>()[row], 1e-5f) << "loss row " << row;
+    }
+    for (int64_t v = 0; v < V; ++v) {
+      const float dz = dlogits_gpu.data_as<float>()[row * V + v];
+      EXPECT_EQ(std::isnan(dz), bad_row) << "dlogits row " << row << " column " << v;
+    }
+  }
+
+  // The gradient: the CPU's with the bad positions' gradients left out.
+  Tensor dout = random_tensor(Shape{B, T, C}, DType::kF32, rng);
+  const Tensor dout_dev = b.to_device(dout);
+  Tensor dwte = random_tensor(Shape{V, C}, DType::kF32, rng);
+  Tensor dwte_dev = b.to_device(dwte);
+  Tensor none, none_dev;
+  b.gpu->embedding_backward(dout_dev, bad_dev, dwte_dev, none_dev);
+  for (const int64_t row : {9, 11})
+    std::memset(dout.data_as<float>() + row * C, 0, C * sizeof(float));
+  b.cpu->embedding_backward(dout, tokens, dwte, none);
+  expect_same_bits(dwte, b.to_host(dwte_dev), "embedding_backward with bad tokens");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -723,9 +745,6 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
   const Tensor a = random_tensor(Shape{4, 8}, DType::kF32, rng);
   const Tensor other = random_tensor(Shape{4, 9}, DType::kF32, rng);
   const Tensor ints = tokens_tensor(Shape{4}, 5, rng);
-  Tensor bad_tokens = tokens_tensor(Shape{2, 6}, 50, rng);
-  bad_tokens.data_as<int32_t>()[9] = 50;
-  bad_tokens.data_as<int32_t>()[11] = -3;
   const std::vector<std::pair<const char*, Case>> cases = {
       {"add shapes",
        [&](Backend& be, const Move& mv) {
@@ -787,12 +806,15 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
          Tensor att = mv(random_tensor(Shape{1, 3, 2, 2}, DType::kF32, rng));
          be.attention_forward(mv(qkv), o, att, 3);
        }},
-      {"embedding token",
+      {"split_heads shape",
        [&](Backend& be, const Move& mv) {
-         const Tensor wte = random_tensor(Shape{50, 8}, DType::kF32, rng);
-         const Tensor wpe = random_tensor(Shape{6, 8}, DType::kF32, rng);
-         Tensor o = mv(random_tensor(Shape{2, 6, 8}, DType::kF32, rng));
-         be.embedding_forward(mv(bad_tokens), mv(wte), mv(wpe), o);
+         Tensor heads = mv(random_tensor(Shape{3, 1, 2, 4, 2}, DType::kF32, rng));
+         be.split_heads(mv(other.reshape(Shape{1, 4, 9})), heads);
+       }},
+      {"causal_softmax not square",
+       [&](Backend& be, const Move& mv) {
+         Tensor probs = mv(other);
+         be.causal_softmax_forward(mv(other), 0.5f, probs);
        }},
       {"embedding fp8 wpe",
        [&](Backend& be, const Move& mv) {
@@ -800,13 +822,6 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
          Tensor o = mv(random_tensor(Shape{2, 6, 8}, DType::kF16, rng));
          be.embedding_forward(mv(tokens_tensor(Shape{2, 6}, 50, rng)), mv(wte),
                               mv(Tensor::empty(Shape{6, 8}, DType::kE4M3)), o);
-       }},
-      {"cross-entropy target",
-       [&](Backend& be, const Move& mv) {
-         const Tensor logits = random_tensor(Shape{12, 50}, DType::kF32, rng);
-         Tensor losses = mv(random_tensor(Shape{12}, DType::kF32, rng));
-         be.softmax_cross_entropy(mv(logits), 50, mv(bad_tokens.reshape(Shape{12})), losses,
-                                  nullptr, 1.0f);
        }},
       {"cross-entropy valid_cols",
        [&](Backend& be, const Move& mv) {

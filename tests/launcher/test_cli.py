@@ -147,7 +147,17 @@ class ConfigErrors(lu.TempDirTest):
         model = self.write("gpt2.bin", "")
         self.assert_config_error(
             f'mantissa: model.init_from = "{model}": needs model.gpt2 (llm.c model files hold '
-            f'GPT-2 weights)', "--set", f"model.init_from={model}")
+            f'GPT-2 weights; Llama weights come from a Hugging Face model directory)', "--set",
+            f"model.init_from={model}")
+        # A directory is a Hugging Face model: GPT-2 or Llama, with its two files.
+        hf = os.path.join(self.dir, "hf")
+        os.makedirs(hf)
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{hf}": is a Hugging Face model directory, which needs '
+            f'model.gpt2 or model.llama', "--set", f"model.init_from={hf}")
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{hf}/model.safetensors": cannot be read: No such file '
+            f'or directory', "--set", "model.gpt2={}", "--set", f"model.init_from={hf}")
         # A file that does not hold this model: found when the Trainer imports it.
         with open(model, "wb") as f:
             f.write(struct.pack("<256i", *([20240326, 3, 16, 256, 3, 2, 32, 256] + [0] * 248)))
@@ -315,8 +325,8 @@ class StartLine(lu.TempDirTest):
         result = self.mantissa("train", "--config", path, "--set", f"run.dir={self.dir}/b",
                                env=env)
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM widened to FP32 for OpenBLAS sgemm, "
-                      "FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C\n", result.stderr)
+        self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while "
+                      "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C\n", result.stderr)
 
 
 if __name__ == "__main__":

@@ -161,8 +161,22 @@ TEST(ConfigDefaults, EffectiveConfigRoundTripsThroughText) {
   EXPECT_NE(text.find("synthetic {"), std::string::npos) << text;
 }
 
+TEST(ConfigDefaults, LlamaDerivesKvHeadsAndFfnWidth) {
+  const TrainConfig c = defaulted({"model.llama={n_head: 8 n_embd: 512}"});
+  EXPECT_EQ(c.model().llama().n_kv_head(), 8);
+  EXPECT_EQ(c.model().llama().ffn_hidden(), 1408);  // 8/3 * 512 = 1365.3, up to 64s
+  EXPECT_EQ(defaulted({"model.llama={}"}).model().llama().ffn_hidden(), 1024);
+  const TrainConfig set = defaulted({"model.llama={n_kv_head: 2 ffn_hidden: 100}"});
+  EXPECT_EQ(set.model().llama().n_kv_head(), 2);
+  EXPECT_EQ(set.model().llama().ffn_hidden(), 100);
+  EXPECT_FALSE(set.model().llama().tie_embeddings());
+  EXPECT_EQ(set.model().llama().rope_theta(), 10000.0);
+}
+
 TEST(ConfigValidate, DefaultsAreValid) {
   EXPECT_EQ(validation_error({}), "");
+  EXPECT_EQ(validation_error({"model.llama={}"}), "");
+  EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID", "model.llama={n_kv_head: 2}"}), "");
   EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID"}), "");
   EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID", "model.mlp={}"}), "");
   // The same widths train in BF16.
@@ -230,6 +244,77 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"precision.mode=FP8_HYBRID", "model.mlp={hidden: 100}"},
        "model.mlp.hidden = 100: must be a multiple of 16 with precision.mode = FP8_HYBRID (FP8 "
        "GEMMs read 16-byte rows)"},
+      {{"model.llama={n_head: 5}"},
+       "model.llama.n_embd = 384: must be a multiple of model.llama.n_head = 5"},
+      {{"model.llama={n_head: 4 n_embd: 36}"},
+       "model.llama.n_embd = 36: divided by model.llama.n_head = 4 gives the head dimension 9, "
+       "which must be even (RoPE rotates channel pairs)"},
+      {{"model.llama={n_head: 6 n_kv_head: 4}"},
+       "model.llama.n_kv_head = 4: must divide model.llama.n_head = 6"},
+      {{"model.llama={n_kv_head: 0}"}, "model.llama.n_kv_head = 0: must be >= 1"},
+      {{"model.llama={rope_theta: 1}"}, "model.llama.rope_theta = 1: must be finite and > 1"},
+      {{"model.llama={norm_eps: 0}"}, "model.llama.norm_eps = 0: must be finite and > 0"},
+      {{"model.llama={vocab_size: 100}"},
+       "model.llama.vocab_size = 100: must be >= 256, the byte vocabulary of data.synthetic"},
+      {{"precision.mode=FP8_HYBRID", "model.llama={ffn_hidden: 1000}"},
+       "model.llama.ffn_hidden = 1000: must be a multiple of 16 with precision.mode = FP8_HYBRID "
+       "(FP8 GEMMs read 16-byte rows)"},
+      {{"precision.mode=FP8_HYBRID", "model.llama={n_head: 12 n_kv_head: 1 n_embd: 48}"},
+       "model.llama.n_kv_head = 1: times 2 head dimensions (8, the k and v rows of the fused "
+       "q|k|v projection) must be a multiple of 16 with precision.mode = FP8_HYBRID (FP8 GEMMs "
+       "read 16-byte rows)"},
+  };
+  for (const auto& [sets, expected] : cases) {
+    EXPECT_EQ(validation_error(sets), expected) << "sets: " << sets.front();
+  }
+}
+
+// The FP8 recipes: their defaults, the options each takes, and the block shapes they need.
+TEST(ConfigValidate, Fp8RecipesNameFieldAndRule) {
+  using Fp8 = TrainConfig::Precision::Fp8;
+  EXPECT_EQ(defaulted().precision().fp8().grad_format(), Fp8::E5M2);
+  EXPECT_FALSE(defaulted().precision().fp8().power_of_two_scales());
+  EXPECT_EQ(defaulted({"precision.fp8.recipe=BLOCKWISE"}).precision().fp8().grad_format(),
+            Fp8::E4M3);
+  EXPECT_TRUE(defaulted({"precision.fp8.recipe=MXFP8"}).precision().fp8().power_of_two_scales());
+  for (const char* recipe : {"BLOCKWISE", "ROWWISE", "MXFP8"}) {
+    const std::string set = std::string("precision.fp8.recipe=") + recipe;
+    EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID", set}), "") << recipe;
+    EXPECT_EQ(validation_error({"precision.mode=FP8_HYBRID", set, "model.llama={}"}), "") << recipe;
+  }
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"precision.mode=FP8_HYBRID", "precision.fp8.recipe=BLOCKWISE", "model.gpt2.n_embd=192",
+        "model.gpt2.n_head=3"},
+       "model.gpt2.n_embd = 192: must be a multiple of 128 with precision.mode = FP8_HYBRID and "
+       "precision.fp8.recipe = BLOCKWISE (the K of its FP8 GEMMs must be whole 128-element "
+       "scale blocks)"},
+      {{"precision.mode=FP8_HYBRID", "precision.fp8.recipe=BLOCKWISE", "model.gpt2.seq_len=64",
+        "data.micro_batch_size=1"},
+       "data.micro_batch_size = 1: times model.gpt2.seq_len = 64 (64 tokens) must be a multiple "
+       "of 128 with precision.mode = FP8_HYBRID and precision.fp8.recipe = BLOCKWISE (the tokens "
+       "are the K of the FP8 weight-gradient GEMMs)"},
+      {{"precision.mode=FP8_HYBRID", "precision.fp8.recipe=MXFP8", "model.gpt2.n_embd=48",
+        "model.gpt2.n_head=3"},
+       "model.gpt2.n_embd = 48: must be a multiple of 32 with precision.mode = FP8_HYBRID and "
+       "precision.fp8.recipe = MXFP8 (the K of its FP8 GEMMs must be whole 32-element scale "
+       "blocks)"},
+      {{"precision.mode=FP8_HYBRID", "precision.fp8.recipe=BLOCKWISE", "model.llama={}",
+        "model.llama.ffn_hidden=1088"},
+       "model.llama.ffn_hidden = 1088: must be a multiple of 128 with precision.mode = "
+       "FP8_HYBRID and precision.fp8.recipe = BLOCKWISE (the K of its FP8 GEMMs must be whole "
+       "128-element scale blocks)"},
+      {{"precision.fp8.recipe=ROWWISE", "precision.fp8.grad_format=E5M2"},
+       "precision.fp8.grad_format = E5M2: must be E4M3 with recipe ROWWISE (torchao's row-wise "
+       "recipe: E4M3 for every operand)"},
+      {{"precision.fp8.recipe=MXFP8", "precision.fp8.power_of_two_scales=false"},
+       "precision.fp8.power_of_two_scales = false: must be true with recipe MXFP8 (its E8M0 "
+       "scales are powers of two)"},
+      {{"precision.fp8.power_of_two_scales=true"},
+       "precision.fp8.power_of_two_scales = true: applies to the BLOCKWISE, ROWWISE and MXFP8 "
+       "recipes only, not DELAYED"},
+      {{"precision.fp8.recipe=BLOCKWISE", "precision.fp8.margin=2"},
+       "precision.fp8.margin = 2: must be 0 with recipe BLOCKWISE (block scales map each "
+       "block's amax onto the format's maximum)"},
   };
   for (const auto& [sets, expected] : cases) {
     EXPECT_EQ(validation_error(sets), expected) << "sets: " << sets.front();

@@ -172,6 +172,9 @@ class SlurmScripts(unittest.TestCase):
                    SLURM_JOB_NODELIST="node1", OMP_NUM_THREADS="64")
         if launcher:
             env["MANTISSA_LAUNCHER"] = launcher
+        if launcher == "mpirun":
+            # mpirun through deploy/mantissa-mpirun, which runs the stand-in and passes USR1 on.
+            env["MANTISSA_MPIRUN"] = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
         env.update(slurm)
         process = subprocess.Popen(
             ["bash", os.path.join(lu.ARGS.source_dir, "deploy", "slurm", script)], env=env,

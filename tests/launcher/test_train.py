@@ -10,7 +10,9 @@
    a 2-rank ZeRO-1 checkpoint (sharded masters and moments) on one rank and on four;
  - SIGTERM stops a single rank the same way;
  - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
-   weights of its checkpoint as safetensors, the same bytes;
+   weights of its checkpoint as safetensors, the same bytes; `mantissa export --format hf`
+   writes a GPT-2's and a Llama's weights as a Hugging Face directory, which model.init_from
+   reads back unchanged;
  - a checkpoint saved by another model is refused with exit code 2 (a config error);
  - the divergence guard: gradients non-finite at the minimum loss scale for
    max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4.
@@ -244,6 +246,72 @@ class Training(lu.TempDirTest):
         for name, (shape, raw) in expected.items():
             with self.subTest(name):
                 self.assertEqual(exported(name), (shape, raw))
+
+    def test_hugging_face_weights_out_and_back_in(self):
+        # Each family: a short run exported as a Hugging Face directory, and a run started from
+        # that directory at learning rate 0, hold the same weights: their safetensors exports
+        # carry the same bytes.
+        families = {
+            "gpt2": "model.gpt2={n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}",
+            "llama": "model.llama={n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, "
+                     "ffn_hidden: 96, seq_len: 64}",
+        }
+        tiny = self.write("tiny.pbtxt", lu.TINY_GPT)
+
+        def tensors(path):
+            with open(path, "rb") as f:
+                data = f.read()
+            n = struct.unpack("<Q", data[:8])[0]
+            header = json.loads(data[8:8 + n])
+            header.pop("__metadata__")
+            return {name: (e["shape"], data[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
+                    for name, e in header.items()}
+
+        for family, model in families.items():
+            with self.subTest(family):
+                def run(name, *sets):
+                    config = ["--config", tiny, "--set", model, "--set",
+                              f"run.dir={self.run_dir(family + name)}"]
+                    for s in sets:
+                        config += ["--set", s]
+                    result = self.mantissa("train", *config)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    return config, result
+
+                first, _ = run("first", "run.steps=2", "optimizer.warmup_steps=0")
+                hf = os.path.join(self.dir, family + "_hf")
+                result = self.mantissa("export", *first, "--format", "hf", "--out", hf)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(sorted(os.listdir(hf)), ["config.json", "model.safetensors"])
+                with open(os.path.join(hf, "config.json")) as f:
+                    self.assertEqual(json.load(f)["model_type"], family)
+                result = self.mantissa("export", *first, "--format", "hf", "--out", hf)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(f"mantissa: --out {hf}: exists and is not empty", result.stderr)
+
+                second, result = run("second", "run.steps=1", f"model.init_from={hf}",
+                                     "optimizer.adamw.lr=0", "optimizer.warmup_steps=0")
+                self.assertIn(f"initial weights from the Hugging Face model {hf}", result.stderr)
+                exports = []
+                for config in (first, second):
+                    out = os.path.join(self.dir, f"{family}_{len(exports)}.safetensors")
+                    result = self.mantissa("export", *config, "--out", out)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    exports.append(tensors(out))
+                self.assertEqual(exports[0].keys(), exports[1].keys())
+                for name in exports[0]:
+                    self.assertEqual(exports[0][name], exports[1][name], name)
+
+        # The MLP has no Hugging Face layout.
+        mlp = ["--config", tiny, "--set", "model.mlp={}", "--set",
+               f"run.dir={self.run_dir('mlp')}", "--set", "run.steps=1", "--set",
+               "optimizer.warmup_steps=0"]
+        self.assertEqual(self.mantissa("train", *mlp).returncode, 0)
+        result = self.mantissa("export", *mlp, "--format", "hf", "--out",
+                               os.path.join(self.dir, "mlp_hf"))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("--format hf: Hugging Face model directories hold GPT-2 and Llama models",
+                      result.stderr)
 
     def test_divergence_guard_scale_stuck_at_minimum(self):
         # BF16 runs without loss scaling, so its fixed scale 1 is the minimum: three

@@ -5,6 +5,8 @@
 //  - GPT2Decoder: the logits of the last position from the KV-cache path (a prompt filled at
 //    once, then one token at a time) equal those of the full forward over the whole sequence
 //    within a tight FP32 tolerance, and the full forward's loss is training's (GPT2::forward);
+//  - LlamaDecoder (grouped-query attention, RoPE at the cached positions, an untied head): the
+//    same, and its full forward's logits are the model's own (Llama::logits);
 //  - generate(): greedy tokens equal those of re-running the full forward over the same
 //    context, also after the window slides past seq_len; a seed repeats its tokens;
 //  - TokenSampler: greedy, ties, top-k, the softmax distribution at a temperature, seeds, and
@@ -24,6 +26,8 @@
 #include "core/ops/backend.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
+#include "models/llama/llama_decoder.h"
 #include "models/sampling.h"
 
 namespace mantissa::models {
@@ -156,22 +160,23 @@ TEST(AttentionDecode, RefusesBadArguments) {
 // A small GPT-2 in FP32 with N(0, 0.1) weights (GPT-2's 0.02 initialisation gives logits too
 // close to each other to tell a wrong attention from a right one). vocab_size 300 pads wte to
 // 384 rows, which the decoder must not sample.
+void set_normal_weights(train::ParameterStore& params, core::Backend& be) {
+  Tensor weights = Tensor::empty(Shape{params.flat_numel()}, DType::kF32);
+  be.fill(weights, 0.0f);
+  for (const train::Parameter& p : params.all()) {
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      weights.data_as<float>()[p.offset + i] = normal(11 + p.offset, i, 0.1f);
+    }
+  }
+  params.set_weights(be, weights);
+}
+
 struct TinyModel {
   std::unique_ptr<core::Backend> be = core::make_cpu_backend();
   GPT2Config config{2, 3, 48, 32, 300};
   GPT2 model{config, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 7};
 
-  TinyModel() {
-    train::ParameterStore& params = model.parameters();
-    Tensor weights = Tensor::empty(Shape{params.flat_numel()}, DType::kF32);
-    be->fill(weights, 0.0f);
-    for (const train::Parameter& p : params.all()) {
-      for (int64_t i = 0; i < p.numel(); ++i) {
-        weights.data_as<float>()[p.offset + i] = normal(11 + p.offset, i, 0.1f);
-      }
-    }
-    params.set_weights(*be, weights);
-  }
+  TinyModel() { set_normal_weights(model.parameters(), *be); }
 };
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
@@ -245,8 +250,67 @@ TEST(GPT2Decoder, FullForwardLossIsTrainingsLoss) {
   std::memcpy(batch.targets.data(), all.data() + 1, 24 * sizeof(int32_t));
   train::StepContext ctx{
       *m.be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), nullptr, {}};
-  const double training_loss = m.model.forward(ctx, batch, 0.0f);
+  const double training_loss = train::mean_loss(*m.be, m.model.forward(ctx, batch, 0.0f));
   EXPECT_NEAR(sum / 24.0, training_loss, 1e-5 * training_loss);
+}
+
+// ---------------------------------------------------------------------------------------
+// LlamaDecoder
+
+// 4 query heads sharing 2 key/value heads of 8 channels, an untied head, vocab 300 in 384 rows.
+struct TinyLlama {
+  static LlamaConfig config() {
+    LlamaConfig c;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.n_embd = 32;
+    c.ffn_hidden = 48;
+    c.seq_len = 32;
+    c.vocab_size = 300;
+    return c;
+  }
+  std::unique_ptr<core::Backend> be = core::make_cpu_backend();
+  Llama model{config(), *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 7};
+
+  TinyLlama() { set_normal_weights(model.parameters(), *be); }
+};
+
+TEST(LlamaDecoder, CachedLogitsEqualTheFullForward) {
+  TinyLlama m;
+  LlamaDecoder decoder(m.model, *m.be);
+  EXPECT_EQ(decoder.capacity(), 32);
+  EXPECT_EQ(decoder.vocab_size(), 300);
+  const std::vector<int32_t> tokens = random_tokens(32, 300, 6);
+  const Tensor full = decoder.full_logits(tokens);
+  ASSERT_EQ(full.shape(), (Shape{32, 300}));
+
+  // A prompt of 5 at once, then one token at a time: each new key rotated at its position.
+  const Tensor prompt_logits = decoder.append(std::span(tokens).first(5));
+  EXPECT_LE(relative_error(host_floats(prompt_logits), row_of(full, 4)), 1e-5);
+  for (int64_t t = 5; t < 32; ++t) {
+    const Tensor logits = decoder.append(std::span(tokens).subspan(static_cast<size_t>(t), 1));
+    EXPECT_LE(relative_error(host_floats(logits), row_of(full, t)), 1e-5) << "position " << t;
+  }
+  expect_error([&] { decoder.append(std::span(tokens).first(1)); },
+               "1 tokens at position 32 do not fit the window of seq_len 32");
+}
+
+TEST(LlamaDecoder, FullForwardLogitsAreTheModels) {
+  TinyLlama m;
+  LlamaDecoder decoder(m.model, *m.be);
+  const std::vector<int32_t> tokens = random_tokens(20, 300, 8);
+  const Tensor decoded = decoder.full_logits(tokens);
+  Tensor batch = Tensor::empty(Shape{1, 20}, DType::kI32);
+  std::memcpy(batch.data(), tokens.data(), 20 * sizeof(int32_t));
+  train::StepContext ctx{
+      *m.be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), nullptr, {}};
+  const Tensor model_logits = m.model.logits(ctx, batch);
+  ASSERT_EQ(model_logits.shape(), (Shape{20, 384}));  // the padded head
+  for (int64_t t = 0; t < 20; ++t) {
+    const std::vector<float> padded = host_floats(model_logits.view(t * 384, Shape{300}));
+    EXPECT_LE(relative_error(row_of(decoded, t), padded), 1e-6) << "position " << t;
+  }
 }
 
 // generate()'s rule, recomputed with the full forward: the context is the last `window` prompt

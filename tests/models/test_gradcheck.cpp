@@ -1,6 +1,7 @@
-// Every parameter gradient of a tiny GPT-2 (and of the MLP) against central finite
-// differences of the loss, in FP32; and GPT-2's padded vocabulary (gpt2.h), whose loss and
-// gradients must be those of the unpadded model.
+// Every parameter gradient of a tiny GPT-2, a tiny Llama (grouped-query and plain multi-head,
+// tied and untied) and the MLP against central finite differences of the loss, in FP32; and
+// GPT-2's padded vocabulary (gpt2.h), whose loss and gradients must be those of the unpadded
+// model.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "core/ops/backend.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
 
 namespace mantissa::models {
@@ -83,10 +85,10 @@ void check_gradients(train::LanguageModel& model, core::Backend& be,
       const float saved = masters[i];
       masters[i] = saved + eps;
       params.refresh_compute_copy(be);
-      const double up = model.forward(ctx, batch, 0.0f);
+      const double up = train::mean_loss(be, model.forward(ctx, batch, 0.0f));
       masters[i] = saved - eps;
       params.refresh_compute_copy(be);
-      const double down = model.forward(ctx, batch, 0.0f);
+      const double down = train::mean_loss(be, model.forward(ctx, batch, 0.0f));
       masters[i] = saved;
       const double numeric = (up - down) / (2.0 * eps);
       const double analytic = grads[static_cast<size_t>(i)];
@@ -108,6 +110,49 @@ TEST(Gradcheck, TinyGPT2EveryParameterTensor) {
   randomise_masters(model.parameters(), *be, 0.3f, 11);
   check_gradients(model, *be, make_batch(2, 5, config.vocab_size, 3), 6,
                   {{"wte", config.vocab_size * config.n_embd}});
+}
+
+// Llama with 4 query heads sharing 2 key/value heads (head dimension 4, RoPE over positions
+// 0..4 with a small base so that the angles differ visibly), an untied head, 13 tokens padded
+// to 128 rows in both the embedding and the head.
+TEST(Gradcheck, TinyLlamaGroupedQueryEveryParameterTensor) {
+  auto be = core::make_cpu_backend();
+  LlamaConfig config;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_kv_head = 2;
+  config.n_embd = 16;
+  config.ffn_hidden = 12;
+  config.seq_len = 6;
+  config.vocab_size = 13;
+  config.rope_theta = 3.0;
+  Llama model(config, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 7);
+  randomise_masters(model.parameters(), *be, 0.3f, 11);
+  const int64_t real = config.vocab_size * config.n_embd;
+  check_gradients(model, *be, make_batch(2, 5, config.vocab_size, 3), 6,
+                  {{"embed_tokens.weight", real}, {"lm_head.weight", real}});
+}
+
+// Plain multi-head attention (no repeat of key/value heads) with the head tied to the
+// embedding, whose gradient then sums the two uses.
+TEST(Gradcheck, TinyLlamaTiedMultiHeadEveryParameterTensor) {
+  auto be = core::make_cpu_backend();
+  LlamaConfig config;
+  config.n_layer = 1;
+  config.n_head = 2;
+  config.n_kv_head = 2;
+  config.n_embd = 8;
+  config.ffn_hidden = 10;
+  config.seq_len = 5;
+  config.vocab_size = 11;
+  config.tie_embeddings = true;
+  Llama model(config, *be, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 5);
+  for (const train::Parameter& p : model.parameters().all()) {
+    EXPECT_NE(p.spec.name, "lm_head.weight") << "a tied head has no parameter of its own";
+  }
+  randomise_masters(model.parameters(), *be, 0.3f, 17);
+  check_gradients(model, *be, make_batch(3, 4, config.vocab_size, 5), 6,
+                  {{"embed_tokens.weight", config.vocab_size * config.n_embd}});
 }
 
 TEST(Gradcheck, MLPEveryParameterTensor) {
@@ -135,7 +180,8 @@ Pass forward_backward(GPT2& model, core::Backend& be, core::PrecisionMode mode,
   train::StepContext ctx{be, core::PrecisionPolicy::from_mode(mode), nullptr, {}};
   train::ParameterStore& params = model.parameters();
   params.zero_grad(be);
-  const double loss = model.forward(ctx, batch, 1.0f / static_cast<float>(batch.tokens.numel()));
+  const double loss = train::mean_loss(
+      be, model.forward(ctx, batch, 1.0f / static_cast<float>(batch.tokens.numel())));
   model.backward(ctx);
   const float* g = params.grads().data_as<float>();
   return {loss, std::vector<float>(g, g + params.flat_numel())};

@@ -128,6 +128,37 @@ class Cluster:
     def hostfile(self):
         return os.path.join(self.state_dir, "hostfile")
 
+    def link(self, action, host, *args):
+        """scripts/cluster-link.sh ACTION HOST [ARGS]: cut (down), restore (up), shape (rate) or
+        unshape a host's link; a failure fails the test."""
+        run = subprocess.run([os.path.join(self.scripts, "cluster-link.sh"), action, host, *args],
+                             env=self.env, capture_output=True, text=True, timeout=30)
+        if run.returncode != 0:
+            harness.fail(f"cluster-link.sh {action} {host} {' '.join(args)} failed:\n{run.stderr}")
+
+    def processes(self, host):
+        """{pid: command name} of every process in the host's network namespace but its keeper."""
+        out = subprocess.run(["ip", "netns", "pids", host], capture_output=True, text=True).stdout
+        with open(os.path.join(self.state_dir, f"{host}.pid")) as f:
+            keeper = int(f.read())
+        found = {}
+        for pid in (int(p) for p in out.split()):
+            if pid == keeper:
+                continue
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    found[pid] = f.read().strip()
+            except OSError:
+                pass  # it ended meanwhile
+        return found
+
+    def write_hostfile(self, name, lines):
+        """A hostfile in the cluster's directory, `lines` like "node1 slots=2"; returns its path."""
+        path = os.path.join(self.state_dir, name)
+        with open(path, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        return path
+
     def mpirun_argv(self, np, hostfile=None, env=()):
         """mpirun for np ranks over the hosts of hostfile (default: every host, 2 slots each),
         with each `NAME=VALUE` of env set on every rank (-x). Run it with the environment
@@ -140,3 +171,20 @@ class Cluster:
         for e in env:
             argv += ["-x", e]
         return argv
+
+
+def processes_mentioning(text):
+    """{pid: command line} of every process on the machine whose command line contains text
+    (the test's work directory: what the test started and what its hosts run from it)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if text in cmdline:
+            found[int(entry)] = cmdline
+    return found

@@ -7,8 +7,8 @@
 //  - a validation set without one whole window is a config error naming it.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 

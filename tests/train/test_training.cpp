@@ -1,7 +1,8 @@
 // Training-level acceptance of the mixed-precision engine on the CPU backend:
-//  - a tiny GPT trained on the synthetic corpus in FP32, BF16, FP16 (dynamic loss scaling)
-//    and FP8_HYBRID: the mean loss of the last 10% of steps stays within 1% of FP32 (2% for
-//    FP8);
+//  - a tiny GPT, and a tiny Llama with grouped-query attention, trained on the synthetic
+//    corpus in FP32, BF16, FP16 (dynamic loss scaling) and FP8_HYBRID: the mean loss of the
+//    last 10% of steps stays within 1% of FP32 (2% for FP8), and FP8_HYBRID quantises the
+//    operands of every block linear;
 //  - an inf planted in one gradient: the step is skipped with masters and moments untouched,
 //    the scale backs off, the overflow is counted and attributed to the right parameter;
 //  - FP16 started at a loss scale of 2^24 overflows, backs off and recovers by itself.
@@ -15,6 +16,7 @@
 
 #include "core/ops/backend.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
@@ -58,11 +60,23 @@ double mean_of_last_tenth(const std::vector<StepReport>& reports) {
   return sum / static_cast<double>(n);
 }
 
-double train_tiny_gpt(PrecisionMode mode, int64_t steps) {
+models::LlamaConfig tiny_llama() {
+  models::LlamaConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 64;
+  c.ffn_hidden = 176;
+  c.seq_len = 64;
+  return c;
+}
+
+template <class Model, class ModelConfig>
+double train_tiny(const ModelConfig& model_config, PrecisionMode mode, int64_t steps) {
   auto be = core::make_cpu_backend();
   const PrecisionPolicy policy = PrecisionPolicy::from_mode(mode);
-  models::GPT2 model(kTinyGPT, *be, policy, 42);
-  DataLoader loader = make_loader(8, kTinyGPT.seq_len);
+  Model model(model_config, *be, policy, 42);
+  DataLoader loader = make_loader(8, model_config.seq_len);
   TrainLoopConfig config = loop_config(steps);
   config.loss_scale.mode =
       mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
@@ -72,21 +86,43 @@ double train_tiny_gpt(PrecisionMode mode, int64_t steps) {
   return mean_of_last_tenth(reports);
 }
 
-TEST(Training, ReducedPrecisionTracksFP32) {
+// The mean losses of the last 10% of steps in each precision, printed and held to FP32's.
+template <class Model, class ModelConfig>
+void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& model_config) {
   const int64_t steps = 200;
-  const double fp32 = train_tiny_gpt(PrecisionMode::kFP32, steps);
-  const double bf16 = train_tiny_gpt(PrecisionMode::kBF16, steps);
-  const double fp16 = train_tiny_gpt(PrecisionMode::kFP16, steps);
-  const double fp8 = train_tiny_gpt(PrecisionMode::kFP8Hybrid, steps);
+  const double fp32 = train_tiny<Model>(model_config, PrecisionMode::kFP32, steps);
+  const double bf16 = train_tiny<Model>(model_config, PrecisionMode::kBF16, steps);
+  const double fp16 = train_tiny<Model>(model_config, PrecisionMode::kFP16, steps);
+  const double fp8 = train_tiny<Model>(model_config, PrecisionMode::kFP8Hybrid, steps);
   const auto rel = [fp32](double x) { return std::fabs(x - fp32) / fp32; };
   std::printf(
-      "mean loss of the last 10%% of %lld steps: FP32 %.4f, BF16 %.4f (%.2f%%), "
+      "%s, mean loss of the last 10%% of %lld steps: FP32 %.4f, BF16 %.4f (%.2f%%), "
       "FP16 %.4f (%.2f%%), FP8_HYBRID %.4f (%.2f%%)\n",
-      static_cast<long long>(steps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16), fp8,
+      name, static_cast<long long>(steps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16), fp8,
       100 * rel(fp8));
-  EXPECT_LE(rel(bf16), 0.01);
-  EXPECT_LE(rel(fp16), 0.01);
-  EXPECT_LE(rel(fp8), 0.02);
+  EXPECT_LE(rel(bf16), 0.01) << name;
+  EXPECT_LE(rel(fp16), 0.01) << name;
+  EXPECT_LE(rel(fp8), 0.02) << name;
+}
+
+TEST(Training, ReducedPrecisionTracksFP32) {
+  expect_reduced_precision_tracks_fp32<models::GPT2>("GPT-2", kTinyGPT);
+}
+
+TEST(Training, LlamaReducedPrecisionTracksFP32) {
+  expect_reduced_precision_tracks_fp32<models::Llama>("Llama", tiny_llama());
+}
+
+// FP8_HYBRID covers the seven block linears of Llama (q, k, v as one fused projection, o,
+// gate and up as one, down): an input, a weight and an output-gradient operand each.
+TEST(Training, LlamaFp8QuantisesEveryBlockLinear) {
+  auto be = core::make_cpu_backend();
+  const models::LlamaConfig config = tiny_llama();
+  models::Llama model(config, *be, PrecisionPolicy::from_mode(PrecisionMode::kFP8Hybrid), 1);
+  ASSERT_NE(model.fp8_operands(), nullptr);
+  EXPECT_EQ(model.fp8_operands()->size(), 4 * 3 * config.n_layer);
+  models::Llama bf16(config, *be, PrecisionPolicy::from_mode(PrecisionMode::kBF16), 1);
+  EXPECT_EQ(bf16.fp8_operands(), nullptr);
 }
 
 std::vector<float> snapshot(const core::Tensor& t) {

@@ -1,13 +1,16 @@
 // The CPU backend: what CI, laptops and every test without a GPU run. It reproduces the GPU
 // numerics (the same dtype.h conversions, FP32 accumulation, the same scaling rules) and
-// is parallelised with OpenMP; GEMMs widen their operands to FP32 and call OpenBLAS.
+// is parallelised with OpenMP; GEMMs run OpenBLAS (FP32 operands), the native AVX512-BF16
+// kernel or the AVX2 kernel that widens operands to FP32 as it packs them.
 //
-// The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp,
+// The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp (with
+// cpu_gemm_scaled.cpp for block-scaled FP8), cpu_quantize_blocks.cpp,
 // cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layernorm.cpp,
-// cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp (Llama-style decoders), cpu_attention.cpp,
-// cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp, cpu_cross_entropy.cpp,
-// cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element math they share with the
-// CUDA backend is in core/ops/math/.
+// cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp, cpu_kv_heads.cpp (Llama-style decoders),
+// cpu_attention.cpp (fused), cpu_attention_primitives.cpp (the pieces core/ops/attention.h
+// composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
+// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element math they
+// share with the CUDA backend is in core/ops/math/.
 #pragma once
 
 #include "core/ops/backend.h"
@@ -27,6 +30,9 @@ class CpuBackend final : public Backend {
 
   void cast(const Tensor& src, Tensor& dst, const CastParams& params) override;
   void amax(const Tensor& x, Tensor& out) override;
+  void quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
+                       const BlockQuantizeParams& p) override;
+  std::string unsupported_scale_modes(ScaleMode a, ScaleMode b) const override;
 
   void add_bias(Tensor& x, const Tensor& bias) override;
   void bias_backward(const Tensor& dout, Tensor& dbias) override;
@@ -42,6 +48,11 @@ class CpuBackend final : public Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, Tensor& dqkv,
                           int n_head) override;
+  void split_heads(const Tensor& x, Tensor& out) override;
+  void merge_heads(const Tensor& x, Tensor& out) override;
+  void causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) override;
+  void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
+                               Tensor& dscores) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
@@ -54,6 +65,9 @@ class CpuBackend final : public Backend {
                      Tensor& dx) override;
   void swiglu_forward(const Tensor& gate_up, Tensor& out) override;
   void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) override;
+  void repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_kv_head, Tensor& out) override;
+  void repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, int64_t n_kv_head,
+                                Tensor& dqkv) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,

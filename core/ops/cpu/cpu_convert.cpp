@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/cpu/narrow_formats.h"
 
@@ -73,53 +74,7 @@ uint32_t horizontal_max(__m256i v) {
 
 // --- widening --------------------------------------------------------------------------------
 
-// NaN lanes take dtype.h's decoded NaN: all exponent and mantissa bits set, sign kept.
-__m256 canonical_nan(__m256 x) {
-  const __m256 canonical = _mm256_or_ps(x, _mm256_castsi256_ps(broadcast(kAbsMask)));
-  return _mm256_blendv_ps(x, canonical, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
-__m128i load8_bytes(const void* p) {
-  return _mm_loadl_epi64(static_cast<const __m128i*>(p));
-}
-__m128i load8_words(const void* p) {
-  return _mm_loadu_si128(static_cast<const __m128i*>(p));
-}
-
-// decode8(p): the eight codes at p as FP32, exactly to_float(p[i]).
-__m256 decode8(const float* p) {
-  return _mm256_loadu_ps(p);
-}
-
-__m256 decode8(const bf16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load8_words(p)), 16));
-}
-
-__m256 decode8(const fp16* p) {
-  return canonical_nan(_mm256_cvtph_ps(load8_words(p)));
-}
-
-// E5M2 has FP16's exponent width and bias: a code is the top byte of the FP16 pattern.
-__m256 decode8(const fp8_e5m2* p) {
-  return canonical_nan(_mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(load8_bytes(p)), 8)));
-}
-
-// E4M3 -> FP16 pattern: exponent and mantissa fields slide into FP16's positions (mantissa 3
-// -> 10 bits; sign-extending the byte first puts the sign at bit 15, and bit 14 is cleared).
-// FP16's bias is 15 instead of 7, so the pattern reads as the value times 2^-8 -- subnormals
-// too, since both formats scale their subnormals like their smallest exponent -- and the
-// exact product by 2^8 restores it. The NaN magnitude 0x7F reads as 1.875 (480 after the
-// product), which no other code gives, and is replaced.
-__m256 decode8(const fp8_e4m3* p) {
-  const __m128i shifted = _mm_slli_epi16(_mm_cvtepi8_epi16(load8_bytes(p)), 7);
-  const __m128i half = _mm_andnot_si128(_mm_set1_epi16(0x4000), shifted);
-  const __m256 value = _mm256_mul_ps(_mm256_cvtph_ps(half), _mm256_set1_ps(256.0f));
-  const __m256 magnitude = _mm256_castsi256_ps(abs_bits(value));
-  const __m256 is_nan = _mm256_cmp_ps(magnitude, _mm256_set1_ps(480.0f), _CMP_EQ_OQ);
-  return _mm256_blendv_ps(value, _mm256_or_ps(value, _mm256_castsi256_ps(broadcast(kAbsMask))),
-                          is_nan);
-}
-
+// decode8 (cpu_convert8.h) reads eight stored values as FP32.
 template <class T>
 void widen_block(const T* src, float* dst, int64_t begin, int64_t end, float scale) {
   const __m256 s = _mm256_set1_ps(scale);
@@ -161,17 +116,7 @@ void round32(const __m256 x[4], float* dst, Saturation) {
   for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + 8 * k, x[k]);
 }
 
-// bf16_from_float: adding 0x7FFF plus the lowest kept bit, then truncating, rounds to nearest
-// even; NaN becomes 0x7FFF instead of being rounded (possibly into inf).
-__m256i bf16_round8(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), broadcast(1));
-  const __m256i rounded = _mm256_srli_epi32(
-      _mm256_add_epi32(bits, _mm256_add_epi32(broadcast(0x7FFF), lowest_kept)), 16);
-  const __m256i is_nan = _mm256_cmpgt_epi32(abs_bits(x), broadcast(kInfBits));
-  return _mm256_blendv_epi8(rounded, broadcast(0x7FFF), is_nan);
-}
-
+// bf16_round8 (cpu_convert8.h) rounds eight values to BF16 codes.
 void round32(const __m256 x[4], bf16* dst, Saturation) {
   store32_u16(dst, bf16_round8(x[0]), bf16_round8(x[1]), bf16_round8(x[2]), bf16_round8(x[3]));
 }

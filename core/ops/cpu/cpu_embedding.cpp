@@ -1,5 +1,6 @@
 // Token and position embeddings on the CPU, out[b, t] = wte[tokens[b, t]] + wpe[t] (the math
-// follows llm.c's train_gpt2.c). Operands are read and written as cpu_layer_io.h describes.
+// follows llm.c's train_gpt2.c), or wte[tokens[b, t]] alone when there is no wpe. Operands are read
+// and written as cpu_layer_io.h describes.
 #include <algorithm>
 #include <vector>
 
@@ -25,8 +26,10 @@ void CpuBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, cons
 #pragma omp for schedule(static)
     for (int64_t bt = 0; bt < B * T; ++bt) {
       load(wte, tok[bt] * C, C, e);
-      load(wpe, (bt % T) * C, C, p);
-      for (int64_t c = 0; c < C; ++c) e[c] += p[c];
+      if (wpe.defined()) {
+        load(wpe, (bt % T) * C, C, p);
+        for (int64_t c = 0; c < C; ++c) e[c] += p[c];
+      }
       store(e, C, out, bt * C);
     }
   }
@@ -42,7 +45,7 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Te
 
   const int32_t* tok = tokens.data_as<const int32_t>();
   float* dte = dwte.data_as<float>();
-  float* dpe = dwpe.data_as<float>();
+  float* dpe = dwpe.defined() ? dwpe.data_as<float>() : nullptr;
   const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
@@ -52,11 +55,10 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Te
     for (int64_t bt = 0; bt < B * T; ++bt) {
       load(dout, bt * C + c0, width, dy);
       float* te = dte + tok[bt] * C + c0;
+      for (int64_t c = 0; c < width; ++c) te[c] += dy[c];
+      if (dpe == nullptr) continue;
       float* pe = dpe + (bt % T) * C + c0;
-      for (int64_t c = 0; c < width; ++c) {
-        te[c] += dy[c];
-        pe[c] += dy[c];
-      }
+      for (int64_t c = 0; c < width; ++c) pe[c] += dy[c];
     }
   }
 }

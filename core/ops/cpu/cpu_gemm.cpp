@@ -3,19 +3,22 @@
 // The numerics are cuBLASLt's with CUBLAS_COMPUTE_32F: exact products summed in FP32.
 //  - BF16 and FP8 operands (every FP8 value is a BF16 value), on CPUs with AVX512-BF16: the
 //    native BF16 kernel of cpu_gemm_bf16.cpp, about three times sgemm's throughput.
-//  - Otherwise: reduced-precision operands are widened to FP32 (exactly: every BF16, F16 and
-//    FP8 value is an FP32 value; FP32 operands are used in place) and multiplied with
-//    OpenBLAS's cblas_sgemm.
+//  - Other BF16, F16 and FP8 operands (and all of them with MANTISSA_CPU_BF16_GEMM=0): the
+//    AVX2/FMA kernel of cpu_gemm_avx2.cpp, which widens them to FP32 (exactly: every BF16,
+//    F16 and FP8 value is an FP32 value) while it packs cache-sized blocks of them, so no
+//    widened copy of a whole operand is ever written.
+//  - FP32 operands: OpenBLAS's cblas_sgemm, on the operands in place.
 // The FP8 dequantize scales are folded into alpha, since (a sa)(b sb) summed over k equals
 // sa sb (a b summed over k): like cuBLASLt's A/B scale pointers they are applied once to the
 // accumulated sum, not to every operand element. An F32 output is written by the kernel
-// directly. A BF16, F16 or FP8 output is computed into an FP32 scratch buffer and rounded
-// once, to nearest even (FP8 saturating to the largest finite value), with the quantize scale
-// c_scale applied and amax taken before it.
+// directly, and so is a BF16 output of the native and the AVX2 kernel (rounded to nearest
+// even as it is stored). Any other F16 or FP8 output is computed into an FP32 scratch buffer
+// and rounded once, to nearest even (FP8 saturating to the largest finite value), with the quantize
+// scale c_scale applied and amax taken before it.
 //
 // BLAS conventions hold: with beta = 0 the old C is never read (garbage or NaN there is
-// simply overwritten), and with alpha = 0 the values of A and B do not matter (sgemm takes
-// that case, and ignores them).
+// simply overwritten), and with alpha = 0 the values of A and B do not matter (every kernel
+// takes that case itself, and ignores them).
 // fast_accumulate has no meaning here: the CPU always accumulates in full FP32.
 #include <cblas.h>
 #include <omp.h>
@@ -28,7 +31,9 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_gemm_avx2.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
+#include "core/ops/cpu/cpu_gemm_scaled.h"
 #include "core/ops/cpu/scratch_buffer.h"
 #include "core/ops/gemm_checks.h"
 
@@ -38,19 +43,11 @@ namespace {
 // Slices of a product are at least this many rows (or columns) of C.
 constexpr int64_t kMinSlice = 32;
 
-// The operand's values as FP32: F32 in place, anything else widened (exactly) into scratch.
-const float* as_f32(const Tensor& t, ScratchBuffer<float>& scratch) {
-  if (t.dtype() == DType::kF32) return t.data_as<const float>();
-  float* wide = scratch.get(t.numel());
-  widen_to_f32(t.data(), t.dtype(), wide, t.numel());
-  return wide;
-}
-
 float scale_value(const Tensor* scale) {
   return scale == nullptr ? 1.0f : *scale->data_as<const float>();
 }
 
-// Row-major sgemm on FP32 buffers, `s.batch` independent products, spread over the OpenMP
+// Row-major sgemm on FP32 operands, `s.batch` independent products, spread over the OpenMP
 // threads in slices: whole products when there are at least as many as threads, else blocks
 // of rows of C, one cblas_sgemm per slice. Rows are preferred because a row block of C is
 // contiguous, and on the model's shapes row slices ran 5-15% faster than column slices;
@@ -109,19 +106,40 @@ void sliced_sgemm(const GemmShape& s, bool trans_a, bool trans_b, float alpha, c
 
 void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmParams& p) {
   const GemmShape s = check_gemm(a, b, c, p, device());
+  if (p.a_scale_mode != ScaleMode::kTensor) {  // block-scaled FP8: cpu_gemm_scaled.cpp
+    gemm_block_scaled(s, a, b, c, p);
+    return;
+  }
 
-  thread_local ScratchBuffer<float> a_wide, b_wide, c_wide;
   const float alpha = p.alpha * scale_value(p.a_scale) * scale_value(p.b_scale);
+  const bool native_bf16 =
+      alpha != 0.0f && bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype());
+  const bool sgemm = !native_bf16 && a.dtype() == DType::kF32;
+  // The native BF16 kernel and the AVX2 kernel write an FP32 or BF16 C themselves, rounding
+  // as they store.
+  if (!sgemm && (c.dtype() == DType::kF32 || c.dtype() == DType::kBF16)) {
+    if (native_bf16) {
+      gemm_bf16(s, a, p.trans_a, b, p.trans_b, alpha, p.beta, c.data(), c.dtype());
+    } else {
+      gemm_avx2(s, a, p.trans_a, b, p.trans_b, alpha, p.beta, c.data(), c.dtype());
+    }
+    return;
+  }
+
+  thread_local ScratchBuffer<float> c_wide;
   const bool direct = c.dtype() == DType::kF32;
   float* c32 = direct ? c.data_as<float>() : c_wide.get(c.numel());
-  // beta * C needs the old C in FP32 (BF16 and F16 widen exactly); with beta = 0 neither
-  // kernel reads C at all.
+  // beta * C needs the old C in FP32 (BF16 and F16 widen exactly); with beta = 0 no kernel
+  // reads C at all.
   if (!direct && p.beta != 0.0f) widen_to_f32(c.data(), c.dtype(), c32, c.numel());
 
-  if (alpha != 0.0f && bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype())) {
+  if (native_bf16) {
     gemm_bf16(s, a, p.trans_a, b, p.trans_b, alpha, p.beta, c32);
+  } else if (sgemm) {
+    sliced_sgemm(s, p.trans_a, p.trans_b, alpha, a.data_as<const float>(), b.data_as<const float>(),
+                 p.beta, c32);
   } else {
-    sliced_sgemm(s, p.trans_a, p.trans_b, alpha, as_f32(a, a_wide), as_f32(b, b_wide), p.beta, c32);
+    gemm_avx2(s, a, p.trans_a, b, p.trans_b, alpha, p.beta, c32, DType::kF32);
   }
   if (direct) return;
 

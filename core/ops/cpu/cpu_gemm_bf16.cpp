@@ -100,10 +100,42 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
+// GCC 12's AVX-512 intrinsics pass a deliberately self-initialised "undefined" vector as the
+// pass-through operand of unmasked conversions and shifts, which -Wmaybe-uninitialized
+// reports once they are inlined; nothing here reads it.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// Sixteen values of C (the lanes in `valid`) as FP32, and back: an FP32 C as it is, a BF16 C
+// widened, and rounded to nearest even as bf16_from_float rounds (NaN becomes 0x7FFF), so that
+// a BF16 C is what rounding the FP32 result afterwards would give.
+[[MANTISSA_AVX512_BF16]] __m512 load16(const float* p, __mmask16 valid) {
+  return _mm512_maskz_loadu_ps(valid, p);
+}
+[[MANTISSA_AVX512_BF16]] __m512 load16(const bf16* p, __mmask16 valid) {
+  const __m256i codes = _mm256_maskz_loadu_epi16(valid, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(codes), 16));
+}
+[[MANTISSA_AVX512_BF16]] void store16(float* p, __mmask16 valid, __m512 v) {
+  _mm512_mask_storeu_ps(p, valid, v);
+}
+[[MANTISSA_AVX512_BF16]] void store16(bf16* p, __mmask16 valid, __m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i codes = _mm512_srli_epi32(
+      _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lowest_kept)), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  codes = _mm512_mask_mov_epi32(codes, nan, _mm512_set1_epi32(0x7FFF));
+  _mm256_mask_storeu_epi16(p, valid, _mm512_cvtepi32_epi16(codes));
+}
+
 // C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * strip . panel + beta * C.
+template <class TC>
 [[MANTISSA_AVX512_BF16]] void micro_tile(const uint32_t* a, const uint32_t* b, int64_t pairs,
-                                         float alpha, float beta, float* c, int64_t ldc,
-                                         int64_t rows, int64_t cols) {
+                                         float alpha, float beta, TC* c, int64_t ldc, int64_t rows,
+                                         int64_t cols) {
   __m512 acc[kRows][2];
   for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
@@ -129,14 +161,16 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
     // The second half is addressed only when the tile has columns there (past the end of C
     // otherwise).
     for (int64_t half = 0; half < 2 && 16 * half < cols; ++half) {
-      float* out = c + r * ldc + 16 * half;
+      TC* out = c + r * ldc + 16 * half;
       const __mmask16 valid = half == 0 ? mask0 : mask1;
       __m512 v = _mm512_mul_ps(alpha_v, acc[r][half]);
-      if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, _mm512_maskz_loadu_ps(valid, out), v);
-      _mm512_mask_storeu_ps(out, valid, v);
+      if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, load16(out, valid), v);
+      store16(out, valid, v);
     }
   }
 }
+
+#pragma GCC diagnostic pop
 
 // The packed operands of the calling thread's GEMMs, shared by every operand-type
 // instantiation of gemm_packed.
@@ -149,9 +183,9 @@ PackBuffers& pack_buffers_of_this_thread() {
   return buffers;
 }
 
-template <class TA, class TB>
+template <class TA, class TB, class TC>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
-                 float alpha, float beta, float* c) {
+                 float alpha, float beta, TC* c) {
   const int64_t pairs = (s.k + 1) / 2;
   const int64_t strips = (s.m + kRows - 1) / kRows;
   const int64_t panels = (s.n + kCols - 1) / kCols;
@@ -200,7 +234,7 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
       const int64_t strip_end = strips * (row_part + 1) / row_parts;
       const int64_t panel_begin = panels * col_part / col_parts;
       const int64_t panel_end = panels * (col_part + 1) / col_parts;
-      float* c_product = c + product * s.m * s.n;
+      TC* c_product = c + product * s.m * s.n;
       for (int64_t block = panel_begin; block < panel_end; block += block_panels) {
         for (int64_t strip = strip_begin; strip < strip_end; ++strip) {
           for (int64_t panel = block; panel < std::min(panel_end, block + block_panels); ++panel) {
@@ -216,9 +250,9 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   }
 }
 
-template <class TA>
+template <class TA, class TC>
 void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b, bool trans_b,
-                 float alpha, float beta, float* c) {
+                 float alpha, float beta, TC* c) {
   switch (b.dtype()) {
     case DType::kBF16:
       return gemm_packed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c);
@@ -227,6 +261,20 @@ void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b,
     case DType::kE5M2:
       return gemm_packed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c);
     default: MANTISSA_FAIL("gemm_bf16: B is " << b.describe() << ", not BF16 or FP8");
+  }
+}
+
+template <class TC>
+void with_typed_a(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+                  float alpha, float beta, TC* c) {
+  switch (a.dtype()) {
+    case DType::kBF16:
+      return gemm_with_a(s, a.data_as<const bf16>(), trans_a, b, trans_b, alpha, beta, c);
+    case DType::kE4M3:
+      return gemm_with_a(s, a.data_as<const fp8_e4m3>(), trans_a, b, trans_b, alpha, beta, c);
+    case DType::kE5M2:
+      return gemm_with_a(s, a.data_as<const fp8_e5m2>(), trans_a, b, trans_b, alpha, beta, c);
+    default: MANTISSA_FAIL("gemm_bf16: A is " << a.describe() << ", not BF16 or FP8");
   }
 }
 
@@ -246,19 +294,21 @@ bool bf16_gemm_supports(DType a, DType b) {
 }
 
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-               float alpha, float beta, float* c) {
-  MANTISSA_CHECK(bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype()) && alpha != 0.0f,
-                 "gemm_bf16: called for A " << a.describe() << ", B " << b.describe() << ", alpha "
-                                            << alpha << " it does not take");
-  switch (a.dtype()) {
-    case DType::kBF16:
-      return gemm_with_a(s, a.data_as<const bf16>(), trans_a, b, trans_b, alpha, beta, c);
-    case DType::kE4M3:
-      return gemm_with_a(s, a.data_as<const fp8_e4m3>(), trans_a, b, trans_b, alpha, beta, c);
-    case DType::kE5M2:
-      return gemm_with_a(s, a.data_as<const fp8_e5m2>(), trans_a, b, trans_b, alpha, beta, c);
-    default: MANTISSA_FAIL("gemm_bf16: A is " << a.describe() << ", not BF16 or FP8");
+               float alpha, float beta, void* c, DType c_dtype) {
+  MANTISSA_CHECK(bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype()) && alpha != 0.0f &&
+                     (c_dtype == DType::kF32 || c_dtype == DType::kBF16),
+                 "gemm_bf16: called for A " << a.describe() << ", B " << b.describe() << ", C "
+                                            << dtype_name(c_dtype) << ", alpha " << alpha
+                                            << " it does not take");
+  if (c_dtype == DType::kBF16) {
+    return with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<bf16*>(c));
   }
+  with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<float*>(c));
+}
+
+void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+               float alpha, float beta, float* c) {
+  gemm_bf16(s, a, trans_a, b, trans_b, alpha, beta, c, DType::kF32);
 }
 
 }  // namespace mantissa::core

@@ -14,16 +14,21 @@ namespace mantissa::core {
 inline constexpr double kGemmParallelFlops = 1 << 21;
 
 // True when this CPU has AVX512-BF16 and the environment does not turn the kernel off with
-// MANTISSA_CPU_BF16_GEMM=0 (which makes every GEMM widen to FP32 and call sgemm instead).
+// MANTISSA_CPU_BF16_GEMM=0 (which sends BF16 and FP8 GEMMs to the AVX2 kernel of
+// cpu_gemm_avx2.h instead).
 bool bf16_gemm_enabled();
 
 // True for the operand pairs the kernel takes: BF16 x BF16 and the FP8 pairs.
 bool bf16_gemm_supports(DType a, DType b);
 
 // c[i] = alpha * op(A[i]) op(B[i]) + beta * c[i] for each of the s.batch products, c being
-// FP32 row-major [m, n] per product. Products are exact and summed in FP32 over all of K, and
-// alpha is applied once to the sum; beta = 0 never reads c. alpha must not be 0 (A and B are
-// always read). Requires bf16_gemm_enabled() and bf16_gemm_supports(A, B).
+// row-major [m, n] per product, FP32 or BF16 (c_dtype). Products are exact and summed in FP32
+// over all of K, and alpha is applied once to the sum; beta = 0 never reads c. A BF16 c gets
+// the FP32 result rounded once to nearest even, as it is stored. alpha must not be 0 (A and
+// B are always read). Requires bf16_gemm_enabled() and bf16_gemm_supports(A, B).
+void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+               float alpha, float beta, void* c, DType c_dtype);
+// The same with an FP32 c.
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                float alpha, float beta, float* c);
 

@@ -5,8 +5,9 @@
 namespace mantissa::core {
 
 std::string cpu_paths_description() {
-  const std::string gemm = bf16_gemm_enabled() ? "BF16/FP8 GEMM AVX512-BF16 kernel"
-                                               : "BF16/FP8 GEMM widened to FP32 for OpenBLAS sgemm";
+  const std::string gemm = bf16_gemm_enabled()
+                               ? "BF16/FP8 GEMM AVX512-BF16 kernel"
+                               : "BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while packing)";
   const std::string convert = avx512::narrow_enabled()
                                   ? "conversions AVX-512 (stochastic rounding, FP8) and AVX2/F16C"
                                   : "conversions AVX2/F16C";

@@ -1,7 +1,14 @@
-// Causal self-attention on the GPU: the softmax pieces are core/ops/math/softmax.h's, the CPU
-// backend's (cpu_attention.cpp); FP32 internally, one rounding to nearest even per stored
-// value. Operands are read and written as cuda_layer_io.cuh describes. No kernel here uses
-// floating-point atomics.
+// Causal self-attention on the GPU: core/ops/attention.h's composed routine, whose products
+// are cuBLASLt strided-batched GEMMs over the B*H heads, and its primitives, defined here:
+// the head permutations and the causal softmax with its backward (the CPU twins are in
+// cpu_attention_primitives.cpp). FP32 math, one rounding to nearest even per stored value;
+// the softmax pieces are core/ops/math/softmax.h's. No kernel here uses atomics.
+//
+// All of them are memory-bound: each moves every element of its operands once through
+// DRAM, in 16-byte accesses where the shapes and pointers allow it.
+#include <type_traits>
+
+#include "core/ops/attention.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
@@ -16,219 +23,253 @@ using namespace cuda_kernels;
 
 constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / kWarpSize;
+// Elements per 16-byte access of a BF16 or F16 operand (two accesses for F32).
+constexpr int kVector = 8;
 
-// The query row one warp of an attention kernel handles: row = (b, h, t) of [B, H, T], with
-// token_stride the distance between the qkv rows of two positions and head_base the offset
-// of q at (b, t = 0, h). Past the last row in_range is false and the rest is left zero.
-struct AttentionRow {
-  bool in_range;
-  int lane, warp;
-  int64_t row, t, b, h, token_stride, head_base;
+// ---------------------------------------------------------------------------------------
+// Head permutations: rows[B, T, P*H*D] <-> heads[P, B, H, T, D]. Each thread moves W
+// consecutive channels of one head (W = kVector when D and both pointers allow 16-byte
+// accesses), indexed by its place in the heads layout, so the heads side is read or written
+// contiguously across the warp and the rows side in runs of D channels. Same dtypes are
+// copied bit for bit (NaN payloads included), others widened to FP32 and rounded once.
+struct HeadsShape {
+  int64_t P, B, H, T, D;
 };
 
-__device__ AttentionRow attention_row(int64_t B, int64_t T, int64_t C, int64_t H, int64_t D) {
-  AttentionRow r{};
-  r.lane = threadIdx.x % kWarpSize;
-  r.warp = threadIdx.x / kWarpSize;
-  r.row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarpSize) + r.warp;
-  r.in_range = r.row < B * H * T;
-  if (!r.in_range) return r;
-  r.t = r.row % T;
-  r.b = r.row / (H * T);
-  r.h = (r.row / T) % H;
-  r.token_stride = 3 * C;                            // qkv row of one position
-  r.head_base = r.b * T * r.token_stride + r.h * D;  // q of (b, t = 0, h)
-  return r;
-}
-
-// Causal self-attention: one warp per query row (b, h, t), rows ordered so that the warps of
-// a block share (b, h) and find that head's K and V rows in L1. With scale = 1 / sqrt(D):
-//   scores[t2] = scale * q_t . k_t2  for t2 <= t   (lanes split the D channels, then a
-//                                                    warp sum: coalesced K reads)
-//   P[t]       = softmax(scores), zero beyond t     (FP32, in probs)
-//   out_t      = sum_t2 P[t][t2] v_t2               (lanes over channels, keys in order)
-// probs is FP32 [B, H, T, T]: att itself when att is F32. A BF16 or F16 att receives P
-// rounded once, while out, as on the CPU, uses the FP32 probabilities.
-// The query row is staged in shared memory as FP32 (dynamic: warps * D floats).
-__global__ void attention_forward_kernel(FloatIn qkv, FloatOut y, float* __restrict__ probs,
-                                         FloatOut att, int64_t B, int64_t T, int64_t C, int64_t H,
-                                         int64_t D, float scale) {
-  extern __shared__ float shared_q[];
-  const auto [in_range, lane, warp, row, t, b, h, token_stride, head_base] =
-      attention_row(B, T, C, H, D);
-  if (!in_range) return;
-
-  float* q = shared_q + warp * D;
-  for (int64_t d = lane; d < D; d += kWarpSize) q[d] = load(qkv, head_base + t * token_stride + d);
-  __syncwarp();
-
-  float* p = probs + row * T;  // P[b, h, t, :]
-  float max_score = -INFINITY;
-  for (int64_t t2 = 0; t2 <= t; ++t2) {
-    const int64_t k_base = head_base + t2 * token_stride + C;
-    float partial = 0.0f;
-    for (int64_t d = lane; d < D; d += kWarpSize) partial += q[d] * load(qkv, k_base + d);
-    const float score = warp_sum(partial) * scale;  // every lane holds it
-    if (lane == 0) p[t2] = score;
-    // A NaN score never wins the comparison but still turns the sum, hence the row, NaN.
-    max_score = softmax_max(max_score, score);
-  }
-  __syncwarp();  // lane 0's scores become visible to the whole warp
-
-  float sum = 0.0f;
-  for (int64_t t2 = lane; t2 <= t; t2 += kWarpSize) {
-    const float e = softmax_exp(p[t2], max_score);
-    p[t2] = e;
-    sum += e;
-  }
-  const float inv_sum = 1.0f / warp_sum(sum);
-  for (int64_t t2 = lane; t2 < T; t2 += kWarpSize) {
-    const float prob = t2 <= t ? p[t2] * inv_sum : 0.0f;
-    p[t2] = prob;
-    if (att.dtype != DType::kF32) store(att, row * T + t2, prob);
-  }
-  __syncwarp();
-
-  for (int64_t d = lane; d < D; d += kWarpSize) {
-    float o = 0.0f;
-    for (int64_t t2 = 0; t2 <= t; ++t2)
-      o += p[t2] * load(qkv, head_base + t2 * token_stride + 2 * C + d);
-    store(y, (b * T + t) * C + h * D + d, o);
-  }
-}
-
-// Attention backward, per query row (P = att[t], dy = dout_t), the first of two kernels:
-//   dP[t2]      = dy . v_t2                                  (warp sum over channels)
-//   dscores[t2] = scale * P[t2] (dP[t2] - sum_j P[j] dP[j])  (softmax Jacobian)
-//   dq_t        = sum_t2 dscores[t2] k_t2
-// dscores goes to an FP32 scratch [B, H, T, T] that the second kernel reads by column.
-__global__ void attention_backward_query_kernel(FloatIn dout, FloatIn qkv, FloatIn att,
-                                                float* __restrict__ dscores, FloatOut dqkv,
-                                                int64_t B, int64_t T, int64_t C, int64_t H,
-                                                int64_t D, float scale) {
-  extern __shared__ float shared_dy[];
-  const auto [in_range, lane, warp, row, t, b, h, token_stride, head_base] =
-      attention_row(B, T, C, H, D);
-  if (!in_range) return;
-
-  float* dy = shared_dy + warp * D;
-  for (int64_t d = lane; d < D; d += kWarpSize) dy[d] = load(dout, (b * T + t) * C + h * D + d);
-  __syncwarp();
-
-  const int64_t p_row = row * T;  // P[t] = att[b, h, t, :]
-  float* ds = dscores + row * T;
-  float p_dp = 0.0f;
-  for (int64_t t2 = 0; t2 <= t; ++t2) {
-    const int64_t v_base = head_base + t2 * token_stride + 2 * C;
-    float partial = 0.0f;
-    for (int64_t d = lane; d < D; d += kWarpSize) partial += dy[d] * load(qkv, v_base + d);
-    const float dp = warp_sum(partial);
-    if (lane == 0) ds[t2] = dp;
-    p_dp += load(att, p_row + t2) * dp;
-  }
-  __syncwarp();
-  for (int64_t t2 = lane; t2 <= t; t2 += kWarpSize) {
-    ds[t2] = softmax_backward(load(att, p_row + t2), ds[t2], p_dp) * scale;
-  }
-  __syncwarp();
-
-  for (int64_t d = lane; d < D; d += kWarpSize) {
-    float dq = 0.0f;
-    for (int64_t t2 = 0; t2 <= t; ++t2)
-      dq += ds[t2] * load(qkv, head_base + t2 * token_stride + C + d);
-    store(dqkv, head_base + t * token_stride + d, dq);
-  }
-}
-
-// Attention backward, second kernel, per key row (b, h, t2): the sums over the query rows
-// that see key t2, in query order (the CPU backend's order), with lanes over channels:
-//   dk_t2 = sum_{t >= t2} dscores[t][t2] q_t,   dv_t2 = sum_{t >= t2} P[t][t2] dout_t
-// Gathering by key instead of scattering from each query keeps this free of atomics.
-__global__ void attention_backward_key_kernel(FloatIn dout, FloatIn qkv, FloatIn att,
-                                              const float* __restrict__ dscores, FloatOut dqkv,
-                                              int64_t B, int64_t T, int64_t C, int64_t H,
-                                              int64_t D) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-  if (row >= B * H * T) return;
-  const int64_t t2 = row % T;
-  const int64_t bh = row / T;
-  const int64_t b = bh / H;
-  const int64_t h = bh % H;
-  const int64_t token_stride = 3 * C;
-  const int64_t head_base = b * T * token_stride + h * D;
-  const int64_t p_column = bh * T * T + t2;  // P[t][t2] is att element p_column + t * T
-  const float* ds_column = dscores + bh * T * T + t2;
-
-  for (int64_t d = lane; d < D; d += kWarpSize) {
-    float dk = 0.0f;
-    float dv = 0.0f;
-    for (int64_t t = t2; t < T; ++t) {
-      dk += ds_column[t * T] * load(qkv, head_base + t * token_stride + d);
-      dv += load(att, p_column + t * T) * load(dout, (b * T + t) * C + h * D + d);
+template <int W, class TI, class TO>
+__device__ __forceinline__ void move(const TI* __restrict__ src, TO* __restrict__ dst) {
+  if constexpr (std::is_same_v<TI, TO>) {
+    if constexpr (W == 1) {
+      *dst = *src;
+    } else {
+      store_pack<W>(dst, load_pack<W>(src));
     }
-    store(dqkv, head_base + t2 * token_stride + C + d, dk);
-    store(dqkv, head_base + t2 * token_stride + 2 * C + d, dv);
+  } else {
+    float v[W];
+    load_as_float<W>(src, v);
+    store_from_float<W>(dst, v);
   }
 }
 
-// Launch shape of the attention kernels that stage one D-float row per warp in shared
-// memory: at most 8 warps per block, fewer for very wide heads, so that the staging fits the
-// default 48 KiB. A head wider than that (D > 12288) is not supported here.
-struct AttentionLaunch {
-  int warps;
-  size_t shared_bytes;
-};
+template <int W, class TI, class TO>
+__global__ void permute_heads_kernel(const TI* __restrict__ src, TO* __restrict__ dst, HeadsShape s,
+                                     bool to_heads) {
+  const int64_t chunks = s.P * s.B * s.H * s.T * s.D / W;
+  for (int64_t i = global_thread_index(); i < chunks; i += grid_stride()) {
+    const int64_t e = i * W;  // heads[p, b, h, t, d]
+    const int64_t d = e % s.D;
+    int64_t rest = e / s.D;
+    const int64_t t = rest % s.T;
+    rest /= s.T;
+    const int64_t h = rest % s.H;
+    rest /= s.H;
+    const int64_t b = rest % s.B;
+    const int64_t p = rest / s.B;
+    const int64_t r = ((b * s.T + t) * s.P + p) * s.H * s.D + h * s.D + d;  // rows[b, t, .]
+    if (to_heads) {
+      move<W>(src + r, dst + e);
+    } else {
+      move<W>(src + e, dst + r);
+    }
+  }
+}
 
-AttentionLaunch attention_launch(const char* op, int64_t D) {
-  constexpr int64_t kSharedBytes = 48 * 1024;
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(float));
-  MANTISSA_CHECK(row_bytes <= kSharedBytes, op << ": head size " << D
-                                               << " is above the CUDA backend's limit of "
-                                               << kSharedBytes / sizeof(float));
-  const int warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, kSharedBytes / row_bytes));
-  return {warps, static_cast<size_t>(warps * row_bytes)};
+void permute_heads(const Tensor& src, Tensor& dst, const HeadsDims& d, bool to_heads,
+                   int multiprocessor_count, cudaStream_t stream) {
+  const HeadsShape s{d.P, d.B, d.H, d.T, d.D};
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  const bool vector = d.D % kVector == 0 && aligned16(src.data()) && aligned16(dst.data());
+  const char* op = to_heads ? "split_heads" : "merge_heads";
+  dispatch_f32_bf16_f16(op, src.dtype(), [&](auto in) {
+    using TI = decltype(in);
+    dispatch_f32_bf16_f16(op, dst.dtype(), [&](auto out) {
+      using TO = decltype(out);
+      const TI* from = src.data_as<const TI>();
+      TO* to = dst.data_as<TO>();
+      if (vector) {
+        permute_heads_kernel<kVector>
+            <<<grid_size(n / kVector, kBlock, multiprocessor_count), kBlock, 0, stream>>>(
+                from, to, s, to_heads);
+      } else {
+        permute_heads_kernel<1><<<grid_size(n, kBlock, multiprocessor_count), kBlock, 0, stream>>>(
+            from, to, s, to_heads);
+      }
+      MANTISSA_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Causal softmax: one warp per row of the N*T rows, row (n, t) seeing its first t + 1
+// columns. Lanes take chunks of W columns in turn (W = kVector: 16-byte loads when T and the
+// pointers allow them). Blocks take the rows last first: the longest rows start first and
+// the short ones fill the tail of the grid.
+
+// The row a warp handles, or -1 past the end.
+__device__ __forceinline__ int64_t softmax_row(int64_t rows) {
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  return k < rows ? rows - 1 - k : -1;
+}
+
+__device__ __forceinline__ SoftmaxState warp_softmax_merge(SoftmaxState s) {
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const SoftmaxState other{__shfl_xor_sync(0xFFFFFFFFu, s.max, offset),
+                             __shfl_xor_sync(0xFFFFFFFFu, s.sum, offset)};
+    s = softmax_merge(s, other);
+  }
+  return s;
+}
+
+// Forward, llm.c's softmax_forward_kernel5 in form: one pass finds the maximum and the sum
+// together (the online form of softmax.h, chunk by chunk, then merged across the warp), a
+// second pass recomputes each exp(z - max) (cheaper than storing it), normalises and writes
+// the whole row, zeros past the diagonal included. The second pass re-reads the row from L1
+// or L2, so DRAM sees each visible score read once and each probability written once. The
+// merge order is fixed by the lane layout, so results are deterministic. probs may be scores
+// (each element is read before the same lane writes it).
+template <int W>
+__global__ void causal_softmax_forward_kernel(FloatIn scores, FloatOut probs, int64_t rows,
+                                              int64_t T, float scale) {
+  const int64_t row = softmax_row(rows);
+  if (row < 0) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n = row % T + 1;  // visible columns
+  const int64_t base = row * T;
+  constexpr int64_t kStride = static_cast<int64_t>(kWarpSize) * W;
+
+  // Each chunk becomes one state {its maximum, its terms relative to that maximum} merged
+  // into the lane's: (W + 2) exps per W columns instead of 3 W term by term.
+  SoftmaxState state{-INFINITY, 0.0f};
+  for (int64_t j = static_cast<int64_t>(lane) * W; j < n; j += kStride) {
+    float z[W];
+    load_chunk<W>(scores, base + j, z);  // a chunk that starts visible lies within the row
+    float chunk_max = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      z[k] *= scale;
+      if (j + k < n) chunk_max = softmax_max(chunk_max, z[k]);
+    }
+    float chunk_sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (j + k < n) chunk_sum += softmax_rescale(z[k], chunk_max);
+    }
+    state = softmax_merge(state, {chunk_max, chunk_sum});
+  }
+  state = warp_softmax_merge(state);
+  const float inv_sum = 1.0f / state.sum;
+
+  for (int64_t j = static_cast<int64_t>(lane) * W; j < T; j += kStride) {
+    float v[W] = {};
+    if (j < n) load_chunk<W>(scores, base + j, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      v[k] = j + k < n ? softmax_exp(v[k] * scale, state.max) * inv_sum : 0.0f;
+    }
+    store_chunk<W>(probs, base + j, v);
+  }
+}
+
+// Backward: a first pass sums P dP over the visible columns (lane by lane, then across the
+// warp), a second re-reads P and dP (from L1 or L2) and writes the whole row of dS, zeros
+// past the diagonal. dscores may be dprobs (each element is read before the same lane
+// writes it, and the whole first pass ends, at the warp sum, before any write).
+template <int W>
+__global__ void causal_softmax_backward_kernel(FloatIn probs, FloatIn dprobs, FloatOut dscores,
+                                               int64_t rows, int64_t T, float scale) {
+  const int64_t row = softmax_row(rows);
+  if (row < 0) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t n = row % T + 1;
+  const int64_t base = row * T;
+  constexpr int64_t kStride = static_cast<int64_t>(kWarpSize) * W;
+
+  float p_dp = 0.0f;
+  for (int64_t j = static_cast<int64_t>(lane) * W; j < n; j += kStride) {
+    float p[W], dp[W];
+    load_chunk<W>(probs, base + j, p);
+    load_chunk<W>(dprobs, base + j, dp);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      if (j + k < n) p_dp += p[k] * dp[k];
+    }
+  }
+  p_dp = warp_sum(p_dp);
+
+  for (int64_t j = static_cast<int64_t>(lane) * W; j < T; j += kStride) {
+    float p[W] = {}, g[W] = {};
+    if (j < n) {
+      load_chunk<W>(probs, base + j, p);
+      load_chunk<W>(dprobs, base + j, g);
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      g[k] = j + k < n ? softmax_backward(p[k], g[k], p_dp) * scale : 0.0f;
+    store_chunk<W>(dscores, base + j, g);
+  }
+}
+
+// 16-byte chunks need rows of a whole number of chunks and aligned operands.
+bool vector_rows(int64_t T, std::initializer_list<const void*> pointers) {
+  if (T % kVector != 0) return false;
+  for (const void* p : pointers) {
+    if (!aligned16(p)) return false;
+  }
+  return true;
+}
+
+unsigned softmax_blocks(int64_t rows) {
+  return static_cast<unsigned>(ceil_div(rows, kWarpsPerBlock));
 }
 
 }  // namespace
 
 void CudaBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
-  const auto [B, T, C, H, D] = check_attention_forward(qkv, out, att, n_head, device());
-  const int64_t rows = B * H * T;
-  if (rows == 0) return;
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionLaunch launch = attention_launch("attention_forward", D);
-  // The FP32 probabilities: att itself, or for a BF16 or F16 att a scratch copy freed when
-  // this function returns (the allocator's reuse is ordered on this stream).
-  Tensor probs =
-      att.dtype() == DType::kF32 ? att : Tensor::empty(att.shape(), DType::kF32, device());
-  attention_forward_kernel<<<static_cast<int>(ceil_div(rows, launch.warps)),
-                             launch.warps * kWarpSize, launch.shared_bytes, stream_>>>(
-      as_in(qkv), as_out(out), probs.data_as<float>(), as_out(att), B, T, C, H, D, scale);
-  MANTISSA_CUDA_CHECK_LAUNCH();
+  composed_attention_forward(*this, qkv, out, att, n_head);
 }
 
 void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                      Tensor& dqkv, int n_head) {
-  const auto [B, T, C, H, D] = check_attention_backward(dout, qkv, att, dqkv, n_head, device());
-  const int64_t rows = B * H * T;
-  if (rows == 0) return;
+  composed_attention_backward(*this, dout, qkv, att, dqkv, n_head);
+}
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const AttentionLaunch launch = attention_launch("attention_backward", D);
-  // The softmax gradients, [B, H, T, T] FP32 like att; freed when this function returns (the
-  // allocator's reuse is ordered on this stream).
-  Tensor dscores = Tensor::empty(att.shape(), DType::kF32, device());
-  attention_backward_query_kernel<<<static_cast<int>(ceil_div(rows, launch.warps)),
-                                    launch.warps * kWarpSize, launch.shared_bytes, stream_>>>(
-      as_in(dout), as_in(qkv), as_in(att), dscores.data_as<float>(), as_out(dqkv), B, T, C, H, D,
-      scale);
+void CudaBackend::split_heads(const Tensor& x, Tensor& out) {
+  const HeadsDims d = check_split_heads(x, out, device());
+  permute_heads(x, out, d, true, multiprocessor_count_, stream_);
+}
+
+void CudaBackend::merge_heads(const Tensor& x, Tensor& out) {
+  const HeadsDims d = check_merge_heads(x, out, device());
+  permute_heads(x, out, d, false, multiprocessor_count_, stream_);
+}
+
+void CudaBackend::causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) {
+  const auto [N, T] = check_causal_softmax_forward(scores, scale, probs, device());
+  const int64_t rows = N * T;
+  if (rows == 0) return;
+  if (vector_rows(T, {scores.data(), probs.data()})) {
+    causal_softmax_forward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+        as_in(scores), as_out(probs), rows, T, scale);
+  } else {
+    causal_softmax_forward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+        as_in(scores), as_out(probs), rows, T, scale);
+  }
   MANTISSA_CUDA_CHECK_LAUNCH();
-  attention_backward_key_kernel<<<static_cast<int>(ceil_div(rows, kWarpsPerBlock)), kBlock, 0,
-                                  stream_>>>(as_in(dout), as_in(qkv), as_in(att),
-                                             dscores.data_as<const float>(), as_out(dqkv), B, T, C,
-                                             H, D);
+}
+
+void CudaBackend::causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
+                                          Tensor& dscores) {
+  const auto [N, T] = check_causal_softmax_backward(probs, dprobs, scale, dscores, device());
+  const int64_t rows = N * T;
+  if (rows == 0) return;
+  if (vector_rows(T, {probs.data(), dprobs.data(), dscores.data()})) {
+    causal_softmax_backward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+        as_in(probs), as_in(dprobs), as_out(dscores), rows, T, scale);
+  } else {
+    causal_softmax_backward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+        as_in(probs), as_in(dprobs), as_out(dscores), rows, T, scale);
+  }
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -4,10 +4,11 @@
 // again: one backend per thread (one rank per GPU), as the trainer runs it.
 //
 // The member functions are defined by topic, mirroring the CPU backend: cuda_backend.cu
-// (construction, memory), cuda_gemm.cu, cuda_elementwise.cu, cuda_layernorm.cu,
-// cuda_rmsnorm.cu, cuda_rope.cu, cuda_swiglu.cu (Llama-style decoders), cuda_attention.cu,
-// cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu, cuda_cross_entropy.cu,
-// cuda_optim.cu.
+// (construction, memory), cuda_gemm.cu, cuda_quantize_blocks.cu, cuda_elementwise.cu,
+// cuda_layernorm.cu, cuda_rmsnorm.cu, cuda_rope.cu, cuda_swiglu.cu, cuda_kv_heads.cu (Llama-style
+// decoders), cuda_attention.cu (core/ops/attention.h's routine and its primitives),
+// cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
+// cuda_cross_entropy.cu, cuda_optim.cu.
 #pragma once
 
 #include <cublasLt.h>
@@ -42,6 +43,9 @@ class CudaBackend final : public Backend {
 
   void cast(const Tensor& src, Tensor& dst, const CastParams& params) override;
   void amax(const Tensor& x, Tensor& out) override;
+  void quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
+                       const BlockQuantizeParams& p) override;
+  std::string unsupported_scale_modes(ScaleMode a, ScaleMode b) const override;
 
   void add_bias(Tensor& x, const Tensor& bias) override;
   void bias_backward(const Tensor& dout, Tensor& dbias) override;
@@ -57,6 +61,11 @@ class CudaBackend final : public Backend {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, Tensor& dqkv,
                           int n_head) override;
+  void split_heads(const Tensor& x, Tensor& out) override;
+  void merge_heads(const Tensor& x, Tensor& out) override;
+  void causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) override;
+  void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
+                               Tensor& dscores) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
@@ -69,6 +78,9 @@ class CudaBackend final : public Backend {
                      Tensor& dx) override;
   void swiglu_forward(const Tensor& gate_up, Tensor& out) override;
   void swiglu_backward(const Tensor& dout, const Tensor& gate_up, Tensor& dgate_up) override;
+  void repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_kv_head, Tensor& out) override;
+  void repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, int64_t n_kv_head,
+                                Tensor& dqkv) override;
   void embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          Tensor& out) override;
   void embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,

@@ -24,6 +24,10 @@ using namespace cuda_kernels;
 // Every read of the row (z[target] included) happens before the block reductions' barriers
 // and every write after them, each element written by the thread that read it, which is what
 // lets dlogits alias logits.
+// A target outside [0, valid_cols) is not checked here (reading the targets back would
+// synchronise the host at every call): its row's loss and every dz of the row are NaN, which
+// the training step's non-finite check catches. The data loaders check every target on the
+// host (train/data/corpus.h).
 constexpr int kCrossEntropyBlock = 512;
 
 __global__ void softmax_cross_entropy_kernel(FloatIn logits, const int32_t* __restrict__ targets,
@@ -31,7 +35,8 @@ __global__ void softmax_cross_entropy_kernel(FloatIn logits, const int32_t* __re
                                              float grad_scale, int64_t V, int64_t valid_cols) {
   const int64_t base = static_cast<int64_t>(blockIdx.x) * V;
   const int32_t target = targets[blockIdx.x];
-  const float z_target = load(logits, base + target);
+  const bool valid_target = target >= 0 && target < valid_cols;
+  const float z_target = valid_target ? load(logits, base + target) : NAN;
 
   // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
   float max_logit = -INFINITY;
@@ -52,7 +57,7 @@ __global__ void softmax_cross_entropy_kernel(FloatIn logits, const int32_t* __re
     float dz = 0.0f;  // a padding column
     if (v < valid_cols) {
       const float p = softmax_exp(load(logits, base + v), max_logit) * inv_sum;
-      dz = cross_entropy_grad(p, v == target, grad_scale);
+      dz = valid_target ? cross_entropy_grad(p, v == target, grad_scale) : NAN;
     }
     store(dlogits, base + v, dz);
   }
@@ -65,8 +70,6 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols
                                         float grad_scale) {
   const auto [N, V] =
       check_softmax_cross_entropy(logits, valid_cols, targets, losses, dlogits, device());
-  check_indices("softmax_cross_entropy", "target", targets, valid_cols, multiprocessor_count_,
-                stream_);
   if (N == 0) return;
 
   const FloatOut grad = dlogits != nullptr ? as_out(*dlogits) : FloatOut{nullptr, DType::kF32};

@@ -1,6 +1,11 @@
 // Token and position embeddings on the GPU; the CPU backend's twin is cpu_embedding.cpp.
 // Operands are read and written as cuda_layer_io.cuh describes.
 //
+// Token ids are not checked against the table here: reading them back would synchronise the
+// host at every call. An id outside [0, V) reads and writes nothing out of bounds: its output
+// row is NaN (so the loss is, and the training step's non-finite check skips the step) and its
+// gradient is dropped. The data loaders check every token on the host (train/data/corpus.h).
+//
 // Determinism: no kernel here uses floating-point atomics. dwpe and dwte are summed in
 // position order, exactly as the CPU backend adds them, so both are bit-identical to the
 // CPU's.
@@ -20,15 +25,21 @@ using namespace cuda_kernels;
 constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / kWarpSize;
 
-// out[b, t, c] = wte[tokens[b, t], c] + wpe[t, c], one thread per element.
+// out[b, t, c] = wte[tokens[b, t], c] + wpe[t, c] (wte alone when wpe.data is null), one
+// thread per element; NaN for a token outside [0, V).
 __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, FloatIn wte,
-                                         FloatIn wpe, FloatOut y, int64_t BT, int64_t T,
+                                         FloatIn wpe, FloatOut y, int64_t BT, int64_t T, int64_t V,
                                          int64_t C) {
   for (int64_t i = global_thread_index(); i < BT * C; i += grid_stride()) {
     const int64_t bt = i / C;
     const int64_t c = i % C;
     const int64_t token = tokens[bt];
-    store(y, i, load(wte, token * C + c) + load(wpe, (bt % T) * C + c));
+    if (token < 0 || token >= V) {
+      store(y, i, NAN);
+      continue;
+    }
+    const float e = load(wte, token * C + c);
+    store(y, i, wpe.data == nullptr ? e : e + load(wpe, (bt % T) * C + c));
   }
 }
 
@@ -43,9 +54,16 @@ __global__ void embedding_backward_wpe_kernel(FloatIn dout, float* __restrict__ 
   }
 }
 
-__global__ void iota_kernel(int32_t* __restrict__ out, int64_t n) {
-  for (int64_t i = global_thread_index(); i < n; i += grid_stride())
-    out[i] = static_cast<int32_t>(i);
+// The (token, position) pairs to sort: keys are the tokens, with any id outside [0, V)
+// replaced by V, so that the sort's bits cover every key and such positions form one run of
+// their own, which the dwte kernel skips.
+__global__ void sort_pairs_kernel(const int32_t* __restrict__ tokens, int32_t* __restrict__ keys,
+                                  int32_t* __restrict__ positions, int64_t n, int32_t V) {
+  for (int64_t i = global_thread_index(); i < n; i += grid_stride()) {
+    const int32_t token = tokens[i];
+    keys[i] = token < 0 || token >= V ? V : token;
+    positions[i] = static_cast<int32_t>(i);
+  }
 }
 
 // dwte[token] += dout[position] for every position of every token. The (token, position)
@@ -57,11 +75,13 @@ __global__ void iota_kernel(int32_t* __restrict__ out, int64_t n) {
 __global__ void embedding_backward_wte_kernel(FloatIn dout,
                                               const int32_t* __restrict__ sorted_tokens,
                                               const int32_t* __restrict__ sorted_positions,
-                                              float* __restrict__ dwte, int64_t BT, int64_t C) {
+                                              float* __restrict__ dwte, int64_t BT, int64_t V,
+                                              int64_t C) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (i >= BT) return;
   const int32_t token = sorted_tokens[i];
+  if (token >= V) return;                              // ids outside the table: dropped
   if (i > 0 && sorted_tokens[i - 1] == token) return;  // not the start of a run
   int64_t run_end = i + 1;
   while (run_end < BT && sorted_tokens[run_end] == token) ++run_end;
@@ -78,51 +98,54 @@ __global__ void embedding_backward_wte_kernel(FloatIn dout,
 void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                     Tensor& out) {
   const auto [B, T, V, C] = check_embedding_forward(tokens, wte, wpe, out, device());
-  check_indices("embedding_forward", "token", tokens, V, multiprocessor_count_, stream_);
   if (B * T * C == 0) return;
 
   embedding_forward_kernel<<<grid_size(B * T * C, kBlock, multiprocessor_count_), kBlock, 0,
-                             stream_>>>(tokens.data_as<const int32_t>(), as_in(wte), as_in(wpe),
-                                        as_out(out), B * T, T, C);
+                             stream_>>>(tokens.data_as<const int32_t>(), as_in(wte),
+                                        wpe.defined() ? as_in(wpe) : FloatIn{nullptr, DType::kF32},
+                                        as_out(out), B * T, T, V, C);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Tensor& dwte,
                                      Tensor& dwpe) {
   const auto [B, T, V, C] = check_embedding_backward(dout, tokens, dwte, dwpe, device());
-  check_indices("embedding_backward", "token", tokens, V, multiprocessor_count_, stream_);
   const int64_t BT = B * T;
   if (BT * C == 0) return;
 
-  embedding_backward_wpe_kernel<<<grid_size(T * C, kBlock, multiprocessor_count_), kBlock, 0,
-                                  stream_>>>(as_in(dout), dwpe.data_as<float>(), B, T, C);
-  MANTISSA_CUDA_CHECK_LAUNCH();
+  if (dwpe.defined()) {
+    embedding_backward_wpe_kernel<<<grid_size(T * C, kBlock, multiprocessor_count_), kBlock, 0,
+                                    stream_>>>(as_in(dout), dwpe.data_as<float>(), B, T, C);
+    MANTISSA_CUDA_CHECK_LAUNCH();
+  }
 
-  // Group positions by token: a stable radix sort of (token, position) pairs over just the
-  // bits a token in [0, V) can use. Temporaries are freed when this function returns (the
-  // allocator's reuse is ordered on this stream).
-  Tensor positions = Tensor::empty(Shape{BT}, DType::kI32, device());
+  // Group positions by token: a stable radix sort of (key, position) pairs over just the bits
+  // a key in [0, V] uses. Temporaries are freed when this function returns (the allocator's
+  // reuse is ordered on this stream).
+  Tensor unsorted = Tensor::empty(Shape{2, BT}, DType::kI32, device());
   Tensor sorted = Tensor::empty(Shape{2, BT}, DType::kI32, device());
+  int32_t* keys = unsorted.data_as<int32_t>();
+  int32_t* positions = keys + BT;
   int32_t* sorted_tokens = sorted.data_as<int32_t>();
   int32_t* sorted_positions = sorted_tokens + BT;
-  iota_kernel<<<grid_size(BT, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
-      positions.data_as<int32_t>(), BT);
+  sort_pairs_kernel<<<grid_size(BT, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+      tokens.data_as<const int32_t>(), keys, positions, BT, static_cast<int32_t>(V));
   MANTISSA_CUDA_CHECK_LAUNCH();
   int end_bit = 1;
-  while (end_bit < 31 && (int64_t{1} << end_bit) < V) ++end_bit;
+  while (end_bit < 31 && (int64_t{1} << end_bit) <= V) ++end_bit;
   const int num_items = static_cast<int>(BT);
   size_t temp_bytes = 0;
-  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      nullptr, temp_bytes, tokens.data_as<const int32_t>(), sorted_tokens,
-      positions.data_as<const int32_t>(), sorted_positions, num_items, 0, end_bit, stream_));
+  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_tokens,
+                                                      positions, sorted_positions, num_items, 0,
+                                                      end_bit, stream_));
   Tensor temp = Tensor::empty(Shape{static_cast<int64_t>(temp_bytes)}, DType::kU8, device());
-  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
-      temp.data(), temp_bytes, tokens.data_as<const int32_t>(), sorted_tokens,
-      positions.data_as<const int32_t>(), sorted_positions, num_items, 0, end_bit, stream_));
+  MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys, sorted_tokens,
+                                                      positions, sorted_positions, num_items, 0,
+                                                      end_bit, stream_));
 
   embedding_backward_wte_kernel<<<static_cast<int>(ceil_div(BT, kWarpsPerBlock)), kBlock, 0,
                                   stream_>>>(as_in(dout), sorted_tokens, sorted_positions,
-                                             dwte.data_as<float>(), BT, C);
+                                             dwte.data_as<float>(), BT, V, C);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -259,8 +259,9 @@ bool CublasLtGemm::PlanKey::operator==(const PlanKey& o) const {
   return batch == o.batch && m == o.m && n == o.n && k == o.k && a_type == o.a_type &&
          b_type == o.b_type && d_type == o.d_type && trans_a == o.trans_a && trans_b == o.trans_b &&
          fast_accumulate == o.fast_accumulate && scale_a == o.scale_a && scale_b == o.scale_b &&
-         scale_d == o.scale_d && amax_d == o.amax_d && align_a == o.align_a &&
-         align_b == o.align_b && align_d == o.align_d;
+         scale_d == o.scale_d && amax_d == o.amax_d && scale_mode_a == o.scale_mode_a &&
+         scale_mode_b == o.scale_mode_b && align_a == o.align_a && align_b == o.align_b &&
+         align_d == o.align_d;
 }
 
 size_t CublasLtGemm::PlanKeyHash::operator()(const PlanKey& key) const {
@@ -276,6 +277,8 @@ size_t CublasLtGemm::PlanKeyHash::operator()(const PlanKey& key) const {
       static_cast<uint64_t>(key.d_type) << 32);
   mix(static_cast<uint64_t>(key.trans_a) | key.trans_b << 1 | key.fast_accumulate << 2 |
       key.scale_a << 3 | key.scale_b << 4 | key.scale_d << 5 | key.amax_d << 6);
+  mix(static_cast<uint64_t>(static_cast<uint32_t>(key.scale_mode_a)) |
+      static_cast<uint64_t>(static_cast<uint32_t>(key.scale_mode_b)) << 32);
   mix(static_cast<uint64_t>(key.align_a) | static_cast<uint64_t>(key.align_b) << 16 |
       static_cast<uint64_t>(key.align_d) << 32);
   return h;
@@ -341,6 +344,8 @@ bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::strin
                     p.scale_b != nullptr,
                     p.scale_d != nullptr,
                     p.amax_d != nullptr,
+                    p.scale_mode_a,
+                    p.scale_mode_b,
                     alignment_of(p.a),
                     alignment_of(p.b),
                     alignment_of(p.d)};
@@ -375,6 +380,10 @@ bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::strin
       << "] = op(A) op(B), K = " << p.k << ", batch " << p.batch << ", A " << type_name(p.a_type)
       << (p.trans_a ? "^T" : "") << " x B " << type_name(p.b_type) << (p.trans_b ? "^T" : "")
       << " -> " << type_name(p.d_type) << (p.amax_d != nullptr ? " with AMAX_D" : "")
+      << (p.scale_mode_a != 0 || p.scale_mode_b != 0
+              ? ", scale modes " + std::to_string(p.scale_mode_a) + " x " +
+                    std::to_string(p.scale_mode_b)
+              : std::string())
       << ", pointer alignments " << key.align_a << "/" << key.align_b << "/" << key.align_d
       << " bytes: ";
   if (plan.candidates.empty()) {
@@ -399,6 +408,12 @@ std::unique_ptr<CublasLtGemm::Plan> CublasLtGemm::make_plan(const PlanKey& key, 
   set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_TRANSB, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N);
   if (fp8) {
     set_attribute<int8_t>(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, p.fast_accumulate ? 1 : 0);
+    // Block scales (core/precision/block_scaling.h): the modes say how the scale pointers'
+    // tensors are laid out; the default (0) is one F32 per operand.
+    if (p.scale_mode_a != 0 || p.scale_mode_b != 0) {
+      set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, p.scale_mode_a);
+      set_attribute<int32_t>(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, p.scale_mode_b);
+    }
     // The heuristic sees the same descriptor the calls use: which scale and amax pointers
     // are set changes which algorithms qualify (the pointers themselves are set per call).
     set_attribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, p.scale_a);
@@ -455,6 +470,17 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   // The TN layout FP8 kernels need: A stored [m, k] and B stored [n, k].
   const bool copy_a = fp8 && p.trans_a;
   const bool copy_b = fp8 && !p.trans_b;
+  const bool block_scaled = p.a_scale_mode != ScaleMode::kTensor;
+  if (block_scaled) {
+    // No fallback to other scales: a device or library without the modes stops the call.
+    const std::string unsupported = unsupported_scale_modes(p.a_scale_mode, p.b_scale_mode);
+    MANTISSA_CHECK(unsupported.empty(),
+                   kOp << ": A " << a.describe() << " x B " << b.describe() << ": " << unsupported);
+    MANTISSA_CHECK(aligned16(p.a_scale->data()) && aligned16(p.b_scale->data()),
+                   kOp << ": scale tensors a_scale " << p.a_scale->describe() << " and b_scale "
+                       << p.b_scale->describe()
+                       << " must start at 16-byte aligned addresses (cuBLASLt's rule)");
+  }
   if (fp8) {
     MANTISSA_CHECK(compute_capability_ >= 89,
                    kOp << ": FP8 operands A " << a.describe() << " and B " << b.describe()
@@ -512,8 +538,12 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   lt.d_type = lt_type(c.dtype());
   lt.alpha = p.alpha;
   lt.beta = p.beta;
-  lt.scale_a = p.b_scale != nullptr ? p.b_scale->data_as<const float>() : nullptr;
-  lt.scale_b = p.a_scale != nullptr ? p.a_scale->data_as<const float>() : nullptr;
+  lt.scale_a = p.b_scale != nullptr ? p.b_scale->data() : nullptr;
+  lt.scale_b = p.a_scale != nullptr ? p.a_scale->data() : nullptr;
+  // The scale layouts depend on each operand's rows and K only, not on how it is stored, so
+  // they hold for cuBLASLt's swapped operands and for the transposed copies alike.
+  lt.scale_mode_a = static_cast<int32_t>(p.b_scale_mode);
+  lt.scale_mode_b = static_cast<int32_t>(p.a_scale_mode);
   lt.scale_d = p.c_scale != nullptr ? p.c_scale->data_as<const float>() : nullptr;
   lt.amax_d = amax;
   lt.fast_accumulate = fp8 && p.fast_accumulate;
@@ -544,6 +574,41 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
                       << b.describe() << (p.trans_b ? " (transposed)" : "") << " -> C "
                       << c.describe() << " on " << device_description(device_index_) << ": "
                       << e.what());
+  }
+}
+
+// cuBLASLt's support for block scales (cuBLAS documentation, CUDA 13): per-row, 1x128 and
+// 128x128 scales on compute capability 9.0 (Hopper) with cuBLASLt 12.9 or newer; MXFP8's
+// 1x32 E8M0 scales on 10.0 and newer (Blackwell) with cuBLASLt 12.8 or newer.
+std::string CudaBackend::unsupported_scale_modes(ScaleMode a, ScaleMode b) const {
+  if (const char* rule = scale_mode_pair_rule(a, b)) return rule;
+  const std::string device = device_description(device_index_);
+  const size_t version = cublasLtGetVersion();
+  const auto library = [&](size_t needed, const char* what) -> std::string {
+    if (version >= needed) return "";
+    return std::string(what) + " scales need cuBLASLt " + std::to_string(needed / 10000) + "." +
+           std::to_string(needed / 100 % 100) + " or newer, this process loaded " +
+           std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100);
+  };
+  switch (a) {
+    case ScaleMode::kTensor:
+      if (compute_capability_ < 89) {
+        return "FP8 GEMMs need compute capability 8.9 or newer, which " + device + " does not have";
+      }
+      return "";
+    case ScaleMode::kVec32Ue8m0:
+      if (compute_capability_ < 100) {
+        return "MXFP8 (1x32 E8M0) scales run on compute capability 10.0 and newer (Blackwell); " +
+               device + " does not have them";
+      }
+      return library(120800, "MXFP8");
+    default:
+      if (compute_capability_ / 10 != 9) {
+        return std::string(scale_mode_name(a)) + " x " + scale_mode_name(b) +
+               " scales run on compute capability 9.0 (Hopper) only; " + device +
+               " does not have them";
+      }
+      return library(120900, "per-row, 1x128 and 128x128");
   }
 }
 

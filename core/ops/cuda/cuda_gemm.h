@@ -37,9 +37,14 @@ struct LtMatmul {
   void* d = nullptr;  // C is D (in place), or unused for FP8 output
   float alpha = 1.0f;
   float beta = 0.0f;
-  // FP8 only (device pointers, nullptr = 1 / not computed).
-  const float* scale_a = nullptr;
-  const float* scale_b = nullptr;
+  // FP8 only (device pointers, nullptr = 1 / not computed). scale_a and scale_b are one F32
+  // each in the default mode (0, SCALAR_32F), or scale tensors in the layout of
+  // scale_mode_a / scale_mode_b (cublasLtMatmulMatrixScale_t values, core/precision/
+  // block_scaling.h: F32, or E8M0 bytes for VEC32_UE8M0).
+  const void* scale_a = nullptr;
+  const void* scale_b = nullptr;
+  int32_t scale_mode_a = 0;
+  int32_t scale_mode_b = 0;
   const float* scale_d = nullptr;
   float* amax_d = nullptr;
   bool fast_accumulate = false;
@@ -79,6 +84,7 @@ class CublasLtGemm {
     int32_t a_type, b_type, d_type;
     bool trans_a, trans_b, fast_accumulate;
     bool scale_a, scale_b, scale_d, amax_d;
+    int32_t scale_mode_a, scale_mode_b;
     uint32_t align_a, align_b, align_d;
     bool operator==(const PlanKey& other) const;
   };

@@ -1,6 +1,5 @@
 // How the CUDA layer kernels (cuda_layernorm.cu, cuda_attention.cu, cuda_embedding.cu,
-// cuda_cross_entropy.cu) read and write their operands, and the device-side check of token
-// and target indices.
+// cuda_cross_entropy.cu) read and write their operands.
 //
 // The operands of these ops may each be F32, BF16 or F16 independently (activations, and
 // parameters: the FP32 masters or a BF16 or F16 compute copy), so instead of templating
@@ -102,15 +101,5 @@ __device__ __forceinline__ void store_chunk(FloatOut t, int64_t i, const float (
 inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
-
-// Tokens or targets are indices into a table of `limit` rows; an index outside it would read
-// or write out of bounds, so it is reported with its position before any work starts. The
-// indices live on the device, so a small kernel finds the first bad position and the result
-// is read back at once. That waits for the stream, one synchronisation per
-// embedding_forward, embedding_backward and softmax_cross_entropy call, and buys the CPU
-// backend's behaviour: the call that received a bad index throws, naming the index and its
-// position, before any kernel uses it. Defined in cuda_layer_io.cu.
-void check_indices(const char* op, const char* name, const Tensor& indices, int64_t limit,
-                   int multiprocessor_count, cudaStream_t stream);
 
 }  // namespace mantissa::core::cuda_kernels

@@ -24,6 +24,34 @@ MANTISSA_HD float softmax_exp(float z, float row_max) {
   return expf(z - row_max);
 }
 
+// The online form (Milakov and Gimelshein, 2018), which finds the maximum and the sum in one
+// pass: a running maximum m and the running sum s of exp(z - m), rescaled by exp(m - m') when
+// the maximum grows to m'. Partial states (a GPU lane's share of a row) merge the same way, so
+// a row's terms can be split in any way; the result is the two-pass max and sum up to
+// rounding. A state that has seen nothing is {-inf, 0}; one term z is {z, 1}. The special
+// values come out as in the two-pass form: a NaN z leaves m alone and makes s NaN; a +inf z
+// makes s NaN (inf - inf); -inf terms add 0 beside any finite maximum, and a row of nothing
+// but -inf keeps m = -inf (the caller's exp(z - m) is then NaN, as two passes give).
+struct SoftmaxState {
+  float max;
+  float sum;
+};
+
+// exp(old_max - new_max), the factor a sum relative to old_max takes on to new_max; 1 between
+// two -inf maxima (terms that are all -inf stay counted until a finite maximum zeroes them).
+MANTISSA_HD float softmax_rescale(float old_max, float new_max) {
+  return old_max == -INFINITY && new_max == -INFINITY ? 1.0f : softmax_exp(old_max, new_max);
+}
+
+MANTISSA_HD SoftmaxState softmax_merge(SoftmaxState a, SoftmaxState b) {
+  const float m = softmax_max(a.max, b.max);
+  return {m, a.sum * softmax_rescale(a.max, m) + b.sum * softmax_rescale(b.max, m)};
+}
+
+MANTISSA_HD SoftmaxState softmax_add(SoftmaxState s, float z) {
+  return softmax_merge(s, {z, 1.0f});
+}
+
 // The backward of a softmax row P given the upstream gradient dP: the Jacobian product
 //   dz_i = P_i (dP_i - sum_j P_j dP_j),
 // which is O(1) per element once the row's sum_j P_j dP_j is known.

@@ -1,0 +1,207 @@
+// Causal self-attention, forward and backward, timed on each backend next to an anchor
+// measured in the same run. Figures only: nothing here passes or fails on time.
+//
+//   bench_attention cpu [B T C H] [repeats]   default: the reference config's attention
+//                                             (B 8, T 256, C 384, H 6), 9 repeats
+//   bench_attention gpu [B T C H] [repeats]   default: GPT-2 124M's (B 16, T 1024, C 768,
+//                                             H 12), 20 repeats; "no CUDA device" without one
+//
+// CPU: the composed routine (core/ops/attention.h: split_heads, batched gemm, causal softmax,
+// merge_heads) next to the CPU backend's attention op, in BF16 and FP32; the two are run in
+// turn, repeat by repeat, so that load from other processes hits both alike, and the median,
+// minimum and maximum of the repeats are printed (their spread is the noise).
+// GPU: the attention op (the composed routine) in BF16 next to its six batched GEMMs alone on
+// the same operands, which are the part tensor cores run: the rest (permutations, softmax) is
+// what the difference costs. TFLOP/s count the full T x T products the GEMMs compute
+// (2 B H T^2 D per product, twice forward, four times backward).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ops/attention.h"
+#include "core/ops/backend.h"
+#include "core/ops/cpu_switches.h"
+
+namespace mantissa::core {
+namespace {
+
+struct Shape4 {
+  int64_t B, T, C, H;
+};
+
+struct Stats {
+  double median, min, max;
+};
+
+Stats stats(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+double seconds(Backend& be, const std::function<void()>& op) {
+  be.synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  op();
+  be.synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Random operands on the host, copied to the backend's device.
+Tensor random_tensor(Backend& be, const Shape& shape, DType dtype, std::mt19937_64& rng) {
+  Tensor f32 = Tensor::empty(shape, DType::kF32);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t i = 0; i < f32.numel(); ++i) f32.data_as<float>()[i] = normal(rng);
+  Tensor host = Tensor::empty(shape, dtype);
+  make_cpu_backend()->cast(f32, host, {});
+  Tensor t = Tensor::empty(shape, dtype, be.device());
+  be.copy(host, t);
+  return t;
+}
+
+struct Operands {
+  Tensor qkv, out, att, dout, dqkv;
+};
+
+Operands operands(Backend& be, const Shape4& s, DType dtype, std::mt19937_64& rng) {
+  const Device dev = be.device();
+  return {random_tensor(be, Shape{s.B, s.T, 3 * s.C}, dtype, rng),
+          Tensor::empty(Shape{s.B, s.T, s.C}, dtype, dev),
+          Tensor::empty(Shape{s.B, s.H, s.T, s.T}, dtype, dev),
+          random_tensor(be, Shape{s.B, s.T, s.C}, dtype, rng),
+          Tensor::empty(Shape{s.B, s.T, 3 * s.C}, dtype, dev)};
+}
+
+void print(const char* what, const Stats& s) {
+  std::printf("  %-28s median %9.2f ms   (min %9.2f, max %9.2f)\n", what, s.median * 1e3,
+              s.min * 1e3, s.max * 1e3);
+}
+
+int run_cpu(const Shape4& s, int repeats) {
+  std::printf("%s\n", cpu_paths_description().c_str());
+  std::printf("CPU attention, B %lld T %lld C %lld H %lld, %d repeats\n",
+              static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.C),
+              static_cast<long long>(s.H), repeats);
+  auto be = make_cpu_backend();
+  std::mt19937_64 rng(1);
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    Operands o = operands(*be, s, dtype, rng);
+    const int n_head = static_cast<int>(s.H);
+    std::vector<double> op_fwd, op_bwd, comp_fwd, comp_bwd;
+    for (int r = 0; r <= repeats; ++r) {  // repeat 0 warms up and is not counted
+      const double a = seconds(*be, [&] { be->attention_forward(o.qkv, o.out, o.att, n_head); });
+      const double b =
+          seconds(*be, [&] { be->attention_backward(o.dout, o.qkv, o.att, o.dqkv, n_head); });
+      const double c =
+          seconds(*be, [&] { composed_attention_forward(*be, o.qkv, o.out, o.att, n_head); });
+      const double d = seconds(
+          *be, [&] { composed_attention_backward(*be, o.dout, o.qkv, o.att, o.dqkv, n_head); });
+      if (r == 0) continue;
+      op_fwd.push_back(a);
+      op_bwd.push_back(b);
+      comp_fwd.push_back(c);
+      comp_bwd.push_back(d);
+    }
+    std::printf("%s:\n", dtype_name(dtype));
+    print("attention op forward", stats(op_fwd));
+    print("composed forward", stats(comp_fwd));
+    print("attention op backward", stats(op_bwd));
+    print("composed backward", stats(comp_bwd));
+    std::vector<double> ratio;
+    for (size_t i = 0; i < op_fwd.size(); ++i) {
+      ratio.push_back((comp_fwd[i] + comp_bwd[i]) / (op_fwd[i] + op_bwd[i]));
+    }
+    const Stats rs = stats(ratio);
+    std::printf("  composed / op, forward + backward: median %.2f (min %.2f, max %.2f)\n",
+                rs.median, rs.min, rs.max);
+  }
+  return 0;
+}
+
+int run_gpu(const Shape4& s, int repeats) {
+  if (!cuda_device_available()) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  auto be = make_cuda_backend(0);
+  const int64_t N = s.B * s.H, T = s.T, D = s.C / s.H;
+  std::printf("GPU attention, B %lld T %lld C %lld H %lld, BF16, %d repeats\n",
+              static_cast<long long>(s.B), static_cast<long long>(T), static_cast<long long>(s.C),
+              static_cast<long long>(s.H), repeats);
+  std::mt19937_64 rng(1);
+  Operands o = operands(*be, s, DType::kBF16, rng);
+  const int n_head = static_cast<int>(s.H);
+  // The GEMM operands of the composed routine: q, k, v, dy, dq, dk, dv [N, T, D], and the
+  // [N, T, T] scores and their gradient.
+  const Device dev = be->device();
+  std::vector<Tensor> heads;
+  for (int i = 0; i < 7; ++i)
+    heads.push_back(random_tensor(*be, Shape{N, T, D}, DType::kBF16, rng));
+  Tensor scores = Tensor::empty(Shape{N, T, T}, DType::kBF16, dev);
+  Tensor dscores = random_tensor(*be, Shape{N, T, T}, DType::kBF16, rng);
+  GemmParams nt, tn;
+  nt.trans_b = true;
+  tn.trans_a = true;
+  auto gemms_forward = [&] {
+    be->gemm(heads[0], heads[1], scores, nt);
+    be->gemm(dscores, heads[2], heads[4], {});
+  };
+  auto gemms_backward = [&] {
+    be->gemm(heads[3], heads[2], scores, nt);
+    be->gemm(dscores, heads[3], heads[6], tn);
+    be->gemm(dscores, heads[1], heads[4], {});
+    be->gemm(dscores, heads[0], heads[5], tn);
+  };
+  const double flops = 2.0 * static_cast<double>(N) * static_cast<double>(T * T * D);
+  struct Row {
+    const char* name;
+    std::function<void()> op;
+    double products;
+  };
+  const Row rows[] = {
+      {"attention forward", [&] { be->attention_forward(o.qkv, o.out, o.att, n_head); }, 2},
+      {"its two GEMMs alone", gemms_forward, 2},
+      {"attention backward", [&] { be->attention_backward(o.dout, o.qkv, o.att, o.dqkv, n_head); },
+       4},
+      {"its four GEMMs alone", gemms_backward, 4},
+  };
+  for (const Row& row : rows) {
+    std::vector<double> t;
+    for (int r = 0; r <= repeats; ++r) {
+      const double x = seconds(*be, row.op);
+      if (r > 0) t.push_back(x);
+    }
+    const Stats st = stats(t);
+    std::printf("  %-24s median %8.3f ms (min %8.3f, max %8.3f) %7.1f TFLOP/s\n", row.name,
+                st.median * 1e3, st.min * 1e3, st.max * 1e3,
+                row.products * flops / st.median / 1e12);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace mantissa::core
+
+int main(int argc, char** argv) {
+  using namespace mantissa::core;
+  const std::string where = argc > 1 ? argv[1] : "cpu";
+  const bool gpu = where == "gpu";
+  if (!gpu && where != "cpu") {
+    std::fprintf(stderr, "usage: bench_attention cpu|gpu [B T C H] [repeats]\n");
+    return 2;
+  }
+  Shape4 s = gpu ? Shape4{16, 1024, 768, 12} : Shape4{8, 256, 384, 6};
+  if (argc >= 6) {
+    s = {std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
+  }
+  const int repeats = argc >= 7 ? std::atoi(argv[6]) : (gpu ? 20 : 9);
+  if (s.B <= 0 || s.T <= 0 || s.H <= 0 || s.C <= 0 || s.C % s.H != 0 || repeats <= 0) {
+    std::fprintf(stderr, "bench_attention: B, T, C, H and repeats must be positive, H divide C\n");
+    return 2;
+  }
+  return gpu ? run_gpu(s, repeats) : run_cpu(s, repeats);
+}

@@ -1,0 +1,191 @@
+// CudaBackend::quantize_blocks: block quantisation by the rules of
+// core/precision/block_scaling.h, with the same scalar functions as the CPU backend, so the
+// codes and scales agree bit for bit.
+//
+// Two kernels, each reading a block twice (for its amax, then for its codes; the second read
+// comes from L2 for blocks of 128 elements):
+//  - per-row blocks (1x128, 1x32 E8M0, whole rows): one thread per (row, K-block). Threads
+//    of a warp take neighbouring rows, so reading a transposed operand (src[K, outer]) is
+//    coalesced; without the transpose each thread reads its own contiguous run.
+//  - 128x128 blocks: one 128-thread block per (row block, K-block). Each thread walks one
+//    line of the tile along src's rows so that the 128 threads read each src row coalesced,
+//    the amax is a block reduction, and every thread then writes its line's codes.
+// The tensor-wide amax (when asked for) is an atomicMax on the magnitude bits, which order
+// like the magnitudes with every NaN (made canonical) above inf.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+#include "core/ops/cuda/cuda_backend.h"
+#include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_kernel_utils.cuh"
+#include "core/ops/quantize_checks.h"
+
+namespace mantissa::core {
+namespace {
+
+using cuda_kernels::abs_bits;
+using cuda_kernels::block_max_u32;
+
+constexpr const char* kOp = "quantize_blocks";
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+__device__ __forceinline__ uint32_t max32(uint32_t a, uint32_t b) {
+  return a > b ? a : b;
+}
+
+// Element (i, k) of the operand: src[i, k], or src[k, i] when transposed.
+template <class Src>
+__device__ __forceinline__ float operand_at(const Src* src, bool transpose, int64_t outer,
+                                            int64_t k, int64_t i, int64_t kk) {
+  return to_float(transpose ? src[kk * outer + i] : src[i * k + kk]);
+}
+
+template <class Code>
+__device__ __forceinline__ float scale_for(float amax, bool mx, bool power_of_two, void* scales,
+                                           int64_t index) {
+  if (mx) {
+    const uint8_t e = mx_scale_e8m0(amax, fp8_format_max<Code>());
+    static_cast<uint8_t*>(scales)[index] = e;
+    return e8m0_to_float(e);
+  }
+  const float s = block_scale(amax, fp8_format_max<Code>(), power_of_two);
+  static_cast<float*>(scales)[index] = s;
+  return s;
+}
+
+template <class Src, class Code>
+__global__ void quantize_rows_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                                     void* __restrict__ scales, uint32_t* __restrict__ amax,
+                                     int64_t outer, int64_t k, int64_t block_k, int64_t k_blocks,
+                                     ScaleMode mode, bool transpose, bool power_of_two) {
+  const bool mx = mode == ScaleMode::kVec32Ue8m0;
+  const int64_t items = outer * k_blocks;
+  uint32_t seen = 0;
+  for (int64_t item = cuda_kernels::global_thread_index(); item < items;
+       item += cuda_kernels::grid_stride()) {
+    const int64_t i = item % outer;
+    const int64_t b = item / outer;
+    const int64_t k0 = b * block_k;
+    const int64_t k1 = min64(k, k0 + block_k);
+    uint32_t bits = 0;
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      bits = max32(bits, abs_bits(operand_at(src, transpose, outer, k, i, kk)));
+    }
+    seen = max32(seen, bits);
+    const float s = scale_for<Code>(bits_to_float(bits), mx, power_of_two, scales,
+                                    scale_index(mode, outer, k, i, b));
+    for (int64_t kk = k0; kk < k1; ++kk) {
+      codes[i * k + kk] = quantize_with_scale<Code>(operand_at(src, transpose, outer, k, i, kk), s);
+    }
+  }
+  if (amax != nullptr) atomicMax(amax, seen);
+}
+
+constexpr int kTile = 128;
+
+// Grid: (row blocks, K-blocks); 128 threads. Thread t walks line t of the tile: without the
+// transpose the operand's column k0 + t (src's rows are the operand's rows), with it the
+// operand's row i0 + t; either way consecutive threads read consecutive src addresses.
+template <class Src, class Code>
+__global__ void quantize_square_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                                       float* __restrict__ scales, uint32_t* __restrict__ amax,
+                                       int64_t outer, int64_t k, bool transpose,
+                                       bool power_of_two) {
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t b = blockIdx.y;
+  const int64_t k0 = b * kTile;
+  const int64_t rows = min64(kTile, outer - i0);
+  const int64_t width = min64(kTile, k - k0);
+  const int t = threadIdx.x;
+  // Line t: `steps` elements (i, kk) with one index fixed to t.
+  const bool line_is_row = transpose;
+  const int64_t fixed = line_is_row ? i0 + t : k0 + t;
+  const bool active = line_is_row ? t < rows : t < width;
+  const int64_t steps = line_is_row ? width : rows;
+  uint32_t bits = 0;
+  if (active) {
+    for (int64_t step = 0; step < steps; ++step) {
+      const int64_t i = line_is_row ? fixed : i0 + step;
+      const int64_t kk = line_is_row ? k0 + step : fixed;
+      bits = max32(bits, abs_bits(operand_at(src, transpose, outer, k, i, kk)));
+    }
+  }
+  bits = block_max_u32(bits);
+  const float s = block_scale(bits_to_float(bits), fp8_format_max<Code>(), power_of_two);
+  if (t == 0) {
+    scales[scale_index(ScaleMode::kBlock128, outer, k, i0, b)] = s;
+    if (amax != nullptr) atomicMax(amax, bits);
+  }
+  if (!active) return;
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t i = line_is_row ? fixed : i0 + step;
+    const int64_t kk = line_is_row ? k0 + step : fixed;
+    codes[i * k + kk] = quantize_with_scale<Code>(operand_at(src, transpose, outer, k, i, kk), s);
+  }
+}
+
+__global__ void fill_f32_kernel(float* __restrict__ x, int64_t n, float value) {
+  for (int64_t i = cuda_kernels::global_thread_index(); i < n; i += cuda_kernels::grid_stride()) {
+    x[i] = value;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
+                                  const BlockQuantizeParams& p) {
+  const QuantizeDims d = check_quantize_blocks(src, codes, scales, p, device());
+  const ScaleMode mode = p.mode;
+  constexpr int kThreads = 256;
+  // Padding first (the scale of an all-zero block); the blocks then overwrite their entries.
+  if (mode == ScaleMode::kVec32Ue8m0) {
+    MANTISSA_CUDA_CHECK(
+        cudaMemsetAsync(scales.data(), 127, static_cast<size_t>(scales.numel()), stream_));
+  } else if (scales.numel() > 0) {
+    fill_f32_kernel<<<cuda_kernels::grid_size(scales.numel(), kThreads, multiprocessor_count_),
+                      kThreads, 0, stream_>>>(scales.data_as<float>(), scales.numel(), 1.0f);
+    MANTISSA_CUDA_CHECK_LAUNCH();
+  }
+  // The amax is accumulated as magnitude bits (an F32 +0 is the bits 0).
+  auto* amax = p.amax != nullptr ? static_cast<uint32_t*>(p.amax->data()) : nullptr;
+  if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream_));
+  if (d.outer == 0 || d.k == 0) return;
+
+  cuda_kernels::dispatch_f32_bf16_f16(kOp, src.dtype(), [&](auto src_tag) {
+    using Src = decltype(src_tag);
+    const auto launch = [&](auto code_tag) {
+      using Code = decltype(code_tag);
+      if (mode == ScaleMode::kBlock128) {
+        const dim3 grid(static_cast<unsigned>(cuda_kernels::ceil_div(d.outer, kTile)),
+                        static_cast<unsigned>(cuda_kernels::ceil_div(d.k, kTile)));
+        MANTISSA_CHECK(grid.y <= 65535u, kOp << ": src " << src.describe() << " has " << grid.y
+                                             << " 128-element blocks along K, more "
+                                                "than one launch takes (65535)");
+        quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream_>>>(
+            src.data_as<const Src>(), codes.data_as<Code>(), scales.data_as<float>(), amax, d.outer,
+            d.k, p.transpose, p.power_of_two);
+      } else {
+        const int64_t block_k = scale_block_k(mode, d.k);
+        const int64_t k_blocks = scale_k_blocks(mode, d.k);
+        quantize_rows_kernel<Src, Code>
+            <<<cuda_kernels::grid_size(d.outer * k_blocks, kThreads, multiprocessor_count_),
+               kThreads, 0, stream_>>>(src.data_as<const Src>(), codes.data_as<Code>(),
+                                       scales.data(), amax, d.outer, d.k, block_k, k_blocks, mode,
+                                       p.transpose, p.power_of_two);
+      }
+      MANTISSA_CUDA_CHECK_LAUNCH();
+    };
+    if (codes.dtype() == DType::kE4M3) {
+      launch(fp8_e4m3{});
+    } else {
+      launch(fp8_e5m2{});
+    }
+  });
+}
+
+}  // namespace mantissa::core

@@ -1,0 +1,318 @@
+#include "launcher/hf_weights.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/message_differencer.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "checkpoint/fsync_path.h"
+#include "checkpoint/safetensors.h"
+#include "core/dtype/dtype.h"
+#include "core/error.h"
+#include "models/gpt2/hf_layout.h"
+#include "models/llama/hf_layout.h"
+
+namespace mantissa::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using google::protobuf::Value;
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+Value parse_json_value(const std::string& text) {
+  google::protobuf::Struct wrapper;
+  const auto status = google::protobuf::util::JsonStringToMessage("{\"v\":" + text + "}", &wrapper);
+  MANTISSA_CHECK(status.ok(), "bad JSON value in a layout table: " << text);
+  return wrapper.fields().at("v");
+}
+
+std::string json_text(const Value& v) {
+  std::string text;
+  (void)google::protobuf::util::MessageToJsonString(v, &text);
+  return text;
+}
+
+// JSON numbers are doubles; a float field written from a float (1e-05) and read back as a
+// double, or written by another tool with more digits, is the same value within 1e-6.
+bool same_json(const Value& a, const Value& b) {
+  if (a.kind_case() == Value::kNumberValue && b.kind_case() == Value::kNumberValue) {
+    const double x = a.number_value(), y = b.number_value();
+    return x == y || std::fabs(x - y) <= 1e-6 * std::max(std::fabs(x), std::fabs(y));
+  }
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+// ---- reading a directory ---------------------------------------------------------------------
+
+void check_config_json(const std::string& dir, const models::HfLayout& layout) {
+  const std::string path = (fs::path(dir) / kHfConfigFile).string();
+  std::ifstream in(path);
+  MANTISSA_CHECK(in, "'" << path << "': cannot be read");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  google::protobuf::Struct config;
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &config);
+  MANTISSA_CHECK(status.ok() && text.find('{') != std::string::npos,
+                 "'" << path << "' is not a JSON object: " << status.ToString());
+  for (const models::HfConfigField& f : layout.config) {
+    if (f.rule == models::HfConfigField::Rule::kWritten) continue;
+    const auto found = config.fields().find(f.key);
+    MANTISSA_CHECK(
+        found != config.fields().end() || !f.fallback.empty(),
+        "'" << path << "': no \"" << f.key << "\" field (" << layout.family << " needs it)");
+    const Value file =
+        found != config.fields().end() ? found->second : parse_json_value(f.fallback);
+    const Value ours = parse_json_value(f.value);
+    const std::string given =
+        f.key + " = " + json_text(file) +
+        (found == config.fields().end() ? " (absent: transformers' default)" : "");
+    const std::string wanted = f.source.empty() ? "mantissa's " + layout.family + " has " + f.value
+                                                : f.source + " = " + f.value;
+    if (f.rule == models::HfConfigField::Rule::kAtLeast) {
+      MANTISSA_CHECK(
+          file.kind_case() == Value::kNumberValue && file.number_value() >= ours.number_value(),
+          "'" << path << "': " << given << " is below " << wanted);
+    } else {
+      MANTISSA_CHECK(same_json(file, ours),
+                     "'" << path << "': " << given << " disagrees with " << wanted);
+    }
+  }
+}
+
+// A tensor's values as FP32, from the dtypes weights are published in.
+void to_f32(const std::vector<char>& raw, const std::string& dtype, float* out) {
+  const size_t n = raw.size() / checkpoint::safetensors_dtype_bytes(dtype);
+  if (dtype == "F32") {
+    std::memcpy(out, raw.data(), n * 4);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, raw.data() + 2 * i, 2);
+    out[i] = dtype == "BF16" ? core::bf16_to_float(core::bf16{bits})
+                             : core::fp16_to_float(core::fp16{bits});
+  }
+}
+
+// The layout's row for each entry of the file, in file order, after every name, dtype and
+// shape was checked against the layout; throws on the first problem.
+std::vector<std::pair<const checkpoint::SafetensorsEntry*, const models::HfTensor*>> match_tensors(
+    const std::string& path, const checkpoint::SafetensorsHeader& header,
+    const models::HfLayout& layout) {
+  std::map<std::string, const models::HfTensor*> wanted;
+  for (const models::HfTensor& t : layout.tensors) wanted[t.name] = &t;
+  const std::set<std::string> ignored(layout.ignored.begin(), layout.ignored.end());
+  std::set<std::string> seen;
+  std::vector<std::pair<const checkpoint::SafetensorsEntry*, const models::HfTensor*>> matched;
+  for (const checkpoint::SafetensorsEntry& e : header.tensors) {
+    std::string name = e.name;
+    if (!layout.optional_prefix.empty() && !name.starts_with(layout.optional_prefix))
+      name = layout.optional_prefix + name;
+    if (ignored.contains(name)) continue;
+    const auto found = wanted.find(name);
+    MANTISSA_CHECK(found != wanted.end(), "'" << path << "': tensor '" << e.name
+                                              << "' is not a parameter of this " << layout.family
+                                              << " (" << layout.architecture << ")");
+    MANTISSA_CHECK(seen.insert(name).second, "'" << path << "': tensor '" << name
+                                                 << "' is there twice (with and without '"
+                                                 << layout.optional_prefix << "')");
+    const models::HfTensor& t = *found->second;
+    MANTISSA_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16",
+                   "'" << path << "': tensor '" << e.name << "' has dtype " << e.dtype
+                       << "; F32, BF16 and F16 weights are read");
+    MANTISSA_CHECK(e.shape == t.shape(), "'" << path << "': tensor '" << e.name << "' is "
+                                             << core::Shape(e.shape).str() << ", the model needs "
+                                             << core::Shape(t.shape()).str());
+    matched.emplace_back(&e, &t);
+  }
+  for (const models::HfTensor& t : layout.tensors)
+    MANTISSA_CHECK(seen.contains(t.name), "'" << path << "': tensor '" << t.name << "' is missing ("
+                                              << layout.family << " needs it for " << t.parameter
+                                              << ")");
+  return matched;
+}
+
+// Guards the copies against a table row that does not lie inside its parameter.
+void check_fits(const models::HfTensor& t, const train::Parameter& p) {
+  const core::Shape& s = p.spec.shape;
+  const bool fits = (t.cols == 0 ? s.rank() == 1 : s.rank() == 2 && s[1] == t.cols) &&
+                    t.row_begin >= 0 && t.rows >= 0 && t.row_begin + t.rows <= s[0];
+  MANTISSA_CHECK(fits, "Hugging Face layout: "
+                           << t.name << " (rows " << t.row_begin << " + " << t.rows << " of width "
+                           << t.cols << ") does not fit " << p.spec.name << " " << s.str());
+}
+
+// The parameter of each table row; throws naming a parameter the model does not have.
+std::vector<const train::Parameter*> parameters_of(const models::HfLayout& layout,
+                                                   const train::ParameterStore& params) {
+  std::map<std::string, const train::Parameter*> by_name;
+  for (const train::Parameter& p : params.all()) by_name[p.spec.name] = &p;
+  std::vector<const train::Parameter*> out;
+  for (const models::HfTensor& t : layout.tensors) {
+    const auto found = by_name.find(t.parameter);
+    MANTISSA_CHECK(found != by_name.end(), "Hugging Face layout: the model has no parameter "
+                                               << t.parameter << " (for " << t.name << ")");
+    check_fits(t, *found->second);
+    out.push_back(found->second);
+  }
+  return out;
+}
+
+// ---- writing a directory ---------------------------------------------------------------------
+
+// Refuses a `dir` that holds anything; makes a fresh, empty `tmp`.
+void prepare_directories(const fs::path& dir, const fs::path& tmp) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec))
+      throw core::ConfigError("--out " + dir.string() + ": exists and is not a directory");
+    if (!fs::is_empty(dir, ec))
+      throw core::ConfigError("--out " + dir.string() +
+                              ": exists and is not empty (remove it, or choose another directory)");
+  }
+  if (fs::exists(tmp, ec)) {
+    // Only what an export of ours leaves: our three files (and the weights' own .tmp).
+    const std::set<std::string> ours = {kHfWeightsFile, std::string(kHfWeightsFile) + ".tmp",
+                                        kHfConfigFile, kHfTokenizerFile};
+    bool stale = fs::is_directory(tmp, ec);
+    for (const auto& entry : fs::directory_iterator(tmp, ec))
+      stale = stale && ours.contains(entry.path().filename().string());
+    if (!stale)
+      throw core::ConfigError("--out " + dir.string() + ": " + tmp.string() +
+                              " exists and is not a directory left by an export (remove it)");
+    fs::remove_all(tmp, ec);
+    MANTISSA_CHECK(!ec, "cannot remove the stale " << tmp.string() << ": " << ec.message());
+  }
+  fs::create_directories(tmp, ec);
+  MANTISSA_CHECK(!ec, "cannot create " << tmp.string() << ": " << ec.message());
+}
+
+void write_durably(const fs::path& path, const std::string& bytes) {
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    out.flush();
+    MANTISSA_CHECK(out, "cannot write " << path.string());
+  }
+  checkpoint::fsync_path(path.string());
+}
+
+}  // namespace
+
+models::HfLayout hf_layout_of(train::LanguageModel& model, const std::string& field) {
+  if (const auto* gpt2 = dynamic_cast<models::GPT2*>(&model))
+    return models::gpt2_hf_layout(gpt2->config());
+  if (const auto* llama = dynamic_cast<models::Llama*>(&model))
+    return models::llama_hf_layout(llama->config());
+  throw core::ConfigError(field +
+                          ": Hugging Face model directories hold GPT-2 and Llama "
+                          "models (model.gpt2, model.llama), not this one");
+}
+
+std::string hf_config_json(const models::HfLayout& layout) {
+  std::string text = "{\n";
+  for (size_t i = 0; i < layout.config.size(); ++i) {
+    const models::HfConfigField& f = layout.config[i];
+    text += "  ";
+    text += models::hf_json_string(f.key);
+    text += ": ";
+    text += f.value;
+    text += i + 1 < layout.config.size() ? ",\n" : "\n";
+  }
+  return text + "}\n";
+}
+
+void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
+                         const train::ParameterStore& params, core::Backend& backend,
+                         const std::optional<std::string>& tokenizer,
+                         const std::map<std::string, std::string>& metadata) {
+  params.require_all_masters("Hugging Face export to " + dir);
+  // "out/" and "out" are the same directory; its temporary sibling is "out.tmp".
+  const fs::path target = fs::path(dir).lexically_normal();
+  const fs::path final_dir = target.has_filename() ? target : target.parent_path();
+  const fs::path tmp = final_dir.string() + ".tmp";
+  prepare_directories(final_dir, tmp);
+
+  const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
+  // Each tensor is cut from its parameter's FP32 values on the host; consecutive tensors of one
+  // parameter (q, k, v of one qkv_proj) share one copy.
+  std::vector<float> host;
+  const train::Parameter* in_host = nullptr;
+  std::vector<checkpoint::SafetensorsOutput> outputs;
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const models::HfTensor& t = layout.tensors[i];
+    const train::Parameter* p = sources[i];
+    outputs.push_back({t.name, t.shape(), [&, p](float* out) {
+                         if (in_host != p) {
+                           host.resize(static_cast<size_t>(p->numel()));
+                           core::Tensor view =
+                               core::Tensor::wrap(host.data(), p->spec.shape, core::DType::kF32);
+                           backend.copy(p->master, view);
+                           backend.synchronize();
+                           in_host = p;
+                         }
+                         models::to_hf(t, host.data(), out);
+                       }});
+  }
+  std::map<std::string, std::string> file_metadata = metadata;
+  file_metadata["format"] = "pt";  // transformers refuses safetensors files without it
+  checkpoint::write_safetensors((tmp / kHfWeightsFile).string(), outputs, file_metadata);
+  write_durably(tmp / kHfConfigFile, hf_config_json(layout));
+  if (tokenizer) {
+    std::error_code ec;
+    fs::copy_file(*tokenizer, tmp / kHfTokenizerFile, ec);
+    MANTISSA_CHECK(!ec, "cannot copy the tokenizer " << *tokenizer << " to " << tmp.string() << ": "
+                                                     << ec.message());
+    checkpoint::fsync_path((tmp / kHfTokenizerFile).string());
+  }
+  checkpoint::fsync_path(tmp.string());
+  // rename(2) replaces an empty directory; a non-empty one was refused above.
+  std::error_code ec;
+  fs::rename(tmp, final_dir, ec);
+  MANTISSA_CHECK(!ec, "cannot rename " << tmp.string() << " to " << final_dir.string() << ": "
+                                       << ec.message());
+  const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
+  checkpoint::fsync_path(parent.string());
+}
+
+bool is_hf_directory(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
+                         train::ParameterStore& params, core::Backend& backend) {
+  const fs::path weights = fs::path(dir) / kHfWeightsFile;
+  std::error_code ec;
+  if (!fs::exists(weights, ec) && fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
+    MANTISSA_FAIL("'" << dir << "' holds a sharded checkpoint (model.safetensors.index.json); "
+                      << "only a single " << kHfWeightsFile << " is read");
+  }
+  check_config_json(dir, layout);
+  const std::string path = weights.string();
+  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(path);
+  const auto matched = match_tensors(path, header, layout);
+
+  const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
+  std::map<const models::HfTensor*, const train::Parameter*> parameter;
+  for (size_t i = 0; i < layout.tensors.size(); ++i) parameter[&layout.tensors[i]] = sources[i];
+  // The whole file goes into a host copy of the masters first (zero where no tensor writes:
+  // the vocabulary padding and the store's alignment gaps), so a failure half-way leaves the
+  // model as it was.
+  std::vector<float> masters(static_cast<size_t>(params.flat_numel()), 0.0f);
+  std::vector<float> values;
+  for (const auto& [entry, t] : matched) {
+    values.resize(static_cast<size_t>(t->numel()));
+    to_f32(checkpoint::read_safetensors_data(path, header, *entry), entry->dtype, values.data());
+    models::from_hf(*t, values.data(), masters.data() + parameter.at(t)->offset);
+  }
+  params.set_weights(backend, core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()},
+                                                 core::DType::kF32));
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,67 @@
+"""The FP8 recipes in whole runs of the real binary (precision.fp8.recipe):
+ - each block recipe trains a tiny GPT on the CPU;
+ - checkpoints record the recipe: a resume with another recipe stops with exit code 2 naming
+   precision.fp8.recipe and both recipes, unless precision.fp8.allow_recipe_change=true, which
+   resumes (same step) with fresh FP8 scaling state; the same recipe resumes silently;
+ - shapes a recipe's blocks do not fit are refused before training (exit code 2).
+"""
+
+import os
+
+import launcher_util as lu
+
+# n_embd 128 and 8 x 64 tokens: whole 128-element blocks for BLOCKWISE.
+CONFIG = """
+run { steps: 12 seed: 3 device: CPU log_every: 4 }
+model { gpt2 { n_layer: 1 n_head: 2 n_embd: 128 seq_len: 64 } }
+data { synthetic { n_tokens: 262144 } micro_batch_size: 8 }
+optimizer { adamw { lr: 0.003 weight_decay: 0 } warmup_steps: 2 }
+precision { mode: FP8_HYBRID }
+checkpoint { every_steps: 6 }
+"""
+
+
+class Fp8Recipes(lu.TempDirTest):
+    def train(self, name, *sets, steps=12):
+        config = self.write("fp8.pbtxt", CONFIG)
+        args = ["train", "--config", config, "--progress", "lines",
+                "--set", f"run.dir={os.path.join(self.dir, name)}", "--set", f"run.steps={steps}"]
+        for s in sets:
+            args += ["--set", s]
+        return self.mantissa(*args, timeout=240)
+
+    def test_block_recipes_train(self):
+        for recipe in ("BLOCKWISE", "ROWWISE", "MXFP8"):
+            result = self.train(recipe, f"precision.fp8.recipe={recipe}")
+            self.assertEqual(result.returncode, 0, result.stderr)
+            log = lu.read_log(os.path.join(self.dir, recipe), 0)
+            self.assertEqual(len(log), 12)
+            self.assertLess(log[-1]["loss"], log[0]["loss"], recipe)
+
+    def test_resume_with_another_recipe_needs_permission(self):
+        first = self.train("run", "precision.fp8.recipe=DELAYED", steps=6)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        refused = self.train("run", "precision.fp8.recipe=ROWWISE")
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("precision.fp8.recipe = ROWWISE: differs from the recipe of the "
+                      "checkpoint to resume (DELAYED)", refused.stderr)
+        self.assertIn("precision.fp8.allow_recipe_change=true", refused.stderr)
+        allowed = self.train("run", "precision.fp8.recipe=ROWWISE",
+                             "precision.fp8.allow_recipe_change=true", steps=9)
+        self.assertEqual(allowed.returncode, 0, allowed.stderr)
+        self.assertIn("FP8 recipe ROWWISE replaces the checkpoint's DELAYED", allowed.stderr)
+        self.assertIn("resumed from", allowed.stderr)
+        # The checkpoint written since records ROWWISE: resuming with it needs nothing more.
+        same = self.train("run", "precision.fp8.recipe=ROWWISE", steps=12)
+        self.assertEqual(same.returncode, 0, same.stderr)
+        self.assertNotIn("replaces", same.stderr)
+
+    def test_shapes_that_break_the_blocks_are_refused(self):
+        result = self.train("bad", "precision.fp8.recipe=BLOCKWISE", "model.gpt2.n_embd=96",
+                            "model.gpt2.n_head=2")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("model.gpt2.n_embd = 96: must be a multiple of 128", result.stderr)
+
+
+if __name__ == "__main__":
+    lu.main()
