@@ -4,20 +4,21 @@
 A cluster of 2 hosts (scripts/start-cluster.sh) gets a Slurm cluster across them
 (scripts/start-slurm.sh --hosts 2: slurmctld on the machine at 198.18.0.1, one slurmd inside
 each host). Jobs of 2 nodes x 1 task, each rank on its own host, TCP between them:
-  A  srun --mpi=pmix, metrics on, twice as many steps as the others (so that it still runs
-     while Prometheus looks for it): a Prometheus server started here (on 198.18.0.1)
-     scrapes both ranks at their hosts' addresses through the file_sd targets the job writes;
-     it runs to the end, the reference for the others;
+  A  srun --mpi=pmix, run to the end: the reference for the others;
   B  srun, alongside A: `scancel --signal=USR1` (the job's steps, so every rank on every node)
      in the middle; every rank checkpoints and exits 0, the script sees the run stopped short
      and requeues the job, the next start resumes; every step's numbers, on both ranks, are
      bit-identical to A's;
   C  the same script with MANTISSA_LAUNCHER=mpirun (mpirun inside the allocation, through
      mantissa-mpirun found beside the binary): bit-identical to A;
-  D  a host lost under srun: node2's link is cut mid-run; rank 0 on node1 exits within
+  D  a host lost under srun, metrics on: while it trains (it has steps enough never to end by
+     itself), a Prometheus server started here (on 198.18.0.1) scrapes both ranks at their
+     hosts' addresses through the file_sd targets the job writes; then node2's link is cut;
+     rank 0 on node1 exits within
      dist.timeout_s + probe grace + SLACK_S naming rank 1 on node2, the job's script exits with
      code 3 (Slurm keeps the job COMPLETING while node2 does not answer), no process of the job
-     is left on node1 or the machine and node2's rank has ended too; then node2's link comes
+     is left on node1 or the machine, node2's rank has ended too and the job's file_sd targets
+     are gone; then node2's link comes
      back, 2 ranks on node1 (srun -w node1) resume from the newest checkpoint and train on to
      A's numbers, and Slurm finishes the job on node2, leaving nothing there.
 Every run keeps a constant learning rate after warmup, so runs of different lengths take the
@@ -211,15 +212,7 @@ def run(args, nodes, env, daemons, workdir, staged, config):
             harness.fail(f"job {name} ended {info['JobState']} exit {info.get('ExitCode')}")
         return info, output
 
-    sd_dir = os.path.join(workdir, "file_sd")
-    os.mkdir(sd_dir)
-    prometheus = start_prometheus(daemons, workdir, sd_dir)
-    port = harness.free_port_block(1)
-
-    # A runs longer than the others (the learning rate does not depend on run.steps), so that
-    # it still runs while Prometheus finds it, however fast this machine.
-    job_a, run_a = submit("a", 2 * STEPS, MANTISSA_METRICS_PORT=str(port),
-                          MANTISSA_PROM_SD_DIR=sd_dir)
+    job_a, run_a = submit("a", STEPS)
     job_b, run_b = submit("b", STEPS)
 
     # B: USR1 to the job's steps, every rank on both nodes, in the middle of the run.
@@ -228,20 +221,6 @@ def run(args, nodes, env, daemons, workdir, staged, config):
                        interval=0.2)
     subprocess.run(["scancel", "--signal=USR1", job_b], env=env, check=True, timeout=30)
     harness.log(f"job b at step {max(logged(run_b, 0))}: scancel --signal=USR1")
-
-    # A: Prometheus finds both ranks through the job's file_sd file, at the hosts' addresses.
-    expected = {(f"{NODE_ADDRESS['node1']}:{port}", "0"), (f"{NODE_ADDRESS['node2']}:{port}", "1")}
-
-    def scraped_both():
-        if job_ended(job_a, env):
-            harness.fail("job a ended before Prometheus scraped both its ranks")
-        series = harness.prom_query(prometheus, 'mantissa_steps_total{job="mantissa-slurm"} > 0')
-        found = {(s["metric"]["instance"], s["metric"]["rank"]) for s in series}
-        return found if found == expected else None
-    harness.wait_until("Prometheus to scrape both ranks of job a", scraped_both, timeout=90)
-    targets = json.loads(read(os.path.join(sd_dir, f"mantissa-{job_a}.json")))
-    harness.log(f"job a's file_sd targets {targets[0]['targets']}; Prometheus scraped "
-                f"{sorted(expected)} (instance, rank)")
 
     def requeued():
         info = job_info(job_b, env)
@@ -260,8 +239,6 @@ def run(args, nodes, env, daemons, workdir, staged, config):
     harness.wait_until("job b to be released", released, timeout=30, interval=1)
 
     wait_completed("a", job_a)
-    if os.path.exists(os.path.join(sd_dir, f"mantissa-{job_a}.json")):
-        harness.fail("job a left its file_sd targets behind")
     _, output_b = wait_completed("b", job_b)
     stops = re.findall(r"^mantissa: stop requested .*stopped after step (\d+)", output_b, re.M)
     if not stops or not re.search(r"^mantissa: resumed from .*\(saved by 2 ranks\)", output_b, re.M):
@@ -278,23 +255,44 @@ def run(args, nodes, env, daemons, workdir, staged, config):
     compare("c", run_c, run_a, range(STEPS))
     harness.log("job c (mpirun inside the allocation) matched job a at every step on both ranks")
 
-    host_lost_under_srun(nodes, env, workdir, staged, config, submit, wait_ended, run_a)
+    host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended, run_a)
     print("PASS: 2-node Slurm jobs: Prometheus scraped both hosts via file_sd; USR1 to the steps "
           "checkpointed, requeued and resumed exactly; mpirun inside the allocation matched; a "
           "lost host ended the srun job with exit code 3 and its checkpoint resumed on node1",
           flush=True)
 
 
-def host_lost_under_srun(nodes, env, workdir, staged, config, submit, wait_ended, run_a):
+def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended, run_a):
+    sd_dir = os.path.join(workdir, "file_sd")
+    os.mkdir(sd_dir)
+    prometheus = start_prometheus(daemons, workdir, sd_dir)
+    port = harness.free_port_block(1)
     every = 25
     run_d = os.path.join(workdir, "run-d")
-    job_d, _ = submit("d", None, settings(run_d, 1000000, timeout_s=TIMEOUT_S, every=every))
+    job_d, _ = submit("d", None, settings(run_d, 1000000, timeout_s=TIMEOUT_S, every=every),
+                      MANTISSA_METRICS_PORT=str(port), MANTISSA_PROM_SD_DIR=sd_dir)
+    sd_file = os.path.join(sd_dir, f"mantissa-{job_d}.json")
 
-    def trained_a_while():
+    def running():
         if job_ended(job_d, env):
             harness.fail(f"job d ended early:\n{read(os.path.join(workdir, 'd.out'))[-3000:]}")
-        return max(logged(run_d, 0), default=-1) >= 3 * every + 10
-    harness.wait_until("job d to train a while", trained_a_while, timeout=90, interval=0.2)
+        return True
+
+    # Prometheus finds both ranks through the job's file_sd file, at the hosts' addresses.
+    expected = {(f"{NODE_ADDRESS['node1']}:{port}", "0"), (f"{NODE_ADDRESS['node2']}:{port}", "1")}
+
+    def scraped_both():
+        series = harness.prom_query(prometheus, 'mantissa_steps_total{job="mantissa-slurm"} > 0')
+        found = {(s["metric"]["instance"], s["metric"]["rank"]) for s in series}
+        return running() and found == expected
+    harness.wait_until("Prometheus to scrape both ranks of job d", scraped_both, timeout=90)
+    targets = json.loads(read(sd_file))
+    harness.log(f"job d's file_sd targets {targets[0]['targets']}; Prometheus scraped "
+                f"{sorted(expected)} (instance, rank)")
+
+    harness.wait_until("job d to train a while",
+                       lambda: running() and max(logged(run_d, 0), default=-1) >= 3 * every + 10,
+                       timeout=90, interval=0.2)
     nodes.link("down", "node2")
     cut = time.monotonic()
     harness.log(f"job d: node2's link cut at step {max(logged(run_d, 0))}")
@@ -312,6 +310,8 @@ def host_lost_under_srun(nodes, env, workdir, staged, config, submit, wait_ended
     if not re.search(r"^mantissa: rank 0: .* rank\(s\) \[1\] did not answer \(host\(s\) node2\)$",
                      output, re.M):
         harness.fail("job d's rank 0 did not report rank 1 on node2 as lost")
+    if os.path.exists(sd_file):
+        harness.fail("job d left its file_sd targets behind")
 
     # Nothing of the job is left on node1 or the machine (the cluster's daemons aside), and
     # node2's rank ended by itself.
