@@ -8,6 +8,12 @@
 # the 1-host tokens/s); next to them the anchor, PyTorch DDP over gloo (FP32, bench/torch_gpt.py,
 # the same model and optimizer) on the same hosts and links.
 #
+# Next to each measured step time, `mantissa plan`'s projection of it, calibrated on this
+# cluster: one rank's peak is the FP32 FMA peak of one thread measured now (build/bin/fma_peak),
+# the efficiency is the one that makes the 1-host projection the measured 1-host step, and the
+# projections of 2 and 4 hosts then follow from the model alone (the links' rate, the ranks
+# sharing this machine's cores); the last column is their error.
+#
 # The hosts share this machine's cores: with more hosts than cores the ranks take turns on
 # them, which caps the efficiency of every run alike (2 cores, 4 hosts: at most 0.5). Figures
 # only; timings on a shared machine are noisy: compare the figures of one run. As root.
@@ -57,20 +63,49 @@ torch_train() {
 echo "scaling: 1, 2, 4 hosts x 1 rank x 1 thread on $(nproc) cores, every link $rate (tbf);" \
   "reference GPT, 8 x 256 tokens per step over all ranks, median of steps 1..$((bench_steps - 1))"
 "$build/bin/bench_cpu_paths"
-printf '%-44s %8s %12s %10s %11s\n' "run" "step s" "exposed s" "tokens/s" "efficiency"
-row() { printf '%-44s %8s %12s %10s %11s\n' "$@"; }
+# `mantissa plan` of HOSTS CPU ranks at efficiency EFFICIENCY (extra --set arguments after):
+# its projection line's value of KEY.
+plan() {
+  local key=$1 hosts=$2 efficiency=$3
+  shift 3
+  # shellcheck disable=SC2046 # cluster_bench_model's words are separate arguments
+  "$build/bin/mantissa" plan --config "$bench_dir/train.pbtxt" --gpus "$hosts" --gpu cpu \
+    --tflops "$peak_tflops" --efficiency "$efficiency" --cores "$(nproc)" \
+    --link-gbps "$link_gbps" $(cluster_bench_model "$hosts") "$@" |
+    sed -n "s/^projection: .* $key=\([^ ]*\).*/\1/p"
+}
+peak_tflops=$(OMP_NUM_THREADS=1 "$build/bin/fma_peak" |
+  sed -n 's/^fma_peak_gflops=\([0-9.]*\).*/\1/p' | awk '{ print $1 / 1000 }')
+# tc's rates: 1gbit, 200mbit, 500kbit.
+link_gbps=$(awk -v r="$rate" 'BEGIN {
+  n = r + 0; u = tolower(substr(r, length(n "") + 1))
+  print n * (u ~ /^g/ ? 1 : u ~ /^m/ ? 1e-3 : u ~ /^k/ ? 1e-6 : 1e-9) }')
+echo "mantissa plan: one rank's peak ${peak_tflops} TFLOP/s (FMA, 1 thread), links ${link_gbps} Gbit/s," \
+  "$(nproc) cores shared by the ranks"
+
+printf '%-44s %8s %12s %10s %11s %10s %7s\n' "run" "step s" "exposed s" "tokens/s" "efficiency" \
+  "plan s" "error"
+row() { printf '%-44s %8s %12s %10s %11s %10s %7s\n' "$@"; }
 efficiency() { awk -v t="$1" -v n="$2" -v one="$3" 'BEGIN { printf "%.2f", t / (n * one) }'; }
+error() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.0f%%", 100 * (p / m - 1) }'; }
 
 cluster_bench_train "mantissa BF16, 1 host" 1 >/dev/null
 one=$figures_tokens_s
-row "mantissa BF16, 1 host" "$figures_step_s" "-" "$one" "1.00"
+# The efficiency that projects the measured 1-host step: compute at full peak over the step.
+fitted=$(awk -v ideal="$(plan compute_s 1 1)" -v measured="$figures_step_s" \
+  'BEGIN { printf "%.4f", ideal / measured }')
+row "mantissa BF16, 1 host" "$figures_step_s" "-" "$one" "1.00" "$(plan step_s 1 "$fitted")" \
+  "fitted"
 for hosts in 2 4; do
   for reduce in FP32 BF16 FP8_E4M3; do
     cluster_bench_train "x" "$hosts" --set "dist.grad_reduce_dtype=$reduce" >/dev/null
+    projected=$(plan step_s "$hosts" "$fitted" --set "dist.grad_reduce_dtype=$reduce")
     row "mantissa BF16, $hosts hosts, $reduce reduce" "$figures_step_s" "$figures_comm_s" \
-      "$figures_tokens_s" "$(efficiency "$figures_tokens_s" "$hosts" "$one")"
+      "$figures_tokens_s" "$(efficiency "$figures_tokens_s" "$hosts" "$one")" "$projected" \
+      "$(error "$projected" "$figures_step_s")"
   done
 done
+echo "plan's efficiency fitted on the 1-host run: $fitted"
 if [ "$torch_ok" = 1 ]; then
   torch_train 1
   torch_one=$torch_tokens_s

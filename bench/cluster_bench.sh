@@ -59,11 +59,10 @@ cluster_bench_train() {
   local label=$1 hosts=$2
   shift 2
   local run=$bench_dir/run-$RANDOM$RANDOM
+  # shellcheck disable=SC2207 # cluster_bench_model's words are separate arguments
   local sets=(--set run.device=CPU --set run.log_every=1 --set run.eval_every=0
     --set checkpoint.every_steps=0 --set "run.dir=$run" --set "run.steps=${bench_steps:-6}"
-    --set model.gpt2.n_layer=6 --set model.gpt2.n_head=6 --set model.gpt2.n_embd=384
-    --set model.gpt2.seq_len=256 --set model.gpt2.vocab_size=256
-    --set "data.micro_batch_size=$((8 / hosts))" --set precision.mode=BF16 "$@")
+    $(cluster_bench_model "$hosts") "$@")
   head -n "$hosts" "$CLUSTER_DIR/hostfile" >"$bench_dir/hostfile-$hosts"
   if ! mpirun --allow-run-as-root --hostfile "$bench_dir/hostfile-$hosts" -np "$hosts" \
     --bind-to none -x OMP_NUM_THREADS=1 -x MANTISSA_MPI_PROGRESS_THREAD \
@@ -85,6 +84,14 @@ EOF
   )
   printf '%-44s %8s %12s %10s\n' "$label" "$figures_step_s" "$figures_comm_s" "$figures_tokens_s"
   rm -rf "$run" "$run.out"
+}
+
+# The reference model and this many hosts' share of its batch, as --set arguments (for
+# `mantissa train` and `mantissa plan` alike; no value holds a space).
+cluster_bench_model() {
+  echo --set model.gpt2.n_layer=6 --set model.gpt2.n_head=6 --set model.gpt2.n_embd=384 \
+    --set model.gpt2.seq_len=256 --set model.gpt2.vocab_size=256 \
+    --set "data.micro_batch_size=$((8 / $1))" --set precision.mode=BF16
 }
 
 cluster_bench_header() {

@@ -50,7 +50,10 @@ bool has_validation_data(const TrainConfig::Data& data);
 // options by the modules' own validate()), cross-field rules (heads divide the width, warmup
 // within the run, vocabulary covers the data), that the data files exist and the CPU backend's
 // environment switches. Checks that need the world or the device are the Trainer's.
-void validate(const TrainConfig& config);
+// DataFiles::kSkip leaves out the checks that the data files exist (for commands that never
+// read them: `mantissa plan` projects the run of a config written for another machine).
+enum class DataFiles { kCheck, kSkip };
+void validate(const TrainConfig& config, DataFiles files = DataFiles::kCheck);
 
 // "path = value" lines of the default table, for --help.
 std::string describe_defaults();

@@ -148,7 +148,7 @@ ModelShape validate_model(const Config::Model& model) {
   return model_shape(model);
 }
 
-void validate_data(const Config::Data& data, const ModelShape& model) {
+void validate_data(const Config::Data& data, const ModelShape& model, DataFiles files) {
   if (data.has_synthetic()) {
     require(data.synthetic().n_tokens() > model.seq_len, "data.synthetic.n_tokens",
             std::to_string(data.synthetic().n_tokens()),
@@ -165,7 +165,7 @@ void validate_data(const Config::Data& data, const ModelShape& model) {
   }
   at_least("data.micro_batch_size", data.micro_batch_size(), 1);
   at_least("data.grad_accum_steps", data.grad_accum_steps(), 1);
-  check_data_files(data);
+  if (files == DataFiles::kCheck) check_data_files(data);
 }
 
 // Evaluation reads whole windows of seq_len + 1 tokens from the validation set.
@@ -287,13 +287,13 @@ void validate_environment() {
 
 }  // namespace
 
-void validate(const TrainConfig& config) {
+void validate(const TrainConfig& config, DataFiles files) {
   const Config::Run& run = config.run();
   at_least("run.log_every", run.log_every(), 1);
   require(!run.dir().empty(), "run.dir", quoted(run.dir()), "must name a directory");
 
   const ModelShape model = validate_model(config.model());
-  validate_data(config.data(), model);
+  validate_data(config.data(), model, files);
   validate_eval(config, model);
   validate_optimizer(config);  // run.steps too: it is the schedule's total
   validate_precision(config);

@@ -9,6 +9,7 @@
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
+#include "launcher/plan.h"
 #include "launcher/sample.h"
 #include "launcher/tokenize.h"
 #include "launcher/trainer.h"
@@ -205,6 +206,22 @@ int export_command(int argc, char** argv) {
   }
 }
 
+int plan_command(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    const PlanArgs parsed = parse_plan_args(args);
+    if (parsed.help) {
+      std::fputs(kPlanHelp, stdout);
+      return kExitOk;
+    }
+    std::fputs(plan_report(parsed).c_str(), stdout);
+    return kExitOk;
+  } catch (const core::ConfigError& e) {
+    report_config_error(0, e.what());
+    return kExitConfig;
+  }
+}
+
 int help_command(int argc, char** argv);
 
 struct Command {
@@ -218,6 +235,7 @@ constexpr Command kCommands[] = {
     {"config", "check a config and print it with every default filled in", config_command},
     {"export", "write a run's newest checkpoint as safetensors or a Hugging Face directory",
      export_command},
+    {"plan", "project memory, step time, tokens/s and MFU of a config on N GPUs", plan_command},
     {"tokenize", "train a tokenizer, turn text files into token shards and back", tokenize_command},
     {"sample", "generate text from a run's checkpoint", sample_command},
     {"help", "this overview, or `mantissa help COMMAND` for one command", help_command},

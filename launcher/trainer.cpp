@@ -14,10 +14,9 @@
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/hf_weights.h"
+#include "launcher/model_config.h"
 #include "launcher/signals.h"
-#include "models/gpt2/gpt2.h"
 #include "models/gpt2/llmc_import.h"
-#include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
 #include "train/data/corpus.h"
 #include "train/fault_injection.h"
@@ -57,25 +56,11 @@ std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, cor
         seed, fp8_scaling_config(config), shard);
   }
   if (config.model().has_llama()) {
-    const TrainConfig::Model::Llama& l = config.model().llama();
-    models::LlamaConfig c;
-    c.n_layer = l.n_layer();
-    c.n_head = l.n_head();
-    c.n_kv_head = l.n_kv_head();
-    c.n_embd = l.n_embd();
-    c.ffn_hidden = l.ffn_hidden();
-    c.seq_len = l.seq_len();
-    c.vocab_size = l.vocab_size();
-    c.rope_theta = l.rope_theta();
-    c.norm_eps = static_cast<float>(l.norm_eps());
-    c.tie_embeddings = l.tie_embeddings();
-    return std::make_unique<models::Llama>(c, backend, policy, seed, fp8_scaling_config(config),
-                                           shard);
+    return std::make_unique<models::Llama>(llama_config(config.model().llama()), backend, policy,
+                                           seed, fp8_scaling_config(config), shard);
   }
-  const TrainConfig::Model::GPT2& g = config.model().gpt2();
-  return std::make_unique<models::GPT2>(
-      models::GPT2Config{g.n_layer(), g.n_head(), g.n_embd(), g.seq_len(), g.vocab_size()}, backend,
-      policy, seed, fp8_scaling_config(config), shard);
+  return std::make_unique<models::GPT2>(gpt2_config(config.model().gpt2()), backend, policy, seed,
+                                        fp8_scaling_config(config), shard);
 }
 
 Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress)

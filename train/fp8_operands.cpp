@@ -38,18 +38,11 @@ void Fp8Operands::allocate(core::Backend& backend, const core::Fp8ScalingConfig&
 void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, Tensor& dst) {
   Tensor& amax = amax_views_[slot];
   if (registry_->config().recipe == core::Fp8Recipe::kCurrent) {
+    // This use's own amax and scale, on the device. A zero or non-finite amax keeps the scale
+    // the slot had (the step's, or an earlier micro-batch's in this step).
     backend.amax(src, amax);
-    Tensor host = Tensor::empty(Shape{1}, DType::kF32);
-    backend.copy(amax, host);
-    backend.synchronize();
-    const float old_scale = registry_->tensor(slot).scale;
-    const float scale =
-        core::fp8_scale_from_amax(host.data_as<float>()[0], old_scale,
-                                  core::fp8_max(formats_[slot]), registry_->config().margin);
-    float pair[2] = {scale, static_cast<float>(1.0 / scale)};
-    backend.copy(Tensor::wrap(&pair[0], Shape{1}, DType::kF32), scale_views_[slot]);
-    // A copy from host memory has read it on return (Backend::copy): `pair` may go at once.
-    backend.copy(Tensor::wrap(&pair[1], Shape{1}, DType::kF32), scale_inv_views_[slot]);
+    backend.fp8_scale_from_amax(amax, core::fp8_max(formats_[slot]), registry_->config().margin,
+                                scale_views_[slot], scale_inv_views_[slot]);
   }
   core::CastParams p;
   p.scale = &scale_views_[slot];

@@ -44,7 +44,7 @@ class Fp8Operands {
 
   // Per-tensor recipes: dst = round(src * scale) in the slot's format (saturating), recording
   // max |src| in the slot. With the CURRENT recipe the scale is first derived from this
-  // tensor's own amax, which costs a host round trip per operand.
+  // tensor's own amax, on the device (Backend::fp8_scale_from_amax: no host round trip).
   void quantize(core::Backend& backend, int slot, const core::Tensor& src, core::Tensor& dst);
   const core::Tensor& scale_inv(int slot) const { return scale_inv_views_[slot]; }
 

@@ -118,6 +118,12 @@ class Backend {
   virtual void cast(const Tensor& src, Tensor& dst, const CastParams& params) = 0;
   // out = max |x| (NaN propagates).
   virtual void amax(const Tensor& x, Tensor& out) = 0;
+  // The per-tensor FP8 scale of an amax (F32 scalars; core/precision/fp8_scale.h):
+  // scale = fp8_scale_for(amax, scale, fp8_max, margin) (scale holds the old one and keeps it
+  // for a zero or non-finite amax), scale_inv = 1 / scale. On the device, so a CURRENT-scaled
+  // operand needs no host round trip between its amax and its cast.
+  virtual void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, Tensor& scale,
+                                   Tensor& scale_inv) = 0;
   // codes[outer, K] (E4M3 or E5M2) and scales: src[outer, K] (or src[K, outer] with
   // p.transpose), F32, BF16 or F16, quantised block by block in p.mode: one scale per block
   // from the block's amax, each code round(x / scale) (core/precision/block_scaling.h).

@@ -179,6 +179,21 @@ void check_amax(const Tensor& x, const Tensor& out, Device device) {
   check_scalar("amax", "out", out, device);
 }
 
+// Three F32 scalars; a format maximum that is finite and positive, a margin in [0, 100] (as
+// precision.fp8.margin).
+void check_fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, const Tensor& scale,
+                               const Tensor& scale_inv, Device device) {
+  check_scalar("fp8_scale_from_amax", "amax", amax, device);
+  check_scalar("fp8_scale_from_amax", "scale", scale, device);
+  check_scalar("fp8_scale_from_amax", "scale_inv", scale_inv, device);
+  MANTISSA_CHECK(fp8_max > 0.0f && fp8_max < 1e30f,
+                 "fp8_scale_from_amax: fp8_max " << fp8_max << " is not a format's maximum");
+  MANTISSA_CHECK(margin >= 0 && margin <= 100,
+                 "fp8_scale_from_amax: margin " << margin << " outside [0, 100]");
+  MANTISSA_CHECK(!overlaps(scale, scale_inv),
+                 "fp8_scale_from_amax: scale and scale_inv share memory");
+}
+
 // x[N, C] (F32, BF16 or F16) and bias[C] (any of those).
 void check_add_bias(const Tensor& x, const Tensor& bias, Device device) {
   check_operand("add_bias", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});

@@ -6,6 +6,7 @@
 
 #include "core/config_check.h"
 #include "core/error.h"
+#include "core/precision/fp8_scale.h"
 
 namespace mantissa::core {
 
@@ -20,9 +21,7 @@ float fp8_max(DType format) {
 
 float fp8_scale_from_amax(float amax, float old_scale, float fp8_max, int margin) {
   MANTISSA_CHECK(!(amax < 0.0f), "fp8 scaling: amax must be >= 0, got " << amax);
-  if (amax == 0.0f || !std::isfinite(amax)) return old_scale;
-  const double floored = std::max(static_cast<double>(amax), 1e-12);
-  return static_cast<float>(fp8_max / floored / std::ldexp(1.0, margin));
+  return fp8_scale_for(amax, old_scale, fp8_max, margin);
 }
 
 const char* fp8_recipe_name(Fp8Recipe recipe) {
@@ -130,7 +129,7 @@ void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
     const float used =
         use_history_max ? *std::max_element(t.amax_history.begin(), t.amax_history.end()) : amax;
     t.scale = fp8_scale_from_amax(used, t.scale, fp8_max(t.format), config_.margin);
-    t.scale_inv = static_cast<float>(1.0 / t.scale);
+    t.scale_inv = fp8_scale_inverse(t.scale);
   }
 }
 

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/ops/backend.h"
 #include "core/precision/fp8_scaling.h"
 
 namespace mantissa::core {
@@ -297,6 +299,41 @@ TEST(Fp8Recipes, ScaleModesPerRole) {
                                    fp8_scale_mode(r, Fp8Role::kInput)),
               nullptr);
   }
+}
+
+// Backend::fp8_scale_from_amax (the device side of CURRENT scaling) against FP64 arithmetic:
+// scale = fmax / max(amax, 1e-12) / 2^margin rounded once, 1 / scale rounded once, and the old
+// scale kept for a zero, infinite or NaN amax.
+TEST(Fp8Scaling, BackendScaleFromAmaxIsTheFp64Rule) {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  Tensor amax = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor scale = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor scale_inv = Tensor::empty(Shape{1}, DType::kF32);
+  const float amaxes[] = {3.5f, 448.0f, 1e-30f, 1e-12f, 7e-13f, 2.5e30f, 0.0f, kInf, kNaN};
+  for (const DType format : {DType::kE4M3, DType::kE5M2}) {
+    for (const int margin : {0, 3}) {
+      for (const float a : amaxes) {
+        SCOPED_TRACE(std::string(dtype_name(format)) + " margin " + std::to_string(margin) +
+                     " amax " + std::to_string(a));
+        const float old_scale = 0.625f;
+        amax.data_as<float>()[0] = a;
+        scale.data_as<float>()[0] = old_scale;
+        backend->fp8_scale_from_amax(amax, fp8_max(format), margin, scale, scale_inv);
+        const bool keep = a == 0.0f || !std::isfinite(a);
+        const double fmax = format == DType::kE4M3 ? 448.0 : 57344.0;
+        const float want = keep
+                               ? old_scale
+                               : static_cast<float>(fmax / std::max(static_cast<double>(a), 1e-12) /
+                                                    std::pow(2.0, margin));
+        EXPECT_EQ(scale.data_as<float>()[0], want);
+        EXPECT_EQ(scale_inv.data_as<float>()[0], static_cast<float>(1.0 / want));
+        // The registry's rule is the same one.
+        EXPECT_EQ(fp8_scale_from_amax(a, old_scale, fp8_max(format), margin), want);
+      }
+    }
+  }
+  EXPECT_THROW(backend->fp8_scale_from_amax(amax, 448.0f, -1, scale, scale_inv), Error);
+  EXPECT_THROW(backend->fp8_scale_from_amax(amax, 448.0f, 0, scale, scale), Error);
 }
 
 }  // namespace

@@ -154,6 +154,29 @@ TEST(GpuOps, AmaxMatchesCpu) {
   }
 }
 
+// CURRENT scaling's scale from an amax, on the device: the CPU's values bit for bit, the old
+// scale kept for a zero or non-finite amax.
+TEST(GpuOps, Fp8ScaleFromAmaxMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  for (const float a : {3.5f, 1e-30f, 2.5e30f, 0.0f, INFINITY, NAN}) {
+    for (const int margin : {0, 2}) {
+      Tensor amax = Tensor::empty(Shape{1}, DType::kF32);
+      amax.data_as<float>()[0] = a;
+      Tensor scale = Tensor::empty(Shape{1}, DType::kF32);
+      scale.data_as<float>()[0] = 0.625f;
+      Tensor scale_inv = Tensor::empty(Shape{1}, DType::kF32);
+      Tensor scale_dev = b.to_device(scale), scale_inv_dev = b.to_device(scale_inv);
+      b.cpu->fp8_scale_from_amax(amax, 448.0f, margin, scale, scale_inv);
+      b.gpu->fp8_scale_from_amax(b.to_device(amax), 448.0f, margin, scale_dev, scale_inv_dev);
+      const std::string what =
+          "fp8_scale_from_amax amax=" + std::to_string(a) + " margin=" + std::to_string(margin);
+      expect_same_values(scale, b.to_host(scale_dev), what + " scale");
+      expect_same_values(scale_inv, b.to_host(scale_inv_dev), what + " scale_inv");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // bias, residual add, GELU
 

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -68,10 +69,10 @@ struct StepSyncs {
 // Runs `steps` steps of the tiny GPT-2 with `micro_batches` micro-batches each; the syncs of
 // every step. `plant_inf` makes every step overflow (an inf in the first gradient).
 std::vector<StepSyncs> run_steps(PrecisionMode mode, int micro_batches, int steps,
-                                 bool plant_inf = false) {
+                                 bool plant_inf = false, const core::Fp8ScalingConfig& fp8 = {}) {
   auto backend = core::make_cpu_backend();
   const PrecisionPolicy policy = PrecisionPolicy::from_mode(mode);
-  models::GPT2 gpt(kTinyGPT, *backend, policy, 42);
+  models::GPT2 gpt(kTinyGPT, *backend, policy, 42, fp8);
   CountingModel model(gpt, *backend);
   core::LossScalerConfig scaling;
   scaling.mode = core::LossScaleMode::kStatic;
@@ -104,9 +105,15 @@ std::vector<StepSyncs> run_steps(PrecisionMode mode, int micro_batches, int step
   return out;
 }
 
-void expect_one_sync_per_step(PrecisionMode mode, int micro_batches, bool plant_inf = false) {
-  const char* name = core::precision_mode_name(mode);
-  for (const StepSyncs& s : run_steps(mode, micro_batches, 3, plant_inf)) {
+void expect_one_sync_per_step(PrecisionMode mode, int micro_batches, bool plant_inf = false,
+                              core::Fp8Recipe recipe = core::Fp8Recipe::kDelayed) {
+  const std::string name = std::string(core::precision_mode_name(mode)) + " " +
+                           (mode == PrecisionMode::kFP8Hybrid ? core::fp8_recipe_name(recipe) : "");
+  core::Fp8ScalingConfig fp8;
+  fp8.recipe = recipe;
+  if (core::is_block_recipe(recipe)) fp8.grad_format = core::DType::kE4M3;  // ROWWISE's only
+  fp8.power_of_two = recipe == core::Fp8Recipe::kMxfp8;                     // E8M0 scales
+  for (const StepSyncs& s : run_steps(mode, micro_batches, 3, plant_inf, fp8)) {
     EXPECT_EQ(s.model, 0) << name << ": the model's forward and backward never wait";
     EXPECT_EQ(s.total, 1) << name << ", " << micro_batches << " micro-batches";
   }
@@ -120,6 +127,15 @@ TEST(HostSyncs, Bf16StepReadsEverythingOnce) {
 TEST(HostSyncs, Fp8StepReadsScalarsAndAmaxesOnce) {
   expect_one_sync_per_step(PrecisionMode::kFP8Hybrid, 1);
   expect_one_sync_per_step(PrecisionMode::kFP8Hybrid, 2);
+}
+
+// CURRENT derives each operand's scale from its own amax on the device, and the block recipes
+// scale each operand's blocks there: neither waits for the host inside forward or backward.
+TEST(HostSyncs, Fp8RecipesScaleOnTheDevice) {
+  for (const core::Fp8Recipe recipe : {core::Fp8Recipe::kCurrent, core::Fp8Recipe::kBlockwise,
+                                       core::Fp8Recipe::kRowwise, core::Fp8Recipe::kMxfp8}) {
+    expect_one_sync_per_step(PrecisionMode::kFP8Hybrid, 2, false, recipe);
+  }
 }
 
 TEST(HostSyncs, OverflowingStepReadsItsScalarsOnce) {

@@ -5,7 +5,7 @@
 //
 // The member functions are defined by topic: cpu_backend.cpp (memory), cpu_gemm.cpp (with
 // cpu_gemm_scaled.cpp for block-scaled FP8), cpu_quantize_blocks.cpp,
-// cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_layernorm.cpp,
+// cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_fp8_scale.cpp, cpu_layernorm.cpp,
 // cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp, cpu_kv_heads.cpp (Llama-style decoders),
 // cpu_attention.cpp (fused), cpu_attention_primitives.cpp (the pieces core/ops/attention.h
 // composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
@@ -30,6 +30,8 @@ class CpuBackend final : public Backend {
 
   void cast(const Tensor& src, Tensor& dst, const CastParams& params) override;
   void amax(const Tensor& x, Tensor& out) override;
+  void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, Tensor& scale,
+                           Tensor& scale_inv) override;
   void quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
                        const BlockQuantizeParams& p) override;
   std::string unsupported_scale_modes(ScaleMode a, ScaleMode b) const override;

@@ -1,0 +1,255 @@
+#include "launcher/plan.h"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "core/error.h"
+#include "launcher/config.h"
+#include "launcher/option_value.h"
+#include "launcher/plan_model.h"
+
+namespace mantissa::launcher {
+
+const char* const kPlanHelp =
+    R"(usage: mantissa plan --config FILE.pbtxt --gpus N [--gpu NAME] [--gpus-per-node G]
+                     [--link-gbps B] [--tflops X] [--efficiency E] [--cores C]
+                     [--set path.to.field=value]...
+
+Projects a config's run on N devices from an analytic model (launcher/plan_model.h), without
+launching anything or reading the data: memory per device for every precision and ZeRO
+stage, and the step's time as compute (the step's FLOPs at the device's peaks, times the
+efficiency), the optimizer's memory-bound pass, and the gradient all-reduce that backward
+does not hide (ring all-reduce of dist.bucket_mb buckets over the slowest link); then
+tokens/s and MFU. The last line, "projection: key=value ...", is for scripts.
+
+options:
+  --config FILE      the run's config, as for mantissa train (its data files need not exist)
+  --set PATH=VALUE   override one field, as for mantissa train
+  --gpus N           devices (ranks) in the job
+  --gpu NAME         a100, h100 (the default), h200, or cpu (one CPU rank: give --tflops)
+  --gpus-per-node G  devices per node (default: the device's node, 8 GPUs or 1 CPU rank)
+  --link-gbps B      each node's network, Gbit/s per direction, all its NICs together
+                     (default: 8 x 200 for a100, 8 x 400 for h100 and h200; required for cpu
+                     ranks on several nodes)
+  --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
+                     one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
+  --efficiency E     the fraction of the peaks the step's compute reaches (default 0.5; for a
+                     cluster, calibrate it on a measured run: bench/bench_scaling.sh does)
+  --cores C          cpu only: all ranks share C cores (hosts of scripts/start-cluster.sh on
+                     one machine), each rank computing at most C/N of the time
+  -h, --help         this help
+
+Not modelled: the data loader, checkpoints, evaluation, and communication competing with
+compute for memory bandwidth or cores.
+)";
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+int positive_int(const std::string& option, const std::string& value) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(value, &used);
+    if (used == value.size() && v >= 1) return v;
+  } catch (const std::exception&) {
+  }
+  throw core::ConfigError(option + " " + value +
+                          ": must be a whole number >= 1 (see mantissa plan --help)");
+}
+
+double positive(const std::string& option, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size() && v > 0 && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  throw core::ConfigError(option + " " + value +
+                          ": must be a number > 0 (see mantissa plan --help)");
+}
+
+std::string format(const char* fmt, double a) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, a);
+  return buf;
+}
+
+// 1234567 -> "1.23M"; below 10,000 as it is.
+std::string si(double v) {
+  if (v >= 1e9) return format("%.2fB", v / 1e9);
+  if (v >= 1e6) return format("%.2fM", v / 1e6);
+  if (v >= 1e4) return format("%.1fk", v / 1e3);
+  return format("%.0f", v);
+}
+
+const char* mode_name(TrainConfig::Precision::Mode mode) {
+  return TrainConfig::Precision::Mode_Name(mode).c_str();
+}
+
+Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
+  Cluster cluster;
+  cluster.device = find_device(args.gpu);
+  DeviceSpec& d = cluster.device;
+  const bool cpu = d.name == "cpu";
+  if (args.tflops > 0) d.bf16_tflops = d.fp8_tflops = d.fp32_tflops = args.tflops;
+  if (cpu && args.tflops <= 0)
+    throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
+  if (args.efficiency > 0) {
+    if (args.efficiency > 1)
+      throw core::ConfigError("--efficiency " + format("%g", args.efficiency) +
+                              ": must be in (0, 1]");
+    d.efficiency = args.efficiency;
+  }
+  if (args.link_gbps > 0) d.link_gbit = args.link_gbps;
+  if (args.cores > 0 && !cpu) throw core::ConfigError("--cores: for --gpu cpu only");
+  cluster.ranks = args.gpus;
+  cluster.per_node = std::min(args.per_node > 0 ? args.per_node : d.per_node, args.gpus);
+  cluster.shared_cores = args.cores;
+  if (cluster.ranks > cluster.per_node && d.link_gbit <= 0)
+    throw core::ConfigError("--link-gbps: needed for " + std::string(d.name) +
+                            " ranks on several nodes (" + std::to_string(cluster.ranks) +
+                            " ranks, " + std::to_string(cluster.per_node) + " per node)");
+  if (config.precision().mode() == TrainConfig::Precision::FP8_HYBRID && d.fp8_tflops <= 0)
+    throw core::ConfigError("precision.mode = FP8_HYBRID: " + std::string(d.description) +
+                            " has no FP8 tensor cores");
+  return cluster;
+}
+
+std::string memory_table(const TrainConfig& config, const ModelCost& cost, const Cluster& cluster) {
+  std::string out = "memory per device, GiB (the config's row marked *):\n";
+  out +=
+      "   precision    ZeRO  masters  AdamW  grads  weights  reduce    FP8  activations  "
+      "runtime   total\n";
+  const TrainConfig::Precision::Mode modes[] = {TrainConfig::Precision::FP32,
+                                                TrainConfig::Precision::BF16,
+                                                TrainConfig::Precision::FP8_HYBRID};
+  for (const auto mode : modes) {
+    for (int zero = 0; zero <= 1; ++zero) {
+      TrainConfig variant = config;
+      variant.mutable_precision()->set_mode(mode);
+      variant.mutable_dist()->set_zero_stage(zero);
+      const MemoryEstimate m = estimate_memory(variant, cost, cluster);
+      const bool mine = mode == config.precision().mode() && zero == config.dist().zero_stage();
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    " %c %-11s %5d %8.2f %6.2f %6.2f %8.2f %7.2f %6.2f %12.2f %8.2f %7.2f\n",
+                    mine ? '*' : ' ', mode_name(mode), zero, m.masters / kGiB, m.optimizer / kGiB,
+                    m.gradients / kGiB, m.weights / kGiB, m.reduce / kGiB, m.fp8 / kGiB,
+                    (m.activations + m.working) / kGiB, m.runtime / kGiB, m.total() / kGiB);
+      out += line;
+    }
+  }
+  const double capacity = cluster.device.memory_gib;
+  if (capacity > 0) {
+    const double mine = estimate_memory(config, cost, cluster).total() / kGiB;
+    out += format("   the config's %.1f GiB ", mine) +
+           (mine <= capacity ? "fits in " : "does NOT fit in ") +
+           format("the device's %.0f GiB\n", capacity);
+  }
+  return out;
+}
+
+}  // namespace
+
+PlanArgs parse_plan_args(const std::vector<std::string>& args) {
+  PlanArgs out;
+  const std::string usage = " (see mantissa plan --help)";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "-h" || arg == "--help") {
+      out.help = true;
+      continue;
+    }
+    const std::string name = arg.substr(0, arg.find('='));
+    static const char* const kOptions[] = {"--config", "--set",           "--gpus",
+                                           "--gpu",    "--gpus-per-node", "--link-gbps",
+                                           "--tflops", "--efficiency",    "--cores"};
+    bool known = false;
+    for (const char* o : kOptions) known = known || name == o;
+    if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
+    const std::string value = option_value(args, i, usage);
+    if (name == "--config")
+      out.config_path = value;
+    else if (name == "--set")
+      out.sets.push_back(value);
+    else if (name == "--gpus")
+      out.gpus = positive_int(name, value);
+    else if (name == "--gpu")
+      out.gpu = value;
+    else if (name == "--gpus-per-node")
+      out.per_node = positive_int(name, value);
+    else if (name == "--link-gbps")
+      out.link_gbps = positive(name, value);
+    else if (name == "--tflops")
+      out.tflops = positive(name, value);
+    else if (name == "--efficiency")
+      out.efficiency = positive(name, value);
+    else
+      out.cores = positive_int(name, value);
+  }
+  if (out.help) return out;
+  if (out.config_path.empty()) throw core::ConfigError("--config FILE.pbtxt is required" + usage);
+  if (out.gpus == 0) throw core::ConfigError("--gpus N is required" + usage);
+  return out;
+}
+
+std::string plan_report(const PlanArgs& args) {
+  TrainConfig config = load_config_file(args.config_path);
+  for (const std::string& set : args.sets) apply_override(config, set);
+  apply_defaults(config, args.config_path);
+  validate(config, DataFiles::kSkip);
+  const ModelCost cost = model_cost(config.model());
+  const Cluster cluster = make_cluster(args, config);
+  const DeviceSpec& d = cluster.device;
+  const StepEstimate step = estimate_step(config, cost, cluster);
+  const MemoryEstimate memory = estimate_memory(config, cost, cluster);
+  const TrainConfig::Dist& dist = config.dist();
+  const int nodes = (cluster.ranks + cluster.per_node - 1) / cluster.per_node;
+
+  std::string out = "mantissa plan: " + args.config_path + ": " + cost.family + " of " +
+                    si(static_cast<double>(cost.parameters)) + " parameters, " +
+                    format("%.3g GFLOP per token\n", cost.flops_per_token / 1e9);
+  out += "cluster: " + std::to_string(cluster.ranks) + " x " + std::string(d.name) + " (" +
+         std::string(d.description) + "), " + std::to_string(cluster.per_node) + " per node on " +
+         std::to_string(nodes) + (nodes == 1 ? " node" : " nodes");
+  if (nodes > 1) out += format(", network %g Gbit/s per node", d.link_gbit);
+  if (cluster.shared_cores > 0)
+    out += ", sharing " + std::to_string(cluster.shared_cores) + " cores";
+  out += format(", efficiency %.2f\n", d.efficiency);
+  out += "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +
+         std::to_string(model_shape(config.model()).seq_len) + " tokens x " +
+         std::to_string(config.data().grad_accum_steps()) +
+         " micro-batches per rank = " + si(static_cast<double>(step.tokens)) + " tokens (" +
+         mode_name(config.precision().mode()) + ", " +
+         TrainConfig::Dist::ReduceDtype_Name(dist.grad_reduce_dtype()) + " reduce, ZeRO-" +
+         std::to_string(dist.zero_stage()) + ", overlap " + (dist.overlap() ? "on" : "off") +
+         ")\n\n";
+  out += memory_table(config, cost, cluster) + "\n";
+
+  char lines[1024];
+  std::snprintf(
+      lines, sizeof lines,
+      "time per step (the config's row):\n"
+      "  compute     %9.4f s  (%.4g TFLOP per rank at %g TFLOP/s, efficiency %.2f)\n"
+      "  optimizer   %9.4f s\n"
+      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %d buckets)\n"
+      "  exposed     %9.4f s  after overlap with backward\n"
+      "  step        %9.4f s  %s tokens/s, MFU %.3f\n",
+      step.compute_s,
+      cost.flops_per_token * static_cast<double>(step.tokens / cluster.ranks) / 1e12,
+      config.precision().mode() == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops,
+      d.efficiency, step.optimizer_s, step.comm_s, step.gradient_bytes / kGiB, step.buckets,
+      step.exposed_s, step.step_s(), si(step.tokens_per_s()).c_str(), step.mfu);
+  out += lines;
+  std::snprintf(lines, sizeof lines,
+                "projection: ranks=%d step_s=%.6g compute_s=%.6g optimizer_s=%.6g comm_s=%.6g "
+                "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%d\n",
+                cluster.ranks, step.step_s(), step.compute_s, step.optimizer_s, step.comm_s,
+                step.exposed_s, step.tokens_per_s(), step.mfu, memory.total() / kGiB, step.buckets);
+  out += lines;
+  return out;
+}
+
+}  // namespace mantissa::launcher

@@ -1,0 +1,218 @@
+#include "launcher/plan_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "launcher/config_translate.h"
+#include "launcher/model_config.h"
+
+namespace mantissa::launcher {
+namespace {
+
+// 6 FLOPs per parameter per token and 6 L C T for the attention products, as the models count
+// them for MFU (models/gpt2/gpt2.cpp).
+double transformer_flops(int64_t parameters, int64_t n_layer, int64_t n_embd, int64_t seq_len) {
+  return 6.0 * static_cast<double>(parameters) +
+         6.0 * static_cast<double>(n_layer * n_embd * seq_len);
+}
+
+ModelCost gpt2_cost(const models::GPT2Config& c) {
+  const int64_t C = c.n_embd, L = c.n_layer, T = c.seq_len;
+  // Per block: ln_1, c_attn (C x 3C + bias), c_proj (C x C + bias), ln_2, c_fc (C x 4C + bias),
+  // mlp.c_proj (4C x C + bias).
+  const int64_t block_weights = 12 * C * C;
+  const int64_t block = block_weights + 13 * C;
+  ModelCost cost;
+  cost.family = "GPT-2";
+  cost.parameters = c.vocab_size * C + T * C + L * block + 2 * C;
+  cost.flat_parameters = cost.parameters + (c.padded_vocab_size() - c.vocab_size) * C;
+  cost.block_linear_parameters = L * block_weights;
+  cost.flops_per_token = transformer_flops(cost.parameters, L, C, T);
+  // Per block (GPT2Block::forward): ln_1's input, c_attn's input, qkv (3C), the attention
+  // probabilities (H T), c_proj's input, ln_2's input, c_fc's input, its output (4C) and GELU's
+  // (4C, mlp.c_proj's input); the four linears' inputs (7C) are E4M3 under per-tensor FP8.
+  const double per_block = 16.0 * C + static_cast<double>(c.n_head * T);
+  cost.saved_elements_per_token = L * per_block + 2.0 * C;  // + ln_f's input, the head's
+  cost.fp8_saved_elements_per_token = 7.0 * L * C;
+  // Two LayerNorms' mean and 1/std per block and ln_f's, and the head's logit gradients.
+  cost.fp32_saved_bytes_per_token = 16.0 * L + 8.0 + 4.0 * c.padded_vocab_size();
+  cost.working_elements_per_token = per_block;
+  return cost;
+}
+
+ModelCost llama_cost(const models::LlamaConfig& c) {
+  const int64_t C = c.n_embd, L = c.n_layer, T = c.seq_len, F = c.ffn_hidden;
+  const int64_t q = c.n_head * c.head_dim(), kv = c.n_kv_head * c.head_dim();
+  // Per block: q|k|v (C x (q + 2 kv)), o (q x C), gate|up (C x 2F), down (F x C), two RMSNorms.
+  const int64_t block_weights = C * (q + 2 * kv) + q * C + 3 * C * F;
+  const int64_t tables = c.tie_embeddings ? 1 : 2;
+  ModelCost cost;
+  cost.family = "Llama";
+  cost.parameters = tables * c.vocab_size * C + L * (block_weights + 2 * C) + C;
+  cost.flat_parameters = cost.parameters + tables * (c.padded_vocab_size() - c.vocab_size) * C;
+  cost.block_linear_parameters = L * block_weights;
+  cost.flops_per_token = transformer_flops(cost.parameters, L, C, T);
+  // Per block (LlamaBlock::forward): the input norm's input, qkv_proj's input, q|k|v with the
+  // kv heads repeated (3 q), the probabilities (H T), o_proj's input (q), the post-attention
+  // norm's input, gate_up_proj's input, gate|up (2F) and SwiGLU's output (F, down's input);
+  // the four linears' inputs are E4M3 under per-tensor FP8.
+  const double per_block = 4.0 * C + 4.0 * q + 3.0 * F + static_cast<double>(c.n_head * T);
+  cost.saved_elements_per_token = L * per_block + 2.0 * C;
+  cost.fp8_saved_elements_per_token = static_cast<double>(L) * (2.0 * C + q + F);
+  cost.fp32_saved_bytes_per_token = 8.0 * L + 4.0 + 4.0 * c.padded_vocab_size();
+  cost.working_elements_per_token = per_block;
+  return cost;
+}
+
+double dtype_bytes(TrainConfig::Precision::Mode mode) {
+  return mode == TrainConfig::Precision::FP32 ? 4.0 : 2.0;  // FP8_HYBRID computes in BF16
+}
+
+double reduce_bytes(TrainConfig::Dist::ReduceDtype dtype) {
+  switch (dtype) {
+    case TrainConfig::Dist::FP32: return 4.0;
+    case TrainConfig::Dist::BF16:
+    case TrainConfig::Dist::FP16: return 2.0;
+    default: return 1.0;  // FP8_E4M3, FP8_E5M2
+  }
+}
+
+bool fp8(const TrainConfig& config) {
+  return config.precision().mode() == TrainConfig::Precision::FP8_HYBRID;
+}
+
+// Per-tensor recipes keep E4M3 copies of the linears' inputs and weights; the block recipes
+// keep the inputs in BF16 and quantise W and its transpose each step.
+bool per_tensor_fp8(const TrainConfig& config) {
+  const auto recipe = config.precision().fp8().recipe();
+  return fp8(config) && (recipe == TrainConfig::Precision::Fp8::DELAYED ||
+                         recipe == TrainConfig::Precision::Fp8::CURRENT);
+}
+
+// Ranks holding a share of the masters and moments: all of them under ZeRO-1.
+double shards(const TrainConfig& config, const Cluster& cluster) {
+  return config.dist().zero_stage() == 1 ? cluster.ranks : 1.0;
+}
+
+// Bytes per second one rank sends in a collective: the slowest link of the ring.
+double rank_bandwidth(const Cluster& cluster) {
+  const DeviceSpec& d = cluster.device;
+  const int nodes = (cluster.ranks + cluster.per_node - 1) / cluster.per_node;
+  const double network = d.link_gbit * 1e9 / 8.0 / cluster.per_node;
+  if (nodes == 1) return cluster.per_node > 1 ? d.node_gbps * 1e9 : network;
+  return cluster.per_node > 1 ? std::min(d.node_gbps * 1e9, network) : network;
+}
+
+}  // namespace
+
+ModelCost model_cost(const TrainConfig::Model& model) {
+  if (model.has_llama()) return llama_cost(llama_config(model.llama()));
+  if (model.has_mlp())
+    throw core::ConfigError("model.mlp: mantissa plan projects GPT-2 and Llama models only");
+  return gpt2_cost(gpt2_config(model.gpt2()));
+}
+
+MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
+                               const Cluster& cluster) {
+  const double p = static_cast<double>(cost.flat_parameters);
+  const double a = dtype_bytes(config.precision().mode());
+  const double n = cluster.ranks;
+  const TrainConfig::Dist& dist = config.dist();
+  MemoryEstimate m;
+  m.masters = 4.0 * p / shards(config, cluster);
+  m.optimizer = 8.0 * p / shards(config, cluster);
+  m.gradients = 4.0 * p;
+  m.weights = a * p;
+  if (cluster.ranks > 1) {
+    const double r = reduce_bytes(dist.grad_reduce_dtype());
+    if (r < 4.0) m.reduce = r * p;
+    // accumulate_fp32: every rank's chunk of each bucket received (N of them) and summed in
+    // FP32; ZeRO-1 otherwise: the rank's chunk received.
+    if (dist.accumulate_fp32())
+      m.reduce += r * p + 8.0 * p / n;
+    else if (dist.zero_stage() == 1)
+      m.reduce += r * p / n;
+  }
+  if (fp8(config))
+    m.fp8 =
+        (per_tensor_fp8(config) ? 1.0 : 2.0) * static_cast<double>(cost.block_linear_parameters);
+  const double fp8_saved = per_tensor_fp8(config) ? 1.0 : a;
+  const double tokens =
+      static_cast<double>(config.data().micro_batch_size() * model_shape(config.model()).seq_len);
+  m.activations =
+      tokens * (a * (cost.saved_elements_per_token - cost.fp8_saved_elements_per_token) +
+                fp8_saved * cost.fp8_saved_elements_per_token + cost.fp32_saved_bytes_per_token);
+  m.working = tokens * a * cost.working_elements_per_token;
+  if (cluster.device.name != "cpu") m.runtime = 1024.0 * 1024.0 * 1024.0;
+  return m;
+}
+
+StepEstimate estimate_step(const TrainConfig& config, const ModelCost& cost,
+                           const Cluster& cluster) {
+  const DeviceSpec& d = cluster.device;
+  const TrainConfig::Dist& dist = config.dist();
+  const int64_t accum = config.data().grad_accum_steps();
+  const int64_t rank_tokens =
+      config.data().micro_batch_size() * model_shape(config.model()).seq_len * accum;
+  const double n = cluster.ranks;
+  StepEstimate s;
+  s.tokens = rank_tokens * cluster.ranks;
+
+  // Compute: the block linears at their GEMM precision's peak, the rest (head, attention,
+  // embeddings) at the compute dtype's.
+  const auto mode = config.precision().mode();
+  const double other_peak =
+      (mode == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops) * 1e12;
+  const double block_peak = fp8(config) ? d.fp8_tflops * 1e12 : other_peak;
+  const double share = cluster.shared_cores > 0 ? std::min(1.0, cluster.shared_cores / n) : 1.0;
+  const double block_flops =
+      6.0 * static_cast<double>(cost.block_linear_parameters) * static_cast<double>(rank_tokens);
+  const double other_flops = cost.flops_per_token * static_cast<double>(rank_tokens) - block_flops;
+  s.compute_s = (block_flops / block_peak + other_flops / other_peak) / (d.efficiency * share);
+
+  // AdamW reads and writes its masters and moments (24 bytes), reads the gradient (4) and
+  // writes the compute copy, over the rank's share.
+  const double p = static_cast<double>(cost.flat_parameters);
+  const double a = dtype_bytes(mode);
+  if (d.memory_gbps > 0)
+    s.optimizer_s = (28.0 + a) * p / shards(config, cluster) / (d.memory_gbps * 1e9);
+
+  const double r = reduce_bytes(dist.grad_reduce_dtype());
+  s.gradient_bytes = r * p;
+  if (cluster.ranks == 1) return s;
+
+  // The buckets, in the order they are reduced: from the last parameters on, each
+  // dist.bucket_mb of FP32 gradients, the remainder in the last.
+  const double cap = std::max(1.0, std::floor(dist.bucket_mb() * 1024.0 * 1024.0 / 4.0));
+  s.buckets = static_cast<int>(std::ceil(p / cap));
+  const double bandwidth = rank_bandwidth(cluster);
+  const double latency = 2.0 * std::ceil(std::log2(n)) * d.latency_us * 1e-6;
+  const double ring = 2.0 * (n - 1.0) / n;
+  // ZeRO-1 reduce-scatters the gradients (half a ring) in the sync and all-gathers the updated
+  // weights after the optimizer, where nothing hides it.
+  const bool zero1 = dist.zero_stage() == 1;
+  const double sync_factor = zero1 ? ring / 2.0 : ring;
+  const double backward_s = 2.0 / 3.0 * s.compute_s / static_cast<double>(accum);
+  double end = 0, done = 0;
+  for (int b = 0; b < s.buckets; ++b) {
+    const double elements = std::min(cap, p - done);
+    done += elements;
+    // FP8 buckets first agree on their amax (one more small all-reduce).
+    const double seconds = sync_factor * elements * r / bandwidth + (r == 1.0 ? 2 : 1) * latency;
+    const double ready = dist.overlap() ? backward_s * done / p : backward_s;
+    end = std::max(end, ready) + seconds;
+    s.comm_s += seconds;
+  }
+  s.exposed_s = std::max(0.0, end - backward_s);
+  if (zero1) {
+    const double gather = ring / 2.0 * p * a / bandwidth + latency;
+    s.comm_s += gather;
+    s.exposed_s += gather;
+  }
+  const double peak = (d.bf16_tflops > 0 ? d.bf16_tflops : d.fp32_tflops) * 1e12;
+  s.mfu = s.tokens_per_s() * cost.flops_per_token / (n * peak);
+  return s;
+}
+
+}  // namespace mantissa::launcher

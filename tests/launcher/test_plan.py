@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""`mantissa plan` as a user runs it: every shipped GPT-2 and Llama config projects (their data
+files need not exist here), the projection line agrees with the table, more GPUs give more
+tokens/s and less memory under ZeRO-1, and every bad command line or cluster gets one line
+naming the option or field, with exit code 2."""
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+import launcher_util as lu
+
+
+def projection(stdout):
+    line = [l for l in stdout.splitlines() if l.startswith("projection: ")]
+    if len(line) != 1:
+        raise AssertionError(f"no single projection line in:\n{stdout}")
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([0-9.e+-]+)", line[0])}
+
+
+class Plan(lu.TempDirTest):
+    def plan(self, *args):
+        result = self.mantissa("plan", *args)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout
+
+    def config(self, name):
+        return os.path.join(lu.ARGS.source_dir, "configs", name)
+
+    def test_every_shipped_transformer_config_projects(self):
+        for name in sorted(os.listdir(os.path.join(lu.ARGS.source_dir, "configs"))):
+            with self.subTest(name):
+                out = self.plan("--config", self.config(name), "--gpus", "16", "--gpu", "h200")
+                p = projection(out)
+                self.assertGreater(p["tokens_per_s"], 0)
+                self.assertTrue(0 < p["mfu"] < 1, out)
+                self.assertAlmostEqual(p["step_s"], p["compute_s"] + p["optimizer_s"] +
+                                       p["exposed_s"], delta=1e-5 * p["step_s"])
+                # The table marks the config's own row, whose total is the projection's.
+                marked = [l for l in out.splitlines() if l.startswith(" * ")]
+                self.assertEqual(len(marked), 1, out)
+                self.assertAlmostEqual(float(marked[0].split()[-1]), p["memory_gib"], delta=0.01)
+
+    def test_more_gpus(self):
+        base = ["--config", self.config("gpt2-1.5b.pbtxt"), "--gpu", "h100"]
+        small, large = (projection(self.plan(*base, "--gpus", str(n))) for n in (8, 64))
+        self.assertGreater(large["tokens_per_s"], 4 * small["tokens_per_s"])
+        self.assertLess(large["memory_gib"], small["memory_gib"])  # the config uses ZeRO-1
+        self.assertEqual(projection(self.plan(*base, "--gpus", "1"))["exposed_s"], 0)
+
+    def test_cpu_ranks_of_the_test_cluster(self):
+        out = self.plan("--config", self.config("demo.pbtxt"), "--gpus", "4", "--gpu", "cpu",
+                        "--tflops", "0.1", "--cores", "2", "--link-gbps", "1",
+                        "--efficiency", "0.4")
+        self.assertIn("sharing 2 cores", out)
+        self.assertIn("efficiency 0.40", out)
+        self.assertGreater(projection(out)["comm_s"], 0)
+
+    def test_docs_table_is_current(self):
+        """docs/plan.md's projections are what scripts/plan-table.py prints today."""
+        with open(os.path.join(lu.ARGS.source_dir, "docs", "plan.md")) as f:
+            documented = [l.rstrip("\n") for l in f if l.startswith("| GPT-2 ")]
+        result = subprocess.run([sys.executable,
+                                 os.path.join(lu.ARGS.source_dir, "scripts", "plan-table.py"),
+                                 lu.ARGS.build_dir], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        printed = [l for l in result.stdout.splitlines() if l.startswith("| GPT-2 ")]
+        self.assertEqual(len(printed), 16)
+        self.assertEqual(documented, printed)
+
+    def test_help(self):
+        out = self.plan("--help")
+        for option in ("--gpus", "--gpu", "--gpus-per-node", "--link-gbps", "--tflops",
+                       "--efficiency", "--cores", "--set"):
+            self.assertIn(option, out)
+
+    def test_errors_name_the_option_or_field(self):
+        gpt2 = self.config("gpt2.pbtxt")
+        cases = [
+            (["--gpus", "8"], "--config FILE.pbtxt is required"),
+            (["--config", gpt2], "--gpus N is required"),
+            (["--config", gpt2, "--gpus", "0"], "--gpus 0: must be a whole number >= 1"),
+            (["--config", gpt2, "--gpus", "8", "--gpu", "v100"],
+             "--gpu v100: unknown device (known: a100, h100, h200, cpu)"),
+            (["--config", gpt2, "--gpus", "2", "--gpu", "cpu"], "--gpu cpu needs --tflops"),
+            (["--config", gpt2, "--gpus", "2", "--gpu", "cpu", "--tflops", "1"],
+             "--link-gbps: needed for cpu ranks on several nodes"),
+            (["--config", gpt2, "--gpus", "8", "--cores", "2"], "--cores: for --gpu cpu only"),
+            (["--config", gpt2, "--gpus", "8", "--efficiency", "1.5"], "--efficiency 1.5"),
+            (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
+              "precision.mode=FP8_HYBRID"], "has no FP8 tensor cores"),
+            (["--config", gpt2, "--gpus", "8", "--set", "model.gpt2.n_head=5"],
+             "model.gpt2.n_head"),
+            (["--config", gpt2, "--gpus", "8", "--set", "model.mlp={}"], "model.mlp"),
+            (["--config", gpt2, "--gpus", "8", "--nodes", "2"], "unknown argument '--nodes'"),
+        ]
+        for args, message in cases:
+            with self.subTest(args):
+                result = self.mantissa("plan", *args)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                lines = result.stderr.splitlines()
+                self.assertEqual(len(lines), 1, result.stderr)
+                self.assertIn(message, lines[0])
+
+
+if __name__ == "__main__":
+    lu.main()
