@@ -98,7 +98,7 @@ fi
 # tested, which is worth more than nothing on a machine that is lent for minutes.
 gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_block_fp8 test_gpu_ops test_gpu_attention
   test_gpu_llama_ops test_gpu_decode test_gpu_nccl test_gpu_train bench_gpu_gemm bench_gpu_ops
-  bench_attention)
+  bench_attention bench_gpu_train)
 # Tests run after a build step that configured (whatever of it compiled), or on what an
 # earlier STAGE=build left.
 testable=0
@@ -133,7 +133,7 @@ if [ "$stage" != build ] && [ "$testable" = 1 ]; then
     esac
   done
   # bench_attention's argument picks its GPU half (the attention op next to its GEMMs).
-  for bench in bench_gpu_gemm bench_gpu_ops bench_attention; do
+  for bench in bench_gpu_gemm bench_gpu_ops bench_attention bench_gpu_train; do
     args=()
     [ "$bench" = bench_attention ] && args=(gpu)
     if [ -x "$build_dir/bin/$bench" ]; then
@@ -162,6 +162,8 @@ note() {
       ;;
     bench_attention) grep -E "^(no CUDA device|  attention (forward|backward))" "$log" |
       sed -E 's/ +/ /g' ;;
+    bench_gpu_train) grep -E "^(no CUDA device|BF16 |FP8 )" "$log" |
+      sed -E 's/ +/ /g; s/(step_ms|tokens_per_s|host_syncs_per_step|loss)=[^ ]* //g' ;;
   esac
 }
 echo
