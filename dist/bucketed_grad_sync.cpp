@@ -50,6 +50,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/precision/fp8_scale.h"
 #include "core/precision/fp8_scaling.h"
 
 namespace mantissa::dist {
@@ -60,19 +61,12 @@ using core::Tensor;
 using Clock = std::chrono::steady_clock;
 
 ReduceScales reduce_scales(DType reduce_dtype, int world_size, float amax) {
-  const int n = world_size;
-  if (!core::is_fp8(reduce_dtype)) return {static_cast<float>(1.0 / n), 1.0f};
-  double q = 1.0 / n;
+  if (!core::is_fp8(reduce_dtype)) return {static_cast<float>(1.0 / world_size), 1.0f};
   // A non-finite amax (some rank overflowed: the step is skipped) or an all-zero bucket keeps
-  // the plain average.
-  if (std::isfinite(amax) && amax > 0.0f) {
-    int log2_n = 0;  // ceil(log2 N)
-    while ((int64_t{1} << log2_n) < n) ++log2_n;
-    q = std::min(static_cast<double>(core::fp8_max(reduce_dtype)) / (n * static_cast<double>(amax)),
-                 std::ldexp(1.0, 126 - log2_n));
-  }
-  const float q32 = static_cast<float>(q);
-  return {q32, static_cast<float>(1.0 / (n * static_cast<double>(q32)))};
+  // the plain average (core/precision/fp8_scale.h, the rule the device applies too).
+  const core::Fp8ReduceScales s =
+      core::fp8_reduce_scales_for(amax, core::fp8_max(reduce_dtype), world_size);
+  return {s.q, s.w};
 }
 
 BucketedGradSync::BucketedGradSync(core::Backend& backend, train::ParameterStore& params,
@@ -153,14 +147,6 @@ bool BucketedGradSync::read_nonfinite_flags() {
   // cast, or for FP8 from start_amax).
   return std::any_of(flags.begin(), flags.end(),
                      [&](float f) { return fp32() ? f != 0.0f : !std::isfinite(f); });
-}
-
-float BucketedGradSync::read_scalar(const Tensor& t) {
-  float value = 0.0f;
-  Tensor host = Tensor::wrap(&value, Shape{1}, DType::kF32);
-  backend_.copy(t, host);
-  backend_.synchronize();
-  return value;
 }
 
 void BucketedGradSync::build_buckets() {
@@ -300,12 +286,11 @@ void BucketedGradSync::advance() {
 
 void BucketedGradSync::start_amax(Bucket& b) {
   // The amax is also this rank's non-finite check: inf or NaN anywhere makes it non-finite.
+  // It goes to the collective as it is, device to device, with no host round trip. A MAX
+  // reduction may drop a NaN and give ranks different scales, but only in a step that every
+  // rank skips: finish() reads each rank's own check and MAX-reduces the verdict.
   backend_.amax(b.grads, b.found);
-  float amax = read_scalar(b.found);
-  if (std::isnan(amax)) amax = INFINITY;  // so that MAX cannot drop it
-  Tensor host = Tensor::wrap(&amax, Shape{1}, DType::kF32);
-  backend_.copy(host, b.amax_comm);
-  backend_.synchronize();
+  backend_.copy(b.found, b.amax_comm);
   b.request = amax_comm_->all_reduce(b.amax_comm, ReduceOp::kMax);
   comm_.add_bytes(sizeof(float));
   b.stage = Stage::kAmax;
@@ -313,11 +298,15 @@ void BucketedGradSync::start_amax(Bucket& b) {
 
 void BucketedGradSync::start_reduce(Bucket& b) {
   const int n = comm_.size();
-  // The sum of the pre-scaled values is the average already, except for FP8, where w undoes q.
-  const ReduceScales scales =
-      reduce_scales(config_.grad_reduce_dtype, n, fp8() ? read_scalar(b.amax_comm) : 0.0f);
-  backend_.fill(b.q, scales.q);
-  backend_.fill(b.w, scales.w);
+  // The sum of the pre-scaled values is the average already, except for FP8, where w undoes q
+  // (both derived on the device from the reduced amax).
+  const ReduceScales scales = reduce_scales(config_.grad_reduce_dtype, n, 0.0f);
+  if (fp8()) {
+    backend_.fp8_reduce_scales(b.amax_comm, core::fp8_max(config_.grad_reduce_dtype), n, b.q, b.w);
+  } else {
+    backend_.fill(b.q, scales.q);
+    backend_.fill(b.w, scales.w);
+  }
   core::CastParams cast;
   cast.scale = &b.q;
   // The non-finite checks land in b.found, which finish() reads. The collective needs no

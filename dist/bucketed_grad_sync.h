@@ -86,7 +86,6 @@ class BucketedGradSync final : public train::GradientSync {
   // The buckets' device-side non-finite checks, read in one copy once every reduction is
   // issued.
   bool read_nonfinite_flags();
-  float read_scalar(const core::Tensor& t);
 
   void build_buckets();
   void build_order();

@@ -124,6 +124,10 @@ class Backend {
   // operand needs no host round trip between its amax and its cast.
   virtual void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, Tensor& scale,
                                    Tensor& scale_inv) = 0;
+  // FP8 gradient reduction's pre-scale q and widening scale w of a MAX-reduced amax over
+  // world_size ranks (F32 scalars; fp8_reduce_scales_for in core/precision/fp8_scale.h).
+  virtual void fp8_reduce_scales(const Tensor& amax, float fp8_max, int world_size, Tensor& q,
+                                 Tensor& w) = 0;
   // codes[outer, K] (E4M3 or E5M2) and scales: src[outer, K] (or src[K, outer] with
   // p.transpose), F32, BF16 or F16, quantised block by block in p.mode: one scale per block
   // from the block's amax, each code round(x / scale) (core/precision/block_scaling.h).

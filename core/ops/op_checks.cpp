@@ -194,6 +194,17 @@ void check_fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, co
                  "fp8_scale_from_amax: scale and scale_inv share memory");
 }
 
+void check_fp8_reduce_scales(const Tensor& amax, float fp8_max, int world_size, const Tensor& q,
+                             const Tensor& w, Device device) {
+  check_scalar("fp8_reduce_scales", "amax", amax, device);
+  check_scalar("fp8_reduce_scales", "q", q, device);
+  check_scalar("fp8_reduce_scales", "w", w, device);
+  MANTISSA_CHECK(fp8_max > 0.0f && fp8_max < 1e30f,
+                 "fp8_reduce_scales: fp8_max " << fp8_max << " is not a format's maximum");
+  MANTISSA_CHECK(world_size >= 1, "fp8_reduce_scales: world_size " << world_size << " < 1");
+  MANTISSA_CHECK(!overlaps(q, w), "fp8_reduce_scales: q and w share memory");
+}
+
 // x[N, C] (F32, BF16 or F16) and bias[C] (any of those).
 void check_add_bias(const Tensor& x, const Tensor& bias, Device device) {
   check_operand("add_bias", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});

@@ -55,6 +55,8 @@ void check_cast(const Tensor& src, const Tensor& dst, const CastParams& params, 
 void check_amax(const Tensor& x, const Tensor& out, Device device);
 void check_fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, const Tensor& scale,
                                const Tensor& scale_inv, Device device);
+void check_fp8_reduce_scales(const Tensor& amax, float fp8_max, int world_size, const Tensor& q,
+                             const Tensor& w, Device device);
 void check_add_bias(const Tensor& x, const Tensor& bias, Device device);
 void check_bias_backward(const Tensor& dout, const Tensor& dbias, Device device);
 void check_add(const Tensor& a, const Tensor& b, const Tensor& out, Device device);

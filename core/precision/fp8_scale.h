@@ -1,9 +1,17 @@
-// The per-tensor FP8 scale rule of fp8_scaling.h, written once for the host (the registry's
-// DELAYED and CURRENT updates) and the device (Backend::fp8_scale_from_amax, which keeps a
-// CURRENT step on the device: no host round trip per operand):
+// FP8 scale rules written once for the host and the device, so that the scales a step uses can
+// be derived where its amaxes are, without a host round trip:
+//
+// The per-tensor operand scale of fp8_scaling.h (the registry's DELAYED and CURRENT updates on
+// the host; Backend::fp8_scale_from_amax for CURRENT on the device):
 //   scale     = (fp8_max / max(amax, 1e-12)) / 2^margin, in double, rounded once to float;
 //               the old scale when amax is 0 or not finite;
 //   scale_inv = 1 / scale, in double, rounded once.
+//
+// The shared pre-scale of FP8 gradient reduction over N ranks (dist/bucketed_grad_sync.cpp
+// derives it; Backend::fp8_reduce_scales applies it on the device):
+//   q = min(fp8_max / (N amax), 2^(126 - ceil(log2 N))), or 1/N when amax is 0 or not finite;
+//   w = 1 / (N q);
+// both in double, each rounded once (w from the rounded q).
 #pragma once
 
 #include "core/dtype/dtype.h"
@@ -21,6 +29,27 @@ MANTISSA_HD float fp8_scale_for(float amax, float old_scale, float fp8_max, int 
 
 MANTISSA_HD float fp8_scale_inverse(float scale) {
   return static_cast<float>(1.0 / static_cast<double>(scale));
+}
+
+struct Fp8ReduceScales {
+  float q;  // gradients are cast as round(g q)
+  float w;  // the sum of the codes times w is the average
+};
+
+MANTISSA_HD Fp8ReduceScales fp8_reduce_scales_for(float amax, float fp8_max, int world_size) {
+  const double n = static_cast<double>(world_size);
+  double q = 1.0 / n;
+  const bool finite = (float_to_bits(amax) & 0x7F800000u) != 0x7F800000u;
+  if (finite && amax > 0.0f) {
+    int log2_n = 0;  // ceil(log2 N)
+    while ((int64_t{1} << log2_n) < world_size) ++log2_n;
+    double cap = 1.0;  // 2^(126 - ceil(log2 N)), exactly
+    for (int i = 0; i < 126 - log2_n; ++i) cap *= 2.0;
+    const double fill = static_cast<double>(fp8_max) / (n * static_cast<double>(amax));
+    q = fill < cap ? fill : cap;
+  }
+  const float q32 = static_cast<float>(q);
+  return {q32, static_cast<float>(1.0 / (n * static_cast<double>(q32)))};
 }
 
 }  // namespace mantissa::core

@@ -336,5 +336,37 @@ TEST(Fp8Scaling, BackendScaleFromAmaxIsTheFp64Rule) {
   EXPECT_THROW(backend->fp8_scale_from_amax(amax, 448.0f, 0, scale, scale), Error);
 }
 
+// Backend::fp8_reduce_scales (FP8 gradient reduction's pre-scale, on the device) against FP64
+// arithmetic: q = min(fmax / (N amax), 2^(126 - ceil(log2 N))) rounded once (1/N for a zero or
+// non-finite amax), w = 1 / (N q) from the rounded q.
+TEST(Fp8Scaling, BackendReduceScalesAreTheFp64Rule) {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  Tensor amax = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor q = Tensor::empty(Shape{1}, DType::kF32);
+  Tensor w = Tensor::empty(Shape{1}, DType::kF32);
+  const float amaxes[] = {3.5f, 1e-3f, 1e-30f, 1e-38f, 1e-45f, 3e38f, 0.0f, kInf, kNaN};
+  for (const DType format : {DType::kE4M3, DType::kE5M2}) {
+    for (const int n : {1, 2, 3, 4, 7, 1024}) {
+      for (const float a : amaxes) {
+        SCOPED_TRACE(std::string(dtype_name(format)) + " N " + std::to_string(n) + " amax " +
+                     std::to_string(a));
+        amax.data_as<float>()[0] = a;
+        backend->fp8_reduce_scales(amax, fp8_max(format), n, q, w);
+        const double fmax = format == DType::kE4M3 ? 448.0 : 57344.0;
+        const double cap = std::pow(2.0, 126 - std::ceil(std::log2(n)));
+        const float want_q =
+            a > 0.0f && std::isfinite(a)
+                ? static_cast<float>(std::min(fmax / (n * static_cast<double>(a)), cap))
+                : static_cast<float>(1.0 / n);
+        EXPECT_EQ(q.data_as<float>()[0], want_q);
+        EXPECT_EQ(w.data_as<float>()[0], static_cast<float>(1.0 / (n * double{want_q})));
+        EXPECT_TRUE(std::isfinite(q.data_as<float>()[0]) && std::isfinite(w.data_as<float>()[0]));
+      }
+    }
+  }
+  EXPECT_THROW(backend->fp8_reduce_scales(amax, 448.0f, 0, q, w), Error);
+  EXPECT_THROW(backend->fp8_reduce_scales(amax, 448.0f, 2, q, q), Error);
+}
+
 }  // namespace
 }  // namespace mantissa::core

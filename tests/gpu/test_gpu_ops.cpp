@@ -177,6 +177,26 @@ TEST(GpuOps, Fp8ScaleFromAmaxMatchesCpu) {
   }
 }
 
+// FP8 gradient reduction's pre-scales on the device: the CPU's bit for bit, finite at the cap.
+TEST(GpuOps, Fp8ReduceScalesMatchCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  for (const float a : {3.5f, 1e-38f, 1e-45f, 0.0f, INFINITY, NAN}) {
+    for (const int n : {1, 3, 8}) {
+      Tensor amax = Tensor::empty(Shape{1}, DType::kF32);
+      amax.data_as<float>()[0] = a;
+      Tensor q = Tensor::empty(Shape{1}, DType::kF32), w = Tensor::empty(Shape{1}, DType::kF32);
+      Tensor q_dev = b.to_device(q), w_dev = b.to_device(w);
+      b.cpu->fp8_reduce_scales(amax, 57344.0f, n, q, w);
+      b.gpu->fp8_reduce_scales(b.to_device(amax), 57344.0f, n, q_dev, w_dev);
+      const std::string what =
+          "fp8_reduce_scales amax=" + std::to_string(a) + " N=" + std::to_string(n);
+      expect_same_values(q, b.to_host(q_dev), what + " q");
+      expect_same_values(w, b.to_host(w_dev), what + " w");
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // bias, residual add, GELU
 

@@ -91,6 +91,23 @@ class Training(lu.TempDirTest):
         self.interrupt_and_resume("interrupted", logs)
         self.resume_on_other_world_size("full", logs, 1)
 
+    def test_fp8_reduce_waits_for_the_host_no_more_than_bf16(self):
+        """FP8 gradient reduction derives each bucket's shared scale on the device (its amax
+        goes to the collective and comes back without a host read): its steps synchronise with
+        the host as often as BF16 reduction's, however many buckets."""
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        syncs = {}
+        for reduce in ("BF16", "FP8_E4M3"):
+            run = self.run_dir(reduce)
+            result = self.mantissa("train", "--config", config, "--set", f"run.dir={run}",
+                                   "--set", "run.steps=8", "--set", "optimizer.warmup_steps=2",
+                                   "--set", "checkpoint.every_steps=0",
+                                   "--set", f"dist.grad_reduce_dtype={reduce}",
+                                   "--set", "dist.bucket_mb=0.05", ranks=RANKS)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            syncs[reduce] = [e["host_syncs"] for e in lu.read_log(run, 0)][1:]
+        self.assertEqual(syncs["FP8_E4M3"], syncs["BF16"])
+
     def interrupt_and_resume(self, name, uninterrupted, *sets):
         """Runs train_args(name, *sets) under mpirun, stops it with SIGUSR1 sent to rank 1
         alone (mpirun would forward it to all) once 10 steps are logged, runs the same command

@@ -32,6 +32,8 @@ class CpuBackend final : public Backend {
   void amax(const Tensor& x, Tensor& out) override;
   void fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, Tensor& scale,
                            Tensor& scale_inv) override;
+  void fp8_reduce_scales(const Tensor& amax, float fp8_max, int world_size, Tensor& q,
+                         Tensor& w) override;
   void quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
                        const BlockQuantizeParams& p) override;
   std::string unsupported_scale_modes(ScaleMode a, ScaleMode b) const override;
