@@ -28,14 +28,6 @@ class GPT2Decoder final : public Decoder {
   // seq_len n_embd values of the compute dtype.
   GPT2Decoder(GPT2& model, core::Backend& backend);
 
-  int64_t capacity() const override { return config_.seq_len; }
-  int64_t length() const override { return length_; }
-  int64_t vocab_size() const override { return config_.vocab_size; }
-  core::Backend& backend() const override { return backend_; }
-  void clear() override { length_ = 0; }
-  core::Tensor append(std::span<const int32_t> tokens) override;
-  core::Tensor full_logits(std::span<const int32_t> tokens) override;
-
  private:
   // A block's parameters (compute copies) and its cache.
   struct Layer {
@@ -44,23 +36,19 @@ class GPT2Decoder final : public Decoder {
     core::Tensor k_cache, v_cache;  // [seq_len, C]
   };
 
-  // The forward pass of `tokens` at positions start, start + 1, ...: with the cache (start =
-  // length()) or without it (start = 0). Returns the logits after the last position (cached)
-  // or after every position.
-  core::Tensor forward(std::span<const int32_t> tokens, bool cached);
+  core::Tensor final_hidden(const core::Tensor& tokens, int64_t start, bool cached) override;
+  const core::Tensor& head() const override { return wte_; }
   core::Tensor layernorm(const core::Tensor& x, const core::Tensor& weight,
                          const core::Tensor& bias);
-  // x W^T + b, W stored [out, in] (models/nn/linear.h).
-  core::Tensor linear(const core::Tensor& x, const core::Tensor& weight, const core::Tensor& bias);
+  // x W^T + b.
+  core::Tensor linear_bias(const core::Tensor& x, const core::Tensor& weight,
+                           const core::Tensor& bias);
 
   GPT2Config config_;
-  core::Backend& backend_;
-  core::DType dtype_;
   core::Tensor wte_;  // the first vocab_size rows of the token embedding (and LM head)
   core::Tensor wpe_;
   core::Tensor ln_f_weight_, ln_f_bias_;
   std::vector<Layer> layers_;
-  int64_t length_ = 0;
 };
 
 }  // namespace mantissa::models

@@ -27,14 +27,6 @@ class LlamaDecoder final : public Decoder {
   // seq_len n_embd values of the compute dtype.
   LlamaDecoder(Llama& model, core::Backend& backend);
 
-  int64_t capacity() const override { return config_.seq_len; }
-  int64_t length() const override { return length_; }
-  int64_t vocab_size() const override { return config_.vocab_size; }
-  core::Backend& backend() const override { return backend_; }
-  void clear() override { length_ = 0; }
-  core::Tensor append(std::span<const int32_t> tokens) override;
-  core::Tensor full_logits(std::span<const int32_t> tokens) override;
-
  private:
   // A block's parameters (compute copies) and its cache.
   struct Layer {
@@ -42,22 +34,16 @@ class LlamaDecoder final : public Decoder {
     core::Tensor k_cache, v_cache;  // [seq_len, n_head D]
   };
 
-  // The forward pass of `tokens` at positions start, start + 1, ...: with the cache (start =
-  // length()) or without it (start = 0). Returns the logits after the last position (cached)
-  // or after every position.
-  core::Tensor forward(std::span<const int32_t> tokens, bool cached);
+  core::Tensor final_hidden(const core::Tensor& tokens, int64_t start, bool cached) override;
+  const core::Tensor& head() const override { return lm_head_; }
   core::Tensor rmsnorm(const core::Tensor& x, const core::Tensor& weight);
-  core::Tensor linear(const core::Tensor& x, const core::Tensor& weight);  // x W^T
 
   LlamaConfig config_;
-  core::Backend& backend_;
-  core::DType dtype_;
   core::Tensor embed_;    // the first vocab_size rows of the token embedding
   core::Tensor lm_head_;  // the first vocab_size rows of the LM head (embed_ when tied)
   core::Tensor norm_;
   core::Tensor rope_table_;
   std::vector<Layer> layers_;
-  int64_t length_ = 0;
 };
 
 }  // namespace mantissa::models
