@@ -234,14 +234,15 @@ std::string plan_report(const PlanArgs& args) {
       "time per step (the config's row):\n"
       "  compute     %9.4f s  (%.4g TFLOP per rank at %g TFLOP/s, efficiency %.2f)\n"
       "  optimizer   %9.4f s\n"
-      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %d buckets)\n"
+      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %d bucket%s)\n"
       "  exposed     %9.4f s  after overlap with backward\n"
       "  step        %9.4f s  %s tokens/s, MFU %.3f\n",
       step.compute_s,
       cost.flops_per_token * static_cast<double>(step.tokens / cluster.ranks) / 1e12,
       config.precision().mode() == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops,
       d.efficiency, step.optimizer_s, step.comm_s, step.gradient_bytes / kGiB, step.buckets,
-      step.exposed_s, step.step_s(), si(step.tokens_per_s()).c_str(), step.mfu);
+      step.buckets == 1 ? "" : "s", step.exposed_s, step.step_s(), si(step.tokens_per_s()).c_str(),
+      step.mfu);
   out += lines;
   std::snprintf(lines, sizeof lines,
                 "projection: ranks=%d step_s=%.6g compute_s=%.6g optimizer_s=%.6g comm_s=%.6g "
