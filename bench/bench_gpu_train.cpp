@@ -1,9 +1,10 @@
 // Training throughput of the CUDA backend on one GPU: GPT-2 124M (12 layers, 12 heads, width
 // 768, 1,024 positions, vocabulary 50,257), `micro_batch` sequences per step, in BF16 and in
 // FP8_HYBRID with each recipe the device runs (DELAYED, CURRENT, and BLOCKWISE where cuBLASLt
-// has block scales). Per precision: step time, tokens/s, host synchronisations per step, and
-// the model's TFLOP/s (6 N + 6 L C T per token, as MFU counts them) next to the anchor, the
-// BF16 GEMM rate of cuBLASLt at 8192^3 measured in the same run (their ratio is the step's
+// has block scales). Per precision: step time, tokens/s, host synchronisations per step, MFU
+// (against the device's data-sheet BF16 peak, core/device_peaks.h, where it is known) and the
+// model's TFLOP/s (6 N + 6 L C T per token, as MFU counts them) next to the anchor, the BF16
+// GEMM rate of cuBLASLt at 8192^3 measured in the same run (their ratio is the step's
 // efficiency, the figure `mantissa plan --efficiency` takes).
 //
 //   bench_gpu_train [steps] [micro_batch]     (defaults 10 and 16; the first 2 steps untimed)
@@ -21,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device_peaks.h"
+#include "core/ops/cuda/cuda_check.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
@@ -58,7 +61,7 @@ struct Run {
 };
 
 void train_and_report(core::Backend& gpu, const Run& run, int64_t steps, int64_t micro_batch,
-                      double gemm_tflops) {
+                      double gemm_tflops, double peak_flops) {
   const models::GPT2Config config{12, 12, 768, 1024, 50257};
   const core::PrecisionPolicy policy = core::PrecisionPolicy::from_mode(run.mode);
   core::Fp8ScalingConfig fp8;
@@ -90,11 +93,11 @@ void train_and_report(core::Backend& gpu, const Run& run, int64_t steps, int64_t
   const double flops_per_token = model.flops_per_token();
   const double tflops = static_cast<double>(tokens) / seconds * flops_per_token * 1e-12;
   std::printf(
-      "%-16s step_ms=%8.2f tokens_per_s=%9.0f host_syncs_per_step=%.1f loss=%.3f "
+      "%-16s step_ms=%8.2f tokens_per_s=%9.0f host_syncs_per_step=%.1f loss=%.3f mfu=%.3f "
       "model_tflops=%6.1f of_bf16_gemm=%.3f\n",
       run.name, seconds / static_cast<double>(steps) * 1e3, static_cast<double>(tokens) / seconds,
-      static_cast<double>(gpu.host_syncs() - syncs) / static_cast<double>(steps), loss, tflops,
-      tflops / gemm_tflops);
+      static_cast<double>(gpu.host_syncs() - syncs) / static_cast<double>(steps), loss,
+      peak_flops > 0 ? tflops * 1e12 / peak_flops : 0.0, tflops, tflops / gemm_tflops);
 }
 
 }  // namespace
@@ -113,10 +116,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::unique_ptr<core::Backend> gpu = core::make_cuda_backend(0);
+  cudaDeviceProp prop{};
+  MANTISSA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double peak = core::gpu_bf16_peak_flops(prop.name);
   const double gemm = bf16_gemm_tflops(*gpu);
   std::printf(
-      "GPT-2 124M, %lld x 1024 tokens per step, %lld timed steps; anchor: BF16 GEMM "
-      "8192^3 %.1f TFLOP/s\n",
+      "%s (BF16 peak %.0f TFLOP/s%s): GPT-2 124M, %lld x 1024 tokens per step, %lld "
+      "timed steps; anchor: BF16 GEMM 8192^3 %.1f TFLOP/s\n",
+      prop.name, peak * 1e-12, peak > 0 ? "" : ", not known: mfu=0",
       static_cast<long long>(micro_batch), static_cast<long long>(steps), gemm);
   const Run runs[] = {
       {"BF16", core::PrecisionMode::kBF16, core::Fp8Recipe::kDelayed},
@@ -133,7 +140,7 @@ int main(int argc, char** argv) {
         continue;
       }
     }
-    train_and_report(*gpu, run, steps, micro_batch, gemm);
+    train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
   }
   return 0;
 }

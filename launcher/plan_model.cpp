@@ -6,16 +6,10 @@
 #include "core/error.h"
 #include "launcher/config_translate.h"
 #include "launcher/model_config.h"
+#include "train/language_model.h"
 
 namespace mantissa::launcher {
 namespace {
-
-// 6 FLOPs per parameter per token and 6 L C T for the attention products, as the models count
-// them for MFU (models/gpt2/gpt2.cpp).
-double transformer_flops(int64_t parameters, int64_t n_layer, int64_t n_embd, int64_t seq_len) {
-  return 6.0 * static_cast<double>(parameters) +
-         6.0 * static_cast<double>(n_layer * n_embd * seq_len);
-}
 
 ModelCost gpt2_cost(const models::GPT2Config& c) {
   const int64_t C = c.n_embd, L = c.n_layer, T = c.seq_len;
@@ -28,7 +22,7 @@ ModelCost gpt2_cost(const models::GPT2Config& c) {
   cost.parameters = c.vocab_size * C + T * C + L * block + 2 * C;
   cost.flat_parameters = cost.parameters + (c.padded_vocab_size() - c.vocab_size) * C;
   cost.block_linear_parameters = L * block_weights;
-  cost.flops_per_token = transformer_flops(cost.parameters, L, C, T);
+  cost.flops_per_token = train::transformer_flops_per_token(cost.parameters, L, C, T);
   // Per block (GPT2Block::forward): ln_1's input, c_attn's input, qkv (3C), the attention
   // probabilities (H T), c_proj's input, ln_2's input, c_fc's input, its output (4C) and GELU's
   // (4C, mlp.c_proj's input); the four linears' inputs (7C) are E4M3 under per-tensor FP8.
@@ -52,7 +46,7 @@ ModelCost llama_cost(const models::LlamaConfig& c) {
   cost.parameters = tables * c.vocab_size * C + L * (block_weights + 2 * C) + C;
   cost.flat_parameters = cost.parameters + tables * (c.padded_vocab_size() - c.vocab_size) * C;
   cost.block_linear_parameters = L * block_weights;
-  cost.flops_per_token = transformer_flops(cost.parameters, L, C, T);
+  cost.flops_per_token = train::transformer_flops_per_token(cost.parameters, L, C, T);
   // Per block (LlamaBlock::forward): the input norm's input, qkv_proj's input, q|k|v with the
   // kv heads repeated (3 q), the probabilities (H T), o_proj's input (q), the post-attention
   // norm's input, gate_up_proj's input, gate|up (2F) and SwiGLU's output (F, down's input);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <utility>
 
+#include "core/device_peaks.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
 #include "launcher/config.h"
@@ -219,8 +220,8 @@ void Trainer::build_metrics() {
   options.pushgateway_url = m.pushgateway_url();
   options.push_every = static_cast<int>(m.push_every());
   options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
-                       : device_.cuda        ? metrics::gpu_peak_flops(device_.name)
-                                      : metrics::cpu_nominal_peak_flops(omp_get_max_threads());
+                       : device_.cuda        ? core::gpu_bf16_peak_flops(device_.name)
+                                             : core::cpu_nominal_peak_flops(omp_get_max_threads());
   options.flops_per_token = model_->flops_per_token();
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.loss_scale_min =

@@ -37,7 +37,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "metrics/step_record.h"
@@ -88,18 +87,5 @@ class Metrics {
   struct State;
   std::unique_ptr<State> state_;
 };
-
-// Dense BF16 tensor-core peak FLOP/s of one GPU, looked up by the CUDA device name
-// (cudaDeviceProp::name, e.g. "NVIDIA H100 80GB HBM3"); 0 when unknown. MFU is conventionally
-// quoted against the BF16 peak (llm.c, Megatron-LM), whatever precision the run uses.
-double gpu_peak_flops(std::string_view device_name);
-
-// A nominal FP32 peak for a CPU rank with `threads` AVX2 cores: 2 FMA units × 8 lanes × 2
-// FLOPs per cycle at 3 GHz. Only a yardstick: set metrics.peak_flops for a real figure.
-double cpu_nominal_peak_flops(int threads);
-
-// Training FLOPs per token of a decoder-only transformer (the llm.c / PaLM estimate):
-// 6·N for the parameter matmuls (forward + backward) plus 6·L·C·T for attention scores.
-double transformer_flops_per_token(std::int64_t parameters, int n_layer, int n_embd, int seq_len);
 
 }  // namespace mantissa::metrics

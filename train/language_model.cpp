@@ -29,4 +29,10 @@ double mean_loss(core::Backend& backend, const core::Tensor& token_losses) {
   return sum / static_cast<double>(n);
 }
 
+double transformer_flops_per_token(int64_t parameters, int64_t n_layer, int64_t n_embd,
+                                   int64_t seq_len) {
+  return 6.0 * static_cast<double>(parameters) +
+         6.0 * static_cast<double>(n_layer * n_embd * seq_len);
+}
+
 }  // namespace mantissa::train

@@ -183,14 +183,12 @@ int64_t GPT2::parameter_count() const {
 }
 
 double GPT2::flops_per_token() const {
-  // 6 FLOPs per parameter per token (2 forward, 4 backward) plus the attention score and
-  // value products, which have no parameters: 6 * L * C * T (llm.c's and PaLM's estimate).
   // The parameters are the true model's: the vocabulary padding's rows are multiplied too but
   // compute nothing the model needs, so MFU counts useful work only (and an unpadded run
   // would report the same FLOPs per token). llm.c counts them; for GPT-2 124M the two differ
   // by 47 x 768 parameters, 0.03%.
-  const auto n = static_cast<double>(parameter_count());
-  return 6.0 * n + 6.0 * static_cast<double>(config_.n_layer * config_.n_embd * config_.seq_len);
+  return train::transformer_flops_per_token(parameter_count(), config_.n_layer, config_.n_embd,
+                                            config_.seq_len);
 }
 
 }  // namespace mantissa::models

@@ -212,10 +212,10 @@ int64_t Llama::parameter_count() const {
 }
 
 double Llama::flops_per_token() const {
-  // 6 FLOPs per parameter per token plus the attention score and value products, as for
-  // GPT-2 (gpt2.cpp): the embedding lookup is counted too, a convention llm.c and PaLM share.
-  const auto n = static_cast<double>(parameter_count());
-  return 6.0 * n + 6.0 * static_cast<double>(config_.n_layer * config_.n_embd * config_.seq_len);
+  // As GPT-2 counts them (gpt2.cpp): the embedding lookup is counted too, a convention llm.c
+  // and PaLM share.
+  return train::transformer_flops_per_token(parameter_count(), config_.n_layer, config_.n_embd,
+                                            config_.seq_len);
 }
 
 }  // namespace mantissa::models

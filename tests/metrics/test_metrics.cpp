@@ -273,17 +273,5 @@ TEST(Metrics, PushReplacesTheGroupOfJobAndRank) {
   }
 }
 
-TEST(Metrics, PeakFlopsTable) {
-  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
-  EXPECT_EQ(gpu_peak_flops("NVIDIA H200"), 989e12);
-  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 PCIe"), 756e12);
-  EXPECT_EQ(gpu_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
-  EXPECT_EQ(gpu_peak_flops("Some Future GPU"), 0.0);
-  EXPECT_EQ(cpu_nominal_peak_flops(2), 2 * 96e9);
-  // GPT-2 124M at T=1024: 6·N + 6·12·768·1024.
-  EXPECT_EQ(transformer_flops_per_token(124'000'000, 12, 768, 1024),
-            6.0 * 124e6 + 6.0 * 12 * 768 * 1024);
-}
-
 }  // namespace
 }  // namespace mantissa::metrics
