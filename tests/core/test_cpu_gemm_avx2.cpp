@@ -178,7 +178,7 @@ TEST(CpuGemmAvx2, SmallShapesAreBitIdenticalToTheScalarFp32Sum) {
 // sharing blocks of rows or, when C has few rows, each a slice of the columns.
 TEST(CpuGemmAvx2, LargeShapesCrossEveryBlockAndThreadSlice) {
   uint32_t seed = 1000;
-  run_all({{13, 37, 600}, {150, 40, 30}, {130, 90, 300}, {40, 300, 257}}, 1, seed);
+  run_all({{13, 37, 600}, {150, 40, 30}, {130, 90, 300}, {301, 50, 140}, {40, 300, 257}}, 1, seed);
   run_all({{7, 600, 1800}}, 1, seed, kSomePairs);
 }
 

@@ -16,6 +16,8 @@
 // Each task gathers its head into contiguous, zero-padded FP32 scratch and computes these
 // small products in register tiles (below); only entries on or below the diagonal
 // (t2 <= t) are ever read, so a non-finite value in a future position stays in the future.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -23,6 +25,8 @@
 
 #include "core/ops/attention.h"
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_convert8.h"
+#include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
@@ -112,10 +116,17 @@ void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, in
 }
 
 // x[0, n) rounded to `dtype` and widened back: the value the composed routine would store
-// there (nothing changes for F32).
+// there (nothing changes for F32). BF16 runs eight lanes at a time: bf16_round8 is
+// bf16_from_float lane by lane, and a code shifted into the top half of a lane is its FP32
+// value, so every element gets exactly bf16_to_float(round_to<bf16>(x)).
 void round_through(float* x, int64_t n, DType dtype) {
   if (dtype == DType::kBF16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_float(round_to<bf16>(x[i]));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256i codes = bf16_round8(_mm256_loadu_ps(x + i));
+      _mm256_storeu_ps(x + i, _mm256_castsi256_ps(_mm256_slli_epi32(codes, 16)));
+    }
+    for (; i < n; ++i) x[i] = bf16_to_float(round_to<bf16>(x[i]));
   } else if (dtype == DType::kF16) {
     for (int64_t i = 0; i < n; ++i) x[i] = fp16_to_float(round_to<fp16>(x[i]));
   }
@@ -185,11 +196,9 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
             p[t2] *= scale;
             max_score = softmax_max(max_score, p[t2]);
           }
+          softmax_exp_row(p, n, max_score);
           float sum = 0.0f;
-          for (int64_t t2 = 0; t2 < n; ++t2) {
-            p[t2] = softmax_exp(p[t2], max_score);
-            sum += p[t2];
-          }
+          for (int64_t t2 = 0; t2 < n; ++t2) sum += p[t2];
           const float inv_sum = 1.0f / sum;
           for (int64_t t2 = 0; t2 < n; ++t2) p[t2] *= inv_sum;
           // The saved row holds zeros past the diagonal; the output below and the backward

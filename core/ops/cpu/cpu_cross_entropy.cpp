@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
@@ -44,11 +45,9 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
       // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
       float max_logit = -INFINITY;
       for (int64_t v = 0; v < valid_cols; ++v) max_logit = softmax_max(max_logit, z[v]);
+      softmax_exp_row(z, valid_cols, max_logit);
       float sum = 0.0f;
-      for (int64_t v = 0; v < valid_cols; ++v) {
-        z[v] = softmax_exp(z[v], max_logit);
-        sum += z[v];
-      }
+      for (int64_t v = 0; v < valid_cols; ++v) sum += z[v];
       loss[n] = cross_entropy_loss(max_logit, sum, z_target);
       if (dlogits != nullptr) {
         // The probabilities first, each rounded to FP32, then the gradient from them (the
