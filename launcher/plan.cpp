@@ -34,8 +34,10 @@ options:
                      ranks on several nodes)
   --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
                      one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
-  --efficiency E     the fraction of the peaks the step's compute reaches (default 0.5; for a
-                     cluster, calibrate it on a measured run: bench/bench_scaling.sh does)
+  --efficiency E     the step's FLOPs over its compute time, as a fraction of the peaks (default
+                     0.5; at most 4: a CPU whose BF16 dot products outrun its FP32 FMA peak
+                     exceeds 1). For a cluster, calibrate it on a measured run:
+                     bench/bench_scaling.sh does
   --cores C          cpu only: all ranks share C cores (hosts of scripts/start-cluster.sh on
                      one machine), each rank computing at most C/N of the time
   -h, --help         this help
@@ -97,9 +99,9 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
   if (cpu && args.tflops <= 0)
     throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
   if (args.efficiency > 0) {
-    if (args.efficiency > 1)
+    if (args.efficiency > 4)
       throw core::ConfigError("--efficiency " + format("%g", args.efficiency) +
-                              ": must be in (0, 1]");
+                              ": must be in (0, 4]");
     d.efficiency = args.efficiency;
   }
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;

@@ -88,7 +88,7 @@ class Plan(lu.TempDirTest):
             (["--config", gpt2, "--gpus", "2", "--gpu", "cpu", "--tflops", "1"],
              "--link-gbps: needed for cpu ranks on several nodes"),
             (["--config", gpt2, "--gpus", "8", "--cores", "2"], "--cores: for --gpu cpu only"),
-            (["--config", gpt2, "--gpus", "8", "--efficiency", "1.5"], "--efficiency 1.5"),
+            (["--config", gpt2, "--gpus", "8", "--efficiency", "4.5"], "--efficiency 4.5: must be in (0, 4]"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
               "precision.mode=FP8_HYBRID"], "has no FP8 tensor cores"),
             (["--config", gpt2, "--gpus", "8", "--set", "model.gpt2.n_head=5"],
