@@ -13,7 +13,8 @@ namespace mantissa::launcher {
 
 const char* const kPlanHelp =
     R"(usage: mantissa plan --config FILE.pbtxt --gpus N [--gpu NAME] [--gpus-per-node G]
-                     [--link-gbps B] [--tflops X] [--efficiency E] [--cores C]
+                     [--link-gbps B] [--tflops X] [--efficiency E] [--memory-gbps M]
+                     [--cores C]
                      [--set path.to.field=value]...
 
 Projects a config's run on N devices from an analytic model (launcher/plan_model.h), without
@@ -38,6 +39,9 @@ options:
                      0.5; at most 4: a CPU whose BF16 dot products outrun its FP32 FMA peak
                      exceeds 1). For a cluster, calibrate it on a measured run:
                      bench/bench_scaling.sh does
+  --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
+                     whose cost does not grow with the tokens (AdamW, gradient zeroing, the
+                     reduce casts); default: the device's (HBM), none for cpu (no such term)
   --cores C          cpu only: all ranks share C cores (hosts of scripts/start-cluster.sh on
                      one machine), each rank computing at most C/N of the time
   -h, --help         this help
@@ -105,6 +109,7 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
     d.efficiency = args.efficiency;
   }
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;
+  if (args.memory_gbps > 0) d.memory_gbps = args.memory_gbps;
   if (args.cores > 0 && !cpu) throw core::ConfigError("--cores: for --gpu cpu only");
   cluster.ranks = args.gpus;
   cluster.per_node = std::min(args.per_node > 0 ? args.per_node : d.per_node, args.gpus);
@@ -165,9 +170,9 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       continue;
     }
     const std::string name = arg.substr(0, arg.find('='));
-    static const char* const kOptions[] = {"--config", "--set",           "--gpus",
-                                           "--gpu",    "--gpus-per-node", "--link-gbps",
-                                           "--tflops", "--efficiency",    "--cores"};
+    static const char* const kOptions[] = {
+        "--config",    "--set",    "--gpus",       "--gpu",   "--gpus-per-node",
+        "--link-gbps", "--tflops", "--efficiency", "--cores", "--memory-gbps"};
     bool known = false;
     for (const char* o : kOptions) known = known || name == o;
     if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
@@ -186,6 +191,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       out.link_gbps = positive(name, value);
     else if (name == "--tflops")
       out.tflops = positive(name, value);
+    else if (name == "--memory-gbps")
+      out.memory_gbps = positive(name, value);
     else if (name == "--efficiency")
       out.efficiency = positive(name, value);
     else
@@ -235,22 +242,23 @@ std::string plan_report(const PlanArgs& args) {
       lines, sizeof lines,
       "time per step (the config's row):\n"
       "  compute     %9.4f s  (%.4g TFLOP per rank at %g TFLOP/s, efficiency %.2f)\n"
-      "  optimizer   %9.4f s\n"
+      "  memory      %9.4f s  (%.3g GB per rank: AdamW, gradient zeroing, reduce casts)\n"
       "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %d bucket%s)\n"
       "  exposed     %9.4f s  after overlap with backward\n"
       "  step        %9.4f s  %s tokens/s, MFU %.3f\n",
       step.compute_s,
       cost.flops_per_token * static_cast<double>(step.tokens / cluster.ranks) / 1e12,
       config.precision().mode() == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops,
-      d.efficiency, step.optimizer_s, step.comm_s, step.gradient_bytes / kGiB, step.buckets,
-      step.buckets == 1 ? "" : "s", step.exposed_s, step.step_s(), si(step.tokens_per_s()).c_str(),
-      step.mfu);
+      d.efficiency, step.memory_s, step.memory_bytes / 1e9, step.comm_s, step.gradient_bytes / kGiB,
+      step.buckets, step.buckets == 1 ? "" : "s", step.exposed_s, step.step_s(),
+      si(step.tokens_per_s()).c_str(), step.mfu);
   out += lines;
-  std::snprintf(lines, sizeof lines,
-                "projection: ranks=%d step_s=%.6g compute_s=%.6g optimizer_s=%.6g comm_s=%.6g "
-                "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%d\n",
-                cluster.ranks, step.step_s(), step.compute_s, step.optimizer_s, step.comm_s,
-                step.exposed_s, step.tokens_per_s(), step.mfu, memory.total() / kGiB, step.buckets);
+  std::snprintf(
+      lines, sizeof lines,
+      "projection: ranks=%d step_s=%.6g compute_s=%.6g memory_s=%.6g comm_s=%.6g "
+      "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%d memory_bytes=%.6g\n",
+      cluster.ranks, step.step_s(), step.compute_s, step.memory_s, step.comm_s, step.exposed_s,
+      step.tokens_per_s(), step.mfu, memory.total() / kGiB, step.buckets, step.memory_bytes);
   out += lines;
   return out;
 }

@@ -17,10 +17,11 @@ struct PlanArgs {
   std::vector<std::string> sets;
   int gpus = 0;
   std::string gpu = "h100";
-  int per_node = 0;       // 0: the device's node size
-  double link_gbps = 0;   // 0: the device's network
-  double tflops = 0;      // 0: the device's peaks
-  double efficiency = 0;  // 0: the device's default
+  int per_node = 0;        // 0: the device's node size
+  double link_gbps = 0;    // 0: the device's network
+  double tflops = 0;       // 0: the device's peaks
+  double efficiency = 0;   // 0: the device's default
+  double memory_gbps = 0;  // 0: the device's
   int cores = 0;
 };
 

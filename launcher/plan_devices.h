@@ -14,7 +14,7 @@ struct DeviceSpec {
   double fp8_tflops = 0;   // FP8 tensor-core peak; 0: no FP8 GEMMs (FP8_HYBRID is refused)
   double fp32_tflops = 0;  // FP32 GEMMs (no TF32), as precision.mode FP32 runs them
   double memory_gib = 0;   // per device; 0: not known (memory is projected, not compared)
-  double memory_gbps = 0;  // memory bandwidth, GB/s (the optimizer's pass is memory-bound)
+  double memory_gbps = 0;  // bytes moved (read + write) per second, GB/s; 0: not known
   double node_gbps = 0;    // GB/s per direction between a device and the rest of its node
   int per_node = 1;        // devices per node
   double link_gbit = 0;    // a node's network, Gbit/s per direction (all its NICs together)

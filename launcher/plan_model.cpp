@@ -165,14 +165,18 @@ StepEstimate estimate_step(const TrainConfig& config, const ModelCost& cost,
   const double other_flops = cost.flops_per_token * static_cast<double>(rank_tokens) - block_flops;
   s.compute_s = (block_flops / block_peak + other_flops / other_peak) / (d.efficiency * share);
 
+  // The passes over the parameters whose cost does not depend on the tokens, in bytes moved:
   // AdamW reads and writes its masters and moments (24 bytes), reads the gradient (4) and
-  // writes the compute copy, over the rank's share.
+  // writes the compute copy, over the rank's share; the gradients are zeroed (4); with more
+  // than one rank the sync casts them to the reduce dtype and back (8 + 2 r; FP32 scales them
+  // in place, 8).
   const double p = static_cast<double>(cost.flat_parameters);
   const double a = dtype_bytes(mode);
-  if (d.memory_gbps > 0)
-    s.optimizer_s = (28.0 + a) * p / shards(config, cluster) / (d.memory_gbps * 1e9);
-
   const double r = reduce_bytes(dist.grad_reduce_dtype());
+  s.memory_bytes = (28.0 + a) * p / shards(config, cluster) + 4.0 * p;
+  if (cluster.ranks > 1) s.memory_bytes += (r < 4.0 ? 8.0 + 2.0 * r : 8.0) * p;
+  if (d.memory_gbps > 0) s.memory_s = s.memory_bytes / (d.memory_gbps * 1e9 * share);
+
   s.gradient_bytes = r * p;
   if (cluster.ranks == 1) return s;
 

@@ -2,13 +2,15 @@
 // and how long its step takes on a cluster, from the model's shapes, the device's peaks and
 // the network, without building anything.
 //
-// Step time = compute + optimizer + the communication backward does not hide:
+// Step time = compute + memory-bound passes + the communication backward does not hide:
 //   compute    FLOPs per rank (6 per parameter per token + 6 L C T for attention, as MFU
 //              counts them) at the device's peak for each GEMM's precision (FP8 for the block
 //              linears under FP8_HYBRID, else the compute dtype's), divided by the efficiency;
 //              ranks that share cores (--cores) get their share of them
-//   optimizer  AdamW's one pass over its (ZeRO-1: sharded) masters, moments, gradients and
-//              the compute copy, at the memory bandwidth
+//   memory     the passes whose cost does not grow with the tokens, at the memory bandwidth
+//              (with the ranks' share of shared cores): AdamW over its (ZeRO-1: sharded)
+//              masters, moments, gradients and compute copy, zeroing the gradients, and the
+//              sync's casts to the reduce dtype and back
 //   exposed    the gradient buckets (dist.bucket_mb of FP32 gradients each, filled in reverse
 //              parameter order) each become ready when backward of the last micro-batch has
 //              passed their parameters (backward is 2/3 of the compute, its progress taken as
@@ -75,10 +77,11 @@ struct MemoryEstimate {
 };
 
 struct StepEstimate {
-  double compute_s = 0, optimizer_s = 0, comm_s = 0, exposed_s = 0;
+  double compute_s = 0, memory_s = 0, comm_s = 0, exposed_s = 0;
+  double memory_bytes = 0;  // moved by the memory-bound passes, per rank
   int buckets = 0;
   double gradient_bytes = 0;  // one rank's gradients in the reduce dtype
-  double step_s() const { return compute_s + optimizer_s + exposed_s; }
+  double step_s() const { return compute_s + memory_s + exposed_s; }
   int64_t tokens = 0;  // per step, all ranks
   double tokens_per_s() const { return static_cast<double>(tokens) / step_s(); }
   double mfu = 0;  // tokens/s x FLOPs per token over the ranks' BF16 peaks

@@ -116,6 +116,16 @@ TEST(PlanModel, StepOfTwoRanksWorkedByHand) {
   EXPECT_DOUBLE_EQ(s.comm_s, 2.0 * p / (1e9 / 8) + 2 * 50e-6);
   EXPECT_DOUBLE_EQ(s.exposed_s, s.comm_s);
   EXPECT_EQ(s.tokens, 2 * 2 * 64 * 3);
+  // Bytes moved per parameter: AdamW 24 + 4 + 2 (its BF16 compute copy), zeroing 4, the
+  // casts to BF16 and back 4 + 2 + 2 + 4; no time for them without a memory bandwidth.
+  EXPECT_DOUBLE_EQ(s.memory_bytes, 46 * p);
+  EXPECT_EQ(s.memory_s, 0);
+  Cluster measured = cluster;
+  measured.device.memory_gbps = 8;
+  EXPECT_DOUBLE_EQ(launcher::estimate_step(config, cost, measured).memory_s, 46 * p / 8e9);
+  measured.ranks = 4;
+  measured.shared_cores = 2;  // half a core each: twice the time
+  EXPECT_DOUBLE_EQ(launcher::estimate_step(config, cost, measured).memory_s, 2 * 46 * p / 8e9);
   EXPECT_DOUBLE_EQ(s.mfu, s.tokens_per_s() * cost.flops_per_token / (2 * 0.1e12));
 
   // One bucket is ready only when backward ends: overlap hides nothing.

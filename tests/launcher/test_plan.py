@@ -36,7 +36,7 @@ class Plan(lu.TempDirTest):
                 p = projection(out)
                 self.assertGreater(p["tokens_per_s"], 0)
                 self.assertTrue(0 < p["mfu"] < 1, out)
-                self.assertAlmostEqual(p["step_s"], p["compute_s"] + p["optimizer_s"] +
+                self.assertAlmostEqual(p["step_s"], p["compute_s"] + p["memory_s"] +
                                        p["exposed_s"], delta=1e-5 * p["step_s"])
                 # The table marks the config's own row, whose total is the projection's.
                 marked = [l for l in out.splitlines() if l.startswith(" * ")]
@@ -73,7 +73,7 @@ class Plan(lu.TempDirTest):
     def test_help(self):
         out = self.plan("--help")
         for option in ("--gpus", "--gpu", "--gpus-per-node", "--link-gbps", "--tflops",
-                       "--efficiency", "--cores", "--set"):
+                       "--efficiency", "--memory-gbps", "--cores", "--set"):
             self.assertIn(option, out)
 
     def test_errors_name_the_option_or_field(self):
