@@ -20,8 +20,8 @@ const char* const kPlanHelp =
 Projects a config's run on N devices from an analytic model (launcher/plan_model.h), without
 launching anything or reading the data: memory per device for every precision and ZeRO
 stage, and the step's time as compute (the step's FLOPs at the device's peaks, times the
-efficiency), the optimizer's memory-bound pass, and the gradient all-reduce that backward
-does not hide (ring all-reduce of dist.bucket_mb buckets over the slowest link); then
+efficiency), the memory-bound passes (AdamW, gradient zeroing, the reduce casts), and the
+gradient all-reduce that backward does not hide (ring all-reduce of dist.bucket_mb buckets over the slowest link); then
 tokens/s and MFU. The last line, "projection: key=value ...", is for scripts.
 
 options:
