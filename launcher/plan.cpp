@@ -21,8 +21,9 @@ Projects a config's run on N devices from an analytic model (launcher/plan_model
 launching anything or reading the data: memory per device for every precision and ZeRO
 stage, and the step's time as compute (the step's FLOPs at the device's peaks, times the
 efficiency), the memory-bound passes (AdamW, gradient zeroing, the reduce casts), and the
-gradient all-reduce that backward does not hide (ring all-reduce of dist.bucket_mb buckets over the slowest link); then
-tokens/s and MFU. The last line, "projection: key=value ...", is for scripts.
+gradient all-reduce that backward does not hide (ring all-reduce of dist.bucket_mb buckets
+over the slowest link); then tokens/s and MFU. The last line, "projection: key=value ...",
+is for scripts.
 
 options:
   --config FILE      the run's config, as for mantissa train (its data files need not exist)
