@@ -138,15 +138,7 @@ void print_gemm_speed(core::Backend& be, int64_t tokens, int64_t d, int repeats)
     const auto product = [&](Fp8Recipe recipe) {
       const bench::QuantizedOperand a = bench::quantize_for_recipe(be, recipe, g.a_role, ops.a);
       const bench::QuantizedOperand b = bench::quantize_for_recipe(be, recipe, g.b_role, ops.b);
-      return [&be, &c, a, b] {
-        core::GemmParams p;
-        p.trans_b = true;
-        p.a_scale = &a.scale;
-        p.b_scale = &b.scale;
-        p.a_scale_mode = a.mode;
-        p.b_scale_mode = b.mode;
-        be.gemm(a.codes, b.codes, c, p);
-      };
+      return [&be, &c, a, b] { bench::scaled_product(be, a, b, c); };
     };
     const auto tensor = product(Fp8Recipe::kCurrent);
     double ms[3], ratio[3];

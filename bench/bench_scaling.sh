@@ -105,9 +105,9 @@ for hosts in 1 2 4; do
 done
 cluster_bench_train "mantissa BF16, 1 host" 1 >/dev/null
 one=$figures_tokens_s
-row "mantissa BF16, 1 host" "$figures_step_s" "-" "$one" "1.00" \
-  "$(plan step_s 1 --efficiency "${fitted[1]}")" \
-  "$(error "$(plan step_s 1 --efficiency "${fitted[1]}")" "$figures_step_s")"
+projected=$(plan step_s 1 --efficiency "${fitted[1]}")
+row "mantissa BF16, 1 host" "$figures_step_s" "-" "$one" "1.00" "$projected" \
+  "$(error "$projected" "$figures_step_s")"
 for hosts in 2 4; do
   for reduce in FP32 BF16 FP8_E4M3; do
     cluster_bench_train "x" "$hosts" --set "dist.grad_reduce_dtype=$reduce" >/dev/null

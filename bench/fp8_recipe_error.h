@@ -145,12 +145,9 @@ inline QuantizedOperand quantize_for_recipe(core::Backend& be, core::Fp8Recipe r
   return q;
 }
 
-// The FP8 product with `recipe`'s scales, F32 output.
-inline core::Tensor fp8_product(core::Backend& be, core::Fp8Recipe recipe, const RecipeGemm& g,
-                                const RecipeOperands& ops) {
-  const QuantizedOperand a = quantize_for_recipe(be, recipe, g.a_role, ops.a);
-  const QuantizedOperand b = quantize_for_recipe(be, recipe, g.b_role, ops.b);
-  core::Tensor c = core::Tensor::empty(core::Shape{g.m, g.n}, core::DType::kF32);
+// c = a b^T, both operands K-major and scaled per their modes.
+inline void scaled_product(core::Backend& be, const QuantizedOperand& a, const QuantizedOperand& b,
+                           core::Tensor& c) {
   core::GemmParams p;
   p.trans_b = true;
   p.a_scale = &a.scale;
@@ -158,6 +155,15 @@ inline core::Tensor fp8_product(core::Backend& be, core::Fp8Recipe recipe, const
   p.a_scale_mode = a.mode;
   p.b_scale_mode = b.mode;
   be.gemm(a.codes, b.codes, c, p);
+}
+
+// The FP8 product with `recipe`'s scales, F32 output.
+inline core::Tensor fp8_product(core::Backend& be, core::Fp8Recipe recipe, const RecipeGemm& g,
+                                const RecipeOperands& ops) {
+  const QuantizedOperand a = quantize_for_recipe(be, recipe, g.a_role, ops.a);
+  const QuantizedOperand b = quantize_for_recipe(be, recipe, g.b_role, ops.b);
+  core::Tensor c = core::Tensor::empty(core::Shape{g.m, g.n}, core::DType::kF32);
+  scaled_product(be, a, b, c);
   return c;
 }
 
