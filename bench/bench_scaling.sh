@@ -10,11 +10,12 @@
 #
 # Next to each measured step time, `mantissa plan`'s projection of it, calibrated on this
 # cluster: one rank's peak is the FP32 FMA peak of one thread measured now (build/bin/fma_peak),
-# and the efficiency of N ranks is fitted on N independent 1-rank runs at once (one per host,
-# each with a rank's share of the batch): they share the machine's cores, caches and memory
-# as the job's ranks do, but nothing crosses a link. What the projection then adds, the
-# bucketed all-reduce over the links and how much of it backward hides, is the model's alone;
-# the last column is its error.
+# and the efficiency of N ranks is fitted on the same N-host job (BF16 reduce) before the links
+# are shaped, from its step time less the communication it left exposed. The unshaped veth
+# links run at memory speed, so that job pays everything the shaped one does (the cores shared
+# by the ranks, the synchronisation of every step, the communication's CPU time) except the
+# wire. What the projection adds for the shaped links, the bucketed all-reduce at RATE and how
+# much of it backward hides, is the model's alone; the last column is its error.
 #
 # The hosts share this machine's cores: with more hosts than cores the ranks take turns on
 # them, which caps the efficiency of every run alike (2 cores, 4 hosts: at most 0.5). Figures
@@ -26,7 +27,7 @@ source bench/cluster_bench.sh
 cluster_bench_enter "$@"
 build=${1:-build}
 rate=${2:-1gbit}
-bench_steps=${3:-6}
+bench_steps=${3:-10}
 
 torch_ok=1
 scripts/install-bench-deps.sh >/dev/null 2>&1 || torch_ok=0
@@ -34,7 +35,6 @@ scripts/install-bench-deps.sh >/dev/null 2>&1 || torch_ok=0
   torch_ok=0
 
 cluster_bench_start 4
-cluster_bench_shape "$rate"
 cp bench/torch_gpt.py "$bench_dir/torch_gpt.py"
 
 # PyTorch on the first HOSTS hosts: one process each, started on its host through the cluster's
@@ -91,18 +91,19 @@ row() { printf '%-44s %8s %12s %10s %11s %10s %7s\n' "$@"; }
 efficiency() { awk -v t="$1" -v n="$2" -v one="$3" 'BEGIN { printf "%.2f", t / (n * one) }'; }
 error() { awk -v p="$1" -v m="$2" 'BEGIN { printf "%+.0f%%", 100 * (p / m - 1) }'; }
 
-# The efficiency of 1, 2 and 4 ranks sharing this machine: compute at full peak over the step
-# of independent runs, the faster of two (load only slows), each with twice the steps.
+# The efficiency of 1, 2 and 4 ranks: compute at full peak over the compute part of the
+# job's step on unshaped links (step less exposed communication), the mean of two runs.
 declare -A fitted
 for hosts in 1 2 4; do
-  best=
+  compute_s=()
   for _ in 1 2; do
-    bench_steps=$((2 * bench_steps)) cluster_bench_alone "$hosts"
-    best=$(awk -v a="$figures_step_s" -v b="${best:-$figures_step_s}" 'BEGIN { print (a < b ? a : b) }')
+    cluster_bench_train "x" "$hosts" --set dist.grad_reduce_dtype=BF16 >/dev/null
+    compute_s+=("$(awk -v s="$figures_step_s" -v c="$figures_comm_s" 'BEGIN { print s - c }')")
   done
-  fitted[$hosts]=$(awk -v ideal="$(plan compute_s "$hosts" --efficiency 1)" -v t="$best" \
-    'BEGIN { printf "%.4f", ideal / t }')
+  fitted[$hosts]=$(awk -v ideal="$(plan compute_s "$hosts" --efficiency 1)" \
+    -v a="${compute_s[0]}" -v b="${compute_s[1]}" 'BEGIN { printf "%.4f", ideal / ((a + b) / 2) }')
 done
+cluster_bench_shape "$rate"
 cluster_bench_train "mantissa BF16, 1 host" 1 >/dev/null
 one=$figures_tokens_s
 projected=$(plan step_s 1 --efficiency "${fitted[1]}")
@@ -118,7 +119,7 @@ for hosts in 2 4; do
       "$(error "$projected" "$figures_step_s")"
   done
 done
-echo "plan's efficiency fitted on independent runs of 1, 2 and 4 ranks at once:" \
+echo "plan's efficiency fitted on the unshaped jobs of 1, 2 and 4 ranks:" \
   "${fitted[1]}, ${fitted[2]}, ${fitted[4]}"
 if [ "$torch_ok" = 1 ]; then
   torch_train 1

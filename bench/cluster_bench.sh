@@ -9,8 +9,6 @@
 #   cluster_bench_start N        hosts node1..N (1 slot each), stopped when the script exits;
 #                                the binary is staged where the hosts see it
 #   cluster_bench_shape RATE     every host's link limited to RATE (tc tbf, both directions)
-#   cluster_bench_alone HOSTS [--set ...]
-#                                HOSTS independent 1-rank runs at once, one per host
 #   cluster_bench_train LABEL HOSTS [--set ...]
 #                                `mantissa train` of the reference GPT on the first HOSTS hosts,
 #                                1 rank each; prints one line of figures for LABEL and leaves
@@ -86,41 +84,6 @@ EOF
   )
   printf '%-44s %8s %12s %10s\n' "$label" "$figures_step_s" "$figures_comm_s" "$figures_tokens_s"
   rm -rf "$run" "$run.out"
-}
-
-# HOSTS independent 1-rank runs of `mantissa train` at once, one on each of the first HOSTS
-# hosts, each with that many hosts' share of the batch: the ranks share the machine as a
-# HOSTS-host job's do, but nothing crosses a link. Leaves the slowest run's median step time
-# in $figures_step_s.
-cluster_bench_alone() {
-  local hosts=$1 k run pids=() runs=()
-  shift
-  for k in $(seq "$hosts"); do
-    run=$bench_dir/alone-$hosts-$k
-    runs+=("$run")
-    # shellcheck disable=SC2046 # cluster_bench_model's words are separate arguments
-    mpirun --allow-run-as-root --host "node$k" -np 1 --bind-to none -x OMP_NUM_THREADS=1 \
-      "$bench_dir/mantissa" train --config "$bench_dir/train.pbtxt" --set run.device=CPU \
-      --set run.log_every=1 --set run.eval_every=0 --set checkpoint.every_steps=0 \
-      --set "run.dir=$run" --set "run.steps=${bench_steps:-6}" $(cluster_bench_model "$hosts") \
-      "$@" >"$run.out" 2>&1 &
-    pids+=($!)
-  done
-  for k in "${!pids[@]}"; do
-    wait "${pids[k]}" || {
-      echo "alone on node$((k + 1)): mantissa train failed:" >&2
-      tail -n 20 "${runs[k]}.out" >&2
-      exit 1
-    }
-  done
-  figures_step_s=$(python3 - "${runs[@]}" <<'EOF'
-import json, statistics, sys
-print(max(statistics.median(json.loads(l)["step_seconds"]
-                            for l in list(open(r + "/log/rank0.jsonl"))[1:] if l.strip())
-          for r in sys.argv[1:]))
-EOF
-  )
-  rm -rf "${runs[@]}" "${runs[@]/%/.out}"
 }
 
 # The reference model and this many hosts' share of its batch, as --set arguments (for
