@@ -12,6 +12,7 @@ sockets mpirun opens on all interfaces, then exist only there, unreachable from 
 real network.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402 (the integration tests' helpers: deadline, logs, train argv)
 
 SUBNET = "198.18.0.0/24"
+# What every rank logs per step that must match bit for bit between runs that reduce in the
+# same order (floats as logged: shortest round-trip decimal, so equal text is equal bits).
+EXACT_FIELDS = ("loss", "mean_loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens")
 
 
 def skip(reason):
@@ -188,3 +192,26 @@ def processes_mentioning(text):
         if text in cmdline:
             found[int(entry)] = cmdline
     return found
+
+
+def exact_steps(run_dir, rank):
+    """{step: (EXACT_FIELDS)} of a rank's log; {} before it exists. A line cut short by a lost
+    process is skipped; a step redone after a resume keeps its last line."""
+    entries = {}
+    path = os.path.join(run_dir, "log", f"rank{rank}.jsonl")
+    if not os.path.exists(path):
+        return entries
+    with open(path) as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            entries[e["step"]] = tuple(e[k] for k in EXACT_FIELDS)
+    return entries
+
+
+def tail(path, lines=40):
+    """The last lines of a file, for failure messages."""
+    with open(path) as f:
+        return "".join(f.readlines()[-lines:])

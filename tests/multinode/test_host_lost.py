@@ -21,7 +21,6 @@ Then:
     node1, as are the steps the 2-host run logged before the cut.
 """
 
-import json
 import os
 import re
 import shutil
@@ -39,7 +38,6 @@ ABORT_GRACE_S = 10  # MANTISSA_ABORT_GRACE_S
 SLACK_S = 10  # a step in progress, MPI_Abort, a busy 2-core machine
 CHECKPOINT_EVERY = 25
 CUT_AFTER_STEP = 3 * CHECKPOINT_EVERY + 10
-EXACT_FIELDS = ("loss", "mean_loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens")
 
 
 def settings(run_dir, steps):
@@ -49,28 +47,6 @@ def settings(run_dir, steps):
     return harness.SMALL_RUN_SETTINGS + [
         f"run.dir={run_dir}", f"run.steps={steps}", f"dist.timeout_s={TIMEOUT_S}",
         f"checkpoint.every_steps={CHECKPOINT_EVERY}", "optimizer.min_lr_ratio=1"]
-
-
-def tail(path, lines=40):
-    with open(path) as f:
-        return "".join(f.readlines()[-lines:])
-
-
-def logged_steps(run_dir, rank=0):
-    """{step: (EXACT_FIELDS)} of a rank's log; a line cut short by the end of a process is
-    skipped."""
-    entries = {}
-    path = os.path.join(run_dir, "log", f"rank{rank}.jsonl")
-    if not os.path.exists(path):
-        return entries
-    with open(path) as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            entries[e["step"]] = tuple(e[k] for k in EXACT_FIELDS)
-    return entries
 
 
 def complete_checkpoints(run_dir):
@@ -90,9 +66,9 @@ def run_to_end(nodes, wrapper, argv, out_path, what):
             run = subprocess.run([wrapper] + argv[1:], stdout=out, stderr=subprocess.STDOUT,
                                  env=nodes.env, timeout=limit)
         except subprocess.TimeoutExpired:
-            harness.fail(f"{what} did not finish within {limit:.0f} s:\n{tail(out_path)}")
+            harness.fail(f"{what} did not finish within {limit:.0f} s:\n{cluster.tail(out_path)}")
     if run.returncode != 0:
-        harness.fail(f"{what} exited with {run.returncode}:\n{tail(out_path)}")
+        harness.fail(f"{what} exited with {run.returncode}:\n{cluster.tail(out_path)}")
 
 
 def stop(job, workdir):
@@ -141,15 +117,15 @@ def main():
 
             def trained_a_while():
                 if job.poll() is not None:
-                    harness.fail(f"the run ended early ({job.returncode}):\n{tail(out_path)}")
-                return (max(logged_steps(run_dir), default=-1) >= CUT_AFTER_STEP and
+                    harness.fail(f"the run ended early ({job.returncode}):\n{cluster.tail(out_path)}")
+                return (max(cluster.exact_steps(run_dir, 0), default=-1) >= CUT_AFTER_STEP and
                         complete_checkpoints(run_dir))
             harness.wait_until(f"step {CUT_AFTER_STEP} and a checkpoint", trained_a_while,
                                timeout=90, interval=0.2)
 
             nodes.link("down", "node2")
             cut = time.monotonic()
-            harness.log(f"node2's link cut at step {max(logged_steps(run_dir))}")
+            harness.log(f"node2's link cut at step {max(cluster.exact_steps(run_dir, 0))}")
 
             # The surviving rank: gone from node1 within the bound.
             rank_bound = TIMEOUT_S + PROBE_GRACE_S + SLACK_S
@@ -164,7 +140,7 @@ def main():
                 rc = job.wait(timeout=min(launcher_bound, harness.time_left()))
             except subprocess.TimeoutExpired:
                 harness.fail(f"mpirun (under deploy/mantissa-mpirun) still runs "
-                             f"{launcher_bound} s after rank 0 exited:\n{tail(out_path)}")
+                             f"{launcher_bound} s after rank 0 exited:\n{cluster.tail(out_path)}")
             launcher_exit = time.monotonic() - cut
             harness.log(f"the launcher exited with {rc}, {launcher_exit:.1f} s after the cut")
             output = open(out_path).read()
@@ -211,7 +187,7 @@ def main():
 
             # The newest complete checkpoint resumes on the surviving host, and trains on to the
             # numbers of an uninterrupted run.
-            cut_log = logged_steps(run_dir)
+            cut_log = cluster.exact_steps(run_dir, 0)
             newest = complete_checkpoints(run_dir)[-1]
             steps = max(cut_log) + 20
             node1 = nodes.write_hostfile("hostfile-node1", ["node1 slots=2"])
@@ -221,13 +197,13 @@ def main():
                        resume_out, "the resumed run on node1")
             expected = f"mantissa: resumed from {run_dir}/checkpoints/step_{newest:08d} (saved by 2 ranks)"
             if expected not in open(resume_out).read():
-                harness.fail(f"the resumed run did not say '{expected}':\n{tail(resume_out)}")
+                harness.fail(f"the resumed run did not say '{expected}':\n{cluster.tail(resume_out)}")
             reference_dir = os.path.join(workdir, "reference")
             run_to_end(nodes, wrapper, nodes.mpirun_argv(2, node1, env=["OMP_NUM_THREADS=1"]) +
                        harness.train_argv(staged, config, settings(reference_dir, steps)),
                        os.path.join(workdir, "reference.out"), "the uninterrupted run on node1")
-            reference = logged_steps(reference_dir)
-            resumed = logged_steps(run_dir)
+            reference = cluster.exact_steps(reference_dir, 0)
+            resumed = cluster.exact_steps(run_dir, 0)
             for step in range(steps):
                 got = resumed.get(step) if step >= newest else cut_log.get(step)
                 if step < newest and got is None:

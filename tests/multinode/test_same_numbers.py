@@ -25,7 +25,6 @@ from cluster import harness
 
 STEPS = 40
 # The fields of a step's log line that depend on the arithmetic alone (not on timing).
-EXACT_FIELDS = ("loss", "mean_loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens")
 MODES = (("FP32", "FP32"), ("BF16", "BF16"))  # precision.mode, dist.grad_reduce_dtype
 # Every run is a few seconds on two cores; a hung one fails after this many.
 RUN_TIMEOUT_S = 90
@@ -58,9 +57,9 @@ def train(nodes, binary, config, layout, hostfile, mode, reduce_dtype, workdir):
                                  timeout=limit)
         except subprocess.TimeoutExpired:
             harness.fail(f"{layout} {mode}: mpirun did not finish within {limit:.0f} s:\n" +
-                         tail(out.name))
+                         cluster.tail(out.name))
     if run.returncode != 0:
-        harness.fail(f"{layout} {mode}: mpirun exited with {run.returncode}:\n{tail(out.name)}")
+        harness.fail(f"{layout} {mode}: mpirun exited with {run.returncode}:\n{cluster.tail(out.name)}")
     harness.log(f"{layout} {mode}: {time.time() - start:.1f} s")
     hosts = {}
     for rank in range(4):
@@ -70,17 +69,12 @@ def train(nodes, binary, config, layout, hostfile, mode, reduce_dtype, workdir):
     return run_dir, hosts
 
 
-def tail(path, lines=30):
-    with open(path) as f:
-        return "".join(f.readlines()[-lines:])
-
-
 def exact_log(run_dir, rank):
-    """{step: (the EXACT_FIELDS)} of a rank's log; every step 0..STEPS-1 must be there."""
-    entries = harness.read_step_log(run_dir, rank)
+    """{step: (cluster.EXACT_FIELDS)} of a rank's log; every step 0..STEPS-1 must be there."""
+    entries = cluster.exact_steps(run_dir, rank)
     if sorted(entries) != list(range(STEPS)):
         harness.fail(f"{run_dir}: rank {rank} logged steps {sorted(entries)}, expected 0..{STEPS - 1}")
-    return {step: tuple(e[field] for field in EXACT_FIELDS) for step, e in entries.items()}
+    return entries
 
 
 def compare(mode, run_a, run_b):
@@ -90,7 +84,7 @@ def compare(mode, run_a, run_b):
         a, b = exact_log(run_a, rank), exact_log(run_b, rank)
         for step in range(STEPS):
             if a[step] != b[step]:
-                diff = {f: (x, y) for f, x, y in zip(EXACT_FIELDS, a[step], b[step]) if x != y}
+                diff = {f: (x, y) for f, x, y in zip(cluster.EXACT_FIELDS, a[step], b[step]) if x != y}
                 harness.fail(f"{mode}: rank {rank} step {step} differs between 2 hosts x 2 ranks "
                              f"and 1 host x 4 ranks: {json.dumps(diff)}")
     last = exact_log(run_a, 0)[STEPS - 1]

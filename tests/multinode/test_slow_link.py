@@ -14,7 +14,6 @@ overlap. No timing is checked here: bench/bench_slow_link.sh measures what overl
 reduced-precision reduction gain on such links.
 """
 
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +25,6 @@ from cluster import harness
 
 STEPS = 12
 RATE = "100mbit"
-EXACT_FIELDS = ("loss", "mean_loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens")
 # (label, settings) of the shaped runs; each is compared with the unshaped run of its reduce
 # dtype.
 REDUCE_DTYPES = ("FP32", "BF16", "FP8_E4M3")
@@ -43,12 +41,6 @@ def settings(run_dir, reduce_dtype, extra):
     return base + MODEL + [f"run.dir={run_dir}", f"run.steps={STEPS}", "run.eval_every=0",
                            f"dist.grad_reduce_dtype={reduce_dtype}", "dist.bucket_mb=1",
                            "dist.timeout_s=60"] + extra
-
-
-def logged(run_dir, rank):
-    with open(os.path.join(run_dir, "log", f"rank{rank}.jsonl")) as f:
-        entries = [json.loads(line) for line in f if line.strip()]
-    return {e["step"]: tuple(e[k] for k in EXACT_FIELDS) for e in entries}
 
 
 def train(nodes, hostfile, argv_tail, out_path, what):
@@ -97,7 +89,7 @@ def main():
                 seconds = train(nodes, nodes.hostfile, harness.train_argv(staged, config, settings(
                     run_dir, d, extra)), run_dir + ".out", f"{label} across the shaped links")
                 for rank in range(2):
-                    got, want = logged(run_dir, rank), logged(references[d], rank)
+                    got, want = cluster.exact_steps(run_dir, rank), cluster.exact_steps(references[d], rank)
                     if sorted(got) != list(range(STEPS)):
                         harness.fail(f"{label}: rank {rank} logged steps {sorted(got)}")
                     for step in range(STEPS):

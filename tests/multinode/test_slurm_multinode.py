@@ -43,7 +43,6 @@ from test_slurm import job_info, job_ended  # noqa: E402 (scontrol's view of a j
 
 STEPS = 600
 PREEMPT_AT_STEP = STEPS // 4
-EXACT_FIELDS = ("loss", "mean_loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens")
 TIMEOUT_S = 10  # dist.timeout_s of job D
 PROBE_GRACE_S = min(max(0.2 * TIMEOUT_S, 1.0), 10.0)
 SLACK_S = 10
@@ -55,21 +54,6 @@ def settings(run_dir, steps, timeout_s=60, every=STEPS // 4):
     return harness.SMALL_RUN_SETTINGS + [
         f"run.dir={run_dir}", f"run.steps={steps}", f"dist.timeout_s={timeout_s}",
         f"checkpoint.every_steps={every}", "optimizer.min_lr_ratio=1"]
-
-
-def logged(run_dir, rank):
-    """{step: (EXACT_FIELDS)} of a rank's log (a line cut short by a lost process skipped)."""
-    entries = {}
-    path = os.path.join(run_dir, "log", f"rank{rank}.jsonl")
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    e = json.loads(line)
-                except ValueError:
-                    continue
-                entries[e["step"]] = tuple(e[k] for k in EXACT_FIELDS)
-    return entries
 
 
 def read(path):
@@ -122,7 +106,7 @@ scrape_configs:
 
 def compare(name, run_dir, reference_dir, steps):
     for rank in range(2):
-        got, want = logged(run_dir, rank), logged(reference_dir, rank)
+        got, want = cluster.exact_steps(run_dir, rank), cluster.exact_steps(reference_dir, rank)
         for step in steps:
             if got.get(step) != want.get(step):
                 harness.fail(f"job {name} rank {rank} step {step}: {got.get(step)}, the "
@@ -217,16 +201,16 @@ def run(args, nodes, env, daemons, workdir, staged, config):
 
     # B: USR1 to the job's steps, every rank on both nodes, in the middle of the run.
     harness.wait_until(f"job b to reach step {PREEMPT_AT_STEP}",
-                       lambda: max(logged(run_b, 0), default=-1) >= PREEMPT_AT_STEP, timeout=90,
+                       lambda: max(cluster.exact_steps(run_b, 0), default=-1) >= PREEMPT_AT_STEP, timeout=90,
                        interval=0.2)
     subprocess.run(["scancel", "--signal=USR1", job_b], env=env, check=True, timeout=30)
-    harness.log(f"job b at step {max(logged(run_b, 0))}: scancel --signal=USR1")
+    harness.log(f"job b at step {max(cluster.exact_steps(run_b, 0))}: scancel --signal=USR1")
 
     def requeued():
         info = job_info(job_b, env)
         return int(info.get("Restarts", 0)) >= 1 and info.get("JobState") == "PENDING"
     harness.wait_until("job b to be requeued", requeued, timeout=60)
-    stopped_at = max(logged(run_b, 0))
+    stopped_at = max(cluster.exact_steps(run_b, 0))
     # A restart within the second its first start ended is refused (revoked credentials).
     time.sleep(2)
 
@@ -291,11 +275,11 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
                 f"{sorted(expected)} (instance, rank)")
 
     harness.wait_until("job d to train a while",
-                       lambda: running() and max(logged(run_d, 0), default=-1) >= 3 * every + 10,
+                       lambda: running() and max(cluster.exact_steps(run_d, 0), default=-1) >= 3 * every + 10,
                        timeout=90, interval=0.2)
     nodes.link("down", "node2")
     cut = time.monotonic()
-    harness.log(f"job d: node2's link cut at step {max(logged(run_d, 0))}")
+    harness.log(f"job d: node2's link cut at step {max(cluster.exact_steps(run_d, 0))}")
     bound = TIMEOUT_S + PROBE_GRACE_S + SLACK_S
     harness.wait_until(f"rank 0 on node1 to exit (bound {bound:.0f} s)",
                        lambda: "mantissa" not in nodes.processes("node1").values(),
@@ -335,7 +319,7 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
     up = time.monotonic()
     newest = max(int(m.group(1)) for n in os.listdir(os.path.join(run_d, "checkpoints"))
                  if (m := re.fullmatch(r"step_(\d{8})", n)))
-    steps = min(max(logged(run_d, 0)) + 20, STEPS)
+    steps = min(max(cluster.exact_steps(run_d, 0)) + 20, STEPS)
     argv = (["srun", "--mpi=pmix", "-w", "node1", "-N1", "-n2", "--cpus-per-task=1",
              "--cpu-bind=none", f"--chdir={workdir}", "--export=ALL,OMP_NUM_THREADS=1"] +
             harness.train_argv(staged, config, settings(run_d, steps, timeout_s=60, every=every)))
