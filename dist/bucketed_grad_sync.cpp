@@ -286,9 +286,11 @@ void BucketedGradSync::advance() {
 
 void BucketedGradSync::start_amax(Bucket& b) {
   // The amax is also this rank's non-finite check: inf or NaN anywhere makes it non-finite.
-  // It goes to the collective as it is, device to device, with no host round trip. A MAX
-  // reduction may drop a NaN and give ranks different scales, but only in a step that every
-  // rank skips: finish() reads each rank's own check and MAX-reduces the verdict.
+  // It goes to the collective as it is, device to device, with no host round trip. A float
+  // MAX may drop a NaN (Open MPI does when the NaN comes from the last rank), but every rank
+  // receives the same result, so the ranks still derive the same scales and the same sums
+  // (test_grad_sync's ANonFiniteStepStillGivesEveryRankTheSameBits); the step is skipped
+  // anyway: finish() reads each rank's own check and MAX-reduces the verdict.
   backend_.amax(b.grads, b.found);
   backend_.copy(b.found, b.amax_comm);
   b.request = amax_comm_->all_reduce(b.amax_comm, ReduceOp::kMax);

@@ -268,6 +268,32 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
   }
 }
 
+// A step with inf or NaN in one rank's gradients is skipped, yet every rank must still hold
+// the same bits: FP8 reduction derives its scales from the MAX-reduced amax, and a float MAX
+// may drop one rank's NaN (Open MPI keeps it from rank 0 and drops it from the last rank);
+// were the result to differ between ranks, so would their scales and sums.
+TEST_F(GradSync, ANonFiniteStepStillGivesEveryRankTheSameBits) {
+  for (DType d : {DType::kBF16, DType::kE4M3, DType::kE5M2}) {
+    for (float bad : {INFINITY, NAN}) {
+      for (int culprit : {0, n - 1}) {
+        train::ParameterStore params = make_sync_store(*backend);
+        auto dp =
+            DataParallel::create(testing::world(), *backend, params, config({d, false, 0, true}));
+        fill_gradients(params, me);
+        if (me == culprit) params.grads().data_as<float>()[params[3].offset + 100] = bad;
+        for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
+        dp->finish(params.grads());
+        const float* g = params.grads().data_as<float>();
+        Tensor copy = Tensor::empty(Shape{params.flat_numel()}, DType::kF32);
+        std::memcpy(copy.data(), g, copy.nbytes());
+        dp->communicator().broadcast(copy, 0)->wait();
+        EXPECT_EQ(std::memcmp(copy.data(), g, copy.nbytes()), 0)
+            << reduce_dtype_name(d) << " " << bad << " on rank " << culprit;
+      }
+    }
+  }
+}
+
 TEST_F(GradSync, ScalarCollectivesAgreeBitForBit) {
   train::ParameterStore params = make_sync_store(*backend);
   auto dp = DataParallel::create(testing::world(), *backend, params,

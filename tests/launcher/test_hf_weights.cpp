@@ -23,6 +23,7 @@
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
+#include "tests/models/tiny_hf_llama.h"
 
 using namespace mantissa;
 namespace fs = std::filesystem;
@@ -33,21 +34,6 @@ const core::PrecisionPolicy kFP32 = core::PrecisionPolicy::from_mode(core::Preci
 
 const models::GPT2Config kGpt2{
     .n_layer = 2, .n_head = 2, .n_embd = 8, .seq_len = 4, .vocab_size = 10};
-
-models::LlamaConfig llama_config(bool tied) {
-  models::LlamaConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.n_embd = 16;
-  c.ffn_hidden = 24;
-  c.seq_len = 8;
-  c.vocab_size = 10;
-  c.rope_theta = 500000.0;
-  c.norm_eps = 1e-6f;
-  c.tie_embeddings = tied;
-  return c;
-}
 
 class HfWeights : public ::testing::Test {
  protected:
@@ -195,8 +181,8 @@ TEST_F(HfWeights, Gpt2RoundTripIsExact) {
 TEST_F(HfWeights, LlamaRoundTripIsExact) {
   for (const bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    models::Llama a(llama_config(tied), *backend_, kFP32, 1);
-    models::Llama b(llama_config(tied), *backend_, kFP32, 2);
+    models::Llama a(models::testing::tiny_hf_llama(tied), *backend_, kFP32, 1);
+    models::Llama b(models::testing::tiny_hf_llama(tied), *backend_, kFP32, 2);
     ASSERT_NE(masters(a), masters(b));
     const std::string dir = export_model(a, tied ? "tied" : "untied");
     EXPECT_EQ(import_error(dir, b), "");
@@ -206,7 +192,7 @@ TEST_F(HfWeights, LlamaRoundTripIsExact) {
       has_lm_head = has_lm_head || t.name == "lm_head.weight";
     EXPECT_EQ(has_lm_head, !tied);
     // A directory of the other kind does not fit.
-    models::Llama other(llama_config(!tied), *backend_, kFP32, 2);
+    models::Llama other(models::testing::tiny_hf_llama(!tied), *backend_, kFP32, 2);
     EXPECT_NE(import_error(dir, other)
                   .find(std::string("tie_word_embeddings = ") + (tied ? "true" : "false") +
                         " disagrees with model.llama.tie_embeddings"),
@@ -350,8 +336,8 @@ TEST_F(HfWeights, ConfigFieldsMustAgree) {
 }
 
 TEST_F(HfWeights, LlamaConfigFields) {
-  models::Llama a(llama_config(false), *backend_, kFP32, 1);
-  models::Llama b(llama_config(false), *backend_, kFP32, 2);
+  models::Llama a(models::testing::tiny_hf_llama(false), *backend_, kFP32, 1);
+  models::Llama b(models::testing::tiny_hf_llama(false), *backend_, kFP32, 2);
   const std::string dir = export_model(a, "llama");
   const std::string config = dir + "/config.json";
   const std::string good = read_text(config);

@@ -11,6 +11,7 @@
 #include "core/precision/policy.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
+#include "tests/models/tiny_hf_llama.h"
 
 using namespace mantissa;
 
@@ -150,20 +151,9 @@ TEST(HfLayout, Gpt2IsGpt2LMHeadModel) {
 }
 
 TEST(HfLayout, LlamaIsLlamaForCausalLM) {
-  // L=2, C=16, 4 query heads of D=4 sharing 2 key/value heads, I=24, vocab 10.
-  models::LlamaConfig c;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.n_embd = 16;
-  c.ffn_hidden = 24;
-  c.seq_len = 8;
-  c.vocab_size = 10;
-  c.rope_theta = 500000.0;
-  c.norm_eps = 1e-6f;
   for (const bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    c.tie_embeddings = tied;
+    const models::LlamaConfig c = models::testing::tiny_hf_llama(tied);
     const models::HfLayout layout = models::llama_hf_layout(c);
     EXPECT_EQ(layout.architecture, "LlamaForCausalLM");
     EXPECT_EQ(layout.optional_prefix, "");
