@@ -1,7 +1,9 @@
 // The CPU backend's block-scaled FP8 ops: quantize_blocks against a reference that walks the
 // blocks one element at a time (its scalar rules are checked on their own in
 // test_block_scaling.cpp), and gemm with scale modes against FP64 sums over the same codes
-// and scales (exactly, where every partial sum is exact in FP32).
+// and scales (exactly, where every partial sum is exact in FP32), and bit for bit against the
+// definition of cpu_gemm_scaled.cpp carried out in FP64 with FP32 rounding at each step, in
+// the summation order of the engine the CPU runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "core/ops/backend.h"
+#include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "tests/common/test_util.h"
 
 namespace mantissa::core {
@@ -460,6 +463,130 @@ TEST(CpuScaledGemm, ResultsDoNotDependOnTheThreadCount) {
   with_threads(1, [&] { one = run_gemm(*be, pr, DType::kBF16); });
   with_threads(2, [&] { two = run_gemm(*be, pr, DType::kBF16); });
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
+}
+
+// The definition at the top of cpu_gemm_scaled.cpp, element by element: each K-block's sum
+// P_b in FP32 from +0 in the order of the engine the backend runs (the native BF16 kernel
+// adds each pair's k + 1 product, then its k product, as VDPBF16PS does; the AVX2 kernel
+// adds the products in increasing k), acc = fma(sa sb, P_b, acc) from acc = +0, then
+// C = alpha acc (+ beta C in one fma), a BF16 C rounded once. The products and each rounded
+// addition are done in FP64 and rounded to FP32: a product of two FP8 values is exact in both,
+// and FP64 holds the exact sum of two FP32 values closely enough (53 >= 2 * 24 + 2 bits) that
+// rounding it to FP32 gives the FP32 sum.
+class ScaledGemmDefinition {
+ public:
+  ScaledGemmDefinition(const Problem& pr, bool pairs) : pr_(pr), pairs_(pairs) {}
+
+  // acc[i, j] after the last K-block.
+  float accumulator(int64_t i, int64_t j) const {
+    const int64_t block_k = scale_block_k(pr_.a_mode, pr_.k);
+    float acc = 0.0f;
+    for (int64_t b = 0; b < scale_k_blocks(pr_.a_mode, pr_.k); ++b) {
+      const int64_t k0 = b * block_k, k1 = std::min(pr_.k, k0 + block_k);
+      const double sa = scale_of(pr_.a_scale, pr_.a_mode, {pr_.m, pr_.k}, i, b);
+      const double sb = scale_of(pr_.b_scale, pr_.b_mode, {pr_.n, pr_.k}, j, b);
+      acc = std::fma(static_cast<float>(sa * sb), block_sum(i, j, k0, k1), acc);
+    }
+    return acc;
+  }
+
+ private:
+  double product(int64_t i, int64_t j, int64_t kk) const {
+    return value_at(pr_.a, i * pr_.k + kk) * value_at(pr_.b, j * pr_.k + kk);
+  }
+  static float add(float sum, double term) {
+    return static_cast<float>(static_cast<double>(sum) + term);
+  }
+  float block_sum(int64_t i, int64_t j, int64_t k0, int64_t k1) const {
+    float sum = 0.0f;
+    for (int64_t kk = k0; kk < k1; kk += pairs_ ? 2 : 1) {
+      if (pairs_) sum = add(sum, kk + 1 < k1 ? product(i, j, kk + 1) : 0.0);
+      sum = add(sum, product(i, j, kk));
+    }
+    return sum;
+  }
+
+  const Problem& pr_;
+  bool pairs_;
+};
+
+// Negative multipliers (the definition takes any F32 scale) on the F32 scales of a random
+// quarter of the entries and on every scale of op(A)'s row `row`; E8M0 scales have no sign.
+void negate_some_scales(Tensor& scales, ScaleMode mode, Operand d, int64_t row, std::mt19937& rng) {
+  if (mode == ScaleMode::kVec32Ue8m0) return;
+  float* v = scales.data_as<float>();
+  std::uniform_int_distribution<int> quarter(0, 3);
+  for (int64_t i = 0; i < scales.numel(); ++i) {
+    if (quarter(rng) == 0) v[i] = -v[i];
+  }
+  if (row < 0) return;
+  for (int64_t b = 0; b < scale_k_blocks(mode, d.k); ++b) {
+    float& s = v[scale_index(mode, d.outer, d.k, row, b)];
+    s = -std::fabs(s);
+  }
+}
+
+// Bit for bit: every scale pair, F32 and BF16 outputs, beta 0 (C unread) and not, shapes with
+// edge tiles, a short last K-block, K past the AVX2 kernel's K blocks of 256, a C narrow enough
+// to be cut into column slices, and 1 and 2 threads. Row 1 of A is zero and its scales
+// negative, so every block's product there is -0: the first block's fma onto +0 keeps acc at
+// +0 (a plain product would start it at -0 and C would come out -0); row 2 is zero in the
+// first K-block only.
+TEST(CpuScaledGemm, BitExactToTheDefinitionInTheEnginesOrder) {
+  auto be = make_cpu_backend();
+  const bool pairs = bf16_gemm_enabled();
+  SCOPED_TRACE(pairs ? "native AVX512-BF16 kernel" : "AVX2/FMA kernel");
+  struct Size {
+    int64_t m, n, k;
+  };
+  for (Pair pair : kPairs) {
+    for (Size size : {Size{148, 72, 656}, Size{148, 72, 400}, Size{20, 200, 304}}) {
+      Problem pr = make_problem(size.m, size.n, size.k, pair.a, pair.b, 31, false);
+      std::mt19937 rng(32);
+      for (int64_t kk = 0; kk < pr.k; ++kk) {
+        set_value(pr.a, 1 * pr.k + kk, 0.0f);
+        if (kk < scale_block_k(pair.a, pr.k)) set_value(pr.a, 2 * pr.k + kk, 0.0f);
+      }
+      negate_some_scales(pr.a_scale, pair.a, {pr.m, pr.k}, 1, rng);
+      negate_some_scales(pr.b_scale, pair.b, {pr.n, pr.k}, -1, rng);
+      const ScaledGemmDefinition definition(pr, pairs);
+      std::vector<float> acc(static_cast<size_t>(pr.m * pr.n));
+      for (int64_t i = 0; i < pr.m; ++i) {
+        for (int64_t j = 0; j < pr.n; ++j) acc[i * pr.n + j] = definition.accumulator(i, j);
+      }
+      if (pair.a != ScaleMode::kVec32Ue8m0) {
+        ASSERT_TRUE(acc[1 * pr.n] == 0.0f && !std::signbit(acc[1 * pr.n])) << pair_name(pair);
+      }
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        Tensor start = Tensor::empty(Shape{pr.m, pr.n}, out);
+        std::normal_distribution<float> normal(0.0f, 4.0f);
+        for (int64_t e = 0; e < start.numel(); ++e) set_value(start, e, normal(rng));
+        for (float beta : {0.0f, 0.5f}) {
+          const float alpha = 0.75f;
+          for (int threads : {1, 2}) {
+            Tensor c;
+            with_threads(threads, [&] {
+              c = run_gemm(*be, pr, out, alpha, beta, beta == 0.0f ? nullptr : &start);
+            });
+            int bad = 0;
+            for (int64_t e = 0; e < c.numel(); ++e) {
+              float want = alpha * acc[e];
+              if (beta != 0.0f) want = std::fma(beta, static_cast<float>(value_at(start, e)), want);
+              const uint64_t want_code =
+                  out == DType::kF32 ? float_to_bits(want) : bf16_from_float(want).bits;
+              if (code_at(c, e) != want_code && ++bad <= 5) {
+                ADD_FAILURE() << pair_name(pair) << " " << pr.m << " x " << pr.n << " x " << pr.k
+                              << " -> " << dtype_name(out) << " beta " << beta << ", " << threads
+                              << " threads, (" << e / pr.n << ", " << e % pr.n
+                              << "): " << value_at(c, e) << " vs " << want;
+              }
+            }
+            EXPECT_EQ(bad, 0) << pair_name(pair);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(CpuScaledGemm, RefusesWhatCublasLtRefuses) {

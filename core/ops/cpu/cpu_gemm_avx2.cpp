@@ -18,6 +18,13 @@
 // last block finishes the sum. Where beta != 0 the old C must survive until then, so the
 // partial sums of a multi-block K go to a scratch buffer instead of C.
 //
+// With block scales (cpu_gemm_block_scales.h) the K blocks start and end on the scales' block
+// boundaries (a K block is whole scale blocks, up to kKc elements of K), and a micro-tile sums
+// each scale block from 0 in its accumulators and folds the sums into the scaled accumulator
+// (the tile's running value, in L1; between K blocks where partial sums would be). A product
+// whose scales cover all of K (one block, however long) keeps the raw sums across K blocks and
+// folds them once, when the last K block finishes.
+//
 // Threads (OpenMP, OMP_NUM_THREADS of them): a product shared by all threads has each column
 // block of op(B) packed once, by all of them, and its blocks of rows handed out dynamically
 // (gemm_all_threads); whole products go to threads when the batch divides evenly, and a C
@@ -38,6 +45,7 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
+#include "core/ops/cpu/cpu_gemm_block_scales.h"
 #include "core/ops/cpu/scratch_buffer.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
@@ -141,10 +149,25 @@ void pack(const Lines<T>& src, int64_t l0, int64_t lines, int64_t k0, int64_t kc
   }
 }
 
-// What the last K block does with a tile's sums: C = alpha * sum + beta * C.
+// What the last K block does with a tile's sums: C = alpha * sum + beta * C; with scales
+// (of the one product, or of the column slice C starts at) the sum is the scaled accumulator.
 struct Finish {
   float alpha;
   float beta;
+  const BlockScales* scales = nullptr;
+};
+
+// The scales of a micro-tile over one K block: a and b point at those of the tile's first row
+// and column in the first scale block of the K block. `in_blocks`: K is cut into scale blocks
+// of block_k, each folded at its end; otherwise one block covers all of K and is folded after
+// the last K block.
+struct TileScales {
+  const float* a;
+  int64_t a_stride;
+  const float* b;
+  int64_t b_stride;
+  int64_t block_k;
+  bool in_blocks;
 };
 
 // Eight values of C as FP32, and back: an FP32 C as it is, a BF16 C widened and rounded to
@@ -192,11 +215,57 @@ struct Accumulators {
   }
 }
 
-// A full micro-tile of a K block before the last: dst = the raw partial sums.
+// t = fma(sa sb, t, before) lane by lane, before being +0 where null: one scale block's sums
+// folded into the scaled accumulator. sa: the tile's rows' scales, sb: its columns'.
+[[gnu::always_inline]] inline void fold(Accumulators& t, const float* sa, const float* sb,
+                                        const float* before, int64_t ld_before) {
+  const __m256 sb0 = _mm256_loadu_ps(sb), sb1 = _mm256_loadu_ps(sb + 8);
+#pragma GCC unroll 6
+  for (int64_t r = 0; r < kMr; ++r) {
+    const __m256 s = _mm256_broadcast_ss(sa + r);
+    const __m256 b0 = before ? _mm256_loadu_ps(before + r * ld_before) : _mm256_setzero_ps();
+    const __m256 b1 = before ? _mm256_loadu_ps(before + r * ld_before + 8) : _mm256_setzero_ps();
+    t.acc[r][0] = _mm256_fmadd_ps(_mm256_mul_ps(s, sb0), t.acc[r][0], b0);
+    t.acc[r][1] = _mm256_fmadd_ps(_mm256_mul_ps(s, sb1), t.acc[r][1], b1);
+  }
+}
+
+// The tile's accumulators after a K block of kc values of k, continuing init (from 0 when
+// init is null): without scales the raw FP32 sums; with scales in blocks the scaled
+// accumulator, each scale block summed from 0 and folded (the running value between two
+// blocks kept in L1); with one scale block the raw sums, folded once (onto +0) when `last`.
+[[gnu::always_inline]] inline void tile_sums(Accumulators& t, int64_t kc, const float* a,
+                                             const float* b, const float* init, int64_t ld_init,
+                                             const TileScales* scales, bool last) {
+  if (scales == nullptr || !scales->in_blocks) {
+    accumulate(t, kc, a, b, init, ld_init);
+    if (scales != nullptr && last) fold(t, scales->a, scales->b, nullptr, 0);
+    return;
+  }
+  alignas(32) float running[kMr * kNr];
+  const float* before = init;
+  int64_t ld_before = ld_init;
+  for (int64_t p0 = 0, block = 0;; ++block) {
+    accumulate(t, std::min(scales->block_k, kc - p0), a + p0 * kMr, b + p0 * kNr, nullptr, 0);
+    fold(t, scales->a + block * scales->a_stride, scales->b + block * scales->b_stride, before,
+         ld_before);
+    p0 += scales->block_k;
+    if (p0 >= kc) return;
+    for (int64_t r = 0; r < kMr; ++r) {
+      _mm256_store_ps(running + r * kNr, t.acc[r][0]);
+      _mm256_store_ps(running + r * kNr + 8, t.acc[r][1]);
+    }
+    before = running;
+    ld_before = kNr;
+  }
+}
+
+// A full micro-tile of a K block before the last: dst = the raw partial sums (with scales in
+// blocks: the scaled accumulator).
 void partial_tile(int64_t kc, const float* a, const float* b, const float* init, int64_t ld_init,
-                  float* dst, int64_t ld_dst) {
+                  float* dst, int64_t ld_dst, const TileScales* scales) {
   Accumulators t;
-  accumulate(t, kc, a, b, init, ld_init);
+  tile_sums(t, kc, a, b, init, ld_init, scales, false);
 #pragma GCC unroll 6
   for (int64_t r = 0; r < kMr; ++r) {
     _mm256_storeu_ps(dst + r * ld_dst, t.acc[r][0]);
@@ -208,9 +277,9 @@ void partial_tile(int64_t kc, const float* a, const float* b, const float* init,
 // beta != 0).
 template <class TC>
 void final_tile(int64_t kc, const float* a, const float* b, const float* init, int64_t ld_init,
-                TC* c, int64_t ldc, const Finish& finish) {
+                TC* c, int64_t ldc, const Finish& finish, const TileScales* scales) {
   Accumulators t;
-  accumulate(t, kc, a, b, init, ld_init);
+  tile_sums(t, kc, a, b, init, ld_init, scales, true);
   const __m256 alpha = _mm256_set1_ps(finish.alpha);
   const __m256 beta = _mm256_set1_ps(finish.beta);
   const bool read_c = finish.beta != 0.0f;
@@ -230,7 +299,8 @@ void final_tile(int64_t kc, const float* a, const float* b, const float* init, i
 // dst is the partial sums (FP32) when finish is null, else C.
 template <class TC>
 void edge_tile(int64_t kc, const float* a, const float* b, const float* init, int64_t ld_init,
-               TC* dst, int64_t ld_dst, const Finish* finish, int64_t rows, int64_t cols) {
+               TC* dst, int64_t ld_dst, const Finish* finish, const TileScales* scales,
+               int64_t rows, int64_t cols) {
   alignas(32) float init_tile[kMr * kNr] = {};
   alignas(32) TC out_tile[kMr * kNr] = {};
   const auto copy = [&](const auto* from, int64_t ld_from, auto* to, int64_t ld_to) {
@@ -240,13 +310,13 @@ void edge_tile(int64_t kc, const float* a, const float* b, const float* init, in
   const float* local_init = init ? init_tile : nullptr;
   if constexpr (std::is_same_v<TC, float>) {
     if (finish == nullptr) {
-      partial_tile(kc, a, b, local_init, kNr, out_tile, kNr);
+      partial_tile(kc, a, b, local_init, kNr, out_tile, kNr, scales);
       copy(out_tile, kNr, dst, ld_dst);
       return;
     }
   }
   if (finish->beta != 0.0f) copy(dst, ld_dst, out_tile, kNr);
-  final_tile(kc, a, b, local_init, kNr, out_tile, kNr, *finish);
+  final_tile(kc, a, b, local_init, kNr, out_tile, kNr, *finish, scales);
   copy(out_tile, kNr, dst, ld_dst);
 }
 
@@ -261,24 +331,33 @@ Buffers& buffers_of_this_thread() {
   return buffers;
 }
 
-// How one product C[m, n] is cut: K into k_blocks blocks of at most kKc, columns into blocks
-// of nc (op(B) of one column block is packed for all of K, at most kPackedBBytes), rows into
-// blocks of mc (op(A) of one row block is packed one K block at a time).
+// How one product C[m, n] is cut: K into k_blocks blocks of whole units (unit elements of K,
+// the last unit shorter where K ends), at most kKc elements each where a unit allows, columns
+// into blocks of nc (op(B) of one column block is packed for all of K, at most kPackedBBytes),
+// rows into blocks of mc (op(A) of one row block is packed one K block at a time).
 struct Blocking {
-  int64_t k, k_blocks, kc_max, nc, mc;
+  int64_t k, unit, k_blocks, kc_max, nc, mc;
 
   // K block kb: [k0, k0 + kc).
   std::pair<int64_t, int64_t> k_range(int64_t kb) const {
-    const int64_t k0 = k * kb / k_blocks;
-    return {k0, k * (kb + 1) / k_blocks - k0};
+    const int64_t units = ceil_div(k, unit);
+    const int64_t k0 = std::min(k, units * kb / k_blocks * unit);
+    return {k0, std::min(k, units * (kb + 1) / k_blocks * unit) - k0};
   }
 };
 
-Blocking make_blocking(int64_t m, int64_t n, int64_t k, int64_t mc_limit) {
+// The unit of K blocks: 1, or the scale block where scales cut K into blocks.
+int64_t k_unit(const Finish& finish, int64_t k) {
+  return finish.scales != nullptr && finish.scales->block_k < k ? finish.scales->block_k : 1;
+}
+
+Blocking make_blocking(int64_t m, int64_t n, int64_t k, int64_t mc_limit, int64_t unit) {
   Blocking bl;
   bl.k = k;
-  bl.k_blocks = std::max<int64_t>(1, ceil_div(k, kKc));
-  bl.kc_max = ceil_div(k, bl.k_blocks);
+  bl.unit = unit;
+  const int64_t units = ceil_div(k, unit);
+  bl.k_blocks = std::max<int64_t>(1, ceil_div(units, std::max<int64_t>(1, kKc / unit)));
+  bl.kc_max = ceil_div(units, bl.k_blocks) * unit;
   const int64_t nc_limit = std::max(kNr, kPackedBBytes / (4 * std::max<int64_t>(k, 1)) / kNr * kNr);
   bl.nc = round_up(ceil_div(n, ceil_div(n, nc_limit)), kNr);
   bl.mc = round_up(ceil_div(m, ceil_div(m, mc_limit)), kMr);
@@ -321,9 +400,13 @@ void row_block(const Lines<TA>& a, const Blocking& bl, int64_t ic, int64_t mb, i
   };
 
   const int64_t panels = ceil_div(nb, kNr), strips = ceil_div(mb, kMr);
+  const BlockScales* scales = finish.scales;
+  const bool in_blocks = scales != nullptr && scales->block_k < bl.k;
   for (int64_t kb = 0; kb < bl.k_blocks; ++kb) {
     const auto [k0, kc] = bl.k_range(kb);
     const bool last = kb == bl.k_blocks - 1;
+    // The scale block k0 starts (k0 is on a boundary when K is in blocks).
+    const int64_t scale_block = in_blocks ? k0 / scales->block_k : 0;
     for (int64_t s = 0; s < strips; ++s) {
       const int64_t i = ic + s * kMr;
       pack<kMr>(a, i, std::min(kMr, m - i), k0, kc, packed_a + s * kc * kMr);
@@ -338,17 +421,27 @@ void row_block(const Lines<TA>& a, const Blocking& bl, int64_t ic, int64_t mb, i
         const float* strip = packed_a + s * kc * kMr;
         const float* init = kb == 0 ? nullptr : partial_at(row, col);
         const bool full = rows == kMr && cols == kNr;
+        TileScales tile_scales{};
+        if (scales != nullptr) {
+          tile_scales = TileScales{scales->a + scale_block * scales->a_stride + row,
+                                   scales->a_stride,
+                                   scales->b + scale_block * scales->b_stride + col,
+                                   scales->b_stride,
+                                   scales->block_k,
+                                   in_blocks};
+        }
+        const TileScales* ts = scales != nullptr ? &tile_scales : nullptr;
         if (!last) {
           float* dst = partial_at(row, col);
           if (full) {
-            partial_tile(kc, strip, panel, init, ldp, dst, ldp);
+            partial_tile(kc, strip, panel, init, ldp, dst, ldp, ts);
           } else {
-            edge_tile(kc, strip, panel, init, ldp, dst, ldp, nullptr, rows, cols);
+            edge_tile(kc, strip, panel, init, ldp, dst, ldp, nullptr, ts, rows, cols);
           }
         } else if (full) {
-          final_tile(kc, strip, panel, init, ldp, c + row * ldc + col, ldc, finish);
+          final_tile(kc, strip, panel, init, ldp, c + row * ldc + col, ldc, finish, ts);
         } else {
-          edge_tile(kc, strip, panel, init, ldp, c + row * ldc + col, ldc, &finish, rows, cols);
+          edge_tile(kc, strip, panel, init, ldp, c + row * ldc + col, ldc, &finish, ts, rows, cols);
         }
       }
     }
@@ -361,7 +454,7 @@ template <class TA, class TB, class TC>
 void gemm_one_thread(const Lines<TA>& a, const Lines<TB>& b, int64_t m, int64_t n, int64_t k,
                      const Finish& finish, TC* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const Blocking bl = make_blocking(m, n, k, kMc);
+  const Blocking bl = make_blocking(m, n, k, kMc, k_unit(finish, k));
   float* packed_b = buffers_of_this_thread().b.get(bl.nc * k + kPackSlack);
   for (int64_t jc = 0; jc < n; jc += bl.nc) {
     const int64_t nb = std::min(bl.nc, n - jc), panels = ceil_div(nb, kNr);
@@ -394,7 +487,7 @@ void gemm_all_threads(const Lines<TA>& a, const Lines<TB>& b, int64_t m, int64_t
       round_up(std::max(kRowBlocksPerThread * threads, ceil_div(strips * kMr, kMc)), threads));
   // Block r is strips [strips r / row_blocks, strips (r + 1) / row_blocks).
   const auto block_start = [&](int64_t r) { return strips * r / row_blocks * kMr; };
-  Blocking bl = make_blocking(m, n, k, kMc);
+  Blocking bl = make_blocking(m, n, k, kMc, k_unit(finish, k));
   bl.mc = ceil_div(strips, row_blocks) * kMr;  // the largest block, which sizes the buffers
   float* packed_b = buffers_of_this_thread().b.get(bl.nc * k + kPackSlack);
   for (int64_t jc = 0; jc < n; jc += bl.nc) {
@@ -469,7 +562,16 @@ void gemm_typed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool
       const int64_t p = slice / parts, part = slice % parts;
       const int64_t lo = part * s.n / parts / kNr * kNr;
       const int64_t hi = part + 1 == parts ? s.n : (part + 1) * s.n / parts / kNr * kNr;
-      gemm_one_thread(a_lines(p), b_lines(p, lo), s.m, hi - lo, s.k, finish, c_of(p) + lo, s.n);
+      // The slice's column scales start at its first column.
+      BlockScales slice_scales{};
+      Finish slice_finish = finish;
+      if (finish.scales != nullptr) {
+        slice_scales = *finish.scales;
+        slice_scales.b += lo;
+        slice_finish.scales = &slice_scales;
+      }
+      gemm_one_thread(a_lines(p), b_lines(p, lo), s.m, hi - lo, s.k, slice_finish, c_of(p) + lo,
+                      s.n);
     }
   }
 }
@@ -498,10 +600,10 @@ void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b,
 
 template <class TC>
 void gemm_any(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-              float alpha, float beta, TC* c) {
+              float alpha, float beta, TC* c, const BlockScales* scales) {
   if (s.batch * s.m * s.n == 0) return;
   if (alpha == 0.0f || s.k == 0) return scale_only(s.batch * s.m * s.n, beta, c);
-  const Finish finish{alpha, beta};
+  const Finish finish{alpha, beta, scales};
   switch (a.dtype()) {
     case DType::kF32:
       return gemm_with_a(s, a.data_as<const float>(), trans_a, b, trans_b, finish, c);
@@ -525,15 +627,18 @@ bool avx2_gemm_supports(DType a, DType b) {
 }
 
 void gemm_avx2(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-               float alpha, float beta, void* c, DType c_dtype) {
+               float alpha, float beta, void* c, DType c_dtype, const BlockScales* scales) {
   MANTISSA_CHECK(avx2_gemm_supports(a.dtype(), b.dtype()) &&
                      (c_dtype == DType::kF32 || c_dtype == DType::kBF16),
                  "gemm_avx2: called for A " << a.describe() << ", B " << b.describe() << ", C "
                                             << dtype_name(c_dtype)
                                             << ", a combination it does not take");
+  MANTISSA_CHECK(scales == nullptr || (s.batch == 1 && scales->block_k > 0),
+                 "gemm_avx2: block scales need one product and a positive block_k, not batch "
+                     << s.batch << " with block_k " << (scales ? scales->block_k : 0));
   if (c_dtype == DType::kF32)
-    return gemm_any(s, a, trans_a, b, trans_b, alpha, beta, static_cast<float*>(c));
-  gemm_any(s, a, trans_a, b, trans_b, alpha, beta, static_cast<bf16*>(c));
+    return gemm_any(s, a, trans_a, b, trans_b, alpha, beta, static_cast<float*>(c), scales);
+  gemm_any(s, a, trans_a, b, trans_b, alpha, beta, static_cast<bf16*>(c), scales);
 }
 
 }  // namespace mantissa::core

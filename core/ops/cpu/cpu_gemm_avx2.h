@@ -3,6 +3,7 @@
 // MANTISSA_CPU_BF16_GEMM=0): no separate widening pass over the operands.
 #pragma once
 
+#include "core/ops/cpu/cpu_gemm_block_scales.h"
 #include "core/ops/gemm_checks.h"
 #include "core/tensor/tensor.h"
 
@@ -21,7 +22,10 @@ bool avx2_gemm_supports(DType a, DType b);
 // shape's blocking or on how many threads share the work. BLAS conventions: beta = 0 never
 // reads c, and alpha = 0 or K = 0 reads neither A nor B (c becomes beta * c, or 0).
 // Requires avx2_gemm_supports(A, B).
+// With `scales` (one product, s.batch = 1) the sum is the block-scaled accumulator of
+// cpu_gemm_block_scales.h, each K-block's sum in increasing k from +0 as above.
 void gemm_avx2(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-               float alpha, float beta, void* c, DType c_dtype);
+               float alpha, float beta, void* c, DType c_dtype,
+               const BlockScales* scales = nullptr);
 
 }  // namespace mantissa::core

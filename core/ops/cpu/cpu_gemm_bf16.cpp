@@ -4,7 +4,10 @@
 // pair of neighbouring products to one FP32 lane of the accumulator: 32 multiply-adds per
 // instruction, twice the 16 of an FP32 FMA. A product of two BF16 values (8-bit significands)
 // is exact in FP32, and the sums round to nearest even, so the result is an FP32 sum of exact
-// products like cuBLASLt's CUBLAS_COMPUTE_32F. The instruction reads BF16 subnormals
+// products like cuBLASLt's CUBLAS_COMPUTE_32F. Each lane adds the pair's k + 1 product and
+// then its k product, each addition rounded (the instruction's definition, which Intel's and
+// AMD's CPUs follow), so an element of C is the FP32 sum over k = 1, 0, 3, 2, 5, 4, ... in
+// that order, from +0. The instruction reads BF16 subnormals
 // (|x| < 2^-126) as zero and flushes subnormal sums to zero; nothing a model trains on lives
 // there, and every FP8 value is a normal BF16 value.
 //
@@ -17,6 +20,9 @@
 //    and beta are applied once to the complete sum.
 //  - Panels are visited in blocks of about kBlockBytes, so one block stays in L2 while a
 //    thread's strips pass over it.
+//  - With block scales (cpu_gemm_block_scales.h) a micro-tile sums one K-block at a time into
+//    the same 24 accumulators and folds each block's sums into an FP32 tile in L1; the
+//    operands are packed once, as without scales.
 // Packing and the micro-tiles are spread over the OpenMP threads; the packed operands live in
 // buffers that grow to the largest call and stay.
 #include "core/ops/cpu/cpu_gemm_bf16.h"
@@ -170,6 +176,63 @@ template <class TC>
   }
 }
 
+// The same tile with block scales (cpu_gemm_block_scales.h): sa and sb point at the scales
+// of the tile's first row and column in K-block 0. Each block's pairs are summed from 0 in
+// the accumulators (VDPBF16PS as above) and folded into `total`, an FP32 tile in L1:
+// total = fma(sa sb, sums, total), total starting at +0; then C = alpha * total + beta * C.
+template <class TC>
+[[MANTISSA_AVX512_BF16]] void micro_tile_scaled(const uint32_t* a, const uint32_t* b, int64_t pairs,
+                                                const BlockScales& scales, const float* sa,
+                                                const float* sb, float alpha, float beta, TC* c,
+                                                int64_t ldc, int64_t rows, int64_t cols) {
+  // block_k is even when it is less than K, so no pair straddles two blocks.
+  const int64_t block_pairs = (scales.block_k + 1) / 2;
+  alignas(64) float total[kRows][kCols];
+  if (pairs == 0) std::fill_n(&total[0][0], kRows * kCols, 0.0f);  // K = 0: acc stays +0
+  for (int64_t p0 = 0, block = 0; p0 < pairs; p0 += block_pairs, ++block) {
+    __m512 acc[kRows][2];
+    for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const int64_t p1 = std::min(pairs, p0 + block_pairs);
+    for (int64_t p = p0; p < p1; ++p) {
+      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kCols);
+      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kCols + 16);
+#pragma GCC unroll 12
+      for (int64_t r = 0; r < kRows; ++r) {
+        const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[p * kRows + r]));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a_pair, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a_pair, b1);
+      }
+    }
+    const float* sa_block = sa + block * scales.a_stride;
+    const float* sb_block = sb + block * scales.b_stride;
+    const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
+#pragma GCC unroll 12
+    for (int64_t r = 0; r < kRows; ++r) {
+      const __m512 s = _mm512_set1_ps(sa_block[r]);
+      const __m512 before0 = block == 0 ? _mm512_setzero_ps() : _mm512_load_ps(&total[r][0]);
+      const __m512 before1 = block == 0 ? _mm512_setzero_ps() : _mm512_load_ps(&total[r][16]);
+      _mm512_store_ps(&total[r][0], _mm512_fmadd_ps(_mm512_mul_ps(s, sb0), acc[r][0], before0));
+      _mm512_store_ps(&total[r][16], _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), acc[r][1], before1));
+    }
+  }
+
+  const __m512 alpha_v = _mm512_set1_ps(alpha);
+  const __m512 beta_v = _mm512_set1_ps(beta);
+  const auto mask = [](int64_t n) {
+    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
+  };
+  const __mmask16 mask0 = mask(cols), mask1 = mask(cols - 16);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t half = 0; half < 2 && 16 * half < cols; ++half) {
+      TC* out = c + r * ldc + 16 * half;
+      const __mmask16 valid = half == 0 ? mask0 : mask1;
+      __m512 v = _mm512_mul_ps(alpha_v, _mm512_load_ps(&total[r][16 * half]));
+      if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, load16(out, valid), v);
+      store16(out, valid, v);
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 
 // The packed operands of the calling thread's GEMMs, shared by every operand-type
@@ -183,9 +246,10 @@ PackBuffers& pack_buffers_of_this_thread() {
   return buffers;
 }
 
+// `scales`: null, or the block scales of the one product (s.batch = 1).
 template <class TA, class TB, class TC>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
-                 float alpha, float beta, TC* c) {
+                 float alpha, float beta, TC* c, const BlockScales* scales) {
   const int64_t pairs = (s.k + 1) / 2;
   const int64_t strips = (s.m + kRows - 1) / kRows;
   const int64_t panels = (s.n + kCols - 1) / kCols;
@@ -239,10 +303,16 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
         for (int64_t strip = strip_begin; strip < strip_end; ++strip) {
           for (int64_t panel = block; panel < std::min(panel_end, block + block_panels); ++panel) {
             const int64_t row = strip * kRows, col = panel * kCols;
-            micro_tile(packed_a + (product * strips + strip) * strip_size,
-                       packed_b + (product * panels + panel) * panel_size, pairs, alpha, beta,
-                       c_product + row * s.n + col, s.n, std::min(kRows, s.m - row),
-                       std::min(kCols, s.n - col));
+            const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
+            const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
+            TC* tile_c = c_product + row * s.n + col;
+            const int64_t rows = std::min(kRows, s.m - row), cols = std::min(kCols, s.n - col);
+            if (scales != nullptr) {
+              micro_tile_scaled(strip_a, panel_b, pairs, *scales, scales->a + row, scales->b + col,
+                                alpha, beta, tile_c, s.n, rows, cols);
+            } else {
+              micro_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
+            }
           }
         }
       }
@@ -252,28 +322,32 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
 
 template <class TA, class TC>
 void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b, bool trans_b,
-                 float alpha, float beta, TC* c) {
+                 float alpha, float beta, TC* c, const BlockScales* scales) {
   switch (b.dtype()) {
     case DType::kBF16:
-      return gemm_packed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c);
+      return gemm_packed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c, scales);
     case DType::kE4M3:
-      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e4m3>(), trans_b, alpha, beta, c);
+      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e4m3>(), trans_b, alpha, beta, c,
+                         scales);
     case DType::kE5M2:
-      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c);
+      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c,
+                         scales);
     default: MANTISSA_FAIL("gemm_bf16: B is " << b.describe() << ", not BF16 or FP8");
   }
 }
 
 template <class TC>
 void with_typed_a(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-                  float alpha, float beta, TC* c) {
+                  float alpha, float beta, TC* c, const BlockScales* scales) {
   switch (a.dtype()) {
     case DType::kBF16:
-      return gemm_with_a(s, a.data_as<const bf16>(), trans_a, b, trans_b, alpha, beta, c);
+      return gemm_with_a(s, a.data_as<const bf16>(), trans_a, b, trans_b, alpha, beta, c, scales);
     case DType::kE4M3:
-      return gemm_with_a(s, a.data_as<const fp8_e4m3>(), trans_a, b, trans_b, alpha, beta, c);
+      return gemm_with_a(s, a.data_as<const fp8_e4m3>(), trans_a, b, trans_b, alpha, beta, c,
+                         scales);
     case DType::kE5M2:
-      return gemm_with_a(s, a.data_as<const fp8_e5m2>(), trans_a, b, trans_b, alpha, beta, c);
+      return gemm_with_a(s, a.data_as<const fp8_e5m2>(), trans_a, b, trans_b, alpha, beta, c,
+                         scales);
     default: MANTISSA_FAIL("gemm_bf16: A is " << a.describe() << ", not BF16 or FP8");
   }
 }
@@ -294,16 +368,21 @@ bool bf16_gemm_supports(DType a, DType b) {
 }
 
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-               float alpha, float beta, void* c, DType c_dtype) {
+               float alpha, float beta, void* c, DType c_dtype, const BlockScales* scales) {
   MANTISSA_CHECK(bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype()) && alpha != 0.0f &&
                      (c_dtype == DType::kF32 || c_dtype == DType::kBF16),
                  "gemm_bf16: called for A " << a.describe() << ", B " << b.describe() << ", C "
                                             << dtype_name(c_dtype) << ", alpha " << alpha
                                             << " it does not take");
+  MANTISSA_CHECK(scales == nullptr || (s.batch == 1 && scales->block_k > 0 &&
+                                       (scales->block_k % 2 == 0 || scales->block_k >= s.k)),
+                 "gemm_bf16: block scales need one product and K-blocks of an even length (or "
+                 "one block), not batch "
+                     << s.batch << " with block_k " << (scales ? scales->block_k : 0));
   if (c_dtype == DType::kBF16) {
-    return with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<bf16*>(c));
+    return with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<bf16*>(c), scales);
   }
-  with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<float*>(c));
+  with_typed_a(s, a, trans_a, b, trans_b, alpha, beta, static_cast<float*>(c), scales);
 }
 
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/ops/cpu/cpu_gemm_block_scales.h"
 #include "core/ops/gemm_checks.h"
 #include "core/tensor/tensor.h"
 
@@ -26,8 +27,11 @@ bool bf16_gemm_supports(DType a, DType b);
 // over all of K, and alpha is applied once to the sum; beta = 0 never reads c. A BF16 c gets
 // the FP32 result rounded once to nearest even, as it is stored. alpha must not be 0 (A and
 // B are always read). Requires bf16_gemm_enabled() and bf16_gemm_supports(A, B).
+// With `scales` (one product, s.batch = 1) the sum is the block-scaled accumulator of
+// cpu_gemm_block_scales.h, each K-block's sum running over its pairs like the whole of K.
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
-               float alpha, float beta, void* c, DType c_dtype);
+               float alpha, float beta, void* c, DType c_dtype,
+               const BlockScales* scales = nullptr);
 // The same with an FP32 c.
 void gemm_bf16(const GemmShape& s, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
                float alpha, float beta, float* c);
