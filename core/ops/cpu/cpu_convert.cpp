@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "core/ops/cpu/cpu_convert8.h"
+#include "core/ops/cpu/cpu_fp8_round8.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/cpu/narrow_formats.h"
 
@@ -101,15 +102,6 @@ void store32_u16(void* dst, __m256i a, __m256i b, __m256i c, __m256i d) {
   _mm256_storeu_si256(out + 1, _mm256_permute4x64_epi64(_mm256_packus_epi32(c, d), 0b11011000));
 }
 
-// Four vectors of 32-bit lanes holding 8-bit codes (a, b, c, d), stored as 32 bytes.
-void store32_u8(void* dst, __m256i a, __m256i b, __m256i c, __m256i d) {
-  // In 4-byte groups the two packs leave [a0-3 b0-3 c0-3 d0-3 | a4-7 b4-7 c4-7 d4-7].
-  const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
-  _mm256_storeu_si256(
-      static_cast<__m256i*>(dst),
-      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-
 // round32(x, dst, saturation): dst[i] = Rounder<T>::nearest(x[i], saturation) for the 32
 // values in x[0..3].
 void round32(const __m256 x[4], float* dst, Saturation) {
@@ -136,44 +128,7 @@ void round32(const __m256 x[4], fp16* dst, Saturation) {
   }
 }
 
-// float_to_small_rne for an 8-bit format, eight lanes at a time.
-template <SmallFloatFormat F>
-__m256i fp8_round8(__m256 x, Saturation saturation) {
-  constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i abs = abs_bits(x);
-
-  // Overflow: |x| (inf included) is clamped to the value of the code an overflow gives -- max
-  // finite when saturating, else inf (E5M2) or NaN (E4M3) read as a number -- which rounds to
-  // that code. Every |x| above it overflows to that same code; those below are untouched.
-  const uint32_t overflow =
-      saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
-  const __m256i clamped = _mm256_min_epu32(abs, broadcast(code_bits(F, overflow)));
-
-  // Normal range, as round_magnitude_rne: add half an ulp minus one plus the lowest kept bit
-  // and truncate (ties go to even; a carry moves into the exponent). Subtracting the bias
-  // difference (127 - bias) from the exponent field first leaves the code after the shift.
-  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(clamped, kDrop), broadcast(1));
-  const uint32_t round_and_rebias = (1u << (kDrop - 1)) - 1 - ((127u - F.bias) << 23);
-  const __m256i normal = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(clamped, broadcast(round_and_rebias)), lowest_kept), kDrop);
-
-  // Subnormal range: the FP32 ulp of 2^k, k = log2(smallest subnormal) + 23, is exactly the
-  // subnormal step, so the FPU's round-to-nearest-even in |x| + 2^k rounds |x| to a whole
-  // number of steps, and the low bits of the sum are that number: the code (reaching the
-  // smallest normal's code when it rounds up past the largest subnormal).
-  const __m256 magic = _mm256_castsi256_ps(broadcast((127u + 23 + 1 - F.bias - F.man_bits) << 23));
-  const __m256i subnormal =
-      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(abs), magic)),
-                       _mm256_castps_si256(magic));
-
-  __m256i code =
-      _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs));
-  code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
-  return _mm256_blendv_epi8(code, broadcast(F.nan_code),
-                            _mm256_cmpgt_epi32(abs, broadcast(kInfBits)));
-}
-
+// fp8_round8 (cpu_fp8_round8.h) rounds eight values to FP8 codes.
 template <class T, SmallFloatFormat F = Fp8Format<T>::value>
 void round32(const __m256 x[4], T* dst, Saturation saturation) {
   store32_u8(dst, fp8_round8<F>(x[0], saturation), fp8_round8<F>(x[1], saturation),

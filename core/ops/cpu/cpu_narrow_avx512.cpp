@@ -39,6 +39,11 @@ bool narrow_enabled() {
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+}  // namespace mantissa::core::avx512
+
+#include "core/ops/cpu/cpu_fp8_round16.h"
+
+namespace mantissa::core::avx512 {
 namespace {
 
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
@@ -79,31 +84,10 @@ __m512i nearest16(To<fp16>, __m512 x, Saturation) {
       _mm512_cvtps_ph(input, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
+// fp8_round16 (cpu_fp8_round16.h) rounds to FP8.
 template <class T, SmallFloatFormat F = Fp8Format<T>::value>
 __m512i nearest16(To<T>, __m512 x, Saturation saturation) {
-  constexpr int kDrop = 23 - F.man_bits;
-  const __m512i bits = _mm512_castps_si512(x);
-  const __m512i abs = abs_bits(x);
-
-  const uint32_t overflow =
-      saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
-  const __m512i clamped = _mm512_min_epu32(abs, broadcast(code_bits(F, overflow)));
-
-  const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(clamped, kDrop), broadcast(1));
-  const uint32_t round_and_rebias = (1u << (kDrop - 1)) - 1 - ((127u - F.bias) << 23);
-  const __m512i normal = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(clamped, broadcast(round_and_rebias)), lowest_kept), kDrop);
-
-  const __m512 magic = _mm512_castsi512_ps(broadcast((127u + 23 + 1 - F.bias - F.man_bits) << 23));
-  const __m512i subnormal =
-      _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(abs), magic)),
-                       _mm512_castps_si512(magic));
-
-  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(abs, broadcast(F.min_normal_bits));
-  __m512i code = _mm512_mask_mov_epi32(normal, is_subnormal, subnormal);
-  code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), broadcast(0x80)));
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, broadcast(kInfBits));
-  return _mm512_mask_mov_epi32(code, is_nan, broadcast(F.nan_code));
+  return fp8_round16<F>(x, saturation);
 }
 
 // --- stochastic rounding ---------------------------------------------------------------------

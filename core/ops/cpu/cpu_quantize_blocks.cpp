@@ -1,16 +1,24 @@
 // CpuBackend::quantize_blocks: block quantisation by the rules of
 // core/precision/block_scaling.h, bit-identical to the CUDA kernels (the same scalar
-// functions decide every scale and code).
+// functions decide every scale, and every code equals quantize_with_scale's).
 //
-// The work is cut into tiles of whole operand rows (128 rows for 128x128 blocks, so a tile
-// holds whole blocks; else enough rows for about 16K elements), spread over the OpenMP
-// threads. A tile is widened to FP32 in the operand's layout (with `transpose` the operand's
-// rows are src's columns: each src row gives a contiguous run of the tile's rows, scattered
-// into it), each block's amax is an integer maximum of the magnitude bits (which order like
-// the magnitudes, with inf and NaN above every number, so a non-finite block is seen), every
-// element is divided by its block's scale, and the whole tile is rounded at once by the bulk
-// narrow_from_f32 (the vectorised dtype.h rounding), its codes being contiguous rows of the
-// output.
+// The work is cut into tiles of whole blocks spread over the OpenMP threads, and each block is
+// read twice while it sits in L1 or L2: once for its amax, an integer maximum of the magnitude
+// bits (which order like the magnitudes, with inf and NaN above every number, so a non-finite
+// block is seen), then for its codes, which the fused kernels of cpu_quantize_runs.h compute
+// in registers from the source (widen, divide, round, store bytes).
+//  - Untransposed, the operand's rows are src's rows: a tile is up to 128 rows (exactly 128
+//    for 128x128 blocks), and each block is a contiguous run of a row. A row's blocks take
+//    their amaxes, then their scales (eight at a time), then their codes in one call, and the
+//    next row is prefetched meanwhile; a tile of 128x128 blocks goes through the same calls
+//    in two passes, all its amaxes first.
+//  - Transposed, the operand's rows are src's columns: a tile is 64 adjacent columns (128 for
+//    128x128 blocks), read kColumns at a time as vector lanes along src's contiguous rows;
+//    the codes of a K-block come out as [K, kColumns] bytes and are transposed in 16x16
+//    blocks into the operand's rows. Columns past the last whole group of kColumns take the
+//    scalar definitions.
+// Results do not depend on the tiling or thread count: every block lies in one tile, and
+// every code is a function of its element and its block's scale alone.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,55 +26,218 @@
 
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
-#include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_quantize_runs.h"
 #include "core/ops/cpu/scratch_buffer.h"
 #include "core/ops/quantize_checks.h"
 
 namespace mantissa::core {
 namespace {
 
+using quantize_runs::Divisor;
+using quantize_runs::kColumns;
+
 constexpr int64_t kTileElements = 1 << 14;
 // Below this many elements one thread does everything.
 constexpr int64_t kParallelElements = 1 << 15;
+constexpr int64_t kTransposedTileColumns = 2 * kColumns;
+constexpr uint32_t kInfBits = 0x7F800000u;
+// Scales computed per batch (block_scales' buffers).
+constexpr int64_t kMaxBlocks = 128;
 
-uint32_t max_magnitude_bits(const float* x, int64_t n) {
-  uint32_t m = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = float_to_bits(x[i]) & 0x7FFFFFFFu;
-    m = bits > m ? bits : m;
+// What the blocks of one call share, and the scale of each.
+struct Blocks {
+  ScaleMode mode;
+  bool power_of_two;
+  float fmt_max;
+  DType code;
+  int64_t outer, k, block_k, k_blocks;
+  int64_t padded_k_blocks;  // k_blocks rounded up to 4
+  void* scales;
+
+  bool square() const { return mode == ScaleMode::kBlock128; }
+
+  // scale_index(mode, outer, k, i, b) for one row i and every b, without its divisions: each
+  // layout places K-block b at base + (b / 4) * per_four + (b % 4) * per_one.
+  struct RowIndex {
+    int64_t base, per_four, per_one;
+    int64_t operator()(int64_t b) const { return base + (b >> 2) * per_four + (b & 3) * per_one; }
+  };
+  RowIndex row_index(int64_t i) const {
+    switch (mode) {
+      case ScaleMode::kVec128: return {i, 4 * outer, outer};
+      case ScaleMode::kBlock128: return {(i / 128) * padded_k_blocks, 4, 1};
+      case ScaleMode::kVec32Ue8m0:
+        return {(i / 128) * (padded_k_blocks / 4) * 512 + (i % 32) * 16 + (i % 128) / 32 * 4, 512,
+                1};
+      default: return {i, 0, 0};  // kOuterVec: one block per row
+    }
   }
+
+  // Stores the scale of the block of operand row i, K-block b, whose amax pattern is `bits`,
+  // and returns its divisor (one block: 128x128).
+  Divisor scale(uint32_t bits, int64_t i, int64_t b) const {
+    Divisor d;
+    scales_of(
+        &bits, 1, [&](int64_t) { return row_index(i)(b); }, &d);
+    return d;
+  }
+
+  // The scales of n blocks whose amax patterns are amax[j], stored at index(j), and their
+  // divisors in d[j].
+  template <class Index>
+  void scales_of(const uint32_t* amax, int64_t n, const Index& index, Divisor* d) const {
+    float s[kMaxBlocks];
+    uint8_t e8m0[kMaxBlocks];
+    const bool mx = mode == ScaleMode::kVec32Ue8m0;
+    for (int64_t j0 = 0; j0 < n; j0 += kMaxBlocks) {
+      const int64_t m = std::min(kMaxBlocks, n - j0);
+      quantize_runs::block_scales(amax + j0, m, fmt_max, power_of_two, mx, s, e8m0, d + j0);
+      for (int64_t j = 0; j < m; ++j) {
+        if (mx) {
+          static_cast<uint8_t*>(scales)[index(j0 + j)] = e8m0[j];
+        } else {
+          static_cast<float*>(scales)[index(j0 + j)] = s[j];
+        }
+      }
+    }
+  }
+};
+
+template <class Src>
+uint32_t scalar_amax_bits(const Src* x, int64_t stride, int64_t n) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < n; ++i)
+    m = std::max(m, float_to_bits(to_float(x[i * stride])) & 0x7FFFFFFFu);
   return m;
 }
 
-// tile[r * k + kk] = element (i0 + r, kk) of the operand, for r < rows and every kk.
+uint8_t scalar_code(DType code, float x, float s) {
+  return code == DType::kE4M3 ? quantize_with_scale<fp8_e4m3>(x, s).bits
+                              : quantize_with_scale<fp8_e5m2>(x, s).bits;
+}
+
+void prefetch_row(const void* row, int64_t bytes) {
+  const auto* p = static_cast<const char*>(row);
+  for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch(p + at);
+}
+
+// Operand rows [i0, i0 + rows) of an untransposed src; returns their amax pattern.
 template <class Src>
-void load_rows(const Src* src, bool transpose, int64_t outer, int64_t k, int64_t i0, int64_t rows,
-               float* tile) {
-  if (!transpose) {
-    const Src* from = src + i0 * k;
-    for (int64_t e = 0; e < rows * k; ++e) tile[e] = to_float(from[e]);
-    return;
+uint32_t quantize_rows(const Src* src, const Blocks& q, int64_t i0, int64_t rows, uint8_t* codes) {
+  uint32_t amax = 0;
+  thread_local ScratchBuffer<uint32_t> amax_store;
+  thread_local ScratchBuffer<Divisor> divisor_store;
+  uint32_t* block_amax = amax_store.get(2 * q.k_blocks);
+  uint32_t* row_amax = block_amax + q.k_blocks;
+  Divisor* divisor = divisor_store.get(q.k_blocks);
+  if (q.square()) {
+    // 128x128 blocks: the tile's rows in two passes (it stays in L2), the first taking every
+    // block's amax row by row, the second the codes of whole rows.
+    std::fill_n(block_amax, q.k_blocks, 0u);
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_runs::block_amax(src + (i0 + r) * q.k, q.k, q.block_k, row_amax);
+      for (int64_t b = 0; b < q.k_blocks; ++b) block_amax[b] = std::max(block_amax[b], row_amax[b]);
+    }
+    amax = *std::max_element(block_amax, block_amax + q.k_blocks);
+    q.scales_of(block_amax, q.k_blocks, q.row_index(i0), divisor);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t at = (i0 + r) * q.k;
+      quantize_runs::quantize_row(src + at, q.k, q.block_k, divisor, q.code, codes + at);
+    }
+    return amax;
   }
-  // src is [K, outer]: its row kk holds operand rows i0 .. i0 + rows side by side.
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const Src* from = src + kk * outer + i0;
-    for (int64_t r = 0; r < rows; ++r) tile[r * k + kk] = to_float(from[r]);
+  // One row at a time: its blocks' amaxes, then their scales together, then its codes.
+  for (int64_t r = 0; r < rows; ++r) {
+    const Src* row = src + (i0 + r) * q.k;
+    uint8_t* row_codes = codes + (i0 + r) * q.k;
+    quantize_runs::block_amax(row, q.k, q.block_k, block_amax);
+    amax = std::max(amax, *std::max_element(block_amax, block_amax + q.k_blocks));
+    const int64_t i = i0 + r;
+    q.scales_of(block_amax, q.k_blocks, q.row_index(i), divisor);
+    // The next row starts on its way from memory while this one's codes are computed, so
+    // that the amax pass, which reads it first, does not wait for it.
+    if (i + 1 < q.outer) prefetch_row(row + q.k, q.k * static_cast<int64_t>(sizeof(Src)));
+    quantize_runs::quantize_row(row, q.k, q.block_k, divisor, q.code, row_codes);
+  }
+  return amax;
+}
+
+// The codes of kColumns operand rows (src columns) for K-block rows [k0, k0 + width), as
+// [width, kColumns] bytes in `buffer`, moved into the operand's rows.
+void store_transposed(const uint8_t* buffer, int64_t width, uint8_t* codes, int64_t k) {
+  int64_t r = 0;
+  for (; r + 16 <= width; r += 16) {
+    for (int64_t h = 0; h < kColumns; h += 16) {
+      quantize_runs::transpose16x16(buffer + r * kColumns + h, kColumns, codes + h * k + r, k);
+    }
+  }
+  for (; r < width; ++r) {
+    for (int64_t c = 0; c < kColumns; ++c) codes[c * k + r] = buffer[r * kColumns + c];
   }
 }
 
-void load_tile(const Tensor& src, bool transpose, int64_t outer, int64_t k, int64_t i0,
-               int64_t rows, float* tile) {
-  switch (src.dtype()) {
-    case DType::kF32:
-      return load_rows(src.data_as<const float>(), transpose, outer, k, i0, rows, tile);
-    case DType::kBF16:
-      return load_rows(src.data_as<const bf16>(), transpose, outer, k, i0, rows, tile);
-    default: return load_rows(src.data_as<const fp16>(), transpose, outer, k, i0, rows, tile);
+// Operand rows [i0, i0 + cols) of a transposed src ([K, outer]: operand row i is column i);
+// returns their amax pattern.
+template <class Src>
+uint32_t quantize_columns(const Src* src, const Blocks& q, int64_t i0, int64_t cols,
+                          uint8_t* codes) {
+  thread_local ScratchBuffer<uint8_t> buffer_store;
+  uint8_t* buffer = buffer_store.get(q.block_k * kColumns);
+  uint32_t lane_amax[128];
+  Divisor divisor[128];
+  const int64_t vector_cols = cols / kColumns * kColumns;
+  uint32_t amax = 0;
+  for (int64_t b = 0; b < q.k_blocks; ++b) {
+    const int64_t k0 = b * q.block_k, width = std::min(q.block_k, q.k - k0);
+    const Src* block = src + k0 * q.outer + i0;
+    for (int64_t c = 0; c < vector_cols; c += kColumns) {
+      quantize_runs::amax_columns(block + c, q.outer, width, lane_amax + c);
+    }
+    for (int64_t c = vector_cols; c < cols; ++c) {
+      lane_amax[c] = scalar_amax_bits(block + c, q.outer, width);
+    }
+    if (q.square()) {
+      const uint32_t bits = *std::max_element(lane_amax, lane_amax + cols);
+      amax = std::max(amax, bits);
+      std::fill_n(divisor, cols, q.scale(bits, i0, b));
+    } else {
+      amax = std::max(amax, *std::max_element(lane_amax, lane_amax + cols));
+      q.scales_of(
+          lane_amax, cols, [&](int64_t c) { return q.row_index(i0 + c)(b); }, divisor);
+    }
+    for (int64_t c = 0; c < vector_cols; c += kColumns) {
+      const bool any_infinite = std::any_of(lane_amax + c, lane_amax + c + kColumns,
+                                            [](uint32_t bits) { return bits >= kInfBits; });
+      quantize_runs::quantize_columns(block + c, q.outer, width, divisor + c, any_infinite, q.code,
+                                      buffer);
+      store_transposed(buffer, width, codes + (i0 + c) * q.k + k0, q.k);
+    }
+    for (int64_t c = vector_cols; c < cols; ++c) {
+      for (int64_t kk = 0; kk < width; ++kk) {
+        codes[(i0 + c) * q.k + k0 + kk] =
+            scalar_code(q.code, to_float(block[kk * q.outer + c]), divisor[c].s);
+      }
+    }
   }
+  return amax;
 }
 
-void divide(float* x, int64_t n, float s) {
-  for (int64_t i = 0; i < n; ++i) x[i] = divide_rn(x[i], s);
+template <class Src>
+uint32_t quantize_all(const Src* src, const Blocks& q, bool transpose, uint8_t* codes) {
+  const int64_t tile = transpose
+                           ? (q.square() ? 128 : kTransposedTileColumns)
+                           : (q.square() ? 128 : std::clamp<int64_t>(kTileElements / q.k, 1, 128));
+  const int64_t tiles = (q.outer + tile - 1) / tile;
+  uint32_t amax = 0;
+#pragma omp parallel for schedule(static) \
+    reduction(max                         \
+              : amax) if (q.outer * q.k >= kParallelElements && tiles > 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t i0 = t * tile, n = std::min(tile, q.outer - i0);
+    amax = std::max(amax, transpose ? quantize_columns(src, q, i0, n, codes)
+                                    : quantize_rows(src, q, i0, n, codes));
+  }
+  return amax;
 }
 
 }  // namespace
@@ -74,11 +245,7 @@ void divide(float* x, int64_t n, float s) {
 void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scales,
                                  const BlockQuantizeParams& p) {
   const QuantizeDims d = check_quantize_blocks(src, codes, scales, p, device());
-  const ScaleMode mode = p.mode;
-  const bool mx = mode == ScaleMode::kVec32Ue8m0;
-  const bool power_of_two = p.power_of_two || mx;
-  const float fmt_max =
-      codes.dtype() == DType::kE4M3 ? fp8_format_max<fp8_e4m3>() : fp8_format_max<fp8_e5m2>();
+  const bool mx = p.mode == ScaleMode::kVec32Ue8m0;
   // Padding first (the scale of an all-zero block); the blocks then overwrite their entries.
   if (mx) {
     std::memset(scales.data(), 127, static_cast<size_t>(scales.numel()));
@@ -90,64 +257,32 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
     return;
   }
 
-  const bool square_blocks = mode == ScaleMode::kBlock128;
-  const int64_t tile_rows = square_blocks ? 128 : std::clamp<int64_t>(kTileElements / d.k, 1, 128);
-  const int64_t block_k = scale_block_k(mode, d.k);
-  const int64_t k_blocks = scale_k_blocks(mode, d.k);
-  const int64_t tiles = (d.outer + tile_rows - 1) / tile_rows;
-  auto* code_bytes = static_cast<unsigned char*>(codes.data());
-  uint32_t amax_bits = 0;
-
-#pragma omp parallel for schedule(static) \
-    reduction(max                         \
-              : amax_bits) if (d.outer * d.k >= kParallelElements && tiles > 1)
-  for (int64_t t = 0; t < tiles; ++t) {
-    thread_local ScratchBuffer<float> tile_buffer;
-    const int64_t i0 = t * tile_rows;
-    const int64_t rows = std::min(tile_rows, d.outer - i0);
-    float* tile = tile_buffer.get(rows * d.k);
-    load_tile(src, p.transpose, d.outer, d.k, i0, rows, tile);
-
-    for (int64_t b = 0; b < k_blocks; ++b) {
-      const int64_t k0 = b * block_k;
-      const int64_t width = std::min(block_k, d.k - k0);
-      if (square_blocks) {
-        uint32_t bits = 0;
-        for (int64_t r = 0; r < rows; ++r) {
-          bits = std::max(bits, max_magnitude_bits(tile + r * d.k + k0, width));
-        }
-        amax_bits = std::max(amax_bits, bits);
-        const float s = block_scale(bits_to_float(bits), fmt_max, power_of_two);
-        scales.data_as<float>()[scale_index(mode, d.outer, d.k, i0, b)] = s;
-        for (int64_t r = 0; r < rows; ++r) divide(tile + r * d.k + k0, width, s);
-        continue;
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        float* block = tile + r * d.k + k0;
-        const uint32_t bits = max_magnitude_bits(block, width);
-        amax_bits = std::max(amax_bits, bits);
-        const float amax = bits_to_float(bits);
-        const int64_t index = scale_index(mode, d.outer, d.k, i0 + r, b);
-        float s;
-        if (mx) {
-          const uint8_t e = mx_scale_e8m0(amax, fmt_max);
-          static_cast<uint8_t*>(scales.data())[index] = e;
-          s = e8m0_to_float(e);
-        } else {
-          s = block_scale(amax, fmt_max, power_of_two);
-          scales.data_as<float>()[index] = s;
-        }
-        divide(block, width, s);
-      }
-    }
-    NarrowOptions narrow;
-    narrow.saturation = Saturation::kSatFinite;
-    narrow_from_f32(tile, code_bytes + i0 * d.k, codes.dtype(), rows * d.k, narrow);
+  const Blocks q{
+      p.mode,
+      p.power_of_two || mx,
+      codes.dtype() == DType::kE4M3 ? fp8_format_max<fp8_e4m3>() : fp8_format_max<fp8_e5m2>(),
+      codes.dtype(),
+      d.outer,
+      d.k,
+      scale_block_k(p.mode, d.k),
+      scale_k_blocks(p.mode, d.k),
+      scale_round_up(scale_k_blocks(p.mode, d.k), 4),
+      scales.data()};
+  auto* code_bytes = static_cast<uint8_t*>(codes.data());
+  uint32_t amax_bits;
+  switch (src.dtype()) {
+    case DType::kF32:
+      amax_bits = quantize_all(src.data_as<const float>(), q, p.transpose, code_bytes);
+      break;
+    case DType::kBF16:
+      amax_bits = quantize_all(src.data_as<const bf16>(), q, p.transpose, code_bytes);
+      break;
+    default: amax_bits = quantize_all(src.data_as<const fp16>(), q, p.transpose, code_bytes);
   }
 
   if (p.amax != nullptr) {
     // A NaN anywhere reads back as the canonical NaN, as the CUDA kernel writes it.
-    *p.amax->data_as<float>() = bits_to_float(amax_bits > 0x7F800000u ? 0x7FC00000u : amax_bits);
+    *p.amax->data_as<float>() = bits_to_float(amax_bits > kInfBits ? 0x7FC00000u : amax_bits);
   }
 }
 
