@@ -173,6 +173,18 @@ Divisor make_divisor(float s) {
   return divisor_with(s, 1.0f / s);
 }
 
+RowMethod row_method(const Divisor* d, int64_t k, int64_t block_k) {
+  const int64_t blocks = block_k >= k ? 1 : (k + block_k - 1) / block_k;
+  bool multiply = true, divide = false, finite = true;
+  for (int64_t b = 0; b < blocks; ++b) {
+    multiply = multiply && d[b].how == Division::kMultiply;
+    divide = divide || d[b].how == Division::kDivide;
+    finite = finite && d[b].finite;
+  }
+  if (multiply) return finite ? RowMethod::kMultiplyFinite : RowMethod::kMultiply;
+  return divide || !finite ? RowMethod::kDivide : RowMethod::kReciprocalFma;
+}
+
 // block_scale on eight lanes, step by step as the scalar function: s = amax / fmt_max (the
 // division instruction is correctly rounded, as divide_rn); with power_of_two the next power
 // of two at or above s (the mantissa cleared and the exponent raised when the mantissa is not
@@ -377,20 +389,18 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
   for (; i < k; ++i) out[i] = scalar_code<Code>(to_float(x[i]), d[block_of(i)].s);
 }
 
-// One method for the whole row, as cpu_quantize_runs_avx512.cpp's row_any_method chooses it.
+// The row in the method row_method chooses for it.
 template <class Src, class Code>
 void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
-  const int64_t blocks = block_k >= k ? 1 : (k + block_k - 1) / block_k;
-  bool multiply = true, divide = false, finite = true;
-  for (int64_t b = 0; b < blocks; ++b) {
-    multiply = multiply && d[b].how == Division::kMultiply;
-    divide = divide || d[b].how == Division::kDivide;
-    finite = finite && d[b].finite;
+  switch (row_method(d, k, block_k)) {
+    case RowMethod::kMultiplyFinite:
+      return row<Src, Code, Division::kMultiply, false>(x, k, block_k, d, out);
+    case RowMethod::kMultiply:
+      return row<Src, Code, Division::kMultiply, true>(x, k, block_k, d, out);
+    case RowMethod::kReciprocalFma:
+      return row<Src, Code, Division::kReciprocalFma, false>(x, k, block_k, d, out);
+    case RowMethod::kDivide: return row<Src, Code, Division::kDivide, true>(x, k, block_k, d, out);
   }
-  if (multiply && finite) return row<Src, Code, Division::kMultiply, false>(x, k, block_k, d, out);
-  if (multiply) return row<Src, Code, Division::kMultiply, true>(x, k, block_k, d, out);
-  if (divide || !finite) return row<Src, Code, Division::kDivide, true>(x, k, block_k, d, out);
-  row<Src, Code, Division::kReciprocalFma, false>(x, k, block_k, d, out);
 }
 
 template <class Src>

@@ -68,6 +68,14 @@ void quantize_row(const bf16* x, int64_t k, int64_t block_k, const Divisor* d, D
 void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
                   uint8_t* out);
 
+// The one method a row's kernel runs for all its blocks (the kernels are specialised per
+// method): multiplication when every block allows it (skipping the NaN test when every block is
+// finite), else the FMA quotient (exact for powers of two too, on finite x), else -- a block
+// with a tiny scale, or with inf or NaN (whose s = 1 multiplies, but not through the FMA) -- the
+// division instruction.
+enum class RowMethod : uint8_t { kMultiplyFinite, kMultiply, kReciprocalFma, kDivide };
+RowMethod row_method(const Divisor* d, int64_t k, int64_t block_k);
+
 // Column kernels for a transposed source, whose operand rows are its columns: kColumns
 // adjacent columns are the vector lanes, and each source row is read contiguously.
 inline constexpr int64_t kColumns = 32;

@@ -94,23 +94,18 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
   }
 }
 
-// One method for the whole row: multiplication when every block allows it, else the FMA
-// quotient (exact for powers of two too, on finite x), else -- a block with a tiny scale, or
-// with inf or NaN (whose s = 1 multiplies, but not through the FMA) -- the division
-// instruction. Rows of finite blocks skip the NaN test.
+// The row in the method row_method chooses for it.
 template <class Src, class Code>
 void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
-  const int64_t blocks = block_k >= k ? 1 : (k + block_k - 1) / block_k;
-  bool multiply = true, divide = false, finite = true;
-  for (int64_t b = 0; b < blocks; ++b) {
-    multiply = multiply && d[b].how == Division::kMultiply;
-    divide = divide || d[b].how == Division::kDivide;
-    finite = finite && d[b].finite;
+  switch (row_method(d, k, block_k)) {
+    case RowMethod::kMultiplyFinite:
+      return row<Src, Code, Division::kMultiply, false>(x, k, block_k, d, out);
+    case RowMethod::kMultiply:
+      return row<Src, Code, Division::kMultiply, true>(x, k, block_k, d, out);
+    case RowMethod::kReciprocalFma:
+      return row<Src, Code, Division::kReciprocalFma, false>(x, k, block_k, d, out);
+    case RowMethod::kDivide: return row<Src, Code, Division::kDivide, true>(x, k, block_k, d, out);
   }
-  if (multiply && finite) return row<Src, Code, Division::kMultiply, false>(x, k, block_k, d, out);
-  if (multiply) return row<Src, Code, Division::kMultiply, true>(x, k, block_k, d, out);
-  if (divide || !finite) return row<Src, Code, Division::kDivide, true>(x, k, block_k, d, out);
-  row<Src, Code, Division::kReciprocalFma, false>(x, k, block_k, d, out);
 }
 
 template <class Src>
