@@ -132,6 +132,14 @@ int main(int argc, char** argv) {
   report("quantize f32 -> e4m3 + amax", bytes, time_against_memcpy(bytes, [&] {
            narrow_from_f32(f32.data(), narrow_buffer.data(), DType::kE4M3, n, quantize);
          }));
+  // The cast of an FP8 step: a BF16 activation or weight copy quantised in one pass.
+  std::vector<bf16> activations(static_cast<size_t>(n));
+  for (size_t i = 0; i < activations.size(); ++i) activations[i] = bf16_from_float(f32[i]);
+  report("quantize bf16 -> e4m3 + amax", static_cast<size_t>(n) * 3,
+         time_against_memcpy(static_cast<size_t>(n) * 3, [&] {
+           narrow_from_16bit(activations.data(), DType::kBF16, narrow_buffer.data(), DType::kE4M3,
+                             n, quantize);
+         }));
   // The same with stochastic rounding. Scaled, few values land among E4M3's subnormals (below
   // 2^-6), whose lanes cost extra; the unscaled "stochastic" rows above have many.
   NarrowOptions stochastic_quantize = quantize;

@@ -514,6 +514,108 @@ TEST(CpuConvert, AmaxOnlyWhenAsked) {
   EXPECT_EQ(narrow_from_f32(src.data(), dst.data(), DType::kE4M3, 3, NarrowOptions{}), 0.0f);
 }
 
+// --- narrowing from BF16 and F16 -----------------------------------------------------------
+
+// narrow_from_16bit gives the codes of the scalar rounding of the widened source, and the
+// widened source's amax, for every scale and saturation.
+template <class Src, class T>
+void check_narrow_from_16bit(const std::vector<Src>& src, const std::string& name) {
+  std::vector<float> widened(src.size());
+  for (size_t i = 0; i < src.size(); ++i) widened[i] = to_float(src[i]);
+  const double want_amax = reference_amax(widened);
+  for (float scale : kScales) {
+    for (Saturation sat : {Saturation::kSatFinite, Saturation::kNoSat}) {
+      NarrowOptions o;
+      o.scale = scale;
+      o.saturation = sat;
+      o.want_amax = true;
+      const std::string context = name + " -> " + dtype_name(dtype_of<T>()) + " " + describe(o);
+      std::vector<T> got(src.size());
+      const float amax = narrow_from_16bit(src.data(), dtype_of<Src>(), got.data(), dtype_of<T>(),
+                                           static_cast<int64_t>(src.size()), o);
+      expect_same_bits(got, scalar_narrow<T>(widened, o), src, context);
+      if (std::isnan(want_amax)) {
+        EXPECT_TRUE(std::isnan(amax)) << context << ": amax " << amax;
+      } else {
+        EXPECT_EQ(static_cast<double>(amax), want_amax) << context;
+      }
+    }
+  }
+}
+
+// Lengths 0..70 at offsets 0..8, without writing outside the destination range.
+template <class Src, class T>
+void check_narrow_from_16bit_lengths(const std::vector<Src>& all) {
+  for (int offset = 0; offset <= 8; ++offset) {
+    for (int n = 0; n <= 70; ++n) {
+      const std::vector<Src> src(all.begin() + offset, all.begin() + offset + n);
+      std::vector<float> widened(src.size());
+      for (size_t i = 0; i < src.size(); ++i) widened[i] = to_float(src[i]);
+      NarrowOptions o;
+      o.scale = 0.75f;
+      const std::vector<T> want = scalar_narrow<T>(widened, o);
+      T sentinel;
+      std::memset(&sentinel, 0x5A, sizeof sentinel);
+      std::vector<T> got(static_cast<size_t>(n) + 9, sentinel);
+      narrow_from_16bit(src.data(), dtype_of<Src>(), got.data() + offset, dtype_of<T>(), n, o);
+      for (int i = 0; i < n; ++i) {
+        EXPECT_EQ(bits_of(got[offset + i]), bits_of(want[i]))
+            << dtype_name(dtype_of<Src>()) << " -> " << dtype_name(dtype_of<T>()) << " offset "
+            << offset << " length " << n << " element " << i;
+      }
+      for (int i = 0; i < offset; ++i) EXPECT_EQ(bits_of(got[i]), bits_of(sentinel));
+      for (size_t i = offset + n; i < got.size(); ++i)
+        EXPECT_EQ(bits_of(got[i]), bits_of(sentinel));
+    }
+  }
+}
+
+// Every code of the source format, in a shuffled array long enough to be split across
+// threads, once with its NaNs (the amax is NaN) and once without them.
+template <class Src>
+void check_every_16bit_source(const std::string& name) {
+  const std::vector<Src> every = every_code_shuffled<Src>(16, kLarge);
+  std::vector<Src> finite;
+  for (Src c : every) {
+    if (!std::isnan(to_float(c))) finite.push_back(c);
+  }
+  for (const auto& [src, label] : {std::pair{every, name}, std::pair{finite, name + " finite"}}) {
+    check_narrow_from_16bit<Src, float>(src, label);
+    check_narrow_from_16bit<Src, bf16>(src, label);
+    check_narrow_from_16bit<Src, fp16>(src, label);
+    check_narrow_from_16bit<Src, fp8_e4m3>(src, label);
+    check_narrow_from_16bit<Src, fp8_e5m2>(src, label);
+  }
+  const std::vector<Src> short_source(every.begin(), every.begin() + 80);
+  check_narrow_from_16bit_lengths<Src, float>(short_source);
+  check_narrow_from_16bit_lengths<Src, bf16>(short_source);
+  check_narrow_from_16bit_lengths<Src, fp16>(short_source);
+  check_narrow_from_16bit_lengths<Src, fp8_e4m3>(short_source);
+  check_narrow_from_16bit_lengths<Src, fp8_e5m2>(short_source);
+}
+
+TEST(CpuConvert, NarrowFromBf16MatchesScalarOnEveryCode) {
+  check_every_16bit_source<bf16>("bf16");
+}
+
+TEST(CpuConvert, NarrowFromF16MatchesScalarOnEveryCode) {
+  check_every_16bit_source<fp16>("f16");
+}
+
+TEST(CpuConvert, NarrowFrom16BitRefusesOtherSourcesAndStochasticRounding) {
+  const uint8_t codes[4] = {};
+  uint8_t out[4] = {};
+  try {
+    narrow_from_16bit(codes, DType::kE4M3, out, DType::kE4M3, 4, NarrowOptions{});
+    ADD_FAILURE() << "narrow_from_16bit accepted an E4M3 source";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dtype_name(DType::kE4M3)), std::string::npos) << e.what();
+  }
+  NarrowOptions stochastic;
+  stochastic.stochastic = true;
+  EXPECT_THROW(narrow_from_16bit(codes, DType::kBF16, out, DType::kE4M3, 2, stochastic), Error);
+}
+
 // --- errors --------------------------------------------------------------------------------
 
 TEST(CpuConvert, RejectsNonFloatDtypes) {

@@ -254,30 +254,32 @@ void round32_stochastic(const __m256 x[4], const __m256i random[4], T* dst, Satu
              fp8_stochastic8<F>(x[3], random[3], saturation));
 }
 
-// dst[i] = round(src[i] * scale, i) one element at a time over [begin, end); returns the amax
-// pattern of the input there.
-template <class T, class Round>
-uint32_t narrow_scalar(const float* src, T* dst, int64_t begin, int64_t end, float scale,
+// dst[i] = round(src[i] * scale, i) one element at a time over [begin, end), src widened to
+// FP32 first; returns the amax pattern of the (widened) input there.
+template <class Src, class T, class Round>
+uint32_t narrow_scalar(const Src* src, T* dst, int64_t begin, int64_t end, float scale,
                        const Round& round) {
   uint32_t amax = 0;
   for (int64_t i = begin; i < end; ++i) {
-    amax = std::max(amax, std::bit_cast<uint32_t>(src[i]) & kAbsMask);
-    dst[i] = round(src[i] * scale, i);
+    const float x = to_float(src[i]);
+    amax = std::max(amax, std::bit_cast<uint32_t>(x) & kAbsMask);
+    dst[i] = round(x * scale, i);
   }
   return amax;
 }
 
 // Rounds [begin, end) to nearest, 32 elements per step (so that codes pack into whole
-// vectors), and returns the amax pattern of the input there.
-template <class T>
-uint32_t narrow_nearest(const float* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
+// vectors), and returns the amax pattern of the input there. A BF16 or F16 source is widened
+// as it is loaded (decode8).
+template <class Src, class T>
+uint32_t narrow_nearest(const Src* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
   const __m256 scale = _mm256_set1_ps(o.scale);
   __m256i vector_amax = _mm256_setzero_si256();
   int64_t i = begin;
   for (; i + 32 <= end; i += 32) {
     __m256 x[4];
     for (int k = 0; k < 4; ++k) {
-      x[k] = _mm256_loadu_ps(src + i + 8 * k);
+      x[k] = decode8(src + i + 8 * k);
       vector_amax = _mm256_max_epu32(vector_amax, abs_bits(x[k]));
       x[k] = _mm256_mul_ps(x[k], scale);
     }
@@ -325,9 +327,8 @@ template <class T>
 // The AVX-512 kernels (cpu_narrow_avx512.h) where the CPU has them, else the AVX2 ones above.
 // AVX2 keeps FP32 -> FP32 (a scaled copy) and round-to-nearest BF16 and F16, which it does at
 // memory speed.
-template <class T>
-uint32_t narrow_nearest_block(const float* src, T* dst, int64_t begin, int64_t end,
-                              NarrowOptions o) {
+template <class Src, class T>
+uint32_t narrow_nearest_block(const Src* src, T* dst, int64_t begin, int64_t end, NarrowOptions o) {
   if constexpr (requires { Fp8Format<T>::value; }) {
     if (avx512::narrow_enabled()) {
       return avx512::narrow_nearest(src + begin, dst + begin, end - begin, o.scale, o.saturation);
@@ -366,12 +367,39 @@ uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, Narr
   return amax;
 }
 
-template <class T>
-float narrow(const float* src, T* dst, int64_t n, const NarrowOptions& o) {
-  const uint32_t amax_bits = for_blocks(
-      n, [&](int64_t begin, int64_t end) { return narrow_block(src, dst, begin, end, o); });
+// The amax that narrow_from_f32 returns, from the largest magnitude pattern.
+float amax_result(uint32_t amax_bits, const NarrowOptions& o) {
   if (!o.want_amax) return 0.0f;
   return amax_bits > kInfBits ? NAN : std::bit_cast<float>(amax_bits);
+}
+
+template <class T>
+float narrow(const float* src, T* dst, int64_t n, const NarrowOptions& o) {
+  return amax_result(
+      for_blocks(n,
+                 [&](int64_t begin, int64_t end) { return narrow_block(src, dst, begin, end, o); }),
+      o);
+}
+
+template <class Src, class T>
+float narrow_nearest_from(const Src* src, T* dst, int64_t n, const NarrowOptions& o) {
+  return amax_result(
+      for_blocks(n, [&](int64_t begin,
+                        int64_t end) { return narrow_nearest_block(src, dst, begin, end, o); }),
+      o);
+}
+
+template <class Src>
+float narrow_16bit(const Src* src, void* dst, DType dst_dtype, int64_t n, const NarrowOptions& o) {
+  switch (dst_dtype) {
+    case DType::kF32: return narrow_nearest_from(src, static_cast<float*>(dst), n, o);
+    case DType::kBF16: return narrow_nearest_from(src, static_cast<bf16*>(dst), n, o);
+    case DType::kF16: return narrow_nearest_from(src, static_cast<fp16*>(dst), n, o);
+    case DType::kE4M3: return narrow_nearest_from(src, static_cast<fp8_e4m3*>(dst), n, o);
+    case DType::kE5M2: return narrow_nearest_from(src, static_cast<fp8_e5m2*>(dst), n, o);
+    default:
+      MANTISSA_FAIL("narrow_from_16bit: " << dtype_name(dst_dtype) << " is not a float dtype");
+  }
 }
 
 }  // namespace
@@ -396,6 +424,21 @@ float narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n,
     case DType::kE4M3: return narrow(src, static_cast<fp8_e4m3*>(dst), n, options);
     case DType::kE5M2: return narrow(src, static_cast<fp8_e5m2*>(dst), n, options);
     default: MANTISSA_FAIL("narrow_from_f32: " << dtype_name(dst_dtype) << " is not a float dtype");
+  }
+}
+
+float narrow_from_16bit(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                        const NarrowOptions& options) {
+  MANTISSA_CHECK(!options.stochastic,
+                 "narrow_from_16bit rounds to nearest; stochastic rounding starts from FP32");
+  switch (src_dtype) {
+    case DType::kBF16:
+      return narrow_16bit(static_cast<const bf16*>(src), dst, dst_dtype, n, options);
+    case DType::kF16:
+      return narrow_16bit(static_cast<const fp16*>(src), dst, dst_dtype, n, options);
+    default:
+      MANTISSA_FAIL("narrow_from_16bit: the source is " << dtype_name(src_dtype)
+                                                        << ", not BF16 or F16");
   }
 }
 

@@ -28,4 +28,10 @@ struct NarrowOptions {
 float narrow_from_f32(const float* src, void* dst, DType dst_dtype, int64_t n,
                       const NarrowOptions& options);
 
+// The same rounded to nearest (options.stochastic unset) from a BF16 or F16 source: the codes
+// and amax of widen_to_f32 followed by narrow_from_f32, in one pass that widens each vector
+// in registers (casts of activations and weights to FP8 need no FP32 copy).
+float narrow_from_16bit(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                        const NarrowOptions& options);
+
 }  // namespace mantissa::core

@@ -169,8 +169,8 @@ void with_activation_type(const Tensor& t, F&& f) {
 
 // dst = round(src * scale) in dst's dtype; amax (when asked) = max |src| before scaling, NaN
 // if any element is NaN. `saturation` applies to FP8 destinations (BF16 and F16 overflow to
-// inf as their hardware conversions do). F32 sources are narrowed directly, without a scratch
-// copy; other sources go through FP32 slices.
+// inf as their hardware conversions do). F32 sources, and BF16 or F16 ones rounded to nearest,
+// are narrowed directly, without a scratch copy; other sources go through FP32 slices.
 void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) {
   check_cast(src, dst, params, device());
   NarrowOptions options;
@@ -180,10 +180,17 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) 
   options.seed = params.seed;
   options.want_amax = params.amax != nullptr;
 
-  const float amax = src.dtype() == DType::kF32
-                         ? narrow_from_f32(src.data_as<const float>(), dst.data(), dst.dtype(),
-                                           src.numel(), options)
-                         : cast_through_f32(src, dst, options);
+  const bool sixteen_bit = src.dtype() == DType::kBF16 || src.dtype() == DType::kF16;
+  float amax = 0.0f;
+  if (src.dtype() == DType::kF32) {
+    amax =
+        narrow_from_f32(src.data_as<const float>(), dst.data(), dst.dtype(), src.numel(), options);
+  } else if (sixteen_bit && !options.stochastic) {
+    amax =
+        narrow_from_16bit(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(), options);
+  } else {
+    amax = cast_through_f32(src, dst, options);
+  }
   if (params.amax != nullptr) params.amax->data_as<float>()[0] = amax;
 }
 

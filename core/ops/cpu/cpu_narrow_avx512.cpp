@@ -41,6 +41,7 @@ bool narrow_enabled() {
 
 }  // namespace mantissa::core::avx512
 
+#include "core/ops/cpu/cpu_decode16.h"
 #include "core/ops/cpu/cpu_fp8_round16.h"
 
 namespace mantissa::core::avx512 {
@@ -210,11 +211,12 @@ void store64(uint8_t* dst, const __m512i codes[4]) {
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi32(order, packed));
 }
 
-// dst[i] = codes of round(src[i] * scale, i) over [0, n), returning the amax pattern of src.
-// round(x, i) takes the scaled values of elements i..i+15. The body converts 64 bytes of
-// codes per step; the rest goes sixteen at a time, the last n % 16 under a mask.
-template <class T, class Round>
-uint32_t narrow_loop(const float* src, T* dst, int64_t n, float scale, const Round& round) {
+// dst[i] = codes of round(src[i] * scale, i) over [0, n), returning the amax pattern of src
+// (widened to FP32 as it is loaded, decode16). round(x, i) takes the scaled values of elements
+// i..i+15. The body converts 64 bytes of codes per step; the rest goes sixteen at a time, the
+// last n % 16 under a mask.
+template <class Src, class T, class Round>
+uint32_t narrow_loop(const Src* src, T* dst, int64_t n, float scale, const Round& round) {
   using Code = std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>;
   constexpr int kVectors = sizeof(T) == 2 ? 2 : 4;
   Code* codes_out = reinterpret_cast<Code*>(dst);
@@ -224,7 +226,7 @@ uint32_t narrow_loop(const float* src, T* dst, int64_t n, float scale, const Rou
   for (; i + 16 * kVectors <= n; i += 16 * kVectors) {
     __m512i codes[kVectors];
     for (int v = 0; v < kVectors; ++v) {
-      const __m512 x = _mm512_loadu_ps(src + i + 16 * v);
+      const __m512 x = decode16(src + i + 16 * v, kAllLanes);
       amax = _mm512_max_epu32(amax, abs_bits(x));
       codes[v] = round(_mm512_mul_ps(x, scale16), i + 16 * v);
     }
@@ -232,15 +234,15 @@ uint32_t narrow_loop(const float* src, T* dst, int64_t n, float scale, const Rou
   }
   for (; i < n; i += 16) {
     const __mmask16 lanes = n - i >= 16 ? kAllLanes : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(lanes, src + i);
+    const __m512 x = decode16(src + i, lanes);
     amax = _mm512_max_epu32(amax, abs_bits(x));
     store16(codes_out + i, round(_mm512_mul_ps(x, scale16), i), lanes);
   }
   return _mm512_reduce_max_epu32(amax);
 }
 
-template <class T>
-uint32_t nearest_loop(const float* src, T* dst, int64_t n, float scale, Saturation saturation) {
+template <class Src, class T>
+uint32_t nearest_loop(const Src* src, T* dst, int64_t n, float scale, Saturation saturation) {
   return narrow_loop(src, dst, n, scale,
                      [=](__m512 x, int64_t) { return nearest16(To<T>{}, x, saturation); });
 }
@@ -263,6 +265,18 @@ uint32_t narrow_nearest(const float* src, fp8_e4m3* dst, int64_t n, float scale,
   return nearest_loop(src, dst, n, scale, s);
 }
 uint32_t narrow_nearest(const float* src, fp8_e5m2* dst, int64_t n, float scale, Saturation s) {
+  return nearest_loop(src, dst, n, scale, s);
+}
+uint32_t narrow_nearest(const bf16* src, fp8_e4m3* dst, int64_t n, float scale, Saturation s) {
+  return nearest_loop(src, dst, n, scale, s);
+}
+uint32_t narrow_nearest(const bf16* src, fp8_e5m2* dst, int64_t n, float scale, Saturation s) {
+  return nearest_loop(src, dst, n, scale, s);
+}
+uint32_t narrow_nearest(const fp16* src, fp8_e4m3* dst, int64_t n, float scale, Saturation s) {
+  return nearest_loop(src, dst, n, scale, s);
+}
+uint32_t narrow_nearest(const fp16* src, fp8_e5m2* dst, int64_t n, float scale, Saturation s) {
   return nearest_loop(src, dst, n, scale, s);
 }
 

@@ -14,12 +14,16 @@ namespace mantissa::core::avx512 {
 // kernels off with MANTISSA_CPU_AVX512_CONVERT=0 (which keeps the AVX2 code, for comparison).
 bool narrow_enabled();
 
-// dst[i] = Rounder<T>::nearest(src[i] * scale, saturation) for i in [0, n); returns the
-// maximum bit pattern of |src[i]| (above 0x7F800000 when some src[i] is NaN). Requires
-// narrow_enabled(). Only FP8: rounding to BF16 or F16 takes one or two AVX2 instructions per
-// eight values and runs at memory speed in AVX2 already (bench_cpu_convert).
+// dst[i] = Rounder<T>::nearest(to_float(src[i]) * scale, saturation) for i in [0, n); returns
+// the maximum bit pattern of |to_float(src[i])| (above 0x7F800000 when some src[i] is NaN).
+// Requires narrow_enabled(). Only FP8: rounding to BF16 or F16 takes one or two AVX2
+// instructions per eight values and runs at memory speed in AVX2 already (bench_cpu_convert).
 uint32_t narrow_nearest(const float* src, fp8_e4m3* dst, int64_t n, float scale, Saturation);
 uint32_t narrow_nearest(const float* src, fp8_e5m2* dst, int64_t n, float scale, Saturation);
+uint32_t narrow_nearest(const bf16* src, fp8_e4m3* dst, int64_t n, float scale, Saturation);
+uint32_t narrow_nearest(const bf16* src, fp8_e5m2* dst, int64_t n, float scale, Saturation);
+uint32_t narrow_nearest(const fp16* src, fp8_e4m3* dst, int64_t n, float scale, Saturation);
+uint32_t narrow_nearest(const fp16* src, fp8_e5m2* dst, int64_t n, float scale, Saturation);
 
 // dst[i] = Rounder<T>::stochastic(src[i] * scale, random_u32(key, first_offset + i),
 // saturation) for i in [0, n), the offsets not wrapping past 2^32; returns the amax pattern

@@ -23,25 +23,14 @@ namespace mantissa::core::quantize_runs::avx512 {
 
 }  // namespace mantissa::core::quantize_runs::avx512
 
+#include "core/ops/cpu/cpu_decode16.h"
 #include "core/ops/cpu/cpu_fp8_round16.h"
 
 namespace mantissa::core::quantize_runs::avx512 {
 namespace {
 
+using core::avx512::decode16;
 using core::avx512::fp8_round16;
-
-// Sixteen source values (the lanes set in `lanes`, zero elsewhere) as FP32.
-__m512 load16(const float* x, __mmask16 lanes) {
-  return _mm512_maskz_loadu_ps(lanes, x);
-}
-__m512 load16(const bf16* x, __mmask16 lanes) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, x)), 16));
-}
-// F16C is exact; a NaN stays a NaN, which is all the rounding looks at.
-__m512 load16(const fp16* x, __mmask16 lanes) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, x));
-}
 
 template <Division How>
 __m512 divide16(__m512 x, __m512 s, __m512 r) {
@@ -79,7 +68,7 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
   const auto codes16 = [&](int64_t i, __mmask16 lanes) {
     const Divisor& e = d[block_of(i)];
     return fp8_round16<F, kNaN>(
-        divide16<How>(load16(x + i, lanes), _mm512_set1_ps(e.s), _mm512_set1_ps(e.r)),
+        divide16<How>(decode16(x + i, lanes), _mm512_set1_ps(e.s), _mm512_set1_ps(e.r)),
         Saturation::kSatFinite);
   };
   int64_t i = 0;
@@ -128,9 +117,9 @@ void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumn
   for (int64_t row = 0; row < rows; ++row) {
     const Src* p = x + row * stride;
     const __m512i c0 =
-        fp8_round16<F>(divide16<How>(load16(p, 0xFFFF), s0, r0), Saturation::kSatFinite);
+        fp8_round16<F>(divide16<How>(decode16(p, 0xFFFF), s0, r0), Saturation::kSatFinite);
     const __m512i c1 =
-        fp8_round16<F>(divide16<How>(load16(p + 16, 0xFFFF), s1, r1), Saturation::kSatFinite);
+        fp8_round16<F>(divide16<How>(decode16(p + 16, 0xFFFF), s1, r1), Saturation::kSatFinite);
     const __m256i bytes = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm512_cvtepi32_epi8(c0)),
                                                   _mm512_cvtepi32_epi8(c1), 1);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + row * kColumns), bytes);
