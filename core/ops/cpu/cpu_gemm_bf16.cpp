@@ -137,14 +137,13 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   _mm256_mask_storeu_epi16(p, valid, _mm512_cvtepi32_epi16(codes));
 }
 
-// C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * strip . panel + beta * C.
-template <class TC>
-[[MANTISSA_AVX512_BF16]] void micro_tile(const uint32_t* a, const uint32_t* b, int64_t pairs,
-                                         float alpha, float beta, TC* c, int64_t ldc, int64_t rows,
-                                         int64_t cols) {
-  __m512 acc[kRows][2];
-  for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p) {
+// acc[r][half] += the strip's k pairs [p0, p1) times the panel's, by VDPBF16PS: each B pair
+// vector meets the broadcast pair of every row of the strip.
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void add_pairs(const uint32_t* a,
+                                                                   const uint32_t* b, int64_t p0,
+                                                                   int64_t p1,
+                                                                   __m512 (&acc)[kRows][2]) {
+  for (int64_t p = p0; p < p1; ++p) {
     const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kCols);
     const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kCols + 16);
 #pragma GCC unroll 12
@@ -154,7 +153,25 @@ template <class TC>
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a_pair, b1);
     }
   }
+}
 
+// The sums of columns [16 half, 16 half + 16) of row r of a tile held in accumulators, or in
+// an FP32 tile in memory.
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512 tile_sums(const __m512 (&acc)[kRows][2],
+                                                                     int64_t r, int64_t half) {
+  return acc[r][half];
+}
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512 tile_sums(
+    const float (&total)[kRows][kCols], int64_t r, int64_t half) {
+  return _mm512_load_ps(&total[r][16 * half]);
+}
+
+// C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * tile + beta * C. The loop
+// over r is unrolled, so that a tile held in registers is indexed by constants.
+template <class TC, class Tile>
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void store_tile(const Tile& tile, float alpha,
+                                                                    float beta, TC* c, int64_t ldc,
+                                                                    int64_t rows, int64_t cols) {
   const __m512 alpha_v = _mm512_set1_ps(alpha);
   const __m512 beta_v = _mm512_set1_ps(beta);
   const auto mask = [](int64_t n) {
@@ -169,11 +186,22 @@ template <class TC>
     for (int64_t half = 0; half < 2 && 16 * half < cols; ++half) {
       TC* out = c + r * ldc + 16 * half;
       const __mmask16 valid = half == 0 ? mask0 : mask1;
-      __m512 v = _mm512_mul_ps(alpha_v, acc[r][half]);
+      __m512 v = _mm512_mul_ps(alpha_v, tile_sums(tile, r, half));
       if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, load16(out, valid), v);
       store16(out, valid, v);
     }
   }
+}
+
+// C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * strip . panel + beta * C.
+template <class TC>
+[[MANTISSA_AVX512_BF16]] void micro_tile(const uint32_t* a, const uint32_t* b, int64_t pairs,
+                                         float alpha, float beta, TC* c, int64_t ldc, int64_t rows,
+                                         int64_t cols) {
+  __m512 acc[kRows][2];
+  for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  add_pairs(a, b, 0, pairs, acc);
+  store_tile(acc, alpha, beta, c, ldc, rows, cols);
 }
 
 // The same tile with block scales (cpu_gemm_block_scales.h): sa and sb point at the scales
@@ -192,17 +220,7 @@ template <class TC>
   for (int64_t p0 = 0, block = 0; p0 < pairs; p0 += block_pairs, ++block) {
     __m512 acc[kRows][2];
     for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const int64_t p1 = std::min(pairs, p0 + block_pairs);
-    for (int64_t p = p0; p < p1; ++p) {
-      const __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + p * kCols);
-      const __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + p * kCols + 16);
-#pragma GCC unroll 12
-      for (int64_t r = 0; r < kRows; ++r) {
-        const __m512bh a_pair = (__m512bh)_mm512_set1_epi32(static_cast<int>(a[p * kRows + r]));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a_pair, b0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a_pair, b1);
-      }
-    }
+    add_pairs(a, b, p0, std::min(pairs, p0 + block_pairs), acc);
     const float* sa_block = sa + block * scales.a_stride;
     const float* sb_block = sb + block * scales.b_stride;
     const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
@@ -215,22 +233,7 @@ template <class TC>
       _mm512_store_ps(&total[r][16], _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), acc[r][1], before1));
     }
   }
-
-  const __m512 alpha_v = _mm512_set1_ps(alpha);
-  const __m512 beta_v = _mm512_set1_ps(beta);
-  const auto mask = [](int64_t n) {
-    return static_cast<__mmask16>(n >= 16 ? 0xFFFF : n <= 0 ? 0 : (1u << n) - 1);
-  };
-  const __mmask16 mask0 = mask(cols), mask1 = mask(cols - 16);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t half = 0; half < 2 && 16 * half < cols; ++half) {
-      TC* out = c + r * ldc + 16 * half;
-      const __mmask16 valid = half == 0 ? mask0 : mask1;
-      __m512 v = _mm512_mul_ps(alpha_v, _mm512_load_ps(&total[r][16 * half]));
-      if (beta != 0.0f) v = _mm512_fmadd_ps(beta_v, load16(out, valid), v);
-      store16(out, valid, v);
-    }
-  }
+  store_tile(total, alpha, beta, c, ldc, rows, cols);
 }
 
 #pragma GCC diagnostic pop
