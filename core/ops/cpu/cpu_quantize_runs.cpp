@@ -392,15 +392,9 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
 // The row in the method row_method chooses for it.
 template <class Src, class Code>
 void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
-  switch (row_method(d, k, block_k)) {
-    case RowMethod::kMultiplyFinite:
-      return row<Src, Code, Division::kMultiply, false>(x, k, block_k, d, out);
-    case RowMethod::kMultiply:
-      return row<Src, Code, Division::kMultiply, true>(x, k, block_k, d, out);
-    case RowMethod::kReciprocalFma:
-      return row<Src, Code, Division::kReciprocalFma, false>(x, k, block_k, d, out);
-    case RowMethod::kDivide: return row<Src, Code, Division::kDivide, true>(x, k, block_k, d, out);
-  }
+  with_row_method(row_method(d, k, block_k), [&]<Division How, bool kNaN>() {
+    row<Src, Code, How, kNaN>(x, k, block_k, d, out);
+  });
 }
 
 template <class Src>

@@ -76,6 +76,20 @@ void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, D
 enum class RowMethod : uint8_t { kMultiplyFinite, kMultiply, kReciprocalFma, kDivide };
 RowMethod row_method(const Divisor* d, int64_t k, int64_t block_k);
 
+// Calls kernel.template operator()<How, kNaN>() with the division and NaN test that `method`
+// stands for: the one mapping that both kernel files' row kernels are instantiated through.
+template <class Kernel>
+void with_row_method(RowMethod method, const Kernel& kernel) {
+  switch (method) {
+    case RowMethod::kMultiplyFinite:
+      return kernel.template operator()<Division::kMultiply, false>();
+    case RowMethod::kMultiply: return kernel.template operator()<Division::kMultiply, true>();
+    case RowMethod::kReciprocalFma:
+      return kernel.template operator()<Division::kReciprocalFma, false>();
+    case RowMethod::kDivide: return kernel.template operator()<Division::kDivide, true>();
+  }
+}
+
 // Column kernels for a transposed source, whose operand rows are its columns: kColumns
 // adjacent columns are the vector lanes, and each source row is read contiguously.
 inline constexpr int64_t kColumns = 32;
