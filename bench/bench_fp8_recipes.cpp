@@ -136,9 +136,9 @@ void print_gemm_speed(core::Backend& be, int64_t tokens, int64_t d, int repeats)
     const bench::RecipeOperands ops = bench::recipe_operands(g, bench::RecipeData::kGaussian, 99);
     core::Tensor c = core::Tensor::empty(core::Shape{g.m, g.n}, core::DType::kF32);
     const auto product = [&](Fp8Recipe recipe) {
-      const bench::QuantizedOperand a = bench::quantize_for_recipe(be, recipe, g.a_role, ops.a);
-      const bench::QuantizedOperand b = bench::quantize_for_recipe(be, recipe, g.b_role, ops.b);
-      return [&be, &c, a, b] { bench::scaled_product(be, a, b, c); };
+      const core::Fp8Operand a = bench::quantize_for_recipe(be, recipe, g.a_role, ops.a);
+      const core::Fp8Operand b = bench::quantize_for_recipe(be, recipe, g.b_role, ops.b);
+      return [&be, &c, a, b] { core::gemm_k_major(be, a, b, c); };
     };
     const auto tensor = product(Fp8Recipe::kCurrent);
     double ms[3], ratio[3];

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/ops/backend.h"
+#include "core/ops/fp8_operand.h"
 #include "core/precision/fp8_scaling.h"
 
 namespace mantissa::bench {
@@ -112,14 +113,9 @@ inline std::vector<double> fp64_product(const RecipeOperands& ops) {
 }
 
 // One operand quantized to E4M3 as `recipe` quantizes its role, in the form gemm() takes.
-struct QuantizedOperand {
-  core::Tensor codes, scale;
-  core::ScaleMode mode = core::ScaleMode::kTensor;
-};
-
-inline QuantizedOperand quantize_for_recipe(core::Backend& be, core::Fp8Recipe recipe,
+inline core::Fp8Operand quantize_for_recipe(core::Backend& be, core::Fp8Recipe recipe,
                                             core::Fp8Role role, const core::Tensor& x) {
-  QuantizedOperand q;
+  core::Fp8Operand q;
   q.mode = core::fp8_scale_mode(recipe, role);
   q.codes = core::Tensor::empty(x.shape(), core::DType::kE4M3);
   if (q.mode == core::ScaleMode::kTensor) {
@@ -145,25 +141,13 @@ inline QuantizedOperand quantize_for_recipe(core::Backend& be, core::Fp8Recipe r
   return q;
 }
 
-// c = a b^T, both operands K-major and scaled per their modes.
-inline void scaled_product(core::Backend& be, const QuantizedOperand& a, const QuantizedOperand& b,
-                           core::Tensor& c) {
-  core::GemmParams p;
-  p.trans_b = true;
-  p.a_scale = &a.scale;
-  p.b_scale = &b.scale;
-  p.a_scale_mode = a.mode;
-  p.b_scale_mode = b.mode;
-  be.gemm(a.codes, b.codes, c, p);
-}
-
 // The FP8 product with `recipe`'s scales, F32 output.
 inline core::Tensor fp8_product(core::Backend& be, core::Fp8Recipe recipe, const RecipeGemm& g,
                                 const RecipeOperands& ops) {
-  const QuantizedOperand a = quantize_for_recipe(be, recipe, g.a_role, ops.a);
-  const QuantizedOperand b = quantize_for_recipe(be, recipe, g.b_role, ops.b);
+  const core::Fp8Operand a = quantize_for_recipe(be, recipe, g.a_role, ops.a);
+  const core::Fp8Operand b = quantize_for_recipe(be, recipe, g.b_role, ops.b);
   core::Tensor c = core::Tensor::empty(core::Shape{g.m, g.n}, core::DType::kF32);
-  scaled_product(be, a, b, c);
+  core::gemm_k_major(be, a, b, c);
   return c;
 }
 

@@ -51,8 +51,8 @@ void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, 
   backend.cast(src, dst, p);
 }
 
-Fp8Operand Fp8Operands::quantize_operand(core::Backend& backend, int slot, const Tensor& src,
-                                         bool transpose) {
+core::Fp8Operand Fp8Operands::quantize_operand(core::Backend& backend, int slot, const Tensor& src,
+                                               bool transpose) {
   MANTISSA_CHECK(block_scaled(), "Fp8Operands::quantize_operand("
                                      << names_[slot] << "): recipe "
                                      << core::fp8_recipe_name(config().recipe)
@@ -63,7 +63,7 @@ Fp8Operand Fp8Operands::quantize_operand(core::Backend& backend, int slot, const
   const core::ScaleMode mode = core::fp8_scale_mode(config().recipe, roles_[slot]);
   const int64_t rows = src.dim(transpose ? 1 : 0);
   const int64_t k = src.dim(transpose ? 0 : 1);
-  Fp8Operand op;
+  core::Fp8Operand op;
   op.mode = mode;
   op.codes = Tensor::empty(Shape{rows, k}, formats_[slot], backend.device());
   op.scale = Tensor::empty(Shape{core::scale_count(mode, rows, k)}, core::scale_dtype(mode),

@@ -17,17 +17,10 @@
 #include <vector>
 
 #include "core/ops/backend.h"
+#include "core/ops/fp8_operand.h"
 #include "core/precision/fp8_scaling.h"
 
 namespace mantissa::train {
-
-// One FP8 GEMM operand as Backend::gemm takes it: the codes, and the scale in `mode`'s layout
-// (a 1-element view of the slot's scale_inv for kTensor, a scale tensor otherwise).
-struct Fp8Operand {
-  core::Tensor codes;
-  core::Tensor scale;
-  core::ScaleMode mode = core::ScaleMode::kTensor;
-};
 
 class Fp8Operands {
  public:
@@ -50,8 +43,8 @@ class Fp8Operands {
 
   // Block recipes: src[rows, K] (or src[K, rows]^T with `transpose`) quantized in the slot's
   // role's scale mode and format (Backend::quantize_blocks), recording max |src| in the slot.
-  Fp8Operand quantize_operand(core::Backend& backend, int slot, const core::Tensor& src,
-                              bool transpose = false);
+  core::Fp8Operand quantize_operand(core::Backend& backend, int slot, const core::Tensor& src,
+                                    bool transpose = false);
 
   int size() const { return static_cast<int>(names_.size()); }
   // This step's amaxes, one per slot in slot order (host copy; synchronises).

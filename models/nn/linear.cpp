@@ -85,31 +85,14 @@ Tensor Linear::backward(train::StepContext& ctx, const Tensor& dy) {
   }
   saved_x_ = Tensor();
   saved_w_ = Tensor();
-  saved_xt_ = train::Fp8Operand();
+  saved_xt_ = core::Fp8Operand();
   return dx;
 }
 
 // ---------------------------------------------------------------------------------------
 // Block recipes: every GEMM in the TN layout, both operands scaled along K.
 
-namespace {
-
-// C = op(A) op(B)^T with both operands K-major and scaled per their modes.
-void scaled_gemm(core::Backend& be, const train::Fp8Operand& a, const train::Fp8Operand& b,
-                 Tensor& c, float beta) {
-  GemmParams p;
-  p.trans_b = true;
-  p.beta = beta;
-  p.a_scale = &a.scale;
-  p.b_scale = &b.scale;
-  p.a_scale_mode = a.mode;
-  p.b_scale_mode = b.mode;
-  be.gemm(a.codes, b.codes, c, p);
-}
-
-}  // namespace
-
-const train::Fp8Operand& Linear::weight_operand(train::StepContext& ctx, bool transposed) {
+const core::Fp8Operand& Linear::weight_operand(train::StepContext& ctx, bool transposed) {
   const int which = transposed ? 1 : 0;
   // Outside a training step (ctx.step < 0) nothing says the weights are those of the kept
   // copy, so it is made again (and not kept).
@@ -125,8 +108,8 @@ Tensor Linear::forward_blocks(train::StepContext& ctx, const Tensor& x) {
   core::Backend& be = ctx.backend;
   train::Fp8Operands& fp8 = *ctx.fp8;
   Tensor y = Tensor::empty(Shape{x.dim(0), out_}, ctx.policy.compute_dtype, be.device());
-  const train::Fp8Operand x8 = fp8.quantize_operand(be, x_slot_, x);
-  scaled_gemm(be, x8, weight_operand(ctx, false), y, 0.0f);
+  const core::Fp8Operand x8 = fp8.quantize_operand(be, x_slot_, x);
+  core::gemm_k_major(be, x8, weight_operand(ctx, false), y, 0.0f);
   // The weight gradient's operand, regrouped along the tokens now, while x is at hand in
   // high precision: the layer keeps this FP8 copy instead of x.
   saved_xt_ = fp8.quantize_operand(be, x_slot_, x, true);
@@ -140,10 +123,10 @@ Tensor Linear::backward_blocks(train::StepContext& ctx, const Tensor& dy) {
   core::Backend& be = ctx.backend;
   train::Fp8Operands& fp8 = *ctx.fp8;
   Tensor dx = Tensor::empty(Shape{dy.dim(0), in_}, ctx.policy.compute_dtype, be.device());
-  const train::Fp8Operand dy8 = fp8.quantize_operand(be, dy_slot_, dy);
-  scaled_gemm(be, dy8, weight_operand(ctx, true), dx, 0.0f);
-  const train::Fp8Operand dyt8 = fp8.quantize_operand(be, dy_slot_, dy, true);
-  scaled_gemm(be, dyt8, saved_xt_, store_[weight_].grad, 1.0f);
+  const core::Fp8Operand dy8 = fp8.quantize_operand(be, dy_slot_, dy);
+  core::gemm_k_major(be, dy8, weight_operand(ctx, true), dx, 0.0f);
+  const core::Fp8Operand dyt8 = fp8.quantize_operand(be, dy_slot_, dy, true);
+  core::gemm_k_major(be, dyt8, saved_xt_, store_[weight_].grad, 1.0f);
   return dx;
 }
 

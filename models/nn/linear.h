@@ -50,7 +50,7 @@ class Linear {
   core::Tensor forward_blocks(train::StepContext& ctx, const core::Tensor& x);
   core::Tensor backward_blocks(train::StepContext& ctx, const core::Tensor& dy);
   // W8 (transposed = false) or Wt8 for this step, quantized on first use in the step.
-  const train::Fp8Operand& weight_operand(train::StepContext& ctx, bool transposed);
+  const core::Fp8Operand& weight_operand(train::StepContext& ctx, bool transposed);
 
   train::ParameterStore& store_;
   int weight_;
@@ -58,12 +58,12 @@ class Linear {
   int64_t in_, out_;
   // Fp8Operands slots, -1 when the layer never runs in FP8.
   int x_slot_ = -1, w_slot_ = -1, dy_slot_ = -1;
-  bool used_fp8_ = false;       // the last forward ran in FP8
-  core::Tensor saved_x_;        // compute dtype, or E4M3 (per-tensor recipes)
-  core::Tensor saved_w_;        // E4M3 copy of the weight (per-tensor recipes)
-  train::Fp8Operand saved_xt_;  // x^T regrouped along the tokens (block recipes)
+  bool used_fp8_ = false;      // the last forward ran in FP8
+  core::Tensor saved_x_;       // compute dtype, or E4M3 (per-tensor recipes)
+  core::Tensor saved_w_;       // E4M3 copy of the weight (per-tensor recipes)
+  core::Fp8Operand saved_xt_;  // x^T regrouped along the tokens (block recipes)
   // The block recipes' weight copies and the step they were made in (-1: none kept).
-  train::Fp8Operand weight8_[2];
+  core::Fp8Operand weight8_[2];
   int64_t weight8_step_[2] = {-1, -1};
 };
 
