@@ -89,6 +89,8 @@ class NcclComm {
   NcclComm& operator=(const NcclComm&) = delete;
 
   ncclComm_t* out() { return &comm_; }
+  // An earlier failure or timeout aborted the communicator (see abort()).
+  bool aborted() const { return comm_ == nullptr; }
   const std::shared_ptr<const NcclJob>& job() const { return job_; }
   int rank() const { return job_->rank; }
   ncclComm_t get() const {
@@ -176,6 +178,19 @@ class NcclRequest final : public Request {
   // GPU is using: wait for it, and end the job rather than throw from a destructor.
   ~NcclRequest() override {
     if (done_) return;
+    if (comm_.aborted()) {
+      // The failure that aborted the communicator is being reported already (the exception
+      // unwinding through here, or the job's on_timeout): wait() would throw "was aborted"
+      // and end the process under that message instead, hiding the cause. ncclCommAbort ends
+      // the operations in flight, so the event fires soon (at once if it was never recorded);
+      // the buffers go back when it has, or after the timeout regardless, the job failing.
+      const auto start = Clock::now();
+      while (cudaEventQuery(done_event_.get()) == cudaErrorNotReady &&
+             NcclComm::seconds_since(start) < timeout_s_) {
+        std::this_thread::yield();
+      }
+      return;
+    }
     try {
       wait();
     } catch (const std::exception& e) {
