@@ -110,11 +110,10 @@ void expect_zero_above_diagonal(const Tensor& t, const std::string& what) {
 
 // causal_softmax_forward in FP64 from the stored scores (each times `scale` in FP32, as both
 // backends take them): probabilities rounded once to probs' dtype, +0 above the diagonal. The
-// GPU's forward is held to this rather than to the CPU backend, which adds a row's terms in
-// sequence in FP32: over the ~1000 visible columns of the long rows below that sum is off by
-// up to about 1.3e-5 relative (measured on rows like these), beyond the F32 tolerance that
-// every probability of the row inherits. An emulation of the kernel (its lane order, expf off
-// by up to 2 ulp) on these rows stays within 3e-6 of the reference.
+// GPU's forward is held to this: every probability of a row inherits the error of its sum, and
+// the reference is the one that has none. (A running FP32 sum, which the CPU backend used until
+// it summed in FP64, was off by up to 1.3e-5 on the ~1000-column rows below; an emulation of
+// the kernel, its lane order and expf off by up to 2 ulp, stays within 3e-6.)
 void causal_softmax_fp64(const Tensor& scores, float scale, Tensor& probs) {
   const int64_t T = scores.shape()[-1];
   std::vector<double> z(static_cast<size_t>(T));

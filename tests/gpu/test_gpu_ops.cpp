@@ -12,8 +12,7 @@
 //  - within a relative tolerance elsewhere (reduction order, expf, FMA contraction):
 //    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)) with tol 1e-5 for F32 results, 2e-3 for F16
 //    and 1e-2 for BF16 (about two units in the last place), NaN only where the CPU has NaN;
-//  - the softmax cross-entropy against an FP64 reference instead of the CPU (whose FP32 sum
-//    over a 50257-column row is less accurate than that tolerance, see cross_entropy_fp64).
+//  - the softmax cross-entropy against an FP64 reference (cross_entropy_fp64).
 // Outputs are poisoned with NaN first on both backends, so an element an op forgets to
 // write cannot pass, and parameter gradients start from random values to check that they
 // accumulate. Shapes include odd sizes and misaligned views, which take the kernels' scalar
@@ -493,11 +492,11 @@ TEST(GpuOps, OutOfRangeIndicesBecomeNaNWithoutASync) {
 // Cross-entropy
 
 // softmax_cross_entropy in FP64 from the stored logits: the losses, and when `dlogits` is given
-// the gradient rounded once to its dtype (+0 past valid_cols). The GPU is held to this, not to
-// the CPU backend: the CPU adds a row's softmax terms in sequence in FP32, and over 50257
-// columns that sum is off by up to about 1e-4 relative (measured on these tests' rows: 5e-5
-// in dlogits), which every F32 probability inherits, ten times the F32 tolerance. An emulation
-// of the kernel (its thread order, expf off by up to 2 ulp) on these rows stays within 3e-6.
+// the gradient rounded once to its dtype (+0 past valid_cols). The GPU is held to this: over
+// 50257 columns every F32 probability inherits the error of the row's sum, and the reference
+// is the one that has none. (A running FP32 sum, which the CPU backend used until it summed in
+// FP64, was off by 5e-5 in dlogits on these rows; an emulation of the kernel, its thread
+// order and expf off by up to 2 ulp, stays within 3e-6.)
 void cross_entropy_fp64(const Tensor& logits, int64_t valid_cols, const Tensor& targets,
                         float grad_scale, Tensor& losses, Tensor* dlogits) {
   const int64_t N = logits.dim(0), V = logits.dim(1);

@@ -197,8 +197,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
             max_score = softmax_max(max_score, p[t2]);
           }
           softmax_exp_row(p, n, max_score);
-          float sum = 0.0f;
-          for (int64_t t2 = 0; t2 < n; ++t2) sum += p[t2];
+          const float sum = softmax_row_sum(p, n);
           const float inv_sum = 1.0f / sum;
           for (int64_t t2 = 0; t2 < n; ++t2) p[t2] *= inv_sum;
           // The saved row holds zeros past the diagonal; the output below and the backward

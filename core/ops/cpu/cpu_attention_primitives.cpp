@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/ops/cpu/cpu_backend.h"
+#include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
@@ -86,11 +87,8 @@ void CpuBackend::causal_softmax_forward(const Tensor& scores, float scale, Tenso
         p[j] *= scale;
         max_z = softmax_max(max_z, p[j]);
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] = softmax_exp(p[j], max_z);
-        sum += p[j];
-      }
+      softmax_exp_row(p, n, max_z);
+      const float sum = softmax_row_sum(p, n);
       const float inv_sum = 1.0f / sum;
       for (int64_t j = 0; j < n; ++j) p[j] *= inv_sum;
       std::fill(p + n, p + T, 0.0f);

@@ -46,8 +46,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
       float max_logit = -INFINITY;
       for (int64_t v = 0; v < valid_cols; ++v) max_logit = softmax_max(max_logit, z[v]);
       softmax_exp_row(z, valid_cols, max_logit);
-      float sum = 0.0f;
-      for (int64_t v = 0; v < valid_cols; ++v) sum += z[v];
+      const float sum = softmax_row_sum(z, valid_cols);
       loss[n] = cross_entropy_loss(max_logit, sum, z_target);
       if (dlogits != nullptr) {
         // The probabilities first, each rounded to FP32, then the gradient from them (the
