@@ -10,6 +10,12 @@
 //  - 128x128 blocks: one 128-thread block per (row block, K-block). Each thread walks one
 //    line of the tile along src's rows so that the 128 threads read each src row coalesced,
 //    the amax is a block reduction, and every thread then writes its line's codes.
+//  - one scale per row of a transposed src (ROWWISE's weight-gradient operands: a few
+//    thousand rows of K = tokens): one thread per row would leave the GPU nearly idle and
+//    read each row's K elements one after another, so a 32 x 32 block takes 32 rows, its 32
+//    warps splitting K, reduces each row's amax in shared memory, and writes the codes through
+//    a shared 32 x 32 tile, so that both the reads of src rows and the writes of code rows are
+//    coalesced.
 // The tensor-wide amax (when asked for) is an atomicMax on the magnitude bits, which order
 // like the magnitudes with every NaN (made canonical) above inf.
 #include <cuda_runtime.h>
@@ -129,6 +135,54 @@ __global__ void quantize_square_kernel(const Src* __restrict__ src, Code* __rest
   }
 }
 
+constexpr int kLines = 32;
+
+// Grid: ceil(outer / 32) blocks of 32 x 32 threads; operand row i = i0 + threadIdx.x (src
+// column i), and warp threadIdx.y takes K positions threadIdx.y, + 32, ... (src rows).
+template <class Src, class Code>
+__global__ void quantize_transposed_rows_kernel(const Src* __restrict__ src,
+                                                Code* __restrict__ codes,
+                                                float* __restrict__ scales,
+                                                uint32_t* __restrict__ amax, int64_t outer,
+                                                int64_t k, bool power_of_two) {
+  __shared__ uint32_t partial[kLines][kLines + 1];
+  __shared__ float row_scale[kLines];
+  __shared__ Code tile[kLines][kLines + 1];
+  const int x = threadIdx.x, y = threadIdx.y;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kLines;
+  const int64_t i = i0 + x;
+  const bool active = i < outer;
+
+  uint32_t bits = 0;
+  if (active) {
+    for (int64_t kk = y; kk < k; kk += kLines)
+      bits = max32(bits, abs_bits(to_float(src[kk * outer + i])));
+  }
+  partial[y][x] = bits;
+  __syncthreads();
+  if (y == 0) {
+    for (int r = 1; r < kLines; ++r) bits = max32(bits, partial[r][x]);
+    if (active) {
+      row_scale[x] = block_scale(bits_to_float(bits), fp8_format_max<Code>(), power_of_two);
+      scales[scale_index(ScaleMode::kOuterVec, outer, k, i, 0)] = row_scale[x];
+      if (amax != nullptr) atomicMax(amax, bits);
+    }
+  }
+  __syncthreads();
+
+  // Each 32 x 32 piece: thread (x, y) quantises src row k0 + y, column i0 + x into tile[y][x],
+  // then writes tile[x][y] to code row i0 + y, position k0 + x.
+  const float s = active ? row_scale[x] : 1.0f;
+  const int64_t writer_row = i0 + y;
+  for (int64_t k0 = 0; k0 < k; k0 += kLines) {
+    const int64_t kk = k0 + y;
+    if (active && kk < k) tile[y][x] = quantize_with_scale<Code>(to_float(src[kk * outer + i]), s);
+    __syncthreads();
+    if (writer_row < outer && k0 + x < k) codes[writer_row * k + k0 + x] = tile[x][y];
+    __syncthreads();
+  }
+}
+
 __global__ void fill_f32_kernel(float* __restrict__ x, int64_t n, float value) {
   for (int64_t i = cuda_kernels::global_thread_index(); i < n; i += cuda_kernels::grid_stride()) {
     x[i] = value;
@@ -160,7 +214,15 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
     using Src = decltype(src_tag);
     const auto launch = [&](auto code_tag) {
       using Code = decltype(code_tag);
-      if (mode == ScaleMode::kBlock128) {
+      if (mode == ScaleMode::kOuterVec && p.transpose) {
+        const int64_t blocks = cuda_kernels::ceil_div(d.outer, kLines);
+        MANTISSA_CHECK(blocks <= 2147483647, kOp << ": src " << src.describe() << " has " << d.outer
+                                                 << " columns, more than one launch takes");
+        quantize_transposed_rows_kernel<Src, Code>
+            <<<static_cast<unsigned>(blocks), dim3(kLines, kLines), 0, stream_>>>(
+                src.data_as<const Src>(), codes.data_as<Code>(), scales.data_as<float>(), amax,
+                d.outer, d.k, p.power_of_two);
+      } else if (mode == ScaleMode::kBlock128) {
         const dim3 grid(static_cast<unsigned>(cuda_kernels::ceil_div(d.outer, kTile)),
                         static_cast<unsigned>(cuda_kernels::ceil_div(d.k, kTile)));
         MANTISSA_CHECK(grid.y <= 65535u, kOp << ": src " << src.describe() << " has " << grid.y
