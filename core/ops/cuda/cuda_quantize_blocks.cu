@@ -2,11 +2,12 @@
 // core/precision/block_scaling.h, with the same scalar functions as the CPU backend, so the
 // codes and scales agree bit for bit.
 //
-// Two kernels, each reading a block twice (for its amax, then for its codes; the second read
+// Three kernels, each reading a block twice (for its amax, then for its codes; the second read
 // comes from L2 for blocks of 128 elements):
-//  - per-row blocks (1x128, 1x32 E8M0, whole rows): one thread per (row, K-block). Threads
-//    of a warp take neighbouring rows, so reading a transposed operand (src[K, outer]) is
-//    coalesced; without the transpose each thread reads its own contiguous run.
+//  - per-row blocks (1x128, 1x32 E8M0, whole untransposed rows): one thread per (row,
+//    K-block). Threads of a warp take neighbouring rows, so reading a transposed operand
+//    (src[K, outer]) is coalesced; without the transpose each thread reads its own
+//    contiguous run.
 //  - 128x128 blocks: one 128-thread block per (row block, K-block). Each thread walks one
 //    line of the tile along src's rows so that the 128 threads read each src row coalesced,
 //    the amax is a block reduction, and every thread then writes its line's codes.
