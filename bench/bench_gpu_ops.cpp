@@ -2,8 +2,9 @@
 // copy bandwidth measured in the same run (Backend::copy between two device tensors, which
 // is one cudaMemcpyAsync). For each op it prints the bytes one call must move (every operand
 // read or written once), the time per call, the resulting GB/s and the fraction of the copy
-// bandwidth; 70% or more is the goal for these kernels, the gradient sync's pack and unpack
-// casts among them (the last section). Figures only: nothing here passes or fails on time.
+// bandwidth; 70% or more is the goal for these kernels, the FP8 block recipes' quantisation
+// and the gradient sync's pack and unpack casts among them (the last two sections). Figures only:
+// nothing here passes or fails on time.
 //
 //   bench_gpu_ops [elements]     (default 2^26; every operand is that long)
 //
@@ -17,6 +18,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/precision/block_scaling.h"
 
 namespace mantissa::core {
 namespace {
@@ -39,6 +41,37 @@ void report(const char* name, double bytes, double seconds, double copy_gbps) {
   const double gbps = bytes / seconds / 1e9;
   std::printf("%-34s %10.1f MB %10.1f us %9.1f GB/s %7.1f%% of copy\n", name, bytes / 1e6,
               seconds * 1e6, gbps, 100.0 * gbps / copy_gbps);
+}
+
+// Block quantisation (the FP8 block recipes) of a BF16 activation x [tokens, C] to E4M3 with
+// its scales, as the Linear layer quantises its operands: x as the forward's input (1x128 and
+// per-row), as the weight gradient's (regrouped along the tokens: transposed), and in 128x128
+// blocks as a weight.
+void block_quantize_kernels(Backend& be, const Tensor& x, double copy_gbps) {
+  std::printf("block quantisation of bf16 [%lld, %lld] to e4m3 with scales:\n",
+              static_cast<long long>(x.dim(0)), static_cast<long long>(x.dim(1)));
+  struct Case {
+    const char* name;
+    ScaleMode mode;
+    bool transpose;
+  };
+  const Case cases[] = {{"  1x128", ScaleMode::kVec128, false},
+                        {"  1x128 along tokens (transposed)", ScaleMode::kVec128, true},
+                        {"  128x128", ScaleMode::kBlock128, false},
+                        {"  per row", ScaleMode::kOuterVec, false},
+                        {"  per row along tokens (transposed)", ScaleMode::kOuterVec, true}};
+  for (const Case& c : cases) {
+    const int64_t outer = x.dim(c.transpose ? 1 : 0), k = x.dim(c.transpose ? 0 : 1);
+    Tensor codes = Tensor::empty(Shape{outer, k}, DType::kE4M3, be.device());
+    Tensor scales =
+        Tensor::empty(Shape{scale_count(c.mode, outer, k)}, scale_dtype(c.mode), be.device());
+    BlockQuantizeParams p;
+    p.mode = c.mode;
+    p.transpose = c.transpose;
+    const double bytes = static_cast<double>(x.nbytes() + codes.nbytes() + scales.nbytes());
+    report(c.name, bytes, seconds_per_call(be, [&] { be.quantize_blocks(x, codes, scales, p); }),
+           copy_gbps);
+  }
 }
 
 // What DataParallel runs on the device around every gradient bucket's collective
@@ -146,6 +179,7 @@ int run(int64_t n) {
          seconds_per_call(be, [&] { be.unscale_check_finite(b32, 1.0f, found, &first); }),
          copy_gbps);
 
+  block_quantize_kernels(be, x, copy_gbps);
   grad_sync_kernels(be, n, copy_gbps);
   return 0;
 }

@@ -159,6 +159,9 @@ note() {
       grep -E "^(no CUDA device|copy f32)" "$log" | sed -E 's/ +/ /g'
       grep -E "^  (pack|unpack) " "$log" | awk '{ v = $(NF - 2); sub(/%/, "", v); print v "\t" $0 }' |
         sort -n | head -n 1 | cut -f2 | sed -E 's/ +/ /g; s/^ /slowest grad-sync cast: /'
+      grep -E "^  (1x128|128x128|per row)" "$log" |
+        awk '{ v = $(NF - 2); sub(/%/, "", v); print v "\t" $0 }' | sort -n | head -n 1 | cut -f2 |
+        sed -E 's/ +/ /g; s/^ /slowest block quantisation: /'
       ;;
     bench_attention) grep -E "^(no CUDA device|  attention (forward|backward))" "$log" |
       sed -E 's/ +/ /g' ;;
