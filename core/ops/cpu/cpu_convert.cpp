@@ -6,7 +6,8 @@
 //    instruction, which is exact, and E5M2/E4M3 are first rewritten as FP16 patterns. NaNs
 //    then get dtype.h's canonical pattern (0x7FFFFFFF with the code's sign).
 //  - narrowing: BF16 and FP8 round with integer arithmetic on the FP32 pattern, FP16 with
-//    F16C; NaN becomes the canonical code.
+//    F16C; NaN becomes the canonical code. A BF16 or F16 source rounded to nearest
+//    (narrow_from_16bit) is widened vector by vector in registers on the way.
 //  - stochastic rounding: random_u32 is computed for eight indices at once, with the key of
 //    their run of 2^32 indices derived once per run, and compared as dtype.h compares it;
 //    lanes that need a slower rule (subnormal results, inf, NaN, overflow) cost it only in
