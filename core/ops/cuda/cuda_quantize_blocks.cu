@@ -2,21 +2,23 @@
 // core/precision/block_scaling.h, with the same scalar functions as the CPU backend, so the
 // codes and scales agree bit for bit.
 //
-// Three kernels, each reading a block twice (for its amax, then for its codes; the second read
-// comes from L2 for blocks of 128 elements):
-//  - per-row blocks (1x128, 1x32 E8M0, whole untransposed rows): one thread per (row,
-//    K-block). Threads of a warp take neighbouring rows, so reading a transposed operand
-//    (src[K, outer]) is coalesced; without the transpose each thread reads its own
-//    contiguous run.
+// Each block is read twice, for its amax and then for its codes (the second read comes from
+// L1 or L2), by one of five kernels chosen so that a warp's loads and stores cover
+// consecutive addresses:
+//  - 1x128 and 1x32 (MXFP8) blocks of src's rows: one warp per 128 elements of a row, lane l
+//    taking elements l, l + 32, l + 64 and l + 96; the warp reduces the amax of the one 1x128
+//    block, or of each 1x32 block (one per step of 32).
+//  - one scale per row of src: one warp per row, its lanes striding the row.
+//  - 1x128 and 1x32 blocks along src's columns (a transposed operand, src[K, outer]): one
+//    thread per (row, K-block), the threads of a warp taking neighbouring columns.
+//  - one scale per column of src (ROWWISE's weight-gradient operands: a few thousand rows of
+//    K = tokens): one thread per row would leave the GPU nearly idle and read each row's K
+//    elements one after another, so a 32 x 32 block takes 32 rows, its 32 warps splitting K,
+//    reduces each row's amax in shared memory, and writes the codes through a shared 32 x 32
+//    tile.
 //  - 128x128 blocks: one 128-thread block per (row block, K-block). Each thread walks one
 //    line of the tile along src's rows so that the 128 threads read each src row coalesced,
 //    the amax is a block reduction, and every thread then writes its line's codes.
-//  - one scale per row of a transposed src (ROWWISE's weight-gradient operands: a few
-//    thousand rows of K = tokens): one thread per row would leave the GPU nearly idle and
-//    read each row's K elements one after another, so a 32 x 32 block takes 32 rows, its 32
-//    warps splitting K, reduces each row's amax in shared memory, and writes the codes through
-//    a shared 32 x 32 tile, so that both the reads of src rows and the writes of code rows are
-//    coalesced.
 // The tensor-wide amax (when asked for) is an atomicMax on the magnitude bits, which order
 // like the magnitudes with every NaN (made canonical) above inf.
 #include <cuda_runtime.h>
@@ -52,26 +54,115 @@ __device__ __forceinline__ float operand_at(const Src* src, bool transpose, int6
   return to_float(transpose ? src[kk * outer + i] : src[i * k + kk]);
 }
 
+// The scale of a block whose amax is `amax` (E8M0's value with `mx`), stored at `index` when
+// `store` (the one thread of several computing it that writes it).
 template <class Code>
 __device__ __forceinline__ float scale_for(float amax, bool mx, bool power_of_two, void* scales,
-                                           int64_t index) {
+                                           int64_t index, bool store = true) {
   if (mx) {
     const uint8_t e = mx_scale_e8m0(amax, fp8_format_max<Code>());
-    static_cast<uint8_t*>(scales)[index] = e;
+    if (store) static_cast<uint8_t*>(scales)[index] = e;
     return e8m0_to_float(e);
   }
   const float s = block_scale(amax, fp8_format_max<Code>(), power_of_two);
-  static_cast<float*>(scales)[index] = s;
+  if (store) static_cast<float*>(scales)[index] = s;
   return s;
 }
 
+// Warp w of the grid-stride loop, and the number of warps in the grid.
+__device__ __forceinline__ int64_t global_warp_index() {
+  return cuda_kernels::global_thread_index() / cuda_kernels::kWarpSize;
+}
+__device__ __forceinline__ int64_t grid_warps() {
+  return cuda_kernels::grid_stride() / cuda_kernels::kWarpSize;
+}
+
+constexpr int kChunk = 128;  // elements of a row a warp takes per step: four per lane
+
+// Untransposed 1x128 (kMx false) or 1x32 E8M0 (kMx true) blocks: warp w takes chunk c of row
+// i (elements [128 c, 128 c + 128)), lane l its elements 128 c + l + 32 j, j < 4. Element j of
+// every lane lies in the chunk's one 1x128 block, or in 1x32 block 4 c + j. Every lane
+// reduces the same amax and computes the same scale; lane 0 stores it.
+template <class Src, class Code, bool kMx>
+__global__ void quantize_chunks_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                                       void* __restrict__ scales, uint32_t* __restrict__ amax,
+                                       int64_t outer, int64_t k, bool power_of_two) {
+  constexpr ScaleMode mode = kMx ? ScaleMode::kVec32Ue8m0 : ScaleMode::kVec128;
+  const int lane = threadIdx.x % cuda_kernels::kWarpSize;
+  const int64_t chunks_per_row = (k + kChunk - 1) / kChunk;
+  uint32_t seen = 0;
+  for (int64_t w = global_warp_index(); w < outer * chunks_per_row; w += grid_warps()) {
+    const int64_t i = w / chunks_per_row;
+    const int64_t base = (w % chunks_per_row) * kChunk;
+    float x[4];
+    uint32_t bits[4];
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = base + lane + 32 * j;
+      x[j] = e < k ? to_float(src[i * k + e]) : 0.0f;
+      bits[j] = e < k ? abs_bits(x[j]) : 0u;
+    }
+    float s[4];
+    if constexpr (kMx) {
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t m = cuda_kernels::warp_max_u32(bits[j]);
+        seen = max32(seen, m);
+        const int64_t b = base / 32 + j;
+        s[j] = scale_for<Code>(bits_to_float(m), true, power_of_two, scales,
+                               scale_index(mode, outer, k, i, b), lane == 0 && b * 32 < k);
+      }
+    } else {
+      const uint32_t m =
+          cuda_kernels::warp_max_u32(max32(max32(bits[0], bits[1]), max32(bits[2], bits[3])));
+      seen = max32(seen, m);
+      s[0] = scale_for<Code>(bits_to_float(m), false, power_of_two, scales,
+                             scale_index(mode, outer, k, i, base / kChunk), lane == 0);
+      s[1] = s[2] = s[3] = s[0];
+    }
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = base + lane + 32 * j;
+      if (e < k) codes[i * k + e] = quantize_with_scale<Code>(x[j], s[j]);
+    }
+  }
+  // `seen` is warp-uniform: one atomic per warp.
+  if (amax != nullptr && lane == 0) atomicMax(amax, seen);
+}
+
+// One scale per row of an untransposed src: warp w takes row w, its lanes striding the row.
 template <class Src, class Code>
-__global__ void quantize_rows_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
-                                     void* __restrict__ scales, uint32_t* __restrict__ amax,
-                                     int64_t outer, int64_t k, int64_t block_k, int64_t k_blocks,
-                                     ScaleMode mode, bool transpose, bool power_of_two) {
+__global__ void quantize_whole_rows_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                                           float* __restrict__ scales, uint32_t* __restrict__ amax,
+                                           int64_t outer, int64_t k, bool power_of_two) {
+  const int lane = threadIdx.x % cuda_kernels::kWarpSize;
+  uint32_t seen = 0;
+  for (int64_t i = global_warp_index(); i < outer; i += grid_warps()) {
+    const Src* row = src + i * k;
+    uint32_t bits = 0;
+    for (int64_t e = lane; e < k; e += cuda_kernels::kWarpSize) {
+      bits = max32(bits, abs_bits(to_float(row[e])));
+    }
+    const uint32_t m = cuda_kernels::warp_max_u32(bits);
+    seen = max32(seen, m);
+    const float s = block_scale(bits_to_float(m), fp8_format_max<Code>(), power_of_two);
+    if (lane == 0) scales[scale_index(ScaleMode::kOuterVec, outer, k, i, 0)] = s;
+    for (int64_t e = lane; e < k; e += cuda_kernels::kWarpSize) {
+      codes[i * k + e] = quantize_with_scale<Code>(to_float(row[e]), s);
+    }
+  }
+  if (amax != nullptr && lane == 0) atomicMax(amax, seen);
+}
+
+// Transposed 1x128 or 1x32 E8M0 blocks (operand row i is src column i): one thread per (row,
+// K-block), the threads of a warp taking neighbouring columns, so that each of their loads
+// reads consecutive addresses of one src row.
+template <class Src, class Code>
+__global__ void quantize_transposed_blocks_kernel(const Src* __restrict__ src,
+                                                  Code* __restrict__ codes,
+                                                  void* __restrict__ scales,
+                                                  uint32_t* __restrict__ amax, int64_t outer,
+                                                  int64_t k, ScaleMode mode, bool power_of_two) {
   const bool mx = mode == ScaleMode::kVec32Ue8m0;
-  const int64_t items = outer * k_blocks;
+  const int64_t block_k = scale_block_k(mode, k);
+  const int64_t items = outer * scale_k_blocks(mode, k);
   uint32_t seen = 0;
   for (int64_t item = cuda_kernels::global_thread_index(); item < items;
        item += cuda_kernels::grid_stride()) {
@@ -80,14 +171,13 @@ __global__ void quantize_rows_kernel(const Src* __restrict__ src, Code* __restri
     const int64_t k0 = b * block_k;
     const int64_t k1 = min64(k, k0 + block_k);
     uint32_t bits = 0;
-    for (int64_t kk = k0; kk < k1; ++kk) {
-      bits = max32(bits, abs_bits(operand_at(src, transpose, outer, k, i, kk)));
-    }
+    for (int64_t kk = k0; kk < k1; ++kk)
+      bits = max32(bits, abs_bits(to_float(src[kk * outer + i])));
     seen = max32(seen, bits);
     const float s = scale_for<Code>(bits_to_float(bits), mx, power_of_two, scales,
                                     scale_index(mode, outer, k, i, b));
     for (int64_t kk = k0; kk < k1; ++kk) {
-      codes[i * k + kk] = quantize_with_scale<Code>(operand_at(src, transpose, outer, k, i, kk), s);
+      codes[i * k + kk] = quantize_with_scale<Code>(to_float(src[kk * outer + i]), s);
     }
   }
   if (amax != nullptr) atomicMax(amax, seen);
@@ -215,31 +305,45 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
     using Src = decltype(src_tag);
     const auto launch = [&](auto code_tag) {
       using Code = decltype(code_tag);
-      if (mode == ScaleMode::kOuterVec && p.transpose) {
-        const int64_t blocks = cuda_kernels::ceil_div(d.outer, kLines);
-        MANTISSA_CHECK(blocks <= 2147483647, kOp << ": src " << src.describe() << " has " << d.outer
-                                                 << " columns, more than one launch takes");
-        quantize_transposed_rows_kernel<Src, Code>
-            <<<static_cast<unsigned>(blocks), dim3(kLines, kLines), 0, stream_>>>(
-                src.data_as<const Src>(), codes.data_as<Code>(), scales.data_as<float>(), amax,
-                d.outer, d.k, p.power_of_two);
-      } else if (mode == ScaleMode::kBlock128) {
+      const Src* in = src.data_as<const Src>();
+      Code* out = codes.data_as<Code>();
+      const auto warp_grid = [&](int64_t warps) {
+        return cuda_kernels::grid_size(warps * cuda_kernels::kWarpSize, kThreads,
+                                       multiprocessor_count_);
+      };
+      if (mode == ScaleMode::kBlock128) {
         const dim3 grid(static_cast<unsigned>(cuda_kernels::ceil_div(d.outer, kTile)),
                         static_cast<unsigned>(cuda_kernels::ceil_div(d.k, kTile)));
         MANTISSA_CHECK(grid.y <= 65535u, kOp << ": src " << src.describe() << " has " << grid.y
                                              << " 128-element blocks along K, more "
                                                 "than one launch takes (65535)");
         quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream_>>>(
-            src.data_as<const Src>(), codes.data_as<Code>(), scales.data_as<float>(), amax, d.outer,
-            d.k, p.transpose, p.power_of_two);
+            in, out, scales.data_as<float>(), amax, d.outer, d.k, p.transpose, p.power_of_two);
+      } else if (mode == ScaleMode::kOuterVec && p.transpose) {
+        const int64_t blocks = cuda_kernels::ceil_div(d.outer, kLines);
+        MANTISSA_CHECK(blocks <= 2147483647, kOp << ": src " << src.describe() << " has " << d.outer
+                                                 << " columns, more than one launch takes");
+        quantize_transposed_rows_kernel<Src, Code>
+            <<<static_cast<unsigned>(blocks), dim3(kLines, kLines), 0, stream_>>>(
+                in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
+      } else if (mode == ScaleMode::kOuterVec) {
+        quantize_whole_rows_kernel<Src, Code><<<warp_grid(d.outer), kThreads, 0, stream_>>>(
+            in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
+      } else if (p.transpose) {
+        quantize_transposed_blocks_kernel<Src, Code>
+            <<<cuda_kernels::grid_size(d.outer * scale_k_blocks(mode, d.k), kThreads,
+                                       multiprocessor_count_),
+               kThreads, 0, stream_>>>(in, out, scales.data(), amax, d.outer, d.k, mode,
+                                       p.power_of_two);
       } else {
-        const int64_t block_k = scale_block_k(mode, d.k);
-        const int64_t k_blocks = scale_k_blocks(mode, d.k);
-        quantize_rows_kernel<Src, Code>
-            <<<cuda_kernels::grid_size(d.outer * k_blocks, kThreads, multiprocessor_count_),
-               kThreads, 0, stream_>>>(src.data_as<const Src>(), codes.data_as<Code>(),
-                                       scales.data(), amax, d.outer, d.k, block_k, k_blocks, mode,
-                                       p.transpose, p.power_of_two);
+        const int64_t chunks = d.outer * cuda_kernels::ceil_div(d.k, kChunk);
+        if (mode == ScaleMode::kVec32Ue8m0) {
+          quantize_chunks_kernel<Src, Code, true><<<warp_grid(chunks), kThreads, 0, stream_>>>(
+              in, out, scales.data(), amax, d.outer, d.k, p.power_of_two);
+        } else {
+          quantize_chunks_kernel<Src, Code, false><<<warp_grid(chunks), kThreads, 0, stream_>>>(
+              in, out, scales.data(), amax, d.outer, d.k, p.power_of_two);
+        }
       }
       MANTISSA_CUDA_CHECK_LAUNCH();
     };
