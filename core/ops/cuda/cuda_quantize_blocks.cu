@@ -3,19 +3,17 @@
 // codes and scales agree bit for bit.
 //
 // Each block is read twice, for its amax and then for its codes (the second read comes from
-// L1 or L2), by one of five kernels chosen so that a warp's loads and stores cover
+// L1 or L2), by one of four kernels chosen so that a warp's loads and stores cover
 // consecutive addresses:
 //  - 1x128 and 1x32 (MXFP8) blocks of src's rows: one warp per 128 elements of a row, lane l
 //    taking elements l, l + 32, l + 64 and l + 96; the warp reduces the amax of the one 1x128
 //    block, or of each 1x32 block (one per step of 32).
 //  - one scale per row of src: one warp per row, its lanes striding the row.
-//  - 1x128 and 1x32 blocks along src's columns (a transposed operand, src[K, outer]): one
-//    thread per (row, K-block), the threads of a warp taking neighbouring columns.
-//  - one scale per column of src (ROWWISE's weight-gradient operands: a few thousand rows of
-//    K = tokens): one thread per row would leave the GPU nearly idle and read each row's K
-//    elements one after another, so a 32 x 32 block takes 32 rows, its 32 warps splitting K,
-//    reduces each row's amax in shared memory, and writes the codes through a shared 32 x 32
-//    tile.
+//  - any of those along src's columns (a transposed operand, src[K, outer], as the weight
+//    gradient's operands are: up to a few thousand rows of K = tokens): a 32 x 32 block takes
+//    32 operand rows over one K-block, its 32 warps splitting the K-block and each reading 32
+//    consecutive elements of a src row; the rows' amaxes are reduced in shared memory and the
+//    codes written through a shared 32 x 32 tile.
 //  - 128x128 blocks: one 128-thread block per (row block, K-block). Each thread walks one
 //    line of the tile along src's rows so that the 128 threads read each src row coalesced,
 //    the amax is a block reduction, and every thread then writes its line's codes.
@@ -151,38 +149,6 @@ __global__ void quantize_whole_rows_kernel(const Src* __restrict__ src, Code* __
   if (amax != nullptr && lane == 0) atomicMax(amax, seen);
 }
 
-// Transposed 1x128 or 1x32 E8M0 blocks (operand row i is src column i): one thread per (row,
-// K-block), the threads of a warp taking neighbouring columns, so that each of their loads
-// reads consecutive addresses of one src row.
-template <class Src, class Code>
-__global__ void quantize_transposed_blocks_kernel(const Src* __restrict__ src,
-                                                  Code* __restrict__ codes,
-                                                  void* __restrict__ scales,
-                                                  uint32_t* __restrict__ amax, int64_t outer,
-                                                  int64_t k, ScaleMode mode, bool power_of_two) {
-  const bool mx = mode == ScaleMode::kVec32Ue8m0;
-  const int64_t block_k = scale_block_k(mode, k);
-  const int64_t items = outer * scale_k_blocks(mode, k);
-  uint32_t seen = 0;
-  for (int64_t item = cuda_kernels::global_thread_index(); item < items;
-       item += cuda_kernels::grid_stride()) {
-    const int64_t i = item % outer;
-    const int64_t b = item / outer;
-    const int64_t k0 = b * block_k;
-    const int64_t k1 = min64(k, k0 + block_k);
-    uint32_t bits = 0;
-    for (int64_t kk = k0; kk < k1; ++kk)
-      bits = max32(bits, abs_bits(to_float(src[kk * outer + i])));
-    seen = max32(seen, bits);
-    const float s = scale_for<Code>(bits_to_float(bits), mx, power_of_two, scales,
-                                    scale_index(mode, outer, k, i, b));
-    for (int64_t kk = k0; kk < k1; ++kk) {
-      codes[i * k + kk] = quantize_with_scale<Code>(to_float(src[kk * outer + i]), s);
-    }
-  }
-  if (amax != nullptr) atomicMax(amax, seen);
-}
-
 constexpr int kTile = 128;
 
 // Grid: (row blocks, K-blocks); 128 threads. Thread t walks line t of the tile: without the
@@ -228,48 +194,56 @@ __global__ void quantize_square_kernel(const Src* __restrict__ src, Code* __rest
 
 constexpr int kLines = 32;
 
-// Grid: ceil(outer / 32) blocks of 32 x 32 threads; operand row i = i0 + threadIdx.x (src
-// column i), and warp threadIdx.y takes K positions threadIdx.y, + 32, ... (src rows).
+// A transposed operand (operand row i is src column i) in 1x128, 1x32 E8M0 or whole-row blocks
+// along K. Grid: (K-blocks, ceil(outer / 32)) blocks of 32 x 32 threads; block (b, r) takes
+// operand rows i0 = 32 r ... i0 + 31 over K-block b, [k0, k1). Thread (x, y) reads column
+// i0 + x of src rows k0 + y, + 32, ..., so that warp y reads 32 consecutive elements of a src
+// row; the rows' amaxes are reduced in shared memory, and the codes go out through a shared
+// 32 x 32 tile so that each warp writes 32 consecutive bytes of one code row.
 template <class Src, class Code>
-__global__ void quantize_transposed_rows_kernel(const Src* __restrict__ src,
-                                                Code* __restrict__ codes,
-                                                float* __restrict__ scales,
-                                                uint32_t* __restrict__ amax, int64_t outer,
-                                                int64_t k, bool power_of_two) {
+__global__ void quantize_transposed_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                                           void* __restrict__ scales, uint32_t* __restrict__ amax,
+                                           int64_t outer, int64_t k, ScaleMode mode,
+                                           bool power_of_two) {
   __shared__ uint32_t partial[kLines][kLines + 1];
   __shared__ float row_scale[kLines];
   __shared__ Code tile[kLines][kLines + 1];
+  const bool mx = mode == ScaleMode::kVec32Ue8m0;
   const int x = threadIdx.x, y = threadIdx.y;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.x) * kLines;
+  const int64_t b = blockIdx.x;
+  const int64_t k0 = b * scale_block_k(mode, k);
+  const int64_t k1 = min64(k, k0 + scale_block_k(mode, k));
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kLines;
   const int64_t i = i0 + x;
   const bool active = i < outer;
 
   uint32_t bits = 0;
   if (active) {
-    for (int64_t kk = y; kk < k; kk += kLines)
+    for (int64_t kk = k0 + y; kk < k1; kk += kLines) {
       bits = max32(bits, abs_bits(to_float(src[kk * outer + i])));
+    }
   }
   partial[y][x] = bits;
   __syncthreads();
   if (y == 0) {
     for (int r = 1; r < kLines; ++r) bits = max32(bits, partial[r][x]);
     if (active) {
-      row_scale[x] = block_scale(bits_to_float(bits), fp8_format_max<Code>(), power_of_two);
-      scales[scale_index(ScaleMode::kOuterVec, outer, k, i, 0)] = row_scale[x];
+      row_scale[x] = scale_for<Code>(bits_to_float(bits), mx, power_of_two, scales,
+                                     scale_index(mode, outer, k, i, b));
       if (amax != nullptr) atomicMax(amax, bits);
     }
   }
   __syncthreads();
 
-  // Each 32 x 32 piece: thread (x, y) quantises src row k0 + y, column i0 + x into tile[y][x],
-  // then writes tile[x][y] to code row i0 + y, position k0 + x.
+  // Each 32 x 32 piece: thread (x, y) quantises src row kb + y, column i0 + x into tile[y][x],
+  // then writes tile[x][y] to code row i0 + y, position kb + x.
   const float s = active ? row_scale[x] : 1.0f;
   const int64_t writer_row = i0 + y;
-  for (int64_t k0 = 0; k0 < k; k0 += kLines) {
-    const int64_t kk = k0 + y;
-    if (active && kk < k) tile[y][x] = quantize_with_scale<Code>(to_float(src[kk * outer + i]), s);
+  for (int64_t kb = k0; kb < k1; kb += kLines) {
+    const int64_t kk = kb + y;
+    if (active && kk < k1) tile[y][x] = quantize_with_scale<Code>(to_float(src[kk * outer + i]), s);
     __syncthreads();
-    if (writer_row < outer && k0 + x < k) codes[writer_row * k + k0 + x] = tile[x][y];
+    if (writer_row < outer && kb + x < k1) codes[writer_row * k + kb + x] = tile[x][y];
     __syncthreads();
   }
 }
@@ -319,22 +293,18 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
                                                 "than one launch takes (65535)");
         quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream_>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.transpose, p.power_of_two);
-      } else if (mode == ScaleMode::kOuterVec && p.transpose) {
-        const int64_t blocks = cuda_kernels::ceil_div(d.outer, kLines);
-        MANTISSA_CHECK(blocks <= 2147483647, kOp << ": src " << src.describe() << " has " << d.outer
-                                                 << " columns, more than one launch takes");
-        quantize_transposed_rows_kernel<Src, Code>
-            <<<static_cast<unsigned>(blocks), dim3(kLines, kLines), 0, stream_>>>(
-                in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
+      } else if (p.transpose) {
+        const int64_t row_blocks = cuda_kernels::ceil_div(d.outer, kLines);
+        MANTISSA_CHECK(row_blocks <= 65535, kOp << ": src " << src.describe() << " has " << d.outer
+                                                << " columns, more than one launch takes ("
+                                                << 65535 * kLines << ")");
+        const dim3 grid(static_cast<unsigned>(scale_k_blocks(mode, d.k)),
+                        static_cast<unsigned>(row_blocks));
+        quantize_transposed_kernel<Src, Code><<<grid, dim3(kLines, kLines), 0, stream_>>>(
+            in, out, scales.data(), amax, d.outer, d.k, mode, p.power_of_two);
       } else if (mode == ScaleMode::kOuterVec) {
         quantize_whole_rows_kernel<Src, Code><<<warp_grid(d.outer), kThreads, 0, stream_>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
-      } else if (p.transpose) {
-        quantize_transposed_blocks_kernel<Src, Code>
-            <<<cuda_kernels::grid_size(d.outer * scale_k_blocks(mode, d.k), kThreads,
-                                       multiprocessor_count_),
-               kThreads, 0, stream_>>>(in, out, scales.data(), amax, d.outer, d.k, mode,
-                                       p.power_of_two);
       } else {
         const int64_t chunks = d.outer * cuda_kernels::ceil_div(d.k, kChunk);
         if (mode == ScaleMode::kVec32Ue8m0) {
