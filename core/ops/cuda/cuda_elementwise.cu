@@ -107,7 +107,8 @@ __global__ void add_bias_kernel(T* __restrict__ x, const B* __restrict__ bias, i
 // First stage of the deterministic column sums: thread (c, block) sums rows
 // [block * kColumnRowBlock, (block + 1) * kColumnRowBlock) of column c in row order, the
 // CPU backend's order. Consecutive threads read consecutive columns, so every row read is
-// coalesced.
+// coalesced. Each thread loads kColumnRowsInFlight rows before adding them in order (one
+// memory latency per that many rows; see kColumnThreads).
 template <class T>
 __global__ void column_partials_kernel(const T* __restrict__ dout, int64_t rows, int64_t columns,
                                        int64_t n_blocks, float* __restrict__ partials) {
@@ -116,18 +117,35 @@ __global__ void column_partials_kernel(const T* __restrict__ dout, int64_t rows,
   for (int64_t block = blockIdx.y; block < n_blocks; block += gridDim.y) {
     const int64_t row_end = min(rows, (block + 1) * kColumnRowBlock);
     float acc = 0.0f;
-    for (int64_t r = block * kColumnRowBlock; r < row_end; ++r)
-      acc += to_float(dout[r * columns + c]);
+    int64_t r = block * kColumnRowBlock;
+    for (; r + kColumnRowsInFlight <= row_end; r += kColumnRowsInFlight) {
+      float v[kColumnRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) v[u] = to_float(dout[(r + u) * columns + c]);
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) acc += v[u];
+    }
+    for (; r < row_end; ++r) acc += to_float(dout[r * columns + c]);
     partials[block * columns + c] = acc;
   }
 }
 
-// Second stage: out[c] += the partials of column c added in row-block order.
+// Second stage: out[c] += the partials of column c added in row-block order, loaded
+// kColumnRowsInFlight at a time before they are added (a few hundred threads, each one serial
+// chain: without that, one latency per partial or two).
 __global__ void add_column_partials_kernel(const float* __restrict__ partials, int64_t n_blocks,
                                            int64_t columns, float* __restrict__ out) {
   for (int64_t c = global_thread_index(); c < columns; c += grid_stride()) {
     float total = partials[c];
-    for (int64_t block = 1; block < n_blocks; ++block) total += partials[block * columns + c];
+    int64_t block = 1;
+    for (; block + kColumnRowsInFlight <= n_blocks; block += kColumnRowsInFlight) {
+      float v[kColumnRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) v[u] = partials[(block + u) * columns + c];
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) total += v[u];
+    }
+    for (; block < n_blocks; ++block) total += partials[block * columns + c];
     out[c] += total;
   }
 }
@@ -276,12 +294,12 @@ void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
   const int64_t n_blocks = ceil_div(rows, kColumnRowBlock);
   // Freed when this function returns; the allocator's reuse is ordered on this stream.
   Tensor partials = Tensor::empty(Shape{n_blocks, columns}, DType::kF32, device());
-  const dim3 grid(static_cast<unsigned>(ceil_div(columns, kBlock)),
+  const dim3 grid(static_cast<unsigned>(ceil_div(columns, kColumnThreads)),
                   static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
   dispatch_f32_bf16_f16("bias_backward", dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    column_partials_kernel<T><<<grid, kBlock, 0, stream_>>>(dout.data_as<const T>(), rows, columns,
-                                                            n_blocks, partials.data_as<float>());
+    column_partials_kernel<T><<<grid, kColumnThreads, 0, stream_>>>(
+        dout.data_as<const T>(), rows, columns, n_blocks, partials.data_as<float>());
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
   add_column_partials(partials.data_as<const float>(), n_blocks, columns, dbias.data_as<float>(),

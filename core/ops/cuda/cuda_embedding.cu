@@ -68,10 +68,18 @@ __global__ void sort_pairs_kernel(const int32_t* __restrict__ tokens, int32_t* _
 
 // dwte[token] += dout[position] for every position of every token. The (token, position)
 // pairs arrive sorted by token, positions ascending within a token (a stable radix sort), so
-// the positions of one token form a contiguous run. The warp at the start of each run owns
-// that dwte row: no two warps write the same row (no atomics) and each row receives its
-// contributions in position order, like the CPU backend's loop. The price is that a token
-// repeated r times is summed by one warp, r rows in sequence.
+// the positions of one token form a contiguous run. The warps at the start of each run own
+// that dwte row, blockIdx.y choosing which 32 W of its columns (lane l takes
+// the W consecutive columns at l W, one 16-byte load of a BF16 dout when W = 8): no two warps
+// write the same element (no atomics) and each element receives its contributions in
+// position order, like the CPU backend's loop. A token repeated r times (a few hundred for
+// ",", " the" in a batch of 16K tokens) is one serial chain of r additions per column, so a
+// warp loads the run's positions 32 at a time (one per lane, passed round with shuffles) and
+// kWteRowsInFlight rows of dout before adding them in order: one memory latency per that
+// many rows, not one per row and per column.
+constexpr int kWteRowsInFlight = 8;
+
+template <int W>
 __global__ void embedding_backward_wte_kernel(FloatIn dout,
                                               const int32_t* __restrict__ sorted_tokens,
                                               const int32_t* __restrict__ sorted_positions,
@@ -83,14 +91,44 @@ __global__ void embedding_backward_wte_kernel(FloatIn dout,
   const int32_t token = sorted_tokens[i];
   if (token >= V) return;                              // ids outside the table: dropped
   if (i > 0 && sorted_tokens[i - 1] == token) return;  // not the start of a run
+  // The run's end, 32 entries per step: the entries equal to `token` are a prefix of any
+  // window starting inside the run, so the first lane that differs marks the end.
   int64_t run_end = i + 1;
-  while (run_end < BT && sorted_tokens[run_end] == token) ++run_end;
-  float* row = dwte + static_cast<int64_t>(token) * C;
-  for (int64_t c = lane; c < C; c += kWarpSize) {
-    float acc = row[c];
-    for (int64_t j = i; j < run_end; ++j) acc += load(dout, sorted_positions[j] * C + c);
-    row[c] = acc;
+  for (;;) {
+    const int64_t j = run_end + lane;
+    const unsigned same = __ballot_sync(0xFFFFFFFFu, j < BT && sorted_tokens[j] == token);
+    if (same != 0xFFFFFFFFu) {
+      run_end += __ffs(~same) - 1;
+      break;
+    }
+    run_end += kWarpSize;
   }
+
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kWarpSize * W + lane * W;
+  const bool active = c < C;  // every lane stays for the shuffles below
+  float* row = dwte + static_cast<int64_t>(token) * C + c;
+  float acc[W];
+  if (active) load_as_float<W>(row, acc);
+  for (int64_t j0 = i; j0 < run_end; j0 += kWarpSize) {
+    const int count = static_cast<int>(min(static_cast<int64_t>(kWarpSize), run_end - j0));
+    const int32_t own_position = lane < count ? sorted_positions[j0 + lane] : 0;
+    for (int u0 = 0; u0 < count; u0 += kWteRowsInFlight) {
+      float v[kWteRowsInFlight][W];
+#pragma unroll
+      for (int u = 0; u < kWteRowsInFlight; ++u) {
+        const int64_t position = __shfl_sync(0xFFFFFFFFu, own_position, u0 + u);
+        if (active && u0 + u < count) load_chunk<W>(dout, position * C + c, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kWteRowsInFlight; ++u) {
+        if (u0 + u < count) {
+#pragma unroll
+          for (int k = 0; k < W; ++k) acc[k] += v[u][k];
+        }
+      }
+    }
+  }
+  if (active) store_from_float<W>(row, acc);
 }
 
 }  // namespace
@@ -143,9 +181,18 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
                                                       positions, sorted_positions, num_items, 0,
                                                       end_bit, stream_));
 
-  embedding_backward_wte_kernel<<<static_cast<int>(ceil_div(BT, kWarpsPerBlock)), kBlock, 0,
-                                  stream_>>>(as_in(dout), sorted_tokens, sorted_positions,
-                                             dwte.data_as<float>(), BT, V, C);
+  // 8 columns per lane when every dout and dwte row starts 16-byte aligned.
+  const bool vectorised = C % 8 == 0 && aligned16(dout.data()) && aligned16(dwte.data());
+  const int width = vectorised ? 8 : 1;
+  const dim3 grid(static_cast<unsigned>(ceil_div(BT, kWarpsPerBlock)),
+                  static_cast<unsigned>(ceil_div(C, kWarpSize * width)));
+  if (vectorised) {
+    embedding_backward_wte_kernel<8><<<grid, kBlock, 0, stream_>>>(
+        as_in(dout), sorted_tokens, sorted_positions, dwte.data_as<float>(), BT, V, C);
+  } else {
+    embedding_backward_wte_kernel<1><<<grid, kBlock, 0, stream_>>>(
+        as_in(dout), sorted_tokens, sorted_positions, dwte.data_as<float>(), BT, V, C);
+  }
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

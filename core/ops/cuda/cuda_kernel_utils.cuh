@@ -183,6 +183,15 @@ void dispatch_f32_bf16_f16(const char* op, DType dtype, F&& f) {
 // shapes, never on the launch configuration or timing.
 constexpr int64_t kColumnRowBlock = 256;
 
+// Launch shape of the first-stage kernels (column_partials_kernel, layernorm's parameter
+// partials): blocks of kColumnThreads consecutive columns, each thread loading
+// kColumnRowsInFlight rows of its column before it adds them. Each partial is a serial chain
+// of up to 256 additions, so the loads a thread has in flight, not the thread count, decide
+// the bandwidth; 64-thread blocks spread even C = 768 columns (x 64 row blocks) over every
+// multiprocessor.
+constexpr int kColumnThreads = 64;
+constexpr int kColumnRowsInFlight = 32;
+
 // out[c] += partials[0, c] + partials[1, c] + ... + partials[n_blocks - 1, c]
 // (partials is [n_blocks, C], F32). Defined in cuda_elementwise.cu.
 void add_column_partials(const float* partials, int64_t n_blocks, int64_t columns, float* out,

@@ -100,7 +100,9 @@ __global__ void layernorm_backward_dx_kernel(FloatIn dout, FloatIn x, FloatIn ga
 
 // LayerNorm backward, first stage of dgamma += sum over rows of dout * xhat and
 // dbeta += sum over rows of dout: per (column, block of kColumnRowBlock rows) partial sums,
-// finished by add_column_partials. Consecutive threads take consecutive columns (coalesced).
+// finished by add_column_partials. Consecutive threads take consecutive columns (coalesced);
+// each thread loads kColumnRowsInFlight rows before adding them in row order (one memory
+// latency per that many rows; see kColumnThreads).
 __global__ void layernorm_param_partials_kernel(FloatIn dout, FloatIn x,
                                                 const float* __restrict__ mean,
                                                 const float* __restrict__ rstd, int64_t rows,
@@ -113,7 +115,21 @@ __global__ void layernorm_param_partials_kernel(FloatIn dout, FloatIn x,
     const int64_t row_end = min(rows, (block + 1) * kColumnRowBlock);
     float g_sum = 0.0f;
     float b_sum = 0.0f;
-    for (int64_t r = block * kColumnRowBlock; r < row_end; ++r) {
+    int64_t r = block * kColumnRowBlock;
+    for (; r + kColumnRowsInFlight <= row_end; r += kColumnRowsInFlight) {
+      float dy[kColumnRowsInFlight], xv[kColumnRowsInFlight];
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) {
+        dy[u] = load(dout, (r + u) * C + c);
+        xv[u] = load(x, (r + u) * C + c);
+      }
+#pragma unroll
+      for (int u = 0; u < kColumnRowsInFlight; ++u) {
+        g_sum += dy[u] * layernorm_xhat(xv[u], mean[r + u], rstd[r + u]);
+        b_sum += dy[u];
+      }
+    }
+    for (; r < row_end; ++r) {
       const float dy = load(dout, r * C + c);
       g_sum += dy * layernorm_xhat(load(x, r * C + c), mean[r], rstd[r]);
       b_sum += dy;
@@ -159,9 +175,9 @@ void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const 
   Tensor partials = Tensor::empty(Shape{2, n_blocks, C}, DType::kF32, device());
   float* dgamma_partials = partials.data_as<float>();
   float* dbeta_partials = dgamma_partials + n_blocks * C;
-  const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, kBlock)),
+  const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, kColumnThreads)),
                           static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
-  layernorm_param_partials_kernel<<<partial_grid, kBlock, 0, stream_>>>(
+  layernorm_param_partials_kernel<<<partial_grid, kColumnThreads, 0, stream_>>>(
       as_in(dout), as_in(x), mean.data_as<const float>(), rstd.data_as<const float>(), N, C,
       n_blocks, dgamma_partials, dbeta_partials);
   MANTISSA_CUDA_CHECK_LAUNCH();
