@@ -23,17 +23,18 @@ Tensor LMHead::logits(train::StepContext& ctx, const Tensor& hidden) const {
 Tensor LMHead::forward(train::StepContext& ctx, const Tensor& hidden, const Tensor& targets,
                        float dloss_per_token) {
   core::Backend& be = ctx.backend;
-  Tensor logits_then_grad = logits(ctx, hidden);
+  const DType dt = ctx.policy.compute_dtype;
+  Tensor z = logits(ctx, hidden);
   Tensor losses = Tensor::empty(Shape{hidden.dim(0)}, DType::kF32, be.device());
-  const bool training = dloss_per_token > 0.0f;
-  be.softmax_cross_entropy(logits_then_grad, vocab_size_, targets, losses,
-                           training ? &logits_then_grad : nullptr, dloss_per_token);
-  if (training) {
-    hidden_ = hidden;
-    dlogits_ = logits_then_grad;
-  } else {
+  if (dloss_per_token <= 0.0f) {
+    be.softmax_cross_entropy(z, vocab_size_, targets, losses, nullptr, dloss_per_token);
     drop();
+    return losses;
   }
+  Tensor dlogits = dt == DType::kF32 ? z : Tensor::empty(z.shape(), dt, be.device());
+  be.softmax_cross_entropy(z, vocab_size_, targets, losses, &dlogits, dloss_per_token);
+  hidden_ = hidden;
+  dlogits_ = dlogits;
   return losses;
 }
 
@@ -42,17 +43,12 @@ Tensor LMHead::backward(train::StepContext& ctx) {
   core::Backend& be = ctx.backend;
   const DType dt = ctx.policy.compute_dtype;
   train::Parameter& w = store_[weight_];
-  Tensor dlogits = dlogits_;
-  if (dt != DType::kF32) {
-    dlogits = Tensor::empty(dlogits_.shape(), dt, be.device());
-    be.cast(dlogits_, dlogits, core::CastParams{});
-  }
   Tensor dhidden = Tensor::empty(hidden_.shape(), dt, be.device());
-  be.gemm(dlogits, w.compute, dhidden, core::GemmParams{});
+  be.gemm(dlogits_, w.compute, dhidden, core::GemmParams{});
   core::GemmParams weight_grad;
   weight_grad.trans_a = true;
   weight_grad.beta = 1.0f;
-  be.gemm(dlogits, hidden_, w.grad, weight_grad);
+  be.gemm(dlogits_, hidden_, w.grad, weight_grad);
   drop();
   return dhidden;
 }

@@ -3,8 +3,9 @@
 // vocab_size columns (core::Backend::softmax_cross_entropy's valid_cols). W, stored [Vp, C],
 // is a parameter of its own or the token embedding (a tied head).
 //
-// Backward: the FP32 dlogits that the loss wrote in place of the logits are rounded to the
-// compute dtype (GEMM operands share one dtype), then
+// The loss writes dlogits in the compute dtype (GEMM operands share one dtype): in place of
+// the logits in FP32, else into a tensor of their own, each value rounded once as a cast of
+// FP32 dlogits would round it, so the FP32 logits are read once and dropped. Backward:
 //   dhidden = dlogits W        W.grad += dlogits^T hidden
 // The padding columns of dlogits are exactly 0, so W's padding rows add nothing to dhidden and
 // receive nothing. The caller marks W's gradient ready: a tied W still receives the
@@ -39,7 +40,7 @@ class LMHead {
   int weight_;
   int64_t vocab_size_;
   core::Tensor hidden_;   // [N, C]
-  core::Tensor dlogits_;  // [N, Vp] F32
+  core::Tensor dlogits_;  // [N, Vp] in the compute dtype
 };
 
 }  // namespace mantissa::models
