@@ -27,10 +27,13 @@ ModelCost gpt2_cost(const models::GPT2Config& c) {
   // probabilities (H T), c_proj's input, ln_2's input, c_fc's input, its output (4C) and GELU's
   // (4C, mlp.c_proj's input); the four linears' inputs (7C) are E4M3 under per-tensor FP8.
   const double per_block = 16.0 * C + static_cast<double>(c.n_head * T);
-  cost.saved_elements_per_token = L * per_block + 2.0 * C;  // + ln_f's input, the head's
+  // + ln_f's input, the head's input and its logit gradients (LMHead keeps them in the
+  // compute dtype).
+  cost.saved_elements_per_token =
+      L * per_block + 2.0 * C + static_cast<double>(c.padded_vocab_size());
   cost.fp8_saved_elements_per_token = 7.0 * L * C;
-  // Two LayerNorms' mean and 1/std per block and ln_f's, and the head's logit gradients.
-  cost.fp32_saved_bytes_per_token = 16.0 * L + 8.0 + 4.0 * c.padded_vocab_size();
+  // Two LayerNorms' mean and 1/std per block and ln_f's.
+  cost.fp32_saved_bytes_per_token = 16.0 * L + 8.0;
   cost.working_elements_per_token = per_block;
   return cost;
 }
@@ -52,9 +55,10 @@ ModelCost llama_cost(const models::LlamaConfig& c) {
   // norm's input, gate_up_proj's input, gate|up (2F) and SwiGLU's output (F, down's input);
   // the four linears' inputs are E4M3 under per-tensor FP8.
   const double per_block = 4.0 * C + 4.0 * q + 3.0 * F + static_cast<double>(c.n_head * T);
-  cost.saved_elements_per_token = L * per_block + 2.0 * C;
+  cost.saved_elements_per_token =
+      L * per_block + 2.0 * C + static_cast<double>(c.padded_vocab_size());
   cost.fp8_saved_elements_per_token = static_cast<double>(L) * (2.0 * C + q + F);
-  cost.fp32_saved_bytes_per_token = 8.0 * L + 4.0 + 4.0 * c.padded_vocab_size();
+  cost.fp32_saved_bytes_per_token = 8.0 * L + 4.0;
   cost.working_elements_per_token = per_block;
   return cost;
 }

@@ -25,7 +25,7 @@
 // Memory per device, in bytes: FP32 masters and AdamW moments (ZeRO-1: a 1/N share each),
 // FP32 gradients (always whole), the compute copy, the reduce dtype's copy of the gradients,
 // FP8 weight copies, the activations backward keeps (counted from what each layer saves, plus
-// one layer's backward working set and the LM head's FP32 logit gradients), and a fixed
+// one layer's backward working set and the LM head's logit gradients), and a fixed
 // runtime allowance on GPUs (CUDA context, cuBLASLt workspace, NCCL buffers).
 #pragma once
 
