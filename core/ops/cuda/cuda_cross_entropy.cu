@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kCrossEntropyBlock)
                                         float* __restrict__ losses, FloatOut dlogits,
                                         float grad_scale, int64_t V, int64_t valid_cols,
                                         bool vector) {
-  extern __shared__ float staged_row[];
+  extern __shared__ __align__(16) float staged_row[];  // stage_row stores float4
   const int64_t base = static_cast<int64_t>(blockIdx.x) * V;
   const int32_t target = targets[blockIdx.x];
   const bool valid_target = target >= 0 && target < valid_cols;
