@@ -140,8 +140,8 @@ __global__ void quantize_whole_rows_kernel(const Src* __restrict__ src, Code* __
     }
     const uint32_t m = cuda_kernels::warp_max_u32(bits);
     seen = max32(seen, m);
-    const float s = block_scale(bits_to_float(m), fp8_format_max<Code>(), power_of_two);
-    if (lane == 0) scales[scale_index(ScaleMode::kOuterVec, outer, k, i, 0)] = s;
+    const float s = scale_for<Code>(bits_to_float(m), false, power_of_two, scales,
+                                    scale_index(ScaleMode::kOuterVec, outer, k, i, 0), lane == 0);
     for (int64_t e = lane; e < k; e += cuda_kernels::kWarpSize) {
       codes[i * k + e] = quantize_with_scale<Code>(to_float(row[e]), s);
     }
