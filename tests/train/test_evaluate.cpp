@@ -72,7 +72,10 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
         EXPECT_EQ(slice.tokens(), eval_tokens);
         sum += slice.local_loss_sum(model, *be, policy);
       }
-      EXPECT_NEAR(sum / whole, 1.0, 1e-9) << world << " ranks, micro-batch " << micro_batch;
+      // A token lost or counted twice moves the sum by about 1/640; a different micro-batch
+      // gives OpenBLAS's sgemm other row blocks, whose per-token FP32 losses can differ in the
+      // last bit (1.9e-9 of the sum measured on an AVX2-only AMD EPYC).
+      EXPECT_NEAR(sum / whole, 1.0, 1e-6) << world << " ranks, micro-batch " << micro_batch;
     }
   }
 }
