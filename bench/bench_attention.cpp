@@ -12,8 +12,11 @@
 // minimum and maximum of the repeats are printed (their spread is the noise).
 // GPU: the attention op (the composed routine) in BF16 next to its six batched GEMMs alone on
 // the same operands, which are the part tensor cores run: the rest (permutations, softmax) is
-// what the difference costs. TFLOP/s count the full T x T products the GEMMs compute
-// (2 B H T^2 D per product, twice forward, four times backward).
+// what the difference costs; then flash attention (cuda_flash_attention.cu) on the same
+// operands, where the device has its kernels. TFLOP/s count the full T x T products the
+// composed GEMMs compute (2 B H T^2 D per product, twice forward, four times backward) for
+// every row, flash included, so the rates compare as times do (flash skips the tiles above
+// the diagonal, and its backward recomputes S and dP for dQ).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -169,7 +172,19 @@ int run_gpu(const Shape4& s, int repeats) {
        4},
       {"its four GEMMs alone", gemms_backward, 4},
   };
-  for (const Row& row : rows) {
+  Tensor lse = Tensor::empty(Shape{s.B, s.H, s.T}, DType::kF32, dev);
+  const std::string no_flash = be->unsupported_flash_attention(DType::kBF16, D);
+  std::vector<Row> all(std::begin(rows), std::end(rows));
+  if (no_flash.empty()) {
+    all.push_back(
+        {"flash forward", [&] { be->flash_attention_forward(o.qkv, o.out, lse, n_head); }, 2});
+    all.push_back({"flash backward",
+                   [&] { be->flash_attention_backward(o.dout, o.qkv, o.out, lse, o.dqkv, n_head); },
+                   4});
+  } else {
+    std::printf("  flash attention: not run: %s\n", no_flash.c_str());
+  }
+  for (const Row& row : all) {
     std::vector<double> t;
     for (int r = 0; r <= repeats; ++r) {
       const double x = seconds(*be, row.op);

@@ -1,11 +1,13 @@
 // Training throughput of the CUDA backend on one GPU: GPT-2 124M (12 layers, 12 heads, width
 // 768, 1,024 positions, vocabulary 50,257), `micro_batch` sequences per step, in BF16 and in
 // FP8_HYBRID with each recipe the device runs (DELAYED, CURRENT, and BLOCKWISE where cuBLASLt
-// has block scales). Per precision: step time, tokens/s, host synchronisations per step, MFU
-// (against the device's data-sheet BF16 peak, core/device_peaks.h, where it is known) and the
-// model's TFLOP/s (6 N + 6 L C T per token, as MFU counts them) next to the anchor, the BF16
-// GEMM rate of cuBLASLt at 8192^3 measured in the same run (their ratio is the step's
-// efficiency, the figure `mantissa plan --efficiency` takes).
+// has block scales); attention is flash attention where the device has its kernels
+// (core/ops/flash_attention_switch.h), and "BF16 no-flash" runs BF16 once more with the
+// materialised attention (MANTISSA_FLASH_ATTENTION=0) for the difference. Per precision: step time,
+// tokens/s, host synchronisations per step, MFU (against the device's data-sheet BF16 peak,
+// core/device_peaks.h, where it is known) and the model's TFLOP/s (6 N + 6 L C T per token, as MFU
+// counts them) next to the anchor, the BF16 GEMM rate of cuBLASLt at 8192^3 measured in the same
+// run (their ratio is the step's efficiency, the figure `mantissa plan --efficiency` takes).
 //
 //   bench_gpu_train [steps] [micro_batch]     (defaults 10 and 16; the first 2 steps untimed)
 //
@@ -33,6 +35,7 @@ namespace mantissa {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr const char* kFlashSwitch = "MANTISSA_FLASH_ATTENTION";
 
 // TFLOP/s of a BF16 8192^3 GEMM on the backend: the median of 10 timed calls after 3 untimed.
 double bf16_gemm_tflops(core::Backend& gpu) {
@@ -58,6 +61,7 @@ struct Run {
   const char* name;
   core::PrecisionMode mode;
   core::Fp8Recipe recipe;
+  bool flash = true;  // false: kFlashSwitch=0 for this run
 };
 
 void train_and_report(core::Backend& gpu, const Run& run, int64_t steps, int64_t micro_batch,
@@ -130,6 +134,7 @@ int main(int argc, char** argv) {
       {"FP8 DELAYED", core::PrecisionMode::kFP8Hybrid, core::Fp8Recipe::kDelayed},
       {"FP8 CURRENT", core::PrecisionMode::kFP8Hybrid, core::Fp8Recipe::kCurrent},
       {"FP8 BLOCKWISE", core::PrecisionMode::kFP8Hybrid, core::Fp8Recipe::kBlockwise},
+      {"BF16 no-flash", core::PrecisionMode::kBF16, core::Fp8Recipe::kDelayed, false},
   };
   for (const Run& run : runs) {
     if (run.recipe == core::Fp8Recipe::kBlockwise) {
@@ -140,7 +145,19 @@ int main(int argc, char** argv) {
         continue;
       }
     }
+    if (run.flash) {
+      train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
+      continue;
+    }
+    const char* setting = std::getenv(kFlashSwitch);
+    const std::string user_setting = setting ? setting : "";
+    setenv(kFlashSwitch, "0", 1);
     train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
+    if (setting) {
+      setenv(kFlashSwitch, user_setting.c_str(), 1);
+    } else {
+      unsetenv(kFlashSwitch);
+    }
   }
   return 0;
 }

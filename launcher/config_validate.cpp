@@ -19,6 +19,7 @@
 #include "core/config_check.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
+#include "core/ops/flash_attention_switch.h"
 #include "launcher/config.h"
 #include "launcher/config_translate.h"
 
@@ -275,11 +276,12 @@ void validate_debug(const Config::Debug& d, int64_t steps) {
   }
 }
 
-// The environment switches of the CPU backend, checked before anything runs (not at the first
-// GEMM or cast that reads them).
+// The environment switches of the CPU backend and of the attention layer, checked before
+// anything runs (not at the first GEMM, cast or attention that reads them).
 void validate_environment() {
   try {
     core::check_cpu_switches();
+    core::check_flash_attention_switch();
   } catch (const core::Error& e) {
     throw core::ConfigError(std::string("environment: ") + e.what());
   }

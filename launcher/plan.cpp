@@ -149,6 +149,9 @@ std::string memory_table(const TrainConfig& config, const ModelCost& cost, const
       out += line;
     }
   }
+  out += uses_flash_attention(config, cost, cluster.device)
+             ? "   attention: flash (lse per row; MANTISSA_FLASH_ATTENTION=0 keeps P)\n"
+             : "   attention: materialised (the [B, H, T, T] probabilities P kept)\n";
   const double capacity = cluster.device.memory_gib;
   if (capacity > 0) {
     const double mine = estimate_memory(config, cost, cluster).total() / kGiB;

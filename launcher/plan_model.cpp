@@ -4,12 +4,22 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/ops/flash_attention_switch.h"
 #include "launcher/config_translate.h"
 #include "launcher/model_config.h"
 #include "train/language_model.h"
 
 namespace mantissa::launcher {
 namespace {
+
+void set_attention(ModelCost& cost, int64_t layers, int64_t heads, int64_t head_dim, int64_t seq,
+                   int64_t width) {
+  cost.layers = layers;
+  cost.head_dim = head_dim;
+  cost.probability_elements = static_cast<double>(heads * seq);
+  cost.lse_bytes = 4.0 * static_cast<double>(heads);
+  cost.attention_output_elements = static_cast<double>(width);
+}
 
 ModelCost gpt2_cost(const models::GPT2Config& c) {
   const int64_t C = c.n_embd, L = c.n_layer, T = c.seq_len;
@@ -35,6 +45,7 @@ ModelCost gpt2_cost(const models::GPT2Config& c) {
   // Two LayerNorms' mean and 1/std per block and ln_f's.
   cost.fp32_saved_bytes_per_token = 16.0 * L + 8.0;
   cost.working_elements_per_token = per_block;
+  set_attention(cost, L, c.n_head, C / c.n_head, T, C);
   return cost;
 }
 
@@ -60,6 +71,7 @@ ModelCost llama_cost(const models::LlamaConfig& c) {
   cost.fp8_saved_elements_per_token = static_cast<double>(L) * (2.0 * C + q + F);
   cost.fp32_saved_bytes_per_token = 8.0 * L + 4.0;
   cost.working_elements_per_token = per_block;
+  set_attention(cost, L, c.n_head, c.head_dim(), T, q);
   return cost;
 }
 
@@ -111,6 +123,15 @@ ModelCost model_cost(const TrainConfig::Model& model) {
   return gpt2_cost(gpt2_config(model.gpt2()));
 }
 
+bool uses_flash_attention(const TrainConfig& config, const ModelCost& cost,
+                          const DeviceSpec& device) {
+  const bool gpu = device.name != "cpu";
+  const bool kernels =
+      !gpu || (config.precision().mode() != TrainConfig::Precision::FP32 &&
+               (cost.head_dim == 64 || (cost.head_dim == 128 && device.name != "a100")));
+  return core::flash_attention_chosen(gpu, kernels);
+}
+
 MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
                                const Cluster& cluster) {
   const double p = static_cast<double>(cost.flat_parameters);
@@ -138,10 +159,18 @@ MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
   const double fp8_saved = per_tensor_fp8(config) ? 1.0 : a;
   const double tokens =
       static_cast<double>(config.data().micro_batch_size() * model_shape(config.model()).seq_len);
-  m.activations =
-      tokens * (a * (cost.saved_elements_per_token - cost.fp8_saved_elements_per_token) +
-                fp8_saved * cost.fp8_saved_elements_per_token + cost.fp32_saved_bytes_per_token);
-  m.working = tokens * a * cost.working_elements_per_token;
+  double saved = cost.saved_elements_per_token, fp32_saved = cost.fp32_saved_bytes_per_token;
+  double working = cost.working_elements_per_token;
+  if (uses_flash_attention(config, cost, cluster.device)) {
+    const double L = static_cast<double>(cost.layers);
+    saved -= L * cost.probability_elements;
+    working -= cost.probability_elements;
+    fp32_saved += L * cost.lse_bytes;
+    if (per_tensor_fp8(config)) saved += L * cost.attention_output_elements;
+  }
+  m.activations = tokens * (a * (saved - cost.fp8_saved_elements_per_token) +
+                            fp8_saved * cost.fp8_saved_elements_per_token + fp32_saved);
+  m.working = tokens * a * working;
   if (cluster.device.name != "cpu") m.runtime = 1024.0 * 1024.0 * 1024.0;
   return m;
 }

@@ -52,6 +52,16 @@ struct ModelCost {
   double fp8_saved_elements_per_token = 0;
   double fp32_saved_bytes_per_token = 0;
   double working_elements_per_token = 0;  // one layer's backward, compute dtype
+  // Attention's part of those, per layer and token: the probabilities P [B, H, T, T] that the
+  // materialised attention keeps (H T elements; in the working set too), and for flash
+  // attention (core/ops/flash_attention_switch.h) instead lse [B, H, T] (4 H bytes) and its
+  // output (the attention width), which the output projection keeps anyway unless it keeps
+  // an FP8 copy.
+  int64_t layers = 0;
+  int64_t head_dim = 0;
+  double probability_elements = 0;
+  double lse_bytes = 0;
+  double attention_output_elements = 0;
 };
 // GPT-2 or Llama (the MLP has no plan: it is a test model); throws core::ConfigError otherwise.
 ModelCost model_cost(const TrainConfig::Model& model);
@@ -86,6 +96,14 @@ struct StepEstimate {
   double tokens_per_s() const { return static_cast<double>(tokens) / step_s(); }
   double mfu = 0;  // tokens/s x FLOPs per token over the ranks' BF16 peaks
 };
+
+// Whether the run's attention is flash attention, by core::use_flash_attention's rule for a
+// device known by name (MANTISSA_FLASH_ATTENTION included): the CUDA kernels take BF16 and
+// F16 (FP8_HYBRID's attention is BF16) with heads of 64 or 128 channels, and an A100's 163 KiB
+// of shared memory per block is too little for the 128-channel backward; the CPU runs the
+// materialised form unless asked.
+bool uses_flash_attention(const TrainConfig& config, const ModelCost& cost,
+                          const DeviceSpec& device);
 
 // The config's precision and dist sections decide what is computed how; `config` has its
 // defaults applied and is validated.

@@ -97,6 +97,7 @@ fi
 # Keep going past a target that does not compile (ninja -k 0): whatever did build still gets
 # tested, which is worth more than nothing on a machine that is lent for minutes.
 gpu_targets=(test_gpu_dtype test_gpu_gemm test_gpu_block_fp8 test_gpu_ops test_gpu_attention
+  test_gpu_flash_attention
   test_gpu_llama_ops test_gpu_decode test_gpu_nccl test_gpu_train bench_gpu_gemm bench_gpu_ops
   bench_attention bench_gpu_train)
 # Tests run after a build step that configured (whatever of it compiled), or on what an
@@ -163,7 +164,7 @@ note() {
         awk '{ v = $(NF - 2); sub(/%/, "", v); print v "\t" $0 }' | sort -n | head -n 1 | cut -f2 |
         sed -E 's/ +/ /g; s/^ /slowest block quantisation: /'
       ;;
-    bench_attention) grep -E "^(no CUDA device|  attention (forward|backward))" "$log" |
+    bench_attention) grep -E "^(no CUDA device|  (attention|flash) (forward|backward))" "$log" |
       sed -E 's/ +/ /g' ;;
     bench_gpu_train) grep -E "^(no CUDA device|BF16 |FP8 )" "$log" |
       sed -E 's/ +/ /g; s/(step_ms|tokens_per_s|host_syncs_per_step|loss)=[^ ]* //g' ;;

@@ -199,6 +199,28 @@ class Backend {
   // and must be disjoint from probs.
   virtual void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
                                        Tensor& dscores) = 0;
+  // The same causal attention without any [B, H, T, T] matrix (FlashAttention-2, Dao 2023):
+  // the forward keeps, per query row t of each head, only the log-sum-exp of its scores,
+  //   lse[b, h, t] = log sum_{t2 <= t} exp(scale q_t . k_t2)   (F32 [B, H, T], scale 1/sqrt(D)),
+  // and the backward recomputes P = exp(scale Q K^T - lse) block by block. qkv[B, T, 3C] and
+  // out[B, T, C] are attention_forward's, and qkv, out, dout and dqkv share one dtype. Scores,
+  // softmax and every sum are FP32; the probabilities (and dS in the backward) are rounded to
+  // qkv's dtype where they enter a product, as tensor-core operands are. So out is
+  // attention_forward's function up to rounding, not bit for bit. Each row's memory is
+  // O(T D) instead of O(T^2): the kernels read Q, K, V and write out and lse, nothing more.
+  // As with the composed routine's GEMMs, the GPU's tile products multiply masked zeros by
+  // the values of other positions of their 64-row tiles, forward and backward, so an inf or
+  // NaN can reach rows of its tile that it does not attend to.
+  virtual void flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, int n_head) = 0;
+  // dqkv overwritten, from dout, the forward's out and lse, and qkv:
+  //   delta_t = dout_t . out_t,  P = exp(scale S - lse),  dP = dout V^T,
+  //   dS = scale P (dP - delta),  dQ = dS K,  dK = dS^T Q,  dV = P^T dout.
+  virtual void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                        const Tensor& lse, Tensor& dqkv, int n_head) = 0;
+  // "" when this backend runs flash attention on qkv of this dtype and head size D, else why
+  // not (the CUDA kernels take BF16 and F16 with D = 64, and D = 128 where a block may have
+  // 187 KiB of shared memory: Hopper, not an A100; the CPU takes any).
+  virtual std::string unsupported_flash_attention(DType qkv, int64_t head_dim) const = 0;
   // Causal attention of N new positions over a KV cache (text generation, one sequence).
   // qkv[N, 3C] holds their Q, K, V as attention_forward's rows do. Their K and V are first
   // written to rows [start, start + N) of k_cache and v_cache [S, C] (start + N <= S); then

@@ -501,6 +501,56 @@ AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, co
 
 namespace {
 
+void check_same_dtype(const char* op, const char* name, const Tensor& t, const Tensor& qkv) {
+  MANTISSA_CHECK(t.dtype() == qkv.dtype(), op << ": operand " << name << " " << t.describe()
+                                              << " must have qkv's dtype ("
+                                              << dtype_name(qkv.dtype()) << ")");
+}
+
+}  // namespace
+
+AttentionDims check_flash_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                            int n_head, Device device) {
+  const char* op = "flash_attention_forward";
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "out", out, device);
+  check_operand(op, "lse", lse, device, {DType::kF32});
+  const AttentionDims d = attention_dims(op, qkv, n_head);
+  check_shape(op, "out", out, Shape{d.B, d.T, d.C});
+  check_shape(op, "lse", lse, Shape{d.B, d.H, d.T});
+  check_same_dtype(op, "out", out, qkv);
+  check_disjoint(op, "out", out, "qkv", qkv);
+  check_disjoint(op, "lse", lse, "qkv", qkv);
+  check_disjoint(op, "lse", lse, "out", out);
+  return d;
+}
+
+AttentionDims check_flash_attention_backward(const Tensor& dout, const Tensor& qkv,
+                                             const Tensor& out, const Tensor& lse,
+                                             const Tensor& dqkv, int n_head, Device device) {
+  const char* op = "flash_attention_backward";
+  check_activation(op, "dout", dout, device);
+  check_activation(op, "qkv", qkv, device);
+  check_activation(op, "out", out, device);
+  check_activation(op, "dqkv", dqkv, device);
+  check_operand(op, "lse", lse, device, {DType::kF32});
+  const AttentionDims d = attention_dims(op, qkv, n_head);
+  check_shape(op, "dout", dout, Shape{d.B, d.T, d.C});
+  check_shape(op, "out", out, Shape{d.B, d.T, d.C});
+  check_shape(op, "lse", lse, Shape{d.B, d.H, d.T});
+  check_same_shape(op, "dqkv", dqkv, "qkv", qkv);
+  check_same_dtype(op, "dout", dout, qkv);
+  check_same_dtype(op, "out", out, qkv);
+  check_same_dtype(op, "dqkv", dqkv, qkv);
+  check_disjoint(op, "dqkv", dqkv, "qkv", qkv);
+  check_disjoint(op, "dqkv", dqkv, "dout", dout);
+  check_disjoint(op, "dqkv", dqkv, "out", out);
+  check_disjoint(op, "dqkv", dqkv, "lse", lse);
+  return d;
+}
+
+namespace {
+
 // heads[P, B, H, T, D] against rows[B, T, P*H*D].
 HeadsDims heads_dims(const char* op, const char* heads_name, const Tensor& heads,
                      const char* rows_name, const Tensor& rows) {

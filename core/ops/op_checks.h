@@ -117,6 +117,13 @@ AttentionDims check_attention_forward(const Tensor& qkv, const Tensor& out, cons
 AttentionDims check_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                        const Tensor& dqkv, int n_head, Device device);
 
+// Flash attention: qkv, out, dout and dqkv of one dtype; lse[B, H, T] F32.
+AttentionDims check_flash_attention_forward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                            int n_head, Device device);
+AttentionDims check_flash_attention_backward(const Tensor& dout, const Tensor& qkv,
+                                             const Tensor& out, const Tensor& lse,
+                                             const Tensor& dqkv, int n_head, Device device);
+
 // The attention primitives: rows[B, T, P*H*D] and their heads[P, B, H, T, D] (split_heads
 // reads rows and writes heads, merge_heads the reverse); square score matrices [..., T, T],
 // N of them.

@@ -38,11 +38,9 @@ class GPT2Block {
     const DType dt = ctx.policy.compute_dtype;
     const int64_t n = batch * seq;
 
-    qkv_ = c_attn_.forward(ctx, ln_1_.forward(ctx, x));
-    att_ = Tensor::empty(Shape{batch, n_head_, seq, seq}, dt, be.device());
-    Tensor attended = Tensor::empty(Shape{batch, seq, channels_}, dt, be.device());
-    be.attention_forward(qkv_.reshape(Shape{batch, seq, 3 * channels_}), attended, att_,
-                         static_cast<int>(n_head_));
+    const Tensor qkv = c_attn_.forward(ctx, ln_1_.forward(ctx, x));
+    const Tensor attended =
+        attention_.forward(ctx, qkv.reshape(Shape{batch, seq, 3 * channels_}), n_head_);
     Tensor x2 = Tensor::empty(x.shape(), dt, be.device());
     be.add(x, c_proj_.forward(ctx, attended.reshape(Shape{n, channels_})), x2);
 
@@ -68,13 +66,11 @@ class GPT2Block {
     be.add(dx2, dout, dx2);  // the residual branch passes dout straight through
 
     Tensor dattended = c_proj_.backward(ctx, dx2);
-    Tensor dqkv = Tensor::empty(Shape{batch_, seq_, 3 * channels_}, dt, be.device());
-    be.attention_backward(dattended.reshape(Shape{batch_, seq_, channels_}),
-                          qkv_.reshape(Shape{batch_, seq_, 3 * channels_}), att_, dqkv,
-                          static_cast<int>(n_head_));
-    Tensor dx = ln_1_.backward(ctx, c_attn_.backward(ctx, dqkv.reshape(qkv_.shape())));
+    const Tensor dqkv = attention_.backward(ctx, dattended.reshape(Shape{batch_, seq_, channels_}));
+    Tensor dx = ln_1_.backward(
+        ctx, c_attn_.backward(ctx, dqkv.reshape(Shape{batch_ * seq_, 3 * channels_})));
     be.add(dx, dx2, dx);
-    qkv_ = att_ = fc_out_ = Tensor();
+    fc_out_ = Tensor();
     return dx;
   }
 
@@ -92,7 +88,8 @@ class GPT2Block {
   LayerNorm ln_2_;
   Linear c_fc_, mlp_proj_;
   int64_t batch_ = 0, seq_ = 0;
-  Tensor qkv_, att_, fc_out_;
+  CausalSelfAttention attention_;
+  Tensor fc_out_;
 };
 
 GPT2::GPT2(const GPT2Config& config, core::Backend& backend, const core::PrecisionPolicy& policy,

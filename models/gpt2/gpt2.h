@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "models/nn/causal_self_attention.h"
 #include "models/nn/layer_norm.h"
 #include "models/nn/linear.h"
 #include "models/nn/lm_head.h"

@@ -60,16 +60,15 @@ class LlamaBlock {
     Tensor qkv = qkv_proj_.forward(ctx, input_norm_.forward(ctx, x));
     Tensor qkv_heads = qkv.reshape(Shape{batch, seq, heads, head_dim_});
     be.rope_forward(qkv_heads, rope_table, 0, n_head_ + n_kv_head_, qkv_heads);
+    Tensor expanded;
     if (n_kv_head_ == n_head_) {
-      qkv_ = qkv.reshape(Shape{batch, seq, 3 * channels});
+      expanded = qkv.reshape(Shape{batch, seq, 3 * channels});
     } else {
-      qkv_ = Tensor::empty(Shape{batch, seq, 3 * channels}, dt, be.device());
+      expanded = Tensor::empty(Shape{batch, seq, 3 * channels}, dt, be.device());
       be.repeat_kv_heads(qkv.reshape(Shape{batch, seq, heads * head_dim_}), n_head_, n_kv_head_,
-                         qkv_);
+                         expanded);
     }
-    att_ = Tensor::empty(Shape{batch, n_head_, seq, seq}, dt, be.device());
-    Tensor attended = Tensor::empty(Shape{batch, seq, channels}, dt, be.device());
-    be.attention_forward(qkv_, attended, att_, static_cast<int>(n_head_));
+    const Tensor attended = attention_.forward(ctx, expanded, n_head_);
     Tensor x2 = Tensor::empty(x.shape(), dt, be.device());
     be.add(x, o_proj_.forward(ctx, attended.reshape(Shape{n, channels})), x2);
 
@@ -96,9 +95,8 @@ class LlamaBlock {
     be.add(dx2, dout, dx2);  // the residual branch passes dout straight through
 
     Tensor dattended = o_proj_.backward(ctx, dx2);
-    Tensor dqkv_expanded = Tensor::empty(qkv_.shape(), dt, be.device());
-    be.attention_backward(dattended.reshape(Shape{batch_, seq_, channels}), qkv_, att_,
-                          dqkv_expanded, static_cast<int>(n_head_));
+    const Tensor dqkv_expanded =
+        attention_.backward(ctx, dattended.reshape(Shape{batch_, seq_, channels}));
     Tensor dqkv = dqkv_expanded;
     if (n_kv_head_ != n_head_) {
       dqkv = Tensor::empty(Shape{batch_, seq_, heads * head_dim_}, dt, be.device());
@@ -109,7 +107,7 @@ class LlamaBlock {
     Tensor dx = input_norm_.backward(
         ctx, qkv_proj_.backward(ctx, dqkv.reshape(Shape{n, heads * head_dim_})));
     be.add(dx, dx2, dx);
-    qkv_ = att_ = gate_up_ = Tensor();
+    gate_up_ = Tensor();
     return dx;
   }
 
@@ -120,7 +118,8 @@ class LlamaBlock {
   RMSNorm post_attention_norm_;
   Linear gate_up_proj_, down_proj_;
   int64_t batch_ = 0, seq_ = 0;
-  Tensor qkv_, att_, gate_up_;
+  CausalSelfAttention attention_;
+  Tensor gate_up_;
 };
 
 Llama::Llama(const LlamaConfig& config, core::Backend& backend, const core::PrecisionPolicy& policy,

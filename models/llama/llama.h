@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "core/tensor/tensor.h"
+#include "models/nn/causal_self_attention.h"
 #include "models/nn/linear.h"
 #include "models/nn/lm_head.h"
 #include "models/nn/rms_norm.h"

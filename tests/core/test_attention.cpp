@@ -30,18 +30,6 @@
 namespace mantissa::core {
 namespace {
 
-Vec uniform(std::mt19937_64& rng, int64_t n, double lo = -1.0, double hi = 1.0) {
-  std::uniform_real_distribution<double> dist(lo, hi);
-  Vec v(static_cast<size_t>(n));
-  for (double& x : v) x = dist(rng);
-  return v;
-}
-
-std::string describe(const AttnShape& s, DType dtype) {
-  return std::string(dtype_name(dtype)) + " B " + std::to_string(s.B) + " T " +
-         std::to_string(s.T) + " C " + std::to_string(s.C) + " H " + std::to_string(s.H);
-}
-
 // ---------------------------------------------------------------------------------------
 // split_heads and merge_heads
 
@@ -319,14 +307,10 @@ Results run_composed(Backend& be, const Tensor& qkv, const Tensor& dout, const A
   return r;
 }
 
-// Odd T and D, several heads and batches, one head of one channel, a single position.
-const AttnShape kShapes[] = {
-    {2, 37, 48, 3}, {3, 9, 15, 3}, {1, 48, 80, 2}, {2, 5, 3, 3}, {1, 1, 6, 1}};
-
 TEST(ComposedAttention, MatchesFp64) {
   CpuBackend be;
   std::mt19937_64 rng(5);
-  for (const AttnShape& s : kShapes) {
+  for (const AttnShape& s : kAttentionShapes) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string what = describe(s, dtype);
       const Tensor qkv = make(s.qkv(), dtype, uniform(rng, s.qkv().numel(), -2.0, 2.0));
@@ -395,7 +379,7 @@ TEST(ComposedAttention, MixedDtypesMatchFp64) {
 TEST(ComposedAttention, MatchesTheFusedCpuOp) {
   CpuBackend be;
   std::mt19937_64 rng(8);
-  for (const AttnShape& s : kShapes) {
+  for (const AttnShape& s : kAttentionShapes) {
     for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
       const std::string what = describe(s, dtype);
       const Tensor qkv = make(s.qkv(), dtype, uniform(rng, s.qkv().numel(), -2.0, 2.0));

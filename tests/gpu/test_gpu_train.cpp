@@ -1,5 +1,6 @@
-// Training on the CUDA backend against the CPU backend: a tiny GPT-2 and a tiny Llama (with
-// grouped-query attention) trained 20 steps from the same seed on the same batches, on each
+// Training on the CUDA backend against the CPU backend: a tiny GPT-2, one with heads of 64
+// channels (flash attention on the GPU), and a tiny Llama (with grouped-query attention) trained
+// 20 steps from the same seed on the same batches, on each
 // backend, in FP32, BF16, FP16 (dynamic loss scale) and FP8_HYBRID. The loss trajectories must
 // agree step by step, the same steps must be skipped, both runs must learn, and every parameter
 // must end finite.
@@ -49,12 +50,18 @@ using core::PrecisionMode;
 
 constexpr int64_t kSteps = 20;
 const GPT2Config kTinyGPT{2, 2, 64, 64, 256};
+// Heads of 64 channels: on the GPU its BF16, FP16 and FP8_HYBRID steps run flash attention
+// (core/ops/flash_attention_switch.h), the CPU's the materialised attention.
+const GPT2Config kTinyFlashGPT{2, 2, 128, 64, 256};
 
-enum class Family { kGPT2, kLlama };
+enum class Family { kGPT2, kGPT2Flash, kLlama };
 
 std::unique_ptr<train::LanguageModel> tiny_model(Family family, core::Backend& backend,
                                                  const core::PrecisionPolicy& policy) {
   if (family == Family::kGPT2) return std::make_unique<GPT2>(kTinyGPT, backend, policy, 42);
+  if (family == Family::kGPT2Flash) {
+    return std::make_unique<GPT2>(kTinyFlashGPT, backend, policy, 42);
+  }
   LlamaConfig c;
   c.n_layer = 2;
   c.n_head = 4;
@@ -133,13 +140,21 @@ bool fp8_gemm_supported(core::Backend& gpu, std::string& why) {
   }
 }
 
+const char* family_name(Family family) {
+  switch (family) {
+    case Family::kGPT2: return "GPT2";
+    case Family::kGPT2Flash: return "GPT2Flash";
+    case Family::kLlama: return "Llama";
+  }
+  return "";
+}
+
 class GpuTrain : public ::testing::TestWithParam<std::tuple<Family, PrecisionMode>> {};
 
 TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
   if (!core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   const auto [family, mode] = GetParam();
-  const std::string name =
-      std::string(family == Family::kGPT2 ? "GPT-2 " : "Llama ") + core::precision_mode_name(mode);
+  const std::string name = std::string(family_name(family)) + " " + core::precision_mode_name(mode);
   auto cpu_backend = core::make_cpu_backend();
   auto gpu_backend = core::make_cuda_backend(0);
   std::string why;
@@ -177,11 +192,11 @@ TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(
     Modes, GpuTrain,
-    ::testing::Combine(::testing::Values(Family::kGPT2, Family::kLlama),
+    ::testing::Combine(::testing::Values(Family::kGPT2, Family::kGPT2Flash, Family::kLlama),
                        ::testing::Values(PrecisionMode::kFP32, PrecisionMode::kBF16,
                                          PrecisionMode::kFP16, PrecisionMode::kFP8Hybrid)),
     [](const ::testing::TestParamInfo<std::tuple<Family, PrecisionMode>>& info) {
-      return std::string(std::get<0>(info.param) == Family::kGPT2 ? "GPT2_" : "Llama_") +
+      return std::string(family_name(std::get<0>(info.param))) + "_" +
              core::precision_mode_name(std::get<1>(info.param));
     });
 

@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,7 +61,7 @@ double heap_in_use() {
 
 // What forward keeps until backward, measured: the heap after a forward pass minus the heap
 // before it (a first forward and backward have grown every scratch buffer of the backend).
-TEST(PlanModel, ActivationsAreWhatForwardKeeps) {
+void expect_activations_are_what_forward_keeps() {
   for (const char* mode : {"BF16", "FP32", "FP8_HYBRID"}) {
     for (const char* text : kModels) {
       SCOPED_TRACE(std::string(mode) + " " + text);
@@ -95,6 +96,46 @@ TEST(PlanModel, ActivationsAreWhatForwardKeeps) {
       EXPECT_NEAR(expected, kept, 0.05 * kept) << "measured " << kept;
     }
   }
+}
+
+// With the materialised attention the CPU runs by default, and with flash attention
+// (MANTISSA_FLASH_ATTENTION=1), which keeps lse instead of the probabilities.
+TEST(PlanModel, ActivationsAreWhatForwardKeeps) {
+  unsetenv("MANTISSA_FLASH_ATTENTION");
+  expect_activations_are_what_forward_keeps();
+}
+
+TEST(PlanModel, ActivationsAreWhatForwardKeepsWithFlashAttention) {
+  setenv("MANTISSA_FLASH_ATTENTION", "1", 1);
+  expect_activations_are_what_forward_keeps();
+  unsetenv("MANTISSA_FLASH_ATTENTION");
+}
+
+// On a GPU, BF16 attention with 64-channel heads runs flash attention unless it is switched
+// off: lse (4 H bytes per layer and token) instead of the BF16 probabilities (H T elements),
+// and the probabilities leave one layer's working set too. FP32 has no GPU kernel.
+TEST(PlanModel, FlashAttentionOnAGpuKeepsLseInsteadOfTheProbabilities) {
+  TrainConfig config = config_from(
+      "model { gpt2 { n_layer: 2 n_head: 2 n_embd: 128 seq_len: 64 vocab_size: 300 } } "
+      "data { micro_batch_size: 4 }");
+  const launcher::ModelCost cost = launcher::model_cost(config.model());
+  const Cluster h200{launcher::find_device("h200"), 8, 8, 0};
+  const double tokens = 4.0 * 64.0;
+  const double L = static_cast<double>(cost.layers);
+  unsetenv("MANTISSA_FLASH_ATTENTION");
+  const launcher::MemoryEstimate flash = launcher::estimate_memory(config, cost, h200);
+  setenv("MANTISSA_FLASH_ATTENTION", "0", 1);
+  const launcher::MemoryEstimate materialised = launcher::estimate_memory(config, cost, h200);
+  unsetenv("MANTISSA_FLASH_ATTENTION");
+  EXPECT_EQ(cost.head_dim, 64);
+  EXPECT_DOUBLE_EQ(materialised.activations - flash.activations,
+                   tokens * L * (2.0 * cost.probability_elements - cost.lse_bytes));
+  EXPECT_DOUBLE_EQ(materialised.working - flash.working, tokens * 2.0 * cost.probability_elements);
+  config.mutable_precision()->set_mode(TrainConfig::Precision::FP32);
+  const launcher::MemoryEstimate fp32 = launcher::estimate_memory(config, cost, h200);
+  setenv("MANTISSA_FLASH_ATTENTION", "0", 1);
+  EXPECT_DOUBLE_EQ(fp32.activations, launcher::estimate_memory(config, cost, h200).activations);
+  unsetenv("MANTISSA_FLASH_ATTENTION");
 }
 
 // 2 CPU ranks on nodes of their own, 1 Gbit/s links: the all-reduce of P BF16 gradients sends

@@ -5,10 +5,12 @@
 //    operands of every block linear;
 //  - an inf planted in one gradient: the step is skipped with masters and moments untouched,
 //    the scale backs off, the overflow is counted and attributed to the right parameter;
-//  - FP16 started at a loss scale of 2^24 overflows, backs off and recovers by itself.
+//  - FP16 started at a loss scale of 2^24 overflows, backs off and recovers by itself;
+//  - BF16 with flash attention tracks FP32 as the materialised attention does.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -103,6 +105,24 @@ void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& m
   EXPECT_LE(rel(bf16), 0.01) << name;
   EXPECT_LE(rel(fp16), 0.01) << name;
   EXPECT_LE(rel(fp8), 0.02) << name;
+}
+
+// Flash attention (MANTISSA_FLASH_ATTENTION=1; on the CPU it runs only when asked) in place of
+// the materialised one: a BF16 run tracks FP32 as closely as the materialised BF16 run does.
+TEST(Training, FlashAttentionTracksFP32) {
+  const int64_t steps = 200;
+  const double gpt_fp32 = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kFP32, steps);
+  const double llama_fp32 = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kFP32, steps);
+  setenv("MANTISSA_FLASH_ATTENTION", "1", 1);
+  const double gpt_flash = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kBF16, steps);
+  const double llama_flash = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kBF16, steps);
+  unsetenv("MANTISSA_FLASH_ATTENTION");
+  std::printf(
+      "mean loss of the last 10%% of %lld steps, BF16 with flash attention against FP32: GPT-2 "
+      "%.4f vs %.4f, Llama %.4f vs %.4f\n",
+      static_cast<long long>(steps), gpt_flash, gpt_fp32, llama_flash, llama_fp32);
+  EXPECT_LE(std::fabs(gpt_flash - gpt_fp32) / gpt_fp32, 0.01);
+  EXPECT_LE(std::fabs(llama_flash - llama_fp32) / llama_fp32, 0.01);
 }
 
 TEST(Training, ReducedPrecisionTracksFP32) {

@@ -7,8 +7,8 @@
 // cpu_gemm_scaled.cpp for block-scaled FP8), cpu_quantize_blocks.cpp,
 // cpu_elementwise.cpp (casts, amax, bias, residual, GELU), cpu_fp8_scale.cpp, cpu_layernorm.cpp,
 // cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp, cpu_kv_heads.cpp (Llama-style decoders),
-// cpu_attention.cpp (fused), cpu_attention_primitives.cpp (the pieces core/ops/attention.h
-// composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
+// cpu_attention.cpp (fused), cpu_flash_attention.cpp, cpu_attention_primitives.cpp (the pieces
+// core/ops/attention.h composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
 // cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element math they
 // share with the CUDA backend is in core/ops/math/.
 #pragma once
@@ -57,6 +57,10 @@ class CpuBackend final : public Backend {
   void causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) override;
   void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
                                Tensor& dscores) override;
+  void flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, int n_head) override;
+  void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, Tensor& dqkv, int n_head) override;
+  std::string unsupported_flash_attention(DType qkv, int64_t head_dim) const override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,

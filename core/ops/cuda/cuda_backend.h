@@ -7,7 +7,7 @@
 // (construction, memory), cuda_gemm.cu, cuda_quantize_blocks.cu, cuda_elementwise.cu,
 // cuda_layernorm.cu, cuda_rmsnorm.cu, cuda_rope.cu, cuda_swiglu.cu, cuda_kv_heads.cu (Llama-style
 // decoders), cuda_attention.cu (core/ops/attention.h's routine and its primitives),
-// cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
+// cuda_flash_attention.cu, cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
 // cuda_cross_entropy.cu, cuda_optim.cu.
 #pragma once
 
@@ -70,6 +70,10 @@ class CudaBackend final : public Backend {
   void causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) override;
   void causal_softmax_backward(const Tensor& probs, const Tensor& dprobs, float scale,
                                Tensor& dscores) override;
+  void flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, int n_head) override;
+  void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                const Tensor& lse, Tensor& dqkv, int n_head) override;
+  std::string unsupported_flash_attention(DType qkv, int64_t head_dim) const override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, Tensor& out,
                         int n_head, int64_t start) override;
   void rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
