@@ -1,13 +1,14 @@
 // Training throughput of the CUDA backend on one GPU: GPT-2 124M (12 layers, 12 heads, width
 // 768, 1,024 positions, vocabulary 50,257), `micro_batch` sequences per step, in BF16 and in
 // FP8_HYBRID with each recipe the device runs (DELAYED, CURRENT, and BLOCKWISE where cuBLASLt
-// has block scales); attention is flash attention where the device has its kernels
-// (core/ops/flash_attention_switch.h), and "BF16 no-flash" runs BF16 once more with the
-// materialised attention (MANTISSA_FLASH_ATTENTION=0) for the difference. Per precision: step time,
-// tokens/s, host synchronisations per step, MFU (against the device's data-sheet BF16 peak,
-// core/device_peaks.h, where it is known) and the model's TFLOP/s (6 N + 6 L C T per token, as MFU
-// counts them) next to the anchor, the BF16 GEMM rate of cuBLASLt at 8192^3 measured in the same
-// run (their ratio is the step's efficiency, the figure `mantissa plan --efficiency` takes).
+// has block scales); attention is flash attention where the device has its kernels and
+// MANTISSA_FLASH_ATTENTION does not say 0 (core/ops/flash_attention_switch.h), and
+// "BF16 no-flash" runs BF16 once more with the materialised attention for the difference. Per
+// precision: step time, tokens/s, host synchronisations per step, MFU (against the device's
+// data-sheet BF16 peak, core/device_peaks.h, where it is known) and the model's TFLOP/s (6 N + 6 L
+// C T per token, as MFU counts them) next to the anchor, the BF16 GEMM rate of cuBLASLt at 8192^3
+// measured in the same run (their ratio is the step's efficiency, the figure `mantissa plan
+// --efficiency` takes).
 //
 //   bench_gpu_train [steps] [micro_batch]     (defaults 10 and 16; the first 2 steps untimed)
 //

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/ops/flash_attention_switch.h"
 #include "launcher/config.h"
 #include "launcher/option_value.h"
 #include "launcher/plan_model.h"
@@ -216,6 +217,10 @@ std::string plan_report(const PlanArgs& args) {
   const ModelCost cost = model_cost(config.model());
   const Cluster cluster = make_cluster(args, config);
   const DeviceSpec& d = cluster.device;
+  if (core::flash_attention_setting() == core::FlashAttentionSetting::kAlways) {
+    const std::string missing = missing_flash_kernels(config, cost, d);
+    if (!missing.empty()) throw core::ConfigError("MANTISSA_FLASH_ATTENTION=1: " + missing);
+  }
   const StepEstimate step = estimate_step(config, cost, cluster);
   const MemoryEstimate memory = estimate_memory(config, cost, cluster);
   const TrainConfig::Dist& dist = config.dist();

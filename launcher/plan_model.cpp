@@ -123,13 +123,21 @@ ModelCost model_cost(const TrainConfig::Model& model) {
   return gpt2_cost(gpt2_config(model.gpt2()));
 }
 
+std::string missing_flash_kernels(const TrainConfig& config, const ModelCost& cost,
+                                  const DeviceSpec& device) {
+  if (device.name == "cpu") return "";
+  if (config.precision().mode() == TrainConfig::Precision::FP32)
+    return "the GPU kernels take BF16 and F16 attention, not precision.mode FP32";
+  if (cost.head_dim == 64 || (cost.head_dim == 128 && device.name != "a100")) return "";
+  return "no GPU kernel for heads of " + std::to_string(cost.head_dim) + " channels on " +
+         std::string(device.description) +
+         (cost.head_dim == 128 ? " (128 needs Hopper's shared memory)" : " (64 or 128 only)");
+}
+
 bool uses_flash_attention(const TrainConfig& config, const ModelCost& cost,
                           const DeviceSpec& device) {
-  const bool gpu = device.name != "cpu";
-  const bool kernels =
-      !gpu || (config.precision().mode() != TrainConfig::Precision::FP32 &&
-               (cost.head_dim == 64 || (cost.head_dim == 128 && device.name != "a100")));
-  return core::flash_attention_chosen(gpu, kernels);
+  return core::flash_attention_chosen(device.name != "cpu",
+                                      missing_flash_kernels(config, cost, device).empty());
 }
 
 MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
@@ -166,7 +174,9 @@ MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
     saved -= L * cost.probability_elements;
     working -= cost.probability_elements;
     fp32_saved += L * cost.lse_bytes;
-    if (per_tensor_fp8(config)) saved += L * cost.attention_output_elements;
+    // The output projection keeps that output itself in BF16, but under FP8_HYBRID only its
+    // FP8 copy (per-tensor recipes) or its quantised transpose (block recipes).
+    if (fp8(config)) saved += L * cost.attention_output_elements;
   }
   m.activations = tokens * (a * (saved - cost.fp8_saved_elements_per_token) +
                             fp8_saved * cost.fp8_saved_elements_per_token + fp32_saved);

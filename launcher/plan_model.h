@@ -97,11 +97,14 @@ struct StepEstimate {
   double mfu = 0;  // tokens/s x FLOPs per token over the ranks' BF16 peaks
 };
 
-// Whether the run's attention is flash attention, by core::use_flash_attention's rule for a
-// device known by name (MANTISSA_FLASH_ATTENTION included): the CUDA kernels take BF16 and
-// F16 (FP8_HYBRID's attention is BF16) with heads of 64 or 128 channels, and an A100's 163 KiB
-// of shared memory per block is too little for the 128-channel backward; the CPU runs the
-// materialised form unless asked.
+// "" when the device has flash-attention kernels for the run's attention, else why not; the
+// rule of the CUDA backend's unsupported_flash_attention for a device known by name: BF16 and
+// F16 (FP8_HYBRID's attention is BF16) with heads of 64 channels, or 128 on Hopper (an A100's
+// 163 KiB of shared memory per block is too little for the 128-channel backward). The CPU
+// has flash for any shape.
+std::string missing_flash_kernels(const TrainConfig& config, const ModelCost& cost,
+                                  const DeviceSpec& device);
+// Whether the run's attention is flash attention (core/ops/flash_attention_switch.h's rule).
 bool uses_flash_attention(const TrainConfig& config, const ModelCost& cost,
                           const DeviceSpec& device);
 

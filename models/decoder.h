@@ -32,7 +32,8 @@ class Decoder {
   core::Tensor append(std::span<const int32_t> tokens);
 
   // The logits after every position of `tokens` (positions 0, 1, ...; at most capacity()) from
-  // the full causal forward, attention_forward over the whole sequence, as in training; the
+  // the full causal forward, attention_forward over the whole sequence (the materialised
+  // attention, which a CPU trains with; a GPU's flash attention differs by rounding); the
   // cache is neither read nor changed. [tokens.size(), vocab_size] F32 on the device.
   core::Tensor full_logits(std::span<const int32_t> tokens);
 

@@ -164,7 +164,7 @@ note() {
         awk '{ v = $(NF - 2); sub(/%/, "", v); print v "\t" $0 }' | sort -n | head -n 1 | cut -f2 |
         sed -E 's/ +/ /g; s/^ /slowest block quantisation: /'
       ;;
-    bench_attention) grep -E "^(no CUDA device|  (attention|flash) (forward|backward))" "$log" |
+    bench_attention) grep -E "^(no CUDA device|  (attention|flash) (forward|backward)|  flash attention: not run)" "$log" |
       sed -E 's/ +/ /g' ;;
     bench_gpu_train) grep -E "^(no CUDA device|BF16 |FP8 )" "$log" |
       sed -E 's/ +/ /g; s/(step_ms|tokens_per_s|host_syncs_per_step|loss)=[^ ]* //g' ;;

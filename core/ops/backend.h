@@ -218,8 +218,9 @@ class Backend {
   virtual void flash_attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out,
                                         const Tensor& lse, Tensor& dqkv, int n_head) = 0;
   // "" when this backend runs flash attention on qkv of this dtype and head size D, else why
-  // not (the CUDA kernels take BF16 and F16 with D = 64, and D = 128 where a block may have
-  // 187 KiB of shared memory: Hopper, not an A100; the CPU takes any).
+  // not (the CUDA kernels take BF16 and F16 with D = 64 or 128 where a block may have the
+  // shared memory their backward needs: 123 KiB for 64 (an A100 or Hopper, not sm_86/89),
+  // 187 KiB for 128 (Hopper); the CPU takes any).
   virtual std::string unsupported_flash_attention(DType qkv, int64_t head_dim) const = 0;
   // Causal attention of N new positions over a KV cache (text generation, one sequence).
   // qkv[N, 3C] holds their Q, K, V as attention_forward's rows do. Their K and V are first

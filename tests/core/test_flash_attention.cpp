@@ -11,8 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <functional>
 #include <random>
 #include <string>
 
@@ -110,15 +108,6 @@ TEST(FlashAttention, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_TRUE(same_bytes(one.dqkv, three.dqkv));
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one mentioning \"" << needle << "\"";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
-
 TEST(FlashAttention, BadArgumentsThrowNamingTheOpAndOperand) {
   CpuBackend be;
   const AttnShape s{1, 4, 8, 2};
@@ -129,45 +118,41 @@ TEST(FlashAttention, BadArgumentsThrowNamingTheOpAndOperand) {
   Tensor lse_short = poisoned(Shape{1, 2, 3}, DType::kF32);
   Tensor dqkv = poisoned(s.qkv(), DType::kBF16);
   expect_error([&] { be.flash_attention_forward(qkv, out_f32, lse, 2); },
-               "flash_attention_forward: operand out");
+               {"flash_attention_forward: operand out"});
   expect_error([&] { be.flash_attention_forward(qkv, out, lse_bf16, 2); },
-               "flash_attention_forward: operand lse");
+               {"flash_attention_forward: operand lse"});
   expect_error([&] { be.flash_attention_forward(qkv, out, lse_short, 2); },
-               "flash_attention_forward: operand lse");
-  expect_error([&] { be.flash_attention_forward(qkv, out, lse, 3); }, "n_head = 3");
+               {"flash_attention_forward: operand lse"});
+  expect_error([&] { be.flash_attention_forward(qkv, out, lse, 3); }, {"n_head = 3"});
   expect_error([&] { be.flash_attention_backward(out_f32, qkv, out, lse, dqkv, 2); },
-               "flash_attention_backward: operand dout");
+               {"flash_attention_backward: operand dout"});
   expect_error([&] { be.flash_attention_backward(out, qkv, out, lse, out, 2); },
-               "flash_attention_backward: operands dqkv");
+               {"flash_attention_backward: operands dqkv"});
 }
 
-// Sets MANTISSA_FLASH_ATTENTION for one scope, then unsets it.
-class FlashSwitch {
- public:
-  explicit FlashSwitch(const char* value) { setenv(kVariable, value, 1); }
-  ~FlashSwitch() { unsetenv(kVariable); }
-  static constexpr const char* kVariable = "MANTISSA_FLASH_ATTENTION";
-};
+constexpr const char* kFlashSwitch = "MANTISSA_FLASH_ATTENTION";
 
 TEST(FlashAttentionSwitch, ChoosesPerSettingAndNamesABadValue) {
   CpuBackend be;
-  unsetenv(FlashSwitch::kVariable);
-  EXPECT_FALSE(use_flash_attention(be, DType::kBF16, 64)) << "unset: the CPU runs materialised";
-  check_flash_attention_switch();
   {
-    FlashSwitch on("1");
+    ScopedEnv unset(kFlashSwitch, nullptr);
+    EXPECT_FALSE(use_flash_attention(be, DType::kBF16, 64)) << "unset: the CPU runs materialised";
+    check_flash_attention_switch();
+  }
+  {
+    ScopedEnv on(kFlashSwitch, "1");
     EXPECT_TRUE(use_flash_attention(be, DType::kBF16, 64));
     EXPECT_TRUE(use_flash_attention(be, DType::kF32, 7)) << "the CPU has flash for any shape";
   }
   {
-    FlashSwitch off("0");
+    ScopedEnv off(kFlashSwitch, "0");
     EXPECT_FALSE(use_flash_attention(be, DType::kBF16, 64));
   }
   {
-    FlashSwitch bad("yes");
-    expect_error([] { check_flash_attention_switch(); }, "MANTISSA_FLASH_ATTENTION=yes: must be");
+    ScopedEnv bad(kFlashSwitch, "yes");
+    expect_error([] { check_flash_attention_switch(); }, {"MANTISSA_FLASH_ATTENTION=yes: must be"});
     expect_error([&] { use_flash_attention(be, DType::kBF16, 64); },
-                 "MANTISSA_FLASH_ATTENTION=yes");
+                 {"MANTISSA_FLASH_ATTENTION=yes"});
   }
 }
 

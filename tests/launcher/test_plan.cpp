@@ -5,7 +5,6 @@
 #include <malloc.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,11 +14,14 @@
 #include "launcher/config.h"
 #include "launcher/plan_model.h"
 #include "launcher/trainer.h"
+#include "tests/common/test_util.h"
 
 using namespace mantissa;
 using launcher::Cluster;
 
 namespace {
+
+constexpr const char* kFlashSwitch = "MANTISSA_FLASH_ATTENTION";
 
 TrainConfig config_from(const std::string& text) {
   TrainConfig c = launcher::parse_config_text(text, "test_plan");
@@ -101,14 +103,13 @@ void expect_activations_are_what_forward_keeps() {
 // With the materialised attention the CPU runs by default, and with flash attention
 // (MANTISSA_FLASH_ATTENTION=1), which keeps lse instead of the probabilities.
 TEST(PlanModel, ActivationsAreWhatForwardKeeps) {
-  unsetenv("MANTISSA_FLASH_ATTENTION");
+  const core::ScopedEnv flash(kFlashSwitch, nullptr);
   expect_activations_are_what_forward_keeps();
 }
 
 TEST(PlanModel, ActivationsAreWhatForwardKeepsWithFlashAttention) {
-  setenv("MANTISSA_FLASH_ATTENTION", "1", 1);
+  const core::ScopedEnv flash(kFlashSwitch, "1");
   expect_activations_are_what_forward_keeps();
-  unsetenv("MANTISSA_FLASH_ATTENTION");
 }
 
 // On a GPU, BF16 attention with 64-channel heads runs flash attention unless it is switched
@@ -122,20 +123,31 @@ TEST(PlanModel, FlashAttentionOnAGpuKeepsLseInsteadOfTheProbabilities) {
   const Cluster h200{launcher::find_device("h200"), 8, 8, 0};
   const double tokens = 4.0 * 64.0;
   const double L = static_cast<double>(cost.layers);
-  unsetenv("MANTISSA_FLASH_ATTENTION");
-  const launcher::MemoryEstimate flash = launcher::estimate_memory(config, cost, h200);
-  setenv("MANTISSA_FLASH_ATTENTION", "0", 1);
-  const launcher::MemoryEstimate materialised = launcher::estimate_memory(config, cost, h200);
-  unsetenv("MANTISSA_FLASH_ATTENTION");
+  const auto memory = [&](const TrainConfig& c, const char* setting) {
+    const core::ScopedEnv flash(kFlashSwitch, setting);
+    return launcher::estimate_memory(c, cost, h200);
+  };
   EXPECT_EQ(cost.head_dim, 64);
+  EXPECT_TRUE(launcher::uses_flash_attention(config, cost, h200.device));
+  const launcher::MemoryEstimate flash = memory(config, nullptr);
+  const launcher::MemoryEstimate materialised = memory(config, "0");
   EXPECT_DOUBLE_EQ(materialised.activations - flash.activations,
                    tokens * L * (2.0 * cost.probability_elements - cost.lse_bytes));
   EXPECT_DOUBLE_EQ(materialised.working - flash.working, tokens * 2.0 * cost.probability_elements);
+  // =1 changes nothing where kernels exist, and FP32 (no GPU kernel) stays materialised in
+  // every setting.
+  EXPECT_DOUBLE_EQ(memory(config, "1").activations, flash.activations);
   config.mutable_precision()->set_mode(TrainConfig::Precision::FP32);
-  const launcher::MemoryEstimate fp32 = launcher::estimate_memory(config, cost, h200);
-  setenv("MANTISSA_FLASH_ATTENTION", "0", 1);
-  EXPECT_DOUBLE_EQ(fp32.activations, launcher::estimate_memory(config, cost, h200).activations);
-  unsetenv("MANTISSA_FLASH_ATTENTION");
+  EXPECT_NE(launcher::missing_flash_kernels(config, cost, h200.device), "");
+  EXPECT_DOUBLE_EQ(memory(config, nullptr).activations, memory(config, "0").activations);
+  EXPECT_DOUBLE_EQ(memory(config, "1").activations, memory(config, "0").activations);
+  // An A100 has no 128-channel kernel.
+  const TrainConfig wide_heads = config_from(
+      "model { gpt2 { n_layer: 2 n_head: 1 n_embd: 128 seq_len: 64 vocab_size: 300 } }");
+  const launcher::ModelCost wide_cost = launcher::model_cost(wide_heads.model());
+  EXPECT_NE(launcher::missing_flash_kernels(wide_heads, wide_cost, launcher::find_device("a100")),
+            "");
+  EXPECT_EQ(launcher::missing_flash_kernels(wide_heads, wide_cost, h200.device), "");
 }
 
 // 2 CPU ranks on nodes of their own, 1 Gbit/s links: the all-reduce of P BF16 gradients sends

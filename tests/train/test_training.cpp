@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -20,6 +19,7 @@
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
+#include "tests/common/test_util.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
 #include "train/train_loop.h"
@@ -113,10 +113,9 @@ TEST(Training, FlashAttentionTracksFP32) {
   const int64_t steps = 200;
   const double gpt_fp32 = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kFP32, steps);
   const double llama_fp32 = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kFP32, steps);
-  setenv("MANTISSA_FLASH_ATTENTION", "1", 1);
+  const core::ScopedEnv flash("MANTISSA_FLASH_ATTENTION", "1");
   const double gpt_flash = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kBF16, steps);
   const double llama_flash = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kBF16, steps);
-  unsetenv("MANTISSA_FLASH_ATTENTION");
   std::printf(
       "mean loss of the last 10%% of %lld steps, BF16 with flash attention against FP32: GPT-2 "
       "%.4f vs %.4f, Llama %.4f vs %.4f\n",
