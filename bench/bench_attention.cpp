@@ -7,7 +7,8 @@
 //                                             H 12), 20 repeats; "no CUDA device" without one
 //
 // CPU: the composed routine (core/ops/attention.h: split_heads, batched gemm, causal softmax,
-// merge_heads) next to the CPU backend's attention op, in BF16 and FP32; the two are run in
+// merge_heads) and flash attention (the CPU's reference loops, which a CPU run uses only with
+// MANTISSA_FLASH_ATTENTION=1) next to the CPU backend's attention op, in BF16 and FP32, run in
 // turn, repeat by repeat, so that load from other processes hits both alike, and the median,
 // minimum and maximum of the repeats are printed (their spread is the noise).
 // GPU: the attention op (the composed routine) in BF16 next to its six batched GEMMs alone on
@@ -24,6 +25,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/ops/attention.h"
@@ -94,7 +96,8 @@ int run_cpu(const Shape4& s, int repeats) {
   for (DType dtype : {DType::kBF16, DType::kF32}) {
     Operands o = operands(*be, s, dtype, rng);
     const int n_head = static_cast<int>(s.H);
-    std::vector<double> op_fwd, op_bwd, comp_fwd, comp_bwd;
+    Tensor lse = Tensor::empty(Shape{s.B, s.H, s.T}, DType::kF32);
+    std::vector<double> op_fwd, op_bwd, comp_fwd, comp_bwd, flash_fwd, flash_bwd;
     for (int r = 0; r <= repeats; ++r) {  // repeat 0 warms up and is not counted
       const double a = seconds(*be, [&] { be->attention_forward(o.qkv, o.out, o.att, n_head); });
       const double b =
@@ -103,24 +106,35 @@ int run_cpu(const Shape4& s, int repeats) {
           seconds(*be, [&] { composed_attention_forward(*be, o.qkv, o.out, o.att, n_head); });
       const double d = seconds(
           *be, [&] { composed_attention_backward(*be, o.dout, o.qkv, o.att, o.dqkv, n_head); });
+      const double e =
+          seconds(*be, [&] { be->flash_attention_forward(o.qkv, o.out, lse, n_head); });
+      const double f = seconds(
+          *be, [&] { be->flash_attention_backward(o.dout, o.qkv, o.out, lse, o.dqkv, n_head); });
       if (r == 0) continue;
       op_fwd.push_back(a);
       op_bwd.push_back(b);
       comp_fwd.push_back(c);
       comp_bwd.push_back(d);
+      flash_fwd.push_back(e);
+      flash_bwd.push_back(f);
     }
     std::printf("%s:\n", dtype_name(dtype));
     print("attention op forward", stats(op_fwd));
     print("composed forward", stats(comp_fwd));
     print("attention op backward", stats(op_bwd));
     print("composed backward", stats(comp_bwd));
-    std::vector<double> ratio;
-    for (size_t i = 0; i < op_fwd.size(); ++i) {
-      ratio.push_back((comp_fwd[i] + comp_bwd[i]) / (op_fwd[i] + op_bwd[i]));
+    print("flash forward", stats(flash_fwd));
+    print("flash backward", stats(flash_bwd));
+    for (const auto& [name, fwd, bwd] : {std::tuple{"composed", &comp_fwd, &comp_bwd},
+                                         std::tuple{"flash", &flash_fwd, &flash_bwd}}) {
+      std::vector<double> ratio;
+      for (size_t i = 0; i < op_fwd.size(); ++i) {
+        ratio.push_back(((*fwd)[i] + (*bwd)[i]) / (op_fwd[i] + op_bwd[i]));
+      }
+      const Stats rs = stats(ratio);
+      std::printf("  %s / op, forward + backward: median %.2f (min %.2f, max %.2f)\n", name,
+                  rs.median, rs.min, rs.max);
     }
-    const Stats rs = stats(ratio);
-    std::printf("  composed / op, forward + backward: median %.2f (min %.2f, max %.2f)\n",
-                rs.median, rs.min, rs.max);
   }
   return 0;
 }
