@@ -10,6 +10,16 @@ namespace {
 
 constexpr const char* kFlashSwitch = "MANTISSA_FLASH_ATTENTION";
 
+// The rule, for a setting already read: =1 and unset need kernels, unset also a GPU.
+bool chosen(FlashAttentionSetting setting, bool on_gpu, bool kernels) {
+  switch (setting) {
+    case FlashAttentionSetting::kNever: return false;
+    case FlashAttentionSetting::kAlways: return kernels;
+    case FlashAttentionSetting::kAuto: break;
+  }
+  return on_gpu && kernels;
+}
+
 }  // namespace
 
 FlashAttentionSetting flash_attention_setting() {
@@ -27,12 +37,7 @@ void check_flash_attention_switch() {
 }
 
 bool flash_attention_chosen(bool on_gpu, bool kernels) {
-  switch (flash_attention_setting()) {
-    case FlashAttentionSetting::kNever: return false;
-    case FlashAttentionSetting::kAlways: return kernels;
-    case FlashAttentionSetting::kAuto: break;
-  }
-  return on_gpu && kernels;
+  return chosen(flash_attention_setting(), on_gpu, kernels);
 }
 
 bool use_flash_attention(const Backend& be, DType dtype, int64_t head_dim) {
@@ -41,7 +46,7 @@ bool use_flash_attention(const Backend& be, DType dtype, int64_t head_dim) {
   const std::string unsupported = be.unsupported_flash_attention(dtype, head_dim);
   MANTISSA_CHECK(unsupported.empty() || setting != FlashAttentionSetting::kAlways,
                  kFlashSwitch << "=1: " << unsupported);
-  return flash_attention_chosen(!be.device().is_cpu(), unsupported.empty());
+  return chosen(setting, !be.device().is_cpu(), unsupported.empty());
 }
 
 }  // namespace mantissa::core
