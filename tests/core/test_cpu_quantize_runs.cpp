@@ -112,8 +112,10 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
     for (DType code : {DType::kE4M3, DType::kE5M2}) {
       qr::quantize_row(x.data(), 65536, 65536, &ds, code, run_bf16.data());
       qr::quantize_row(xf.data(), 65536, 65536, &ds, code, run_f32.data());
-      qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), false, code, columns.data());
-      qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), true, code, divided.data());
+      qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), false, code, columns.data(),
+                           nullptr);
+      qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), true, code, divided.data(),
+                           nullptr);
       qr::quantize_row(x.data(), 65536, 32, blocks.data(), code, row.data());
       qr::quantize_row(x.data(), 65536, 65536, &ds_non_finite, code, non_finite.data());
       int mismatches = 0;

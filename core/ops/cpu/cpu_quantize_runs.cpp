@@ -90,7 +90,8 @@ void decode32(const Src* x, __m256 v[4]) {
 }
 
 template <class Src, class Code, Division How>
-void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns], uint8_t* out) {
+void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns], uint8_t* out,
+             const Src* next) {
   constexpr SmallFloatFormat F = Fp8Format<Code>::value;
   __m256 s[4], r[4];
   for (int k = 0; k < 4; ++k) {
@@ -100,6 +101,7 @@ void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumn
                           d[8 * k + 4].r, d[8 * k + 5].r, d[8 * k + 6].r, d[8 * k + 7].r);
   }
   for (int64_t row = 0; row < rows; ++row) {
+    if (next != nullptr) prefetch_l2(next + row * stride, kColumns * sizeof(Src));
     __m256 v[4];
     decode32(x + row * stride, v);
     __m256i c[4];
@@ -112,19 +114,19 @@ void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumn
 
 template <class Src>
 void columns_any(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                 bool any_infinite, DType code, uint8_t* out) {
+                 bool any_infinite, DType code, uint8_t* out, const Src* next) {
   const bool divide = any_infinite || std::any_of(d, d + kColumns, [](const Divisor& e) {
                         return e.how == Division::kDivide;
                       });
   if (core::avx512::narrow_enabled()) {
-    return avx512::quantize_columns(x, stride, rows, d, divide, code, out);
+    return avx512::quantize_columns(x, stride, rows, d, divide, code, out, next);
   }
   if (code == DType::kE4M3) {
-    if (divide) return columns<Src, fp8_e4m3, Division::kDivide>(x, stride, rows, d, out);
-    return columns<Src, fp8_e4m3, Division::kReciprocalFma>(x, stride, rows, d, out);
+    if (divide) return columns<Src, fp8_e4m3, Division::kDivide>(x, stride, rows, d, out, next);
+    return columns<Src, fp8_e4m3, Division::kReciprocalFma>(x, stride, rows, d, out, next);
   }
-  if (divide) return columns<Src, fp8_e5m2, Division::kDivide>(x, stride, rows, d, out);
-  return columns<Src, fp8_e5m2, Division::kReciprocalFma>(x, stride, rows, d, out);
+  if (divide) return columns<Src, fp8_e5m2, Division::kDivide>(x, stride, rows, d, out, next);
+  return columns<Src, fp8_e5m2, Division::kReciprocalFma>(x, stride, rows, d, out, next);
 }
 
 template <class Src>
@@ -440,16 +442,16 @@ void amax_columns(const fp16* x, int64_t stride, int64_t rows, uint32_t amax[kCo
 }
 
 void quantize_columns(const float* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, any_infinite, code, out);
+                      bool any_infinite, DType code, uint8_t* out, const float* next) {
+  columns_any(x, stride, rows, d, any_infinite, code, out, next);
 }
 void quantize_columns(const bf16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, any_infinite, code, out);
+                      bool any_infinite, DType code, uint8_t* out, const bf16* next) {
+  columns_any(x, stride, rows, d, any_infinite, code, out, next);
 }
 void quantize_columns(const fp16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, any_infinite, code, out);
+                      bool any_infinite, DType code, uint8_t* out, const fp16* next) {
+  columns_any(x, stride, rows, d, any_infinite, code, out, next);
 }
 
 // Four rounds of interleaving: bytes of row pairs, then 16-bit pairs of those (four rows),

@@ -24,6 +24,8 @@
 //    tiny blocks take): the division instruction itself.
 #pragma once
 
+#include <immintrin.h>
+
 #include <cstdint>
 
 #include "core/dtype/dtype.h"
@@ -102,12 +104,22 @@ void amax_columns(const fp16* x, int64_t stride, int64_t rows, uint32_t amax[kCo
 // out[r * kColumns + c] = quantize_with_scale<code>(x[r * stride + c], d[c].s).bits. Lanes
 // whose scale is not kDivide use the reciprocal and FMA, which is exact for a power of two too,
 // except on an infinite x; `any_infinite` (some column holds inf) makes every lane divide.
+// `next`, unless null, is where the next call reads (the same stride and rows): row r of it is
+// asked into L2 while row r here is quantised, because source rows this far apart sit on
+// different pages, where the hardware prefetchers stop.
 void quantize_columns(const float* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out);
+                      bool any_infinite, DType code, uint8_t* out, const float* next);
 void quantize_columns(const bf16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out);
+                      bool any_infinite, DType code, uint8_t* out, const bf16* next);
 void quantize_columns(const fp16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool any_infinite, DType code, uint8_t* out);
+                      bool any_infinite, DType code, uint8_t* out, const fp16* next);
+
+// Asks for the lines of [p, p + bytes) to be brought into L2.
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  const auto* first = static_cast<const char*>(p);
+  for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(first + at, _MM_HINT_T1);
+  if (bytes > 0) _mm_prefetch(first + bytes - 1, _MM_HINT_T1);
+}
 
 // dst[c * dst_stride + r] = src[r * src_stride + c] for r, c in [0, 16): a 16x16 byte block.
 void transpose16x16(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride);

@@ -98,7 +98,8 @@ void row_any(const Src* x, int64_t k, int64_t block_k, const Divisor* d, DType c
 }
 
 template <class Src, class Code, Division How>
-void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns], uint8_t* out) {
+void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns], uint8_t* out,
+             const Src* next) {
   static_assert(kColumns == 32, "two vectors of sixteen lanes per row");
   constexpr SmallFloatFormat F = Fp8Format<Code>::value;
   alignas(64) float s_lanes[kColumns], r_lanes[kColumns];
@@ -109,6 +110,7 @@ void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumn
   const __m512 s0 = _mm512_load_ps(s_lanes), s1 = _mm512_load_ps(s_lanes + 16);
   const __m512 r0 = _mm512_load_ps(r_lanes), r1 = _mm512_load_ps(r_lanes + 16);
   for (int64_t row = 0; row < rows; ++row) {
+    if (next != nullptr) prefetch_l2(next + row * stride, kColumns * sizeof(Src));
     const Src* p = x + row * stride;
     const __m512i c0 =
         fp8_round16<F>(divide16<How>(decode16(p, 0xFFFF), s0, r0), Saturation::kSatFinite);
@@ -122,13 +124,13 @@ void columns(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumn
 
 template <class Src>
 void columns_any(const Src* x, int64_t stride, int64_t rows, const Divisor d[kColumns], bool divide,
-                 DType code, uint8_t* out) {
+                 DType code, uint8_t* out, const Src* next) {
   if (code == DType::kE4M3) {
-    if (divide) return columns<Src, fp8_e4m3, Division::kDivide>(x, stride, rows, d, out);
-    return columns<Src, fp8_e4m3, Division::kReciprocalFma>(x, stride, rows, d, out);
+    if (divide) return columns<Src, fp8_e4m3, Division::kDivide>(x, stride, rows, d, out, next);
+    return columns<Src, fp8_e4m3, Division::kReciprocalFma>(x, stride, rows, d, out, next);
   }
-  if (divide) return columns<Src, fp8_e5m2, Division::kDivide>(x, stride, rows, d, out);
-  return columns<Src, fp8_e5m2, Division::kReciprocalFma>(x, stride, rows, d, out);
+  if (divide) return columns<Src, fp8_e5m2, Division::kDivide>(x, stride, rows, d, out, next);
+  return columns<Src, fp8_e5m2, Division::kReciprocalFma>(x, stride, rows, d, out, next);
 }
 
 }  // namespace
@@ -147,16 +149,16 @@ void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, D
 }
 
 void quantize_columns(const float* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, divide, code, out);
+                      bool divide, DType code, uint8_t* out, const float* next) {
+  columns_any(x, stride, rows, d, divide, code, out, next);
 }
 void quantize_columns(const bf16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, divide, code, out);
+                      bool divide, DType code, uint8_t* out, const bf16* next) {
+  columns_any(x, stride, rows, d, divide, code, out, next);
 }
 void quantize_columns(const fp16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out) {
-  columns_any(x, stride, rows, d, divide, code, out);
+                      bool divide, DType code, uint8_t* out, const fp16* next) {
+  columns_any(x, stride, rows, d, divide, code, out, next);
 }
 
 #pragma GCC diagnostic pop

@@ -19,10 +19,10 @@ void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, D
 // As quantize_columns with every lane on one method: `divide` for the division instruction,
 // else the reciprocal and FMA.
 void quantize_columns(const float* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out);
+                      bool divide, DType code, uint8_t* out, const float* next);
 void quantize_columns(const bf16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out);
+                      bool divide, DType code, uint8_t* out, const bf16* next);
 void quantize_columns(const fp16* x, int64_t stride, int64_t rows, const Divisor d[kColumns],
-                      bool divide, DType code, uint8_t* out);
+                      bool divide, DType code, uint8_t* out, const fp16* next);
 
 }  // namespace mantissa::core::quantize_runs::avx512
