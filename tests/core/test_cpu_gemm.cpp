@@ -31,7 +31,9 @@
 #include "core/dtype/dtype.h"
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/ops/cpu/cpu_gemm_amx.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
+#include "core/ops/cpu_switches.h"
 #include "core/tensor/tensor.h"
 #include "tests/common/test_util.h"
 
@@ -313,16 +315,21 @@ TEST(CpuGemm, LargeShapesCrossPanelBlocksAndColumnSplits) {
   });
 }
 
-// ctest runs this file twice, the second time with MANTISSA_CPU_BF16_GEMM=0, so that the
+// ctest runs this file three times: as it is, with MANTISSA_CPU_BF16_GEMM=0, so that the
 // AVX2/FMA kernel that CPUs without AVX512-BF16 run BF16 and FP8 operands on is tested here
-// too (F16 operands run it on every CPU).
+// too (F16 operands run it on every CPU), and with MANTISSA_CPU_AMX=0, so that on a CPU with
+// AMX the VDPBF16PS kernel is too.
 TEST(CpuGemm, NativeBf16KernelFollowsCpuAndEnvironment) {
-  const char* setting = std::getenv("MANTISSA_CPU_BF16_GEMM");
-  const bool turned_off = setting != nullptr && std::string(setting) == "0";
+  const auto off = [](const char* variable) {
+    const char* setting = std::getenv(variable);
+    return setting != nullptr && std::string(setting) == "0";
+  };
   const bool cpu_has = __builtin_cpu_supports("avx512bf16") != 0;
-  EXPECT_EQ(bf16_gemm_enabled(), cpu_has && !turned_off);
-  std::printf("BF16 and FP8 operands: %s\n",
-              bf16_gemm_enabled() ? "native AVX512-BF16 kernel" : "AVX2/FMA kernel in FP32");
+  EXPECT_EQ(bf16_gemm_enabled(), cpu_has && !off("MANTISSA_CPU_BF16_GEMM"));
+  if (off("MANTISSA_CPU_AMX")) {
+    EXPECT_FALSE(amx::enabled());
+  }
+  std::printf("BF16 and FP8 operands: %s\n", cpu_paths_description().c_str());
 }
 
 // What tells the two paths apart: VDPBF16PS reads a BF16 subnormal as zero, the AVX2 kernel

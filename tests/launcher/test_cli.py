@@ -129,6 +129,11 @@ class ConfigErrors(lu.TempDirTest):
             "mantissa: environment: MANTISSA_CPU_AVX512_CONVERT=off: must be 0 (off) or 1 (on, "
             "the default)", env=lu.environment(MANTISSA_CPU_AVX512_CONVERT="off"))
 
+    def test_amx_switch_with_a_value_other_than_0_or_1(self):
+        self.assert_config_error(
+            "mantissa: environment: MANTISSA_CPU_AMX=no: must be 0 (off) or 1 (on, the default)",
+            env=lu.environment(MANTISSA_CPU_AMX="no"))
+
     def test_fault_injection_on_a_rank_that_does_not_exist(self):
         self.assert_config_error(
             "mantissa: debug.inject_nonfinite_rank = 1: must be < the world size 1",
@@ -298,6 +303,7 @@ class Help(lu.TempDirTest):
             "OMP_NUM_THREADS",
             "MANTISSA_CPU_BF16_GEMM=0",
             "MANTISSA_CPU_AVX512_CONVERT=0",
+            "MANTISSA_CPU_AMX=0",
         ):
             self.assertIn(variable, environment)
 

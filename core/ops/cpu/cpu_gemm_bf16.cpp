@@ -1,4 +1,11 @@
-// BF16 GEMM with VDPBF16PS, for CPUs with AVX512-BF16.
+// BF16 GEMM with VDPBF16PS, for CPUs with AVX512-BF16, and on AMX tiles where the CPU has them.
+//
+// VDPBF16PS does 32 multiply-adds per instruction, but CPUs issue it at different rates: on a
+// Sapphire Rapids it runs at half the FP32 FMA rate, so the kernel reaches only 0.68x OpenBLAS
+// sgemm there, while one AMX TDPBF16PS does 16,384 (cpu_gemm_amx.h). So products without block
+// scales run on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread,
+// bench_cpu_gemm's geometric means): strips of 32 rows packed row by row, the same panels,
+// K padded with zero pairs. The rest of this comment is about the VDPBF16PS kernel.
 //
 // VDPBF16PS takes two vectors of 32 BF16 values, multiplies them lane by lane and adds each
 // pair of neighbouring products to one FP32 lane of the accumulator: 32 multiply-adds per
@@ -37,6 +44,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/cpu/cpu_gemm_amx.h"
 #include "core/ops/cpu/cpu_switch.h"
 #include "core/ops/cpu/scratch_buffer.h"
 
@@ -106,6 +114,31 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
+// Packs `lines` rows of op(A) for an AMX strip (cpu_gemm_amx.h): dword (l, p) = (value (l, 2p),
+// value (l, 2p + 1)) goes to out[l padded_pairs + p], zero past `lines` (up to
+// amx::kTileRows) and past K. Values are read as pack_pairs reads them.
+template <class T>
+void pack_rows(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
+               int64_t padded_pairs, uint32_t* out) {
+  const auto decode = bf16_decoder<T>();
+  const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
+    return kk < k ? decode(src[k_major ? kk * ld + l : l * ld + kk]) : 0u;
+  };
+  for (int64_t l = 0; l < amx::kTileRows; ++l) {
+    uint32_t* dst = out + l * padded_pairs;
+    if (l >= lines) {
+      std::fill(dst, dst + padded_pairs, 0u);
+      continue;
+    }
+    const int64_t whole = k_major ? 0 : k / 2;  // pairs read straight from a row of A
+    for (int64_t p = 0; p < whole; ++p) {
+      dst[p] = decode(src[l * ld + 2 * p]) | uint32_t{decode(src[l * ld + 2 * p + 1])} << 16;
+    }
+    for (int64_t p = whole; p < padded_pairs; ++p)
+      dst[p] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+  }
+}
+
 // GCC 12's AVX-512 intrinsics pass a deliberately self-initialised "undefined" vector as the
 // pass-through operand of unmasked conversions and shifts, which -Wmaybe-uninitialized
 // reports once they are inlined; nothing here reads it.
@@ -161,14 +194,15 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
                                                                      int64_t r, int64_t half) {
   return acc[r][half];
 }
-[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512 tile_sums(
-    const float (&total)[kRows][kCols], int64_t r, int64_t half) {
+template <size_t R>
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512 tile_sums(const float (&total)[R][kCols],
+                                                                     int64_t r, int64_t half) {
   return _mm512_load_ps(&total[r][16 * half]);
 }
 
-// C[rows, cols] (at most kRows x kCols, row stride ldc) = alpha * tile + beta * C. The loop
-// over r is unrolled, so that a tile held in registers is indexed by constants.
-template <class TC, class Tile>
+// C[rows, cols] (at most R x kCols, row stride ldc) = alpha * tile + beta * C. The loop over r
+// is unrolled, so that a tile held in registers is indexed by constants.
+template <int64_t R, class TC, class Tile>
 [[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void store_tile(const Tile& tile, float alpha,
                                                                     float beta, TC* c, int64_t ldc,
                                                                     int64_t rows, int64_t cols) {
@@ -179,7 +213,7 @@ template <class TC, class Tile>
   };
   const __mmask16 mask0 = mask(cols), mask1 = mask(cols - 16);
 #pragma GCC unroll 12
-  for (int64_t r = 0; r < kRows; ++r) {
+  for (int64_t r = 0; r < R; ++r) {
     if (r >= rows) break;
     // The second half is addressed only when the tile has columns there (past the end of C
     // otherwise).
@@ -201,7 +235,7 @@ template <class TC>
   __m512 acc[kRows][2];
   for (int64_t r = 0; r < kRows; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   add_pairs(a, b, 0, pairs, acc);
-  store_tile(acc, alpha, beta, c, ldc, rows, cols);
+  store_tile<kRows>(acc, alpha, beta, c, ldc, rows, cols);
 }
 
 // The same tile with block scales (cpu_gemm_block_scales.h): sa and sb point at the scales
@@ -233,7 +267,17 @@ template <class TC>
       _mm512_store_ps(&total[r][16], _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), acc[r][1], before1));
     }
   }
-  store_tile(total, alpha, beta, c, ldc, rows, cols);
+  store_tile<kRows>(total, alpha, beta, c, ldc, rows, cols);
+}
+
+// C[rows, cols] (at most amx::kTileRows x kCols) = alpha * strip . panel + beta * C, on AMX tiles.
+template <class TC>
+[[MANTISSA_AVX512_BF16]] void amx_tile(const uint32_t* strip, const uint32_t* panel,
+                                       int64_t padded_pairs, float alpha, float beta, TC* c,
+                                       int64_t ldc, int64_t rows, int64_t cols) {
+  alignas(64) float total[amx::kTileRows][kCols];
+  amx::micro_tile(strip, panel, padded_pairs, total);
+  store_tile<amx::kTileRows>(total, alpha, beta, c, ldc, rows, cols);
 }
 
 #pragma GCC diagnostic pop
@@ -249,6 +293,58 @@ PackBuffers& pack_buffers_of_this_thread() {
   return buffers;
 }
 
+// How a GEMM of s.batch products, each of `strips` strips and `panels` panels, is spread over
+// the threads: every product's strips cut into row parts and its panels into column parts,
+// enough work items that each thread gets the same share; each item passes its strips over
+// one block of panels (about kBlockBytes of packed B) at a time.
+struct WorkSplit {
+  int64_t strips, panels, row_parts, col_parts, block_panels;
+  bool parallel;
+
+  WorkSplit(const GemmShape& s, int64_t strips_, int64_t panels_, int64_t panel_dwords)
+      : strips(strips_), panels(panels_) {
+    const int64_t threads = omp_get_max_threads();
+    const double flops = 2.0 * static_cast<double>(s.batch * s.m) * static_cast<double>(s.n * s.k);
+    parallel = threads > 1 && flops >= kGemmParallelFlops;
+    const int64_t per_product = parallel ? threads / std::gcd(s.batch, threads) : 1;
+    row_parts = std::clamp<int64_t>(per_product, 1, std::max<int64_t>(1, strips));
+    col_parts = std::clamp<int64_t>((per_product + row_parts - 1) / row_parts, 1,
+                                    std::max<int64_t>(1, panels));
+    block_panels = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_dwords * 4));
+  }
+
+  int64_t items(int64_t batch) const { return batch * row_parts * col_parts; }
+
+  // visit(product, strip, panel) for every tile of work item `item`, in its order.
+  template <class Visit>
+  void for_tiles_of(int64_t item, const Visit& visit) const {
+    const int64_t product = item / (row_parts * col_parts);
+    const int64_t row_part = item / col_parts % row_parts, col_part = item % col_parts;
+    const int64_t strip_begin = strips * row_part / row_parts;
+    const int64_t strip_end = strips * (row_part + 1) / row_parts;
+    const int64_t panel_begin = panels * col_part / col_parts;
+    const int64_t panel_end = panels * (col_part + 1) / col_parts;
+    for (int64_t block = panel_begin; block < panel_end; block += block_panels) {
+      for (int64_t strip = strip_begin; strip < strip_end; ++strip) {
+        for (int64_t panel = block; panel < std::min(panel_end, block + block_panels); ++panel) {
+          visit(product, strip, panel);
+        }
+      }
+    }
+  }
+};
+
+// Panel columns [j, j + kCols) of op(B) of product `product`: columns of B, or rows of a
+// transposed B [n, k]; `pairs` rows of the panel, zero past K's.
+template <class TB>
+void pack_panel(const GemmShape& s, const TB* b, bool trans_b, int64_t product, int64_t j,
+                int64_t pairs, uint32_t* out) {
+  const TB* b_product = b + product * s.k * s.n;
+  pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
+             std::min(kCols, s.n - j), s.k, kCols, out);
+  std::fill(out + (s.k + 1) / 2 * kCols, out + pairs * kCols, 0u);
+}
+
 // `scales`: null, or the block scales of the one product (s.batch = 1).
 template <class TA, class TB, class TC>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
@@ -261,21 +357,9 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   PackBuffers& buffers = pack_buffers_of_this_thread();
   uint32_t* packed_a = buffers.a.get(s.batch * strips * strip_size);
   uint32_t* packed_b = buffers.b.get(s.batch * panels * panel_size);
+  const WorkSplit split(s, strips, panels, panel_size);
 
-  // Work items: every product's strips cut into row parts and its panels into column parts,
-  // enough items that each thread gets the same share; each item passes its strips over one
-  // block of panels at a time.
-  const int64_t threads = omp_get_max_threads();
-  const double flops = 2.0 * static_cast<double>(s.batch * s.m) * static_cast<double>(s.n * s.k);
-  const bool parallel = threads > 1 && flops >= kGemmParallelFlops;
-  const int64_t per_product = parallel ? threads / std::gcd(s.batch, threads) : 1;
-  const int64_t row_parts = std::clamp<int64_t>(per_product, 1, std::max<int64_t>(1, strips));
-  const int64_t col_parts = std::clamp<int64_t>((per_product + row_parts - 1) / row_parts, 1,
-                                                std::max<int64_t>(1, panels));
-  const int64_t block_panels =
-      std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_size * 4));
-
-#pragma omp parallel if (parallel)
+#pragma omp parallel if (split.parallel)
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < s.batch * strips; ++i) {
@@ -287,40 +371,81 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
     }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < s.batch * panels; ++i) {
-      // Panel columns [j, j + kCols) of op(B): columns of B, or rows of a transposed B [n, k].
-      const int64_t j = i % panels * kCols;
-      const TB* b_product = b + i / panels * s.k * s.n;
-      pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
-                 std::min(kCols, s.n - j), s.k, kCols, packed_b + i * panel_size);
+      pack_panel(s, b, trans_b, i / panels, i % panels * kCols, pairs, packed_b + i * panel_size);
     }
 #pragma omp for schedule(static)
-    for (int64_t item = 0; item < s.batch * row_parts * col_parts; ++item) {
-      const int64_t product = item / (row_parts * col_parts);
-      const int64_t row_part = item / col_parts % row_parts, col_part = item % col_parts;
-      const int64_t strip_begin = strips * row_part / row_parts;
-      const int64_t strip_end = strips * (row_part + 1) / row_parts;
-      const int64_t panel_begin = panels * col_part / col_parts;
-      const int64_t panel_end = panels * (col_part + 1) / col_parts;
-      TC* c_product = c + product * s.m * s.n;
-      for (int64_t block = panel_begin; block < panel_end; block += block_panels) {
-        for (int64_t strip = strip_begin; strip < strip_end; ++strip) {
-          for (int64_t panel = block; panel < std::min(panel_end, block + block_panels); ++panel) {
-            const int64_t row = strip * kRows, col = panel * kCols;
-            const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
-            const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
-            TC* tile_c = c_product + row * s.n + col;
-            const int64_t rows = std::min(kRows, s.m - row), cols = std::min(kCols, s.n - col);
-            if (scales != nullptr) {
-              micro_tile_scaled(strip_a, panel_b, pairs, *scales, scales->a + row, scales->b + col,
-                                alpha, beta, tile_c, s.n, rows, cols);
-            } else {
-              micro_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
-            }
-          }
+    for (int64_t item = 0; item < split.items(s.batch); ++item) {
+      split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
+        const int64_t row = strip * kRows, col = panel * kCols;
+        const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
+        const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
+        TC* tile_c = c + product * s.m * s.n + row * s.n + col;
+        const int64_t rows = std::min(kRows, s.m - row), cols = std::min(kCols, s.n - col);
+        if (scales != nullptr) {
+          micro_tile_scaled(strip_a, panel_b, pairs, *scales, scales->a + row, scales->b + col,
+                            alpha, beta, tile_c, s.n, rows, cols);
+        } else {
+          micro_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
         }
-      }
+      });
     }
   }
+}
+
+// gemm_packed on AMX tiles, without block scales: strips of amx::kTileRows rows of op(A)
+// packed row by row (pack_rows), panels as above, and K padded with zero pairs to whole steps
+// of amx::kPairsPerStep.
+template <class TA, class TB, class TC>
+void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
+                     float alpha, float beta, TC* c) {
+  constexpr int64_t kStripRows = amx::kTileRows;
+  const int64_t step = amx::kPairsPerStep;
+  const int64_t pairs = ((s.k + 1) / 2 + step - 1) / step * step;
+  const int64_t strips = (s.m + kStripRows - 1) / kStripRows;
+  const int64_t panels = (s.n + kCols - 1) / kCols;
+  const int64_t strip_size = pairs * kStripRows, panel_size = pairs * kCols;
+
+  PackBuffers& buffers = pack_buffers_of_this_thread();
+  uint32_t* packed_a = buffers.a.get(s.batch * strips * strip_size);
+  uint32_t* packed_b = buffers.b.get(s.batch * panels * panel_size);
+  const WorkSplit split(s, strips, panels, panel_size);
+
+#pragma omp parallel if (split.parallel)
+  {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < s.batch * strips; ++i) {
+      const int64_t r = i % strips * kStripRows;
+      const TA* a_product = a + i / strips * s.m * s.k;
+      pack_rows(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
+                std::min(kStripRows, s.m - r), s.k, pairs, packed_a + i * strip_size);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < s.batch * panels; ++i) {
+      pack_panel(s, b, trans_b, i / panels, i % panels * kCols, pairs, packed_b + i * panel_size);
+    }
+    amx::configure_thread();
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < split.items(s.batch); ++item) {
+      split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
+        const int64_t row = strip * kStripRows, col = panel * kCols;
+        amx_tile(packed_a + (product * strips + strip) * strip_size,
+                 packed_b + (product * panels + panel) * panel_size, pairs, alpha, beta,
+                 c + product * s.m * s.n + row * s.n + col, s.n, std::min(kStripRows, s.m - row),
+                 std::min(kCols, s.n - col));
+      });
+    }
+    amx::release_thread();
+  }
+}
+
+// The GEMM on the fastest engine this CPU has for it.
+template <class TA, class TB, class TC>
+void gemm_typed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
+                float alpha, float beta, TC* c, const BlockScales* scales) {
+  if (scales == nullptr && amx::enabled()) {
+    return gemm_packed_amx(s, a, trans_a, b, trans_b, alpha, beta, c);
+  }
+  gemm_packed(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
 }
 
 template <class TA, class TC>
@@ -328,13 +453,13 @@ void gemm_with_a(const GemmShape& s, const TA* a, bool trans_a, const Tensor& b,
                  float alpha, float beta, TC* c, const BlockScales* scales) {
   switch (b.dtype()) {
     case DType::kBF16:
-      return gemm_packed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c, scales);
+      return gemm_typed(s, a, trans_a, b.data_as<const bf16>(), trans_b, alpha, beta, c, scales);
     case DType::kE4M3:
-      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e4m3>(), trans_b, alpha, beta, c,
-                         scales);
+      return gemm_typed(s, a, trans_a, b.data_as<const fp8_e4m3>(), trans_b, alpha, beta, c,
+                        scales);
     case DType::kE5M2:
-      return gemm_packed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c,
-                         scales);
+      return gemm_typed(s, a, trans_a, b.data_as<const fp8_e5m2>(), trans_b, alpha, beta, c,
+                        scales);
     default: MANTISSA_FAIL("gemm_bf16: B is " << b.describe() << ", not BF16 or FP8");
   }
 }
