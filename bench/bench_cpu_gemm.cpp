@@ -14,12 +14,12 @@
 // blocks (each block starts with an untimed call that absorbs the hand-over between thread
 // pools), three blocks of each in alternation, and every configuration is compared with the
 // anchor blocks interleaved with its own, so slow drifts in machine load shift both alike.
-// "peak" columns are GFLOP/s over the measured FMA peak (the native AVX512-BF16 kernel can
-// pass 1: one VDPBF16PS does twice the multiply-adds of an FP32 FMA). BF16 and FP8 operands
-// run the native AVX512-BF16 kernel where the CPU has one, else the AVX2/FMA kernel (the "CPU
-// paths" line says which path ran); the last lines give, per operand dtype, the lowest and
-// the geometric mean of its ratio to sgemm over the shapes. Figures only: nothing passes or
-// fails.
+// "peak" columns are GFLOP/s over the measured FMA peak (the native BF16 kernel can pass 1:
+// one VDPBF16PS does twice the multiply-adds of an FP32 FMA, one AMX TDPBF16PS 8,192). BF16
+// and FP8 operands run the native kernel (on AMX tiles or VDPBF16PS) where the CPU has one,
+// else the AVX2/FMA kernel (the "CPU paths" line says which path ran); the last lines give, per
+// operand dtype, the lowest and the geometric mean of its ratio to sgemm over the shapes. Figures
+// only: nothing passes or fails.
 #include <cblas.h>
 #include <omp.h>
 

@@ -8,8 +8,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <cstring>
-
 #include "core/ops/cpu/cpu_switch.h"
 
 // Only these functions use AMX instructions: the rest of the library is built for AVX2, and
@@ -46,6 +44,7 @@ struct TileConfig {
   uint16_t bytes_per_row[16] = {};
   uint8_t rows[16] = {};
 };
+static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
 }  // namespace
 

@@ -2,8 +2,8 @@
 //
 // VDPBF16PS does 32 multiply-adds per instruction, but CPUs issue it at different rates: on a
 // Sapphire Rapids it runs at half the FP32 FMA rate, so the kernel reaches only 0.68x OpenBLAS
-// sgemm there, while one AMX TDPBF16PS does 16,384 (cpu_gemm_amx.h). So products without block
-// scales run on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread,
+// sgemm there, while one AMX TDPBF16PS does 8,192 multiply-adds (cpu_gemm_amx.h). So products
+// without block scales run on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread,
 // bench_cpu_gemm's geometric means): strips of 32 rows packed row by row, the same panels,
 // K padded with zero pairs. The rest of this comment is about the VDPBF16PS kernel.
 //
@@ -283,7 +283,7 @@ template <class TC>
 #pragma GCC diagnostic pop
 
 // The packed operands of the calling thread's GEMMs, shared by every operand-type
-// instantiation of gemm_packed.
+// instantiation of gemm_packed and gemm_packed_amx.
 struct PackBuffers {
   ScratchBuffer<uint32_t> a, b;
 };
@@ -334,29 +334,46 @@ struct WorkSplit {
   }
 };
 
-// Panel columns [j, j + kCols) of op(B) of product `product`: columns of B, or rows of a
-// transposed B [n, k]; `pairs` rows of the panel, zero past K's.
+// Where one GEMM's operands are packed: strips of `strip_rows` rows of op(A) and panels of
+// kCols columns of op(B), `pairs` K pairs each, in the calling thread's buffers.
+struct PackedOperands {
+  int64_t pairs, strips, panels, strip_size, panel_size;  // sizes in dwords (BF16 pairs)
+  uint32_t *a, *b;
+
+  PackedOperands(const GemmShape& s, int64_t strip_rows, int64_t pairs_)
+      : pairs(pairs_),
+        strips((s.m + strip_rows - 1) / strip_rows),
+        panels((s.n + kCols - 1) / kCols),
+        strip_size(pairs_ * strip_rows),
+        panel_size(pairs_ * kCols) {
+    PackBuffers& buffers = pack_buffers_of_this_thread();
+    a = buffers.a.get(s.batch * strips * strip_size);
+    b = buffers.b.get(s.batch * panels * panel_size);
+  }
+};
+
+// Packs every product's panels, shared out over the threads of the enclosing parallel region:
+// panel columns [j, j + kCols) of op(B) are columns of B, or rows of a transposed B [n, k],
+// zero past K's pairs.
 template <class TB>
-void pack_panel(const GemmShape& s, const TB* b, bool trans_b, int64_t product, int64_t j,
-                int64_t pairs, uint32_t* out) {
-  const TB* b_product = b + product * s.k * s.n;
-  pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
-             std::min(kCols, s.n - j), s.k, kCols, out);
-  std::fill(out + (s.k + 1) / 2 * kCols, out + pairs * kCols, 0u);
+void pack_panels(const GemmShape& s, const TB* b, bool trans_b, const PackedOperands& to) {
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < s.batch * to.panels; ++i) {
+    const int64_t j = i % to.panels * kCols;
+    const TB* b_product = b + i / to.panels * s.k * s.n;
+    uint32_t* out = to.b + i * to.panel_size;
+    pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
+               std::min(kCols, s.n - j), s.k, kCols, out);
+    std::fill(out + (s.k + 1) / 2 * kCols, out + to.panel_size, 0u);
+  }
 }
 
 // `scales`: null, or the block scales of the one product (s.batch = 1).
 template <class TA, class TB, class TC>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
                  float alpha, float beta, TC* c, const BlockScales* scales) {
-  const int64_t pairs = (s.k + 1) / 2;
-  const int64_t strips = (s.m + kRows - 1) / kRows;
-  const int64_t panels = (s.n + kCols - 1) / kCols;
-  const int64_t strip_size = pairs * kRows, panel_size = pairs * kCols;  // dwords: BF16 pairs
-
-  PackBuffers& buffers = pack_buffers_of_this_thread();
-  uint32_t* packed_a = buffers.a.get(s.batch * strips * strip_size);
-  uint32_t* packed_b = buffers.b.get(s.batch * panels * panel_size);
+  const PackedOperands packed(s, kRows, (s.k + 1) / 2);
+  const auto [pairs, strips, panels, strip_size, panel_size, packed_a, packed_b] = packed;
   const WorkSplit split(s, strips, panels, panel_size);
 
 #pragma omp parallel if (split.parallel)
@@ -369,10 +386,7 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
       pack_pairs(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
                  std::min(kRows, s.m - r), s.k, kRows, packed_a + i * strip_size);
     }
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < s.batch * panels; ++i) {
-      pack_panel(s, b, trans_b, i / panels, i % panels * kCols, pairs, packed_b + i * panel_size);
-    }
+    pack_panels(s, b, trans_b, packed);
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < split.items(s.batch); ++item) {
       split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
@@ -398,16 +412,11 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
 template <class TA, class TB, class TC>
 void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
                      float alpha, float beta, TC* c) {
+  static_assert(amx::kTileCols == kCols, "AMX tiles read the panels of the VDPBF16PS kernel");
   constexpr int64_t kStripRows = amx::kTileRows;
   const int64_t step = amx::kPairsPerStep;
-  const int64_t pairs = ((s.k + 1) / 2 + step - 1) / step * step;
-  const int64_t strips = (s.m + kStripRows - 1) / kStripRows;
-  const int64_t panels = (s.n + kCols - 1) / kCols;
-  const int64_t strip_size = pairs * kStripRows, panel_size = pairs * kCols;
-
-  PackBuffers& buffers = pack_buffers_of_this_thread();
-  uint32_t* packed_a = buffers.a.get(s.batch * strips * strip_size);
-  uint32_t* packed_b = buffers.b.get(s.batch * panels * panel_size);
+  const PackedOperands packed(s, kStripRows, ((s.k + 1) / 2 + step - 1) / step * step);
+  const auto [pairs, strips, panels, strip_size, panel_size, packed_a, packed_b] = packed;
   const WorkSplit split(s, strips, panels, panel_size);
 
 #pragma omp parallel if (split.parallel)
@@ -419,10 +428,7 @@ void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b,
       pack_rows(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
                 std::min(kStripRows, s.m - r), s.k, pairs, packed_a + i * strip_size);
     }
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < s.batch * panels; ++i) {
-      pack_panel(s, b, trans_b, i / panels, i % panels * kCols, pairs, packed_b + i * panel_size);
-    }
+    pack_panels(s, b, trans_b, packed);
     amx::configure_thread();
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < split.items(s.batch); ++item) {

@@ -22,7 +22,8 @@ bool cpu_switch_on(const char* variable) {
 
 // Every switch the backend reads, listed once.
 void check_cpu_switches() {
-  for (const char* variable : {kBf16GemmSwitch, kAvx512ConvertSwitch, kAmxSwitch}) cpu_switch_on(variable);
+  for (const char* variable : {kBf16GemmSwitch, kAvx512ConvertSwitch, kAmxSwitch})
+    cpu_switch_on(variable);
 }
 
 }  // namespace mantissa::core
