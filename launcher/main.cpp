@@ -59,9 +59,8 @@ environment (CPU runs):
   MANTISSA_CPU_AVX512_CONVERT=0
                             stochastic rounding and FP8 casts use their AVX2 code on CPUs
                             with AVX-512 (the results are the same; for comparison)
-  MANTISSA_CPU_AMX=0        on CPUs with AMX (Intel Xeons from Sapphire Rapids on), GEMMs
-                            without block scales run the native BF16 kernel on VDPBF16PS
-                            instead of AMX tiles (several times slower there; the last bits
+  MANTISSA_CPU_AMX=0        on CPUs with AMX (Intel Xeons from Sapphire Rapids on), the
+                            native BF16 kernel runs on VDPBF16PS instead of AMX tiles (several times slower there; the last bits
                             of FP32 sums may differ)
   The MANTISSA_CPU_* switches take 0 or 1 (the default); any other value is a config error.
 

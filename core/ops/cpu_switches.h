@@ -16,7 +16,7 @@ void check_cpu_switches();
 // ("CPU paths: ..."), for the start line of a run and for every benchmark, so that figures
 // from different machines can be read side by side. GEMMs with FP32 operands always run
 // OpenBLAS sgemm; those with BF16 or FP8 operands run the native BF16 kernel (on AMX tiles
-// where the CPU has them, except block-scaled products; else VDPBF16PS) or the AVX2/FMA kernel
+// where the CPU has them, else VDPBF16PS) or the AVX2/FMA kernel
 // that widens them to FP32 while it packs them. Rounding to BF16 and F16 to nearest
 // always runs AVX2/F16C code; stochastic rounding and FP8 casts run AVX-512 code where the CPU has
 // AVX-512 F, BW, VL and DQ.

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "core/ops/backend.h"
+#include "core/ops/cpu/cpu_gemm_amx.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
+#include "core/ops/cpu_switches.h"
 #include "tests/common/test_util.h"
 
 namespace mantissa::core {
@@ -465,17 +467,54 @@ TEST(CpuScaledGemm, ResultsDoNotDependOnTheThreadCount) {
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.nbytes()), 0);
 }
 
+// The engines a scaled GEMM can run on, each with its own order of summing a K-block.
+enum class Engine {
+  kPairs,       // VDPBF16PS: each pair's k + 1 product, then its k product
+  kSequential,  // the AVX2 kernel: increasing k
+  kTiles,       // AMX: the order inside one TDPBF16PS is the hardware's own
+};
+
+Engine engine_of_this_cpu() {
+  if (!bf16_gemm_enabled()) return Engine::kSequential;
+  return amx::enabled() ? Engine::kTiles : Engine::kPairs;
+}
+
+// Op(A)'s and op(B)'s slice of K [k0, k1) (TN storage: rows of K FP8 codes).
+Tensor k_slice(const Tensor& codes, int64_t k0, int64_t k1) {
+  const int64_t rows = codes.dim(0), k = codes.dim(1);
+  Tensor slice = Tensor::empty(Shape{rows, k1 - k0}, codes.dtype());
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(static_cast<uint8_t*>(slice.data()) + r * (k1 - k0),
+                static_cast<const uint8_t*>(codes.data()) + r * k + k0,
+                static_cast<size_t>(k1 - k0));
+  }
+  return slice;
+}
+
 // The definition at the top of cpu_gemm_scaled.cpp, element by element: each K-block's sum
-// P_b in FP32 from +0 in the order of the engine the backend runs (the native BF16 kernel
-// adds each pair's k + 1 product, then its k product, as VDPBF16PS does; the AVX2 kernel
-// adds the products in increasing k), acc = fma(sa sb, P_b, acc) from acc = +0, then
+// P_b in FP32 from +0 in the order of the engine the backend runs (Engine), acc = fma(sa sb,
+// P_b, acc) from acc = +0, then
 // C = alpha acc (+ beta C in one fma), a BF16 C rounded once. The products and each rounded
 // addition are done in FP64 and rounded to FP32: a product of two FP8 values is exact in both,
 // and FP64 holds the exact sum of two FP32 values closely enough (53 >= 2 * 24 + 2 bits) that
-// rounding it to FP32 gives the FP32 sum.
+// rounding it to FP32 gives the FP32 sum. On AMX tiles, whose order inside an instruction is
+// not written down, P_b is the backend's unscaled GEMM of the block's slices of K instead (the
+// same tile instructions, held to FP64 by test_cpu_gemm): what this test then holds to the
+// definition is the folding of the blocks.
 class ScaledGemmDefinition {
  public:
-  ScaledGemmDefinition(const Problem& pr, bool pairs) : pr_(pr), pairs_(pairs) {}
+  ScaledGemmDefinition(Backend& be, const Problem& pr, Engine engine) : pr_(pr), engine_(engine) {
+    if (engine_ != Engine::kTiles) return;
+    const int64_t block_k = scale_block_k(pr_.a_mode, pr_.k);
+    for (int64_t k0 = 0; k0 < pr_.k; k0 += block_k) {
+      const int64_t k1 = std::min(pr_.k, k0 + block_k);
+      Tensor sums = Tensor::empty(Shape{pr_.m, pr_.n}, DType::kF32);
+      GemmParams p;
+      p.trans_b = true;
+      be.gemm(k_slice(pr_.a, k0, k1), k_slice(pr_.b, k0, k1), sums, p);
+      tile_sums_.push_back(std::move(sums));
+    }
+  }
 
   // acc[i, j] after the last K-block.
   float accumulator(int64_t i, int64_t j) const {
@@ -485,7 +524,7 @@ class ScaledGemmDefinition {
       const int64_t k0 = b * block_k, k1 = std::min(pr_.k, k0 + block_k);
       const double sa = scale_of(pr_.a_scale, pr_.a_mode, {pr_.m, pr_.k}, i, b);
       const double sb = scale_of(pr_.b_scale, pr_.b_mode, {pr_.n, pr_.k}, j, b);
-      acc = std::fma(static_cast<float>(sa * sb), block_sum(i, j, k0, k1), acc);
+      acc = std::fma(static_cast<float>(sa * sb), block_sum(i, j, b, k0, k1), acc);
     }
     return acc;
   }
@@ -497,17 +536,20 @@ class ScaledGemmDefinition {
   static float add(float sum, double term) {
     return static_cast<float>(static_cast<double>(sum) + term);
   }
-  float block_sum(int64_t i, int64_t j, int64_t k0, int64_t k1) const {
+  float block_sum(int64_t i, int64_t j, int64_t b, int64_t k0, int64_t k1) const {
+    if (engine_ == Engine::kTiles) return tile_sums_[b].data_as<float>()[i * pr_.n + j];
+    const bool pairs = engine_ == Engine::kPairs;
     float sum = 0.0f;
-    for (int64_t kk = k0; kk < k1; kk += pairs_ ? 2 : 1) {
-      if (pairs_) sum = add(sum, kk + 1 < k1 ? product(i, j, kk + 1) : 0.0);
+    for (int64_t kk = k0; kk < k1; kk += pairs ? 2 : 1) {
+      if (pairs) sum = add(sum, kk + 1 < k1 ? product(i, j, kk + 1) : 0.0);
       sum = add(sum, product(i, j, kk));
     }
     return sum;
   }
 
   const Problem& pr_;
-  bool pairs_;
+  Engine engine_;
+  std::vector<Tensor> tile_sums_;  // kTiles: P_b as [m, n] per block
 };
 
 // Negative multipliers (the definition takes any F32 scale) on the F32 scales of a random
@@ -534,8 +576,8 @@ void negate_some_scales(Tensor& scales, ScaleMode mode, Operand d, int64_t row, 
 // first K-block only.
 TEST(CpuScaledGemm, BitExactToTheDefinitionInTheEnginesOrder) {
   auto be = make_cpu_backend();
-  const bool pairs = bf16_gemm_enabled();
-  SCOPED_TRACE(pairs ? "native AVX512-BF16 kernel" : "AVX2/FMA kernel");
+  const Engine engine = engine_of_this_cpu();
+  SCOPED_TRACE(cpu_paths_description());
   struct Size {
     int64_t m, n, k;
   };
@@ -549,7 +591,7 @@ TEST(CpuScaledGemm, BitExactToTheDefinitionInTheEnginesOrder) {
       }
       negate_some_scales(pr.a_scale, pair.a, {pr.m, pr.k}, 1, rng);
       negate_some_scales(pr.b_scale, pair.b, {pr.n, pr.k}, -1, rng);
-      const ScaledGemmDefinition definition(pr, pairs);
+      const ScaledGemmDefinition definition(*be, pr, engine);
       std::vector<float> acc(static_cast<size_t>(pr.m * pr.n));
       for (int64_t i = 0; i < pr.m; ++i) {
         for (int64_t j = 0; j < pr.n; ++j) acc[i * pr.n + j] = definition.accumulator(i, j);

@@ -72,14 +72,14 @@ bool enabled() {
 }
 
 [[MANTISSA_AMX]] void micro_tile(const uint32_t* strip, const uint32_t* panel, int64_t padded_pairs,
-                                 float (&total)[kTileRows][kTileCols]) {
+                                 int64_t p0, int64_t p1, float (&total)[kTileRows][kTileCols]) {
   const int64_t strip_stride = padded_pairs * 4, panel_stride = kTileCols * 4;  // bytes
   const uint32_t* strip_low = strip + 16 * padded_pairs;
   _tile_zero(0);
   _tile_zero(1);
   _tile_zero(2);
   _tile_zero(3);
-  for (int64_t p = 0; p < padded_pairs; p += kPairsPerStep) {
+  for (int64_t p = p0; p < p1; p += kPairsPerStep) {
     _tile_loadd(4, strip + p, strip_stride);
     _tile_loadd(5, strip_low + p, strip_stride);
     _tile_loadd(6, panel + p * kTileCols, panel_stride);

@@ -28,12 +28,12 @@ bool enabled();
 void configure_thread();
 void release_thread();
 
-// total = strip . panel over `padded_pairs` K pairs (a multiple of kPairsPerStep):
+// total = strip . panel over K pairs [p0, p1) (multiples of kPairsPerStep), summed from 0:
 //   strip: kTileRows rows of op(A), row r's pairs at strip[r * padded_pairs + p], each dword
 //          two BF16 values (k = 2p low, 2p + 1 high);
 //   panel: kTileCols columns of op(B), pair p of column c at panel[p * kTileCols + c].
 // Zero-padded rows, columns and pairs contribute +0.
-void micro_tile(const uint32_t* strip, const uint32_t* panel, int64_t padded_pairs,
-                float (&total)[kTileRows][kTileCols]);
+void micro_tile(const uint32_t* strip, const uint32_t* panel, int64_t padded_pairs, int64_t p0,
+                int64_t p1, float (&total)[kTileRows][kTileCols]);
 
 }  // namespace mantissa::core::amx

@@ -2,10 +2,11 @@
 //
 // VDPBF16PS does 32 multiply-adds per instruction, but CPUs issue it at different rates: on a
 // Sapphire Rapids it runs at half the FP32 FMA rate, so the kernel reaches only 0.68x OpenBLAS
-// sgemm there, while one AMX TDPBF16PS does 8,192 multiply-adds (cpu_gemm_amx.h). So products
-// without block scales run on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread,
-// bench_cpu_gemm's geometric means): strips of 32 rows packed row by row, the same panels,
-// K padded with zero pairs. The rest of this comment is about the VDPBF16PS kernel.
+// sgemm there, while one AMX TDPBF16PS does 8,192 multiply-adds (cpu_gemm_amx.h). So GEMMs run
+// on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread, bench_cpu_gemm's
+// geometric means): strips of 32 rows packed row by row, the same panels, K padded with zero
+// pairs; block-scaled ones sum each K-block on the tiles and fold it as below. The rest of
+// this comment is about the VDPBF16PS kernel.
 //
 // VDPBF16PS takes two vectors of 32 BF16 values, multiplies them lane by lane and adds each
 // pair of neighbouring products to one FP32 lane of the accumulator: 32 multiply-adds per
@@ -270,13 +271,45 @@ template <class TC>
   store_tile<kRows>(total, alpha, beta, c, ldc, rows, cols);
 }
 
-// C[rows, cols] (at most amx::kTileRows x kCols) = alpha * strip . panel + beta * C, on AMX tiles.
+// C[rows, cols] (at most amx::kTileRows x kCols) = alpha * strip . panel + beta * C, on AMX
+// tiles, over all padded_pairs pairs (K's and the zero padding).
 template <class TC>
 [[MANTISSA_AVX512_BF16]] void amx_tile(const uint32_t* strip, const uint32_t* panel,
                                        int64_t padded_pairs, float alpha, float beta, TC* c,
                                        int64_t ldc, int64_t rows, int64_t cols) {
   alignas(64) float total[amx::kTileRows][kCols];
-  amx::micro_tile(strip, panel, padded_pairs, total);
+  amx::micro_tile(strip, panel, padded_pairs, 0, padded_pairs, total);
+  store_tile<amx::kTileRows>(total, alpha, beta, c, ldc, rows, cols);
+}
+
+// The same tile with block scales, as micro_tile_scaled: each K-block's pairs summed on the
+// tiles from 0 (blocks of a whole number of AMX steps; the last block takes the padding) and
+// folded into total = fma(sa sb, sums, total), total starting at +0.
+template <class TC>
+[[MANTISSA_AVX512_BF16]] void amx_tile_scaled(const uint32_t* strip, const uint32_t* panel,
+                                              int64_t pairs, int64_t padded_pairs,
+                                              const BlockScales& scales, const float* sa,
+                                              const float* sb, float alpha, float beta, TC* c,
+                                              int64_t ldc, int64_t rows, int64_t cols) {
+  const int64_t block_pairs = (scales.block_k + 1) / 2;
+  alignas(64) float sums[amx::kTileRows][kCols];
+  alignas(64) float total[amx::kTileRows][kCols] = {};
+  for (int64_t p0 = 0, block = 0; p0 < pairs; p0 += block_pairs, ++block) {
+    const bool last = p0 + block_pairs >= pairs;
+    amx::micro_tile(strip, panel, padded_pairs, p0, last ? padded_pairs : p0 + block_pairs, sums);
+    const float* sa_block = sa + block * scales.a_stride;
+    const float* sb_block = sb + block * scales.b_stride;
+    const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
+    for (int64_t r = 0; r < amx::kTileRows; ++r) {
+      const __m512 s = _mm512_set1_ps(sa_block[r]);
+      _mm512_store_ps(&total[r][0],
+                      _mm512_fmadd_ps(_mm512_mul_ps(s, sb0), _mm512_load_ps(&sums[r][0]),
+                                      _mm512_load_ps(&total[r][0])));
+      _mm512_store_ps(&total[r][16],
+                      _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), _mm512_load_ps(&sums[r][16]),
+                                      _mm512_load_ps(&total[r][16])));
+    }
+  }
   store_tile<amx::kTileRows>(total, alpha, beta, c, ldc, rows, cols);
 }
 
@@ -406,12 +439,19 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   }
 }
 
-// gemm_packed on AMX tiles, without block scales: strips of amx::kTileRows rows of op(A)
-// packed row by row (pack_rows), panels as above, and K padded with zero pairs to whole steps
-// of amx::kPairsPerStep.
+// Whether gemm_packed_amx takes these scales: none, or K-blocks of whole AMX steps, or one
+// block.
+bool amx_takes(const GemmShape& s, const BlockScales* scales) {
+  return scales == nullptr || scales->block_k >= s.k ||
+         scales->block_k % (2 * amx::kPairsPerStep) == 0;
+}
+
+// gemm_packed on AMX tiles: strips of amx::kTileRows rows of op(A) packed row by row
+// (pack_rows), panels as above, and K padded with zero pairs to whole steps of
+// amx::kPairsPerStep. `scales` as gemm_packed's, with amx_takes(s, scales).
 template <class TA, class TB, class TC>
 void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
-                     float alpha, float beta, TC* c) {
+                     float alpha, float beta, TC* c, const BlockScales* scales) {
   static_assert(amx::kTileCols == kCols, "AMX tiles read the panels of the VDPBF16PS kernel");
   constexpr int64_t kStripRows = amx::kTileRows;
   const int64_t step = amx::kPairsPerStep;
@@ -434,10 +474,16 @@ void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b,
     for (int64_t item = 0; item < split.items(s.batch); ++item) {
       split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
         const int64_t row = strip * kStripRows, col = panel * kCols;
-        amx_tile(packed_a + (product * strips + strip) * strip_size,
-                 packed_b + (product * panels + panel) * panel_size, pairs, alpha, beta,
-                 c + product * s.m * s.n + row * s.n + col, s.n, std::min(kStripRows, s.m - row),
-                 std::min(kCols, s.n - col));
+        const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
+        const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
+        TC* tile_c = c + product * s.m * s.n + row * s.n + col;
+        const int64_t rows = std::min(kStripRows, s.m - row), cols = std::min(kCols, s.n - col);
+        if (scales != nullptr) {
+          amx_tile_scaled(strip_a, panel_b, (s.k + 1) / 2, pairs, *scales, scales->a + row,
+                          scales->b + col, alpha, beta, tile_c, s.n, rows, cols);
+        } else {
+          amx_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
+        }
       });
     }
     amx::release_thread();
@@ -448,8 +494,8 @@ void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b,
 template <class TA, class TB, class TC>
 void gemm_typed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
                 float alpha, float beta, TC* c, const BlockScales* scales) {
-  if (scales == nullptr && amx::enabled()) {
-    return gemm_packed_amx(s, a, trans_a, b, trans_b, alpha, beta, c);
+  if (amx::enabled() && amx_takes(s, scales)) {
+    return gemm_packed_amx(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
   }
   gemm_packed(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
 }

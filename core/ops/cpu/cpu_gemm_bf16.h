@@ -16,8 +16,8 @@ inline constexpr double kGemmParallelFlops = 1 << 21;
 
 // True when this CPU has AVX512-BF16 and the environment does not turn the kernel off with
 // MANTISSA_CPU_BF16_GEMM=0 (which sends BF16 and FP8 GEMMs to the AVX2 kernel of
-// cpu_gemm_avx2.h instead). Products without block scales run on AMX tiles (cpu_gemm_amx.h)
-// where amx::enabled(), block-scaled ones and the rest on VDPBF16PS.
+// cpu_gemm_avx2.h instead). They run on AMX tiles (cpu_gemm_amx.h) where amx::enabled(),
+// else on VDPBF16PS.
 bool bf16_gemm_enabled();
 
 // True for the operand pairs the kernel takes: BF16 x BF16 and the FP8 pairs.

@@ -6,10 +6,10 @@
 namespace mantissa::core {
 
 std::string cpu_paths_description() {
-  const std::string gemm =
-      !bf16_gemm_enabled() ? "BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while packing)"
-      : amx::enabled()     ? "BF16/FP8 GEMM AMX-BF16 tiles (block-scaled: AVX512-BF16 kernel)"
-                           : "BF16/FP8 GEMM AVX512-BF16 kernel";
+  const std::string gemm = !bf16_gemm_enabled()
+                               ? "BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while packing)"
+                           : amx::enabled() ? "BF16/FP8 GEMM AMX-BF16 tiles"
+                                            : "BF16/FP8 GEMM AVX512-BF16 kernel";
   const std::string convert = avx512::narrow_enabled()
                                   ? "conversions AVX-512 (stochastic rounding, FP8) and AVX2/F16C"
                                   : "conversions AVX2/F16C";
