@@ -239,6 +239,20 @@ template <class TC>
   store_tile<kRows>(acc, alpha, beta, c, ldc, rows, cols);
 }
 
+// One row of a K-block's fold (cpu_gemm_block_scales.h): total = fma(sa sb, sums, total)
+// over the row's kCols columns, sums0 and sums1 being its two halves; the first block reads
+// total as +0.
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void fold_row(float (&total)[kCols], float sa,
+                                                                  __m512 sb0, __m512 sb1,
+                                                                  __m512 sums0, __m512 sums1,
+                                                                  bool first) {
+  const __m512 s = _mm512_set1_ps(sa);
+  const __m512 before0 = first ? _mm512_setzero_ps() : _mm512_load_ps(&total[0]);
+  const __m512 before1 = first ? _mm512_setzero_ps() : _mm512_load_ps(&total[16]);
+  _mm512_store_ps(&total[0], _mm512_fmadd_ps(_mm512_mul_ps(s, sb0), sums0, before0));
+  _mm512_store_ps(&total[16], _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), sums1, before1));
+}
+
 // The same tile with block scales (cpu_gemm_block_scales.h): sa and sb point at the scales
 // of the tile's first row and column in K-block 0. Each block's pairs are summed from 0 in
 // the accumulators (VDPBF16PS as above) and folded into `total`, an FP32 tile in L1:
@@ -261,11 +275,7 @@ template <class TC>
     const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
 #pragma GCC unroll 12
     for (int64_t r = 0; r < kRows; ++r) {
-      const __m512 s = _mm512_set1_ps(sa_block[r]);
-      const __m512 before0 = block == 0 ? _mm512_setzero_ps() : _mm512_load_ps(&total[r][0]);
-      const __m512 before1 = block == 0 ? _mm512_setzero_ps() : _mm512_load_ps(&total[r][16]);
-      _mm512_store_ps(&total[r][0], _mm512_fmadd_ps(_mm512_mul_ps(s, sb0), acc[r][0], before0));
-      _mm512_store_ps(&total[r][16], _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), acc[r][1], before1));
+      fold_row(total[r], sa_block[r], sb0, sb1, acc[r][0], acc[r][1], block == 0);
     }
   }
   store_tile<kRows>(total, alpha, beta, c, ldc, rows, cols);
@@ -284,7 +294,7 @@ template <class TC>
 
 // The same tile with block scales, as micro_tile_scaled: each K-block's pairs summed on the
 // tiles from 0 (blocks of a whole number of AMX steps; the last block takes the padding) and
-// folded into total = fma(sa sb, sums, total), total starting at +0.
+// folded by fold_row.
 template <class TC>
 [[MANTISSA_AVX512_BF16]] void amx_tile_scaled(const uint32_t* strip, const uint32_t* panel,
                                               int64_t pairs, int64_t padded_pairs,
@@ -293,7 +303,8 @@ template <class TC>
                                               int64_t ldc, int64_t rows, int64_t cols) {
   const int64_t block_pairs = (scales.block_k + 1) / 2;
   alignas(64) float sums[amx::kTileRows][kCols];
-  alignas(64) float total[amx::kTileRows][kCols] = {};
+  alignas(64) float total[amx::kTileRows][kCols];
+  if (pairs == 0) std::fill_n(&total[0][0], amx::kTileRows * kCols, 0.0f);  // K = 0
   for (int64_t p0 = 0, block = 0; p0 < pairs; p0 += block_pairs, ++block) {
     const bool last = p0 + block_pairs >= pairs;
     amx::micro_tile(strip, panel, padded_pairs, p0, last ? padded_pairs : p0 + block_pairs, sums);
@@ -301,13 +312,8 @@ template <class TC>
     const float* sb_block = sb + block * scales.b_stride;
     const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
     for (int64_t r = 0; r < amx::kTileRows; ++r) {
-      const __m512 s = _mm512_set1_ps(sa_block[r]);
-      _mm512_store_ps(&total[r][0],
-                      _mm512_fmadd_ps(_mm512_mul_ps(s, sb0), _mm512_load_ps(&sums[r][0]),
-                                      _mm512_load_ps(&total[r][0])));
-      _mm512_store_ps(&total[r][16],
-                      _mm512_fmadd_ps(_mm512_mul_ps(s, sb1), _mm512_load_ps(&sums[r][16]),
-                                      _mm512_load_ps(&total[r][16])));
+      fold_row(total[r], sa_block[r], sb0, sb1, _mm512_load_ps(&sums[r][0]),
+               _mm512_load_ps(&sums[r][16]), block == 0);
     }
   }
   store_tile<amx::kTileRows>(total, alpha, beta, c, ldc, rows, cols);
@@ -401,11 +407,73 @@ void pack_panels(const GemmShape& s, const TB* b, bool trans_b, const PackedOper
   }
 }
 
-// `scales`: null, or the block scales of the one product (s.batch = 1).
-template <class TA, class TB, class TC>
+// The two engines gemm_packed runs on. Each says how many rows of op(A) a strip holds, how
+// many K pairs are packed (K's, with any padding the engine needs), how a strip is packed,
+// what a thread does before and after its tiles, and how one tile of C is computed; the
+// packing of panels, the work split and the threads are gemm_packed's.
+struct Vdpbf16psEngine {
+  static constexpr int64_t kStripRows = kRows;
+  static int64_t packed_pairs(int64_t k) { return (k + 1) / 2; }
+  template <class T>
+  static void pack_strip(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
+                         int64_t /*pairs*/, uint32_t* out) {
+    pack_pairs(src, k_major, ld, lines, k, kRows, out);
+  }
+  static void begin_tiles() {}
+  static void end_tiles() {}
+  template <class TC>
+  static void tile(const uint32_t* strip, const uint32_t* panel, int64_t pairs, int64_t /*packed*/,
+                   const BlockScales* scales, int64_t row, int64_t col, float alpha, float beta,
+                   TC* c, int64_t ldc, int64_t rows, int64_t cols) {
+    if (scales != nullptr) {
+      return micro_tile_scaled(strip, panel, pairs, *scales, scales->a + row, scales->b + col,
+                               alpha, beta, c, ldc, rows, cols);
+    }
+    micro_tile(strip, panel, pairs, alpha, beta, c, ldc, rows, cols);
+  }
+};
+
+// Strips of amx::kTileRows rows packed row by row (pack_rows), K padded with zero pairs to
+// whole steps of amx::kPairsPerStep, and each thread's tile configuration loaded around its
+// tiles.
+struct AmxEngine {
+  static_assert(amx::kTileCols == kCols, "AMX tiles read the panels of the VDPBF16PS kernel");
+  static constexpr int64_t kStripRows = amx::kTileRows;
+  static int64_t packed_pairs(int64_t k) {
+    const int64_t step = amx::kPairsPerStep;
+    return ((k + 1) / 2 + step - 1) / step * step;
+  }
+  template <class T>
+  static void pack_strip(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
+                         int64_t pairs, uint32_t* out) {
+    pack_rows(src, k_major, ld, lines, k, pairs, out);
+  }
+  static void begin_tiles() { amx::configure_thread(); }
+  static void end_tiles() { amx::release_thread(); }
+  template <class TC>
+  static void tile(const uint32_t* strip, const uint32_t* panel, int64_t pairs, int64_t packed,
+                   const BlockScales* scales, int64_t row, int64_t col, float alpha, float beta,
+                   TC* c, int64_t ldc, int64_t rows, int64_t cols) {
+    if (scales != nullptr) {
+      return amx_tile_scaled(strip, panel, pairs, packed, *scales, scales->a + row, scales->b + col,
+                             alpha, beta, c, ldc, rows, cols);
+    }
+    amx_tile(strip, panel, packed, alpha, beta, c, ldc, rows, cols);
+  }
+
+  // Whether the tiles take these scales: none, or K-blocks of whole AMX steps, or one block.
+  static bool takes(const GemmShape& s, const BlockScales* scales) {
+    return scales == nullptr || scales->block_k >= s.k ||
+           scales->block_k % (2 * amx::kPairsPerStep) == 0;
+  }
+};
+
+// The GEMM on `Engine`. `scales`: null, or the block scales of the one product (s.batch = 1).
+template <class Engine, class TA, class TB, class TC>
 void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
                  float alpha, float beta, TC* c, const BlockScales* scales) {
-  const PackedOperands packed(s, kRows, (s.k + 1) / 2);
+  constexpr int64_t kStripRows = Engine::kStripRows;
+  const PackedOperands packed(s, kStripRows, Engine::packed_pairs(s.k));
   const auto [pairs, strips, panels, strip_size, panel_size, packed_a, packed_b] = packed;
   const WorkSplit split(s, strips, panels, panel_size);
 
@@ -413,80 +481,25 @@ void gemm_packed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, boo
   {
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < s.batch * strips; ++i) {
-      // Strip rows [r, r + kRows) of op(A): rows of A, or columns of a transposed A [k, m].
-      const int64_t r = i % strips * kRows;
-      const TA* a_product = a + i / strips * s.m * s.k;
-      pack_pairs(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
-                 std::min(kRows, s.m - r), s.k, kRows, packed_a + i * strip_size);
-    }
-    pack_panels(s, b, trans_b, packed);
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < split.items(s.batch); ++item) {
-      split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
-        const int64_t row = strip * kRows, col = panel * kCols;
-        const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
-        const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
-        TC* tile_c = c + product * s.m * s.n + row * s.n + col;
-        const int64_t rows = std::min(kRows, s.m - row), cols = std::min(kCols, s.n - col);
-        if (scales != nullptr) {
-          micro_tile_scaled(strip_a, panel_b, pairs, *scales, scales->a + row, scales->b + col,
-                            alpha, beta, tile_c, s.n, rows, cols);
-        } else {
-          micro_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
-        }
-      });
-    }
-  }
-}
-
-// Whether gemm_packed_amx takes these scales: none, or K-blocks of whole AMX steps, or one
-// block.
-bool amx_takes(const GemmShape& s, const BlockScales* scales) {
-  return scales == nullptr || scales->block_k >= s.k ||
-         scales->block_k % (2 * amx::kPairsPerStep) == 0;
-}
-
-// gemm_packed on AMX tiles: strips of amx::kTileRows rows of op(A) packed row by row
-// (pack_rows), panels as above, and K padded with zero pairs to whole steps of
-// amx::kPairsPerStep. `scales` as gemm_packed's, with amx_takes(s, scales).
-template <class TA, class TB, class TC>
-void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
-                     float alpha, float beta, TC* c, const BlockScales* scales) {
-  static_assert(amx::kTileCols == kCols, "AMX tiles read the panels of the VDPBF16PS kernel");
-  constexpr int64_t kStripRows = amx::kTileRows;
-  const int64_t step = amx::kPairsPerStep;
-  const PackedOperands packed(s, kStripRows, ((s.k + 1) / 2 + step - 1) / step * step);
-  const auto [pairs, strips, panels, strip_size, panel_size, packed_a, packed_b] = packed;
-  const WorkSplit split(s, strips, panels, panel_size);
-
-#pragma omp parallel if (split.parallel)
-  {
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < s.batch * strips; ++i) {
+      // Strip rows [r, r + kStripRows) of op(A): rows of A, or columns of a transposed A [k, m].
       const int64_t r = i % strips * kStripRows;
       const TA* a_product = a + i / strips * s.m * s.k;
-      pack_rows(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
-                std::min(kStripRows, s.m - r), s.k, pairs, packed_a + i * strip_size);
+      Engine::pack_strip(a_product + (trans_a ? r : r * s.k), trans_a, trans_a ? s.m : s.k,
+                         std::min(kStripRows, s.m - r), s.k, pairs, packed_a + i * strip_size);
     }
     pack_panels(s, b, trans_b, packed);
-    amx::configure_thread();
+    Engine::begin_tiles();
 #pragma omp for schedule(static)
     for (int64_t item = 0; item < split.items(s.batch); ++item) {
       split.for_tiles_of(item, [&](int64_t product, int64_t strip, int64_t panel) {
         const int64_t row = strip * kStripRows, col = panel * kCols;
-        const uint32_t* strip_a = packed_a + (product * strips + strip) * strip_size;
-        const uint32_t* panel_b = packed_b + (product * panels + panel) * panel_size;
-        TC* tile_c = c + product * s.m * s.n + row * s.n + col;
-        const int64_t rows = std::min(kStripRows, s.m - row), cols = std::min(kCols, s.n - col);
-        if (scales != nullptr) {
-          amx_tile_scaled(strip_a, panel_b, (s.k + 1) / 2, pairs, *scales, scales->a + row,
-                          scales->b + col, alpha, beta, tile_c, s.n, rows, cols);
-        } else {
-          amx_tile(strip_a, panel_b, pairs, alpha, beta, tile_c, s.n, rows, cols);
-        }
+        Engine::tile(packed_a + (product * strips + strip) * strip_size,
+                     packed_b + (product * panels + panel) * panel_size, (s.k + 1) / 2, pairs,
+                     scales, row, col, alpha, beta, c + product * s.m * s.n + row * s.n + col, s.n,
+                     std::min(kStripRows, s.m - row), std::min(kCols, s.n - col));
       });
     }
-    amx::release_thread();
+    Engine::end_tiles();
   }
 }
 
@@ -494,10 +507,10 @@ void gemm_packed_amx(const GemmShape& s, const TA* a, bool trans_a, const TB* b,
 template <class TA, class TB, class TC>
 void gemm_typed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool trans_b,
                 float alpha, float beta, TC* c, const BlockScales* scales) {
-  if (amx::enabled() && amx_takes(s, scales)) {
-    return gemm_packed_amx(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
+  if (amx::enabled() && AmxEngine::takes(s, scales)) {
+    return gemm_packed<AmxEngine>(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
   }
-  gemm_packed(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
+  gemm_packed<Vdpbf16psEngine>(s, a, trans_a, b, trans_b, alpha, beta, c, scales);
 }
 
 template <class TA, class TC>
