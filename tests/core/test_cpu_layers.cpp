@@ -6,10 +6,13 @@
 // up as a mismatch; parameter gradients are pre-filled with random values to check that they
 // accumulate.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -421,6 +424,63 @@ TEST(CpuAttention, IsCausalAndPropagatesNan) {
       }
     }
   }
+}
+
+// The FNV-1a hash of the bytes of the attention op's results (forward and backward) for fixed
+// inputs in F32 and BF16, at shapes whose padded widths take both AVX-512 tile widths.
+uint64_t attention_digest() {
+  CpuBackend be;
+  uint64_t hash = 0xcbf29ce484222325ull;
+  const auto add = [&hash](const Tensor& t) {
+    const auto* bytes = static_cast<const unsigned char*>(t.data());
+    for (size_t i = 0; i < t.nbytes(); ++i) hash = (hash ^ bytes[i]) * 0x100000001b3ull;
+  };
+  Rng rng(12);
+  for (const AttnShape& s : {AttnShape{2, 37, 48, 3}, AttnShape{1, 70, 80, 2}}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const Tensor qkv = make(s.qkv(), dtype, rng.uniform(s.qkv().numel(), -2.0, 2.0));
+      const Tensor dout = make(s.out(), dtype, rng.uniform(s.out().numel()));
+      const AttentionRun fwd = run_attention_forward(be, qkv, s, dtype);
+      Tensor dqkv = poisoned(s.qkv(), dtype);
+      be.attention_backward(dout, qkv, fwd.att, dqkv, static_cast<int>(s.H));
+      add(fwd.out);
+      add(fwd.att);
+      add(dqkv);
+    }
+  }
+  return hash;
+}
+
+// Run by the test below in a child process.
+TEST(CpuAttention, DISABLED_PrintDigest) {
+  std::printf("attention digest %016llx\n", static_cast<unsigned long long>(attention_digest()));
+}
+
+// The attention products run AVX-512 tiles where MANTISSA_CPU_AVX512_CONVERT allows, else AVX2
+// ones; both sum each element in the same order, so the results must be the same bits. This
+// process's digest against that of this test binary run with the switch flipped.
+TEST(CpuAttention, SameBitsOnTheAvx2AndAvx512Paths) {
+  if (!__builtin_cpu_supports("avx512f")) GTEST_SKIP() << "no AVX-512 on this CPU: one path only";
+  const char* setting = std::getenv("MANTISSA_CPU_AVX512_CONVERT");
+  const bool off_here = setting != nullptr && std::string(setting) == "0";
+  char self[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  const std::string command = std::string("MANTISSA_CPU_AVX512_CONVERT=") + (off_here ? "1" : "0") +
+                              " '" + self +
+                              "' --gtest_filter=CpuAttention.DISABLED_PrintDigest "
+                              "--gtest_also_run_disabled_tests 2>&1";
+  FILE* child = popen(command.c_str(), "r");
+  ASSERT_NE(child, nullptr) << command;
+  std::string output;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, child) != nullptr) output += buffer;
+  ASSERT_EQ(pclose(child), 0) << command << "\n" << output;
+  char expected[64];
+  std::snprintf(expected, sizeof expected, "attention digest %016llx",
+                static_cast<unsigned long long>(attention_digest()));
+  EXPECT_NE(output.find(expected), std::string::npos)
+      << "this process (" << expected << ") against " << command << ":\n"
+      << output;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // Causal self-attention on the CPU as one fused kernel: the function of core/ops/attention.h's
-// composed routine (which the CUDA backend runs), computed per head in FP32 scratch, about
-// three times faster on the CPU than the routine's batched GEMMs over full T x T matrices
-// (bench_attention cpu). The softmax pieces are core/ops/math/softmax.h's; operands are read
+// composed routine (which the CUDA backend runs), computed per head in FP32 scratch, faster on
+// the CPU than the routine's batched GEMMs over full T x T matrices wherever those run on FP32
+// FMAs (bench_attention cpu; on AMX tiles the routine's BF16 GEMMs are about 1.15x faster than
+// this kernel). The softmax pieces are core/ops/math/softmax.h's; operands are read
 // and written as cpu_layer_io.h describes.
 //
 // One (batch, head) pair per task. With P = att[b, h] (T x T), and
@@ -28,6 +29,7 @@
 #include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
+#include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 
@@ -37,21 +39,13 @@ using namespace cpu_layer_io;
 
 namespace {
 
-// Two 8-lane FP32 vectors make one 16-column tile row (GCC/Clang vector extension; with
-// -march=x86-64-v3 each is one AVX2 register and `acc += a * b` one FMA).
+// Tiles of kTileRows rows and kTileCols (AVX2) or 2 kTileCols (AVX-512) columns, held in
+// GCC/Clang vector-extension registers: with -march=x86-64-v3 an f32x8 is one AVX2 register,
+// in an AVX-512 function an f32x16 one ZMM register, and `acc += a * b` one FMA.
 typedef float f32x8 __attribute__((vector_size(32)));
+typedef float f32x16 __attribute__((vector_size(64)));
 constexpr int64_t kTileRows = 4;
-constexpr int64_t kTileCols = 16;
-
-f32x8 load8(const float* p) {
-  f32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-void store8(float* p, f32x8 v) {
-  std::memcpy(p, &v, sizeof v);
-}
+constexpr int64_t kTileCols = 16;  // the column padding of every operand and product
 
 int64_t round_up(int64_t n, int64_t m) {
   return (n + m - 1) / m * m;
@@ -69,50 +63,95 @@ struct Matrix {
 // k >= i (the transposed causal products dV and dK).
 enum class Range { kAll, kUpToRow, kFromRow };
 
+// The k each row of a tile sums over, [begin[r], end[r]), and the part all rows share.
+struct TileRanges {
+  int64_t begin[kTileRows], end[kTileRows], shared_begin, shared_end;
+
+  TileRanges(int64_t i0, int64_t rows, Range range, int64_t k_limit) {
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const int64_t i = i0 + r;
+      begin[r] = r >= rows ? 0 : range == Range::kFromRow ? i : 0;
+      end[r] = r >= rows ? 0 : range == Range::kUpToRow ? i + 1 : k_limit;
+    }
+    shared_begin = *std::max_element(begin, begin + kTileRows);
+    shared_end = std::max(shared_begin, *std::min_element(end, end + kTileRows));
+  }
+};
+
+// Columns [j0, j0 + kVectors lanes(V)) of product_rows' c, in kTileRows x kVectors registers
+// of type V. Each step over k loads kVectors vectors of B, broadcasts four values of A and
+// issues 4 kVectors independent FMAs. The k shared by all rows of the tile run through that
+// loop; the few that differ at a triangle's edge run row by row. Either way every element is
+// one chain of FMAs over its k in increasing order, whatever the vector width, so the AVX2
+// and AVX-512 tiles give the same bits.
+template <class V, int kVectors>
+[[gnu::always_inline]] inline void product_tile(const Matrix& a, const float* b, int64_t ldb,
+                                                int64_t j0, int64_t i0, int64_t rows,
+                                                const TileRanges& ranges, float* c, int64_t ldc) {
+  constexpr int64_t kLanes = sizeof(V) / sizeof(float);
+  V acc[kTileRows][kVectors] = {};
+  const auto add_row_step = [&](int64_t r, int64_t k) {
+    const float ar = a.at(i0 + r, k);
+    for (int v = 0; v < kVectors; ++v) {
+      V bv;
+      std::memcpy(&bv, b + k * ldb + j0 + v * kLanes, sizeof bv);
+      acc[r][v] += ar * bv;
+    }
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = ranges.begin[r]; k < std::min(ranges.shared_begin, ranges.end[r]); ++k) {
+      add_row_step(r, k);
+    }
+  }
+  for (int64_t k = ranges.shared_begin; k < ranges.shared_end; ++k) {
+    V bv[kVectors];
+    for (int v = 0; v < kVectors; ++v)
+      std::memcpy(&bv[v], b + k * ldb + j0 + v * kLanes, sizeof(V));
+    for (int64_t r = 0; r < kTileRows; ++r) {
+      const float ar = a.at(i0 + r, k);
+      for (int v = 0; v < kVectors; ++v) acc[r][v] += ar * bv[v];
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t k = std::max(ranges.shared_end, ranges.begin[r]); k < ranges.end[r]; ++k) {
+      add_row_step(r, k);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(c + r * ldc + j0, &acc[r][0], sizeof acc[r]);
+  }
+}
+
+void product_rows_avx2(const Matrix& a, const float* b, int64_t ldb, int64_t cols, int64_t i0,
+                       int64_t rows, const TileRanges& ranges, float* c, int64_t ldc) {
+  for (int64_t j0 = 0; j0 < cols; j0 += kTileCols) {
+    product_tile<f32x8, 2>(a, b, ldb, j0, i0, rows, ranges, c, ldc);
+  }
+}
+
+// Twice the columns per FMA, and twice per tile where two kTileCols fit.
+[[gnu::target("avx512f")]] void product_rows_avx512(const Matrix& a, const float* b, int64_t ldb,
+                                                    int64_t cols, int64_t i0, int64_t rows,
+                                                    const TileRanges& ranges, float* c,
+                                                    int64_t ldc) {
+  const int64_t padded = round_up(cols, kTileCols);
+  int64_t j0 = 0;
+  for (; j0 + 2 * kTileCols <= padded; j0 += 2 * kTileCols) {
+    product_tile<f32x16, 2>(a, b, ldb, j0, i0, rows, ranges, c, ldc);
+  }
+  if (j0 < padded) product_tile<f32x16, 1>(a, b, ldb, j0, i0, rows, ranges, c, ldc);
+}
+
 // c[r, 0..cols) = sum_k A(i0 + r, k) B(k, 0..cols) for the rows r < rows (at most
-// kTileRows), with B(k, j) = b[k * ldb + j]; cols is rounded up to whole tiles, so b and c
-// must be padded to a multiple of kTileCols columns.
-//
-// A tile holds 4 x 16 accumulators in eight registers; each step over k loads two vectors of
-// B, broadcasts four values of A and issues eight independent FMAs. The k shared by all
-// rows of the tile run through that loop; the few that differ at a triangle's edge run row
-// by row. Either way every element sums its k in increasing order.
+// kTileRows), with B(k, j) = b[k * ldb + j], summed over `range`; cols is rounded up to whole
+// kTileCols, so b and c must be padded to a multiple of kTileCols columns.
 void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, int64_t i0,
                   int64_t rows, Range range, int64_t k_limit, float* c, int64_t ldc) {
-  int64_t begin[kTileRows], end[kTileRows];
-  for (int64_t r = 0; r < kTileRows; ++r) {
-    const int64_t i = i0 + r;
-    begin[r] = r >= rows ? 0 : range == Range::kFromRow ? i : 0;
-    end[r] = r >= rows ? 0 : range == Range::kUpToRow ? i + 1 : k_limit;
+  const TileRanges ranges(i0, rows, range, k_limit);
+  if (avx512::narrow_enabled()) {
+    return product_rows_avx512(a, b, ldb, cols, i0, rows, ranges, c, ldc);
   }
-  const int64_t shared_begin = *std::max_element(begin, begin + kTileRows);
-  const int64_t shared_end = std::max(shared_begin, *std::min_element(end, end + kTileRows));
-
-  for (int64_t j0 = 0; j0 < cols; j0 += kTileCols) {
-    f32x8 lo[kTileRows] = {}, hi[kTileRows] = {};
-    auto one_row = [&](int64_t r, int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k) {
-        const float ar = a.at(i0 + r, k);
-        lo[r] += ar * load8(b + k * ldb + j0);
-        hi[r] += ar * load8(b + k * ldb + j0 + 8);
-      }
-    };
-    for (int64_t r = 0; r < rows; ++r) one_row(r, begin[r], std::min(shared_begin, end[r]));
-    for (int64_t k = shared_begin; k < shared_end; ++k) {
-      const f32x8 b_lo = load8(b + k * ldb + j0);
-      const f32x8 b_hi = load8(b + k * ldb + j0 + 8);
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const float ar = a.at(i0 + r, k);
-        lo[r] += ar * b_lo;
-        hi[r] += ar * b_hi;
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) one_row(r, std::max(shared_end, begin[r]), end[r]);
-    for (int64_t r = 0; r < rows; ++r) {
-      store8(c + r * ldc + j0, lo[r]);
-      store8(c + r * ldc + j0 + 8, hi[r]);
-    }
-  }
+  product_rows_avx2(a, b, ldb, cols, i0, rows, ranges, c, ldc);
 }
 
 // x[0, n) rounded to `dtype` and widened back: the value the composed routine would store

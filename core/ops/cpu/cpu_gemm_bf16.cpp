@@ -115,28 +115,26 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
-// Packs `lines` rows of op(A) for an AMX strip (cpu_gemm_amx.h): dword (l, p) = (value (l, 2p),
-// value (l, 2p + 1)) goes to out[l padded_pairs + p], zero past `lines` (up to
-// amx::kTileRows) and past K. Values are read as pack_pairs reads them.
+// Packs `lines` rows of A (not transposed) for an AMX strip (cpu_gemm_amx.h): dword (l, p) =
+// (A(l, 2p), A(l, 2p + 1)) goes to out[l padded_pairs + p], zero past `lines` (up to
+// amx::kTileRows) and past K; row l of A starts at src[l ld].
 template <class T>
-void pack_rows(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
-               int64_t padded_pairs, uint32_t* out) {
+void pack_rows(const T* src, int64_t ld, int64_t lines, int64_t k, int64_t padded_pairs,
+               uint32_t* out) {
   const auto decode = bf16_decoder<T>();
-  const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
-    return kk < k ? decode(src[k_major ? kk * ld + l : l * ld + kk]) : 0u;
-  };
   for (int64_t l = 0; l < amx::kTileRows; ++l) {
     uint32_t* dst = out + l * padded_pairs;
     if (l >= lines) {
       std::fill(dst, dst + padded_pairs, 0u);
       continue;
     }
-    const int64_t whole = k_major ? 0 : k / 2;  // pairs read straight from a row of A
-    for (int64_t p = 0; p < whole; ++p) {
-      dst[p] = decode(src[l * ld + 2 * p]) | uint32_t{decode(src[l * ld + 2 * p + 1])} << 16;
+    const T* row = src + l * ld;
+    for (int64_t p = 0; p < k / 2; ++p) {
+      dst[p] = decode(row[2 * p]) | uint32_t{decode(row[2 * p + 1])} << 16;
     }
-    for (int64_t p = whole; p < padded_pairs; ++p)
-      dst[p] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+    int64_t p = k / 2;
+    if (k % 2 == 1) dst[p++] = decode(row[k - 1]);
+    std::fill(dst + p, dst + padded_pairs, 0u);
   }
 }
 
@@ -169,6 +167,83 @@ void pack_rows(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
       _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
   codes = _mm512_mask_mov_epi32(codes, nan, _mm512_set1_epi32(0x7FFF));
   _mm256_mask_storeu_epi16(p, valid, _mm512_cvtepi32_epi16(codes));
+}
+
+// Transposes 16 x 16 dwords in place: lane l of r[i] becomes lane i of r[l]. Pairs of rows
+// interleave their dwords, then their qwords, then 128-bit lanes are gathered in two rounds.
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void transpose16x16(__m512i (&r)[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// Lane l = (lo[l], hi[l]) as a BF16 pair, for the lanes in `valid` (zero elsewhere): two rows
+// of a transposed A, side by side.
+[[MANTISSA_AVX512_BF16]] __m512i pair_lanes(const bf16* lo, const bf16* hi, __mmask16 valid) {
+  const __m512i low = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, lo));
+  const __m512i high = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, hi));
+  return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+}
+template <class T>
+[[MANTISSA_AVX512_BF16]] __m512i pair_lanes(const T* lo, const T* hi, __mmask16 valid) {
+  const auto decode = bf16_decoder<T>();
+  alignas(64) uint32_t pairs[16] = {};
+  for (int l = 0; l < 16; ++l) {
+    if ((valid >> l) & 1) pairs[l] = decode(lo[l]) | uint32_t{decode(hi[l])} << 16;
+  }
+  return _mm512_load_si512(pairs);
+}
+
+// pack_rows for a transposed A [k, m] (the dW GEMMs), whose strip rows are columns: value
+// (l, kk) is src[kk ld + l]. Read row by row, a column costs a cache line per value, so
+// blocks of 16 pairs x 16 columns are read as 32 contiguous runs of source rows, transposed
+// in registers and stored as 16 contiguous runs of strip rows; the pairs past the last whole
+// block go one by one.
+template <class T>
+[[MANTISSA_AVX512_BF16]] void pack_rows_transposed(const T* src, int64_t ld, int64_t lines,
+                                                   int64_t k, int64_t padded_pairs, uint32_t* out) {
+  const auto decode = bf16_decoder<T>();
+  const int64_t blocked = k / 2 / 16 * 16;  // pairs in whole blocks of 16
+  for (int64_t p0 = 0; p0 < blocked; p0 += 16) {
+    for (int64_t l0 = 0; l0 < amx::kTileRows; l0 += 16) {
+      const int64_t valid = std::clamp<int64_t>(lines - l0, 0, 16);
+      __m512i r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const T* lo = src + 2 * (p0 + i) * ld + l0;
+        r[i] = valid == 0 ? _mm512_setzero_si512()
+                          : pair_lanes(lo, lo + ld, static_cast<__mmask16>((1u << valid) - 1));
+      }
+      transpose16x16(r);
+      for (int64_t l = 0; l < 16; ++l)
+        _mm512_storeu_si512(out + (l0 + l) * padded_pairs + p0, r[l]);
+    }
+  }
+  const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
+    return l < lines && kk < k ? decode(src[kk * ld + l]) : 0u;
+  };
+  for (int64_t l = 0; l < amx::kTileRows; ++l) {
+    for (int64_t p = blocked; p < padded_pairs; ++p) {
+      out[l * padded_pairs + p] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+    }
+  }
 }
 
 // acc[r][half] += the strip's k pairs [p0, p1) times the panel's, by VDPBF16PS: each B pair
@@ -446,7 +521,8 @@ struct AmxEngine {
   template <class T>
   static void pack_strip(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,
                          int64_t pairs, uint32_t* out) {
-    pack_rows(src, k_major, ld, lines, k, pairs, out);
+    if (k_major) return pack_rows_transposed(src, ld, lines, k, pairs, out);
+    pack_rows(src, ld, lines, k, pairs, out);
   }
   static void begin_tiles() { amx::configure_thread(); }
   static void end_tiles() { amx::release_thread(); }
