@@ -57,8 +57,8 @@ environment (CPU runs):
                             reads BF16 values and sums below 2^-126 as zero: results then do
                             not depend on whether the CPU has AVX512-BF16
   MANTISSA_CPU_AVX512_CONVERT=0
-                            stochastic rounding, FP8 casts, block quantisation and the
-                            attention's products use their AVX2 code on CPUs with AVX-512
+                            stochastic rounding, FP8 casts, block quantisation, GELU and
+                            the attention's products use their AVX2 code on CPUs with AVX-512
                             (the results are the same; for comparison)
   MANTISSA_CPU_AMX=0        on CPUs with AMX (Intel Xeons from Sapphire Rapids on), the
                             native BF16 kernel runs on VDPBF16PS instead of AMX tiles (several times slower there; the last bits

@@ -16,6 +16,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
+#include "core/ops/math/gelu.h"
 #include "tests/common/test_util.h"
 
 namespace mantissa::core {
@@ -734,6 +735,54 @@ TEST_F(CpuElementwise, GeluTailsMatchFp64) {
   EXPECT_EQ(value_at(dx, n), 1.0);
   EXPECT_LE(std::fabs(value_at(dx, n + 1)), 1e-35);
   EXPECT_TRUE(std::isnan(value_at(dx, n + 2)));
+}
+
+// The GELU loops run sixteen lanes on CPUs with AVX-512 and eight otherwise
+// (MANTISSA_CPU_AVX512_CONVERT=0, under which ctest runs this file too); either must be the
+// scalar formula of core/ops/math/gelu.h bit for bit (the CUDA kernels evaluate it too, and
+// test_gpu_ops compares their bits with the CPU's). Every BF16 and F16 value, and every 4096th
+// FP32 bit pattern, forward and backward (dout cycling through values of both signs). This
+// file is built for the backend's target (x86-64-v3), so that the scalar calls here compile to
+// the same operations.
+template <class T>
+void expect_gelu_is_the_scalar_formula(Backend& backend, DType type, int64_t n,
+                                       uint32_t (*code_of)(int64_t)) {
+  Tensor x = Tensor::empty(Shape{n}, type);
+  Tensor dout = Tensor::empty(Shape{n}, type);
+  for (int64_t i = 0; i < n; ++i) {
+    set_code(x, i, code_of(i));
+    set_value(dout, i, static_cast<float>(i % 7 - 3) * 0.375f);
+  }
+  Tensor out = Tensor::empty(x.shape(), type);
+  Tensor dx = Tensor::empty(x.shape(), type);
+  poison(out);
+  poison(dx);
+  backend.gelu_forward(x, out);
+  backend.gelu_backward(x, dout, dx);
+  const T* xs = x.data_as<const T>();
+  const T* ds = dout.data_as<const T>();
+  int failures = 0;
+  for (int64_t i = 0; i < n && failures < 5; ++i) {
+    const T forward = round_to<T>(gelu(to_float(xs[i])));
+    const T backward = round_to<T>(to_float(ds[i]) * gelu_grad(to_float(xs[i])));
+    if (std::memcmp(&forward, out.data_as<const T>() + i, sizeof(T)) != 0 ||
+        std::memcmp(&backward, dx.data_as<const T>() + i, sizeof(T)) != 0) {
+      ADD_FAILURE() << dtype_name(type) << " x = " << to_float(xs[i]) << " (code " << code_of(i)
+                    << "), dout = " << to_float(ds[i]) << ": gelu " << value_at(out, i)
+                    << ", gelu' dout " << value_at(dx, i) << " where the scalar formula gives "
+                    << to_float(forward) << " and " << to_float(backward);
+      ++failures;
+    }
+  }
+}
+
+TEST_F(CpuElementwise, GeluIsTheScalarFormulaBitForBit) {
+  const auto every_16_bit = [](int64_t i) { return static_cast<uint32_t>(i); };
+  expect_gelu_is_the_scalar_formula<bf16>(*backend, DType::kBF16, 1 << 16, every_16_bit);
+  expect_gelu_is_the_scalar_formula<fp16>(*backend, DType::kF16, 1 << 16, every_16_bit);
+  expect_gelu_is_the_scalar_formula<float>(*backend, DType::kF32, 1 << 20, [](int64_t i) {
+    return static_cast<uint32_t>(i) << 12 | static_cast<uint32_t>(i % 4096);
+  });
 }
 
 TEST_F(CpuElementwise, GeluPropagatesNaN) {

@@ -332,7 +332,7 @@ class StartLine(lu.TempDirTest):
                                env=env)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while "
-                      "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, attention AVX2\n", result.stderr)
+                      "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
 
 
 if __name__ == "__main__":

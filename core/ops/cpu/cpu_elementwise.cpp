@@ -8,6 +8,8 @@
 // -ftrapping-math: it turns the clamps into branches and then may not speculate the
 // arithmetic behind them. -fno-trapping-math, which changes no result, lets it vectorise
 // them.) Large loops are split across OpenMP threads.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -16,6 +18,7 @@
 #include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/math/gelu.h"
 #include "core/ops/op_checks.h"
 
@@ -140,19 +143,67 @@ void add_elements(const T* a, const T* b, T* out, int64_t n) {
 // ---------------------------------------------------------------------------------------
 // GELU
 
-// The formula is core/ops/math/gelu.h's, shared with the CUDA backend.
+// The formula is core/ops/math/gelu.h's, shared with the CUDA backend. The loops over a span
+// are written once and compiled twice: for the library's AVX2 target, and inlined into
+// AVX-512 functions, which run sixteen lanes where avx512::narrow_enabled() (the same
+// operations lane by lane, so the same bits; tests/core/test_cpu_elementwise.cpp holds both to
+// the scalar formula over every BF16 and F16 value). The threads split the elements first, so
+// that each runs its span on one of them.
 template <class T>
-void gelu_forward_elements(const T* x, T* out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+[[gnu::always_inline]] inline void gelu_forward_span(const T* x, T* out, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = round_to<T>(gelu(to_float(x[i])));
 }
 
 template <class T>
-void gelu_backward_elements(const T* x, const T* dout, T* dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
+[[gnu::always_inline]] inline void gelu_backward_span(const T* x, const T* dout, T* dx, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     dx[i] = round_to<T>(to_float(dout[i]) * gelu_grad(to_float(x[i])));
   }
+}
+
+#define MANTISSA_AVX512 gnu::target("avx512f,avx512bw,avx512vl,avx512dq")
+template <class T>
+[[MANTISSA_AVX512]] void gelu_forward_avx512(const T* x, T* out, int64_t n) {
+  gelu_forward_span(x, out, n);
+}
+template <class T>
+[[MANTISSA_AVX512]] void gelu_backward_avx512(const T* x, const T* dout, T* dx, int64_t n) {
+  gelu_backward_span(x, dout, dx, n);
+}
+#undef MANTISSA_AVX512
+
+// Calls span(begin, count) for this thread's share of [0, n) (all of it outside a parallel
+// region), in whole 64-byte lines of T where the share is not the last.
+template <class T, class Span>
+void for_this_threads_share(int64_t n, const Span& span) {
+  const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+  const int64_t line = 64 / static_cast<int64_t>(sizeof(T));
+  const int64_t share = (n + threads - 1) / threads;
+  const int64_t per_thread = (share + line - 1) / line * line;
+  const int64_t begin = std::min(n, thread * per_thread);
+  span(begin, std::min(n, begin + per_thread) - begin);
+}
+
+template <class T>
+void gelu_forward_elements(const T* x, T* out, int64_t n) {
+  const bool wide = avx512::narrow_enabled();
+#pragma omp parallel if (n > kParallelMin)
+  for_this_threads_share<T>(n, [&](int64_t begin, int64_t count) {
+    if (wide) return gelu_forward_avx512(x + begin, out + begin, count);
+    gelu_forward_span(x + begin, out + begin, count);
+  });
+}
+
+template <class T>
+void gelu_backward_elements(const T* x, const T* dout, T* dx, int64_t n) {
+  const bool wide = avx512::narrow_enabled();
+#pragma omp parallel if (n > kParallelMin)
+  for_this_threads_share<T>(n, [&](int64_t begin, int64_t count) {
+    if (wide) return gelu_backward_avx512(x + begin, dout + begin, dx + begin, count);
+    gelu_backward_span(x + begin, dout + begin, dx + begin, count);
+  });
 }
 
 // Calls f(T*) with the tensor's data typed as float, bf16 or fp16 (the activation dtypes).

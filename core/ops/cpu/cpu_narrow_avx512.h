@@ -12,8 +12,8 @@ namespace mantissa::core::avx512 {
 
 // True when this CPU has AVX-512 F, BW, VL and DQ and the environment does not turn these
 // kernels off with MANTISSA_CPU_AVX512_CONVERT=0 (which keeps the AVX2 code, for comparison).
-// The same switch governs the other AVX-512 code that has an AVX2 twin: block quantisation
-// and the attention op's products.
+// The same switch governs the other AVX-512 code that has an AVX2 twin: block quantisation,
+// GELU and the attention op's products.
 bool narrow_enabled();
 
 // dst[i] = Rounder<T>::nearest(to_float(src[i]) * scale, saturation) for i in [0, n); returns

@@ -12,8 +12,8 @@ std::string cpu_paths_description() {
                                             : "BF16/FP8 GEMM AVX512-BF16 kernel";
   const std::string convert =
       avx512::narrow_enabled()
-          ? "conversions AVX-512 (stochastic rounding, FP8) and AVX2/F16C, attention AVX-512"
-          : "conversions AVX2/F16C, attention AVX2";
+          ? "conversions AVX-512 (stochastic rounding, FP8) and AVX2/F16C, GELU and attention AVX-512"
+          : "conversions AVX2/F16C, GELU and attention AVX2";
   return "CPU paths: " + gemm + ", FP32 GEMM OpenBLAS sgemm, " + convert;
 }
 
