@@ -1,7 +1,7 @@
 // The AMX-BF16 tile kernel behind the native BF16 GEMM (cpu_gemm_bf16.cpp) on CPUs with
 // Advanced Matrix Extensions (Intel's P-core Xeons from Sapphire Rapids on). One TDPBF16PS
 // multiplies a 16 x 32 BF16 tile of A by a 32 x 16 BF16 tile of B into 16 x 16 FP32 sums: 8,192
-// multiply-adds, where VDPBF16PS does 32 (bench_cpu_gemm: 2.2-2.4x OpenBLAS sgemm on one core
+// multiply-adds, where VDPBF16PS does 32 (bench_cpu_gemm: 2.8-3.2x OpenBLAS sgemm on one core
 // of a Sapphire Rapids, where the VDPBF16PS kernel reaches 0.65-0.68x).
 // Products of BF16 values are exact in FP32, the sums round to nearest even, BF16 subnormals
 // read as zero and subnormal sums flush to zero, as with VDPBF16PS; the order in which one
@@ -28,12 +28,19 @@ bool enabled();
 void configure_thread();
 void release_thread();
 
+// Where pair p of row r of a strip (kTileRows rows of op(A)) lives: each step of kPairsPerStep
+// pairs is one contiguous block of kTileRows rows of kPairsPerStep dwords (2 KiB), so that the
+// two A tiles of a step are 1 KiB runs and the steps follow one another in memory.
+constexpr int64_t strip_offset(int64_t r, int64_t p) {
+  return p / kPairsPerStep * (kTileRows * kPairsPerStep) + r * kPairsPerStep + p % kPairsPerStep;
+}
+
 // total = strip . panel over K pairs [p0, p1) (multiples of kPairsPerStep), summed from 0:
-//   strip: kTileRows rows of op(A), row r's pairs at strip[r * padded_pairs + p], each dword
+//   strip: kTileRows rows of op(A), pair p of row r at strip[strip_offset(r, p)], each dword
 //          two BF16 values (k = 2p low, 2p + 1 high);
 //   panel: kTileCols columns of op(B), pair p of column c at panel[p * kTileCols + c].
 // Zero-padded rows, columns and pairs contribute +0.
-void micro_tile(const uint32_t* strip, const uint32_t* panel, int64_t padded_pairs, int64_t p0,
-                int64_t p1, float (&total)[kTileRows][kTileCols]);
+void micro_tile(const uint32_t* strip, const uint32_t* panel, int64_t p0, int64_t p1,
+                float (&total)[kTileRows][kTileCols]);
 
 }  // namespace mantissa::core::amx

@@ -3,10 +3,10 @@
 // VDPBF16PS does 32 multiply-adds per instruction, but CPUs issue it at different rates: on a
 // Sapphire Rapids it runs at half the FP32 FMA rate, so the kernel reaches only 0.68x OpenBLAS
 // sgemm there, while one AMX TDPBF16PS does 8,192 multiply-adds (cpu_gemm_amx.h). So GEMMs run
-// on AMX tiles where amx::enabled() (2.2-2.4x sgemm on that CPU, 1 thread, bench_cpu_gemm's
-// geometric means): strips of 32 rows packed row by row, the same panels, K padded with zero
-// pairs; block-scaled ones sum each K-block on the tiles and fold it as below. The rest of
-// this comment is about the VDPBF16PS kernel.
+// on AMX tiles where amx::enabled() (2.8-3.2x sgemm on that CPU, 1 thread, bench_cpu_gemm's
+// geometric means): strips of 32 rows packed in steps of 16 K pairs (amx::strip_offset), the same
+// panels, K padded with zero pairs; block-scaled ones sum each K-block on the tiles and fold it as
+// below. The rest of this comment is about the VDPBF16PS kernel.
 //
 // VDPBF16PS takes two vectors of 32 BF16 values, multiplies them lane by lane and adds each
 // pair of neighbouring products to one FP32 lane of the accumulator: 32 multiply-adds per
@@ -40,6 +40,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <numeric>
 #include <type_traits>
 
@@ -115,26 +116,31 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
-// Packs `lines` rows of A (not transposed) for an AMX strip (cpu_gemm_amx.h): dword (l, p) =
-// (A(l, 2p), A(l, 2p + 1)) goes to out[l padded_pairs + p], zero past `lines` (up to
-// amx::kTileRows) and past K; row l of A starts at src[l ld].
+// Packs `lines` rows of A (not transposed) for an AMX strip: dword (l, p) = (A(l, 2p),
+// A(l, 2p + 1)) goes to out[amx::strip_offset(l, p)], zero past `lines` (up to amx::kTileRows)
+// and past K; row l of A starts at src[l ld]. A step's run of a BF16 row is its 64 bytes as
+// they are.
 template <class T>
 void pack_rows(const T* src, int64_t ld, int64_t lines, int64_t k, int64_t padded_pairs,
                uint32_t* out) {
+  constexpr int64_t kStep = amx::kPairsPerStep;
   const auto decode = bf16_decoder<T>();
   for (int64_t l = 0; l < amx::kTileRows; ++l) {
-    uint32_t* dst = out + l * padded_pairs;
-    if (l >= lines) {
-      std::fill(dst, dst + padded_pairs, 0u);
-      continue;
+    const T* row = l < lines ? src + l * ld : nullptr;
+    const auto value = [&](int64_t kk) -> uint32_t { return row && kk < k ? decode(row[kk]) : 0u; };
+    for (int64_t p = 0; p < padded_pairs; p += kStep) {
+      uint32_t* dst = out + amx::strip_offset(l, p);
+      if (row == nullptr || 2 * (p + kStep) > k) {  // past the rows, or K's last step
+        for (int64_t q = 0; q < kStep; ++q)
+          dst[q] = value(2 * (p + q)) | value(2 * (p + q) + 1) << 16;
+      } else if constexpr (std::is_same_v<T, bf16>) {
+        std::memcpy(dst, row + 2 * p, kStep * sizeof(uint32_t));
+      } else {
+        for (int64_t q = 0; q < kStep; ++q) {
+          dst[q] = decode(row[2 * (p + q)]) | uint32_t{decode(row[2 * (p + q) + 1])} << 16;
+        }
+      }
     }
-    const T* row = src + l * ld;
-    for (int64_t p = 0; p < k / 2; ++p) {
-      dst[p] = decode(row[2 * p]) | uint32_t{decode(row[2 * p + 1])} << 16;
-    }
-    int64_t p = k / 2;
-    if (k % 2 == 1) dst[p++] = decode(row[k - 1]);
-    std::fill(dst + p, dst + padded_pairs, 0u);
   }
 }
 
@@ -215,7 +221,7 @@ template <class T>
 // pack_rows for a transposed A [k, m] (the dW GEMMs), whose strip rows are columns: value
 // (l, kk) is src[kk ld + l]. Read row by row, a column costs a cache line per value, so
 // blocks of 16 pairs x 16 columns are read as 32 contiguous runs of source rows, transposed
-// in registers and stored as 16 contiguous runs of strip rows; the pairs past the last whole
+// in registers and stored as one contiguous run of the strip; the pairs past the last whole
 // block go one by one.
 template <class T>
 [[MANTISSA_AVX512_BF16]] void pack_rows_transposed(const T* src, int64_t ld, int64_t lines,
@@ -233,7 +239,7 @@ template <class T>
       }
       transpose16x16(r);
       for (int64_t l = 0; l < 16; ++l)
-        _mm512_storeu_si512(out + (l0 + l) * padded_pairs + p0, r[l]);
+        _mm512_storeu_si512(out + amx::strip_offset(l0 + l, p0), r[l]);
     }
   }
   const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
@@ -241,7 +247,7 @@ template <class T>
   };
   for (int64_t l = 0; l < amx::kTileRows; ++l) {
     for (int64_t p = blocked; p < padded_pairs; ++p) {
-      out[l * padded_pairs + p] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+      out[amx::strip_offset(l, p)] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
     }
   }
 }
@@ -363,7 +369,7 @@ template <class TC>
                                        int64_t padded_pairs, float alpha, float beta, TC* c,
                                        int64_t ldc, int64_t rows, int64_t cols) {
   alignas(64) float total[amx::kTileRows][kCols];
-  amx::micro_tile(strip, panel, padded_pairs, 0, padded_pairs, total);
+  amx::micro_tile(strip, panel, 0, padded_pairs, total);
   store_tile<amx::kTileRows>(total, alpha, beta, c, ldc, rows, cols);
 }
 
@@ -382,7 +388,7 @@ template <class TC>
   if (pairs == 0) std::fill_n(&total[0][0], amx::kTileRows * kCols, 0.0f);  // K = 0
   for (int64_t p0 = 0, block = 0; p0 < pairs; p0 += block_pairs, ++block) {
     const bool last = p0 + block_pairs >= pairs;
-    amx::micro_tile(strip, panel, padded_pairs, p0, last ? padded_pairs : p0 + block_pairs, sums);
+    amx::micro_tile(strip, panel, p0, last ? padded_pairs : p0 + block_pairs, sums);
     const float* sa_block = sa + block * scales.a_stride;
     const float* sb_block = sb + block * scales.b_stride;
     const __m512 sb0 = _mm512_loadu_ps(sb_block), sb1 = _mm512_loadu_ps(sb_block + 16);
@@ -508,9 +514,9 @@ struct Vdpbf16psEngine {
   }
 };
 
-// Strips of amx::kTileRows rows packed row by row (pack_rows), K padded with zero pairs to
-// whole steps of amx::kPairsPerStep, and each thread's tile configuration loaded around its
-// tiles.
+// Strips of amx::kTileRows rows packed step by step (pack_rows, amx::strip_offset), K padded with
+// zero pairs to whole steps of amx::kPairsPerStep, and each thread's tile configuration loaded
+// around its tiles.
 struct AmxEngine {
   static_assert(amx::kTileCols == kCols, "AMX tiles read the panels of the VDPBF16PS kernel");
   static constexpr int64_t kStripRows = amx::kTileRows;
