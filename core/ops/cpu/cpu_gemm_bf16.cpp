@@ -252,6 +252,49 @@ template <class T>
   }
 }
 
+// Pairs [0, 16) of a line stored along K (32 values from p): BF16 pairs are dwords as they
+// are; FP8 codes are decoded one by one.
+[[MANTISSA_AVX512_BF16]] __m512i sixteen_pairs(const bf16* p) {
+  return _mm512_loadu_si512(p);
+}
+template <class T>
+[[MANTISSA_AVX512_BF16]] __m512i sixteen_pairs(const T* p) {
+  const auto decode = bf16_decoder<T>();
+  alignas(64) uint32_t pairs[16];
+  for (int q = 0; q < 16; ++q) pairs[q] = decode(p[2 * q]) | uint32_t{decode(p[2 * q + 1])} << 16;
+  return _mm512_load_si512(pairs);
+}
+
+// pack_pairs for a panel whose lines are rows of a transposed B [n, k] (the forward GEMMs,
+// y = x W^T): value (l, kk) is src[l ld + kk], and out takes kCols lines. A pair row of the
+// panel gathers one dword from each line, so blocks of 16 lines x 16 pairs are read as 16
+// contiguous runs, transposed in registers and stored as 16 runs of pair rows; the pairs past
+// the last whole block go one by one.
+template <class T>
+[[MANTISSA_AVX512_BF16]] void pack_pairs_from_rows(const T* src, int64_t ld, int64_t lines,
+                                                   int64_t k, uint32_t* out) {
+  const auto decode = bf16_decoder<T>();
+  const int64_t blocked = k / 2 / 16 * 16;  // pairs in whole blocks of 16
+  for (int64_t p0 = 0; p0 < blocked; p0 += 16) {
+    for (int64_t l0 = 0; l0 < kCols; l0 += 16) {
+      __m512i r[16];
+      for (int64_t l = 0; l < 16; ++l) {
+        r[l] =
+            l0 + l < lines ? sixteen_pairs(src + (l0 + l) * ld + 2 * p0) : _mm512_setzero_si512();
+      }
+      transpose16x16(r);
+      for (int64_t q = 0; q < 16; ++q) _mm512_storeu_si512(out + (p0 + q) * kCols + l0, r[q]);
+    }
+  }
+  const auto value = [&](int64_t l, int64_t kk) -> uint32_t {
+    return l < lines && kk < k ? decode(src[l * ld + kk]) : 0u;
+  };
+  for (int64_t p = blocked; p < (k + 1) / 2; ++p) {
+    for (int64_t l = 0; l < kCols; ++l)
+      out[p * kCols + l] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+  }
+}
+
 // acc[r][half] += the strip's k pairs [p0, p1) times the panel's, by VDPBF16PS: each B pair
 // vector meets the broadcast pair of every row of the strip.
 [[MANTISSA_AVX512_BF16, gnu::always_inline]] inline void add_pairs(const uint32_t* a,
@@ -482,8 +525,12 @@ void pack_panels(const GemmShape& s, const TB* b, bool trans_b, const PackedOper
     const int64_t j = i % to.panels * kCols;
     const TB* b_product = b + i / to.panels * s.k * s.n;
     uint32_t* out = to.b + i * to.panel_size;
-    pack_pairs(b_product + (trans_b ? j * s.k : j), !trans_b, trans_b ? s.k : s.n,
-               std::min(kCols, s.n - j), s.k, kCols, out);
+    const int64_t lines = std::min(kCols, s.n - j);
+    if (trans_b) {
+      pack_pairs_from_rows(b_product + j * s.k, s.k, lines, s.k, out);
+    } else {
+      pack_pairs(b_product + j, true, s.n, lines, s.k, kCols, out);
+    }
     std::fill(out + (s.k + 1) / 2 * kCols, out + to.panel_size, 0u);
   }
 }
