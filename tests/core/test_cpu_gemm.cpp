@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -392,6 +393,48 @@ TEST(CpuGemm, Bf16OutputIsTheF32OutputRoundedOnce) {
         }
       }
     });
+  }
+}
+
+// Every finite FP8 code through each of the kernels' four operand packers (A or B, stored or
+// transposed): C = D I and C = I D with D = diag(codes) (a diagonal matrix is its own
+// transpose, so only the packing path changes) must give each code's value exactly on the
+// diagonal and +-0 elsewhere: each element has one non-zero product, exact in FP32.
+TEST(CpuGemm, EveryFiniteFp8CodeIsDecodedExactlyByEveryPacker) {
+  constexpr int64_t n = 256;
+  for (DType type : {DType::kE4M3, DType::kE5M2}) {
+    Tensor diagonal = Tensor::empty(Shape{n, n}, type);
+    Tensor identity = Tensor::empty(Shape{n, n}, DType::kE4M3);  // no GEMM takes E5M2 x E5M2
+    std::memset(diagonal.data(), 0, diagonal.nbytes());          // code 0 is +0 in both FP8 formats
+    std::memset(identity.data(), 0, identity.nbytes());
+    std::vector<double> expected(n, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      set_code(identity, i * n + i, encode(DType::kE4M3, 1.0f));
+      if (!std::isfinite(decode(type, static_cast<uint32_t>(i)))) continue;
+      set_code(diagonal, i * n + i, static_cast<uint64_t>(i));
+      expected[i] = decode(type, static_cast<uint32_t>(i));
+    }
+    for (int trans = 0; trans < 4; ++trans) {
+      for (bool diagonal_first : {true, false}) {
+        GemmParams params;
+        params.trans_a = trans & 1;
+        params.trans_b = trans & 2;
+        Tensor c = Tensor::empty(Shape{n, n}, DType::kF32);
+        poison(c);
+        make_cpu_backend()->gemm(diagonal_first ? diagonal : identity,
+                                 diagonal_first ? identity : diagonal, c, params);
+        int failures = 0;
+        for (int64_t e = 0; e < n * n && failures < 5; ++e) {
+          const double want = e / n == e % n ? expected[e / n] : 0.0;
+          if (value_at(c, e) != want) {
+            ++failures;
+            ADD_FAILURE() << dtype_name(type) << (diagonal_first ? " D I" : " I D") << " trans "
+                          << trans << ": C[" << e / n << ", " << e % n << "] = " << value_at(c, e)
+                          << ", expected " << want;
+          }
+        }
+      }
+    }
   }
 }
 

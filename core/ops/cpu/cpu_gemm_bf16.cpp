@@ -116,34 +116,6 @@ void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k
   }
 }
 
-// Packs `lines` rows of A (not transposed) for an AMX strip: dword (l, p) = (A(l, 2p),
-// A(l, 2p + 1)) goes to out[amx::strip_offset(l, p)], zero past `lines` (up to amx::kTileRows)
-// and past K; row l of A starts at src[l ld]. A step's run of a BF16 row is its 64 bytes as
-// they are.
-template <class T>
-void pack_rows(const T* src, int64_t ld, int64_t lines, int64_t k, int64_t padded_pairs,
-               uint32_t* out) {
-  constexpr int64_t kStep = amx::kPairsPerStep;
-  const auto decode = bf16_decoder<T>();
-  for (int64_t l = 0; l < amx::kTileRows; ++l) {
-    const T* row = l < lines ? src + l * ld : nullptr;
-    const auto value = [&](int64_t kk) -> uint32_t { return row && kk < k ? decode(row[kk]) : 0u; };
-    for (int64_t p = 0; p < padded_pairs; p += kStep) {
-      uint32_t* dst = out + amx::strip_offset(l, p);
-      if (row == nullptr || 2 * (p + kStep) > k) {  // past the rows, or K's last step
-        for (int64_t q = 0; q < kStep; ++q)
-          dst[q] = value(2 * (p + q)) | value(2 * (p + q) + 1) << 16;
-      } else if constexpr (std::is_same_v<T, bf16>) {
-        std::memcpy(dst, row + 2 * p, kStep * sizeof(uint32_t));
-      } else {
-        for (int64_t q = 0; q < kStep; ++q) {
-          dst[q] = decode(row[2 * (p + q)]) | uint32_t{decode(row[2 * (p + q) + 1])} << 16;
-        }
-      }
-    }
-  }
-}
-
 // GCC 12's AVX-512 intrinsics pass a deliberately self-initialised "undefined" vector as the
 // pass-through operand of unmasked conversions and shifts, which -Wmaybe-uninitialized
 // reports once they are inlined; nothing here reads it.
@@ -201,21 +173,80 @@ void pack_rows(const T* src, int64_t ld, int64_t lines, int64_t k, int64_t padde
   }
 }
 
-// Lane l = (lo[l], hi[l]) as a BF16 pair, for the lanes in `valid` (zero elsewhere): two rows
-// of a transposed A, side by side.
-[[MANTISSA_AVX512_BF16]] __m512i pair_lanes(const bf16* lo, const bf16* hi, __mmask16 valid) {
-  const __m512i low = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, lo));
-  const __m512i high = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, hi));
-  return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+// The BF16 patterns of the 256 codes of an FP8 type in eight registers, for bf16_words; empty
+// for BF16 operands.
+struct Fp8Table {
+  __m512i quarter[8];
+};
+template <class T>
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline Fp8Table load_fp8_table() {
+  Fp8Table t{};
+  if constexpr (!std::is_same_v<T, bf16>) {
+    const uint16_t* codes = fp8_to_bf16_table<T>().data();
+    for (int i = 0; i < 8; ++i) t.quarter[i] = _mm512_loadu_si512(codes + 32 * i);
+  }
+  return t;
+}
+
+// The BF16 patterns of 32 consecutive values from src as 32 words, zero in the lanes not in
+// `valid` (which are not read): BF16 as they are; FP8 codes looked up in the table, where
+// permutex2var picks within each quarter of 64 codes and bits 6 and 7 of the code pick the
+// quarter.
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512i bf16_words(const bf16* src,
+                                                                       __mmask32 valid,
+                                                                       const Fp8Table&) {
+  return _mm512_maskz_loadu_epi16(valid, src);
 }
 template <class T>
-[[MANTISSA_AVX512_BF16]] __m512i pair_lanes(const T* lo, const T* hi, __mmask16 valid) {
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512i bf16_words(const T* src,
+                                                                       __mmask32 valid,
+                                                                       const Fp8Table& t) {
+  const __m512i code = _mm512_cvtepu8_epi16(_mm256_maskz_loadu_epi8(valid, src));
+  const __m512i q0 = _mm512_permutex2var_epi16(t.quarter[0], code, t.quarter[1]);
+  const __m512i q1 = _mm512_permutex2var_epi16(t.quarter[2], code, t.quarter[3]);
+  const __m512i q2 = _mm512_permutex2var_epi16(t.quarter[4], code, t.quarter[5]);
+  const __m512i q3 = _mm512_permutex2var_epi16(t.quarter[6], code, t.quarter[7]);
+  const __mmask32 bit6 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(0x40));
+  const __mmask32 bit7 = _mm512_test_epi16_mask(code, _mm512_set1_epi16(0x80));
+  const __m512i low = _mm512_mask_blend_epi16(bit6, q0, q1);
+  const __m512i high = _mm512_mask_blend_epi16(bit6, q2, q3);
+  return _mm512_maskz_mov_epi16(valid, _mm512_mask_blend_epi16(bit7, low, high));
+}
+
+// Lane l = (lo[l], hi[l]) as a BF16 pair, for l < 16 in `valid` (zero elsewhere): two lines
+// stored along l, side by side.
+template <class T>
+[[MANTISSA_AVX512_BF16, gnu::always_inline]] inline __m512i pair_lanes(const T* lo, const T* hi,
+                                                                       __mmask16 valid,
+                                                                       const Fp8Table& t) {
+  const __m512i low = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf16_words(lo, valid, t)));
+  const __m512i high = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf16_words(hi, valid, t)));
+  return _mm512_or_si512(low, _mm512_slli_epi32(high, 16));
+}
+
+// Packs `lines` rows of A (not transposed) for an AMX strip: dword (l, p) = (A(l, 2p),
+// A(l, 2p + 1)) goes to out[amx::strip_offset(l, p)], zero past `lines` (up to amx::kTileRows)
+// and past K; row l of A starts at src[l ld]. A step of a row is 32 consecutive values, which
+// are its 16 pairs in order.
+template <class T>
+[[MANTISSA_AVX512_BF16]] void pack_rows(const T* src, int64_t ld, int64_t lines, int64_t k,
+                                        int64_t padded_pairs, uint32_t* out) {
+  constexpr int64_t kStep = amx::kPairsPerStep;
   const auto decode = bf16_decoder<T>();
-  alignas(64) uint32_t pairs[16] = {};
-  for (int l = 0; l < 16; ++l) {
-    if ((valid >> l) & 1) pairs[l] = decode(lo[l]) | uint32_t{decode(hi[l])} << 16;
+  const Fp8Table table = load_fp8_table<T>();
+  for (int64_t l = 0; l < amx::kTileRows; ++l) {
+    const T* row = l < lines ? src + l * ld : nullptr;
+    const auto value = [&](int64_t kk) -> uint32_t { return row && kk < k ? decode(row[kk]) : 0u; };
+    for (int64_t p = 0; p < padded_pairs; p += kStep) {
+      uint32_t* dst = out + amx::strip_offset(l, p);
+      if (row != nullptr && 2 * (p + kStep) <= k) {
+        _mm512_storeu_si512(dst, bf16_words(row + 2 * p, ~__mmask32{0}, table));
+      } else {  // past the rows, or K's last step
+        for (int64_t q = 0; q < kStep; ++q)
+          dst[q] = value(2 * (p + q)) | value(2 * (p + q) + 1) << 16;
+      }
+    }
   }
-  return _mm512_load_si512(pairs);
 }
 
 // pack_rows for a transposed A [k, m] (the dW GEMMs), whose strip rows are columns: value
@@ -227,6 +258,7 @@ template <class T>
 [[MANTISSA_AVX512_BF16]] void pack_rows_transposed(const T* src, int64_t ld, int64_t lines,
                                                    int64_t k, int64_t padded_pairs, uint32_t* out) {
   const auto decode = bf16_decoder<T>();
+  const Fp8Table table = load_fp8_table<T>();
   const int64_t blocked = k / 2 / 16 * 16;  // pairs in whole blocks of 16
   for (int64_t p0 = 0; p0 < blocked; p0 += 16) {
     for (int64_t l0 = 0; l0 < amx::kTileRows; l0 += 16) {
@@ -234,8 +266,9 @@ template <class T>
       __m512i r[16];
       for (int64_t i = 0; i < 16; ++i) {
         const T* lo = src + 2 * (p0 + i) * ld + l0;
-        r[i] = valid == 0 ? _mm512_setzero_si512()
-                          : pair_lanes(lo, lo + ld, static_cast<__mmask16>((1u << valid) - 1));
+        r[i] = valid == 0
+                   ? _mm512_setzero_si512()
+                   : pair_lanes(lo, lo + ld, static_cast<__mmask16>((1u << valid) - 1), table);
       }
       transpose16x16(r);
       for (int64_t l = 0; l < 16; ++l)
@@ -252,19 +285,6 @@ template <class T>
   }
 }
 
-// Pairs [0, 16) of a line stored along K (32 values from p): BF16 pairs are dwords as they
-// are; FP8 codes are decoded one by one.
-[[MANTISSA_AVX512_BF16]] __m512i sixteen_pairs(const bf16* p) {
-  return _mm512_loadu_si512(p);
-}
-template <class T>
-[[MANTISSA_AVX512_BF16]] __m512i sixteen_pairs(const T* p) {
-  const auto decode = bf16_decoder<T>();
-  alignas(64) uint32_t pairs[16];
-  for (int q = 0; q < 16; ++q) pairs[q] = decode(p[2 * q]) | uint32_t{decode(p[2 * q + 1])} << 16;
-  return _mm512_load_si512(pairs);
-}
-
 // pack_pairs for a panel whose lines are rows of a transposed B [n, k] (the forward GEMMs,
 // y = x W^T): value (l, kk) is src[l ld + kk], and out takes kCols lines. A pair row of the
 // panel gathers one dword from each line, so blocks of 16 lines x 16 pairs are read as 16
@@ -274,13 +294,15 @@ template <class T>
 [[MANTISSA_AVX512_BF16]] void pack_pairs_from_rows(const T* src, int64_t ld, int64_t lines,
                                                    int64_t k, uint32_t* out) {
   const auto decode = bf16_decoder<T>();
+  const Fp8Table table = load_fp8_table<T>();
   const int64_t blocked = k / 2 / 16 * 16;  // pairs in whole blocks of 16
   for (int64_t p0 = 0; p0 < blocked; p0 += 16) {
     for (int64_t l0 = 0; l0 < kCols; l0 += 16) {
       __m512i r[16];
       for (int64_t l = 0; l < 16; ++l) {
-        r[l] =
-            l0 + l < lines ? sixteen_pairs(src + (l0 + l) * ld + 2 * p0) : _mm512_setzero_si512();
+        // A line's 16 pairs are its 32 values in order.
+        r[l] = l0 + l < lines ? bf16_words(src + (l0 + l) * ld + 2 * p0, ~__mmask32{0}, table)
+                              : _mm512_setzero_si512();
       }
       transpose16x16(r);
       for (int64_t q = 0; q < 16; ++q) _mm512_storeu_si512(out + (p0 + q) * kCols + l0, r[q]);
@@ -292,6 +314,34 @@ template <class T>
   for (int64_t p = blocked; p < (k + 1) / 2; ++p) {
     for (int64_t l = 0; l < kCols; ++l)
       out[p * kCols + l] = value(l, 2 * p) | value(l, 2 * p + 1) << 16;
+  }
+}
+
+// pack_pairs for a panel whose lines are columns of B [k, n] (the backward GEMMs): value
+// (l, kk) is src[kk ld + l], so each pair row of the panel interleaves two runs of source
+// rows, widened and decoded 32 lines at a time.
+template <class T>
+[[MANTISSA_AVX512_BF16]] void pack_pairs_from_columns(const T* src, int64_t ld, int64_t lines,
+                                                      int64_t k, uint32_t* out) {
+  static_assert(kCols == 32, "one pair row of a panel is 32 lines");
+  const auto decode = bf16_decoder<T>();
+  const Fp8Table table = load_fp8_table<T>();
+  const __mmask32 valid = lines >= 32 ? ~__mmask32{0} : (__mmask32{1} << lines) - 1;
+  for (int64_t p = 0; p < k / 2; ++p) {
+    const __m512i lo = bf16_words(src + 2 * p * ld, valid, table);
+    const __m512i hi = bf16_words(src + (2 * p + 1) * ld, valid, table);
+    for (int half = 0; half < 2; ++half) {
+      const __m512i low = _mm512_cvtepu16_epi32(half ? _mm512_extracti64x4_epi64(lo, 1)
+                                                     : _mm512_castsi512_si256(lo));
+      const __m512i high = _mm512_cvtepu16_epi32(half ? _mm512_extracti64x4_epi64(hi, 1)
+                                                      : _mm512_castsi512_si256(hi));
+      _mm512_storeu_si512(out + p * kCols + 16 * half,
+                          _mm512_or_si512(low, _mm512_slli_epi32(high, 16)));
+    }
+  }
+  if (k % 2 == 1) {  // the last pair holds one value
+    uint32_t* dst = out + k / 2 * kCols;
+    for (int64_t l = 0; l < kCols; ++l) dst[l] = l < lines ? decode(src[(k - 1) * ld + l]) : 0u;
   }
 }
 
@@ -529,7 +579,7 @@ void pack_panels(const GemmShape& s, const TB* b, bool trans_b, const PackedOper
     if (trans_b) {
       pack_pairs_from_rows(b_product + j * s.k, s.k, lines, s.k, out);
     } else {
-      pack_pairs(b_product + j, true, s.n, lines, s.k, kCols, out);
+      pack_pairs_from_columns(b_product + j, s.n, lines, s.k, out);
     }
     std::fill(out + (s.k + 1) / 2 * kCols, out + to.panel_size, 0u);
   }
