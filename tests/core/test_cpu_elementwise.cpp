@@ -785,6 +785,22 @@ TEST_F(CpuElementwise, GeluIsTheScalarFormulaBitForBit) {
   });
 }
 
+// fill rounds the value once to the dtype (nearest even) and writes that pattern everywhere,
+// an odd count included.
+TEST_F(CpuElementwise, FillWritesTheRoundedValueToEveryElement) {
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
+    for (float v : {0.0f, -0.0f, 0.1f, -3.25f, 1.0f / 3.0f}) {
+      Tensor t = Tensor::empty(Shape{1001}, type);
+      poison(t);
+      backend->fill(t, v);
+      const uint64_t want = encode(type, v);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        ASSERT_EQ(code_at(t, i), want) << dtype_name(type) << " fill(" << v << ") element " << i;
+      }
+    }
+  }
+}
+
 TEST_F(CpuElementwise, GeluPropagatesNaN) {
   for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
     Tensor x = Tensor::empty(Shape{3}, type);
