@@ -86,11 +86,11 @@ auto bf16_decoder() {
   }
 }
 
-// Packs `lines` lines of K values (rows of op(A) or columns of op(B)) for a tile of
-// `width` lines: dword (p, l) = (value (l, 2p), value (l, 2p + 1)) goes to out[p width + l],
-// zero past `lines` and past an odd K. src points at value (0, 0); value (l, k) is
-// src[k ld + l] when k_major, else src[l ld + k]. Stores run along l, contiguously; when
-// k_major, so do the loads (two source rows interleaved), which the compiler vectorizes.
+// Packs `lines` rows of op(A) for a VDPBF16PS strip of `width` lines (the panels have their
+// own AVX-512 packers below): dword (p, l) = (value (l, 2p), value (l, 2p + 1)) goes to out[p width
+// + l], zero past `lines` and past an odd K. src points at value (0, 0); value (l, k) is src[k ld +
+// l] when k_major, else src[l ld + k]. Stores run along l, contiguously; when k_major, so do the
+// loads (two source rows interleaved), which the compiler vectorizes.
 template <class T>
 void pack_pairs(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k, int64_t width,
                 uint32_t* out) {
