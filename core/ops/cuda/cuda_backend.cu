@@ -98,6 +98,8 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   compute_capability_ = major * 10 + minor;
   MANTISSA_CUDA_CHECK(
       cudaDeviceGetAttribute(&multiprocessor_count_, cudaDevAttrMultiProcessorCount, device_index));
+  MANTISSA_CUDA_CHECK(cudaDeviceGetAttribute(
+      &max_shared_per_block_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
   gemm_ = std::make_unique<CublasLtGemm>();
   // The stream comes last: if anything above throws, nothing needs undoing by hand (the
   // members built so far clean up after themselves).

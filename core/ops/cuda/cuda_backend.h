@@ -106,6 +106,10 @@ class CudaBackend final : public Backend {
   int device_index_;
   int compute_capability_ = 0;
   int multiprocessor_count_ = 0;
+  // Shared memory a block may have with the opt-in attribute (above the default 48 KB): the
+  // flash-attention and staged cross-entropy kernels fit or not by it. Read once, here, not
+  // per call.
+  int max_shared_per_block_ = 0;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CublasLtGemm> gemm_;
 };

@@ -155,14 +155,6 @@ __global__ void __launch_bounds__(kCrossEntropyBlock)
                     dlogits, base, grad_scale, V, valid_cols);
 }
 
-// Shared memory a block may have on this device (the opt-in limit, above the default 48 KB).
-int max_shared_per_block(int device_index) {
-  int bytes = 0;
-  MANTISSA_CUDA_CHECK(
-      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
-  return bytes;
-}
-
 }  // namespace
 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
@@ -176,7 +168,7 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols
   const unsigned blocks = static_cast<unsigned>(N);
   // The staged row, plus room for the block reductions' static shared memory.
   const int64_t staged_bytes = valid_cols * static_cast<int64_t>(sizeof(float));
-  if (staged_bytes + 1024 <= max_shared_per_block(device_index_)) {
+  if (staged_bytes + 1024 <= max_shared_per_block_) {
     const bool vector =
         aligned16(logits.data()) && V * static_cast<int64_t>(dtype_size(logits.dtype())) % 16 == 0;
     dispatch_f32_bf16_f16("softmax_cross_entropy", logits.dtype(), [&](auto tag) {

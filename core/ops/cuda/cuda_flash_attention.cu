@@ -495,17 +495,14 @@ std::string CudaBackend::unsupported_flash_attention(DType qkv, int64_t head_dim
     return "the CUDA flash-attention kernels take head sizes 64 and 128, not " +
            std::to_string(head_dim);
   }
-  int optin_bytes = 0;
-  MANTISSA_CUDA_CHECK(
-      cudaDeviceGetAttribute(&optin_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index_));
   size_t needed = 0;
   dispatch_flash(qkv, head_dim, [&](auto d, auto tag) {
     needed = flash_shared_bytes<decltype(d)::value, decltype(tag)>();
   });
-  if (needed > static_cast<size_t>(optin_bytes)) {
+  if (needed > static_cast<size_t>(max_shared_per_block_)) {
     return "head size " + std::to_string(head_dim) + " needs " + std::to_string(needed) +
            " bytes of shared memory per block; cuda:" + std::to_string(device_index_) + " allows " +
-           std::to_string(optin_bytes);
+           std::to_string(max_shared_per_block_);
   }
   return "";
 }
