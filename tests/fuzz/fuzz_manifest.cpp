@@ -8,8 +8,6 @@
 // file, asking for every buffer it declares (up to a size bound), so the size checks, the
 // CRC checks of the entries and the copies into the slices run on fuzzer-chosen indices.
 // Rejections must be core::Error; anything else is a bug.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -20,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_manifest.h"
 #include "core/error.h"
+#include "tests/fuzz/process_scratch.h"
 
 namespace {
 
@@ -28,10 +27,9 @@ using namespace mantissa;
 
 // A checkpoint directory of this process: <dir>/step_00000001/{manifest.pb, rank_00000.bin}.
 const std::string& checkpoint_dir() {
+  static const fuzz::ProcessScratch scratch("mantissa_fuzz_manifest");
   static const std::string dir = [] {
-    const std::string d =
-        (fs::temp_directory_path() / ("mantissa_fuzz_manifest_" + std::to_string(::getpid())))
-            .string();
+    const std::string& d = scratch.path();
     fs::create_directories(d + "/step_00000001");
     std::ofstream payload(d + "/step_00000001/rank_00000.bin", std::ios::binary);
     for (int i = 0; i < 4096; ++i) payload.put(static_cast<char>(i * 7));

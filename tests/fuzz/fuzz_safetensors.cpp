@@ -6,25 +6,21 @@
 // model.init_from takes). Both must accept or refuse it alike, and an accepted file must hold
 // what the header promises: tensors in data order tiling the data, each with its shape's bytes,
 // the same bytes both ways. Rejections must be core::Error; anything else is a bug.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "tests/fuzz/process_scratch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mantissa;
   const std::string bytes(reinterpret_cast<const char*>(data), size);
-  static const std::string path =
-      (std::filesystem::temp_directory_path() /
-       ("mantissa_fuzz_safetensors_" + std::to_string(::getpid()) + ".safetensors"))
-          .string();
+  static const fuzz::ProcessScratch scratch("mantissa_fuzz_safetensors", ".safetensors");
+  const std::string& path = scratch.path();
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));

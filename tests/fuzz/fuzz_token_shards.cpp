@@ -4,16 +4,14 @@
 // Input: byte 0 picks the vocabulary size (1..256 scaled to 1..65536), the rest is the shard
 // file. A shard that loads is then sampled by a DataLoader when it holds a window, and every
 // token handed out must lie below the vocabulary size. Rejections must be core::Error.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "tests/fuzz/process_scratch.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
 
@@ -21,9 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace mantissa;
   if (size < 1) return 0;
   const int vocab_size = (data[0] + 1) * 256;
-  static const std::string path = (std::filesystem::temp_directory_path() /
-                                   ("mantissa_fuzz_shard_" + std::to_string(::getpid()) + ".bin"))
-                                      .string();
+  static const fuzz::ProcessScratch scratch("mantissa_fuzz_shard", ".bin");
+  const std::string& path = scratch.path();
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data + 1), static_cast<std::streamsize>(size - 1));
