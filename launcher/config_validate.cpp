@@ -241,6 +241,12 @@ void validate_fp8_shapes(const TrainConfig& config) {
 // The schedule's options come from two sections, and its total_steps is run.steps (whose rule,
 // >= 1, is thus the schedule's): its fields are renamed one by one.
 void validate_optimizer(const TrainConfig& config) {
+  // Said here, with the bound's field named: a short trial run (--set run.steps=50) of a
+  // config with a longer warm-up is the usual way to meet this rule.
+  const int64_t steps = config.run().steps(), warmup = config.optimizer().warmup_steps();
+  require(
+      steps < 1 || warmup <= steps, "optimizer.warmup_steps", std::to_string(warmup),
+      "must be at most run.steps = " + std::to_string(steps) + " (the warm-up is part of the run)");
   check_options([&] { core::validate(lr_schedule_config(config)); },
                 {{"lr_schedule.total_steps", "run.steps"},
                  {"lr_schedule.lr", "optimizer.adamw.lr"},
