@@ -18,7 +18,7 @@ namespace mantissa::launcher {
 namespace {
 
 constexpr const char* kTrainHelp =
-    R"(usage: mantissa train --config FILE.pbtxt [--set path.to.field=value]... [--progress MODE]
+    R"(usage: mantissa train --config FILE.pbtxt [--set PATH=VALUE]... [--progress MODE]
 
 Trains a model as the config describes. The same command runs alone (one rank), under
 `mpirun -np N` or under `srun`: every rank finds its place through MPI and computes on GPU
@@ -61,8 +61,9 @@ environment (CPU runs):
                             the attention's products use their AVX2 code on CPUs with AVX-512
                             (the results are the same; for comparison)
   MANTISSA_CPU_AMX=0        on CPUs with AMX (Intel Xeons from Sapphire Rapids on), the
-                            native BF16 kernel runs on VDPBF16PS instead of AMX tiles (several times slower there; the last bits
-                            of FP32 sums may differ)
+                            native BF16 kernel runs on VDPBF16PS instead of AMX tiles
+                            (several times slower there; the last bits of FP32 sums may
+                            differ)
   The MANTISSA_CPU_* switches take 0 or 1 (the default); any other value is a config error.
 
 environment (MPI runs):
@@ -84,7 +85,7 @@ defaults of fields the config leaves unset:
 )";
 
 constexpr const char* kConfigHelp =
-    R"(usage: mantissa config --config FILE.pbtxt [--set path.to.field=value]...
+    R"(usage: mantissa config --config FILE.pbtxt [--set PATH=VALUE]...
 
 Reads and checks a config exactly as `mantissa train` does (without the checks that need the
 ranks or the device), and prints the effective config: every --set applied and every default
@@ -92,8 +93,8 @@ filled in. Exit code 0 when it is valid, 2 (with one line saying why) when it is
 )";
 
 constexpr const char* kExportHelp =
-    R"(usage: mantissa export --config FILE.pbtxt [--set path.to.field=value]... --out FILE.safetensors
-       mantissa export --config FILE.pbtxt [--set path.to.field=value]... --format hf --out DIR
+    R"(usage: mantissa export --config FILE.pbtxt [--set PATH=VALUE]... --out FILE.safetensors
+       mantissa export --config FILE.pbtxt [--set PATH=VALUE]... --format hf --out DIR
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
 config describes. Runs as one process (no mpirun needed).

@@ -61,10 +61,11 @@ tokens: the run's tokenizer turns the prompt into tokens and the tokens into tex
   shards does, only the tokenizer's ids are drawn, and end-of-text tokens print nothing. With
   bytes an empty prompt starts from a newline, which is not printed.
 
-the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama). A longer prompt keeps its last
-  seq_len tokens (all of it is printed). When generation fills the window it slides: the
-  cache is refilled with the last seq_len / 2 tokens, so every token is drawn with at least
-  seq_len / 2 tokens of context, and the positions stay within the model's seq_len.
+the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama). A longer
+  prompt keeps its last seq_len tokens (all of it is printed). When generation fills the
+  window it slides: the cache is refilled with the last seq_len / 2 tokens, so every token is
+  drawn with at least seq_len / 2 tokens of context, and the positions stay within the
+  model's seq_len.
 
 exit codes:
   0  done

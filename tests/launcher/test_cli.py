@@ -277,8 +277,12 @@ class Help(lu.TempDirTest):
         self.assertTrue({"train", "config", "export", "help"} <= set(commands), result.stdout)
         for command in commands:
             with self.subTest(command):
-                self.assertEqual(self.mantissa(command, "--help").returncode, 0)
+                help_text = self.mantissa(command, "--help")
+                self.assertEqual(help_text.returncode, 0)
                 self.assertEqual(self.mantissa("help", command).returncode, 0)
+                # Read in a terminal of 100 columns: no line wider.
+                wide = [line for line in help_text.stdout.splitlines() if len(line) > 100]
+                self.assertEqual(wide, [])
         self.assertEqual(self.mantissa("help").stdout, result.stdout)
 
     def test_no_command_is_a_usage_error(self):
