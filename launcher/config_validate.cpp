@@ -282,8 +282,9 @@ void validate_debug(const Config::Debug& d, int64_t steps) {
   }
 }
 
-// The environment switches of the CPU backend and of the attention layer, checked before
-// anything runs (not at the first GEMM, cast or attention that reads them).
+}  // namespace
+
+// Checked before anything runs, not at the first GEMM, cast or attention that reads a switch.
 void validate_environment() {
   try {
     core::check_cpu_switches();
@@ -292,8 +293,6 @@ void validate_environment() {
     throw core::ConfigError(std::string("environment: ") + e.what());
   }
 }
-
-}  // namespace
 
 void validate(const TrainConfig& config, DataFiles files) {
   const Config::Run& run = config.run();

@@ -165,6 +165,7 @@ std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, st
 }
 
 int run_sample(const SampleArgs& args) {
+  validate_environment();
   const fs::path config_path = fs::path(args.run_dir) / "config.pbtxt";
   if (!fs::is_regular_file(config_path)) {
     bad_input("--run", args.run_dir,

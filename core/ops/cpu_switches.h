@@ -1,7 +1,8 @@
 // The CPU backend's environment switches (MANTISSA_CPU_BF16_GEMM, MANTISSA_CPU_AVX512_CONVERT,
 // MANTISSA_CPU_AMX: 1 or unset keeps a fast path on, 0 turns it off), for code outside the backend:
 // the backend reads each one where its path starts, so the launcher checks them all with the
-// config, before anything runs, instead of at the first GEMM or cast that reads one.
+// config, before anything runs, instead of at the first GEMM or cast that reads one, and
+// make_cpu_backend() checks them too.
 #pragma once
 
 #include <string>

@@ -125,6 +125,14 @@ class TinyRun(unittest.TestCase):
         nowhere = os.path.join(self.dir, "nowhere")
         self.assertIn("has no config.pbtxt", self.bad("--run", nowhere, run=False))
 
+    def test_a_bad_cpu_switch_exits_2_naming_it(self):
+        result = subprocess.run([lu.binary(), "sample", "--run", self.run_dir],
+                                env=lu.environment(MANTISSA_CPU_AMX="yes"), timeout=120,
+                                capture_output=True, text=True)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr, "mantissa: environment: MANTISSA_CPU_AMX=yes: must be 0 "
+                                        "(off) or 1 (on, the default)\n")
+
     def test_a_run_without_checkpoint(self):
         empty = os.path.join(self.dir, "empty")
         os.makedirs(empty, exist_ok=True)

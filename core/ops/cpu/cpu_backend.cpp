@@ -6,11 +6,15 @@
 
 #include "core/error.h"
 #include "core/ops/cpu/cpu_convert.h"
+#include "core/ops/cpu/cpu_switch.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
 
+// The switches are read here, on the calling thread, before any op: an op may first read
+// one inside an OpenMP region, where a bad value's exception would end the process.
 std::unique_ptr<Backend> make_cpu_backend() {
+  check_cpu_switches();
   return std::make_unique<CpuBackend>();
 }
 
