@@ -1,9 +1,11 @@
 // exp8 and softmax_exp_row (core/ops/cpu/cpu_exp8.h) against the C library's expf, the
 // function they promise to reproduce bit for bit (NaN patterns included): a dense sweep over
 // all FP32 bit patterns, every pattern where the library switches paths (|x| near 88 and
-// near -104), the special values, and rows of every length against softmax_exp per element.
+// near -104), the special values, and rows of every length against softmax_exp per element;
+// and softmax_row_max against softmax_max's scan.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -129,6 +131,33 @@ TEST(CpuExp8, SoftmaxExpRowIsSoftmaxExpPerElement) {
       ASSERT_EQ(float_to_bits(z[i]), float_to_bits(want[i])) << "n " << n << ", element " << i;
     }
   }
+}
+
+// softmax_row_max is softmax_max's scan over the row: NaNs never win (a row of NaNs keeps
+// -inf), -inf rows stay -inf, the maximum is found in any lane or in the tail, and nothing past
+// n is read. Zeros of either sign compare by value only (the one freedom it takes).
+TEST(CpuExp8, SoftmaxRowMaxIsTheScanOfSoftmaxMax) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 20.0f);
+  const auto scan = [](const std::vector<float>& z, int64_t n) {
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) m = softmax_max(m, z[i]);
+    return m;
+  };
+  for (int64_t n = 0; n <= 41; ++n) {
+    for (int trial = 0; trial < 20; ++trial) {
+      // One element past n holds +inf: a read past the row would return it.
+      std::vector<float> z(static_cast<size_t>(n) + 1, INFINITY);
+      for (int64_t i = 0; i < n; ++i) z[i] = normal(rng);
+      if (n > 0 && trial % 4 == 1) z[rng() % n] = NAN;
+      if (n > 0 && trial % 4 == 2) z[rng() % n] = -INFINITY;
+      if (trial % 4 == 3) std::fill_n(z.begin(), n, trial % 8 == 3 ? NAN : -INFINITY);
+      const float got = softmax_row_max(z.data(), n), want = scan(z, n);
+      ASSERT_EQ(float_to_bits(got), float_to_bits(want)) << "n " << n << ", trial " << trial;
+    }
+  }
+  const std::vector<float> zeros = {-0.0f, 0.0f, -0.0f, -1.0f, 0.0f, -2.0f, -0.0f, -3.0f, 0.0f};
+  EXPECT_EQ(softmax_row_max(zeros.data(), static_cast<int64_t>(zeros.size())), 0.0f);
 }
 
 }  // namespace

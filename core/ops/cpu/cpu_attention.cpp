@@ -230,11 +230,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
           float* p = s + t * Tp;
           const int64_t n = t + 1;  // visible keys
           round_through(p, n, score_dtype);
-          float max_score = -INFINITY;
-          for (int64_t t2 = 0; t2 < n; ++t2) {
-            p[t2] *= scale;
-            max_score = softmax_max(max_score, p[t2]);
-          }
+          for (int64_t t2 = 0; t2 < n; ++t2) p[t2] *= scale;
+          const float max_score = softmax_row_max(p, n);
           softmax_exp_row(p, n, max_score);
           const float sum = softmax_row_sum(p, n);
           const float inv_sum = 1.0f / sum;

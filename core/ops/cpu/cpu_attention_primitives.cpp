@@ -82,11 +82,8 @@ void CpuBackend::causal_softmax_forward(const Tensor& scores, float scale, Tenso
       load(scores, r * T, n, p);
       // Shifted by the maximum so that exp never overflows. A NaN never wins the comparison
       // but still turns the sum, hence the row, into NaN.
-      float max_z = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) {
-        p[j] *= scale;
-        max_z = softmax_max(max_z, p[j]);
-      }
+      for (int64_t j = 0; j < n; ++j) p[j] *= scale;
+      const float max_z = softmax_row_max(p, n);
       softmax_exp_row(p, n, max_z);
       const float sum = softmax_row_sum(p, n);
       const float inv_sum = 1.0f / sum;

@@ -43,8 +43,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols,
       const int64_t y = target[n];
       const float z_target = z[y];
       // A NaN logit never wins the comparison but makes the sum, hence the loss, NaN.
-      float max_logit = -INFINITY;
-      for (int64_t v = 0; v < valid_cols; ++v) max_logit = softmax_max(max_logit, z[v]);
+      const float max_logit = softmax_row_max(z, valid_cols);
       softmax_exp_row(z, valid_cols, max_logit);
       const float sum = softmax_row_sum(z, valid_cols);
       loss[n] = cross_entropy_loss(max_logit, sum, z_target);

@@ -96,6 +96,23 @@ inline __m256 exp8(__m256 x) {
   return y;
 }
 
+// The maximum of z[i] for i < n as softmax_max's scan finds it (-inf for n = 0; a NaN never
+// wins), eight lanes at a time: MAXPS(z, m) is z > m ? z : m lane by lane, which is
+// softmax_max, and the lanes' maxima combine through it too. A row holding both +0 and -0 as
+// its maximum may keep the other zero than the scan would, which neither exp(z - max) nor
+// max + log(sum) can tell apart.
+inline float softmax_row_max(const float* z, int64_t n) {
+  __m256 lanes_max = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) lanes_max = _mm256_max_ps(_mm256_loadu_ps(z + i), lanes_max);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, lanes_max);
+  float row_max = -INFINITY;
+  for (const float lane : lanes) row_max = softmax_max(row_max, lane);
+  for (; i < n; ++i) row_max = softmax_max(row_max, z[i]);
+  return row_max;
+}
+
 // z[i] = softmax_exp(z[i], row_max) = expf(z[i] - row_max) for i < n, in place.
 inline void softmax_exp_row(float* z, int64_t n, float row_max) {
   const __m256 max8 = _mm256_set1_ps(row_max);
