@@ -2,7 +2,10 @@
 // CUDA backend): one row of C channels per iteration for the output and dx, blocks of
 // channels for dgamma, as cpu_layernorm.cpp does. Operands are read and written as
 // cpu_layer_io.h describes.
+#include <immintrin.h>
+
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "core/ops/cpu/cpu_backend.h"
@@ -13,6 +16,35 @@
 namespace mantissa::core {
 
 using namespace cpu_layer_io;
+
+namespace {
+
+// xh[c] *= rstd in place (xhat), and the row's sum of dnorm xhat with dnorm = dy g: eight lanes
+// of FP32 partial sums (channel c in lane c % 8, one fused multiply-add each), the lanes added
+// in order, then the last C % 8 channels, as cpu_layernorm.cpp's sums (a scalar sum carried
+// one channel at a time was latency-bound).
+float xhat_and_dnorm_xhat_sum(float* xh, const float* dy, const float* g, int64_t C, float rstd) {
+  const __m256 rstd8 = _mm256_set1_ps(rstd);
+  __m256 sum8 = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + 8 <= C; c += 8) {
+    const __m256 xhat = _mm256_mul_ps(_mm256_loadu_ps(xh + c), rstd8);
+    _mm256_storeu_ps(xh + c, xhat);
+    const __m256 dnorm = _mm256_mul_ps(_mm256_loadu_ps(dy + c), _mm256_loadu_ps(g + c));
+    sum8 = _mm256_fmadd_ps(dnorm, xhat, sum8);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum8);
+  float sum = 0.0f;
+  for (const float lane : lanes) sum += lane;
+  for (; c < C; ++c) {
+    xh[c] *= rstd;
+    sum = std::fma(dy[c] * g[c], xh[c], sum);
+  }
+  return sum;
+}
+
+}  // namespace
 
 // out = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps) over the C channels of a row.
 void CpuBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& out,
@@ -78,13 +110,8 @@ void CpuBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Ten
       load(dout, n * C, C, dy);
       load(x, n * C, C, xh);
       const float s = rstd_in[n];
-      float dnorm_xhat_sum = 0.0f;
-#pragma omp simd reduction(+ : dnorm_xhat_sum)
-      for (int64_t c = 0; c < C; ++c) {
-        xh[c] *= s;
-        dnorm_xhat_sum += dy[c] * g[c] * xh[c];
-      }
-      const float dnorm_xhat_mean = dnorm_xhat_sum / static_cast<float>(C);
+      const float dnorm_xhat_mean =
+          xhat_and_dnorm_xhat_sum(xh, dy, g.data(), C, s) / static_cast<float>(C);
       for (int64_t c = 0; c < C; ++c) dy[c] = rmsnorm_dx(dy[c] * g[c], xh[c], dnorm_xhat_mean, s);
       store(dy, C, dx, n * C);
     }
