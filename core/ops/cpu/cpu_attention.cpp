@@ -154,6 +154,24 @@ void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, in
   product_rows_avx2(a, b, ldb, cols, i0, rows, ranges, c, ldc);
 }
 
+// sum_{i < n} a[i] b[i]: lane l of eight sums i = l, l + 8, ... by fused multiply-adds, the
+// lanes are added in order, then the last n % 8 products. (A sum carried one product at a time
+// waits on every addition.)
+float row_dot(const float* a, const float* b, int64_t n) {
+  f32x8 acc = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    f32x8 x, y;
+    std::memcpy(&x, a + i, sizeof x);
+    std::memcpy(&y, b + i, sizeof y);
+    acc += x * y;
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < 8; ++l) sum += acc[l];
+  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
+  return sum;
+}
+
 // x[0, n) rounded to `dtype` and widened back: the value the composed routine would store
 // there (nothing changes for F32). BF16 runs eight lanes at a time: bf16_round8 is
 // bf16_from_float lane by lane, and a code shifted into the top half of a lane is its FP32
@@ -290,8 +308,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
           const float* p_t = p + t * Tp;
           float* ds_t = ds + t * Tp;
           round_through(ds_t, t + 1, grad_dtype);
-          float p_dp = 0.0f;
-          for (int64_t t2 = 0; t2 <= t; ++t2) p_dp += p_t[t2] * ds_t[t2];
+          const float p_dp = row_dot(p_t, ds_t, t + 1);
           for (int64_t t2 = 0; t2 <= t; ++t2) {
             ds_t[t2] = softmax_backward(p_t[t2], ds_t[t2], p_dp) * scale;
           }
