@@ -24,10 +24,15 @@ SCRAPE_SECONDS = 1
 # 4 × scrape), rounded up a little so that every window holds several samples.
 RATE_INTERVAL = "5s"
 # Long enough that even on a quiet machine the run spans many scrapes: every rate() window
-# of the dashboard then holds several samples (60 steps took ~4 s, too few for some panels).
+# of the dashboard then holds several samples. The model is larger than
+# harness.SMALL_RUN_SETTINGS' for that: those steps took 3-4 ms on a 2-core Xeon, so the
+# overflow at step 150 could come before the first scrape; these take about 16x the work
+# (300 steps in 11-39 s there under Prometheus).
 STEPS = 300
+MODEL_SETTINGS = ["model.gpt2.n_embd=64", "model.gpt2.seq_len=64", "data.micro_batch_size=4"]
 # Late enough that Prometheus has scraped the counters at 0 first: increase() needs a sample
-# from before the overflow.
+# from before the overflow (Prometheus assumes no start at 0: an overflow before a rank's
+# first scrape never shows in the panel).
 INJECTED_STEPS = [STEPS // 2, 3 * STEPS // 4]
 
 
@@ -92,7 +97,7 @@ def main():
                 rule_files=[os.path.join(deploy, "prometheus", "alerts.yml")])
 
             run_dir = os.path.join(workdir, "run")
-            settings = harness.SMALL_RUN_SETTINGS + [
+            settings = harness.SMALL_RUN_SETTINGS + MODEL_SETTINGS + [
                 f"run.steps={STEPS}", f"run.dir={run_dir}",
                 "precision.mode=FP8_HYBRID", f"checkpoint.every_steps={STEPS // 4}",
                 "metrics.bind_address=127.0.0.1", f"metrics.port={base_port}",
