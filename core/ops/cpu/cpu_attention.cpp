@@ -30,6 +30,7 @@
 #include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
+#include "core/ops/cpu/cpu_row_dot.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 
@@ -152,24 +153,6 @@ void product_rows(const Matrix& a, const float* b, int64_t ldb, int64_t cols, in
     return product_rows_avx512(a, b, ldb, cols, i0, rows, ranges, c, ldc);
   }
   product_rows_avx2(a, b, ldb, cols, i0, rows, ranges, c, ldc);
-}
-
-// sum_{i < n} a[i] b[i]: lane l of eight sums i = l, l + 8, ... by fused multiply-adds, the
-// lanes are added in order, then the last n % 8 products. (A sum carried one product at a time
-// waits on every addition.)
-float row_dot(const float* a, const float* b, int64_t n) {
-  f32x8 acc = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    f32x8 x, y;
-    std::memcpy(&x, a + i, sizeof x);
-    std::memcpy(&y, b + i, sizeof y);
-    acc += x * y;
-  }
-  float sum = 0.0f;
-  for (int l = 0; l < 8; ++l) sum += acc[l];
-  for (; i < n; ++i) sum = std::fma(a[i], b[i], sum);
-  return sum;
 }
 
 // x[0, n) rounded to `dtype` and widened back: the value the composed routine would store

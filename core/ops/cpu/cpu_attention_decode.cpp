@@ -12,11 +12,11 @@
 // a generation step that grows with the tokens already in the cache.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_layer_io.h"
+#include "core/ops/cpu/cpu_row_dot.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 
@@ -26,26 +26,8 @@ using namespace cpu_layer_io;
 
 namespace {
 
-// 8-lane FP32 vectors (GCC/Clang vector extension; with -march=x86-64-v3 one AVX2 register, and
-// `acc += a * b` one FMA), as in cpu_attention.cpp.
-typedef float f32x8 __attribute__((vector_size(32)));
+// Lanes of row_dot: the head's channels are padded with zeros to a multiple of them.
 constexpr int64_t kLanes = 8;
-
-f32x8 load8(const float* p) {
-  f32x8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// q . k over d_padded channels (a multiple of kLanes, zero past the head's D): lane l sums the
-// channels l, l + 8, ..., then the lanes are added in order.
-float dot(const float* q, const float* k, int64_t d_padded) {
-  f32x8 acc = {};
-  for (int64_t d = 0; d < d_padded; d += kLanes) acc += load8(q + d) * load8(k + d);
-  float sum = 0.0f;
-  for (int64_t l = 0; l < kLanes; ++l) sum += acc[l];
-  return sum;
-}
 
 }  // namespace
 
@@ -85,7 +67,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_
       float max_score = -INFINITY;
       for (int64_t t = 0; t < n; ++t) {
         load(k_cache, t * C + h * D, D, cached.data());
-        p[t] = dot(q.data(), cached.data(), d_padded) * scale;
+        p[t] = row_dot(q.data(), cached.data(), d_padded) * scale;
         max_score = softmax_max(max_score, p[t]);
       }
       float sum = 0.0f;
