@@ -40,7 +40,8 @@ std::string quoted(const std::string& s) {
 // A module's options are named by the module ("<section>.<field> = ...", the section being the
 // options' own, e.g. "loss_scale.min"); `paths` maps each such section or field name to its
 // path in the config ({"loss_scale", "precision.loss_scale"}). Runs `check` and rethrows its
-// error under the config's name.
+// error under the config's name; a field the rule names as a bound ("must be at most
+// lr_schedule.total_steps = 10") is renamed too, where `paths` maps that whole field.
 template <typename Check>
 void check_options(Check&& check,
                    std::initializer_list<std::pair<std::string_view, std::string_view>> paths) {
@@ -50,10 +51,17 @@ void check_options(Check&& check,
     const std::string_view message = e.what();
     for (const auto& [module_name, config_path] : paths) {
       if (!message.starts_with(module_name)) continue;
-      const std::string_view rest = message.substr(module_name.size());
-      if (rest.starts_with('.') || rest.starts_with(' ')) {
-        throw core::ConfigError(std::string(config_path) + std::string(rest));
+      std::string rest(message.substr(module_name.size()));
+      if (!rest.starts_with('.') && !rest.starts_with(' ')) continue;
+      for (const auto& [field, field_path] : paths) {
+        if (field.find('.') == std::string_view::npos) continue;  // a section, not a field
+        const std::string bound = std::string(field) + " = ";
+        for (size_t at = rest.find(bound); at != std::string::npos;
+             at = rest.find(bound, at + field_path.size())) {
+          rest.replace(at, field.size(), field_path);
+        }
       }
+      throw core::ConfigError(std::string(config_path) + rest);
     }
     throw;
   }
@@ -241,12 +249,6 @@ void validate_fp8_shapes(const TrainConfig& config) {
 // The schedule's options come from two sections, and its total_steps is run.steps (whose rule,
 // >= 1, is thus the schedule's): its fields are renamed one by one.
 void validate_optimizer(const TrainConfig& config) {
-  // Said here, with the bound's field named: a short trial run (--set run.steps=50) of a
-  // config with a longer warm-up is the usual way to meet this rule.
-  const int64_t steps = config.run().steps(), warmup = config.optimizer().warmup_steps();
-  require(
-      steps < 1 || warmup <= steps, "optimizer.warmup_steps", std::to_string(warmup),
-      "must be at most run.steps = " + std::to_string(steps) + " (the warm-up is part of the run)");
   check_options([&] { core::validate(lr_schedule_config(config)); },
                 {{"lr_schedule.total_steps", "run.steps"},
                  {"lr_schedule.lr", "optimizer.adamw.lr"},

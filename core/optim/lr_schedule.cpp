@@ -11,7 +11,13 @@ namespace mantissa::core {
 void validate(const LrScheduleConfig& config) {
   at_least("lr_schedule.total_steps", config.total_steps, 1);
   non_negative("lr_schedule.lr", config.lr);
-  in_range("lr_schedule.warmup_steps", config.warmup_steps, 0, config.total_steps);
+  at_least("lr_schedule.warmup_steps", config.warmup_steps, 0);
+  // The bound named with its value: a short trial run of a config written for a longer one
+  // (fewer steps than its warm-up) is how users meet this rule.
+  require(config.warmup_steps <= config.total_steps, "lr_schedule.warmup_steps",
+          std::to_string(config.warmup_steps),
+          "must be at most lr_schedule.total_steps = " + std::to_string(config.total_steps) +
+              " (the warm-up is part of the run)");
   in_unit_range("lr_schedule.min_lr_ratio", config.min_lr_ratio, false);
 }
 

@@ -76,8 +76,10 @@ TEST(LrSchedule, RejectsBadConfigsNamingFieldValueAndRule) {
     }
     return std::string();
   };
-  EXPECT_EQ(message_for({1.0, 11, 10, 0.1}), "lr_schedule.warmup_steps = 11: must lie in [0, 10]");
-  EXPECT_EQ(message_for({1.0, -1, 10, 0.1}), "lr_schedule.warmup_steps = -1: must lie in [0, 10]");
+  EXPECT_EQ(message_for({1.0, 11, 10, 0.1}),
+            "lr_schedule.warmup_steps = 11: must be at most lr_schedule.total_steps = 10 (the "
+            "warm-up is part of the run)");
+  EXPECT_EQ(message_for({1.0, -1, 10, 0.1}), "lr_schedule.warmup_steps = -1: must be >= 0");
   EXPECT_EQ(message_for({1.0, 0, 0, 0.1}), "lr_schedule.total_steps = 0: must be >= 1");
   EXPECT_EQ(message_for({-1.0, 0, 10, 0.1}), "lr_schedule.lr = -1: must be >= 0");
   EXPECT_EQ(message_for({std::numeric_limits<double>::infinity(), 0, 10, 0.1}),
