@@ -110,14 +110,14 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
     // The row kernel: blocks of 32 taking the lane scales in turn.
     for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = d[b % qr::kColumns];
     for (DType code : {DType::kE4M3, DType::kE5M2}) {
-      qr::quantize_row(x.data(), 65536, 65536, &ds, code, run_bf16.data());
-      qr::quantize_row(xf.data(), 65536, 65536, &ds, code, run_f32.data());
+      qr::quantize_row(x.data(), 65536, 65536, &ds, code, run_bf16.data(), nullptr);
+      qr::quantize_row(xf.data(), 65536, 65536, &ds, code, run_f32.data(), nullptr);
       qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), false, code, columns.data(),
                            nullptr);
       qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), true, code, divided.data(),
                            nullptr);
-      qr::quantize_row(x.data(), 65536, 32, blocks.data(), code, row.data());
-      qr::quantize_row(x.data(), 65536, 65536, &ds_non_finite, code, non_finite.data());
+      qr::quantize_row(x.data(), 65536, 32, blocks.data(), code, row.data(), x.data());
+      qr::quantize_row(x.data(), 65536, 65536, &ds_non_finite, code, non_finite.data(), nullptr);
       int mismatches = 0;
       for (uint32_t i = 0; i < 65536; ++i) {
         const float lane_s = d[i % qr::kColumns].s;
@@ -166,7 +166,7 @@ TEST(CpuQuantizeRuns, EveryF32InputForSomeScales) {
         for (int64_t i = 0; i < kChunk; ++i) {
           x[i] = from_bits(static_cast<uint32_t>(chunk * kChunk + i));
         }
-        qr::quantize_row(x.data(), kChunk, kChunk, &d, DType::kE4M3, got.data());
+        qr::quantize_row(x.data(), kChunk, kChunk, &d, DType::kE4M3, got.data(), nullptr);
         for (int64_t i = 0; i < kChunk; ++i) {
           mismatches +=
               std::fabs(x[i]) <= limit && got[i] != quantize_with_scale<fp8_e4m3>(x[i], s).bits;

@@ -20,32 +20,35 @@ inline __m512i fp8_broadcast16(uint32_t v) {
   return _mm512_set1_epi32(static_cast<int>(v));
 }
 
+// fp8_code_of_magnitude8 (cpu_fp8_round8.h, whose comment derives it) on sixteen lanes.
+template <SmallFloatFormat F>
+inline __m512i fp8_code_of_magnitude16(__m512i clamped) {
+  constexpr auto broadcast = fp8_broadcast16;
+  constexpr int kDrop = 23 - F.man_bits;
+  const __m512i exponent = _mm512_max_epu32(_mm512_and_si512(clamped, broadcast(0x7F800000u)),
+                                            broadcast(F.min_normal_bits));
+  const __m512i magic = _mm512_add_epi32(exponent, broadcast(static_cast<uint32_t>(kDrop) << 23));
+  const __m512i steps = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(clamped), _mm512_castsi512_ps(magic))),
+      magic);
+  constexpr uint32_t kRebias = (128u - F.bias) << F.man_bits;
+  return _mm512_add_epi32(steps,
+                          _mm512_sub_epi32(_mm512_srli_epi32(exponent, kDrop), broadcast(kRebias)));
+}
+
 // float_to_small_rne for an 8-bit format on sixteen lanes; the codes in 32-bit lanes.
 // kNaN = false leaves out the NaN test, for callers that know no lane is NaN.
 template <SmallFloatFormat F, bool kNaN = true>
 inline __m512i fp8_round16(__m512 x, Saturation saturation) {
   constexpr auto broadcast = fp8_broadcast16;
-  constexpr int kDrop = 23 - F.man_bits;
   const __m512i bits = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(bits, broadcast(0x7FFFFFFFu));
-
   const uint32_t overflow =
       saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
   const __m512i clamped = _mm512_min_epu32(abs, broadcast(code_bits(F, overflow)));
-
-  const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(clamped, kDrop), broadcast(1));
-  const uint32_t round_and_rebias = (1u << (kDrop - 1)) - 1 - ((127u - F.bias) << 23);
-  const __m512i normal = _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(clamped, broadcast(round_and_rebias)), lowest_kept), kDrop);
-
-  const __m512 magic = _mm512_castsi512_ps(broadcast((127u + 23 + 1 - F.bias - F.man_bits) << 23));
-  const __m512i subnormal =
-      _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(abs), magic)),
-                       _mm512_castps_si512(magic));
-
-  const __mmask16 is_subnormal = _mm512_cmplt_epu32_mask(abs, broadcast(F.min_normal_bits));
-  __m512i code = _mm512_mask_mov_epi32(normal, is_subnormal, subnormal);
-  code = _mm512_or_si512(code, _mm512_and_si512(_mm512_srli_epi32(bits, 24), broadcast(0x80)));
+  // code | ((bits >> 24) & 0x80): the sign, as ternary logic A | (B & C).
+  const __m512i code = _mm512_ternarylogic_epi32(
+      fp8_code_of_magnitude16<F>(clamped), _mm512_srli_epi32(bits, 24), broadcast(0x80), 0xF8);
   if constexpr (!kNaN) return code;
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, broadcast(0x7F800000u));
   return _mm512_mask_mov_epi32(code, is_nan, broadcast(F.nan_code));

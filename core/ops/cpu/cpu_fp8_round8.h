@@ -16,12 +16,37 @@
 
 namespace mantissa::core {
 
+// The code of a magnitude: `clamped` is the FP32 pattern of a non-negative value no larger than
+// the value some code stands for (code_bits), FP32 subnormals included; the result is
+// round_magnitude_rne's code for it, or 0 where that value underflows. With e the exponent of
+// the value floored at the format's smallest normal exponent, M = 2^(e + 23 - man_bits) has
+// the value's code spacing as its FP32 spacing, and the value is below 2^(e + 1), which keeps
+// value + M in M's binade: the FPU's round-to-nearest-even in that addition rounds the value
+// to a whole number of code steps, and (value + M) - M as patterns is that number, counted
+// from 0 (2^man_bits steps up to 2^e, where e is normal). Adding M's exponent field gives the
+// code; a value that rounds up to 2^(e + 1) carries into the next binade's first code.
+template <SmallFloatFormat F>
+inline __m256i fp8_code_of_magnitude8(__m256i clamped) {
+  const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
+  constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
+  const __m256i exponent = _mm256_max_epu32(_mm256_and_si256(clamped, broadcast(0x7F800000u)),
+                                            broadcast(F.min_normal_bits));
+  const __m256i magic = _mm256_add_epi32(exponent, broadcast(static_cast<uint32_t>(kDrop) << 23));
+  const __m256i steps = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(clamped), _mm256_castsi256_ps(magic))),
+      magic);
+  // A code's exponent field is the FP32 one less (127 - bias), and the steps count from the
+  // binade below: hence 128 - bias.
+  constexpr uint32_t kRebias = (128u - F.bias) << F.man_bits;
+  return _mm256_add_epi32(steps,
+                          _mm256_sub_epi32(_mm256_srli_epi32(exponent, kDrop), broadcast(kRebias)));
+}
+
 // float_to_small_rne for an 8-bit format, eight lanes at a time; the codes in 32-bit lanes.
 // kNaN = false leaves out the NaN test, for callers that know no lane is NaN.
 template <SmallFloatFormat F, bool kNaN = true>
 inline __m256i fp8_round8(__m256 x, Saturation saturation) {
   const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
-  constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(bits, broadcast(0x7FFFFFFFu));
 
@@ -32,26 +57,9 @@ inline __m256i fp8_round8(__m256 x, Saturation saturation) {
       saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
   const __m256i clamped = _mm256_min_epu32(abs, broadcast(code_bits(F, overflow)));
 
-  // Normal range, as round_magnitude_rne: add half an ulp minus one plus the lowest kept bit
-  // and truncate (ties go to even; a carry moves into the exponent). Subtracting the bias
-  // difference (127 - bias) from the exponent field first leaves the code after the shift.
-  const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(clamped, kDrop), broadcast(1));
-  const uint32_t round_and_rebias = (1u << (kDrop - 1)) - 1 - ((127u - F.bias) << 23);
-  const __m256i normal = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(clamped, broadcast(round_and_rebias)), lowest_kept), kDrop);
-
-  // Subnormal range: the FP32 ulp of 2^k, k = log2(smallest subnormal) + 23, is exactly the
-  // subnormal step, so the FPU's round-to-nearest-even in |x| + 2^k rounds |x| to a whole
-  // number of steps, and the low bits of the sum are that number: the code (reaching the
-  // smallest normal's code when it rounds up past the largest subnormal).
-  const __m256 magic = _mm256_castsi256_ps(broadcast((127u + 23 + 1 - F.bias - F.man_bits) << 23));
-  const __m256i subnormal =
-      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(abs), magic)),
-                       _mm256_castps_si256(magic));
-
-  __m256i code =
-      _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(broadcast(F.min_normal_bits), abs));
-  code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
+  const __m256i code =
+      _mm256_or_si256(fp8_code_of_magnitude8<F>(clamped),
+                      _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
   if constexpr (!kNaN) return code;
   return _mm256_blendv_epi8(code, broadcast(F.nan_code),
                             _mm256_cmpgt_epi32(abs, broadcast(0x7F800000u)));

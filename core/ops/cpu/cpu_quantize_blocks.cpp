@@ -140,7 +140,7 @@ uint32_t quantize_rows(const Src* src, const Blocks& q, int64_t i0, int64_t rows
     q.scales_of(block_amax, q.k_blocks, q.row_index(i0), divisor);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t at = (i0 + r) * q.k;
-      quantize_runs::quantize_row(src + at, q.k, q.block_k, divisor, q.code, codes + at);
+      quantize_runs::quantize_row(src + at, q.k, q.block_k, divisor, q.code, codes + at, nullptr);
     }
     return amax;
   }
@@ -152,7 +152,8 @@ uint32_t quantize_rows(const Src* src, const Blocks& q, int64_t i0, int64_t rows
     amax = std::max(amax, *std::max_element(block_amax, block_amax + q.k_blocks));
     const int64_t i = i0 + r;
     q.scales_of(block_amax, q.k_blocks, q.row_index(i), divisor);
-    quantize_runs::quantize_row(row, q.k, q.block_k, divisor, q.code, row_codes);
+    quantize_runs::quantize_row(row, q.k, q.block_k, divisor, q.code, row_codes,
+                                i + 1 < q.outer ? row + q.k : nullptr);
   }
   return amax;
 }

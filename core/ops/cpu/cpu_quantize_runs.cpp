@@ -23,19 +23,40 @@ constexpr uint32_t kTwoToMinus60 = (127u - 60u) << 23;
 // normal range.
 constexpr uint32_t kTwoTo125 = (127u + 125u) << 23;
 
+// x / s for a magnitude x >= 0 by the multiply or FMA method: divide8 less its sign fix, which
+// such a quotient does not need (it is never -0).
+template <Division How>
+__m256 divide_magnitude8(__m256 x, __m256 s, __m256 r) {
+  static_assert(How != Division::kDivide);
+  const __m256 q0 = _mm256_mul_ps(x, r);
+  if constexpr (How == Division::kMultiply) return q0;
+  return _mm256_fmadd_ps(_mm256_fnmadd_ps(q0, s, x), r, q0);
+}
+
 // x / s rounded to nearest as FP32, by the method `How` (see cpu_quantize_runs.h).
 template <Division How>
 __m256 divide8(__m256 x, __m256 s, __m256 r) {
-  if constexpr (How == Division::kMultiply) {
-    return _mm256_mul_ps(x, r);
-  } else if constexpr (How == Division::kDivide) {
+  if constexpr (How == Division::kDivide) {
     return _mm256_div_ps(x, s);
+  } else if constexpr (How == Division::kMultiply) {
+    return divide_magnitude8<How>(x, s, r);
   } else {
-    const __m256 q0 = _mm256_mul_ps(x, r);
-    const __m256 e = _mm256_fnmadd_ps(q0, s, x);
-    const __m256 q = _mm256_fmadd_ps(e, r, q0);
-    return _mm256_or_ps(q, _mm256_and_ps(x, _mm256_set1_ps(-0.0f)));
+    return _mm256_or_ps(divide_magnitude8<How>(x, s, r), _mm256_and_ps(x, _mm256_set1_ps(-0.0f)));
   }
+}
+
+// The code of x / s for a finite x by the multiply or FMA method, as fp8_round8 of divide8's
+// quotient with kSatFinite: the quotient of |x|, rounded as a magnitude, with x's sign.
+template <SmallFloatFormat F, Division How>
+__m256i finite_code8(__m256 x, __m256 s, __m256 r) {
+  const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_and_si256(bits, broadcast(0x7FFFFFFFu)));
+  const __m256i clamped =
+      _mm256_min_epu32(_mm256_castps_si256(divide_magnitude8<How>(magnitude, s, r)),
+                       broadcast(code_bits(F, F.max_finite_code)));
+  return _mm256_or_si256(fp8_code_of_magnitude8<F>(clamped),
+                         _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
 }
 
 template <class Code>
@@ -367,19 +388,28 @@ namespace {
 // (block_k is a power of two of at least 16, or the whole row), whose s and r it broadcasts; the
 // last k % 8 elements take the scalar definition.
 template <class Src, class Code, Division How, bool kNaN>
-void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
+void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out,
+         const Src* next) {
   constexpr SmallFloatFormat F = Fp8Format<Code>::value;
   // i / block_k as a shift (block_k a power of two; a single block shifts everything out).
   const int shift = block_k >= k ? 63 : std::countr_zero(static_cast<uint64_t>(block_k));
   const auto block_of = [=](int64_t i) { return i >> shift; };
   const auto codes8 = [&](int64_t i) {
     const Divisor& e = d[block_of(i)];
-    return fp8_round8<F, kNaN>(
-        divide8<How>(decode8(x + i), _mm256_set1_ps(e.s), _mm256_set1_ps(e.r)),
-        Saturation::kSatFinite);
+    const __m256 v = decode8(x + i), s = _mm256_set1_ps(e.s), r = _mm256_set1_ps(e.r);
+    if constexpr (How == Division::kDivide || kNaN) {
+      return fp8_round8<F, kNaN>(divide8<How>(v, s, r), Saturation::kSatFinite);
+    } else {
+      return finite_code8<F, How>(v, s, r);
+    }
   };
   int64_t i = 0;
   for (; i + 32 <= k; i += 32) {
+    if (next != nullptr) {
+      for (size_t line = 0; line < 32 * sizeof(Src); line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + i) + line, _MM_HINT_T0);
+      }
+    }
     store32_u8(out + i, codes8(i), codes8(i + 8), codes8(i + 16), codes8(i + 24));
   }
   for (; i + 8 <= k; i += 8) {
@@ -393,33 +423,36 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
 
 // The row in the method row_method chooses for it.
 template <class Src, class Code>
-void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
+void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out,
+                    const Src* next) {
   with_row_method(row_method(d, k, block_k), [&]<Division How, bool kNaN>() {
-    row<Src, Code, How, kNaN>(x, k, block_k, d, out);
+    row<Src, Code, How, kNaN>(x, k, block_k, d, out, next);
   });
 }
 
 template <class Src>
 void row_blocks(const Src* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                uint8_t* out) {
-  if (core::avx512::narrow_enabled()) return avx512::quantize_row(x, k, block_k, d, code, out);
-  if (code == DType::kE4M3) return row_any_method<Src, fp8_e4m3>(x, k, block_k, d, out);
-  row_any_method<Src, fp8_e5m2>(x, k, block_k, d, out);
+                uint8_t* out, const Src* next) {
+  if (core::avx512::narrow_enabled()) {
+    return avx512::quantize_row(x, k, block_k, d, code, out, next);
+  }
+  if (code == DType::kE4M3) return row_any_method<Src, fp8_e4m3>(x, k, block_k, d, out, next);
+  row_any_method<Src, fp8_e5m2>(x, k, block_k, d, out, next);
 }
 
 }  // namespace
 
 void quantize_row(const float* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_blocks(x, k, block_k, d, code, out);
+                  uint8_t* out, const float* next) {
+  row_blocks(x, k, block_k, d, code, out, next);
 }
 void quantize_row(const bf16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_blocks(x, k, block_k, d, code, out);
+                  uint8_t* out, const bf16* next) {
+  row_blocks(x, k, block_k, d, code, out, next);
 }
 void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_blocks(x, k, block_k, d, code, out);
+                  uint8_t* out, const fp16* next) {
+  row_blocks(x, k, block_k, d, code, out, next);
 }
 
 void amax_columns(const float* x, int64_t stride, int64_t rows, uint32_t amax[kColumns]) {

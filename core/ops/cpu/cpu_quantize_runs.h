@@ -2,7 +2,8 @@
 // its scale, and its codes round(x / s) computed in registers -- the source widened as it is
 // loaded, divided, rounded to FP8 (fp8_round8, or fp8_round16 in the AVX-512 versions of
 // cpu_quantize_runs_avx512.cpp that run where avx512::narrow_enabled()) and stored as bytes,
-// with no FP32 copy.
+// with no FP32 copy. Rows of finite blocks divide |x| and round the quotient as a magnitude
+// (fp8_code_of_magnitude8/16), then put x's sign on the code: the same codes in fewer steps.
 //
 // Every code equals block_scaling.h's quantize_with_scale<Code>(x, s), i.e. the FP8 rounding
 // of the correctly rounded FP32 quotient divide_rn(x, s). The kernels reach that quotient in
@@ -62,13 +63,15 @@ void block_amax(const fp16* x, int64_t k, int64_t block_k, uint32_t* amax);
 // A row of k elements cut into blocks of block_k (a power of two >= 16, or >= k): out[j] =
 // quantize_with_scale<code>(x[j], d[j / block_k].s).bits, code E4M3 or E5M2; the blocks whose
 // d.finite is set hold finite x only (their NaN test is left out). One call per row saves the
-// per-block setup that dominates blocks of 32 and 128.
+// per-block setup that dominates blocks of 32 and 128. `next`, unless null, is where the next
+// call reads (k elements): it is asked into L1 while this row is quantised, so that the next
+// row's amax pass, which reads it first, finds it there instead of waiting on memory.
 void quantize_row(const float* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const float* next);
 void quantize_row(const bf16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const bf16* next);
 void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const fp16* next);
 
 // The one method a row's kernel runs for all its blocks (the kernels are specialised per
 // method): multiplication when every block allows it (skipping the NaN test when every block is

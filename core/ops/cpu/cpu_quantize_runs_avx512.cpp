@@ -32,20 +32,43 @@ namespace {
 using core::avx512::decode16;
 using core::avx512::fp8_round16;
 
+// x / s for a magnitude x >= 0 by the multiply or FMA method: divide16 less its sign fix, which
+// such a quotient does not need (it is never -0).
+template <Division How>
+__m512 divide_magnitude16(__m512 x, __m512 s, __m512 r) {
+  static_assert(How != Division::kDivide);
+  const __m512 q0 = _mm512_mul_ps(x, r);
+  if constexpr (How == Division::kMultiply) return q0;
+  return _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, s, x), r, q0);
+}
+
 template <Division How>
 __m512 divide16(__m512 x, __m512 s, __m512 r) {
-  if constexpr (How == Division::kMultiply) {
-    return _mm512_mul_ps(x, r);
-  } else if constexpr (How == Division::kDivide) {
+  if constexpr (How == Division::kDivide) {
     return _mm512_div_ps(x, s);
+  } else if constexpr (How == Division::kMultiply) {
+    return divide_magnitude16<How>(x, s, r);
   } else {
-    const __m512 q0 = _mm512_mul_ps(x, r);
-    const __m512 e = _mm512_fnmadd_ps(q0, s, x);
-    const __m512 q = _mm512_fmadd_ps(e, r, q0);
     // q | (x & sign): ternary-logic truth table A | (B & C).
-    return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(
-        _mm512_castps_si512(q), _mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN), 0xF8));
+    return _mm512_castsi512_ps(
+        _mm512_ternarylogic_epi32(_mm512_castps_si512(divide_magnitude16<How>(x, s, r)),
+                                  _mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN), 0xF8));
   }
+}
+
+// The code of x / s for a finite x by the multiply or FMA method, as fp8_round16 of divide16's
+// quotient with kSatFinite: the quotient of |x|, rounded as a magnitude, with x's sign.
+template <SmallFloatFormat F, Division How>
+__m512i finite_code16(__m512 x, __m512 s, __m512 r) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512 magnitude =
+      _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
+  const __m512i clamped =
+      _mm512_min_epu32(_mm512_castps_si512(divide_magnitude16<How>(magnitude, s, r)),
+                       _mm512_set1_epi32(static_cast<int>(code_bits(F, F.max_finite_code))));
+  // code | ((bits >> 24) & 0x80): the sign, as ternary logic A | (B & C).
+  return _mm512_ternarylogic_epi32(core::avx512::fp8_code_of_magnitude16<F>(clamped),
+                                   _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
 }
 
 // 64 codes from four vectors: packs narrow the lanes and interleave the 128-bit quarters,
@@ -60,19 +83,28 @@ void store64(uint8_t* dst, const __m512i c[4]) {
 // quantize_row with every block on the method How. Each vector of sixteen lies in one block
 // (block_k is a power of two of at least 16, or the whole row), whose s and r it broadcasts.
 template <class Src, class Code, Division How, bool kNaN>
-void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
+void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out,
+         const Src* next) {
   constexpr SmallFloatFormat F = Fp8Format<Code>::value;
   // i / block_k as a shift (block_k a power of two; a single block shifts everything out).
   const int shift = block_k >= k ? 63 : std::countr_zero(static_cast<uint64_t>(block_k));
   const auto block_of = [=](int64_t i) { return i >> shift; };
   const auto codes16 = [&](int64_t i, __mmask16 lanes) {
     const Divisor& e = d[block_of(i)];
-    return fp8_round16<F, kNaN>(
-        divide16<How>(decode16(x + i, lanes), _mm512_set1_ps(e.s), _mm512_set1_ps(e.r)),
-        Saturation::kSatFinite);
+    const __m512 v = decode16(x + i, lanes), s = _mm512_set1_ps(e.s), r = _mm512_set1_ps(e.r);
+    if constexpr (How == Division::kDivide || kNaN) {
+      return fp8_round16<F, kNaN>(divide16<How>(v, s, r), Saturation::kSatFinite);
+    } else {
+      return finite_code16<F, How>(v, s, r);
+    }
   };
   int64_t i = 0;
   for (; i + 64 <= k; i += 64) {
+    if (next != nullptr) {
+      for (size_t line = 0; line < 64 * sizeof(Src); line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + i) + line, _MM_HINT_T0);
+      }
+    }
     const __m512i c[4] = {codes16(i, 0xFFFF), codes16(i + 16, 0xFFFF), codes16(i + 32, 0xFFFF),
                           codes16(i + 48, 0xFFFF)};
     store64(out + i, c);
@@ -85,16 +117,18 @@ void row(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* ou
 
 // The row in the method row_method chooses for it.
 template <class Src, class Code>
-void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out) {
+void row_any_method(const Src* x, int64_t k, int64_t block_k, const Divisor* d, uint8_t* out,
+                    const Src* next) {
   with_row_method(row_method(d, k, block_k), [&]<Division How, bool kNaN>() {
-    row<Src, Code, How, kNaN>(x, k, block_k, d, out);
+    row<Src, Code, How, kNaN>(x, k, block_k, d, out, next);
   });
 }
 
 template <class Src>
-void row_any(const Src* x, int64_t k, int64_t block_k, const Divisor* d, DType code, uint8_t* out) {
-  if (code == DType::kE4M3) return row_any_method<Src, fp8_e4m3>(x, k, block_k, d, out);
-  row_any_method<Src, fp8_e5m2>(x, k, block_k, d, out);
+void row_any(const Src* x, int64_t k, int64_t block_k, const Divisor* d, DType code, uint8_t* out,
+             const Src* next) {
+  if (code == DType::kE4M3) return row_any_method<Src, fp8_e4m3>(x, k, block_k, d, out, next);
+  row_any_method<Src, fp8_e5m2>(x, k, block_k, d, out, next);
 }
 
 template <class Src, class Code, Division How>
@@ -136,16 +170,16 @@ void columns_any(const Src* x, int64_t stride, int64_t rows, const Divisor d[kCo
 }  // namespace
 
 void quantize_row(const float* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_any(x, k, block_k, d, code, out);
+                  uint8_t* out, const float* next) {
+  row_any(x, k, block_k, d, code, out, next);
 }
 void quantize_row(const bf16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_any(x, k, block_k, d, code, out);
+                  uint8_t* out, const bf16* next) {
+  row_any(x, k, block_k, d, code, out, next);
 }
 void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out) {
-  row_any(x, k, block_k, d, code, out);
+                  uint8_t* out, const fp16* next) {
+  row_any(x, k, block_k, d, code, out, next);
 }
 
 void quantize_columns(const float* x, int64_t stride, int64_t rows, const Divisor d[kColumns],

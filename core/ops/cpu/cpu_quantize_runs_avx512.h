@@ -10,11 +10,11 @@
 namespace mantissa::core::quantize_runs::avx512 {
 
 void quantize_row(const float* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const float* next);
 void quantize_row(const bf16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const bf16* next);
 void quantize_row(const fp16* x, int64_t k, int64_t block_k, const Divisor* d, DType code,
-                  uint8_t* out);
+                  uint8_t* out, const fp16* next);
 
 // As quantize_columns with every lane on one method: `divide` for the division instruction,
 // else the reciprocal and FMA.
