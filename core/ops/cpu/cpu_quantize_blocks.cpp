@@ -9,9 +9,10 @@
 // in registers from the source (widen, divide, round, store bytes).
 //  - Untransposed, the operand's rows are src's rows: a tile is up to 128 rows (exactly 128
 //    for 128x128 blocks), and each block is a contiguous run of a row. A row's blocks take
-//    their amaxes, then their scales (eight at a time), then their codes in one call (the
-//    hardware prefetchers follow rows in sequence); a tile of 128x128 blocks goes through the
-//    same calls in two passes, all its amaxes first.
+//    their amaxes, then their scales (eight at a time), then their codes in one call, which
+//    asks the next row into L1 meanwhile (the codes pass reads L1 only, so the hardware
+//    prefetchers, which follow L2 misses, would not); a tile of 128x128 blocks goes through
+//    the same calls in two passes, all its amaxes first.
 //  - Transposed, the operand's rows are src's columns: a tile is 64 adjacent columns (128 for
 //    128x128 blocks), read kColumns at a time as vector lanes along src's contiguous rows;
 //    the codes of a K-block come out as [K, kColumns] bytes and are transposed in 16x16
