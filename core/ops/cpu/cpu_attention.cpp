@@ -31,6 +31,7 @@
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/cpu/cpu_row_dot.h"
+#include "core/ops/cpu/cpu_transpose8.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 
@@ -179,20 +180,51 @@ struct Slot {
   int64_t t_stride, d_stride;
 };
 
+// Rows a transposed slot of load_qkv takes at a time: one 8 x 8 register transpose's.
+constexpr int64_t kTransposeRows = 8;
+// How far ahead of its reads load_qkv asks for rows.
+constexpr int64_t kPrefetchRows = 8;
+// Rows of the scratch block that holds a tile of output rows, and load_qkv's rows before.
+constexpr int64_t kRowsScratch = std::max(kTileRows, kTransposeRows);
+
 // Loads the (b, h) slice of qkv [B, T, 3C] into padded FP32 scratch through the slots for Q,
-// K and V; the transposed ones go through `row`, D floats of temporary space.
-void load_qkv(const Tensor& qkv, int64_t b, int64_t h, int64_t T, int64_t C, int64_t D,
-              const Slot (&slots)[3], float* row) {
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t base = (b * T + t) * 3 * C + h * D;
-    for (int64_t i = 0; i < 3; ++i) {
-      const Slot& slot = slots[i];
-      float* dst = slot.data + t * slot.t_stride;
-      if (slot.d_stride == 1) {
-        load(qkv, base + i * C, D, dst);
-      } else {
-        load(qkv, base + i * C, D, row);
-        for (int64_t d = 0; d < D; ++d) dst[d * slot.d_stride] = row[d];
+// K and V. A transposed slot takes kTransposeRows rows at a time into `rows` (that many rows
+// of Dp floats) and turns them into columns by 8 x 8 register transposes, so that each store
+// is eight contiguous floats instead of one float on a line of its own.
+void load_qkv(const Tensor& qkv, int64_t b, int64_t h, int64_t T, int64_t C, int64_t D, int64_t Dp,
+              const Slot (&slots)[3], float* rows) {
+  const auto offset = [&](int64_t t, int64_t i) { return (b * T + t) * 3 * C + i * C + h * D; };
+  // A head's rows lie 3C elements apart, too far for the hardware prefetchers to run ahead:
+  // each row is asked for kPrefetchRows rows before it is read.
+  const size_t element = dtype_size(qkv.dtype());
+  const auto* bytes = static_cast<const char*>(qkv.data());
+  const auto load_row = [&](int64_t t, int64_t i, float* dst) {
+    if (t + kPrefetchRows < T) {
+      const char* ahead = bytes + offset(t + kPrefetchRows, i) * element;
+      for (size_t at = 0; at < D * element; at += 64) _mm_prefetch(ahead + at, _MM_HINT_T0);
+    }
+    load(qkv, offset(t, i), D, dst);
+  };
+  for (int64_t i = 0; i < 3; ++i) {
+    const Slot& slot = slots[i];
+    if (slot.d_stride == 1) {
+      for (int64_t t = 0; t < T; ++t) load_row(t, i, slot.data + t * slot.t_stride);
+      continue;
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += kTransposeRows) {
+      const int64_t n = std::min(kTransposeRows, T - t0);
+      for (int64_t r = 0; r < n; ++r) load_row(t0 + r, i, rows + r * Dp);
+      int64_t d0 = 0;
+      for (; n == kTransposeRows && d0 + 8 <= D; d0 += 8) {
+        __m256 block[8];
+        for (int r = 0; r < 8; ++r) block[r] = _mm256_loadu_ps(rows + r * Dp + d0);
+        transpose8(block);
+        for (int j = 0; j < 8; ++j) {
+          _mm256_storeu_ps(slot.data + (d0 + j) * slot.d_stride + t0, block[j]);
+        }
+      }
+      for (int64_t d = d0; d < D; ++d) {
+        for (int64_t r = 0; r < n; ++r) slot.data[d * slot.d_stride + t0 + r] = rows[r * Dp + d];
       }
     }
   }
@@ -209,8 +241,8 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
 #pragma omp parallel
   {
     // q[T, D], kt[D, T] (K transposed), v[T, D], s[T, T] (scores, then probabilities) and
-    // o[kTileRows, D], with rows and columns padded to whole tiles.
-    std::vector<float> scratch(static_cast<size_t>(3 * Tp * Dp + Tp * Tp + kTileRows * Dp));
+    // o[kTileRows, D] (first load_qkv's rows), with rows and columns padded to whole tiles.
+    std::vector<float> scratch(static_cast<size_t>(3 * Tp * Dp + Tp * Tp + kRowsScratch * Dp));
     float* q = scratch.data();
     float* kt = q + Tp * Dp;
     float* v = kt + Dp * Tp;
@@ -219,7 +251,7 @@ void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, 
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
-        load_qkv(qkv, b, h, T, C, D, {{q, Dp, 1}, {kt, 1, Tp}, {v, Dp, 1}}, o);
+        load_qkv(qkv, b, h, T, C, D, Dp, {{q, Dp, 1}, {kt, 1, Tp}, {v, Dp, 1}}, o);
         // Scores for each block of query rows, up to the block's last visible key.
         for (int64_t t0 = 0; t0 < T; t0 += kTileRows) {
           const int64_t rows = std::min(kTileRows, T - t0);
@@ -265,8 +297,8 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 #pragma omp parallel
   {
     // q, k, dy (dout) [T, D], vt[D, T] (V transposed), p and ds [T, T], and one block of
-    // output rows g[kTileRows, D], padded to whole tiles.
-    std::vector<float> scratch(static_cast<size_t>(4 * Tp * Dp + 2 * Tp * Tp + kTileRows * Dp));
+    // output rows g[kTileRows, D] (first load_qkv's rows), padded to whole tiles.
+    std::vector<float> scratch(static_cast<size_t>(4 * Tp * Dp + 2 * Tp * Tp + kRowsScratch * Dp));
     float* q = scratch.data();
     float* k = q + Tp * Dp;
     float* dy = k + Tp * Dp;
@@ -277,7 +309,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
 #pragma omp for collapse(2) schedule(static)
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t h = 0; h < H; ++h) {
-        load_qkv(qkv, b, h, T, C, D, {{q, Dp, 1}, {k, Dp, 1}, {vt, 1, Tp}}, g);
+        load_qkv(qkv, b, h, T, C, D, Dp, {{q, Dp, 1}, {k, Dp, 1}, {vt, 1, Tp}}, g);
         for (int64_t t = 0; t < T; ++t) {
           load(dout, (b * T + t) * C + h * D, D, dy + t * Dp);
           load(att, ((b * H + h) * T + t) * T, t + 1, p + t * Tp);

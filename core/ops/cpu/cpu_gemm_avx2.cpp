@@ -46,6 +46,7 @@
 #include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "core/ops/cpu/cpu_gemm_block_scales.h"
+#include "core/ops/cpu/cpu_transpose8.h"
 #include "core/ops/cpu/scratch_buffer.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
@@ -94,25 +95,6 @@ struct Lines {
     return data + (k_major ? k * ld + line : line * ld + k);
   }
 };
-
-// The standard 8 x 8 transpose in three rounds of shuffles: r[i] lane j becomes r[j] lane i.
-void transpose8(__m256 (&r)[8]) {
-  __m256 t[8], s[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    s[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-    s[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-    s[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-    s[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(s[i], s[i + 4], 0x31);
-  }
-}
 
 // Packs lines [l0, l0 + lines) over k [k0, k0 + kc) of `src` as FP32 for a strip or panel of
 // `Width` lines: value (l0 + l, k0 + p) goes to out[p Width + l], zero for lines <= l < Width.
