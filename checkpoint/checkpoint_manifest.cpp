@@ -119,6 +119,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   s.set_hysteresis_tracker(state.loss_scaler.hysteresis_tracker);
   s.set_overflows_at_min(state.loss_scaler.overflows_at_min);
   s.set_overflow_steps_total(state.loss_scaler.overflow_steps_total);
+  s.set_dynamic(state.loss_scaler.dynamic);
   for (const core::Fp8TensorState& t : state.fp8.tensors) {
     Fp8TensorState& f = *p.add_fp8();
     f.set_name(t.name);
@@ -191,6 +192,10 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   s.loss_scaler.hysteresis_tracker = p.loss_scaler().hysteresis_tracker();
   s.loss_scaler.overflows_at_min = p.loss_scaler().overflows_at_min();
   s.loss_scaler.overflow_steps_total = p.loss_scaler().overflow_steps_total();
+  // Older checkpoints did not say: their fixed scales were 1 (BF16, FP32) or a STATIC init,
+  // and a dynamic scale of exactly 1 (the default minimum) would only restart from init.
+  s.loss_scaler.dynamic =
+      p.loss_scaler().has_dynamic() ? p.loss_scaler().dynamic() : p.loss_scaler().scale() != 1.0f;
   for (const Fp8TensorState& f : p.fp8()) {
     core::Fp8TensorState t;
     t.name = f.name();

@@ -91,6 +91,15 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   const std::string header = header_json(tensors, metadata);
 
   const std::string tmp = path + ".tmp";
+  // A write that fails part way leaves no temporary file behind.
+  struct RemoveUnlessRenamed {
+    const std::string& file;
+    bool renamed = false;
+    ~RemoveUnlessRenamed() {
+      std::error_code ignored;
+      if (!renamed) std::filesystem::remove(file, ignored);
+    }
+  } cleanup{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     MANTISSA_CHECK(out, "safetensors: cannot create '" << tmp << "'");
@@ -114,6 +123,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   std::filesystem::rename(tmp, path, ec);
   MANTISSA_CHECK(
       !ec, "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
+  cleanup.renamed = true;
 }
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,

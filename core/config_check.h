@@ -42,16 +42,18 @@ inline void in_range(std::string_view path, int64_t value, int64_t min, int64_t 
           "must lie in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
 }
 
-// Finite and > 0 (NaN and inf fail).
+// Finite and > 0 (NaN and inf fail, the rule then saying "finite").
 template <std::floating_point T>
 void positive(std::string_view path, T value) {
-  require(std::isfinite(value) && value > 0, path, format_number(value), "must be > 0");
+  require(std::isfinite(value) && value > 0, path, format_number(value),
+          std::isfinite(value) ? "must be > 0" : "must be a finite number > 0");
 }
 
 // Finite and >= 0.
 template <std::floating_point T>
 void non_negative(std::string_view path, T value) {
-  require(std::isfinite(value) && value >= 0, path, format_number(value), "must be >= 0");
+  require(std::isfinite(value) && value >= 0, path, format_number(value),
+          std::isfinite(value) ? "must be >= 0" : "must be a finite number >= 0");
 }
 
 // [0, 1) when `max_open`, else [0, 1] (NaN fails).

@@ -55,10 +55,10 @@ bool has_validation_data(const TrainConfig::Data& data);
 enum class DataFiles { kCheck, kSkip };
 void validate(const TrainConfig& config, DataFiles files = DataFiles::kCheck);
 
-// The environment switches of the CPU backend and of the attention layer
-// (MANTISSA_CPU_*, MANTISSA_FLASH_ATTENTION): a bad value throws core::ConfigError
-// "environment: <VARIABLE>=<value>: ...". validate() runs it; commands that take no config
-// (`mantissa sample`) call it themselves.
+// The environment switches of the CPU backend, the attention layer and MPI's progress thread
+// (MANTISSA_CPU_*, MANTISSA_FLASH_ATTENTION, MANTISSA_MPI_PROGRESS_THREAD): a bad value throws
+// core::ConfigError "environment: <VARIABLE>=<value>: ...". validate() runs it; commands that
+// take no config (`mantissa sample`) call it themselves.
 void validate_environment();
 
 // "path = value" lines of the default table, for --help.

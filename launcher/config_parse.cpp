@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +21,11 @@ TrainConfig parse_config_text(std::string_view text, const std::string& source) 
 }
 
 TrainConfig load_config_file(const std::string& path) {
+  // A directory opens, and reads as an empty file, whose config would be all defaults.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw core::ConfigError(path + ": cannot open config: it is a directory");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::ConfigError(path + ": cannot open config: " + std::strerror(errno));
   std::ostringstream text;

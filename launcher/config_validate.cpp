@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
 #include "core/ops/flash_attention_switch.h"
+#include "dist/progress_switch.h"
 #include "launcher/config.h"
 #include "launcher/config_translate.h"
 
@@ -291,6 +292,7 @@ void validate_environment() {
   try {
     core::check_cpu_switches();
     core::check_flash_attention_switch();
+    dist::mpi_progress_thread_on();
   } catch (const core::Error& e) {
     throw core::ConfigError(std::string("environment: ") + e.what());
   }

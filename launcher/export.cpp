@@ -34,6 +34,12 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   // Before the checkpoint is read: a model without a Hugging Face layout is a config error.
   std::optional<models::HfLayout> layout;
   if (format == ExportFormat::kHf) layout = hf_layout_of(*model, "--format hf");
+  std::error_code ec;
+  if (!layout && std::filesystem::is_directory(out, ec)) {
+    throw core::ConfigError("--out " + out +
+                            ": is a directory (a safetensors file is written; --format hf writes "
+                            "a directory)");
+  }
 
   const std::string dir = config.run().dir() + "/checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},

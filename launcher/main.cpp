@@ -11,6 +11,7 @@
 #include "launcher/export.h"
 #include "launcher/plan.h"
 #include "launcher/sample.h"
+#include "launcher/signals.h"
 #include "launcher/tokenize.h"
 #include "launcher/trainer.h"
 
@@ -47,7 +48,8 @@ output, in run.dir (default runs/<config file name>):
                       (checkpoint.resume)
 
 signals: SIGUSR1 or SIGTERM to any rank (mpirun forwards SIGUSR1 to all) stops every rank at
-the same step after a checkpoint is written; the exit code is then 0.
+the same step after a checkpoint is written; the exit code is then 0. SIGINT (Ctrl-C) does
+the same with exit code 130; a second Ctrl-C ends the process at once, without a checkpoint.
 
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: every core; under mpirun give each
@@ -70,7 +72,8 @@ environment (MPI runs):
   MANTISSA_MPI_PROGRESS_THREAD=0
                             no thread of each rank drives MPI's collectives while backward
                             runs (gradient sync then advances only between layers; for
-                            comparison: see deploy/README.md)
+                            comparison: see deploy/README.md); 1 (the default) or 0, any
+                            other value is a config error
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
@@ -80,6 +83,7 @@ exit codes:
   3  a peer rank stopped answering within dist.timeout_s
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
+  130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint
 
 defaults of fields the config leaves unset:
 )";
@@ -87,9 +91,11 @@ defaults of fields the config leaves unset:
 constexpr const char* kConfigHelp =
     R"(usage: mantissa config --config FILE.pbtxt [--set PATH=VALUE]...
 
-Reads and checks a config exactly as `mantissa train` does (without the checks that need the
-ranks or the device), and prints the effective config: every --set applied and every default
-filled in. Exit code 0 when it is valid, 2 (with one line saying why) when it is not.
+Reads and checks a config as `mantissa train` does before it starts, and prints the effective
+config: every --set applied and every default filled in. Exit code 0 when it is valid, 2 (with
+one line saying why) when it is not. Left to `train` are the checks that need the ranks, the
+device or the data's contents: the data files must exist, but their headers and token ids
+(against the vocabulary size) are read when train loads them.
 )";
 
 constexpr const char* kExportHelp =
@@ -140,6 +146,7 @@ int train_command(int argc, char** argv) {
     }
   }
 
+  install_stop_handlers();  // before MPI and the setup, which may take long (shards, resume)
   dist::World world(&argc, &argv);
   TrainArgs parsed;
   TrainConfig config;

@@ -23,6 +23,7 @@ struct DeviceSpec {
   // Not measured for mantissa on these GPUs yet: llm.c's GPT-2 reaches 46-56% MFU on A100
   // and H100 with the same FLOP count, so 0.5 is where the GPU defaults start.
   double efficiency = 0;
+  int compute_capability = 0;  // 10 major + minor (90: Hopper); 0 for the CPU
 };
 
 // The entry for a --gpu name (case-insensitive); throws core::ConfigError naming the known ones.

@@ -1,5 +1,7 @@
 #include "launcher/signals.h"
 
+#include <unistd.h>
+
 #include <csignal>
 
 namespace mantissa::launcher {
@@ -11,6 +13,13 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 
 extern "C" void on_stop_signal(int signal) {
   g_stop_signal = signal;
+  if (signal == SIGINT) {
+    // write(2) is async-signal-safe; stdio is not.
+    static const char kNote[] =
+        "\nmantissa: interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
+        "quit at once, without it)\n";
+    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kNote, sizeof kNote - 1);
+  }
 }
 
 }  // namespace
@@ -24,6 +33,8 @@ void install_stop_handlers() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  action.sa_flags = SA_RESTART | SA_RESETHAND;  // the second Ctrl-C takes the default action
+  sigaction(SIGINT, &action, nullptr);
 }
 
 int stop_signal() {

@@ -1,12 +1,15 @@
-// Preemption signals. SIGUSR1 (Slurm's `--signal=USR1@90`, or `scancel --signal=USR1`; mpirun
-// forwards it to every rank) and SIGTERM only raise a flag: the Trainer polls it once per step
-// and all ranks agree on the stop step through a MAX all-reduce, so a signal that reaches one
-// rank stops them all at the same step with one checkpoint.
+// Stop signals. SIGUSR1 (Slurm's `--signal=USR1@90`, or `scancel --signal=USR1`; mpirun
+// forwards it to every rank), SIGTERM and SIGINT (Ctrl-C) only raise a flag: the Trainer polls
+// it once per step and all ranks agree on the stop step through a MAX all-reduce, so a signal
+// that reaches one rank stops them all at the same step with one checkpoint. SIGINT's handler
+// says so on stderr and gives the signal back its default action, so that a second Ctrl-C
+// ends the process at once, without the checkpoint.
 #pragma once
 
 namespace mantissa::launcher {
 
-// Installs the handlers (idempotent).
+// Installs the handlers (idempotent). Call it first thing, so that a signal during the setup
+// (MPI, data, resume) is not lost either.
 void install_stop_handlers();
 // The signal that asked this process to stop, or 0.
 int stop_signal();

@@ -118,6 +118,7 @@ struct Args {
 };
 
 const std::string kUsage = " (see mantissa tokenize --help)";
+constexpr const char* kSubcommands = "train, encode, decode, info, ids or text";
 
 int64_t parse_int(const std::string& name, const std::string& value) {
   int64_t out = 0;
@@ -167,13 +168,13 @@ Args parse(const std::vector<std::string>& argv) {
   }
   if (args.help) return args;
   if (argv.empty()) {
-    throw core::ConfigError("tokenize needs a subcommand: train, encode or decode" + kUsage);
+    throw core::ConfigError("tokenize needs a subcommand: " + std::string(kSubcommands) + kUsage);
   }
   args.subcommand = argv[0];
   if (args.subcommand != "train" && args.subcommand != "encode" && args.subcommand != "decode" &&
       !takes_no_files(args.subcommand)) {
-    throw core::ConfigError("tokenize has no subcommand '" + args.subcommand +
-                            "' (train, encode or decode)" + kUsage);
+    throw core::ConfigError("tokenize has no subcommand '" + args.subcommand + "' (" +
+                            kSubcommands + ")" + kUsage);
   }
   for (size_t i = 1; i < argv.size(); ++i) {
     const std::string& arg = argv[i];

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,23 @@ const char* model_name(const TrainConfig::Model& model) {
   return "GPT-2";
 }
 
+// Where a run's training tokens come from, as a warning names it.
+std::string data_source(const TrainConfig::Data& data) {
+  if (data.has_text_file()) return "the text file " + data.text_file().path();
+  if (data.has_token_shards()) return "the token shards " + data.token_shards().pattern();
+  return "synthetic tokens";
+}
+
+// The data source of the config a checkpoint recorded; empty when that text no longer parses
+// (a checkpoint from an older version), which leaves nothing to compare.
+std::string recorded_data_source(const std::string& config_text) {
+  try {
+    return data_source(parse_config_text(config_text, "the checkpoint's config").data());
+  } catch (const core::ConfigError&) {
+    return "";
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,
@@ -69,7 +87,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       config_(config),
       run_dir_(config.run().dir()),
       progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
-  install_stop_handlers();  // before the setup, which may take long (large shards, resume)
   std::error_code ec;
   std::filesystem::create_directories(run_dir_, ec);
   require(!ec, "run.dir", "\"" + run_dir_ + "\"", "cannot be created: " + ec.message());
@@ -155,12 +172,7 @@ void Trainer::check_fp8_recipe_support() const {
   if (!policy_.fp8_block_gemms) return;
   const core::Fp8Recipe recipe = fp8_scaling_config(config_).recipe;
   if (!core::is_block_recipe(recipe)) return;
-  using core::Fp8Role;
-  // The three GEMMs of a Linear layer: forward, input gradient, weight gradient.
-  const std::pair<Fp8Role, Fp8Role> gemms[] = {{Fp8Role::kInput, Fp8Role::kWeight},
-                                               {Fp8Role::kGradient, Fp8Role::kWeight},
-                                               {Fp8Role::kGradient, Fp8Role::kInput}};
-  for (const auto& [a, b] : gemms) {
+  for (const auto& [a, b] : core::kLinearGemmRoles) {
     const std::string why = backend_->unsupported_scale_modes(core::fp8_scale_mode(recipe, a),
                                                               core::fp8_scale_mode(recipe, b));
     require(why.empty(), "precision.fp8.recipe", core::fp8_recipe_name(recipe),
@@ -257,6 +269,18 @@ bool Trainer::restore() {
   optimizer_->refresh_compute_copy(params);
   optimizer_->set_steps_taken(state->optimizer_steps);
   scaler_->set_state(state->loss_scaler);
+  if (scaler_->config().mode == core::LossScaleMode::kDynamic) {
+    const float saved = state->loss_scaler.scale;
+    if (!state->loss_scaler.dynamic) {
+      say("mantissa: the checkpoint's loss scale " + core::format_number(saved) +
+          " was a fixed one: the dynamic loss scale starts at precision.loss_scale.init = " +
+          core::format_number(scaler_->scale()));
+    } else if (scaler_->scale() != saved) {
+      say("mantissa: the checkpoint's loss scale " + core::format_number(saved) +
+          " lies outside precision.loss_scale [min, max]: it goes on from " +
+          core::format_number(scaler_->scale()));
+    }
+  }
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) {
     // A run that switches to FP8 on resume starts its scales afresh; one that switches FP8
     // recipe only when told to (the scaling states of two recipes do not carry over).
@@ -285,6 +309,12 @@ bool Trainer::restore() {
   start_step_ = state->step;
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
+  // Another corpus on resume is allowed (a second phase of training), but not silently.
+  const std::string trained_on = recorded_data_source(state->config_text);
+  if (!trained_on.empty() && trained_on != data_source(config_.data())) {
+    say("mantissa: warning: the checkpoint was trained on " + trained_on + ", this run reads " +
+        data_source(config_.data()) + ": the data stream changes from here on");
+  }
   if (state->seed != config_.run().seed()) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
         std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
@@ -301,6 +331,10 @@ void Trainer::import_initial_weights() {
   // Every rank reads the file (a shared file system, like the data), so a file that does not
   // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
   const bool hf = is_hf_directory(path);
+  require(hf || !path.ends_with(".safetensors"), "model.init_from", "\"" + path + "\"",
+          "a safetensors file is read only as part of a Hugging Face directory (config.json "
+          "beside model.safetensors, as `mantissa export --format hf` writes); otherwise give an "
+          "llm.c model file");
   try {
     if (hf) {
       import_hf_directory(path, hf_layout_of(*model_, "model.init_from"), model_->parameters(),
@@ -411,8 +445,10 @@ int Trainer::run() {
       return kExitDiverged;
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
-    // One flag for all ranks: a signal that reached any of them stops every one here.
-    std::vector<float> stop{stop_signal() != 0 ? 1.0f : 0.0f};
+    // One flag for all ranks: a signal that reached any of them stops every one here (2 for
+    // SIGINT, whose exit code wins).
+    const int signal = stop_signal();
+    std::vector<float> stop{signal == SIGINT ? 2.0f : signal != 0 ? 1.0f : 0.0f};
     dp_->max_across_ranks(stop);
     const double seconds = seconds_since(start);
     const int64_t syncs_at_end = backend_->host_syncs();
@@ -452,10 +488,13 @@ int Trainer::run() {
     const bool stopping = stop[0] != 0.0f && steps_done < total;
     maybe_checkpoint(steps_done, stopping);
     if (stopping) {
+      const bool interrupted = stop[0] == 2.0f;
       progress_.finish();
-      say("mantissa: stop requested (SIGUSR1/SIGTERM): stopped after step " +
-          step_of(steps_done, total) + " with a checkpoint; run the same command to continue");
-      return kExitOk;
+      say(std::string("mantissa: ") +
+          (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM)") +
+          ": stopped after step " + step_of(steps_done, total) +
+          " with a checkpoint; run the same command to continue");
+      return interrupted ? kExitInterrupted : kExitOk;
     }
   }
   progress_.finish();

@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/dtype/dtype.h"
 #include "core/tensor/tensor.h"
@@ -239,6 +240,28 @@ inline const char* scale_mode_pair_rule(ScaleMode a, ScaleMode b) {
   return ok ? nullptr
             : "scale modes pair as tensor x tensor, per row x per row, 1x32 E8M0 x 1x32 E8M0, "
               "or 1x128 with 1x128 or 128x128 (not 128x128 x 128x128)";
+}
+
+// Why a GPU of compute capability `cc` (10 major + minor: 90 for Hopper) has no cuBLASLt FP8
+// GEMM whose first operand is scaled by `a` (cuBLAS documentation, CUDA 13): per-tensor scales
+// need 8.9 or newer; per-row, 1x128 and 128x128 scales run on 9.x (Hopper) only; MXFP8's 1x32
+// E8M0 scales on 10.0 and newer (Blackwell). Empty when it has one; `device` names the GPU.
+inline std::string gpu_scale_mode_rule(ScaleMode a, ScaleMode b, int cc,
+                                       const std::string& device) {
+  switch (a) {
+    case ScaleMode::kTensor:
+      if (cc >= 89) return "";
+      return "FP8 GEMMs need compute capability 8.9 or newer, which " + device + " does not have";
+    case ScaleMode::kVec32Ue8m0:
+      if (cc >= 100) return "";
+      return "MXFP8 (1x32 E8M0) scales run on compute capability 10.0 and newer (Blackwell); " +
+             device + " does not have them";
+    default:
+      if (cc / 10 == 9) return "";
+      return std::string(scale_mode_name(a)) + " x " + scale_mode_name(b) +
+             " scales run on compute capability 9.0 (Hopper) only; " + device +
+             " does not have them";
+  }
 }
 
 }  // namespace mantissa::core

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/precision/block_scaling.h"
@@ -67,6 +68,13 @@ enum class Fp8Role : uint8_t { kInput, kWeight, kGradient };
 
 // The scale mode of each role under a recipe (kTensor for DELAYED and CURRENT).
 ScaleMode fp8_scale_mode(Fp8Recipe recipe, Fp8Role role);
+
+// The operands of a Linear layer's three GEMMs: forward (input x weight), input gradient
+// (gradient x weight), weight gradient (gradient x input).
+inline constexpr std::pair<Fp8Role, Fp8Role> kLinearGemmRoles[] = {
+    {Fp8Role::kInput, Fp8Role::kWeight},
+    {Fp8Role::kGradient, Fp8Role::kWeight},
+    {Fp8Role::kGradient, Fp8Role::kInput}};
 
 struct Fp8ScalingConfig {
   Fp8Recipe recipe = Fp8Recipe::kDelayed;

@@ -48,6 +48,7 @@ LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
     case LossScaleMode::kDynamic:
       state_.scale = static_cast<float>(config_.init);
       state_.hysteresis_tracker = config_.hysteresis;
+      state_.dynamic = true;
       break;
     case LossScaleMode::kStatic: state_.scale = static_cast<float>(config_.init); break;
     case LossScaleMode::kNone: state_.scale = 1.0f; break;
@@ -100,22 +101,30 @@ bool LossScaler::update(bool found_nonfinite) {
 void LossScaler::set_state(const LossScalerState& state) {
   MANTISSA_CHECK(positive_finite(state.scale),
                  "loss scaler state: scale must be finite and > 0, got " << state.scale);
-  if (config_.mode == LossScaleMode::kDynamic) {
-    MANTISSA_CHECK(state.scale >= config_.min && state.scale <= config_.max,
-                   "loss scaler state: scale " << state.scale << " lies outside [min, max] = ["
-                                               << config_.min << ", " << config_.max << "]");
-  }
   MANTISSA_CHECK(state.growth_tracker >= 0 && state.hysteresis_tracker >= 0 &&
                      state.overflows_at_min >= 0 && state.overflow_steps_total >= 0,
                  "loss scaler state: negative counter (growth_tracker "
                      << state.growth_tracker << ", hysteresis_tracker " << state.hysteresis_tracker
                      << ", overflows_at_min " << state.overflows_at_min << ", overflow_steps_total "
                      << state.overflow_steps_total << ")");
-  // In kStatic and kNone the scale is what the config says (a run may switch modes when it
-  // resumes, e.g. FP16 to BF16); only the counters carry over.
-  const float scale = config_.mode == LossScaleMode::kDynamic ? state.scale : state_.scale;
+  if (config_.mode == LossScaleMode::kDynamic && !state.dynamic) {
+    // A fixed scale says nothing about the gradients' range: start as a fresh run does.
+    const int64_t overflow_steps_total = state.overflow_steps_total;
+    state_ = LossScaler(config_).state();
+    state_.overflow_steps_total = overflow_steps_total;
+    return;
+  }
+  // kDynamic carries the scale on, inside this run's [min, max]; kStatic and kNone keep the
+  // scale the config says (a run may switch modes when it resumes, e.g. FP16 to BF16). The
+  // counters carry over.
+  const float scale = config_.mode == LossScaleMode::kDynamic
+                          ? std::clamp(state.scale, static_cast<float>(config_.min),
+                                       static_cast<float>(config_.max))
+                          : state_.scale;
+  const bool dynamic = state_.dynamic;
   state_ = state;
   state_.scale = scale;
+  state_.dynamic = dynamic;
 }
 
 }  // namespace mantissa::core

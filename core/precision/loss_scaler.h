@@ -62,6 +62,7 @@ struct LossScalerState {
   int32_t hysteresis_tracker = 0;    // overflows still tolerated before a backoff (kDynamic only)
   int64_t overflows_at_min = 0;      // consecutive overflowing steps taken at the minimum scale
   int64_t overflow_steps_total = 0;  // steps skipped for non-finite gradients, ever
+  bool dynamic = false;              // `scale` is a kDynamic one (not a fixed kStatic/kNone scale)
 
   bool operator==(const LossScalerState&) const = default;
 };
@@ -82,9 +83,11 @@ class LossScaler {
 
   const LossScalerConfig& config() const { return config_; }
   const LossScalerState& state() const { return state_; }
-  // Restores a checkpointed state; rejects a scale that is not finite and positive, outside
-  // [min, max] in kDynamic, or negative counters. kStatic and kNone keep their configured
-  // scale and take only the counters.
+  // Restores a checkpointed state; rejects a scale that is not finite and positive, or
+  // negative counters. kDynamic carries a dynamic scale on, clamped into [min, max] (a resumed
+  // run may change them), and starts afresh from init after a fixed one (a BF16 run resumed in
+  // FP16), keeping only overflow_steps_total. kStatic and kNone keep their configured scale
+  // and take only the counters.
   void set_state(const LossScalerState& state);
 
  private:

@@ -2,16 +2,13 @@
 
 #include <mpi.h>
 
-#include <cstdlib>
-#include <cstring>
-
 #include "dist/mpi/mpi_check.h"
+#include "dist/progress_switch.h"
 
 namespace mantissa::dist {
 
 std::shared_ptr<MpiProgress> MpiProgress::start() {
-  const char* enabled = std::getenv("MANTISSA_MPI_PROGRESS_THREAD");
-  if (enabled && std::strcmp(enabled, "0") == 0) return nullptr;
+  if (!mpi_progress_thread_on()) return nullptr;
   int provided = MPI_THREAD_SINGLE;
   MANTISSA_MPI_CHECK(MPI_Query_thread(&provided));
   if (provided < MPI_THREAD_MULTIPLE) return nullptr;

@@ -76,7 +76,8 @@ checkpoint::CheckpointState make_state(int64_t step) {
                    .growth_tracker = 17,
                    .hysteresis_tracker = 1,
                    .overflows_at_min = 2,
-                   .overflow_steps_total = 5};
+                   .overflow_steps_total = 5,
+                   .dynamic = true};
   core::Fp8TensorState fp8;
   fp8.name = "h.0.attn.c_attn.input";
   fp8.format = core::DType::kE4M3;

@@ -256,11 +256,43 @@ TEST(LossScaler, StaticRestoreKeepsTheConfiguredScale) {
   EXPECT_EQ(scaler.state().overflow_steps_total, 7);
 }
 
-TEST(LossScaler, RejectsBadStates) {
+// A resumed run may narrow [min, max]: its dynamic scale goes on from the nearest bound.
+TEST(LossScaler, DynamicRestoreClampsTheScaleIntoItsRange) {
   LossScaler scaler(small_dynamic());
   LossScalerState s = scaler.state();
   s.scale = 64.0f;  // above max 32
-  EXPECT_THROW(scaler.set_state(s), Error);
+  s.growth_tracker = 2;
+  scaler.set_state(s);
+  EXPECT_EQ(scaler.scale(), 32.0f);
+  EXPECT_EQ(scaler.state().growth_tracker, 2);
+  s.scale = 0.5f;  // below min 1
+  scaler.set_state(s);
+  EXPECT_EQ(scaler.scale(), 1.0f);
+}
+
+// A BF16 run (kNone, scale 1) resumed in FP16: the fixed scale says nothing about the
+// gradients' range, so the dynamic scale starts where a fresh run starts.
+TEST(LossScaler, DynamicRestoreAfterAFixedScaleStartsAfresh) {
+  LossScalerConfig none;
+  none.mode = LossScaleMode::kNone;
+  LossScaler bf16(none);
+  bf16.update(true);
+  bf16.update(false);
+  ASSERT_FALSE(bf16.state().dynamic);
+
+  LossScaler fp16(small_dynamic());
+  const LossScalerState fresh = fp16.state();
+  fp16.set_state(bf16.state());
+  LossScalerState want = fresh;
+  want.overflow_steps_total = 1;
+  EXPECT_EQ(fp16.state(), want);
+  EXPECT_EQ(fp16.scale(), 8.0f);
+  EXPECT_TRUE(fp16.state().dynamic);
+}
+
+TEST(LossScaler, RejectsBadStates) {
+  LossScaler scaler(small_dynamic());
+  LossScalerState s = scaler.state();
   s.scale = 0.0f;
   EXPECT_THROW(scaler.set_state(s), Error);
   s = scaler.state();

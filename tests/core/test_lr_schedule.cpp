@@ -83,7 +83,7 @@ TEST(LrSchedule, RejectsBadConfigsNamingFieldValueAndRule) {
   EXPECT_EQ(message_for({1.0, 0, 0, 0.1}), "lr_schedule.total_steps = 0: must be >= 1");
   EXPECT_EQ(message_for({-1.0, 0, 10, 0.1}), "lr_schedule.lr = -1: must be >= 0");
   EXPECT_EQ(message_for({std::numeric_limits<double>::infinity(), 0, 10, 0.1}),
-            "lr_schedule.lr = inf: must be >= 0");
+            "lr_schedule.lr = inf: must be a finite number >= 0");
   EXPECT_EQ(message_for({1.0, 0, 10, 1.5}), "lr_schedule.min_lr_ratio = 1.5: must lie in [0, 1]");
   EXPECT_EQ(message_for({1.0, 10, 10, 1.0}), "");
 }

@@ -134,6 +134,11 @@ class ConfigErrors(lu.TempDirTest):
             "mantissa: environment: MANTISSA_CPU_AMX=no: must be 0 (off) or 1 (on, the default)",
             env=lu.environment(MANTISSA_CPU_AMX="no"))
 
+    def test_progress_thread_switch_with_a_value_other_than_0_or_1(self):
+        self.assert_config_error(
+            "mantissa: environment: MANTISSA_MPI_PROGRESS_THREAD=off: must be 0 (off) or 1 (on, "
+            "the default)", env=lu.environment(MANTISSA_MPI_PROGRESS_THREAD="off"))
+
     def test_fault_injection_on_a_rank_that_does_not_exist(self):
         self.assert_config_error(
             "mantissa: debug.inject_nonfinite_rank = 1: must be < the world size 1",

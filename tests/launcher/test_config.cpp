@@ -55,6 +55,12 @@ TEST(ConfigParse, MissingFileIsNamed) {
   EXPECT_EQ(e, "/nonexistent/c.pbtxt: cannot open config: No such file or directory");
 }
 
+// A directory opens and reads as empty: it must not pass for a config of all defaults.
+TEST(ConfigParse, DirectoryIsRefused) {
+  EXPECT_EQ(error_of([] { load_config_file("/tmp"); }),
+            "/tmp: cannot open config: it is a directory");
+}
+
 TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {
   TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
   apply_override(c, "model.gpt2.n_layer=3");
@@ -204,7 +210,7 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"optimizer.warmup_steps=-1"}, "optimizer.warmup_steps = -1: must be >= 0"},
       {{"optimizer.adamw.beta2=1"}, "optimizer.adamw.beta2 = 1: must lie in [0, 1)"},
       {{"optimizer.adamw.lr=-1"}, "optimizer.adamw.lr = -1: must be >= 0"},
-      {{"optimizer.adamw.eps=nan"}, "optimizer.adamw.eps = nan: must be > 0"},
+      {{"optimizer.adamw.eps=nan"}, "optimizer.adamw.eps = nan: must be a finite number > 0"},
       // AdamW runs in float: a value is checked, and shown, as the float it becomes.
       {{"optimizer.adamw.eps=-1e-08"}, "optimizer.adamw.eps = -1e-08: must be > 0"},
       {{"optimizer.adamw.weight_decay=-0.1"}, "optimizer.adamw.weight_decay = -0.1: must be >= 0"},

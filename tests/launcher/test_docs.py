@@ -36,6 +36,14 @@ def source(path):
         return f.read()
 
 
+def interrupted_code():
+    """launcher/exit_codes.h's exit code after SIGINT, which is no ErrorKind."""
+    match = re.search(r"kExitInterrupted\s*=\s*(\d+);", source("launcher/exit_codes.h"))
+    if match is None:
+        raise AssertionError("launcher/exit_codes.h has no `kExitInterrupted = N;`")
+    return int(match.group(1))
+
+
 def error_kinds():
     """{name: code} of core/error.h's ErrorKind."""
     enum = re.search(r"enum class ErrorKind\s*\{(.*?)\};", source("core/error.h"), re.S)
@@ -91,7 +99,8 @@ class ExitCodeTables(unittest.TestCase):
         self.assertFalse(unknown, f"core/error.h's ErrorKind has {sorted(unknown)}, which this "
                          "test does not know: add the words the documents use for them to "
                          "KIND_WORDS")
-        self.expected = {0: (SUCCESS_WORDS, "success")}
+        self.expected = {0: (SUCCESS_WORDS, "success"),
+                         interrupted_code(): ("interrupted", "kExitInterrupted")}
         for name, code in self.kinds.items():
             self.assertNotIn(code, self.expected, f"ErrorKind::{name} reuses exit code {code}")
             self.expected[code] = (KIND_WORDS[name], f"ErrorKind::{name}")

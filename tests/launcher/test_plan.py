@@ -91,6 +91,10 @@ class Plan(lu.TempDirTest):
             (["--config", gpt2, "--gpus", "8", "--efficiency", "4.5"], "--efficiency 4.5: must be in (0, 4]"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
               "precision.mode=FP8_HYBRID"], "has no FP8 tensor cores"),
+            (["--config", gpt2, "--gpus", "8", "--gpu", "h100", "--set",
+              "precision.mode=FP8_HYBRID", "--set", "precision.fp8.recipe=MXFP8"],
+             "precision.fp8.recipe = MXFP8: MXFP8 (1x32 E8M0) scales run on compute capability "
+             "10.0 and newer (Blackwell); NVIDIA H100 SXM 80GB does not have them"),
             (["--config", gpt2, "--gpus", "8", "--set", "model.gpt2.n_head=5"],
              "model.gpt2.n_head"),
             (["--config", gpt2, "--gpus", "8", "--set", "model.mlp={}"], "model.mlp"),

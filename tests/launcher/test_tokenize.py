@@ -340,10 +340,10 @@ class BadInput(lu.TempDirTest):
         for extra, expected in cases.items():
             with self.subTest(extra):
                 self.assert_refused(expected, *self.encode_args(LICENCE), *extra)
-        self.assert_refused("mantissa: tokenize needs a subcommand: train, encode or decode "
-                            "(see mantissa tokenize --help)")
-        self.assert_refused("mantissa: tokenize has no subcommand 'split' (train, encode or "
-                            "decode) (see mantissa tokenize --help)", "split")
+        self.assert_refused("mantissa: tokenize needs a subcommand: train, encode, decode, info, "
+                            "ids or text (see mantissa tokenize --help)")
+        self.assert_refused("mantissa: tokenize has no subcommand 'split' (train, encode, "
+                            "decode, info, ids or text) (see mantissa tokenize --help)", "split")
         self.assert_refused("mantissa: tokenize encode needs --out-dir DIR (see mantissa "
                             "tokenize --help)", "encode", "--tokenizer", tokenizer, "--input",
                             LICENCE)

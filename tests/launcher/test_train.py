@@ -196,21 +196,27 @@ class Training(lu.TempDirTest):
         for ranks in (1, 4):
             self.resume_on_other_world_size("zero1", logs, ranks, "dist.zero_stage=1")
 
-    def test_sigterm_stops_a_single_rank_with_a_checkpoint(self):
-        process = self.start(*self.train_args("alone", "run.steps=2000", inject_rank=0))
-        try:
-            run = self.run_dir("alone")
-            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
-            process.send_signal(signal.SIGTERM)
-            stdout, stderr = process.communicate(timeout=120)
-        finally:
-            if process.poll() is None:
-                process.kill()
-        self.assertEqual(process.returncode, 0, stderr)
-        stopped = len(lu.read_log(run, 0))
-        with open(os.path.join(run, "checkpoints", "latest")) as f:
-            self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
-        self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
+    def test_sigterm_and_sigint_stop_a_single_rank_with_a_checkpoint(self):
+        # SIGTERM (a scheduler) exits 0; SIGINT (Ctrl-C) exits 130, the shell's code for an
+        # interrupted program, after the same checkpoint.
+        for name, sig, code in (("alone", signal.SIGTERM, 0), ("ctrl_c", signal.SIGINT, 130)):
+            process = self.start(*self.train_args(name, "run.steps=2000", inject_rank=0))
+            try:
+                run = self.run_dir(name)
+                lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
+                process.send_signal(sig)
+                stdout, stderr = process.communicate(timeout=120)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+            self.assertEqual(process.returncode, code, stderr)
+            stopped = len(lu.read_log(run, 0))
+            with open(os.path.join(run, "checkpoints", "latest")) as f:
+                self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
+            self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
+            if sig == signal.SIGINT:
+                self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
+                self.assertIn("interrupted (SIGINT)", stderr)
 
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,

@@ -577,12 +577,15 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   }
 }
 
-// cuBLASLt's support for block scales (cuBLAS documentation, CUDA 13): per-row, 1x128 and
-// 128x128 scales on compute capability 9.0 (Hopper) with cuBLASLt 12.9 or newer; MXFP8's
-// 1x32 E8M0 scales on 10.0 and newer (Blackwell) with cuBLASLt 12.8 or newer.
+// cuBLASLt's support for block scales (cuBLAS documentation, CUDA 13): the architectures of
+// gpu_scale_mode_rule (block_scaling.h), and cuBLASLt 12.9 or newer for per-row, 1x128 and
+// 128x128 scales, 12.8 or newer for MXFP8's 1x32 E8M0 scales.
 std::string CudaBackend::unsupported_scale_modes(ScaleMode a, ScaleMode b) const {
   if (const char* rule = scale_mode_pair_rule(a, b)) return rule;
   const std::string device = device_description(device_index_);
+  if (std::string rule = gpu_scale_mode_rule(a, b, compute_capability_, device); !rule.empty()) {
+    return rule;
+  }
   const size_t version = cublasLtGetVersion();
   const auto library = [&](size_t needed, const char* what) -> std::string {
     if (version >= needed) return "";
@@ -591,24 +594,9 @@ std::string CudaBackend::unsupported_scale_modes(ScaleMode a, ScaleMode b) const
            std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100);
   };
   switch (a) {
-    case ScaleMode::kTensor:
-      if (compute_capability_ < 89) {
-        return "FP8 GEMMs need compute capability 8.9 or newer, which " + device + " does not have";
-      }
-      return "";
-    case ScaleMode::kVec32Ue8m0:
-      if (compute_capability_ < 100) {
-        return "MXFP8 (1x32 E8M0) scales run on compute capability 10.0 and newer (Blackwell); " +
-               device + " does not have them";
-      }
-      return library(120800, "MXFP8");
-    default:
-      if (compute_capability_ / 10 != 9) {
-        return std::string(scale_mode_name(a)) + " x " + scale_mode_name(b) +
-               " scales run on compute capability 9.0 (Hopper) only; " + device +
-               " does not have them";
-      }
-      return library(120900, "per-row, 1x128 and 128x128");
+    case ScaleMode::kTensor: return "";
+    case ScaleMode::kVec32Ue8m0: return library(120800, "MXFP8");
+    default: return library(120900, "per-row, 1x128 and 128x128");
   }
 }
 
