@@ -93,7 +93,7 @@ inline FmaPeak measure_fma_peak() {
   constexpr long kIterations = 1L << 22;
   constexpr int kRepetitions = 8;
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool wide = avx512 && core::cpu_switch_on(core::kAvx512ConvertSwitch);
+  const bool wide = avx512 && core::env_switch_on(core::kAvx512ConvertSwitch);
   double best8 = 0, best16 = 0;
   for (int r = 0; r < kRepetitions; ++r) {
     best8 = std::max(best8, fma_peak_detail::measure_once(8, kIterations));

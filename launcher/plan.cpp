@@ -123,21 +123,17 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
     throw core::ConfigError("--link-gbps: needed for " + std::string(d.name) +
                             " ranks on several nodes (" + std::to_string(cluster.ranks) +
                             " ranks, " + std::to_string(cluster.per_node) + " per node)");
-  if (config.precision().mode() == TrainConfig::Precision::FP8_HYBRID) {
-    if (d.fp8_tflops <= 0) {
-      throw core::ConfigError("precision.mode = FP8_HYBRID: " + std::string(d.description) +
-                              " has no FP8 tensor cores");
-    }
-    // The recipe's scale modes, as a run checks them on such a GPU at start (a CPU rank runs
-    // every recipe).
+  const bool fp8 = config.precision().mode() == TrainConfig::Precision::FP8_HYBRID;
+  if (fp8 && d.fp8_tflops <= 0)
+    throw core::ConfigError("precision.mode = FP8_HYBRID: " + std::string(d.description) +
+                            " has no FP8 tensor cores");
+  if (fp8 && d.compute_capability > 0) {  // a CPU rank runs every recipe
+    // The recipe's scale modes, as a run checks them on such a GPU at start.
     const core::Fp8Recipe recipe = fp8_scaling_config(config).recipe;
     for (const auto& [a, b] : core::kLinearGemmRoles) {
-      const std::string why =
-          d.compute_capability == 0
-              ? std::string()
-              : core::gpu_scale_mode_rule(core::fp8_scale_mode(recipe, a),
-                                          core::fp8_scale_mode(recipe, b), d.compute_capability,
-                                          std::string(d.description));
+      const std::string why = core::gpu_scale_mode_rule(
+          core::fp8_scale_mode(recipe, a), core::fp8_scale_mode(recipe, b), d.compute_capability,
+          std::string(d.description));
       if (!why.empty()) {
         throw core::ConfigError(
             "precision.fp8.recipe = " + std::string(core::fp8_recipe_name(recipe)) + ": " + why);

@@ -311,9 +311,10 @@ bool Trainer::restore() {
   last_saved_step_ = state->step;
   // Another corpus on resume is allowed (a second phase of training), but not silently.
   const std::string trained_on = recorded_data_source(state->config_text);
-  if (!trained_on.empty() && trained_on != data_source(config_.data())) {
+  const std::string reads = data_source(config_.data());
+  if (!trained_on.empty() && trained_on != reads) {
     say("mantissa: warning: the checkpoint was trained on " + trained_on + ", this run reads " +
-        data_source(config_.data()) + ": the data stream changes from here on");
+        reads + ": the data stream changes from here on");
   }
   if (state->seed != config_.run().seed()) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +

@@ -121,10 +121,9 @@ void LossScaler::set_state(const LossScalerState& state) {
                           ? std::clamp(state.scale, static_cast<float>(config_.min),
                                        static_cast<float>(config_.max))
                           : state_.scale;
-  const bool dynamic = state_.dynamic;
   state_ = state;
   state_.scale = scale;
-  state_.dynamic = dynamic;
+  state_.dynamic = config_.mode == LossScaleMode::kDynamic;
 }
 
 }  // namespace mantissa::core

@@ -656,14 +656,14 @@ TEST(CpuConvert, Avx512KernelsFollowCpuAndEnvironment) {
 TEST(CpuSwitch, TakesZeroOrOneOnly) {
   const char* variable = "MANTISSA_TEST_CPU_SWITCH";
   unsetenv(variable);
-  EXPECT_TRUE(cpu_switch_on(variable));
+  EXPECT_TRUE(env_switch_on(variable));
   setenv(variable, "1", 1);
-  EXPECT_TRUE(cpu_switch_on(variable));
+  EXPECT_TRUE(env_switch_on(variable));
   setenv(variable, "0", 1);
-  EXPECT_FALSE(cpu_switch_on(variable));
+  EXPECT_FALSE(env_switch_on(variable));
   setenv(variable, "off", 1);
   try {
-    cpu_switch_on(variable);
+    env_switch_on(variable);
     ADD_FAILURE() << "\"off\" was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("MANTISSA_TEST_CPU_SWITCH=off"), std::string::npos)

@@ -50,7 +50,7 @@ static_assert(sizeof(TileConfig) == 64, "LDTILECFG reads 64 bytes");
 
 bool enabled() {
   static const bool on = [] {
-    return cpu_switch_on(kAmxSwitch) && cpu_has_amx_bf16() && os_saves_tiles() &&
+    return env_switch_on(kAmxSwitch) && cpu_has_amx_bf16() && os_saves_tiles() &&
            syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
   return on;

@@ -728,7 +728,7 @@ void with_typed_a(const GemmShape& s, const Tensor& a, bool trans_a, const Tenso
 
 bool bf16_gemm_enabled() {
   static const bool enabled = [] {
-    return cpu_switch_on(kBf16GemmSwitch) && __builtin_cpu_supports("avx512f") &&
+    return env_switch_on(kBf16GemmSwitch) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512bf16");
   }();

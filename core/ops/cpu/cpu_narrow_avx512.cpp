@@ -24,7 +24,7 @@ namespace mantissa::core::avx512 {
 
 bool narrow_enabled() {
   static const bool enabled = [] {
-    return cpu_switch_on(kAvx512ConvertSwitch) && __builtin_cpu_supports("avx512f") &&
+    return env_switch_on(kAvx512ConvertSwitch) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq");
   }();
