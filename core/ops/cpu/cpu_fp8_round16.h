@@ -36,6 +36,16 @@ inline __m512i fp8_code_of_magnitude16(__m512i clamped) {
                           _mm512_sub_epi32(_mm512_srli_epi32(exponent, kDrop), broadcast(kRebias)));
 }
 
+// fp8_signed_code8 (cpu_fp8_round8.h) on sixteen lanes.
+template <SmallFloatFormat F>
+inline __m512i fp8_signed_code16(__m512i abs, uint32_t overflow, __m512i sign_bits) {
+  constexpr auto broadcast = fp8_broadcast16;
+  const __m512i clamped = _mm512_min_epu32(abs, broadcast(code_bits(F, overflow)));
+  // code | ((sign_bits >> 24) & 0x80): ternary logic A | (B & C).
+  return _mm512_ternarylogic_epi32(fp8_code_of_magnitude16<F>(clamped),
+                                   _mm512_srli_epi32(sign_bits, 24), broadcast(0x80), 0xF8);
+}
+
 // float_to_small_rne for an 8-bit format on sixteen lanes; the codes in 32-bit lanes.
 // kNaN = false leaves out the NaN test, for callers that know no lane is NaN.
 template <SmallFloatFormat F, bool kNaN = true>
@@ -45,10 +55,7 @@ inline __m512i fp8_round16(__m512 x, Saturation saturation) {
   const __m512i abs = _mm512_and_si512(bits, broadcast(0x7FFFFFFFu));
   const uint32_t overflow =
       saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
-  const __m512i clamped = _mm512_min_epu32(abs, broadcast(code_bits(F, overflow)));
-  // code | ((bits >> 24) & 0x80): the sign, as ternary logic A | (B & C).
-  const __m512i code = _mm512_ternarylogic_epi32(
-      fp8_code_of_magnitude16<F>(clamped), _mm512_srli_epi32(bits, 24), broadcast(0x80), 0xF8);
+  const __m512i code = fp8_signed_code16<F>(abs, overflow, bits);
   if constexpr (!kNaN) return code;
   const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, broadcast(0x7F800000u));
   return _mm512_mask_mov_epi32(code, is_nan, broadcast(F.nan_code));

@@ -42,6 +42,19 @@ inline __m256i fp8_code_of_magnitude8(__m256i clamped) {
                           _mm256_sub_epi32(_mm256_srli_epi32(exponent, kDrop), broadcast(kRebias)));
 }
 
+// The code of the magnitude `abs` (the FP32 pattern of a non-negative value, inf included)
+// clamped to the value of the code `overflow`, with the sign bit of `sign_bits`. Clamping to
+// the value of the code an overflow gives -- max finite when saturating, else inf (E5M2) or NaN
+// (E4M3) read as a number -- rounds every magnitude above it to that code and leaves those
+// below untouched.
+template <SmallFloatFormat F>
+inline __m256i fp8_signed_code8(__m256i abs, uint32_t overflow, __m256i sign_bits) {
+  const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
+  const __m256i clamped = _mm256_min_epu32(abs, broadcast(code_bits(F, overflow)));
+  return _mm256_or_si256(fp8_code_of_magnitude8<F>(clamped),
+                         _mm256_and_si256(_mm256_srli_epi32(sign_bits, 24), broadcast(0x80)));
+}
+
 // float_to_small_rne for an 8-bit format, eight lanes at a time; the codes in 32-bit lanes.
 // kNaN = false leaves out the NaN test, for callers that know no lane is NaN.
 template <SmallFloatFormat F, bool kNaN = true>
@@ -49,17 +62,9 @@ inline __m256i fp8_round8(__m256 x, Saturation saturation) {
   const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(bits, broadcast(0x7FFFFFFFu));
-
-  // Overflow: |x| (inf included) is clamped to the value of the code an overflow gives -- max
-  // finite when saturating, else inf (E5M2) or NaN (E4M3) read as a number -- which rounds to
-  // that code. Every |x| above it overflows to that same code; those below are untouched.
   const uint32_t overflow =
       saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
-  const __m256i clamped = _mm256_min_epu32(abs, broadcast(code_bits(F, overflow)));
-
-  const __m256i code =
-      _mm256_or_si256(fp8_code_of_magnitude8<F>(clamped),
-                      _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
+  const __m256i code = fp8_signed_code8<F>(abs, overflow, bits);
   if constexpr (!kNaN) return code;
   return _mm256_blendv_epi8(code, broadcast(F.nan_code),
                             _mm256_cmpgt_epi32(abs, broadcast(0x7F800000u)));

@@ -49,14 +49,11 @@ __m256 divide8(__m256 x, __m256 s, __m256 r) {
 // quotient with kSatFinite: the quotient of |x|, rounded as a magnitude, with x's sign.
 template <SmallFloatFormat F, Division How>
 __m256i finite_code8(__m256 x, __m256 s, __m256 r) {
-  const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
   const __m256i bits = _mm256_castps_si256(x);
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_and_si256(bits, broadcast(0x7FFFFFFFu)));
-  const __m256i clamped =
-      _mm256_min_epu32(_mm256_castps_si256(divide_magnitude8<How>(magnitude, s, r)),
-                       broadcast(code_bits(F, F.max_finite_code)));
-  return _mm256_or_si256(fp8_code_of_magnitude8<F>(clamped),
-                         _mm256_and_si256(_mm256_srli_epi32(bits, 24), broadcast(0x80)));
+  const __m256 magnitude =
+      _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)));
+  return fp8_signed_code8<F>(_mm256_castps_si256(divide_magnitude8<How>(magnitude, s, r)),
+                             F.max_finite_code, bits);
 }
 
 template <class Code>

@@ -63,12 +63,8 @@ __m512i finite_code16(__m512 x, __m512 s, __m512 r) {
   const __m512i bits = _mm512_castps_si512(x);
   const __m512 magnitude =
       _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)));
-  const __m512i clamped =
-      _mm512_min_epu32(_mm512_castps_si512(divide_magnitude16<How>(magnitude, s, r)),
-                       _mm512_set1_epi32(static_cast<int>(code_bits(F, F.max_finite_code))));
-  // code | ((bits >> 24) & 0x80): the sign, as ternary logic A | (B & C).
-  return _mm512_ternarylogic_epi32(core::avx512::fp8_code_of_magnitude16<F>(clamped),
-                                   _mm512_srli_epi32(bits, 24), _mm512_set1_epi32(0x80), 0xF8);
+  return core::avx512::fp8_signed_code16<F>(
+      _mm512_castps_si512(divide_magnitude16<How>(magnitude, s, r)), F.max_finite_code, bits);
 }
 
 // 64 codes from four vectors: packs narrow the lanes and interleave the 128-bit quarters,
