@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include "core/precision/block_scaling.h"
 #include "launcher/config.h"
 
 #ifdef MANTISSA_WITH_CUDA
@@ -60,11 +61,12 @@ DeviceInfo select_device(const TrainConfig& config, int local_rank) {
 
   // The CPU backend emulates FP8 bit for bit, so only a GPU can lack it.
   if (device.cuda && config.precision().mode() == TrainConfig::Precision::FP8_HYBRID) {
-    require(device.compute_capability >= 89, "precision.mode", "FP8_HYBRID",
-            "needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); " +
-                device.name + " on cuda:" + std::to_string(device.index) + " has " +
-                std::to_string(device.compute_capability / 10) + "." +
-                std::to_string(device.compute_capability % 10));
+    const std::string why = core::gpu_scale_mode_rule(
+        core::ScaleMode::kTensor, core::ScaleMode::kTensor, device.compute_capability,
+        device.name + " on cuda:" + std::to_string(device.index) + " (compute capability " +
+            std::to_string(device.compute_capability / 10) + "." +
+            std::to_string(device.compute_capability % 10) + ")");
+    require(why.empty(), "precision.mode", "FP8_HYBRID", why);
   }
   // MPI reduces host buffers and NCCL device buffers (AUTO picks the one that fits).
   if (device.cuda) {
