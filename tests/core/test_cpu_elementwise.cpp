@@ -743,10 +743,11 @@ TEST_F(CpuElementwise, GeluTailsMatchFp64) {
 // scalar formula of core/ops/math/gelu.h bit for bit (the CUDA kernels evaluate it too, and
 // test_gpu_ops compares their bits with the CPU's). Every BF16 and F16 value, and every 4096th
 // FP32 bit pattern, forward and backward (dout cycling through values of both signs). This
-// file is built for the backend's target (x86-64-v3), so that the scalar calls here compile to
-// the same operations. An FP32 NaN result need only be a NaN: which NaN payload a multiply or
-// FMA passes on depends on its operand order, which the compiler chooses (rounding to 16 bits
-// makes every NaN the same pattern).
+// file is built for the baseline target, with no FMA instructions, and the backend for
+// x86-64-v3: the formula's fused multiply-adds are explicit, so the two give the same bits. An
+// FP32 NaN result need only be a NaN: which NaN payload a multiply or FMA passes on depends on
+// its operand order, which the compiler chooses (rounding to 16 bits makes every NaN the same
+// pattern).
 template <class T>
 void expect_gelu_is_the_scalar_formula(Backend& backend, DType type, int64_t n,
                                        uint32_t (*code_of)(int64_t)) {

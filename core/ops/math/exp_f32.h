@@ -1,10 +1,13 @@
 // exp(x) in FP32 as straight-line arithmetic, one definition for host and device.
 //
-// libm's expf is a call GCC cannot vectorise without -ffast-math, so the CPU's GELU loops use
-// this instead; the CUDA kernels use it too, so that both backends evaluate GELU with the
-// same operations.
+// libm's expf is a call GCC cannot vectorise without -ffast-math, so the CPU's GELU and SwiGLU
+// loops use this instead; the CUDA kernels use it too, so that both backends evaluate them with
+// the same operations. Every product that feeds a sum is an explicit fmaf, so the result does
+// not depend on which products a compiler would contract on its own (GCC does so only when
+// optimising with -O2 and up, nvcc by its own rules).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "core/dtype/dtype.h"
@@ -22,16 +25,17 @@ MANTISSA_HD float exp_f32(float x) {
   float xc = x < 89.0f ? x : 89.0f;
   xc = xc > -104.0f ? xc : -104.0f;
   // Round x / ln2 to an integer by adding and subtracting 1.5 * 2^23 (exact, no libm call).
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  // ln2 split into a part with few bits (so n * 0.693359375 is exact) and a correction.
-  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  const float n = fmaf(xc, 1.44269504088896341f, 12582912.0f) - 12582912.0f;
+  // ln2 split into a part with few bits (so n * 0.693359375 is exact) and a correction:
+  // r = (x - n 0.693359375) + n 2.12194440e-4.
+  const float r = fmaf(n, 2.12194440e-4f, fmaf(-n, 0.693359375f, xc));
   float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  p = fmaf(p, r, 1.3981999507e-3f);
+  p = fmaf(p, r, 8.3334519073e-3f);
+  p = fmaf(p, r, 4.1665795894e-2f);
+  p = fmaf(p, r, 1.6666665459e-1f);
+  p = fmaf(p, r, 5.0000001201e-1f);
+  p = fmaf(p * r, r, r) + 1.0f;  // p r^2 + r + 1
   const int32_t n_half = static_cast<int32_t>(n) >> 1;
   const int32_t n_rest = static_cast<int32_t>(n) - n_half;
   const float two_half = bits_to_float(static_cast<uint32_t>(n_half + 127) << 23);

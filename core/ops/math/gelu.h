@@ -25,7 +25,7 @@ struct GeluTerms {
 };
 
 MANTISSA_HD GeluTerms gelu_terms(float x) {
-  const float u = kGeluSqrt2OverPi * (x + kGeluCubic * x * x * x);
+  const float u = kGeluSqrt2OverPi * fmaf(kGeluCubic * x * x, x, x);
   const float e = exp_f32(-2.0f * fabsf(u));
   const float t = 1.0f / (1.0f + e);
   return {t * (u >= 0.0f ? 1.0f : e), e * t * t};
@@ -41,14 +41,15 @@ MANTISSA_HD float gelu(float x) {
 // 1e-35, so x is clamped there: for huge |x| the second term would be 0 * inf. The clamp
 // lets NaN through (NaN in, NaN out) and maps +-inf to the limits.
 //
-// The final sum is an explicit fmaf: GCC (x86-64-v3) fuses it with the last product of the
-// second term, while nvcc, left to itself, fuses it with the product that makes sigmoid(2u)
-// (e t) instead, and the backends would differ in the last bit. Everything else here and in
-// exp_f32 compiles to the same operations on both (tests/gpu/test_gpu_ops.cpp compares bits).
+// Every product that feeds a sum, here, in gelu_terms and in exp_f32, is an explicit fmaf, so
+// that no compiler chooses which product to fuse: left to themselves, GCC (x86-64-v3) fuses
+// the final sum with the last product of the second term and nvcc with the product that makes
+// sigmoid(2u) (e t), GCC fuses nothing below -O2, and the results would differ in the last
+// bit (test_cpu_elementwise and tests/gpu/test_gpu_ops.cpp compare bits).
 MANTISSA_HD float gelu_grad(float x) {
   const float xc = x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
   const GeluTerms g = gelu_terms(xc);
-  const float du = kGeluSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * xc * xc);
+  const float du = kGeluSqrt2OverPi * fmaf(3.0f * kGeluCubic * xc, xc, 1.0f);
   return fmaf(2.0f * xc * g.s_1ms, du, g.s);
 }
 

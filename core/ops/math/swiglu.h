@@ -1,9 +1,9 @@
 // SwiGLU, the gated MLP activation of Llama-style decoders, and its derivative, one definition
 // for host and device: the CPU backend's loops (cpu_swiglu.cpp) and the CUDA kernels
 // (cuda_swiglu.cu) call these, so the two evaluate the same operations and agree bit for bit.
-// (nvcc's PTX for cuda_swiglu.cu fuses only exp_f32's products, as GELU relies on, and the
-// explicit fmaf below; ptxas emits the same code with --fmad=false for sm_80 and sm_90, so
-// nothing is contracted after the PTX either.)
+// Every fused multiply-add is an explicit fmaf (below and in exp_f32), and no other product
+// feeds a sum, so no compiler has anything to contract (ptxas emits the same code for
+// cuda_swiglu.cu with --fmad=false for sm_80 and sm_90).
 //
 //   out = silu(g) u,  silu(g) = g sigmoid(g)
 //   dg = dout u silu'(g),  du = dout silu(g),  silu'(g) = s + g s (1 - s),  s = sigmoid(g).
