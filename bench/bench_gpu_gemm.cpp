@@ -6,7 +6,9 @@
 //
 // Each figure is the median of `repetitions` (default 20) timed calls, after warm-up, timed
 // with CUDA events on the backend's stream. Targets on an H200: BF16 >= 700 TFLOP/s, FP8 at
-// least 1.6x BF16. Prints "no CUDA device" and exits 0 where there is none.
+// least 1.6x BF16. Prints "no CUDA device" and exits 0 where there is none. A configuration
+// that fails (no cuBLASLt algorithm for it, say) prints "failed" in its cell and its error
+// after the table; the others are still measured, and the exit status is 1.
 #include <cstdio>
 #include <cstdlib>
 
@@ -80,6 +82,29 @@ Tensor random_tensor(CudaBackend& gpu, const Shape& shape, DType dtype, uint64_t
   Tensor dev = Tensor::empty(shape, dtype, gpu.device());
   gpu.copy(host, dev);
   return dev;
+}
+
+// The errors of the measurements that failed, each named by its shape and configuration.
+std::vector<std::string> failures;
+
+// measure()'s TFLOP/s, or 0 with its error recorded in `failures` under `what`.
+double measured_or_zero(const std::string& what, const std::function<double()>& measure) {
+  try {
+    return measure();
+  } catch (const Error& e) {
+    failures.push_back(what + ": " + e.what());
+    return 0.0;
+  }
+}
+
+// One table cell: the figure, or "failed" for a measurement that gave 0.
+void print_cell(int width, double tflops) {
+  if (tflops > 0.0) {
+    std::printf(" %*.1f", width, tflops);
+  } else {
+    std::printf(" %*s", width, "failed");
+  }
+  std::fflush(stdout);
 }
 
 struct BenchShape {
@@ -162,18 +187,23 @@ void print_recipes(CudaBackend& gpu, int repetitions) {
   for (const BenchShape& s : shapes) {
     const Tensor a = random_tensor(gpu, Shape{s.m, s.k}, DType::kE4M3, 5);
     const Tensor b = random_tensor(gpu, Shape{s.n, s.k}, DType::kE4M3, 6);
-    const double tensor =
-        gemm_tflops(gpu, a, b, {"e4m3->bf16", DType::kE4M3, DType::kBF16, false}, repetitions);
-    std::printf("%-16s per-tensor %8.1f", s.name, tensor);
+    const double tensor = measured_or_zero(std::string(s.name) + " per-tensor", [&] {
+      return gemm_tflops(gpu, a, b, {"e4m3->bf16", DType::kE4M3, DType::kBF16, false}, repetitions);
+    });
+    std::printf("%-16s per-tensor", s.name);
+    print_cell(8, tensor);
     for (const Recipe& r : recipes) {
       const std::string why = gpu.unsupported_scale_modes(r.a, r.b);
       if (!why.empty()) {
         std::printf(" | %s: not on this device", r.name);
         continue;
       }
-      const double t = scaled_gemm_tflops(gpu, a, b, r.a, r.b, repetitions);
-      std::printf(" | %s %8.1f (%.2fx)", r.name, t, t / tensor);
-      std::fflush(stdout);
+      const double t = measured_or_zero(std::string(s.name) + " " + r.name, [&] {
+        return scaled_gemm_tflops(gpu, a, b, r.a, r.b, repetitions);
+      });
+      std::printf(" | %s", r.name);
+      print_cell(8, t);
+      if (t > 0.0 && tensor > 0.0) std::printf(" (%.2fx)", t / tensor);
     }
     std::printf("\n");
   }
@@ -234,20 +264,23 @@ int run(int repetitions) {
     std::vector<double> tflops;
     for (const Config& c : configs) {
       const bool fp8 = is_fp8(c.in);
-      tflops.push_back(
-          gemm_tflops(gpu, fp8 ? a_fp8 : a_bf16, fp8 ? b_fp8 : b_bf16, c, repetitions));
-      std::printf(" %16.1f", tflops.back());
-      std::fflush(stdout);
+      tflops.push_back(measured_or_zero(std::string(s.name) + " " + c.name, [&] {
+        return gemm_tflops(gpu, fp8 ? a_fp8 : a_bf16, fp8 ? b_fp8 : b_bf16, c, repetitions);
+      }));
+      print_cell(16, tflops.back());
     }
     // The best FP8 configuration against BF16.
-    if (configs.size() > 1) {
-      std::printf(" %11.2fx", *std::max_element(tflops.begin() + 1, tflops.end()) / tflops[0]);
-    }
+    const double best_fp8 =
+        configs.size() > 1 ? *std::max_element(tflops.begin() + 1, tflops.end()) : 0.0;
+    if (best_fp8 > 0.0 && tflops[0] > 0.0) std::printf(" %11.2fx", best_fp8 / tflops[0]);
     std::printf("\n");
   }
   std::printf("\ntargets (H200): bf16 >= 700 TFLOP/s at 8192^3; fp8 >= 1.6x bf16\n");
   if (gpu.compute_capability() >= 89) print_recipes(gpu, repetitions);
-  return 0;
+  if (failures.empty()) return 0;
+  std::printf("\nfailed:\n");
+  for (const std::string& f : failures) std::printf("  %s\n", f.c_str());
+  return 1;
 }
 
 }  // namespace
@@ -261,7 +294,12 @@ int main(int argc, char** argv) {
   }
 #if defined(MANTISSA_WITH_CUDA)
   const int repetitions = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
-  return mantissa::core::run(repetitions);
+  try {
+    return mantissa::core::run(repetitions);
+  } catch (const mantissa::core::Error& e) {
+    std::fprintf(stderr, "bench_gpu_gemm: %s\n", e.what());
+    return 1;
+  }
 #else
   (void)argc;
   (void)argv;

@@ -12,7 +12,8 @@
 //
 //   bench_gpu_train [steps] [micro_batch]     (defaults 10 and 16; the first 2 steps untimed)
 //
-// Prints "no CUDA device" and exits 0 where there is none.
+// Prints "no CUDA device" and exits 0 where there is none. A run that fails prints its error
+// in its row and the others still run; the exit status is then 1.
 #include <cstdio>
 #include <cstdlib>
 
@@ -105,21 +106,8 @@ void train_and_report(core::Backend& gpu, const Run& run, int64_t steps, int64_t
       peak_flops > 0 ? tflops * 1e12 / peak_flops : 0.0, tflops, tflops / gemm_tflops);
 }
 
-}  // namespace
-}  // namespace mantissa
-
-int main(int argc, char** argv) {
-  using namespace mantissa;
-  if (!core::cuda_device_available()) {
-    std::printf("no CUDA device\n");
-    return 0;
-  }
-  const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 10;
-  const int64_t micro_batch = argc > 2 ? std::atoll(argv[2]) : 16;
-  if (steps < 1 || micro_batch < 1) {
-    std::fprintf(stderr, "usage: bench_gpu_train [steps >= 1] [micro_batch >= 1]\n");
-    return 2;
-  }
+// The table, one row per run; 1 when a run failed.
+int run(int64_t steps, int64_t micro_batch) {
   std::unique_ptr<core::Backend> gpu = core::make_cuda_backend(0);
   cudaDeviceProp prop{};
   MANTISSA_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -137,6 +125,17 @@ int main(int argc, char** argv) {
       {"FP8 BLOCKWISE", core::PrecisionMode::kFP8Hybrid, core::Fp8Recipe::kBlockwise},
       {"BF16 no-flash", core::PrecisionMode::kBF16, core::Fp8Recipe::kDelayed, false},
   };
+  // A run that fails (an unsupported mode, a missing cuBLASLt algorithm) prints its error in
+  // its row, and the runs after it are still measured; the exit status says one failed.
+  bool failed = false;
+  const auto report = [&](const Run& run) {
+    try {
+      train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
+    } catch (const core::Error& e) {
+      std::printf("%-16s failed: %s\n", run.name, e.what());
+      failed = true;
+    }
+  };
   for (const Run& run : runs) {
     if (run.recipe == core::Fp8Recipe::kBlockwise) {
       const std::string missing =
@@ -147,20 +146,43 @@ int main(int argc, char** argv) {
       }
     }
     if (run.flash) {
-      train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
+      report(run);
       continue;
     }
     const char* setting = std::getenv(kFlashSwitch);
     const std::string user_setting = setting ? setting : "";
     setenv(kFlashSwitch, "0", 1);
-    train_and_report(*gpu, run, steps, micro_batch, gemm, peak);
+    report(run);
     if (setting) {
       setenv(kFlashSwitch, user_setting.c_str(), 1);
     } else {
       unsetenv(kFlashSwitch);
     }
   }
-  return 0;
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace mantissa
+
+int main(int argc, char** argv) {
+  using namespace mantissa;
+  if (!core::cuda_device_available()) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 10;
+  const int64_t micro_batch = argc > 2 ? std::atoll(argv[2]) : 16;
+  if (steps < 1 || micro_batch < 1) {
+    std::fprintf(stderr, "usage: bench_gpu_train [steps >= 1] [micro_batch >= 1]\n");
+    return 2;
+  }
+  try {
+    return run(steps, micro_batch);
+  } catch (const core::Error& e) {
+    std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
+    return 1;
+  }
 }
 #else
 int main() {
