@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "core/dtype/dtype.h"
-#include "core/ops/math/exp_f32.h"
+#include "core/ops/math/sigmoid.h"
 
 namespace mantissa::core {
 
@@ -14,21 +14,11 @@ inline constexpr float kGeluSqrt2OverPi = 0.79788456080286536f;
 inline constexpr float kGeluCubic = 0.044715f;
 
 // GELU is 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), and 0.5 (1 + tanh(u))
-// is the logistic sigmoid of 2u. With e = exp(-2|u|) (in (0, 1], so it never overflows) and
-// t = 1 / (1 + e):
-//   sigmoid(2u) = t for u >= 0, e t for u < 0,      sigmoid(2u) (1 - sigmoid(2u)) = e t^2.
-// Evaluated this way, nothing cancels: 1 + tanh(u) would lose every digit for negative x, and
-// the tail of gelu keeps full relative precision down to the FP32 subnormals.
-struct GeluTerms {
-  float s;      // sigmoid(2u)
-  float s_1ms;  // sigmoid(2u) (1 - sigmoid(2u))
-};
-
-MANTISSA_HD GeluTerms gelu_terms(float x) {
+// is the logistic sigmoid of 2u, which sigmoid.h evaluates without cancellation: the tail of
+// gelu keeps full relative precision down to the FP32 subnormals.
+MANTISSA_HD SigmoidTerms gelu_terms(float x) {
   const float u = kGeluSqrt2OverPi * fmaf(kGeluCubic * x * x, x, x);
-  const float e = exp_f32(-2.0f * fabsf(u));
-  const float t = 1.0f / (1.0f + e);
-  return {t * (u >= 0.0f ? 1.0f : e), e * t * t};
+  return sigmoid_terms(2.0f * u);
 }
 
 // gelu(x) = x sigmoid(2u). +inf gives +inf; -inf and NaN give NaN.
@@ -41,14 +31,15 @@ MANTISSA_HD float gelu(float x) {
 // 1e-35, so x is clamped there: for huge |x| the second term would be 0 * inf. The clamp
 // lets NaN through (NaN in, NaN out) and maps +-inf to the limits.
 //
-// Every product that feeds a sum, here, in gelu_terms and in exp_f32, is an explicit fmaf, so
-// that no compiler chooses which product to fuse: left to themselves, GCC (x86-64-v3) fuses
-// the final sum with the last product of the second term and nvcc with the product that makes
-// sigmoid(2u) (e t), GCC fuses nothing below -O2, and the results would differ in the last
-// bit (test_cpu_elementwise and tests/gpu/test_gpu_ops.cpp compare bits).
+// Every product that feeds a sum, here, in gelu_terms and in exp_f32, is an explicit fmaf (and
+// sigmoid.h's one_plus is never fused), so that no compiler chooses which product to fuse:
+// left to themselves, GCC (x86-64-v3) fuses the final sum with the last product of the second
+// term and nvcc with the product that makes sigmoid(2u) (e t), GCC fuses nothing below -O2,
+// and the results would differ in the last bit (test_cpu_elementwise and
+// tests/gpu/test_gpu_ops.cpp compare bits).
 MANTISSA_HD float gelu_grad(float x) {
   const float xc = x > 10.0f ? 10.0f : (x < -10.0f ? -10.0f : x);
-  const GeluTerms g = gelu_terms(xc);
+  const SigmoidTerms g = gelu_terms(xc);
   const float du = kGeluSqrt2OverPi * fmaf(3.0f * kGeluCubic * xc, xc, 1.0f);
   return fmaf(2.0f * xc * g.s_1ms, du, g.s);
 }
