@@ -28,6 +28,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "core/ops/attention.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
@@ -215,7 +216,7 @@ int run_gpu(const Shape4& s, int repeats) {
 }  // namespace
 }  // namespace mantissa::core
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   using namespace mantissa::core;
   const std::string where = argc > 1 ? argv[1] : "cpu";
   const bool gpu = where == "gpu";
@@ -233,4 +234,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   return gpu ? run_gpu(s, repeats) : run_cpu(s, repeats);
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_attention",
+                                         [&] { return benchmark_main(argc, argv); });
 }

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu_switches.h"
@@ -87,7 +88,7 @@ void report(const std::string& name, size_t bytes_moved, const Timing& t) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 24;
   std::printf("bench_cpu_convert: %lld elements, %d OpenMP threads\n", static_cast<long long>(n),
               omp_get_max_threads());
@@ -152,4 +153,9 @@ int main(int argc, char** argv) {
            widen_to_f32(narrow_buffer.data(), DType::kE4M3, widened.data(), n, 6.0f / 448.0f);
          }));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_cpu_convert",
+                                         [&] { return benchmark_main(argc, argv); });
 }

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "bench/fma_peak.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
@@ -168,7 +169,7 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
 }  // namespace
 
 // bench_cpu_gemm [tokens per micro-batch, default 2048] [seconds per timed block, default 0.2]
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 2048;
   const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.2;
   if (tokens < 1 || min_seconds < 0) {
@@ -221,4 +222,9 @@ int main(int argc, char** argv) {
                 std::exp(log_sum / static_cast<double>(r.size())));
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_cpu_gemm",
+                                         [&] { return benchmark_main(argc, argv); });
 }

@@ -4,9 +4,12 @@
 //   bench_cpu_paths
 #include <cstdio>
 
+#include "bench/bench_main.h"
 #include "core/ops/cpu_switches.h"
 
 int main() {
-  std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
-  return 0;
+  return mantissa::bench::exit_status_of("bench_cpu_paths", [] {
+    std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());
+    return 0;
+  });
 }

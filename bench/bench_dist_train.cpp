@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/bench_main.h"
 #include "dist/data_parallel.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
@@ -23,8 +24,7 @@
 
 using namespace mantissa;
 
-int main(int argc, char** argv) {
-  dist::World world(&argc, &argv);
+static int benchmark_main(dist::World& world, int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "sync";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
   const std::string precision = argc > 3 ? argv[3] : "bf16";
@@ -107,4 +107,10 @@ int main(int argc, char** argv) {
         static_cast<double>(comm_bytes) / static_cast<double>(steps) / (1 << 20), last_loss);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  dist::World world(&argc, &argv);
+  return bench::exit_status_of("bench_dist_train", world,
+                               [&] { return benchmark_main(world, argc, argv); });
 }

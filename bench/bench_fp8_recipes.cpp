@@ -23,6 +23,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "bench/fp8_recipe_error.h"
 #include "core/ops/cpu_switches.h"
 
@@ -215,7 +216,7 @@ void print_quantize_speed(core::Backend& be, int64_t tokens, int64_t d, int repe
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   const int64_t tokens = argc > 2 ? std::atoll(argv[1]) : 2048;
   const int64_t d = argc > 2 ? std::atoll(argv[2]) : 384;
   const int repeats = argc > 3 ? std::atoi(argv[3]) : 7;
@@ -228,4 +229,9 @@ int main(int argc, char** argv) {
   print_gemm_speed(*be, tokens, d, repeats);
   print_quantize_speed(*be, tokens, d, repeats);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_fp8_recipes",
+                                         [&] { return benchmark_main(argc, argv); });
 }

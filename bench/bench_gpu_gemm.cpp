@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench/bench_main.h"
 #include "core/ops/backend.h"
 
 #if defined(MANTISSA_WITH_CUDA)
@@ -294,12 +295,8 @@ int main(int argc, char** argv) {
   }
 #if defined(MANTISSA_WITH_CUDA)
   const int repetitions = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
-  try {
-    return mantissa::core::run(repetitions);
-  } catch (const mantissa::core::Error& e) {
-    std::fprintf(stderr, "bench_gpu_gemm: %s\n", e.what());
-    return 1;
-  }
+  return mantissa::bench::exit_status_of("bench_gpu_gemm",
+                                         [&] { return mantissa::core::run(repetitions); });
 #else
   (void)argc;
   (void)argv;

@@ -16,6 +16,7 @@
 #include <functional>
 #include <string>
 
+#include "bench/bench_main.h"
 #include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/block_scaling.h"
@@ -193,10 +194,5 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 26;
-  try {
-    return mantissa::core::run(n);
-  } catch (const mantissa::core::Error& e) {
-    std::fprintf(stderr, "bench_gpu_ops: %s\n", e.what());
-    return 1;
-  }
+  return mantissa::bench::exit_status_of("bench_gpu_ops", [&] { return mantissa::core::run(n); });
 }

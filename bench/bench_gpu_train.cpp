@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "bench/bench_main.h"
 #include "core/ops/backend.h"
 
 #if defined(MANTISSA_WITH_CUDA)
@@ -177,12 +178,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: bench_gpu_train [steps >= 1] [micro_batch >= 1]\n");
     return 2;
   }
-  try {
-    return run(steps, micro_batch);
-  } catch (const core::Error& e) {
-    std::fprintf(stderr, "bench_gpu_train: %s\n", e.what());
-    return 1;
-  }
+  return bench::exit_status_of("bench_gpu_train", [&] { return run(steps, micro_batch); });
 }
 #else
 int main() {

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/cpu_switches.h"
 #include "dist/data_parallel.h"
@@ -51,8 +52,7 @@ struct Path {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  dist::World world(&argc, &argv);
+static int benchmark_main(dist::World& world, int argc, char** argv) {
   std::vector<int> sizes_mib;
   for (int i = 1; i < argc; ++i) sizes_mib.push_back(std::atoi(argv[i]));
   if (sizes_mib.empty()) sizes_mib = {1, 16, 128};
@@ -123,4 +123,10 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  dist::World world(&argc, &argv);
+  return bench::exit_status_of("bench_grad_sync", world,
+                               [&] { return benchmark_main(world, argc, argv); });
 }

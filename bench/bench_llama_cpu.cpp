@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/bench_main.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
 #include "models/gpt2/gpt2.h"
@@ -74,7 +75,7 @@ models::LlamaConfig reference_llama(int64_t n_kv_head, int64_t ffn_hidden) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   const std::string precision = argc > 1 ? argv[1] : "bf16";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 4;
   core::PrecisionMode mode = core::PrecisionMode::kBF16;
@@ -124,4 +125,9 @@ int main(int argc, char** argv) {
   std::printf("Llama step / GPT-2 step: multi-head %.3fx, grouped-query %.3fx (target <= 1.15x)\n",
               entries[1].best.step_seconds / anchor, entries[2].best.step_seconds / anchor);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_llama_cpu",
+                                         [&] { return benchmark_main(argc, argv); });
 }

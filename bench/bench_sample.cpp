@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_main.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
 #include "models/gpt2/generate.h"
@@ -73,7 +74,7 @@ double step_seconds(models::GPT2Decoder& decoder, int64_t length) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   auto arg = [&](int i, int64_t fallback) {
     return argc > i ? std::strtoll(argv[i], nullptr, 10) : fallback;
   };
@@ -129,4 +130,9 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   return agree ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_sample",
+                                         [&] { return benchmark_main(argc, argv); });
 }

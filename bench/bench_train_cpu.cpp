@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "bench/bench_main.h"
 #include "bench/fma_peak.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
@@ -25,7 +26,7 @@
 
 using namespace mantissa;
 
-int main(int argc, char** argv) {
+static int benchmark_main(int argc, char** argv) {
   const std::string precision = argc > 1 ? argv[1] : "bf16";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
   core::PrecisionMode mode = core::PrecisionMode::kBF16;
@@ -85,4 +86,9 @@ int main(int argc, char** argv) {
       static_cast<double>(usage.ru_maxrss) / 1024.0, tokens_per_s * flops_per_token * 1e-9,
       peak.gflops, peak.describe().c_str(), tokens_per_s * flops_per_token * 1e-9 / peak.gflops);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("bench_train_cpu",
+                                         [&] { return benchmark_main(argc, argv); });
 }

@@ -6,8 +6,13 @@
 
 #include <cstdio>
 
+#include "bench/bench_main.h"
+
 int main() {
-  const mantissa::bench::FmaPeak peak = mantissa::bench::measure_fma_peak();
-  std::printf("fma_peak_gflops=%.1f lanes=%d threads=%d\n", peak.gflops, peak.lanes, peak.threads);
-  return 0;
+  return mantissa::bench::exit_status_of("fma_peak", [] {
+    const mantissa::bench::FmaPeak peak = mantissa::bench::measure_fma_peak();
+    std::printf("fma_peak_gflops=%.1f lanes=%d threads=%d\n", peak.gflops, peak.lanes,
+                peak.threads);
+    return 0;
+  });
 }
