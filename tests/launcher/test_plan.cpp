@@ -64,6 +64,9 @@ double heap_in_use() {
 // What forward keeps until backward, measured: the heap after a forward pass minus the heap
 // before it (a first forward and backward have grown every scratch buffer of the backend).
 void expect_activations_are_what_forward_keeps() {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator is not malloc's: mallinfo2 does not see the heap";
+#endif
   for (const char* mode : {"BF16", "FP32", "FP8_HYBRID"}) {
     for (const char* text : kModels) {
       SCOPED_TRACE(std::string(mode) + " " + text);
