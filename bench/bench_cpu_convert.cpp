@@ -90,6 +90,10 @@ void report(const std::string& name, size_t bytes_moved, const Timing& t) {
 
 static int benchmark_main(int argc, char** argv) {
   const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 24;
+  if (n < 1) {
+    std::fprintf(stderr, "usage: bench_cpu_convert [elements >= 1]\n");
+    return 2;
+  }
   std::printf("bench_cpu_convert: %lld elements, %d OpenMP threads\n", static_cast<long long>(n),
               omp_get_max_threads());
   std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());

@@ -220,6 +220,14 @@ static int benchmark_main(int argc, char** argv) {
   const int64_t tokens = argc > 2 ? std::atoll(argv[1]) : 2048;
   const int64_t d = argc > 2 ? std::atoll(argv[2]) : 384;
   const int repeats = argc > 3 ? std::atoi(argv[3]) : 7;
+  // The GEMMs' contractions: n_embd (MXFP8's 32-element blocks) and tokens (the weight
+  // gradients, whose FP8 rows are 16-byte aligned).
+  if (tokens < 16 || tokens % 16 != 0 || d < 32 || d % 32 != 0 || repeats < 1) {
+    std::fprintf(stderr,
+                 "usage: bench_fp8_recipes [tokens (a multiple of 16) n_embd (a multiple of 32) "
+                 "[repeats >= 1]]\n");
+    return 2;
+  }
   std::printf("%s\n", core::cpu_paths_description().c_str());
   std::printf("GEMMs of GPT-2 n_embd %lld, %lld tokens per micro-batch, %d OpenMP threads\n",
               static_cast<long long>(d), static_cast<long long>(tokens), omp_get_max_threads());

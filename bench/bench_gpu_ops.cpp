@@ -189,10 +189,14 @@ int run(int64_t n) {
 }  // namespace mantissa::core
 
 int main(int argc, char** argv) {
+  const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 26;
+  if (n < 768) {  // at least one LayerNorm row
+    std::fprintf(stderr, "usage: bench_gpu_ops [elements >= 768]\n");
+    return 2;
+  }
   if (!mantissa::core::cuda_device_available()) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 26;
   return mantissa::bench::exit_status_of("bench_gpu_ops", [&] { return mantissa::core::run(n); });
 }

@@ -54,7 +54,13 @@ struct Path {
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
   std::vector<int> sizes_mib;
-  for (int i = 1; i < argc; ++i) sizes_mib.push_back(std::atoi(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    sizes_mib.push_back(std::atoi(argv[i]));
+    if (sizes_mib.back() < 1) {
+      if (world.rank() == 0) std::fprintf(stderr, "usage: bench_grad_sync [MiB >= 1]...\n");
+      return 2;
+    }
+  }
   if (sizes_mib.empty()) sizes_mib = {1, 16, 128};
   auto backend = core::make_cpu_backend();
   const Path paths[] = {{"ours FP32", core::DType::kF32, false},

@@ -79,11 +79,15 @@ static int benchmark_main(int argc, char** argv) {
   const std::string precision = argc > 1 ? argv[1] : "bf16";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 4;
   core::PrecisionMode mode = core::PrecisionMode::kBF16;
+  bool known = true;
   if (precision == "fp32") {
     mode = core::PrecisionMode::kFP32;
   } else if (precision == "fp8") {
     mode = core::PrecisionMode::kFP8Hybrid;
-  } else if (precision != "bf16" || steps < 1) {
+  } else if (precision != "bf16") {
+    known = false;
+  }
+  if (!known || steps < 1) {
     std::fprintf(stderr, "usage: bench_llama_cpu [fp32|bf16|fp8] [steps >= 1]\n");
     return 2;
   }

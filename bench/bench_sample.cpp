@@ -80,6 +80,12 @@ static int benchmark_main(int argc, char** argv) {
   };
   const models::GPT2Config config{arg(1, 6), arg(2, 6), arg(3, 384), arg(4, 256), arg(5, 256)};
   const int64_t new_tokens = arg(6, 320);
+  if (new_tokens < 1) {
+    std::fprintf(stderr,
+                 "usage: bench_sample [n_layer n_head n_embd seq_len vocab new_tokens >= 1 "
+                 "[cpu|cuda]]\n");
+    return 2;
+  }
   const bool cuda = argc > 7 && std::string(argv[7]) == "cuda";
   std::unique_ptr<core::Backend> backend =
       cuda ? core::make_cuda_backend(0) : core::make_cpu_backend();

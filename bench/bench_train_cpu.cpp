@@ -30,6 +30,7 @@ static int benchmark_main(int argc, char** argv) {
   const std::string precision = argc > 1 ? argv[1] : "bf16";
   const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
   core::PrecisionMode mode = core::PrecisionMode::kBF16;
+  bool known = true;
   if (precision == "fp32") {
     mode = core::PrecisionMode::kFP32;
   } else if (precision == "fp16") {
@@ -37,7 +38,10 @@ static int benchmark_main(int argc, char** argv) {
   } else if (precision == "fp8") {
     mode = core::PrecisionMode::kFP8Hybrid;
   } else if (precision != "bf16") {
-    std::fprintf(stderr, "usage: bench_train_cpu [fp32|bf16|fp16|fp8] [steps]\n");
+    known = false;
+  }
+  if (!known || steps < 1) {
+    std::fprintf(stderr, "usage: bench_train_cpu [fp32|bf16|fp16|fp8] [steps >= 1]\n");
     return 2;
   }
 
