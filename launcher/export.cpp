@@ -40,6 +40,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                             ": is a directory (a safetensors file is written; --format hf writes "
                             "a directory)");
   }
+  if (!layout && std::filesystem::exists(out, ec)) {
+    throw core::ConfigError("--out " + out +
+                            ": already exists; remove it first, or choose another --out");
+  }
 
   const std::string dir = config.run().dir() + "/checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},

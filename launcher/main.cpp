@@ -45,7 +45,9 @@ output, in run.dir (default runs/<config file name>):
                       skipped, and val_loss and eval_seconds on steps that evaluate
                       (run.eval_every)
   checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
-                      (checkpoint.resume)
+                      (checkpoint.resume; NEVER refuses a run.dir that holds checkpoints)
+  .lock               held by rank 0 while the run goes on: a second run on the same
+                      run.dir stops with exit code 2
 
 signals: SIGUSR1 or SIGTERM to any rank (mpirun forwards SIGUSR1 to all) stops every rank at
 the same step after a checkpoint is written; the exit code is then 0. SIGINT (Ctrl-C) does
@@ -119,12 +121,12 @@ options:
                     and tokenizer.model when the run has one (data.tokenizer, else the one
                     beside the token shards). GPT-2 and Llama only. DIR must not exist or be
                     empty; it is written as DIR.tmp and renamed to DIR once complete.
-  --out PATH        the file (safetensors) or directory (hf) to write
+  --out PATH        the file (safetensors; it must not exist) or directory (hf) to write
   -h, --help        this help
 
 exit codes: 0 written; 1 no checkpoint is intact, or the output cannot be written; 2 a bad
-command line or config, no checkpoint at all, an existing non-empty DIR, or --format hf for a
-model without a Hugging Face layout (model.mlp).
+command line or config, no checkpoint at all, an existing FILE or non-empty DIR, or --format
+hf for a model without a Hugging Face layout (model.mlp).
 )";
 
 void print_train_help() {
@@ -162,21 +164,23 @@ int train_command(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  // A job of several ranks aborts on an error, even one found alike on every rank, so that no
+  // rank is left waiting for one that failed alone (a port already taken on one node). One rank
+  // alone just reports it and exits, without MPI_Abort's banner.
+  const auto fail = [&](int exit_code, const std::string& message) {
+    if (world.size() > 1) world.abort(exit_code, message);
+    std::fprintf(stderr, "mantissa: %s\n", message.c_str());
+    return exit_code;
+  };
   try {
     Trainer trainer(world, config, parsed.progress);
     return trainer.run();
   } catch (const core::ConfigError& e) {
-    // Most of these are found alike on every rank; the few that are not (a port already taken
-    // on one node) must not leave the other ranks waiting, so a job of several ranks aborts.
-    if (world.size() == 1) {
-      report_config_error(0, e.what());
-      return kExitConfig;
-    }
-    world.abort(kExitConfig, e.what());
+    return fail(kExitConfig, e.what());
   } catch (const core::Error& e) {
-    world.abort(core::exit_code(e.kind()), std::string("error: ") + e.what());
+    return fail(core::exit_code(e.kind()), std::string("error: ") + e.what());
   } catch (const std::exception& e) {
-    world.abort(kExitFailure, std::string("error: ") + e.what());
+    return fail(kExitFailure, std::string("error: ") + e.what());
   }
 }
 

@@ -90,6 +90,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   std::error_code ec;
   std::filesystem::create_directories(run_dir_, ec);
   require(!ec, "run.dir", "\"" + run_dir_ + "\"", "cannot be created: " + ec.message());
+  if (world.rank() == 0) run_dir_lock_.emplace(run_dir_);
 
   // The checks that need the world: the rest of the config was validated before.
   const TrainConfig::Debug& debug = config_.debug();
@@ -247,7 +248,17 @@ void Trainer::build_metrics() {
 
 bool Trainer::restore() {
   const TrainConfig::Checkpoint& c = config_.checkpoint();
-  if (c.resume() == TrainConfig::Checkpoint::NEVER) return false;
+  if (c.resume() == TrainConfig::Checkpoint::NEVER) {
+    // A fresh start would save over the old run's steps and then drop its newer ones: refused,
+    // so that nothing saved is lost to a setting.
+    const std::vector<int64_t> saved = checkpointer_->steps();
+    if (saved.empty()) return false;
+    throw core::ConfigError("checkpoint.resume = NEVER: " + checkpointer_->options().dir +
+                            " holds checkpoints (the newest of step " +
+                            std::to_string(saved.front()) +
+                            ") that starting afresh would replace: choose another run.dir, or "
+                            "move them away");
+  }
 
   // The masters the parameter store keeps and the moments of the range this rank's optimizer
   // owns: everything, or this rank's ZeRO-1 shard, whatever the world size at save time.
@@ -427,6 +438,11 @@ int Trainer::run() {
   const int64_t check_every = config_.dist().consistency_check_every();
   const int world_size = world_.size();
   train::Fp8Operands* fp8 = model_->fp8_operands();
+  if (start_step_ >= total) {
+    say("mantissa: nothing to train: the run resumed at step " + std::to_string(start_step_) +
+        " and run.steps is " + std::to_string(total) + "; raise run.steps to train further");
+    return kExitOk;
+  }
 
   for (int64_t step = start_step_; step < total; ++step) {
     const Clock::time_point start = Clock::now();

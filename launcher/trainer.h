@@ -31,6 +31,7 @@
 #include "dist/data_parallel.h"
 #include "dist/world.h"
 #include "launcher/device.h"
+#include "launcher/run_dir_lock.h"
 #include "metrics/metrics.h"
 #include "metrics/run_log.h"
 #include "train/data/data_loader.h"
@@ -84,6 +85,8 @@ class Trainer {
   dist::World& world_;
   TrainConfig config_;
   std::string run_dir_;
+  std::optional<RunDirLock>
+      run_dir_lock_;  // rank 0's; released last, after the log and checkpoints
   DeviceInfo device_;
   std::unique_ptr<core::Backend> backend_;
   core::PrecisionPolicy policy_;

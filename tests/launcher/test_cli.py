@@ -8,6 +8,7 @@
 (`mantissa export` and model.init_from working end to end: test_train.py.)
 """
 
+import fcntl
 import os
 import re
 import socket
@@ -177,6 +178,42 @@ class ConfigErrors(lu.TempDirTest):
             f"model.init_from={model}")
         self.assertIn("llm.c model", line)
 
+    def test_resume_never_over_checkpoints(self):
+        # A fresh start in a run.dir with checkpoints would replace them: refused, and they stay.
+        saved = os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000007")
+        os.makedirs(saved)
+        self.assert_config_error(
+            "mantissa: checkpoint.resume = NEVER: runs/c/checkpoints holds checkpoints (the "
+            "newest of step 7) that starting afresh would replace: choose another run.dir, or "
+            "move them away", "--set", "checkpoint.resume=NEVER")
+        self.assertTrue(os.path.isdir(saved))
+
+    def test_run_dir_in_use(self):
+        # Another run holds the run directory's lock (taken here as that run's rank 0 takes it).
+        run_dir = os.path.join(self.dir, "runs", "c")
+        os.makedirs(run_dir)
+        with open(os.path.join(run_dir, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.write("pid 4242 on node7\n")
+            lock.flush()
+            self.assert_config_error(
+                'mantissa: run.dir = "runs/c": another run is using it (pid 4242 on node7); wait '
+                'for it to end, or choose another run.dir')
+        # Released (as the kernel releases it when its holder ends, however it ends): the run
+        # starts, and holds the lock itself while it runs.
+        result = self.mantissa("train", "--config", os.path.join(self.dir, "c.pbtxt"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(run_dir, ".lock")) as f:
+            self.assertRegex(f.read(), r"^pid [0-9]+ on \S+\n$")
+
+    def test_export_over_an_existing_file(self):
+        out = self.write("w.safetensors", "a file the user keeps")
+        self.assert_config_error(
+            f"mantissa: --out {out}: already exists; remove it first, or choose another --out",
+            "--out", out, command="export")
+        with open(out) as f:
+            self.assertEqual(f.read(), "a file the user keeps")
+
     def test_export_without_a_checkpoint(self):
         self.assert_config_error(
             'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints is '
@@ -342,6 +379,31 @@ class StartLine(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while "
                       "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
+
+
+class Resume(lu.TempDirTest):
+    def test_nothing_left_to_train_says_so(self):
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=2")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: nothing to train: the run resumed at step 4 and run.steps is 2; "
+                      "raise run.steps to train further\n", result.stderr)
+        self.assertNotIn("done,", result.stderr)
+        self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 4)
+
+    def test_a_failure_of_one_rank_alone_ends_without_mpi_abort(self):
+        # Every checkpoint damaged: exit 1 with the reason, and no Open MPI abort banner after
+        # it (a job of one rank has no peer to stop).
+        saved = os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000002")
+        os.makedirs(saved)
+        self.write(os.path.join(saved, "manifest.pb"), "x")
+        result = self.mantissa("train", "--config", self.write("c.pbtxt", BASE))
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertRegex(result.stderr, r"(?m)^mantissa: error: checkpoint load: no intact "
+                                        r"checkpoint in runs/c/checkpoints")
+        self.assertNotIn("MPI_ABORT", result.stderr)
 
 
 if __name__ == "__main__":
