@@ -38,6 +38,19 @@ std::string quoted(const std::string& s) {
   return "\"" + s + "\"";
 }
 
+// Upper bounds on sizes, far beyond any model trained today, that keep every size the model
+// and data code multiply together (tokens x channels, batch x heads x seq_len^2 for attention)
+// inside int64: a value past them is a typo, which would otherwise end in an overflowed shape
+// or a failed allocation that names no field.
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // channels, hidden units, seq_len
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxHeads = int64_t{1} << 12;
+constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 24;  // micro_batch_size x seq_len
+
+void width(std::string_view path, int64_t value) {
+  in_range(path, value, 1, kMaxWidth);
+}
+
 // A module's options are named by the module ("<section>.<field> = ...", the section being the
 // options' own, e.g. "loss_scale.min"); `paths` maps each such section or field name to its
 // path in the config ({"loss_scale", "precision.loss_scale"}). Runs `check` and rethrows its
@@ -96,10 +109,10 @@ void check_data_files(const Config::Data& data) {
 }
 
 void validate_llama(const Config::Model::Llama& m) {
-  at_least("model.llama.n_layer", m.n_layer(), 1);
-  at_least("model.llama.n_head", m.n_head(), 1);
-  at_least("model.llama.n_kv_head", m.n_kv_head(), 1);
-  at_least("model.llama.n_embd", m.n_embd(), 1);
+  in_range("model.llama.n_layer", m.n_layer(), 1, kMaxLayers);
+  in_range("model.llama.n_head", m.n_head(), 1, kMaxHeads);
+  in_range("model.llama.n_kv_head", m.n_kv_head(), 1, kMaxHeads);
+  width("model.llama.n_embd", m.n_embd());
   const std::string n_head = std::to_string(m.n_head());
   require(m.n_embd() % m.n_head() == 0, "model.llama.n_embd", std::to_string(m.n_embd()),
           "must be a multiple of model.llama.n_head = " + n_head);
@@ -109,8 +122,8 @@ void validate_llama(const Config::Model::Llama& m) {
               std::to_string(head_dim) + ", which must be even (RoPE rotates channel pairs)");
   require(m.n_head() % m.n_kv_head() == 0, "model.llama.n_kv_head", std::to_string(m.n_kv_head()),
           "must divide model.llama.n_head = " + n_head);
-  at_least("model.llama.ffn_hidden", m.ffn_hidden(), 1);
-  at_least("model.llama.seq_len", m.seq_len(), 1);
+  width("model.llama.ffn_hidden", m.ffn_hidden());
+  width("model.llama.seq_len", m.seq_len());
   in_range("model.llama.vocab_size", m.vocab_size(), 1, 65536);
   require(std::isfinite(m.rope_theta()) && m.rope_theta() > 1.0, "model.llama.rope_theta",
           format_number(m.rope_theta()), "must be finite and > 1");
@@ -136,9 +149,9 @@ ModelShape validate_model(const Config::Model& model) {
   }
   if (model.has_mlp()) {
     const Config::Model::MLP& m = model.mlp();
-    at_least("model.mlp.n_embd", m.n_embd(), 1);
-    at_least("model.mlp.hidden", m.hidden(), 1);
-    at_least("model.mlp.seq_len", m.seq_len(), 1);
+    width("model.mlp.n_embd", m.n_embd());
+    width("model.mlp.hidden", m.hidden());
+    width("model.mlp.seq_len", m.seq_len());
     in_range("model.mlp.vocab_size", m.vocab_size(), 1, 65536);
     return model_shape(model);
   }
@@ -147,12 +160,12 @@ ModelShape validate_model(const Config::Model& model) {
     return model_shape(model);
   }
   const Config::Model::GPT2& g = model.gpt2();
-  at_least("model.gpt2.n_layer", g.n_layer(), 1);
-  at_least("model.gpt2.n_head", g.n_head(), 1);
-  at_least("model.gpt2.n_embd", g.n_embd(), 1);
+  in_range("model.gpt2.n_layer", g.n_layer(), 1, kMaxLayers);
+  in_range("model.gpt2.n_head", g.n_head(), 1, kMaxHeads);
+  width("model.gpt2.n_embd", g.n_embd());
   require(g.n_embd() % g.n_head() == 0, "model.gpt2.n_embd", std::to_string(g.n_embd()),
           "must be a multiple of model.gpt2.n_head = " + std::to_string(g.n_head()));
-  at_least("model.gpt2.seq_len", g.seq_len(), 1);
+  width("model.gpt2.seq_len", g.seq_len());
   // Token shards store uint16 tokens, so no vocabulary beyond 2^16 can be fed.
   in_range("model.gpt2.vocab_size", g.vocab_size(), 1, 65536);
   return model_shape(model);
@@ -174,7 +187,12 @@ void validate_data(const Config::Data& data, const ModelShape& model, DataFiles 
     in_unit_range("data.text_file.val_fraction", data.text_file().val_fraction(), true);
   }
   at_least("data.micro_batch_size", data.micro_batch_size(), 1);
-  at_least("data.grad_accum_steps", data.grad_accum_steps(), 1);
+  require(data.micro_batch_size() <= kMaxMicroBatchTokens / model.seq_len, "data.micro_batch_size",
+          std::to_string(data.micro_batch_size()),
+          "times " + model.prefix + ".seq_len = " + std::to_string(model.seq_len) +
+              " must be at most " + std::to_string(kMaxMicroBatchTokens) +
+              " tokens per micro-batch");
+  in_range("data.grad_accum_steps", data.grad_accum_steps(), 1, kMaxWidth);
   if (files == DataFiles::kCheck) check_data_files(data);
 }
 

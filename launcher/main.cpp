@@ -1,6 +1,7 @@
 // mantissa: the command-line entry point. Each subcommand is one row of kCommands.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -179,6 +180,11 @@ int train_command(int argc, char** argv) {
     return fail(kExitConfig, e.what());
   } catch (const core::Error& e) {
     return fail(core::exit_code(e.kind()), std::string("error: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(kExitFailure,
+                "error: out of host memory (std::bad_alloc): lower data.micro_batch_size or the "
+                "model's size, or run fewer ranks per host (mantissa plan estimates the memory "
+                "a config needs)");
   } catch (const std::exception& e) {
     return fail(kExitFailure, std::string("error: ") + e.what());
   }

@@ -11,8 +11,10 @@
 import fcntl
 import os
 import re
+import resource
 import socket
 import struct
+import subprocess
 
 import launcher_util as lu
 
@@ -381,7 +383,7 @@ class StartLine(lu.TempDirTest):
                       "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
 
 
-class Resume(lu.TempDirTest):
+class RunOutcomes(lu.TempDirTest):
     def test_nothing_left_to_train_says_so(self):
         path = self.write("c.pbtxt", BASE)
         result = self.mantissa("train", "--config", path)
@@ -404,6 +406,22 @@ class Resume(lu.TempDirTest):
         self.assertRegex(result.stderr, r"(?m)^mantissa: error: checkpoint load: no intact "
                                         r"checkpoint in runs/c/checkpoints")
         self.assertNotIn("MPI_ABORT", result.stderr)
+
+    def test_out_of_memory_says_so(self):
+        # 4 GiB of address space, and a micro-batch whose activations need far more.
+        def limit_memory():
+            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+        result = subprocess.run(
+            [lu.binary(), "train", "--config", self.write("c.pbtxt", BASE), "--set",
+             "model.gpt2={n_layer: 1, n_head: 2, n_embd: 32, seq_len: 64}", "--set",
+             "data.micro_batch_size=60000"], cwd=self.dir, env=lu.environment(),
+            preexec_fn=limit_memory, capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        # Said by the tensor allocator (with the size) or, for any other allocation, by the
+        # launcher (with what to change): whichever fails first.
+        self.assertRegex(result.stderr, r"(?m)^mantissa: error: (allocate_cpu: out of host memory "
+                                        r"allocating [0-9]+ bytes|out of host memory "
+                                        r"\(std::bad_alloc\): lower data\.micro_batch_size)")
 
 
 if __name__ == "__main__":
