@@ -93,9 +93,17 @@ void check_readable_file(std::string_view field, const std::string& path) {
 void check_glob(std::string_view field, const std::string& pattern) {
   require(!pattern.empty(), field, quoted(pattern), "must be a glob of token shard files");
   glob_t matches{};
-  const int rc = glob(pattern.c_str(), 0, nullptr, &matches);
+  // GLOB_MARK ends every directory it matches with '/': shards are files.
+  const int rc = glob(pattern.c_str(), GLOB_MARK, nullptr, &matches);
+  std::string directory;
+  for (size_t i = 0; rc == 0 && i < matches.gl_pathc && directory.empty(); ++i) {
+    const std::string match = matches.gl_pathv[i];
+    if (match.ends_with('/')) directory = match;
+  }
   globfree(&matches);
   require(rc == 0, field, quoted(pattern), "matches no file");
+  require(directory.empty(), field, quoted(pattern),
+          "matches the directory " + directory + ": a glob of token shard files must match files");
 }
 
 void check_data_files(const Config::Data& data) {

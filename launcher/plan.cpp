@@ -199,26 +199,28 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     for (const char* o : kOptions) known = known || name == o;
     if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     const std::string value = option_value(args, i, usage);
-    if (name == "--config")
+    if (name == "--config") {
+      if (!out.config_path.empty()) throw core::ConfigError("--config given twice" + usage);
       out.config_path = value;
-    else if (name == "--set")
+    } else if (name == "--set") {
       out.sets.push_back(value);
-    else if (name == "--gpus")
+    } else if (name == "--gpus") {
       out.gpus = positive_int(name, value);
-    else if (name == "--gpu")
+    } else if (name == "--gpu") {
       out.gpu = value;
-    else if (name == "--gpus-per-node")
+    } else if (name == "--gpus-per-node") {
       out.per_node = positive_int(name, value);
-    else if (name == "--link-gbps")
+    } else if (name == "--link-gbps") {
       out.link_gbps = positive(name, value);
-    else if (name == "--tflops")
+    } else if (name == "--tflops") {
       out.tflops = positive(name, value);
-    else if (name == "--memory-gbps")
+    } else if (name == "--memory-gbps") {
       out.memory_gbps = positive(name, value);
-    else if (name == "--efficiency")
+    } else if (name == "--efficiency") {
       out.efficiency = positive(name, value);
-    else
+    } else {
       out.cores = positive_int(name, value);
+    }
   }
   if (out.help) return out;
   if (out.config_path.empty()) throw core::ConfigError("--config FILE.pbtxt is required" + usage);

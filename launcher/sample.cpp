@@ -72,9 +72,9 @@ exit codes:
   1  runtime failure: no checkpoint is intact, a file cannot be read, mantissa-tokenize fails
   2  bad command line or input: an unknown option, a temperature or top-k below 0, a run
      directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
-     tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8, a
-     config that the checkpoint does not fit, a model other than GPT-2 or Llama, --device
-     CUDA without a GPU
+     tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8
+     for a tokenizer (bytes take any prompt), a config that the checkpoint does not fit, a
+     model other than GPT-2 or Llama, --device CUDA without a GPU
 )";
 
 const std::string kUsage = " (see mantissa sample --help)";

@@ -108,6 +108,13 @@ class ConfigErrors(lu.TempDirTest):
             'mantissa: data.token_shards.pattern = "{dir}/shards/*.bin": matches no file',
             "--set", f"data.token_shards.pattern={self.dir}/shards/*.bin")
 
+    def test_token_shards_matching_a_directory(self):
+        os.makedirs(os.path.join(self.dir, "shards", "train_000000.bin"))
+        self.assert_config_error(
+            'mantissa: data.token_shards.pattern = "{dir}/shards/*.bin": matches the directory '
+            '{dir}/shards/train_000000.bin/: a glob of token shard files must match files',
+            "--set", f"data.token_shards.pattern={self.dir}/shards/*.bin")
+
     def test_malformed_token_shard(self):
         shard = os.path.join(self.dir, "bad_000.bin")
         with open(shard, "wb") as f:

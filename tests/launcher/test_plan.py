@@ -99,6 +99,7 @@ class Plan(lu.TempDirTest):
              "model.gpt2.n_head"),
             (["--config", gpt2, "--gpus", "8", "--set", "model.mlp={}"], "model.mlp"),
             (["--config", gpt2, "--gpus", "8", "--nodes", "2"], "unknown argument '--nodes'"),
+            (["--config", gpt2, "--config", gpt2, "--gpus", "8"], "--config given twice"),
         ]
         for args, message in cases:
             with self.subTest(args):
