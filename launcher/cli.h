@@ -27,6 +27,7 @@ struct TrainArgs {
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args);
 
 // The effective config: the file, then every --set in order, then the defaults, validated.
-TrainConfig effective_config(const TrainArgs& args);
+// apply_override's notes (a --set that replaced the model or the data source) go to `notes`.
+TrainConfig effective_config(const TrainArgs& args, std::vector<std::string>& notes);
 
 }  // namespace mantissa::launcher

@@ -34,8 +34,11 @@ TrainConfig load_config_file(const std::string& path);
 // parsed for the field's type: numbers (range-checked for the field's width), enum names,
 // true/false, strings as written, and for a message field its text-format body
 // (`--set 'data.synthetic={}'`, `--set 'model.mlp={n_embd: 32}'`). A repeated field gets the
-// value appended. Setting a member of a oneof selects it.
-void apply_override(TrainConfig& config, std::string_view assignment);
+// value appended. Setting a member of a oneof selects it. Returns a note when the assignment
+// selected a oneof member through one of its fields and so dropped the member selected before
+// (`model.gpt2.n_layer=2` on a Llama config), else "": the caller shows it, so that a mistyped
+// path does not silently replace the model or the data source.
+std::string apply_override(TrainConfig& config, std::string_view assignment);
 
 // Sets every field that is still unset to its default (the table in config_defaults.cpp; also
 // shown by `mantissa train --help`). A missing model or data source becomes gpt2 {} or

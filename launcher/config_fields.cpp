@@ -102,6 +102,7 @@ FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_
   const std::vector<std::string_view> parts = split_path(path);
   pb::Message* message = &root;
   std::string walked;
+  std::string selected, dropped;
   for (size_t i = 0; i < parts.size(); ++i) {
     const pb::Descriptor& type = *message->GetDescriptor();
     const pb::FieldDescriptor* field = type.FindFieldByName(std::string(parts[i]));
@@ -111,14 +112,19 @@ FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_
                               "' (fields: " + field_names(type) + ")");
     }
     walked += (walked.empty() ? "" : ".") + field->name();
-    if (i + 1 == parts.size()) return {message, field};
+    if (i + 1 == parts.size()) return {message, field, selected, dropped};
     if (field->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || field->is_repeated()) {
       throw core::ConfigError(walked + " is a value, not a message with fields");
     }
     const pb::Reflection& reflection = *message->GetReflection();
-    if (skip_unselected_oneof && field->containing_oneof() != nullptr &&
-        !reflection.HasField(*message, field)) {
-      return {};
+    const pb::OneofDescriptor* oneof = field->containing_oneof();
+    if (oneof != nullptr && !reflection.HasField(*message, field)) {
+      if (skip_unselected_oneof) return {};
+      if (const pb::FieldDescriptor* other = reflection.GetOneofFieldDescriptor(*message, oneof)) {
+        const std::string parent = walked.substr(0, walked.size() - field->name().size());
+        dropped = parent + other->name();
+        selected = walked;
+      }
     }
     message = reflection.MutableMessage(message, field);
   }

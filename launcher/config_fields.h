@@ -16,12 +16,16 @@ void parse_text(std::string_view text, const std::string& source, google::protob
 struct FieldRef {
   google::protobuf::Message* message = nullptr;  // holds the field
   const google::protobuf::FieldDescriptor* field = nullptr;
+  // When the walk went through an unselected oneof member while another member was selected:
+  // the member it selected and the one it dropped ("model.gpt2", "model.llama").
+  std::string selected, dropped;
 };
 
 // Walks `path` ("precision.loss_scale.init") from `root`. Intermediate messages are created as
-// needed, which for a oneof member selects it; with `skip_unselected_oneof` a path through an
-// unselected oneof member resolves to nothing instead (defaults apply only to the model and
-// data source in use). A name that is not a field throws core::ConfigError listing the fields.
+// needed, which for a oneof member selects it (and drops the member selected before); with
+// `skip_unselected_oneof` a path through an unselected oneof member resolves to nothing instead
+// (defaults apply only to the model and data source in use). A name that is not a field throws
+// core::ConfigError listing the fields.
 FieldRef resolve(google::protobuf::Message& root, std::string_view path,
                  bool skip_unselected_oneof);
 

@@ -32,7 +32,9 @@ options:
   --set PATH=VALUE  override one field after the file is read, e.g. --set run.steps=100,
                     --set precision.mode=FP16, --set debug.inject_nonfinite_steps=5 (a repeated
                     field gets the value appended), --set 'model.mlp={hidden: 128}' (a message
-                    body selects a oneof member); may be given many times, later ones win
+                    body selects a oneof member; a field of an unselected member selects it
+                    too, with a note naming the member it replaces); may be given many times,
+                    later ones win
   --progress MODE   rank 0's progress line on stderr: auto (live when stderr is a terminal),
                     live (one line updated in place; use it under mpirun, whose ranks never
                     see a terminal), lines (a plain line every run.log_every steps)
@@ -140,6 +142,11 @@ void report_config_error(int rank, const std::string& message) {
   if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
 }
 
+// What the effective config's --set arguments replaced (effective_config's notes).
+void report_notes(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes) std::fprintf(stderr, "mantissa: note: %s\n", note.c_str());
+}
+
 int train_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   for (const std::string& arg : args) {
@@ -153,14 +160,16 @@ int train_command(int argc, char** argv) {
   dist::World world(&argc, &argv);
   TrainArgs parsed;
   TrainConfig config;
+  std::vector<std::string> notes;
   try {
     parsed = parse_train_args("train", args);
-    config = effective_config(parsed);
+    config = effective_config(parsed, notes);
   } catch (const core::ConfigError& e) {
     report_config_error(world.rank(), e.what());
     return kExitConfig;
   }
   if (world.rank() == 0) {
+    report_notes(notes);
     std::printf("# effective config (%s)\n%s", parsed.config_path.c_str(), to_text(config).c_str());
     std::fflush(stdout);
   }
@@ -198,7 +207,10 @@ int config_command(int argc, char** argv) {
       std::fputs(kConfigHelp, stdout);
       return kExitOk;
     }
-    std::fputs(to_text(effective_config(parsed)).c_str(), stdout);
+    std::vector<std::string> notes;
+    const TrainConfig config = effective_config(parsed, notes);
+    report_notes(notes);
+    std::fputs(to_text(config).c_str(), stdout);
     return kExitOk;
   } catch (const core::ConfigError& e) {
     report_config_error(0, e.what());
@@ -214,9 +226,11 @@ int export_command(int argc, char** argv) {
       std::fputs(kExportHelp, stdout);
       return kExitOk;
     }
+    std::vector<std::string> notes;
+    const TrainConfig config = effective_config(parsed, notes);
+    report_notes(notes);
     const std::string from = export_checkpoint_weights(
-        effective_config(parsed), parsed.out,
-        parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
+        config, parsed.out, parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
     return kExitOk;
   } catch (const core::ConfigError& e) {

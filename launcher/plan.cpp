@@ -230,7 +230,11 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
 
 std::string plan_report(const PlanArgs& args) {
   TrainConfig config = load_config_file(args.config_path);
-  for (const std::string& set : args.sets) apply_override(config, set);
+  std::string notes;
+  for (const std::string& set : args.sets) {
+    const std::string note = apply_override(config, set);
+    if (!note.empty()) notes += "note: " + note + "\n";
+  }
   apply_defaults(config, args.config_path);
   validate(config, DataFiles::kSkip);
   const ModelCost cost = model_cost(config.model());
@@ -245,7 +249,7 @@ std::string plan_report(const PlanArgs& args) {
   const TrainConfig::Dist& dist = config.dist();
   const int nodes = (cluster.ranks + cluster.per_node - 1) / cluster.per_node;
 
-  std::string out = "mantissa plan: " + args.config_path + ": " + cost.family + " of " +
+  std::string out = notes + "mantissa plan: " + args.config_path + ": " + cost.family + " of " +
                     si(static_cast<double>(cost.parameters)) + " parameters, " +
                     format("%.3g GFLOP per token\n", cost.flops_per_token / 1e9);
   out += "cluster: " + std::to_string(cluster.ranks) + " x " + std::string(d.name) + " (" +

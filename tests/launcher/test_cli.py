@@ -119,8 +119,9 @@ class ConfigErrors(lu.TempDirTest):
         shard = os.path.join(self.dir, "bad_000.bin")
         with open(shard, "wb") as f:
             f.write(struct.pack("<256i", *([12345, 1, 4] + [0] * 253)) + b"\0" * 8)
+        # The data source selected as a whole (no note about the synthetic data it replaces).
         line = self.assert_config_error(re.compile(r"^mantissa: token shard '.*bad_000\.bin'"),
-                                        "--set", f"data.token_shards.pattern={shard}")
+                                        "--set", f'data.token_shards={{pattern: "{shard}"}}')
         self.assertIn("magic", line)
 
     def test_nccl_on_a_cpu_rank(self):
@@ -273,6 +274,7 @@ class Overrides(lu.TempDirTest):
             args += ["--set", s]
         result = self.mantissa("config", "--config", path, *args)
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.stderr = result.stderr
         return result.stdout
 
     def test_set_reaches_nested_fields_enums_bools_and_repeated_fields(self):
@@ -296,6 +298,11 @@ class Overrides(lu.TempDirTest):
         self.assertRegex(text, r"gpt2 \{\n    n_layer: 1\n    n_head: 2\n    n_embd: 32\n")
         self.assertIn(f'path: "{corpus}"', text)
         self.assertNotIn("synthetic", text)
+        # The model was selected as a whole; the data source through one of its fields, which
+        # drops the file's synthetic settings: said, so that a mistyped path is noticed.
+        self.assertEqual(self.stderr.splitlines(), [
+            f"mantissa: note: --set data.text_file.path={corpus} selects data.text_file in place "
+            "of data.synthetic, whose settings are dropped"])
 
     def test_later_sets_win_and_defaults_fill_the_rest(self):
         text = self.effective("run.steps=5", "run.steps=6")
