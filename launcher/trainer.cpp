@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
 #include "launcher/config.h"
+#include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
@@ -59,6 +60,16 @@ std::string recorded_data_source(const std::string& config_text) {
     return data_source(parse_config_text(config_text, "the checkpoint's config").data());
   } catch (const core::ConfigError&) {
     return "";
+  }
+}
+
+// What this run's config changes against the checkpoint's (config_diff.h); nothing for a
+// checkpoint whose config no longer parses (written by an older mantissa).
+std::vector<std::string> changes_since(const std::string& config_text, const TrainConfig& now) {
+  try {
+    return config_differences(parse_config_text(config_text, "the checkpoint's config"), now);
+  } catch (const core::ConfigError&) {
+    return {};
   }
 }
 
@@ -331,6 +342,12 @@ bool Trainer::restore() {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
         std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
+  }
+  const std::vector<std::string> changed = changes_since(state->config_text, config_);
+  if (!changed.empty()) {
+    std::string list;
+    for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+    say("mantissa: settings changed since the checkpoint: " + list);
   }
   say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
       checkpoint::checkpoint_dir_name(state->step) + " (saved by " +

@@ -407,6 +407,8 @@ class RunOutcomes(lu.TempDirTest):
         self.assertIn("mantissa: nothing to train: the run resumed at step 4 and run.steps is 2; "
                       "raise run.steps to train further\n", result.stderr)
         self.assertNotIn("done,", result.stderr)
+        self.assertIn("mantissa: settings changed since the checkpoint: run.steps 4 -> 2\n",
+                      result.stderr)
         self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 4)
 
     def test_a_failure_of_one_rank_alone_ends_without_mpi_abort(self):

@@ -11,6 +11,7 @@
 
 #include "launcher/cli.h"
 #include "launcher/config.h"
+#include "launcher/config_diff.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -59,6 +60,24 @@ TEST(ConfigParse, MissingFileIsNamed) {
 TEST(ConfigParse, DirectoryIsRefused) {
   EXPECT_EQ(error_of([] { load_config_file("/tmp"); }),
             "/tmp: cannot open config: it is a directory");
+}
+
+// What a resume reports as changed: each differing value with its path, in field order; a
+// repeated field as a list; another oneof member as one entry, without its fields.
+TEST(ConfigDifferences, NamesEachChangedValue) {
+  const TrainConfig before = parse_config_text(
+      "run { steps: 20 } model { gpt2 { n_layer: 2 } } data { synthetic {} } "
+      "optimizer { adamw { lr: 0.003 } }",
+      "before");
+  EXPECT_TRUE(config_differences(before, before).empty());
+  const TrainConfig after = parse_config_text(
+      "run { steps: 25 } model { gpt2 { n_layer: 2 } } data { text_file { path: \"t\" } } "
+      "optimizer { adamw { lr: 0.001 } } debug { inject_nonfinite_steps: [3, 5] }",
+      "after");
+  EXPECT_EQ(config_differences(before, after),
+            (std::vector<std::string>{"run.steps 20 -> 25", "data.source synthetic -> text_file",
+                                      "optimizer.adamw.lr 0.003 -> 0.001",
+                                      "debug.inject_nonfinite_steps [] -> [3, 5]"}));
 }
 
 TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {

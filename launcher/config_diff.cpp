@@ -1,0 +1,70 @@
+#include "launcher/config_diff.h"
+
+#include <google/protobuf/text_format.h>
+
+namespace mantissa::launcher {
+
+namespace {
+
+namespace pb = google::protobuf;
+
+// A field's value as text format writes it (repeated fields as a list).
+std::string value_text(const pb::Message& message, const pb::FieldDescriptor& field) {
+  const pb::Reflection& r = *message.GetReflection();
+  if (!field.is_repeated()) {
+    std::string text;
+    pb::TextFormat::PrintFieldValueToString(message, &field, -1, &text);
+    return text;
+  }
+  std::string text = "[";
+  for (int i = 0; i < r.FieldSize(message, &field); ++i) {
+    std::string item;
+    pb::TextFormat::PrintFieldValueToString(message, &field, i, &item);
+    text += (i > 0 ? ", " : "") + item;
+  }
+  return text + "]";
+}
+
+// The selected member's name of `oneof`, or "none".
+std::string member_name(const pb::Message& message, const pb::OneofDescriptor& oneof) {
+  const pb::FieldDescriptor* member =
+      message.GetReflection()->GetOneofFieldDescriptor(message, &oneof);
+  return member != nullptr ? member->name() : "none";
+}
+
+void collect(const pb::Message& before, const pb::Message& after, const std::string& prefix,
+             std::vector<std::string>& out) {
+  const pb::Descriptor& type = *before.GetDescriptor();
+  const pb::Reflection& rb = *before.GetReflection();
+  const pb::Reflection& ra = *after.GetReflection();
+  for (int o = 0; o < type.oneof_decl_count(); ++o) {
+    const pb::OneofDescriptor& oneof = *type.oneof_decl(o);
+    const std::string was = member_name(before, oneof), is = member_name(after, oneof);
+    if (was != is) out.push_back(prefix + oneof.name() + " " + was + " -> " + is);
+  }
+  for (int f = 0; f < type.field_count(); ++f) {
+    const pb::FieldDescriptor& field = *type.field(f);
+    const std::string path = prefix + field.name();
+    if (field.cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && !field.is_repeated()) {
+      // A oneof member held by one side only was reported with its oneof.
+      if (field.containing_oneof() != nullptr &&
+          !(rb.HasField(before, &field) && ra.HasField(after, &field))) {
+        continue;
+      }
+      collect(rb.GetMessage(before, &field), ra.GetMessage(after, &field), path + ".", out);
+      continue;
+    }
+    const std::string was = value_text(before, field), is = value_text(after, field);
+    if (was != is) out.push_back(path + " " + was + " -> " + is);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> config_differences(const TrainConfig& before, const TrainConfig& after) {
+  std::vector<std::string> out;
+  collect(before, after, "", out);
+  return out;
+}
+
+}  // namespace mantissa::launcher
