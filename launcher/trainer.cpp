@@ -97,6 +97,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     : world_(world),
       config_(config),
       run_dir_(config.run().dir()),
+      run_dir_cleanup_(run_dir_, world.rank() == 0),
       progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir_, ec);
@@ -174,6 +175,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
   // bits): say so, so that runs on different machines can be compared.
   if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
+  run_dir_cleanup_.keep();
 }
 
 Trainer::~Trainer() = default;

@@ -31,6 +31,7 @@
 #include "dist/data_parallel.h"
 #include "dist/world.h"
 #include "launcher/device.h"
+#include "launcher/run_dir_cleanup.h"
 #include "launcher/run_dir_lock.h"
 #include "metrics/metrics.h"
 #include "metrics/run_log.h"
@@ -85,8 +86,10 @@ class Trainer {
   dist::World& world_;
   TrainConfig config_;
   std::string run_dir_;
-  std::optional<RunDirLock>
-      run_dir_lock_;  // rank 0's; released last, after the log and checkpoints
+  // Rank 0's: the cleanup of a run.dir that a failed start created, and the lock, released
+  // after the log and checkpoints (members go in reverse order), before the cleanup.
+  RunDirCleanup run_dir_cleanup_;
+  std::optional<RunDirLock> run_dir_lock_;
   DeviceInfo device_;
   std::unique_ptr<core::Backend> backend_;
   core::PrecisionPolicy policy_;

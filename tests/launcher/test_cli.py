@@ -160,6 +160,8 @@ class ConfigErrors(lu.TempDirTest):
             "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint in "
             "{dir}/run/checkpoints",
             "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/run")
+        # The run directory this failed start created is gone again.
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "run")))
 
     def test_init_from_errors(self):
         self.assert_config_error(

@@ -1,0 +1,25 @@
+#include "launcher/run_dir_cleanup.h"
+
+#include <filesystem>
+#include <system_error>
+
+namespace mantissa::launcher {
+
+namespace fs = std::filesystem;
+
+RunDirCleanup::RunDirCleanup(std::string run_dir, bool responsible) : run_dir_(std::move(run_dir)) {
+  std::error_code ec;
+  remove_on_failure_ = responsible && !fs::exists(run_dir_, ec) && !ec;
+}
+
+RunDirCleanup::~RunDirCleanup() {
+  if (!remove_on_failure_) return;
+  // fs::remove takes a file or an empty directory and fails (quietly, through ec) on anything
+  // else, so a directory that holds something stays.
+  std::error_code ec;
+  fs::remove(fs::path(run_dir_) / ".lock", ec);
+  for (const char* sub : {"checkpoints", "log"}) fs::remove(fs::path(run_dir_) / sub, ec);
+  fs::remove(run_dir_, ec);
+}
+
+}  // namespace mantissa::launcher
