@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "launcher/run_dir_lock.h"
+
 namespace mantissa::launcher {
 
 namespace fs = std::filesystem;
@@ -17,7 +19,7 @@ RunDirCleanup::~RunDirCleanup() {
   // fs::remove takes a file or an empty directory and fails (quietly, through ec) on anything
   // else, so a directory that holds something stays.
   std::error_code ec;
-  fs::remove(fs::path(run_dir_) / ".lock", ec);
+  fs::remove(fs::path(run_dir_) / kRunDirLockFile, ec);
   for (const char* sub : {"checkpoints", "log"}) fs::remove(fs::path(run_dir_) / sub, ec);
   fs::remove(run_dir_, ec);
 }

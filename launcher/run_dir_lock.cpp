@@ -26,7 +26,7 @@ std::string holder_of(int fd) {
 }  // namespace
 
 RunDirLock::RunDirLock(const std::string& run_dir) {
-  const std::string path = run_dir + "/.lock";
+  const std::string path = run_dir + "/" + kRunDirLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   MANTISSA_CHECK(fd_ >= 0, "cannot open the run directory's lock file '"
                                << path << "': " << std::strerror(errno));

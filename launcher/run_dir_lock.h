@@ -12,6 +12,9 @@
 
 namespace mantissa::launcher {
 
+// The lock file's name inside the run directory.
+inline constexpr const char* kRunDirLockFile = ".lock";
+
 class RunDirLock {
  public:
   // Throws core::ConfigError naming run.dir and the holder when another process holds the lock,

@@ -53,23 +53,13 @@ std::string data_source(const TrainConfig::Data& data) {
   return "synthetic tokens";
 }
 
-// The data source of the config a checkpoint recorded; empty when that text no longer parses
-// (a checkpoint from an older version), which leaves nothing to compare.
-std::string recorded_data_source(const std::string& config_text) {
+// The config a checkpoint recorded; nothing when that text no longer parses (a checkpoint from
+// an older version), which leaves nothing to compare.
+std::optional<TrainConfig> recorded_config(const std::string& config_text) {
   try {
-    return data_source(parse_config_text(config_text, "the checkpoint's config").data());
+    return parse_config_text(config_text, "the checkpoint's config");
   } catch (const core::ConfigError&) {
-    return "";
-  }
-}
-
-// What this run's config changes against the checkpoint's (config_diff.h); nothing for a
-// checkpoint whose config no longer parses (written by an older mantissa).
-std::vector<std::string> changes_since(const std::string& config_text, const TrainConfig& now) {
-  try {
-    return config_differences(parse_config_text(config_text, "the checkpoint's config"), now);
-  } catch (const core::ConfigError&) {
-    return {};
+    return std::nullopt;
   }
 }
 
@@ -334,7 +324,8 @@ bool Trainer::restore() {
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
   // Another corpus on resume is allowed (a second phase of training), but not silently.
-  const std::string trained_on = recorded_data_source(state->config_text);
+  const std::optional<TrainConfig> recorded = recorded_config(state->config_text);
+  const std::string trained_on = recorded ? data_source(recorded->data()) : "";
   const std::string reads = data_source(config_.data());
   if (!trained_on.empty() && trained_on != reads) {
     say("mantissa: warning: the checkpoint was trained on " + trained_on + ", this run reads " +
@@ -345,7 +336,8 @@ bool Trainer::restore() {
         std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
   }
-  const std::vector<std::string> changed = changes_since(state->config_text, config_);
+  const std::vector<std::string> changed =
+      recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
   if (!changed.empty()) {
     std::string list;
     for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
