@@ -40,9 +40,10 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
       reduce == "FP32" || reduce == "BF16" || reduce == "FP8_E4M3" || reduce == "FP8_E5M2";
   if ((mode != "sync" && mode != "nosync") || steps < 1 || !known_reduce ||
       (precision != "bf16" && precision != "fp32" && precision != "fp8")) {
-    std::fprintf(stderr,
-                 "usage: bench_dist_train [sync|nosync] [steps >= 1] [bf16|fp32|fp8] "
-                 "[FP32|BF16|FP8_E4M3|FP8_E5M2]\n");
+    if (world.rank() == 0)
+      std::fprintf(stderr,
+                   "usage: bench_dist_train [sync|nosync] [steps >= 1] [bf16|fp32|fp8] "
+                   "[FP32|BF16|FP8_E4M3|FP8_E5M2]\n");
     return 2;
   }
   const core::PrecisionPolicy policy =
