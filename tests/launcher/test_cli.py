@@ -413,6 +413,26 @@ class RunOutcomes(lu.TempDirTest):
                       result.stderr)
         self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 4)
 
+    def test_resume_on_other_data_says_the_stream_changes(self):
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        text = self.write("corpus.txt", "a second phase of training reads this text. " * 200)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=6", "--set",
+                               f"data.text_file.path={text}", "--set", "run.seed=7")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: warning: the checkpoint was trained on synthetic tokens, this "
+                      f"run reads the text file {text}: the data stream changes from here on\n",
+                      result.stderr)
+        self.assertIn("mantissa: warning: the checkpoint was trained with run.seed 1, this run "
+                      "has 7: the data stream changes from here on\n", result.stderr)
+        self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 6)
+        # Resuming on the same data again: no warning.
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=7", "--set",
+                               f"data.text_file.path={text}", "--set", "run.seed=7")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("warning", result.stderr)
+
     def test_a_failure_of_one_rank_alone_ends_without_mpi_abort(self):
         # Every checkpoint damaged: exit 1 with the reason, and no Open MPI abort banner after
         # it (a job of one rank has no peer to stop).
