@@ -105,7 +105,8 @@ class Backend {
   virtual void fill(Tensor& dst, float value) = 0;
 
   // --- matrix multiply ----------------------------------------------------------------
-  // C[M, N] = alpha * op(A)[M, K] op(B)[K, N] + beta * C, FP32 accumulation.
+  // C[M, N] = alpha * op(A)[M, K] op(B)[K, N] + beta * C, FP32 accumulation. As in BLAS,
+  // beta = 0 never reads C and alpha = 0 never reads A and B (NaN there does not propagate).
   // A, B: F32, BF16, F16, or FP8 (E4M3xE4M3, E4M3xE5M2, E5M2xE4M3); C: F32, BF16, F16 or
   // FP8, per the dtype table of core/ops/gemm_checks.h.
   // With 3-D operands [batch, rows, cols] every batch is an independent product

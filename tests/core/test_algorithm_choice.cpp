@@ -62,6 +62,17 @@ TEST(AlgorithmChoice, APlanWhoseCandidatesAllFailIsRememberedAndNotRetried) {
   EXPECT_EQ(ran, -1);
 }
 
+TEST(AlgorithmChoice, AFailureThatIsNoRefusalPropagatesAndChangesNothing) {
+  AlgorithmChoice choice(4);
+  int ran = -2;
+  tried_by(choice, {1}, &ran);
+  ASSERT_EQ(choice.preferred(), 1);
+  EXPECT_THROW(choice.run([](int i) -> bool { throw i; }), int);
+  EXPECT_FALSE(choice.exhausted());
+  EXPECT_EQ(choice.preferred(), 1);
+  EXPECT_EQ(tried_by(choice, {1}, &ran), std::vector<int>({1}));
+}
+
 TEST(AlgorithmChoice, NoCandidatesMeansNothingRuns) {
   AlgorithmChoice choice(0);
   EXPECT_TRUE(choice.exhausted());

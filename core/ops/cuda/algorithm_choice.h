@@ -22,7 +22,8 @@ class AlgorithmChoice {
 
   // Calls attempt(i) (true: candidate i ran) for the preferred candidate, then for the others
   // in the heuristic's order, until one runs; returns its index, which becomes the preferred
-  // one. Returns -1 when none runs, now or on an earlier call.
+  // one. Returns -1 when none runs, now or on an earlier call. An attempt throws for a failure
+  // that is not a refusal; that leaves the choice as it was.
   template <class Attempt>
   int run(Attempt&& attempt) {
     if (exhausted_) return -1;

@@ -38,6 +38,7 @@
 #include "core/ops/cuda/cuda_gemm.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
 #include "core/ops/gemm_checks.h"
+#include "core/tensor/allocator.h"
 
 namespace mantissa::core {
 namespace {
@@ -306,20 +307,14 @@ CublasLtGemm::CublasLtGemm() {
 
 CublasLtGemm::~CublasLtGemm() = default;
 
-void* CublasLtGemm::scratch(int slot, size_t nbytes, cudaStream_t stream, int64_t& host_syncs) {
-  if (nbytes > scratch_bytes_[slot]) {
-    ++host_syncs;
-    MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream));
-    scratch_[slot].reset();
-    scratch_bytes_[slot] = 0;
+void* CublasLtGemm::scratch(int slot, size_t nbytes, int device_index) {
+  if (!scratch_[slot] || nbytes > scratch_[slot]->nbytes()) {
+    scratch_[slot].reset();  // back to the cache, which an out-of-memory retry can release
     // Round up (to 2 MiB) so that slowly growing shapes do not reallocate every step.
-    const size_t rounded = (nbytes + (2u << 20) - 1) / (2u << 20) * (2u << 20);
-    void* memory = nullptr;
-    MANTISSA_CUDA_CHECK(cudaMalloc(&memory, rounded));
-    scratch_[slot].reset(memory);
-    scratch_bytes_[slot] = rounded;
+    scratch_[slot] =
+        allocate_cuda((nbytes + (2u << 20) - 1) / (2u << 20) * (2u << 20), device_index);
   }
-  return scratch_[slot].get();
+  return scratch_[slot]->data();
 }
 
 void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
@@ -363,13 +358,23 @@ bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::strin
     }
   }
   // A refused algorithm queues nothing (cuBLASLt checks before it launches), so the next one
-  // can simply be tried.
+  // can simply be tried. Only these three statuses say "this algorithm cannot run this
+  // problem here"; any other (an execution failure, or a sticky error an earlier kernel left)
+  // is an error of its own, reported at once instead of ending the plan as refused and
+  // sending every later call to a fallback.
   const int ran = plan.choice.run([&](int i) {
     const cublasStatus_t status = cublasLtMatmul(
         handle_.get(), plan.desc.get(), &p.alpha, p.a, plan.a.get(), p.b, plan.b.get(), &p.beta,
         fp8_out ? nullptr : p.d, plan.c.get(), p.d, plan.d.get(), &plan.candidates[i].algo,
         workspace_.get(), kWorkspaceBytes, stream);
     if (status == CUBLAS_STATUS_SUCCESS) return true;
+    const bool refused = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                         status == CUBLAS_STATUS_INVALID_VALUE ||
+                         status == CUBLAS_STATUS_ARCH_MISMATCH;
+    MANTISSA_CHECK(refused, "cublasLtMatmul failed: " << cublasLtGetStatusName(status) << " ("
+                                                      << cublasLtGetStatusString(status)
+                                                      << "); CUDA's last error: "
+                                                      << cudaGetErrorString(cudaPeekAtLastError()));
     plan.refusals += std::string(plan.refusals.empty() ? "" : ", ") + "algorithm " +
                      std::to_string(i) + ": " + cublasLtGetStatusName(status);
     return false;
@@ -495,9 +500,10 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
     if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
     return;
   }
-  if (s.k == 0) {
-    // An empty sum: C = beta * C. beta is 0 for FP8 outputs (whose amax is then 0), so a
-    // C that is scaled is F32, BF16 or F16.
+  if (s.k == 0 || p.alpha == 0.0f) {
+    // An empty sum, or alpha = 0 (A and B are then not read, so an inf or NaN in them does
+    // not reach C, as on the CPU): C = beta * C. beta is 0 for FP8 outputs (whose amax is
+    // then 0), so a C that is scaled is F32, BF16 or F16.
     if (p.beta == 0.0f) {
       MANTISSA_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream_));
     } else {
@@ -512,12 +518,12 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   const void* a_data = a.data();
   const void* b_data = b.data();
   if (copy_a) {  // A stored [k, m] -> [m, k]
-    void* t = gemm_->scratch(0, a.nbytes(), stream_, host_syncs_);
+    void* t = gemm_->scratch(0, a.nbytes(), device_index_);
     transpose_bytes(a.data(), t, s.k, s.m, s.batch, stream_);
     a_data = t;
   }
   if (copy_b) {  // B stored [k, n] -> [n, k]
-    void* t = gemm_->scratch(1, b.nbytes(), stream_, host_syncs_);
+    void* t = gemm_->scratch(1, b.nbytes(), device_index_);
     transpose_bytes(b.data(), t, s.k, s.n, s.batch, stream_);
     b_data = t;
   }

@@ -15,6 +15,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/tensor/tensor.h"
+
 namespace mantissa::core {
 
 // One (strided-batched) cuBLASLt product in its own column-major terms:
@@ -68,9 +70,11 @@ class CublasLtGemm {
   void matmul(const LtMatmul& p, cudaStream_t stream);
 
   // Device memory of at least `nbytes` in one of two slots (one per operand), reused by later
-  // calls. Growing it waits for `stream` first, since queued work may still read the old one,
-  // and counts that wait in `host_syncs`.
-  void* scratch(int slot, size_t nbytes, cudaStream_t stream, int64_t& host_syncs);
+  // calls. It comes from the caching allocator (allocate_cuda): growing it needs no wait for
+  // the device (the old block goes back to the cache, where only work queued after it on the
+  // same stream can take it), and an out-of-memory there first releases the idle cached
+  // blocks, which a cudaMalloc of its own could not use.
+  void* scratch(int slot, size_t nbytes, int device_index);
 
   // How many algorithms a plan asks the heuristic for.
   static constexpr int kCandidates = 8;
@@ -105,8 +109,7 @@ class CublasLtGemm {
 
   std::unique_ptr<cublasLtContext, HandleDeleter> handle_;
   DeviceBuffer workspace_;
-  DeviceBuffer scratch_[2];
-  size_t scratch_bytes_[2] = {0, 0};
+  std::shared_ptr<Storage> scratch_[2];
   std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans_;
 };
 

@@ -201,10 +201,10 @@ constexpr int kLines = 32;
 // row; the rows' amaxes are reduced in shared memory, and the codes go out through a shared
 // 32 x 32 tile so that each warp writes 32 consecutive bytes of one code row.
 template <class Src, class Code>
-__global__ void quantize_transposed_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
-                                           void* __restrict__ scales, uint32_t* __restrict__ amax,
-                                           int64_t outer, int64_t k, ScaleMode mode,
-                                           bool power_of_two) {
+__global__ void __launch_bounds__(kLines* kLines)
+    quantize_transposed_kernel(const Src* __restrict__ src, Code* __restrict__ codes,
+                               void* __restrict__ scales, uint32_t* __restrict__ amax,
+                               int64_t outer, int64_t k, ScaleMode mode, bool power_of_two) {
   __shared__ uint32_t partial[kLines][kLines + 1];
   __shared__ float row_scale[kLines];
   __shared__ Code tile[kLines][kLines + 1];
