@@ -22,7 +22,11 @@
 // the average (q = 1/N) or, for FP8, fills the format without overflowing:
 //   q = min(fp8_max / (N * amax), 2^(126 - ceil(log2 N))),
 //   amax = max over ranks and over the bucket of |g|,
-// hence |sum of N codes| <= fp8_max at every hop. The result is widened with w = 1 / (N q).
+// hence the exact sum of the N scaled gradients is at most fp8_max. Rounding each code (and,
+// in a ring, each hop's partial sum) to nearest can still carry an FP8 sum past fp8_max
+// (E4M3, 13 ranks: codes of 34.46 round to 36, summing to 468 > 448); it then
+// saturates at fp8_max, since both FP8 sums (the MPI operator and NCCL's) convert with
+// SATFINITE, never to NaN or inf. The result is widened with w = 1 / (N q).
 // The cap binds only for a tiny amax (below about fp8_max * 2^-126: 5e-36 for E4M3, 7e-34 for
 // E5M2). Without it q would overflow FP32 to +inf, the zeros of the bucket (its padding at
 // least) would become 0 * inf = NaN, and the averages NaN, which the non-finite check (the

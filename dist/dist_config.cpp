@@ -25,6 +25,18 @@ void validate(const DistConfig& config) {
   core::at_least("dist.consistency_check_every", config.consistency_check_every, 0);
 }
 
+void validate_for_gpu(const DistConfig& config, int compute_capability, const std::string& device) {
+  const core::DType d = config.grad_reduce_dtype;
+  const bool fp8_sums =
+      (d == core::DType::kE4M3 || d == core::DType::kE5M2) && !config.accumulate_fp32;
+  core::require(
+      !fp8_sums || compute_capability >= 90, "dist.grad_reduce_dtype", reduce_dtype_name(d),
+      "NCCL sums FP8 only on compute capability 9.0 or newer, and " + device + " has " +
+          std::to_string(compute_capability / 10) + "." + std::to_string(compute_capability % 10) +
+          ": reduce in BF16, or set dist.accumulate_fp32 = true (FP8 is then only sent, "
+          "and summed in FP32)");
+}
+
 const char* reduce_dtype_name(core::DType dtype) {
   switch (dtype) {
     case core::DType::kF32: return "FP32";

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/tensor/tensor.h"
 
@@ -25,6 +26,12 @@ struct DistConfig {
 // Throws core::ConfigError for the first value out of its range, in the config layer's words:
 // "dist.<field> = <value>: <rule>", e.g. "dist.bucket_mb = 0: must lie in (0, 65536]".
 void validate(const DistConfig& config);
+
+// What a GPU of compute capability `compute_capability` (major * 10 + minor; `device` names
+// it) can run of this config. NCCL sums FP8 only on 9.0 and newer; with accumulate_fp32 the
+// FP8 gradients are only moved (all-to-all, all-gather) and summed in FP32 by each rank, which
+// any GPU does. Throws core::ConfigError naming dist.grad_reduce_dtype otherwise.
+void validate_for_gpu(const DistConfig& config, int compute_capability, const std::string& device);
 
 // "FP8_E4M3", ... as in the config (dist.grad_reduce_dtype).
 const char* reduce_dtype_name(core::DType dtype);

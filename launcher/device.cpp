@@ -4,6 +4,7 @@
 
 #include "core/precision/block_scaling.h"
 #include "launcher/config.h"
+#include "launcher/config_translate.h"
 
 #ifdef MANTISSA_WITH_CUDA
 #include <cuda_runtime.h>
@@ -67,6 +68,10 @@ DeviceInfo select_device(const TrainConfig& config, int local_rank) {
             std::to_string(device.compute_capability / 10) + "." +
             std::to_string(device.compute_capability % 10) + ")");
     require(why.empty(), "precision.mode", "FP8_HYBRID", why);
+  }
+  if (device.cuda) {
+    dist::validate_for_gpu(dist_config(config), device.compute_capability,
+                           device.name + " on cuda:" + std::to_string(device.index));
   }
   // MPI reduces host buffers and NCCL device buffers (AUTO picks the one that fits).
   if (device.cuda) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <span>
 #include <sstream>
 #include <thread>
@@ -47,6 +48,13 @@ ncclDataType_t nccl_dtype(DType dtype) {
   MANTISSA_FAIL("NCCL communicator: unsupported dtype " << core::dtype_name(dtype));
 }
 
+// The datatype of a collective that only moves data (gather, broadcast, send/recv). FP8 moves
+// as bytes: NCCL checks its FP8 types against sm_90 ("FP8 reduction support begins with sm90"),
+// and users report the refusal for all-gathers too, though nothing is summed.
+ncclDataType_t nccl_copy_dtype(DType dtype) {
+  return dtype == DType::kE4M3 || dtype == DType::kE5M2 ? ncclUint8 : nccl_dtype(dtype);
+}
+
 ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::kSum ? ncclSum : ncclMax;
 }
@@ -70,6 +78,13 @@ class NcclComm {
       : job_(std::move(job)), timeout_s_(timeout_s) {}
   ~NcclComm() {
     if (comm_ == nullptr) return;
+    // Destroyed while a failure unwinds the stack on its way to ending the job: abort at once.
+    // Finalizing would wait up to timeout_s for peers that may never come, once for each of
+    // the job's communicators.
+    if (std::uncaught_exceptions() > 0) {
+      abort();
+      return;
+    }
     // On a non-blocking communicator ncclCommFinalize answers ncclInProgress while it flushes
     // outstanding work; ncclCommGetAsyncError reports ncclSuccess once it is done.
     const ncclResult_t finalize = ncclCommFinalize(comm_);
@@ -133,12 +148,13 @@ class NcclComm {
     return std::chrono::duration<double>(Clock::now() - start).count();
   }
 
- private:
+  // Ends the communicator after a failure; nothing it has in flight is waited for.
   void abort() {
-    ncclCommAbort(comm_);
+    if (comm_ != nullptr) ncclCommAbort(comm_);
     comm_ = nullptr;
   }
 
+ private:
   std::shared_ptr<const NcclJob> job_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
@@ -305,7 +321,7 @@ class NcclCommunicator final : public Communicator {
                    "NCCL all_gather: send " << send.describe() << " must hold " << counts[rank()]
                                             << " elements of recv's dtype");
     auto request = begin("all_gather", recv, {send, recv});
-    const ncclDataType_t type = nccl_dtype(recv.dtype());
+    const ncclDataType_t type = nccl_copy_dtype(recv.dtype());
     const std::vector<int64_t> offsets = chunk_offsets(counts);
     if (equal(counts)) {
       // In place when send is this rank's chunk of recv, which NCCL supports as such.
@@ -332,9 +348,10 @@ class NcclCommunicator final : public Communicator {
     check_device(buf, "broadcast");
     MANTISSA_CHECK(root >= 0 && root < size_, "NCCL broadcast: root " << root << " out of range");
     auto request = begin("broadcast", buf, {buf});
-    MANTISSA_NCCL_CHECK(ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
-                                      nccl_dtype(buf.dtype()), root, comm_->get(), stream_.get()),
-                        comm_->get(), rank());
+    MANTISSA_NCCL_CHECK(
+        ncclBroadcast(buf.data(), buf.data(), static_cast<size_t>(buf.numel()),
+                      nccl_copy_dtype(buf.dtype()), root, comm_->get(), stream_.get()),
+        comm_->get(), rank());
     return end(std::move(request));
   }
 
@@ -348,7 +365,7 @@ class NcclCommunicator final : public Communicator {
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
     auto request = begin("all_to_all", send, {send, recv});
-    const ncclDataType_t type = nccl_dtype(send.dtype());
+    const ncclDataType_t type = nccl_copy_dtype(send.dtype());
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
     const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
     Group group(*this);
@@ -430,8 +447,13 @@ class NcclCommunicator final : public Communicator {
     explicit Group(NcclCommunicator& owner) : owner_(owner) {
       MANTISSA_NCCL_CHECK(ncclGroupStart(), owner_.comm_->get(), owner_.rank());
     }
+    // A call inside the group failed (its error is on its way up). The group must still be
+    // ended, which launches the calls queued before the failure without the rest of their
+    // pattern, so the communicator is aborted: nothing can wait for those calls.
     ~Group() {
-      if (open_) ncclGroupEnd();  // already failing: the communicator's own error reports it
+      if (!open_) return;
+      ncclGroupEnd();
+      owner_.comm_->abort();
     }
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;

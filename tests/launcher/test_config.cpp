@@ -12,6 +12,7 @@
 #include "launcher/cli.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
+#include "launcher/config_translate.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -365,6 +366,24 @@ TEST(ConfigValidate, ExistingDataFilesPass) {
   std::ofstream(text) << "hello world\n";
   EXPECT_EQ(validation_error({"data.text_file.path=" + text}), "");
   std::filesystem::remove_all(dir);
+}
+
+// The rule select_device applies on a GPU (launcher/device.cpp), checked here with the
+// compute capabilities of an A100 and an H200 through the config's own translation.
+TEST(ConfigValidate, Fp8GradientSumsNeedHopperWhereNcclSumsThem) {
+  auto gpu_error = [](const std::vector<std::string>& sets, int compute_capability) {
+    return error_of([&] {
+      dist::validate_for_gpu(dist_config(defaulted(sets)), compute_capability, "GPU on cuda:0");
+    });
+  };
+  EXPECT_EQ(gpu_error({"dist.grad_reduce_dtype=FP8_E4M3"}, 80),
+            "dist.grad_reduce_dtype = FP8_E4M3: NCCL sums FP8 only on compute capability 9.0 or "
+            "newer, and GPU on cuda:0 has 8.0: reduce in BF16, or set dist.accumulate_fp32 = true "
+            "(FP8 is then only sent, and summed in FP32)");
+  EXPECT_NE(gpu_error({"dist.grad_reduce_dtype=FP8_E5M2"}, 89), "");
+  EXPECT_EQ(gpu_error({"dist.grad_reduce_dtype=FP8_E4M3"}, 90), "");
+  EXPECT_EQ(gpu_error({"dist.grad_reduce_dtype=FP8_E4M3", "dist.accumulate_fp32=true"}, 80), "");
+  EXPECT_EQ(gpu_error({"dist.grad_reduce_dtype=BF16"}, 80), "");
 }
 
 TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
