@@ -177,8 +177,9 @@ TEST(GpuBlockFp8, ScaledGemmMatchesTheCpuOrRefusesWithTheReason) {
 // The weight gradient of the BLOCKWISE and ROWWISE recipes (models/nn/linear.cpp):
 // dW[out, in] += dy^T x with both operands quantised transposed, so K is the token count, and
 // beta = 1 into the F32 gradient, which the test above (beta = 0) never asks cuBLASLt for.
-// K = 2000 leaves the last 1x128 block partial (80 of 128), as a token count need not be a
-// multiple of 128.
+// K = 2000 is a token count that is no multiple of 128: ROWWISE trains with it, BLOCKWISE
+// refuses it at validation (launcher/config_validate.cpp: its K are whole 128-element
+// blocks), so VEC128 is asked only for K = 2048, the shape training can give it.
 TEST(GpuBlockFp8, ScaledWeightGradientAccumulatesWithBetaOne) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   Backends b;
@@ -187,6 +188,7 @@ TEST(GpuBlockFp8, ScaledWeightGradientAccumulatesWithBetaOne) {
     const Tensor dy = activations(Shape{tokens, out}, DType::kBF16, 34);
     const Tensor x = activations(Shape{tokens, in}, DType::kBF16, 35);
     for (ScaleMode mode : {ScaleMode::kVec128, ScaleMode::kOuterVec}) {
+      if (mode == ScaleMode::kVec128 && tokens % 128 != 0) continue;
       const std::string what = std::string(scale_mode_name(mode)) +
                                " weight gradient, K = " + std::to_string(tokens) +
                                ", beta 1 into f32";
