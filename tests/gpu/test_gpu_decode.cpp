@@ -3,7 +3,8 @@
 //    time) from identical inputs give the same caches bit for bit (a copy into the same dtype)
 //    and outputs within test_gpu_ops.cpp's tolerances (FP32 1e-5, F16 2e-3, BF16 1e-2
 //    relative to max(|cpu|, rms)), for heads narrower and wider than a block, many heads, and
-//    a long context; the CUDA kernel's shared-memory limit is an error, not a wrong result;
+//    a long context (one past the default 48 KiB of shared memory, which the kernel opts in
+//    to); the device's shared-memory limit is an error, not a wrong result;
 //  - GPT2Decoder with the same weights on both backends: the cached logits of every step agree
 //    within 1e-4 (cuBLASLt against OpenBLAS through a few layers), and on the GPU the cached
 //    logits equal those of the full forward within 1e-5.
@@ -87,10 +88,14 @@ TEST(GpuDecode, AttentionDecodeMatchesCpu) {
     int64_t prompt;  // rows of the first call; then one row per call
   };
   const Case cases[] = {
-      {1, 4, 1, DType::kF32, 1},          {9, 12, 3, DType::kF32, 4},
-      {40, 768, 12, DType::kF32, 1},      {70, 400, 2, DType::kF32, 7},  // D = 200 > the block
-      {1024, 768, 12, DType::kF32, 1000}, {70, 96, 2, DType::kBF16, 10},
+      {1, 4, 1, DType::kF32, 1},
+      {9, 12, 3, DType::kF32, 4},
+      {40, 768, 12, DType::kF32, 1},
+      {70, 400, 2, DType::kF32, 7},  // D = 200 > the block
+      {1024, 768, 12, DType::kF32, 1000},
+      {70, 96, 2, DType::kBF16, 10},
       {65, 192, 3, DType::kF16, 1},
+      {13000, 8, 1, DType::kF32, 12990},  // 52 KB of scores: past the default 48 KiB
   };
   for (const Case& c : cases) {
     const std::string what = "T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) +
@@ -130,10 +135,12 @@ TEST(GpuDecode, AttentionDecodeRefusesMorePositionsThanSharedMemoryHolds) {
   if (!core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   auto gpu = core::make_cuda_backend(0);
   Tensor qkv = Tensor::empty(Shape{1, 12}, DType::kF32, gpu->device());
-  Tensor k = Tensor::empty(Shape{13000, 4}, DType::kF32, gpu->device());
-  Tensor v = Tensor::empty(Shape{13000, 4}, DType::kF32, gpu->device());
+  // 65,000 positions need 260 KB, past the opt-in shared memory of every GPU so far (Hopper
+  // and Blackwell 227 KiB, Ampere 163 KiB).
+  Tensor k = Tensor::empty(Shape{65000, 4}, DType::kF32, gpu->device());
+  Tensor v = Tensor::empty(Shape{65000, 4}, DType::kF32, gpu->device());
   Tensor out = Tensor::empty(Shape{1, 4}, DType::kF32, gpu->device());
-  core::expect_error([&] { gpu->attention_decode(qkv, k, v, out, 1, 12999); },
+  core::expect_error([&] { gpu->attention_decode(qkv, k, v, out, 1, 64999); },
                      {"attention_decode", "above the CUDA backend's limit"});
 }
 

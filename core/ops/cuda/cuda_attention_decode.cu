@@ -77,19 +77,24 @@ void CudaBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v
       check_attention_decode(qkv, k_cache, v_cache, out, n_head, start, device());
   if (N == 0) return;
 
-  // q and the scores of the last new row, in the dynamic shared memory a launch may have
-  // without opting in to more: the default 48 KiB less the kernel's static shared memory (the
-  // block reductions' partials, 256 bytes), which a launch asking for the whole 48 KiB would
-  // exceed and fail.
+  // q and the scores of the last new row, in dynamic shared memory: up to the device's opt-in
+  // limit less the kernel's static shared memory (the block reductions' partials). Above the
+  // default 48 KiB the kernel opts in; Hopper then holds about 58,000 positions.
   cudaFuncAttributes attributes{};
   MANTISSA_CUDA_CHECK(cudaFuncGetAttributes(&attributes, attention_decode_kernel));
-  const int64_t max_shared_bytes = attributes.maxDynamicSharedSizeBytes;
+  const int64_t max_shared_bytes =
+      max_shared_per_block_ - static_cast<int64_t>(attributes.sharedSizeBytes);
   const int64_t shared_bytes = (D + first + N) * static_cast<int64_t>(sizeof(float));
   MANTISSA_CHECK(shared_bytes <= max_shared_bytes,
                  "attention_decode: head size "
                      << D << " plus " << first + N
                      << " positions is above the CUDA backend's limit of "
                      << max_shared_bytes / static_cast<int64_t>(sizeof(float)) << " floats");
+  if (shared_bytes > attributes.maxDynamicSharedSizeBytes) {
+    MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(shared_bytes)));
+  }
   append_kv_kernel<<<grid_size(N * C, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
       as_in(qkv), as_out(k_cache), as_out(v_cache), N, C, first);
   MANTISSA_CUDA_CHECK_LAUNCH();
