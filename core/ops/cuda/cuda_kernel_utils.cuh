@@ -176,11 +176,13 @@ void dispatch_f32_bf16_f16(const char* op, DType dtype, F&& f) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Deterministic column sums (bias_backward, layernorm_backward's dgamma and dbeta). Rows are
-// taken in fixed blocks of kColumnRowBlock, as the CPU backend does: a first kernel writes
-// one partial sum per (row block, column), summed row by row; add_column_partials then adds
-// the partials of each column in row-block order into out[C]. The result depends only on the
-// shapes, never on the launch configuration or timing.
+// Deterministic column sums (bias_backward, layernorm_backward's dgamma and dbeta, rmsnorm's
+// dgamma). Rows are taken in fixed blocks of kColumnRowBlock: a first kernel writes one
+// partial sum per (row block, column), summed row by row; add_column_partials then adds the
+// partials of each column in row-block order into out[C]. The result depends only on the
+// shapes, never on the launch configuration or timing. bias_backward matches the CPU backend
+// bit for bit (it sums in the same 256-row blocks); the CPU norms sum all rows in order, so
+// their parameter gradients agree with the GPU's up to summation order.
 constexpr int64_t kColumnRowBlock = 256;
 
 // Launch shape of the first-stage kernels (column_partials_kernel, layernorm's parameter
