@@ -188,8 +188,8 @@ class CudaEvent {
 // fired; NCCL's asynchronous errors are checked on every poll.
 class NcclRequest final : public Request {
  public:
-  NcclRequest(NcclComm& comm, double timeout_s, std::string what)
-      : comm_(comm), timeout_s_(timeout_s), what_(std::move(what)) {}
+  NcclRequest(NcclComm& comm, cudaStream_t stream, double timeout_s, std::string what)
+      : comm_(comm), stream_(stream), timeout_s_(timeout_s), what_(std::move(what)) {}
   // A request dropped while in flight (an exception unwinding a step) still owns buffers the
   // GPU is using: wait for it, and end the job rather than throw from a destructor.
   ~NcclRequest() override {
@@ -198,10 +198,12 @@ class NcclRequest final : public Request {
       // The failure that aborted the communicator is being reported already (the exception
       // unwinding through here, or the job's on_timeout): wait() would throw "was aborted"
       // and end the process under that message instead, hiding the cause. ncclCommAbort ends
-      // the operations in flight, so the event fires soon (at once if it was never recorded);
-      // the buffers go back when it has, or after the timeout regardless, the job failing.
+      // the operations in flight, so the communicator's stream drains soon; the buffers go
+      // back when it has, or after the timeout regardless, the job failing. (The stream, not
+      // the done event: a failure between enqueueing and recording leaves an event that was
+      // never recorded, which counts as fired while the collective may still run.)
       const auto start = Clock::now();
-      while (cudaEventQuery(done_event_.get()) == cudaErrorNotReady &&
+      while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
              NcclComm::seconds_since(start) < timeout_s_) {
         std::this_thread::yield();
       }
@@ -242,6 +244,7 @@ class NcclRequest final : public Request {
 
  private:
   NcclComm& comm_;
+  cudaStream_t stream_;  // the communicator's, which outlives its requests
   double timeout_s_;
   std::string what_;
   CudaEvent done_event_;
@@ -426,7 +429,7 @@ class NcclCommunicator final : public Communicator {
                                      std::vector<Tensor> operands) {
     std::ostringstream what;
     what << op << " of " << buf.describe();
-    auto request = std::make_unique<NcclRequest>(*comm_, timeout_s_, what.str());
+    auto request = std::make_unique<NcclRequest>(*comm_, stream_.get(), timeout_s_, what.str());
     request->hold(std::move(operands));
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
     MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
