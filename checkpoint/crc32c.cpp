@@ -1,5 +1,7 @@
 #include "checkpoint/crc32c.h"
 
+#include <nmmintrin.h>
+
 #include <array>
 #include <bit>
 #include <cstring>
@@ -29,9 +31,33 @@ constexpr Tables make_tables() {
 constexpr Tables kTables = make_tables();
 static_assert(std::endian::native == std::endian::little, "crc32c assumes little-endian loads");
 
+// The crc32 instruction folds eight bytes into the (reflected, inverted) CRC at a time, the
+// same arithmetic as the tables. One dependent chain: 3 cycles per 8 bytes, several times the
+// tables' speed.
+__attribute__((target("sse4.2"))) uint32_t crc32c_instruction(const unsigned char* p, size_t size,
+                                                              uint32_t crc) {
+  uint64_t c = ~crc;
+  for (; size >= 8; p += 8, size -= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = _mm_crc32_u64(c, word);
+  }
+  auto c32 = static_cast<uint32_t>(c);
+  for (; size > 0; ++p, --size) c32 = _mm_crc32_u8(c32, *p);
+  return ~c32;
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  static const bool has_instruction = __builtin_cpu_supports("sse4.2");
+  if (has_instruction) {
+    return crc32c_instruction(static_cast<const unsigned char*>(data), size, crc);
+  }
+  return crc32c_table(data, size, crc);
+}
+
+uint32_t crc32c_table(const void* data, size_t size, uint32_t crc) {
   const auto* p = static_cast<const unsigned char*>(data);
   crc = ~crc;
   while (size >= 8) {

@@ -168,8 +168,10 @@ TEST(Crc32c, KnownVectors) {
 }
 
 TEST(Crc32c, MatchesBitwiseDefinitionAtEveryLengthAndSplit) {
-  // The slicing-by-8 loop against the one-bit-at-a-time definition, over lengths and
-  // alignments that exercise both loops, and continuation across any split point.
+  // Both ways of computing it (crc32c: the crc32 instruction where the CPU has SSE4.2, as
+  // every CPU that runs the tests does; crc32c_table: the slicing-by-8 loop) against the
+  // one-bit-at-a-time definition, over lengths and alignments that exercise the 8-byte and the
+  // byte loops, and continuation across any split point.
   std::mt19937 rng(7);
   std::vector<unsigned char> data(200);
   for (auto& b : data) b = static_cast<unsigned char>(rng());
@@ -183,9 +185,14 @@ TEST(Crc32c, MatchesBitwiseDefinitionAtEveryLengthAndSplit) {
       const uint32_t expected = ~crc;
       ASSERT_EQ(checkpoint::crc32c(data.data() + offset, n), expected)
           << "offset " << offset << " n " << n;
+      ASSERT_EQ(checkpoint::crc32c_table(data.data() + offset, n), expected)
+          << "offset " << offset << " n " << n;
       const size_t split = n / 3;
       ASSERT_EQ(checkpoint::crc32c(data.data() + offset + split, n - split,
                                    checkpoint::crc32c(data.data() + offset, split)),
+                expected);
+      ASSERT_EQ(checkpoint::crc32c_table(data.data() + offset + split, n - split,
+                                         checkpoint::crc32c_table(data.data() + offset, split)),
                 expected);
     }
   }
