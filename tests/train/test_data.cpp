@@ -242,6 +242,9 @@ TEST_F(DataFiles, EveryBadShardNamesTheFileAndTheProblem) {
   cases.push_back({write_bytes("empty.bin", {}), "is empty"});
   cases.push_back({write_bytes("short.bin", std::vector<char>(500, 0)), "is truncated: 500 bytes"});
   cases.push_back({write_shard("magic.bin", iota_tokens(8), 20240326), "bad magic 20240326"});
+  cases.push_back({write_shard("llama3.bin", iota_tokens(8), 20240801, 7),
+                   "is an llm.c Llama-3 shard (magic 20240801, uint32 tokens); mantissa reads "
+                   "uint16 shards (magic 20240520, version 1) only, so vocabularies up to 65,536"});
   cases.push_back({write_shard("version.bin", iota_tokens(8), 20240520, 2),
                    "unsupported version 2 (expected 1)"});
   // The header claims 10 tokens, 9 are there: 1024 + 18 bytes instead of 1024 + 20.

@@ -25,6 +25,7 @@ struct TokenSegment {
 // then `count` uint16 tokens, little-endian; the file size is exactly 1024 + 2 * count bytes.
 inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
+inline constexpr int32_t kLlama3ShardMagic = 20240801;  // llm.c's uint32 shards (version 7)
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 

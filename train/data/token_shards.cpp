@@ -55,6 +55,13 @@ std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count) {
                                                             << kShardHeaderBytes << "-byte header");
   int32_t header[kShardHeaderInts];
   std::memcpy(header, data, sizeof header);
+  // llm.c's Llama-3 shards (uint32 tokens, for vocabularies past 65,536) are recognised, so
+  // that the refusal says what they are instead of calling them no shard at all.
+  MANTISSA_CHECK(
+      header[0] != kLlama3ShardMagic,
+      "token shard '" << path << "' is an llm.c Llama-3 shard (magic " << kLlama3ShardMagic
+                      << ", uint32 tokens); mantissa reads uint16 shards (magic " << kShardMagic
+                      << ", version " << kShardVersion << ") only, so vocabularies up to 65,536");
   MANTISSA_CHECK(header[0] == kShardMagic, "token shard '" << path << "': bad magic " << header[0]
                                                            << " (expected " << kShardMagic
                                                            << "; not an llm.c token shard)");
