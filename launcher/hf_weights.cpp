@@ -101,39 +101,98 @@ void to_f32(const std::vector<char>& raw, const std::string& dtype, float* out) 
 
 // The layout's row for each entry of the file, in file order, after every name, dtype and
 // shape was checked against the layout; throws on the first problem.
-std::vector<std::pair<const checkpoint::SafetensorsEntry*, const models::HfTensor*>> match_tensors(
-    const std::string& path, const checkpoint::SafetensorsHeader& header,
-    const models::HfLayout& layout) {
+// The safetensors files of a model directory, and the file that lists them (what an error
+// about a tensor missing from all of them names).
+struct WeightFiles {
+  std::vector<std::string> paths;
+  std::string source;
+};
+
+// model.safetensors, or else the shards that model.safetensors.index.json's weight_map names
+// (transformers splits a checkpoint past its max_shard_size), each once, in name order. A
+// shard must be a file of `dir` itself.
+WeightFiles weight_files(const std::string& dir) {
+  const fs::path single = fs::path(dir) / kHfWeightsFile;
+  const fs::path index = fs::path(dir) / kHfWeightsIndexFile;
+  std::error_code ec;
+  if (fs::exists(single, ec) || !fs::exists(index, ec)) {
+    return {{single.string()}, single.string()};
+  }
+  std::ifstream in(index);
+  MANTISSA_CHECK(in, "'" << index.string() << "': cannot be read");
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  google::protobuf::Struct json;
+  const bool parsed = google::protobuf::util::JsonStringToMessage(text, &json).ok();
+  const auto map = parsed ? json.fields().find("weight_map") : json.fields().end();
+  MANTISSA_CHECK(map != json.fields().end() && map->second.has_struct_value(),
+                 "'" << index.string() << "': not a JSON object with a \"weight_map\" object");
+  std::set<std::string> shards;
+  for (const auto& [tensor, file] : map->second.struct_value().fields()) {
+    const std::string name = file.string_value();
+    MANTISSA_CHECK(file.has_string_value() && !name.empty() &&
+                       fs::path(name).filename().string() == name && name != "." && name != "..",
+                   "'" << index.string() << "': tensor '" << tensor << "' maps to "
+                       << json_text(file) << ", not the name of a file in " << dir);
+    shards.insert(name);
+  }
+  MANTISSA_CHECK(!shards.empty(), "'" << index.string() << "': its weight_map names no tensor");
+  WeightFiles files{{}, index.string()};
+  for (const std::string& name : shards) files.paths.push_back((fs::path(dir) / name).string());
+  return files;
+}
+
+// One safetensors file of a model directory, its header read.
+struct WeightFile {
+  std::string path;
+  checkpoint::SafetensorsHeader header;
+};
+
+// A tensor of one of the files, matched to the layout's tensor it fills.
+struct MatchedTensor {
+  const WeightFile* file;
+  const checkpoint::SafetensorsEntry* entry;
+  const models::HfTensor* tensor;
+};
+
+// Every tensor of `files` matched to the layout: each one known (or a buffer the layout
+// ignores), found once over all the files, with the layout's shape and a float dtype; and
+// every layout tensor found (`source` names the files in that error).
+std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
+                                         const std::string& source,
+                                         const models::HfLayout& layout) {
   std::map<std::string, const models::HfTensor*> wanted;
   for (const models::HfTensor& t : layout.tensors) wanted[t.name] = &t;
   const std::set<std::string> ignored(layout.ignored.begin(), layout.ignored.end());
   std::set<std::string> seen;
-  std::vector<std::pair<const checkpoint::SafetensorsEntry*, const models::HfTensor*>> matched;
-  for (const checkpoint::SafetensorsEntry& e : header.tensors) {
-    std::string name = e.name;
-    if (!layout.optional_prefix.empty() && !name.starts_with(layout.optional_prefix))
-      name = layout.optional_prefix + name;
-    if (ignored.contains(name)) continue;
-    const auto found = wanted.find(name);
-    MANTISSA_CHECK(found != wanted.end(), "'" << path << "': tensor '" << e.name
-                                              << "' is not a parameter of this " << layout.family
-                                              << " (" << layout.architecture << ")");
-    MANTISSA_CHECK(seen.insert(name).second, "'" << path << "': tensor '" << name
-                                                 << "' is there twice (with and without '"
-                                                 << layout.optional_prefix << "')");
-    const models::HfTensor& t = *found->second;
-    MANTISSA_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16",
-                   "'" << path << "': tensor '" << e.name << "' has dtype " << e.dtype
-                       << "; F32, BF16 and F16 weights are read");
-    MANTISSA_CHECK(e.shape == t.shape(), "'" << path << "': tensor '" << e.name << "' is "
-                                             << core::Shape(e.shape).str() << ", the model needs "
-                                             << core::Shape(t.shape()).str());
-    matched.emplace_back(&e, &t);
+  std::vector<MatchedTensor> matched;
+  for (const WeightFile& file : files) {
+    const std::string& path = file.path;
+    for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
+      std::string name = e.name;
+      if (!layout.optional_prefix.empty() && !name.starts_with(layout.optional_prefix))
+        name = layout.optional_prefix + name;
+      if (ignored.contains(name)) continue;
+      const auto found = wanted.find(name);
+      MANTISSA_CHECK(found != wanted.end(), "'" << path << "': tensor '" << e.name
+                                                << "' is not a parameter of this " << layout.family
+                                                << " (" << layout.architecture << ")");
+      MANTISSA_CHECK(seen.insert(name).second,
+                     "'" << path << "': tensor '" << name << "' is there twice (with and without '"
+                         << layout.optional_prefix << "', or in two shards)");
+      const models::HfTensor& t = *found->second;
+      MANTISSA_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16",
+                     "'" << path << "': tensor '" << e.name << "' has dtype " << e.dtype
+                         << "; F32, BF16 and F16 weights are read");
+      MANTISSA_CHECK(e.shape == t.shape(), "'" << path << "': tensor '" << e.name << "' is "
+                                               << core::Shape(e.shape).str() << ", the model needs "
+                                               << core::Shape(t.shape()).str());
+      matched.push_back({&file, &e, &t});
+    }
   }
   for (const models::HfTensor& t : layout.tensors)
-    MANTISSA_CHECK(seen.contains(t.name), "'" << path << "': tensor '" << t.name << "' is missing ("
-                                              << layout.family << " needs it for " << t.parameter
-                                              << ")");
+    MANTISSA_CHECK(seen.contains(t.name), "'" << source << "': tensor '" << t.name
+                                              << "' is missing (" << layout.family
+                                              << " needs it for " << t.parameter << ")");
   return matched;
 }
 
@@ -287,29 +346,26 @@ bool is_hf_directory(const std::string& path) {
 
 void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
                          train::ParameterStore& params, core::Backend& backend) {
-  const fs::path weights = fs::path(dir) / kHfWeightsFile;
-  std::error_code ec;
-  if (!fs::exists(weights, ec) && fs::exists(fs::path(dir) / "model.safetensors.index.json", ec)) {
-    MANTISSA_FAIL("'" << dir << "' holds a sharded checkpoint (model.safetensors.index.json); "
-                      << "only a single " << kHfWeightsFile << " is read");
-  }
   check_config_json(dir, layout);
-  const std::string path = weights.string();
-  const checkpoint::SafetensorsHeader header = checkpoint::read_safetensors_header(path);
-  const auto matched = match_tensors(path, header, layout);
+  const WeightFiles listed = weight_files(dir);
+  std::vector<WeightFile> files;
+  for (const std::string& path : listed.paths)
+    files.push_back({path, checkpoint::read_safetensors_header(path)});
+  const std::vector<MatchedTensor> matched = match_tensors(files, listed.source, layout);
 
   const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
   std::map<const models::HfTensor*, const train::Parameter*> parameter;
   for (size_t i = 0; i < layout.tensors.size(); ++i) parameter[&layout.tensors[i]] = sources[i];
-  // The whole file goes into a host copy of the masters first (zero where no tensor writes:
-  // the vocabulary padding and the store's alignment gaps), so a failure half-way leaves the
-  // model as it was.
+  // Every file goes into a host copy of the masters first (zero where no tensor writes: the
+  // vocabulary padding and the store's alignment gaps), so a failure half-way leaves the model
+  // as it was.
   std::vector<float> masters(static_cast<size_t>(params.flat_numel()), 0.0f);
   std::vector<float> values;
-  for (const auto& [entry, t] : matched) {
-    values.resize(static_cast<size_t>(t->numel()));
-    to_f32(checkpoint::read_safetensors_data(path, header, *entry), entry->dtype, values.data());
-    models::from_hf(*t, values.data(), masters.data() + parameter.at(t)->offset);
+  for (const MatchedTensor& m : matched) {
+    values.resize(static_cast<size_t>(m.tensor->numel()));
+    to_f32(checkpoint::read_safetensors_data(m.file->path, m.file->header, *m.entry),
+           m.entry->dtype, values.data());
+    models::from_hf(*m.tensor, values.data(), masters.data() + parameter.at(m.tensor)->offset);
   }
   params.set_weights(backend, core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()},
                                                  core::DType::kF32));

@@ -19,6 +19,7 @@
 namespace mantissa::launcher {
 
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
+inline constexpr const char* kHfWeightsIndexFile = "model.safetensors.index.json";  // shards
 inline constexpr const char* kHfConfigFile = "config.json";
 inline constexpr const char* kHfTokenizerFile = "tokenizer.model";
 
@@ -47,7 +48,8 @@ bool is_hf_directory(const std::string& path);
 // Overwrites the masters `params` keeps (all, or a ZeRO-1 shard) and the whole compute copy
 // with the weights of the model directory `dir`. config.json must agree with the layout (each
 // field equal, or as transformers defaults it when absent; max_position_embeddings may be
-// larger than seq_len); model.safetensors must hold exactly the layout's tensors (the
+// larger than seq_len); model.safetensors, or the shards model.safetensors.index.json names,
+// must hold exactly the layout's tensors between them (the
 // "transformer." prefix of GPT-2's names optional, known buffers such as GPT-2's attn.bias
 // skipped), each with its shape, in F32, BF16 or F16. Rows no tensor covers (vocabulary
 // padding) become zero. Throws core::Error naming the directory and the field or tensor at

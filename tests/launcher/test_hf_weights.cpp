@@ -289,9 +289,66 @@ TEST_F(HfWeights, TensorProblemsAreNamed) {
   }
   fs::remove(weights);
   EXPECT_NE(import_error(dir, b).find("cannot open"), std::string::npos);
-  write_text(dir + "/model.safetensors.index.json", "{}");
-  EXPECT_NE(import_error(dir, b).find("holds a sharded checkpoint"), std::string::npos);
   EXPECT_EQ(masters(b), before);
+}
+
+// The weights in two shards named by model.safetensors.index.json, as transformers writes a
+// checkpoint past its max_shard_size: the same import as from one file.
+TEST_F(HfWeights, ReadsShardedCheckpoints) {
+  models::GPT2 a(kGpt2, *backend_, kFP32, 1);
+  const std::string dir = export_model(a, "gpt2");
+  const std::string weights = dir + "/model.safetensors";
+  const std::vector<RawTensor> all = read_raw(weights);
+  ASSERT_GT(all.size(), 2u);
+  fs::remove(weights);
+  const size_t half = all.size() / 2;
+  const std::string first = "model-00001-of-00002.safetensors";
+  const std::string second = "model-00002-of-00002.safetensors";
+  write_raw(dir + "/" + first, {all.begin(), all.begin() + static_cast<std::ptrdiff_t>(half)});
+  write_raw(dir + "/" + second, {all.begin() + static_cast<std::ptrdiff_t>(half), all.end()});
+  const std::string index = dir + "/model.safetensors.index.json";
+  auto write_index = [&](const std::vector<std::pair<std::string, std::string>>& map) {
+    std::string text = "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {";
+    for (size_t i = 0; i < map.size(); ++i)
+      text += (i ? ", \"" : "\"") + map[i].first + "\": \"" + map[i].second + "\"";
+    write_text(index, text + "}}");
+  };
+  std::vector<std::pair<std::string, std::string>> map;
+  for (size_t i = 0; i < all.size(); ++i) map.emplace_back(all[i].name, i < half ? first : second);
+  write_index(map);
+
+  models::GPT2 b(kGpt2, *backend_, kFP32, 2);
+  EXPECT_EQ(import_error(dir, b), "");
+  EXPECT_EQ(masters(b), masters(a));
+
+  // A shard the index does not name leaves its tensors missing; the error names the index.
+  models::GPT2 c(kGpt2, *backend_, kFP32, 3);
+  const std::vector<float> before = masters(c);
+  std::vector<std::pair<std::string, std::string>> only_first(map.begin(), map.begin() + half);
+  write_index(only_first);
+  const std::string missing = import_error(dir, c);
+  EXPECT_NE(missing.find("'" + index + "': tensor '" + all[half].name + "' is missing"),
+            std::string::npos)
+      << missing;
+  // A tensor in two shards, a name outside the directory, an index without a weight_map.
+  write_raw(dir + "/" + second, {all.begin() + static_cast<std::ptrdiff_t>(half - 1), all.end()});
+  write_index(map);
+  EXPECT_NE(import_error(dir, c).find("tensor '" + all[half - 1].name + "' is there twice"),
+            std::string::npos)
+      << import_error(dir, c);
+  write_index({{all[0].name, "../elsewhere.safetensors"}});
+  EXPECT_NE(import_error(dir, c).find("'" + index + "': tensor '" + all[0].name +
+                                      "' maps to \"../elsewhere.safetensors\", not the name of "
+                                      "a file in " +
+                                      dir),
+            std::string::npos)
+      << import_error(dir, c);
+  write_text(index, "{}");
+  EXPECT_NE(
+      import_error(dir, c).find("'" + index + "': not a JSON object with a \"weight_map\" object"),
+      std::string::npos)
+      << import_error(dir, c);
+  EXPECT_EQ(masters(c), before) << "a refused import changes nothing";
 }
 
 TEST_F(HfWeights, ConfigFieldsMustAgree) {
