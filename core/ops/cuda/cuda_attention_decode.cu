@@ -91,9 +91,7 @@ void CudaBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v
                      << " positions is above the CUDA backend's limit of "
                      << max_shared_bytes / static_cast<int64_t>(sizeof(float)) << " floats");
   if (shared_bytes > attributes.maxDynamicSharedSizeBytes) {
-    MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(shared_bytes)));
+    allow_shared_bytes(attention_decode_kernel, static_cast<size_t>(shared_bytes));
   }
   append_kv_kernel<<<grid_size(N * C, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
       as_in(qkv), as_out(k_cache), as_out(v_cache), N, C, first);

@@ -174,8 +174,7 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols
     dispatch_f32_bf16_f16("softmax_cross_entropy", logits.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const auto kernel = softmax_cross_entropy_staged_kernel<T>;
-      MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(staged_bytes)));
+      allow_shared_bytes(kernel, static_cast<size_t>(staged_bytes));
       kernel<<<blocks, kCrossEntropyBlock, static_cast<size_t>(staged_bytes), stream_>>>(
           logits.data_as<const T>(), targets.data_as<const int32_t>(), losses.data_as<float>(),
           grad, grad_scale, V, valid_cols, vector);

@@ -461,12 +461,6 @@ size_t flash_shared_bytes() {
                    shared_bytes<QueryGradShared<D, T>>()});
 }
 
-template <class Kernel>
-void allow_shared_bytes(Kernel kernel, size_t bytes) {
-  MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(bytes)));
-}
-
 void require_flash_kernels(const char* op, const std::string& unsupported) {
   MANTISSA_CHECK(unsupported.empty(), op << ": " << unsupported);
 }

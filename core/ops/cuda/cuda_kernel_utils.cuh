@@ -11,6 +11,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/cuda/cuda_check.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core::cuda_kernels {
@@ -127,6 +128,14 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
 inline int grid_size(int64_t work, int block, int multiprocessor_count) {
   const int64_t full = static_cast<int64_t>(multiprocessor_count) * (2048 / block);
   return static_cast<int>(std::max<int64_t>(1, std::min(ceil_div(work, block), full)));
+}
+
+// Lets `kernel` be launched with `bytes` of dynamic shared memory, past the default 48 KiB up
+// to the device's opt-in limit (which the caller checks).
+template <class Kernel>
+void allow_shared_bytes(Kernel kernel, size_t bytes) {
+  MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(bytes)));
 }
 
 // The first global thread index and the stride of a grid-stride loop.
