@@ -50,15 +50,21 @@ bool same_json(const Value& a, const Value& b) {
 
 // ---- reading a directory ---------------------------------------------------------------------
 
-void check_config_json(const std::string& dir, const models::HfLayout& layout) {
-  const std::string path = (fs::path(dir) / kHfConfigFile).string();
+// The JSON object in the file `path` (config.json, the shards' index).
+google::protobuf::Struct read_json_object(const std::string& path) {
   std::ifstream in(path);
   MANTISSA_CHECK(in, "'" << path << "': cannot be read");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  google::protobuf::Struct config;
-  const auto status = google::protobuf::util::JsonStringToMessage(text, &config);
+  google::protobuf::Struct object;
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &object);
   MANTISSA_CHECK(status.ok() && text.find('{') != std::string::npos,
                  "'" << path << "' is not a JSON object: " << status.ToString());
+  return object;
+}
+
+void check_config_json(const std::string& dir, const models::HfLayout& layout) {
+  const std::string path = (fs::path(dir) / kHfConfigFile).string();
+  const google::protobuf::Struct config = read_json_object(path);
   for (const models::HfConfigField& f : layout.config) {
     if (f.rule == models::HfConfigField::Rule::kWritten) continue;
     const auto found = config.fields().find(f.key);
@@ -99,8 +105,6 @@ void to_f32(const std::vector<char>& raw, const std::string& dtype, float* out) 
   }
 }
 
-// The layout's row for each entry of the file, in file order, after every name, dtype and
-// shape was checked against the layout; throws on the first problem.
 // The safetensors files of a model directory, and the file that lists them (what an error
 // about a tensor missing from all of them names).
 struct WeightFiles {
@@ -118,12 +122,8 @@ WeightFiles weight_files(const std::string& dir) {
   if (fs::exists(single, ec) || !fs::exists(index, ec)) {
     return {{single.string()}, single.string()};
   }
-  std::ifstream in(index);
-  MANTISSA_CHECK(in, "'" << index.string() << "': cannot be read");
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  google::protobuf::Struct json;
-  const bool parsed = google::protobuf::util::JsonStringToMessage(text, &json).ok();
-  const auto map = parsed ? json.fields().find("weight_map") : json.fields().end();
+  const google::protobuf::Struct json = read_json_object(index.string());
+  const auto map = json.fields().find("weight_map");
   MANTISSA_CHECK(map != json.fields().end() && map->second.has_struct_value(),
                  "'" << index.string() << "': not a JSON object with a \"weight_map\" object");
   std::set<std::string> shards;
@@ -154,9 +154,10 @@ struct MatchedTensor {
   const models::HfTensor* tensor;
 };
 
-// Every tensor of `files` matched to the layout: each one known (or a buffer the layout
-// ignores), found once over all the files, with the layout's shape and a float dtype; and
-// every layout tensor found (`source` names the files in that error).
+// The layout's row for each tensor of `files`, in file order, after every name, dtype and
+// shape was checked against the layout: each tensor known (or a buffer the layout ignores),
+// found once over all the files, with the layout's shape and a float dtype; and every layout
+// tensor found (`source` names the files in that error). Throws on the first problem.
 std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
                                          const std::string& source,
                                          const models::HfLayout& layout) {
