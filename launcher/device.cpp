@@ -60,21 +60,18 @@ DeviceInfo select_device(const TrainConfig& config, int local_rank) {
 #endif
   }
 
-  // The CPU backend emulates FP8 bit for bit, so only a GPU can lack it.
-  if (device.cuda && config.precision().mode() == TrainConfig::Precision::FP8_HYBRID) {
-    const std::string why = core::gpu_scale_mode_rule(
-        core::ScaleMode::kTensor, core::ScaleMode::kTensor, device.compute_capability,
-        device.name + " on cuda:" + std::to_string(device.index) + " (compute capability " +
-            std::to_string(device.compute_capability / 10) + "." +
-            std::to_string(device.compute_capability % 10) + ")");
-    require(why.empty(), "precision.mode", "FP8_HYBRID", why);
-  }
   if (device.cuda) {
-    dist::validate_for_gpu(dist_config(config), device.compute_capability,
-                           device.name + " on cuda:" + std::to_string(device.index));
-  }
-  // MPI reduces host buffers and NCCL device buffers (AUTO picks the one that fits).
-  if (device.cuda) {
+    // What this GPU lacks (the CPU backend emulates FP8 bit for bit, so only a GPU can).
+    const std::string gpu = device.name + " on cuda:" + std::to_string(device.index);
+    if (config.precision().mode() == TrainConfig::Precision::FP8_HYBRID) {
+      const std::string why = core::gpu_scale_mode_rule(
+          core::ScaleMode::kTensor, core::ScaleMode::kTensor, device.compute_capability,
+          gpu + " (compute capability " + std::to_string(device.compute_capability / 10) + "." +
+              std::to_string(device.compute_capability % 10) + ")");
+      require(why.empty(), "precision.mode", "FP8_HYBRID", why);
+    }
+    dist::validate_for_gpu(dist_config(config), device.compute_capability, gpu);
+    // MPI reduces host buffers and NCCL device buffers (AUTO picks the one that fits).
     require(config.dist().backend() != TrainConfig::Dist::MPI, "dist.backend", "MPI",
             "reduces host buffers, and this rank runs on " + device.name + " (use NCCL or AUTO)");
   } else {
