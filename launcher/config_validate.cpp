@@ -46,6 +46,9 @@ constexpr int64_t kMaxWidth = int64_t{1} << 20;  // channels, hidden units, seq_
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
 constexpr int64_t kMaxHeads = int64_t{1} << 12;
 constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 24;  // micro_batch_size x seq_len
+// Four times Gemma's 256,000, the largest vocabulary in use; token shards of 4-byte ids hold
+// any of them.
+constexpr int64_t kMaxVocab = int64_t{1} << 20;
 
 void width(std::string_view path, int64_t value) {
   in_range(path, value, 1, kMaxWidth);
@@ -132,7 +135,7 @@ void validate_llama(const Config::Model::Llama& m) {
           "must divide model.llama.n_head = " + n_head);
   width("model.llama.ffn_hidden", m.ffn_hidden());
   width("model.llama.seq_len", m.seq_len());
-  in_range("model.llama.vocab_size", m.vocab_size(), 1, 65536);
+  in_range("model.llama.vocab_size", m.vocab_size(), 1, kMaxVocab);
   require(std::isfinite(m.rope_theta()) && m.rope_theta() > 1.0, "model.llama.rope_theta",
           format_number(m.rope_theta()), "must be finite and > 1");
   require(std::isfinite(m.norm_eps()) && m.norm_eps() > 0.0, "model.llama.norm_eps",
@@ -160,7 +163,7 @@ ModelShape validate_model(const Config::Model& model) {
     width("model.mlp.n_embd", m.n_embd());
     width("model.mlp.hidden", m.hidden());
     width("model.mlp.seq_len", m.seq_len());
-    in_range("model.mlp.vocab_size", m.vocab_size(), 1, 65536);
+    in_range("model.mlp.vocab_size", m.vocab_size(), 1, kMaxVocab);
     return model_shape(model);
   }
   if (model.has_llama()) {
@@ -174,8 +177,7 @@ ModelShape validate_model(const Config::Model& model) {
   require(g.n_embd() % g.n_head() == 0, "model.gpt2.n_embd", std::to_string(g.n_embd()),
           "must be a multiple of model.gpt2.n_head = " + std::to_string(g.n_head()));
   width("model.gpt2.seq_len", g.seq_len());
-  // Token shards store uint16 tokens, so no vocabulary beyond 2^16 can be fed.
-  in_range("model.gpt2.vocab_size", g.vocab_size(), 1, 65536);
+  in_range("model.gpt2.vocab_size", g.vocab_size(), 1, kMaxVocab);
   return model_shape(model);
 }
 

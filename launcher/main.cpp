@@ -84,7 +84,8 @@ exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
   1  runtime failure (I/O, communication, a checkpoint that cannot be written or read)
   2  bad command line or config, including data files and devices it names and a
-     checkpoint in run.dir that does not fit it (another model); nothing trained
+     checkpoint in run.dir that does not fit it (another model); nothing trained, except
+     where a token shard holds a token past the vocabulary: the batch reading it stops the run
   3  a peer rank stopped answering within dist.timeout_s
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row

@@ -60,12 +60,14 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
                    "cannot write the decoded text: " << std::strerror(errno));
     pending.erase(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(n));
   };
+  std::vector<int32_t> part;
   for (const train::Corpus& shard : shards) {
     for (const train::TokenSegment& segment : shard.segments()) {
-      for (size_t at = 0; at < segment.tokens.size(); at += kDecodeTokens) {
-        const std::span<const uint16_t> part =
-            segment.tokens.subspan(at).first(std::min(kDecodeTokens, segment.tokens.size() - at));
-        pending.insert(pending.end(), part.begin(), part.end());
+      for (int64_t at = 0; at < segment.size(); at += static_cast<int64_t>(part.size())) {
+        // read() checks every id against the tokenizer's vocabulary, which fits uint16.
+        part.resize(std::min(kDecodeTokens, static_cast<size_t>(segment.size() - at)));
+        segment.read(at, part, shard.vocab_size());
+        for (const int32_t id : part) pending.push_back(static_cast<uint16_t>(id));
         if (pending.size() >= kDecodeTokens) flush(false);
       }
     }

@@ -199,7 +199,7 @@ void Trainer::build_data() {
       corpus = std::move(head);
       if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
     } else if (data.has_token_shards()) {
-      const int vocab = static_cast<int>(dims.vocab_size);
+      const int64_t vocab = dims.vocab_size;
       corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
       const std::string& val_pattern = data.token_shards().val_pattern();
       if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);

@@ -1,6 +1,7 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <span>
 #include <vector>
 
 #include "core/error.h"
@@ -12,7 +13,7 @@ namespace {
 
 // Whole windows of seq_len + 1 tokens, laid end to end with a stride of seq_len, in a segment.
 int64_t windows_in(const TokenSegment& segment, int64_t seq_len) {
-  const auto n = static_cast<int64_t>(segment.tokens.size());
+  const int64_t n = segment.size();
   return n > seq_len ? (n - 1) / seq_len : 0;
 }
 
@@ -43,13 +44,11 @@ void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>&
   for (const TokenSegment& segment : corpus_->segments()) {
     const int64_t here = windows_in(segment, seq_len_);
     for (int64_t k = std::max(first, w); k < std::min(first + count, w + here); ++k, ++filled) {
-      const uint16_t* window = segment.tokens.data() + (k - w) * seq_len_;
-      int32_t* in = tokens.data() + filled * seq_len_;
-      int32_t* out = targets.data() + filled * seq_len_;
-      for (int64_t t = 0; t < seq_len_; ++t) {
-        in[t] = window[t];
-        out[t] = window[t + 1];
-      }
+      const int64_t start = (k - w) * seq_len_;
+      const auto in = std::span(tokens).subspan(filled * seq_len_, seq_len_);
+      const auto out = std::span(targets).subspan(filled * seq_len_, seq_len_);
+      segment.read(start, in, corpus_->vocab_size());
+      segment.read(start + 1, out, corpus_->vocab_size());
     }
     w += here;
     if (w >= first + count) break;

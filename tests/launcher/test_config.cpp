@@ -243,7 +243,8 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "model.gpt2.n_embd = 100: must be a multiple of model.gpt2.n_head = 3"},
       {{"model.gpt2.vocab_size=100"},
        "model.gpt2.vocab_size = 100: must be >= 256, the byte vocabulary of data.synthetic"},
-      {{"model.gpt2.vocab_size=70000"}, "model.gpt2.vocab_size = 70000: must lie in [1, 65536]"},
+      {{"model.gpt2.vocab_size=2000000"},
+       "model.gpt2.vocab_size = 2000000: must lie in [1, 1048576]"},
       {{"data.micro_batch_size=0"}, "data.micro_batch_size = 0: must be >= 1"},
       // Sizes past the bounds that keep every product of sizes inside int64.
       {{"data.micro_batch_size=1000000000"},

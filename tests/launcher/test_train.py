@@ -14,6 +14,8 @@
    writes a GPT-2's and a Llama's weights as a Hugging Face directory, which model.init_from
    reads back unchanged;
  - a checkpoint saved by another model is refused with exit code 2 (a config error);
+ - llm.c's Llama-3 shards (uint32 tokens) train a vocabulary past 2^16, and a token past the
+   vocabulary stops the run with exit code 2 naming the shard and the position;
  - the divergence guard: gradients non-finite at the minimum loss scale for
    max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4.
 """
@@ -361,6 +363,41 @@ class Training(lu.TempDirTest):
         self.assertIn("step_00000020 does not fit this model", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
                                                      "step_00000040")))
+
+    def write_llama3_shard(self, name, tokens):
+        """An llm.c Llama-3 shard: magic 20240801, version 7, then the tokens as uint32."""
+        path = os.path.join(self.dir, name)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<256i", *([20240801, 7, len(tokens)] + [0] * 253)))
+            f.write(array.array("I", tokens).tobytes())
+        return path
+
+    def test_llama3_shards_feed_a_vocabulary_past_uint16(self):
+        # Ids past 65,535 in llm.c's uint32 shards train a model with a vocabulary of 70,000
+        # on two ranks.
+        config = self.write("wide.pbtxt", """
+run { steps: 4 device: CPU log_every: 1 }
+model { mlp { n_embd: 32 hidden: 64 seq_len: 16 vocab_size: 70000 } }
+data { micro_batch_size: 2 }
+""")
+        rng = random.Random(5)
+        tokens = [65536 + 97 * rng.randrange(45) for _ in range(3000)] + [69999, 0, 1]
+        shard = self.write_llama3_shard("wide_000000.bin", tokens)
+        args = ["train", "--config", config, "--set", f"data.token_shards.pattern={shard}"]
+        result = self.mantissa(*args, "--set", f"run.dir={self.run_dir('wide')}", ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        log = lu.read_log(self.run_dir("wide"), 0)
+        self.assertEqual([e["step"] for e in log], [0, 1, 2, 3])
+        self.assertTrue(all(math.isfinite(e["loss"]) for e in log))
+
+        # A token past the vocabulary is found by the batch that reads it (here the first: the
+        # shard holds one window), on whichever rank, and stops the job with exit 2 naming it.
+        bad = self.write_llama3_shard("bad_000000.bin", [65536 + t for t in range(16)] + [70000])
+        args[-1] = f"data.token_shards.pattern={bad}"
+        result = self.mantissa(*args, "--set", f"run.dir={self.run_dir('bad')}", ranks=RANKS)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn(f"'{bad}': token 70000 at position 16 is >= vocab_size 70000",
+                      result.stderr)
 
     def test_divergence_guard_nonfinite_loss(self):
         result = self.mantissa(*self.train_args("nan", "optimizer.adamw.lr=1e30",

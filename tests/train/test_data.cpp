@@ -24,6 +24,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every token of `segment`, widened as the loader reads them.
+std::vector<int32_t> tokens_of(const TokenSegment& segment, int64_t vocab_size = INT32_MAX) {
+  std::vector<int32_t> tokens(static_cast<size_t>(segment.size()));
+  segment.read(0, tokens, vocab_size);
+  return tokens;
+}
+
 // ---------------------------------------------------------------------------------------
 // Synthetic corpus
 
@@ -129,7 +136,7 @@ TEST(Synthetic, CorpusIsOneByteLevelSegment) {
   EXPECT_EQ(corpus.num_tokens(), 4096);
   ASSERT_EQ(corpus.segments().size(), 1u);
   const std::vector<uint16_t> expected = synthetic_tokens(3, 4096);
-  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, expected));
+  EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[0]), expected));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -155,17 +162,20 @@ class DataFiles : public ::testing::Test {
   }
 
   // A shard laid out by hand: 256 little-endian int32 (magic, version, count, zeros), then
-  // the uint16 tokens. `count` is what the header claims, independent of tokens.size().
-  std::string write_shard(const std::string& name, const std::vector<uint16_t>& tokens,
+  // the tokens as they are given, uint16 or uint32. `count` is what the header claims,
+  // independent of tokens.size().
+  template <typename Token>
+  std::string write_shard(const std::string& name, const std::vector<Token>& tokens,
                           int32_t magic = 20240520, int32_t version = 1,
                           std::optional<int32_t> count = std::nullopt) const {
     std::vector<int32_t> header(256, 0);
     header[0] = magic;
     header[1] = version;
     header[2] = count.value_or(static_cast<int32_t>(tokens.size()));
-    std::vector<char> bytes(1024 + 2 * tokens.size());
+    const size_t token_bytes = sizeof(Token) * tokens.size();
+    std::vector<char> bytes(1024 + token_bytes);
     std::memcpy(bytes.data(), header.data(), 1024);
-    std::memcpy(bytes.data() + 1024, tokens.data(), 2 * tokens.size());
+    std::memcpy(bytes.data() + 1024, tokens.data(), token_bytes);
     return write_bytes(name, bytes);
   }
 
@@ -196,7 +206,7 @@ TEST_F(DataFiles, TextFileBytesAreTokens) {
   EXPECT_EQ(corpus.name(), p);
   ASSERT_EQ(corpus.segments().size(), 1u);
   const std::vector<uint16_t> expected = {104, 105, 0, 128, 255};
-  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, expected));
+  EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[0]), expected));
 }
 
 TEST_F(DataFiles, TextFileErrorsNameTheFile) {
@@ -219,17 +229,47 @@ TEST_F(DataFiles, ShardsLoadInSortedOrder) {
   EXPECT_EQ(corpus.vocab_size(), 256);
   EXPECT_EQ(corpus.num_tokens(), 80);
   ASSERT_EQ(corpus.segments().size(), 2u);
-  EXPECT_EQ(corpus.segments()[0].name, path("train_000.bin"));
-  EXPECT_EQ(corpus.segments()[1].name, path("train_001.bin"));
-  EXPECT_TRUE(std::ranges::equal(corpus.segments()[0].tokens, iota_tokens(30, 0)));
-  EXPECT_TRUE(std::ranges::equal(corpus.segments()[1].tokens, iota_tokens(50, 100)));
+  EXPECT_EQ(corpus.segments()[0].name(), path("train_000.bin"));
+  EXPECT_EQ(corpus.segments()[1].name(), path("train_001.bin"));
+  EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[0]), iota_tokens(30, 0)));
+  EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[1]), iota_tokens(50, 100)));
 }
 
 TEST_F(DataFiles, ShardWithTheLargestTokens) {
-  write_shard("big.bin", {0, 50256, 65535});
-  EXPECT_EQ(Corpus::token_shards(path("big.bin"), 65536).num_tokens(), 3);
-  const std::string msg = error_of([&] { Corpus::token_shards(path("big.bin"), 50257); });
-  EXPECT_NE(msg.find("token 65535 at position 2"), std::string::npos) << msg;
+  write_shard("big.bin", std::vector<uint16_t>{0, 50256, 65535});
+  const Corpus corpus = Corpus::token_shards(path("big.bin"), 65536);
+  EXPECT_EQ(corpus.num_tokens(), 3);
+  EXPECT_EQ(tokens_of(corpus.segments()[0], 65536), (std::vector<int32_t>{0, 50256, 65535}));
+  // Token values are checked as they are read, not when the shard is opened.
+  const Corpus small = Corpus::token_shards(path("big.bin"), 50257);
+  std::vector<int32_t> two(2);
+  small.segments()[0].read(0, two, small.vocab_size());
+  EXPECT_EQ(two, (std::vector<int32_t>{0, 50256}));
+  const std::string msg = error_of([&] { tokens_of(small.segments()[0], 50257); });
+  EXPECT_NE(msg.find("'" + path("big.bin") + "': token 65535 at position 2 is >= vocab_size 50257"),
+            std::string::npos)
+      << msg;
+}
+
+TEST_F(DataFiles, Llama3ShardsHoldUint32Tokens) {
+  // llm.c's Llama-3 shards: magic 20240801, version 7, 4-byte tokens, here past 2^16.
+  const std::vector<uint32_t> ids = {128000, 9906, 65536, 128255, 0};
+  write_shard("llama_000.bin", ids, 20240801, 7);
+  write_shard("llama_001.bin", std::vector<uint16_t>{7, 8, 9});  // a GPT-2 shard may sit beside it
+  const Corpus corpus = Corpus::token_shards(path("llama_*.bin"), 128256);
+  ASSERT_EQ(corpus.segments().size(), 2u);
+  EXPECT_EQ(corpus.num_tokens(), 8);
+  EXPECT_EQ(corpus.segments()[0].token_bytes(), 4);
+  EXPECT_EQ(corpus.segments()[1].token_bytes(), 2);
+  EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[0], 128256), ids));
+  EXPECT_EQ(tokens_of(corpus.segments()[1], 128256), (std::vector<int32_t>{7, 8, 9}));
+
+  // A view keeps the token's position in its file for messages.
+  const TokenSegment tail = corpus.segments()[0].subspan(2, 3);
+  EXPECT_EQ(tokens_of(tail, 128256), (std::vector<int32_t>{65536, 128255, 0}));
+  const std::string msg = error_of([&] { tokens_of(tail, 128000); });
+  EXPECT_NE(msg.find("token 128255 at position 3 is >= vocab_size 128000"), std::string::npos)
+      << msg;
 }
 
 TEST_F(DataFiles, EveryBadShardNamesTheFileAndTheProblem) {
@@ -241,12 +281,16 @@ TEST_F(DataFiles, EveryBadShardNamesTheFileAndTheProblem) {
 
   cases.push_back({write_bytes("empty.bin", {}), "is empty"});
   cases.push_back({write_bytes("short.bin", std::vector<char>(500, 0)), "is truncated: 500 bytes"});
-  cases.push_back({write_shard("magic.bin", iota_tokens(8), 20240326), "bad magic 20240326"});
-  cases.push_back({write_shard("llama3.bin", iota_tokens(8), 20240801, 7),
-                   "is an llm.c Llama-3 shard (magic 20240801, uint32 tokens); mantissa reads "
-                   "uint16 shards (magic 20240520, version 1) only, so vocabularies up to 65,536"});
+  cases.push_back({write_shard("magic.bin", iota_tokens(8), 20240326),
+                   "bad magic 20240326 (expected 20240520 or, for uint32 tokens, 20240801"});
   cases.push_back({write_shard("version.bin", iota_tokens(8), 20240520, 2),
-                   "unsupported version 2 (expected 1)"});
+                   "unsupported version 2 (expected 1 with magic 20240520)"});
+  cases.push_back({write_shard("llama3_version.bin", std::vector<uint32_t>(8, 1), 20240801, 1),
+                   "unsupported version 1 (expected 7 with magic 20240801)"});
+  // 8 uint16 tokens where the Llama-3 header promises 8 uint32 ones.
+  cases.push_back({write_shard("llama3_size.bin", iota_tokens(8), 20240801, 7),
+                   "file size 1040 bytes does not match the header's token count 8 (expected "
+                   "1024 + 4*8 = 1056 bytes"});
   // The header claims 10 tokens, 9 are there: 1024 + 18 bytes instead of 1024 + 20.
   cases.push_back({write_shard("truncated.bin", iota_tokens(9), 20240520, 1, 10),
                    "file size 1042 bytes does not match the header's token count 10"});
@@ -254,11 +298,6 @@ TEST_F(DataFiles, EveryBadShardNamesTheFileAndTheProblem) {
                    "file size 1042 bytes does not match the header's token count 8"});
   cases.push_back(
       {write_shard("negative.bin", iota_tokens(2), 20240520, 1, -3), "negative token count -3"});
-  std::vector<uint16_t> bad_token = iota_tokens(8);
-  bad_token[5] = 300;
-  cases.push_back({write_shard("vocab.bin", bad_token),
-                   "token 300 at position 5 (byte offset 1034) is >= "
-                   "vocab_size 256"});
 
   for (const Case& c : cases) {
     SCOPED_TRACE(c.file);
@@ -412,6 +451,20 @@ TEST_F(Loader, WindowsStayInsideOneSegmentAndCoverAllSegments) {
   // 24 starts in each long segment: each gets about half of the windows.
   EXPECT_GT(from_first, 100);
   EXPECT_GT(from_last, 100);
+}
+
+TEST_F(Loader, ATokenPastTheVocabularyStopsTheBatchThatReadsIt) {
+  // seq_len + 1 tokens: the one window start covers every token, the bad one at position 5.
+  std::vector<uint16_t> tokens = iota_tokens(kSeqLen + 1);
+  tokens[5] = 300;
+  write_shard("bad_token.bin", tokens);
+  auto corpus = std::make_shared<const Corpus>(Corpus::token_shards(path("bad_token.bin"), 256));
+  DataLoader l(corpus, {kSeqLen, 1, 1, 0, 0});
+  const std::string msg = error_of([&] { l.next(); });
+  EXPECT_NE(
+      msg.find("'" + path("bad_token.bin") + "': token 300 at position 5 is >= vocab_size 256"),
+      std::string::npos)
+      << msg;
 }
 
 TEST_F(Loader, RejectsCorpusWithoutAWindowAndBadConfigs) {

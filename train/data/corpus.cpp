@@ -5,6 +5,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
+#include <utility>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
@@ -17,12 +19,62 @@ namespace {
 constexpr uint64_t kValidationSeedSalt = 0x76616c6964617465ULL;
 }  // namespace
 
+TokenSegment::TokenSegment(std::string name, std::span<const uint16_t> tokens, int64_t position)
+    : name_(std::move(name)),
+      data_(tokens.data()),
+      size_(static_cast<int64_t>(tokens.size())),
+      token_bytes_(2),
+      position_(position) {}
+
+TokenSegment::TokenSegment(std::string name, std::span<const uint32_t> tokens, int64_t position)
+    : name_(std::move(name)),
+      data_(tokens.data()),
+      size_(static_cast<int64_t>(tokens.size())),
+      token_bytes_(4),
+      position_(position) {}
+
+TokenSegment TokenSegment::subspan(int64_t offset, int64_t count) const {
+  MANTISSA_CHECK(offset >= 0 && count >= 0 && offset + count <= size_,
+                 "'" << name_ << "': tokens [" << offset << ", " << offset + count
+                     << ") lie outside the segment's " << size_);
+  TokenSegment view = *this;
+  view.data_ = static_cast<const char*>(data_) + offset * token_bytes_;
+  view.size_ = count;
+  view.position_ = position_ + offset;
+  return view;
+}
+
+void TokenSegment::read(int64_t offset, std::span<int32_t> out, int64_t vocab_size) const {
+  const auto n = static_cast<int64_t>(out.size());
+  MANTISSA_CHECK(offset >= 0 && offset + n <= size_,
+                 "'" << name_ << "': tokens [" << offset << ", " << offset + n
+                     << ") lie outside the segment's " << size_);
+  auto widen = [&](const auto* tokens) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t token = tokens[offset + i];
+      if (token >= vocab_size) {
+        std::ostringstream message;
+        message << "'" << name_ << "': token " << token << " at position " << position_ + offset + i
+                << " is >= vocab_size " << vocab_size
+                << " (data written for a larger vocabulary, or corrupt)";
+        throw core::ConfigError(message.str());
+      }
+      out[i] = static_cast<int32_t>(token);
+    }
+  };
+  if (token_bytes_ == 2) {
+    widen(static_cast<const uint16_t*>(data_));
+  } else {
+    widen(static_cast<const uint32_t*>(data_));
+  }
+}
+
 Corpus Corpus::synthetic(uint64_t seed, int64_t n_tokens) {
   auto tokens = std::make_shared<const std::vector<uint16_t>>(synthetic_tokens(seed, n_tokens));
   Corpus corpus;
   corpus.name_ = "synthetic";
   corpus.vocab_size_ = 256;
-  corpus.segments_.push_back({"synthetic", *tokens});
+  corpus.segments_.emplace_back("synthetic", *tokens);
   corpus.storage_.push_back(tokens);
   return corpus;
 }
@@ -47,7 +99,7 @@ Corpus Corpus::text_file(const std::string& path) {
   Corpus corpus;
   corpus.name_ = path;
   corpus.vocab_size_ = 256;
-  corpus.segments_.push_back({path, *tokens});
+  corpus.segments_.emplace_back(path, *tokens);
   corpus.storage_.push_back(tokens);
   return corpus;
 }
@@ -63,10 +115,10 @@ std::pair<Corpus, Corpus> Corpus::split_tail(double fraction) const {
   // Tokens still to hand to the head, walking the segments in order.
   int64_t keep = num_tokens() - static_cast<int64_t>(static_cast<double>(num_tokens()) * fraction);
   for (const TokenSegment& s : segments_) {
-    const auto n = static_cast<int64_t>(s.tokens.size());
+    const int64_t n = s.size();
     const int64_t in_head = std::min(keep, n);
-    if (in_head > 0) head.segments_.push_back({s.name, s.tokens.first(in_head)});
-    if (in_head < n) tail.segments_.push_back({s.name, s.tokens.subspan(in_head)});
+    if (in_head > 0) head.segments_.push_back(s.subspan(0, in_head));
+    if (in_head < n) tail.segments_.push_back(s.subspan(in_head, n - in_head));
     keep -= in_head;
   }
   return {std::move(head), std::move(tail)};
@@ -74,7 +126,7 @@ std::pair<Corpus, Corpus> Corpus::split_tail(double fraction) const {
 
 int64_t Corpus::num_tokens() const {
   int64_t n = 0;
-  for (const TokenSegment& s : segments_) n += static_cast<int64_t>(s.tokens.size());
+  for (const TokenSegment& s : segments_) n += s.size();
   return n;
 }
 

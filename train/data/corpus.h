@@ -16,16 +16,44 @@
 
 namespace mantissa::train {
 
-struct TokenSegment {
-  std::string name;  // the file it came from, or "synthetic"
-  std::span<const uint16_t> tokens;
+// A contiguous run of tokens as stored: 2 bytes each (GPT-2 llm.c shards, text files, the
+// synthetic corpus) or 4 (llm.c Llama-3 shards, for vocabularies past 65,536). A view: the
+// Corpus that made it keeps the memory alive.
+class TokenSegment {
+ public:
+  // `position` is where token 0 of the view lies in its file, for messages.
+  TokenSegment(std::string name, std::span<const uint16_t> tokens, int64_t position = 0);
+  TokenSegment(std::string name, std::span<const uint32_t> tokens, int64_t position = 0);
+
+  const std::string& name() const { return name_; }  // the file it came from, or "synthetic"
+  int64_t size() const { return size_; }
+  int token_bytes() const { return token_bytes_; }
+  const void* data() const { return data_; }
+  // Tokens [offset, offset + count) of this view.
+  TokenSegment subspan(int64_t offset, int64_t count) const;
+
+  // Copies tokens [offset, offset + out.size()) into `out`, widened to int32. Token values are
+  // checked here, as they are used, not when a corpus is opened: scanning a corpus of 10^11
+  // tokens would take every rank minutes at every start. Throws core::ConfigError naming the
+  // file and the token's position in it when one is >= vocab_size: a data file that does not
+  // fit the configured model, which no retry mends.
+  void read(int64_t offset, std::span<int32_t> out, int64_t vocab_size) const;
+
+ private:
+  std::string name_;
+  const void* data_ = nullptr;
+  int64_t size_ = 0;
+  int token_bytes_ = 2;
+  int64_t position_ = 0;
 };
 
 // llm.c token shard format: a header of 256 int32 (magic, version, token count, rest unused)
-// then `count` uint16 tokens, little-endian; the file size is exactly 1024 + 2 * count bytes.
+// then `count` tokens, little-endian; the file size is exactly 1024 + width * count bytes.
+// GPT-2 shards store uint16 tokens, Llama-3 shards (llm.c's dev/data for Llama 3) uint32.
 inline constexpr int32_t kShardMagic = 20240520;
 inline constexpr int32_t kShardVersion = 1;
-inline constexpr int32_t kLlama3ShardMagic = 20240801;  // llm.c's uint32 shards (version 7)
+inline constexpr int32_t kLlama3ShardMagic = 20240801;
+inline constexpr int32_t kLlama3ShardVersion = 7;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 
@@ -39,10 +67,11 @@ class Corpus {
   // Every byte of the file is a token (vocab 256). Throws core::Error naming the file when it
   // cannot be read or is empty.
   static Corpus text_file(const std::string& path);
-  // Every file matching the glob `pattern`, in sorted order, one segment each. Each file is
-  // validated on load (header, size, every token < vocab_size); any problem throws core::Error
-  // naming the file and what is wrong.
-  static Corpus token_shards(const std::string& pattern, int vocab_size);
+  // Every file matching the glob `pattern`, in sorted order, one segment each; GPT-2 and
+  // Llama-3 shards may be mixed. Each file's header and size are validated on load, its token
+  // values as they are read (TokenSegment::read); any problem throws core::Error naming the
+  // file and what is wrong.
+  static Corpus token_shards(const std::string& pattern, int64_t vocab_size);
 
   // The corpus cut in two at a token: the head keeps all but the last `fraction` of the
   // tokens (rounded down), the tail holds those (a validation set that is never trained on).
@@ -50,13 +79,13 @@ class Corpus {
   std::pair<Corpus, Corpus> split_tail(double fraction) const;
 
   const std::string& name() const { return name_; }  // what was configured, for messages
-  int vocab_size() const { return vocab_size_; }
+  int64_t vocab_size() const { return vocab_size_; }
   const std::vector<TokenSegment>& segments() const { return segments_; }
   int64_t num_tokens() const;
 
  private:
   std::string name_;
-  int vocab_size_ = 0;
+  int64_t vocab_size_ = 0;
   std::vector<TokenSegment> segments_;
   std::vector<std::shared_ptr<const void>> storage_;  // keeps the segments' memory alive
 };

@@ -30,7 +30,7 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
   int64_t total = 0;
   int64_t longest = 0;
   for (const TokenSegment& segment : corpus_->segments()) {
-    const auto n = static_cast<int64_t>(segment.tokens.size());
+    const int64_t n = segment.size();
     longest = std::max(longest, n);
     total += std::max<int64_t>(n - config.seq_len, 0);  // starts s with s + T + 1 <= n
     window_starts_end_.push_back(total);
@@ -52,9 +52,7 @@ void DataLoader::read_window(int64_t k, std::span<int32_t> out) const {
       std::upper_bound(window_starts_end_.begin(), window_starts_end_.end(), start);
   const size_t segment = static_cast<size_t>(segment_end - window_starts_end_.begin());
   const int64_t segment_begin = segment == 0 ? 0 : window_starts_end_[segment - 1];
-  const std::span<const uint16_t> tokens = corpus_->segments()[segment].tokens.subspan(
-      static_cast<size_t>(start - segment_begin), out.size());
-  std::copy(tokens.begin(), tokens.end(), out.begin());
+  corpus_->segments()[segment].read(start - segment_begin, out, corpus_->vocab_size());
 }
 
 Batch DataLoader::next() {

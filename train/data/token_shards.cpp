@@ -1,4 +1,4 @@
-// Corpus::token_shards: llm.c token shards, memory-mapped and validated on load.
+// Corpus::token_shards: llm.c token shards, memory-mapped, their headers validated on load.
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
@@ -28,9 +28,10 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
   return paths;
 }
 
-// Maps `path` read-only and checks everything but the token values. The mapping is released
-// when the returned pointer's last copy goes away.
-std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count) {
+// Maps `path` read-only and checks everything but the token values: the header (magic and
+// version, of a GPT-2 or a Llama-3 shard) and that the size matches the token count. The
+// mapping is released when the returned segment's storage goes away.
+std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, int& token_bytes) {
   const int fd = open(path.c_str(), O_RDONLY);
   MANTISSA_CHECK(fd >= 0, "token shard '" << path << "': cannot open: " << std::strerror(errno));
   struct stat st {};
@@ -55,52 +56,49 @@ std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count) {
                                                             << kShardHeaderBytes << "-byte header");
   int32_t header[kShardHeaderInts];
   std::memcpy(header, data, sizeof header);
-  // llm.c's Llama-3 shards (uint32 tokens, for vocabularies past 65,536) are recognised, so
-  // that the refusal says what they are instead of calling them no shard at all.
-  MANTISSA_CHECK(
-      header[0] != kLlama3ShardMagic,
-      "token shard '" << path << "' is an llm.c Llama-3 shard (magic " << kLlama3ShardMagic
-                      << ", uint32 tokens); mantissa reads uint16 shards (magic " << kShardMagic
-                      << ", version " << kShardVersion << ") only, so vocabularies up to 65,536");
-  MANTISSA_CHECK(header[0] == kShardMagic, "token shard '" << path << "': bad magic " << header[0]
-                                                           << " (expected " << kShardMagic
-                                                           << "; not an llm.c token shard)");
-  MANTISSA_CHECK(header[1] == kShardVersion, "token shard '" << path << "': unsupported version "
-                                                             << header[1] << " (expected "
-                                                             << kShardVersion << ")");
+  const bool llama3 = header[0] == kLlama3ShardMagic;
+  MANTISSA_CHECK(llama3 || header[0] == kShardMagic,
+                 "token shard '" << path << "': bad magic " << header[0] << " (expected "
+                                 << kShardMagic << " or, for uint32 tokens, " << kLlama3ShardMagic
+                                 << "; not an llm.c token shard)");
+  const int32_t version = llama3 ? kLlama3ShardVersion : kShardVersion;
+  MANTISSA_CHECK(header[1] == version, "token shard '" << path << "': unsupported version "
+                                                       << header[1] << " (expected " << version
+                                                       << " with magic " << header[0] << ")");
+  token_bytes = llama3 ? 4 : 2;
   count = header[2];
   MANTISSA_CHECK(count >= 0,
                  "token shard '" << path << "': negative token count " << count << " in header");
-  const int64_t expected = kShardHeaderBytes + 2 * count;
+  const int64_t expected = kShardHeaderBytes + token_bytes * count;
   MANTISSA_CHECK(size == expected, "token shard '"
                                        << path << "': file size " << size
                                        << " bytes does not match the header's token count " << count
-                                       << " (expected " << kShardHeaderBytes << " + 2*" << count
-                                       << " = " << expected << " bytes; truncated or corrupt)");
+                                       << " (expected " << kShardHeaderBytes << " + " << token_bytes
+                                       << "*" << count << " = " << expected
+                                       << " bytes; truncated or corrupt)");
   return mapping;
 }
 
 }  // namespace
 
-Corpus Corpus::token_shards(const std::string& pattern, int vocab_size) {
-  MANTISSA_CHECK(
-      vocab_size >= 1 && vocab_size <= 65536,
-      "token shards: vocab_size must lie in [1, 65536] (uint16 tokens), got " << vocab_size);
+Corpus Corpus::token_shards(const std::string& pattern, int64_t vocab_size) {
+  MANTISSA_CHECK(vocab_size >= 1 && vocab_size <= INT32_MAX,
+                 "token shards: vocab_size must lie in [1, "
+                     << INT32_MAX << "] (int32 token ids), got " << vocab_size);
   Corpus corpus;
   corpus.name_ = pattern;
   corpus.vocab_size_ = vocab_size;
   for (const std::string& path : glob_sorted(pattern)) {
     int64_t count = 0;
-    std::shared_ptr<const void> mapping = map_shard(path, count);
-    const auto* tokens = reinterpret_cast<const uint16_t*>(static_cast<const char*>(mapping.get()) +
-                                                           kShardHeaderBytes);
-    for (int64_t i = 0; i < count; ++i) {
-      MANTISSA_CHECK(tokens[i] < vocab_size,
-                     "token shard '" << path << "': token " << tokens[i] << " at position " << i
-                                     << " (byte offset " << kShardHeaderBytes + 2 * i
-                                     << ") is >= vocab_size " << vocab_size);
+    int token_bytes = 0;
+    std::shared_ptr<const void> mapping = map_shard(path, count, token_bytes);
+    const char* tokens = static_cast<const char*>(mapping.get()) + kShardHeaderBytes;
+    const auto n = static_cast<size_t>(count);
+    if (token_bytes == 2) {
+      corpus.segments_.emplace_back(path, std::span(reinterpret_cast<const uint16_t*>(tokens), n));
+    } else {
+      corpus.segments_.emplace_back(path, std::span(reinterpret_cast<const uint32_t*>(tokens), n));
     }
-    corpus.segments_.push_back({path, std::span<const uint16_t>(tokens, count)});
     corpus.storage_.push_back(std::move(mapping));
   }
   return corpus;
