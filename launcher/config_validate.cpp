@@ -23,6 +23,7 @@
 #include "dist/progress_switch.h"
 #include "launcher/config.h"
 #include "launcher/config_translate.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
@@ -46,9 +47,7 @@ constexpr int64_t kMaxWidth = int64_t{1} << 20;  // channels, hidden units, seq_
 constexpr int64_t kMaxLayers = int64_t{1} << 16;
 constexpr int64_t kMaxHeads = int64_t{1} << 12;
 constexpr int64_t kMaxMicroBatchTokens = int64_t{1} << 24;  // micro_batch_size x seq_len
-// Four times Gemma's 256,000, the largest vocabulary in use; token shards of 4-byte ids hold
-// any of them.
-constexpr int64_t kMaxVocab = int64_t{1} << 20;
+using train::kMaxVocab;
 
 void width(std::string_view path, int64_t value) {
   in_range(path, value, 1, kMaxWidth);

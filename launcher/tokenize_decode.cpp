@@ -50,12 +50,14 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
 
   // Decodes `pending` up to the last token where a piece may start (all of it when `all`): a
   // character's byte tokens are decoded together, whichever shards they lie in.
-  std::vector<uint16_t> pending;
+  std::vector<uint32_t> pending;
   auto flush = [&](bool all) {
-    const size_t n = all || pending.empty()
-                         ? pending.size()
-                         : start_at_or_before(tokenizer, pending, pending.size() - 1);
-    const std::string text = tokenizer.decode(std::span<const uint16_t>(pending).first(n));
+    const int64_t size = static_cast<int64_t>(pending.size());
+    const size_t n = static_cast<size_t>(
+        all || pending.empty()
+            ? size
+            : start_at_or_before(tokenizer, train::TokenSegment("decoded", pending), size - 1));
+    const std::string text = tokenizer.decode(std::span<const uint32_t>(pending).first(n));
     MANTISSA_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(),
                    "cannot write the decoded text: " << std::strerror(errno));
     pending.erase(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(n));
@@ -64,10 +66,10 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
   for (const train::Corpus& shard : shards) {
     for (const train::TokenSegment& segment : shard.segments()) {
       for (int64_t at = 0; at < segment.size(); at += static_cast<int64_t>(part.size())) {
-        // read() checks every id against the tokenizer's vocabulary, which fits uint16.
+        // read() checks every id against the tokenizer's vocabulary.
         part.resize(std::min(kDecodeTokens, static_cast<size_t>(segment.size() - at)));
         segment.read(at, part, shard.vocab_size());
-        for (const int32_t id : part) pending.push_back(static_cast<uint16_t>(id));
+        pending.insert(pending.end(), part.begin(), part.end());
         if (pending.size() >= kDecodeTokens) flush(false);
       }
     }

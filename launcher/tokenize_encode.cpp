@@ -13,6 +13,7 @@
 #include "launcher/tokenize_input.h"
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_shards.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
@@ -63,7 +64,7 @@ std::vector<Chunk> plan_chunks(const std::vector<MappedText>& files) {
 }
 
 void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
-                      std::vector<uint16_t>& out) {
+                      std::vector<uint32_t>& out) {
   while (!text.empty()) {
     const size_t newline = text.find('\n', kPieceBytes - 1);
     const size_t end = newline == std::string_view::npos ? text.size() : newline + 1;
@@ -72,48 +73,67 @@ void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
   }
 }
 
-// Encodes every chunk on `threads` threads. A chunk that is not valid UTF-8 stops the work
-// after it (the earlier ones still run, so that the first such chunk is known); its index is
-// returned, or chunks.size() when all were valid. (The text is valid UTF-8 exactly when every
-// chunk is: chunks end between characters.)
+// Encodes every chunk on `threads` threads and hands each chunk's tokens to `consume(chunk,
+// tokens)` on the calling thread, in chunk order, as soon as the chunks before it are done.
+// The threads stay at most kChunksAhead chunks ahead of `consume`, so that memory holds a few
+// chunks' tokens, not the stream's. A chunk that is not valid UTF-8 stops the work after it
+// (the earlier ones still run and are consumed); its index is returned, or chunks.size() when
+// all were valid. (The text is valid UTF-8 exactly when every chunk is: chunks end between
+// characters.)
+template <typename Consume>
 size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
-                     const std::vector<Chunk>& chunks, int threads,
-                     std::vector<std::vector<uint16_t>>& results) {
+                     const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
+  const size_t chunks_ahead = static_cast<size_t>(4 * threads);
   size_t total_bytes = 0;
   for (const MappedText& file : files) total_bytes += file.text().size();
-  results.assign(chunks.size(), {});
 
-  std::atomic<size_t> next{0};
-  std::atomic<size_t> first_invalid{chunks.size()};
-  std::atomic<size_t> bytes_done{0};
-  std::atomic<size_t> tokens_done{0};
-  std::mutex mutex;
-  std::condition_variable finished;
+  // All under `mutex`: the chunks encoded and waiting, the next one to take and to consume.
+  enum class State : uint8_t { kPending, kEncoded, kInvalid };
+  std::vector<State> state(chunks.size(), State::kPending);
+  std::vector<std::vector<uint32_t>> results(chunks.size());
+  size_t next = 0;
+  size_t consumed = 0;
+  size_t first_invalid = chunks.size();
+  size_t bytes_done = 0;
+  size_t tokens_done = 0;
   int running = threads;
   std::exception_ptr failure;
+  std::mutex mutex;
+  std::condition_variable changed;
 
   auto work = [&] {
-    try {
-      for (size_t i = next++; i < chunks.size() && i < first_invalid; i = next++) {
-        const Chunk& c = chunks[i];
-        const std::string_view text = files[c.file].text().substr(c.begin, c.end - c.begin);
-        if (first_invalid_utf8(text) != text.size()) {
-          size_t seen = first_invalid.load();
-          while (i < seen && !first_invalid.compare_exchange_weak(seen, i)) {
-          }
-          continue;
-        }
-        encode_in_pieces(tokenizer, text, results[i]);
-        bytes_done += text.size();
-        tokens_done += results[i].size();
+    std::unique_lock lock(mutex);
+    while (true) {
+      changed.wait(
+          lock, [&] { return failure || next >= first_invalid || next < consumed + chunks_ahead; });
+      if (failure || next >= first_invalid) break;
+      const size_t i = next++;
+      lock.unlock();
+      const Chunk& c = chunks[i];
+      const std::string_view text = files[c.file].text().substr(c.begin, c.end - c.begin);
+      const bool valid = first_invalid_utf8(text) == text.size();
+      std::vector<uint32_t> tokens;
+      std::exception_ptr error;
+      try {
+        if (valid) encode_in_pieces(tokenizer, text, tokens);
+      } catch (...) {
+        error = std::current_exception();
       }
-    } catch (...) {
-      std::lock_guard lock(mutex);
-      if (!failure) failure = std::current_exception();
-      first_invalid = 0;  // stops the others
+      lock.lock();
+      if (error) {
+        if (!failure) failure = error;
+      } else if (valid) {
+        state[i] = State::kEncoded;
+        results[i] = std::move(tokens);
+        bytes_done += text.size();
+      } else {
+        state[i] = State::kInvalid;
+        first_invalid = std::min(first_invalid, i);
+      }
+      changed.notify_all();
     }
-    std::lock_guard lock(mutex);
-    if (--running == 0) finished.notify_all();
+    --running;
+    changed.notify_all();
   };
 
   const auto start = std::chrono::steady_clock::now();
@@ -121,14 +141,37 @@ size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& 
   for (int t = 0; t < threads; ++t) pool.emplace_back(work);
   {
     std::unique_lock lock(mutex);
-    while (!finished.wait_for(lock, kProgressInterval, [&] { return running == 0; })) {
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::fprintf(stderr, "mantissa: encoded %s of %s (%.0f%%), %s/s, %zu tokens\n",
-                   format_bytes(bytes_done).c_str(), format_bytes(total_bytes).c_str(),
-                   100.0 * bytes_done / total_bytes, format_bytes(bytes_done / seconds).c_str(),
-                   tokens_done.load());
+    auto last_report = std::chrono::steady_clock::now();
+    while (!failure) {
+      if (consumed < chunks.size() && state[consumed] == State::kEncoded) {
+        const std::vector<uint32_t> tokens = std::move(results[consumed]);
+        lock.unlock();
+        try {
+          consume(consumed, tokens);
+        } catch (...) {
+          lock.lock();
+          failure = std::current_exception();
+          break;
+        }
+        lock.lock();
+        tokens_done += tokens.size();
+        ++consumed;
+        changed.notify_all();
+        continue;
+      }
+      if (running == 0) break;
+      changed.wait_for(lock, kProgressInterval);
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report >= kProgressInterval) {
+        last_report = now;
+        const double seconds = std::chrono::duration<double>(now - start).count();
+        std::fprintf(stderr, "mantissa: encoded %s of %s (%.0f%%), %s/s, %zu tokens\n",
+                     format_bytes(bytes_done).c_str(), format_bytes(total_bytes).c_str(),
+                     100.0 * bytes_done / total_bytes, format_bytes(bytes_done / seconds).c_str(),
+                     tokens_done);
+      }
     }
+    changed.notify_all();
   }
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
@@ -150,8 +193,8 @@ std::string shard_name(const char* split, size_t index) {
 
 // Writes `tokens` as shards `split`_000000.bin, ...; returns how many.
 size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* split,
-                   std::span<const uint16_t> tokens, size_t shard_tokens) {
-  const std::vector<std::pair<size_t, size_t>> shards =
+                   const train::TokenSegment& tokens, int64_t shard_tokens) {
+  const std::vector<std::pair<int64_t, int64_t>> shards =
       plan_shards(tokenizer, tokens, shard_tokens);
   if (shards.size() > kMaxShards) {
     throw core::ConfigError("--shard-tokens " + std::to_string(shard_tokens) + " makes " +
@@ -187,58 +230,53 @@ void encode_to_shards(const EncodeOptions& options) {
   }
   StagedOutput out(options.out_dir, options.force);
 
+  // One stream, in the shards' width: each file is a document, and llm.c puts the end-of-text
+  // token before each.
+  TokenSpill spill(out.dir() + "/stream.tmp", train::shard_token_bytes(tokenizer.vocab_size()));
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
-  std::vector<std::vector<uint16_t>> results;
-  const size_t invalid = encode_chunks(tokenizer, files, chunks, threads, results);
+  const uint32_t eot = tokenizer.eot();
+  const size_t invalid = encode_chunks(tokenizer, files, chunks, threads,
+                                       [&](size_t chunk, const std::vector<uint32_t>& tokens) {
+                                         if (chunks[chunk].begin == 0)
+                                           spill.append(std::span(&eot, 1));
+                                         spill.append(tokens);
+                                       });
   if (invalid < chunks.size()) {
     // The first invalid byte of that file, found from its start.
     const MappedText& file = files[chunks[invalid].file];
     throw_invalid_utf8(file.path(), file.text(), first_invalid_utf8(file.text()));
   }
-
-  // One stream: each file is a document, and llm.c puts the end-of-text token before each.
-  size_t total = files.size();
-  for (const std::vector<uint16_t>& r : results) total += r.size();
-  std::vector<uint16_t> tokens;
-  tokens.reserve(total);
-  for (size_t f = 0, c = 0; f < files.size(); ++f) {
-    tokens.push_back(tokenizer.eot());
-    for (; c < chunks.size() && chunks[c].file == f; ++c) {
-      tokens.insert(tokens.end(), results[c].begin(), results[c].end());
-      std::vector<uint16_t>().swap(results[c]);
-    }
-  }
+  const train::TokenSegment stream = spill.map();
+  const int64_t total = stream.size();
 
   // The validation split is the tail of the stream, starting where a shard may start.
-  size_t cut = tokens.size();
+  int64_t cut = total;
   if (options.val_fraction > 0) {
-    const auto held_out = std::max<size_t>(
-        1, static_cast<size_t>(std::llround(options.val_fraction * tokens.size())));
-    cut = held_out >= tokens.size()
-              ? 0
-              : start_at_or_before(tokenizer, tokens, tokens.size() - held_out);
+    const int64_t held_out =
+        std::max<int64_t>(1, std::llround(options.val_fraction * static_cast<double>(total)));
+    cut = held_out >= total ? 0 : start_at_or_before(tokenizer, stream, total - held_out);
     if (cut == 0) {
-      throw core::ConfigError("the input's " + std::to_string(tokens.size()) +
+      throw core::ConfigError("the input's " + std::to_string(total) +
                               " tokens are too few to hold out --val-fraction " +
                               format_number(options.val_fraction) + " of them");
     }
   }
-  const std::span<const uint16_t> stream(tokens);
-  const auto shard_tokens = static_cast<size_t>(options.shard_tokens);
-  const size_t train_shards = write_split(out, tokenizer, "train", stream.first(cut), shard_tokens);
-  const size_t val_shards = write_split(out, tokenizer, "val", stream.subspan(cut), shard_tokens);
+  const size_t train_shards =
+      write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens);
+  const size_t val_shards =
+      write_split(out, tokenizer, "val", stream.subspan(cut, total - cut), options.shard_tokens);
   out.write_file("tokenizer.model", tokenizer.model_bytes());
   out.commit();
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr,
-               "mantissa: wrote %s: %zu tokens (train %zu in %zu shards, val %zu in %zu) from %s "
-               "of text in %.1f s on %d threads; vocab %d, end of text %d\n",
-               out.dir().c_str(), tokens.size(), cut, train_shards, tokens.size() - cut, val_shards,
-               format_bytes(bytes).c_str(), seconds, threads, tokenizer.vocab_size(),
-               tokenizer.eot());
+               "mantissa: wrote %s: %lld tokens (train %lld in %zu shards, val %lld in %zu) from "
+               "%s of text in %.1f s on %d threads; vocab %d, end of text %u\n",
+               out.dir().c_str(), static_cast<long long>(total), static_cast<long long>(cut),
+               train_shards, static_cast<long long>(total - cut), val_shards,
+               format_bytes(bytes).c_str(), seconds, threads, tokenizer.vocab_size(), eot);
 }
 
 }  // namespace mantissa::launcher

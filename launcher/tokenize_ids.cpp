@@ -46,10 +46,10 @@ void text_to_ids(const std::string& tokenizer_path, std::FILE* in, std::FILE* ou
     throw core::ConfigError(std::string("the text is not valid UTF-8: byte ") + byte +
                             " at offset " + std::to_string(invalid));
   }
-  std::vector<uint16_t> ids;
+  std::vector<uint32_t> ids;
   tokenizer.encode(text, ids);
   std::string line;
-  for (const uint16_t id : ids) {
+  for (const uint32_t id : ids) {
     if (!line.empty()) line.push_back(' ');
     line.append(std::to_string(id));
   }
@@ -60,7 +60,7 @@ void text_to_ids(const std::string& tokenizer_path, std::FILE* in, std::FILE* ou
 void ids_to_text(const std::string& tokenizer_path, std::FILE* in, std::FILE* out) {
   const Tokenizer tokenizer(tokenizer_path);
   const std::string data = read_all(in);
-  std::vector<uint16_t> ids;
+  std::vector<uint32_t> ids;
   size_t at = 0;
   while (true) {
     at = data.find_first_not_of(" \t\r\n", at);
@@ -75,7 +75,7 @@ void ids_to_text(const std::string& tokenizer_path, std::FILE* in, std::FILE* ou
                               tokenizer_path + "' (0.." +
                               std::to_string(tokenizer.vocab_size() - 1) + ")");
     }
-    ids.push_back(static_cast<uint16_t>(id));
+    ids.push_back(static_cast<uint32_t>(id));
     at = end;
   }
   write_all(out, tokenizer.decode(ids));

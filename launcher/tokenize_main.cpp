@@ -44,9 +44,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         train on a sample (say `head -c 1G`), then encode everything. It prints one line
         when done, nothing before.
   --input FILE...     text files (one or more, after one --input or several)
-  --vocab-size N      pieces in the model, 260..65536: shards store ids as uint16, and the
-                      3 special and 256 byte pieces come first. The model's vocab_size must
-                      be at least N.
+  --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
+                      come first, and shards store ids as uint16 up to 65536 pieces, as
+                      uint32 beyond. The model's vocab_size must be at least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
   --out FILE          where the model goes
 
@@ -55,11 +55,13 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
         of the tokenizer as DIR/tokenizer.model. The files form one token stream, in the order
         given; each file is one document and starts with the end-of-text token </s>, as in
         llm.c's shards. Shards follow llm.c's format: a header of 256 int32 (magic 20240520,
-        version 1, token count), then the tokens as uint16, little-endian. A character
-        encoded as byte tokens never straddles two shards or the train/val cut, so every
-        shard decodes on its own. Progress goes to stderr every 5 s. Memory: up to 4 bytes
-        per token (about the size of the text with a vocabulary of 30k pieces); the files
-        are mapped, not read in.
+        version 1, token count), then the tokens as uint16, little-endian; for a tokenizer of
+        more than 65536 pieces, llm.c's Llama-3 format (magic 20240801, version 7, uint32
+        tokens). A character encoded as byte tokens never straddles two shards or the
+        train/val cut, so every shard decodes on its own. Progress goes to stderr every 5 s.
+        Memory: a few MB per core; the files are mapped, not read in, and the token stream
+        goes to DIR/stream.tmp (the size of all shards, removed when done) before it is cut
+        into shards, so DIR needs twice the shards' size free.
   --tokenizer FILE    a model from `mantissa tokenize train` (another SentencePiece model is
                       refused unless it gives text back exactly)
   --input FILE...     text files, as for train
@@ -96,7 +98,7 @@ then train on the shards:
 exit codes:
   0  done
   1  runtime failure (a file that cannot be written)
-  2  bad command line or input: a vocab size outside 260..65536, an input that is missing,
+  2  bad command line or input: a vocab size outside 260..1048576, an input that is missing,
      unreadable, empty or not valid UTF-8 (named, with the byte offset), an --out or
      --out-dir that already holds a model or shards (without --force), a tokenizer that
      cannot be loaded or does not decode exactly, a shard that is malformed, a text

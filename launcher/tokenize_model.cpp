@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
@@ -51,17 +52,17 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
                             "' is not a SentencePiece model: " + status.ToString());
   }
   vocab_size_ = processor_->GetPieceSize();
-  if (vocab_size_ > kMaxShardVocab) {
+  if (vocab_size_ > train::kMaxVocab) {
     throw core::ConfigError("tokenizer '" + path_ + "' has " + std::to_string(vocab_size_) +
-                            " pieces; uint16 token shards hold at most " +
-                            std::to_string(kMaxShardVocab));
+                            " pieces, more than the " + std::to_string(train::kMaxVocab) +
+                            " a model may have");
   }
   const int eos = processor_->eos_id();
   if (eos < 0) {
     throw core::ConfigError("tokenizer '" + path_ +
                             "' has no end-of-text piece (</s>) to separate documents");
   }
-  eot_ = static_cast<uint16_t>(eos);
+  eot_ = static_cast<uint32_t>(eos);
 
   continuation_.assign(vocab_size_, false);
   for (int id = 0; id < vocab_size_; ++id) {
@@ -74,10 +75,10 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
   for (const char c : kSpaceSymbol) {
     char piece[8];
     std::snprintf(piece, sizeof piece, "<0x%02X>", static_cast<unsigned char>(c));
-    space_symbol_bytes_.push_back(static_cast<uint16_t>(processor_->PieceToId(piece)));
+    space_symbol_bytes_.push_back(static_cast<uint32_t>(processor_->PieceToId(piece)));
   }
 
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   encode(kProbe, tokens);
   if (decode(tokens) != kProbe) {
     throw core::ConfigError(
@@ -89,7 +90,7 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
 
 Tokenizer::~Tokenizer() = default;
 
-void Tokenizer::encode(std::string_view text, std::vector<uint16_t>& out) const {
+void Tokenizer::encode(std::string_view text, std::vector<uint32_t>& out) const {
   // A U+2581 of the text itself would come back as a space, so it is encoded as its three byte
   // tokens (byte fallback's own pieces), which decode to those bytes; the text between is
   // encoded as usual.
@@ -109,7 +110,7 @@ void Tokenizer::encode(std::string_view text, std::vector<uint16_t>& out) const 
   }
 }
 
-std::string Tokenizer::decode(std::span<const uint16_t> tokens) const {
+std::string Tokenizer::decode(std::span<const uint32_t> tokens) const {
   const std::vector<int> ids(tokens.begin(), tokens.end());
   std::string text;
   const sentencepiece::util::Status status = processor_->Decode(ids, &text);

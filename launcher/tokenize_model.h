@@ -1,4 +1,4 @@
-// A SentencePiece model as `mantissa tokenize` uses it: token ids that fit uint16 shards, an
+// A SentencePiece model as `mantissa tokenize` uses it: token ids (up to train::kMaxVocab), an
 // end-of-text token, and decoding that gives back the encoded text byte for byte.
 #pragma once
 
@@ -15,13 +15,10 @@ class SentencePieceProcessor;
 
 namespace mantissa::launcher {
 
-// llm.c token shards store uint16 ids, so a vocabulary holds at most 2^16 pieces.
-inline constexpr int kMaxShardVocab = 65536;
-
 class Tokenizer {
  public:
   // Loads the model file at `path`. Throws core::ConfigError naming it when it cannot be read or
-  // parsed, has more than kMaxShardVocab pieces or no end-of-text piece (</s>), or does not give
+  // parsed, has more than train::kMaxVocab pieces or no end-of-text piece (</s>), or does not give
   // back a probe text exactly (a model that normalises text, or one without byte fallback).
   explicit Tokenizer(const std::string& path);
   // The same from a model already in memory (`path` names it in messages).
@@ -33,24 +30,24 @@ class Tokenizer {
   const std::string& model_bytes() const { return model_bytes_; }
   int vocab_size() const { return vocab_size_; }
   // End of text: the model's </s>, which llm.c's format puts before every document.
-  uint16_t eot() const { return eot_; }
+  uint32_t eot() const { return eot_; }
 
   // Appends the tokens of `text` (valid UTF-8) to `out`. Safe to call from several threads.
-  void encode(std::string_view text, std::vector<uint16_t>& out) const;
+  void encode(std::string_view text, std::vector<uint32_t>& out) const;
   // The text of `tokens`; end-of-text tokens give nothing.
-  std::string decode(std::span<const uint16_t> tokens) const;
+  std::string decode(std::span<const uint32_t> tokens) const;
   // False for the byte token of a UTF-8 continuation byte (0x80-0xBF). A character outside the
   // vocabulary is encoded as its 2 to 4 byte tokens; decoded apart, each half of them would
   // become U+FFFD, so a shard, or a piece decoded on its own, never starts at such a token.
-  bool can_start_at(uint16_t token) const { return !continuation_[token]; }
+  bool can_start_at(uint32_t token) const { return !continuation_[token]; }
 
  private:
   std::string path_;
   std::string model_bytes_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
   int vocab_size_ = 0;
-  uint16_t eot_ = 0;
-  std::vector<uint16_t> space_symbol_bytes_;  // byte tokens of U+2581's UTF-8, E2 96 81
+  uint32_t eot_ = 0;
+  std::vector<uint32_t> space_symbol_bytes_;  // byte tokens of U+2581's UTF-8, E2 96 81
   std::vector<bool> continuation_;            // per token id
 };
 

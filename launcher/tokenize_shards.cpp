@@ -1,6 +1,7 @@
 #include "launcher/tokenize_shards.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +37,18 @@ bool is_shard_name(const std::string& name) {
   return (train || val) && name.ends_with(".bin");
 }
 
+// Writes all `size` bytes to `fd`, the file `path` (for the message).
+void write_all(int fd, const std::string& path, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    MANTISSA_CHECK(n > 0, "cannot write '" << path << "': " << errno_text());
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
 // A file written, fsynced and closed, or removed again when any of that fails.
 class TempFile {
  public:
@@ -52,16 +65,7 @@ class TempFile {
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
 
-  void write(const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, size);
-      if (n < 0 && errno == EINTR) continue;
-      MANTISSA_CHECK(n > 0, "cannot write '" << path_ << "': " << errno_text());
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
+  void write(const void* data, size_t size) { write_all(fd_, path_, data, size); }
   // Durable before it is renamed into place: a crash never leaves a final name with a
   // partial file.
   void finish() {
@@ -101,21 +105,21 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
-size_t start_at_or_before(const Tokenizer& tokenizer, std::span<const uint16_t> tokens,
-                          size_t pos) {
-  size_t p = std::min(pos, tokens.size());
-  while (p > 0 && p < tokens.size() && !tokenizer.can_start_at(tokens[p])) --p;
+int64_t start_at_or_before(const Tokenizer& tokenizer, const train::TokenSegment& tokens,
+                           int64_t pos) {
+  int64_t p = std::clamp<int64_t>(pos, 0, tokens.size());
+  while (p > 0 && p < tokens.size() && !tokenizer.can_start_at(tokens.at(p))) --p;
   return p;
 }
 
-std::vector<std::pair<size_t, size_t>> plan_shards(const Tokenizer& tokenizer,
-                                                   std::span<const uint16_t> tokens,
-                                                   size_t max_tokens) {
+std::vector<std::pair<int64_t, int64_t>> plan_shards(const Tokenizer& tokenizer,
+                                                     const train::TokenSegment& tokens,
+                                                     int64_t max_tokens) {
   MANTISSA_CHECK(max_tokens >= 4, "plan_shards: max_tokens " << max_tokens << " < 4");
-  std::vector<std::pair<size_t, size_t>> shards;
-  for (size_t begin = 0; begin < tokens.size();) {
-    const size_t limit = std::min(begin + max_tokens, tokens.size());
-    size_t end = start_at_or_before(tokenizer, tokens, limit);
+  std::vector<std::pair<int64_t, int64_t>> shards;
+  for (int64_t begin = 0; begin < tokens.size();) {
+    const int64_t limit = std::min(begin + max_tokens, tokens.size());
+    int64_t end = start_at_or_before(tokenizer, tokens, limit);
     // Only a stream that is not valid UTF-8 can hold more than 3 continuation bytes in a row;
     // it is cut where the limit falls.
     if (end == begin) end = limit;
@@ -123,6 +127,49 @@ std::vector<std::pair<size_t, size_t>> plan_shards(const Tokenizer& tokenizer,
     begin = end;
   }
   return shards;
+}
+
+TokenSpill::TokenSpill(std::string path, int token_bytes)
+    : path_(std::move(path)), token_bytes_(token_bytes) {
+  MANTISSA_CHECK(token_bytes == 2 || token_bytes == 4,
+                 "token spill: " << token_bytes << "-byte tokens (2 or 4)");
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  MANTISSA_CHECK(fd_ >= 0, "cannot create '" << path_ << "': " << errno_text());
+}
+
+TokenSpill::~TokenSpill() {
+  if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(tokens_ * token_bytes_));
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void TokenSpill::append(std::span<const uint32_t> tokens) {
+  MANTISSA_CHECK(mapping_ == nullptr, "token spill '" << path_ << "': append after map");
+  buffer_.resize(tokens.size() * static_cast<size_t>(token_bytes_));
+  if (token_bytes_ == 4) {
+    std::memcpy(buffer_.data(), tokens.data(), buffer_.size());
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const auto narrow = static_cast<uint16_t>(tokens[i]);
+      std::memcpy(buffer_.data() + 2 * i, &narrow, 2);
+    }
+  }
+  write_all(fd_, path_, buffer_.data(), buffer_.size());
+  tokens_ += static_cast<int64_t>(tokens.size());
+}
+
+train::TokenSegment TokenSpill::map() {
+  const auto bytes = static_cast<size_t>(tokens_ * token_bytes_);
+  if (mapping_ == nullptr && bytes > 0) {
+    void* data = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_, 0);
+    MANTISSA_CHECK(data != MAP_FAILED, "cannot map '" << path_ << "': " << errno_text());
+    mapping_ = data;
+  }
+  const auto n = static_cast<size_t>(tokens_);
+  if (token_bytes_ == 2) {
+    return {path_, std::span(static_cast<const uint16_t*>(mapping_), n)};
+  }
+  return {path_, std::span(static_cast<const uint32_t*>(mapping_), n)};
 }
 
 StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir)) {
@@ -167,17 +214,18 @@ StagedOutput::~StagedOutput() {
   for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
 }
 
-void StagedOutput::write_shard(const std::string& name, std::span<const uint16_t> tokens) {
+void StagedOutput::write_shard(const std::string& name, const train::TokenSegment& tokens) {
   MANTISSA_CHECK(tokens.size() <= INT32_MAX,
                  "shard '" << name << "': " << tokens.size() << " tokens exceed the int32 count");
+  const bool wide = tokens.token_bytes() == 4;
   int32_t header[train::kShardHeaderInts] = {};
-  header[0] = train::kShardMagic;
-  header[1] = train::kShardVersion;
+  header[0] = wide ? train::kLlama3ShardMagic : train::kShardMagic;
+  header[1] = wide ? train::kLlama3ShardVersion : train::kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   staged_.push_back(name);
   TempFile file(dir_ + "/" + name + kTempSuffix);
   file.write(header, sizeof header);
-  file.write(tokens.data(), tokens.size_bytes());
+  file.write(tokens.data(), static_cast<size_t>(tokens.size() * tokens.token_bytes()));
   file.finish();
 }
 

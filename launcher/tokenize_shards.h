@@ -13,19 +13,48 @@
 #include <vector>
 
 #include "launcher/tokenize_model.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
 // The last position p <= pos where a shard, or a piece decoded on its own, may start: 0,
 // tokens.size(), or a token that does not continue a character's bytes (Tokenizer::can_start_at).
-size_t start_at_or_before(const Tokenizer& tokenizer, std::span<const uint16_t> tokens, size_t pos);
+int64_t start_at_or_before(const Tokenizer& tokenizer, const train::TokenSegment& tokens,
+                           int64_t pos);
 
 // Cuts `tokens` into shards of at most `max_tokens` tokens (at least 4, the longest UTF-8
 // character), each ending early where needed so that the next one can start there: the
-// [begin, end) ranges, in order, covering all tokens (none for an empty span).
-std::vector<std::pair<size_t, size_t>> plan_shards(const Tokenizer& tokenizer,
-                                                   std::span<const uint16_t> tokens,
-                                                   size_t max_tokens);
+// [begin, end) ranges, in order, covering all tokens (none for an empty segment).
+std::vector<std::pair<int64_t, int64_t>> plan_shards(const Tokenizer& tokenizer,
+                                                     const train::TokenSegment& tokens,
+                                                     int64_t max_tokens);
+
+// The token stream of one `mantissa tokenize encode` run, written to a temporary file as it is
+// produced, in the shards' width, and mapped back to be cut into shards: memory holds only the
+// text's chunks in flight, not the stream. The file is removed when this goes away.
+class TokenSpill {
+ public:
+  // Creates `path` (replacing a stale one) for tokens of `token_bytes` (2 or 4) bytes. Throws
+  // core::Error naming the file when it cannot be created.
+  TokenSpill(std::string path, int token_bytes);
+  ~TokenSpill();
+  TokenSpill(const TokenSpill&) = delete;
+  TokenSpill& operator=(const TokenSpill&) = delete;
+
+  // Appends `tokens`, each below 2^(8 * token_bytes). Throws core::Error naming the file when
+  // it cannot be written (a full disk).
+  void append(std::span<const uint32_t> tokens);
+  // Every token appended, mapped read-only; valid while this lives. No append may follow.
+  train::TokenSegment map();
+
+ private:
+  std::string path_;
+  int token_bytes_;
+  int fd_ = -1;
+  int64_t tokens_ = 0;
+  std::vector<char> buffer_;
+  void* mapping_ = nullptr;
+};
 
 // The files of one `mantissa tokenize encode` run, staged in one output directory.
 class StagedOutput {
@@ -40,9 +69,10 @@ class StagedOutput {
   StagedOutput& operator=(const StagedOutput&) = delete;
 
   const std::string& dir() const { return dir_; }
-  // Writes the shard `name` (in dir) under its temporary name. Throws core::Error naming the
-  // file when it cannot be written.
-  void write_shard(const std::string& name, std::span<const uint16_t> tokens);
+  // Writes the shard `name` (in dir) under its temporary name: a GPT-2 shard for 2-byte tokens,
+  // a Llama-3 shard for 4-byte ones. Throws core::Error naming the file when it cannot be
+  // written.
+  void write_shard(const std::string& name, const train::TokenSegment& tokens);
   // The same for any other file.
   void write_file(const std::string& name, std::string_view bytes);
   // Removes the shards a replaced output held that this one does not rewrite (a stale

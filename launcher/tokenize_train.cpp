@@ -13,6 +13,7 @@
 #include "launcher/tokenize_input.h"
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_shards.h"
+#include "train/data/corpus.h"
 
 // Declared in SentencePiece's internal common.h, exported by libsentencepiece: 0 logs
 // everything (the trainer's INFO lines run to hundreds), 2 errors only (its warnings say
@@ -75,10 +76,10 @@ class TextBlocks : public sentencepiece::SentenceIterator {
 
 void train_tokenizer(const TokenizerTrainOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  if (options.vocab_size > kMaxShardVocab) {
+  if (options.vocab_size > train::kMaxVocab) {
     throw core::ConfigError("--vocab-size " + std::to_string(options.vocab_size) +
-                            ": uint16 token shards hold at most " + std::to_string(kMaxShardVocab) +
-                            " token ids");
+                            ": must be at most " + std::to_string(train::kMaxVocab) +
+                            " (model.*.vocab_size's bound)");
   }
   if (options.vocab_size < kMinTrainVocab) {
     throw core::ConfigError("--vocab-size " + std::to_string(options.vocab_size) +

@@ -16,7 +16,7 @@ struct TokenizerTrainOptions {
 };
 
 // Trains on every input file and writes the model to options.out (through a temporary file).
-// Throws core::ConfigError for a vocabulary size outside [kMinTrainVocab, kMaxShardVocab], an
+// Throws core::ConfigError for a vocabulary size outside [kMinTrainVocab, train::kMaxVocab], an
 // existing `out` without `force`, an input that is unreadable, empty or not valid UTF-8, or a
 // text SentencePiece cannot train the vocabulary on (more pieces than the text holds, or fewer
 // than its characters need); before any training starts, except for the last.

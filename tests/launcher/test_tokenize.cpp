@@ -16,6 +16,7 @@
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_shards.h"
 #include "launcher/tokenize_train.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -89,8 +90,13 @@ class TokenizerTest : public ::testing::Test {
 fs::path* TokenizerTest::dir_ = nullptr;
 Tokenizer* TokenizerTest::tokenizer_ = nullptr;
 
-std::string decode(const Tokenizer& tokenizer, std::span<const uint16_t> tokens) {
+std::string decode(const Tokenizer& tokenizer, std::span<const uint32_t> tokens) {
   return tokenizer.decode(tokens);
+}
+
+// `tokens` as the stream the shard planner cuts.
+train::TokenSegment stream_of(const std::vector<uint32_t>& tokens) {
+  return {"stream", tokens};
 }
 
 TEST_F(TokenizerTest, IdsFollowSentencePiecesLayout) {
@@ -110,26 +116,26 @@ TEST_F(TokenizerTest, DecodingGivesTheTextBackExactly) {
         "\n\n\r\n\ttabs\xEF\xAC\x81\xEF\xBC\xA1"sv, "\xF0\x9F\xA6\x80 an emoji never seen"sv,
         "\xE2\x96\x81\xE2\x96\x81 U+2581 itself, \xE2\x96\x81 twice and at the end\xE2\x96\x81"sv,
         "nul \0 inside"sv}) {
-    std::vector<uint16_t> tokens;
+    std::vector<uint32_t> tokens;
     tokenizer_->encode(text, tokens);
     EXPECT_EQ(decode(*tokenizer_, tokens), text);
   }
 }
 
 TEST_F(TokenizerTest, TheSpaceSymbolItselfBecomesItsBytes) {
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   tokenizer_->encode("\xE2\x96\x81", tokens);
-  EXPECT_EQ(tokens, (std::vector<uint16_t>{3 + 0xE2, 3 + 0x96, 3 + 0x81}));
+  EXPECT_EQ(tokens, (std::vector<uint32_t>{3 + 0xE2, 3 + 0x96, 3 + 0x81}));
 }
 
 TEST_F(TokenizerTest, ShardsNeverCutACharactersBytes) {
   // Emoji outside the vocabulary: four byte tokens each.
   std::string text;
   for (int i = 0; i < 50; ++i) text += "\xF0\x9F\xA6\x80 x\xF0\x9F\xA6\x81";
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   tokenizer_->encode(text, tokens);
   for (size_t max_tokens = 4; max_tokens <= 9; ++max_tokens) {
-    const auto shards = plan_shards(*tokenizer_, tokens, max_tokens);
+    const auto shards = plan_shards(*tokenizer_, stream_of(tokens), max_tokens);
     std::string joined;
     size_t expected_begin = 0;
     for (const auto& [begin, end] : shards) {
@@ -137,7 +143,7 @@ TEST_F(TokenizerTest, ShardsNeverCutACharactersBytes) {
       ASSERT_GT(end, begin);
       ASSERT_LE(end - begin, max_tokens);
       const std::string piece =
-          decode(*tokenizer_, std::span<const uint16_t>(tokens).subspan(begin, end - begin));
+          decode(*tokenizer_, std::span<const uint32_t>(tokens).subspan(begin, end - begin));
       ASSERT_EQ(first_invalid_utf8(piece), piece.size())
           << "shard [" << begin << ", " << end << ") with max " << max_tokens;
       joined += piece;
@@ -146,18 +152,56 @@ TEST_F(TokenizerTest, ShardsNeverCutACharactersBytes) {
     EXPECT_EQ(expected_begin, tokens.size());
     EXPECT_EQ(joined, text);
   }
-  EXPECT_TRUE(plan_shards(*tokenizer_, {}, 4).empty());
+  EXPECT_TRUE(plan_shards(*tokenizer_, stream_of({}), 4).empty());
 }
 
 TEST_F(TokenizerTest, StartAtOrBeforeStepsBackToALeadByte) {
-  std::vector<uint16_t> tokens;
+  std::vector<uint32_t> tokens;
   tokenizer_->encode("a\xF0\x9F\xA6\x80", tokens);
   ASSERT_EQ(tokens.size(), 5u);
-  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 4), 1u);
-  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 1), 1u);
-  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 5), 5u);
-  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 99), 5u);
-  EXPECT_EQ(start_at_or_before(*tokenizer_, tokens, 0), 0u);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, stream_of(tokens), 4), 1);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, stream_of(tokens), 1), 1);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, stream_of(tokens), 5), 5);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, stream_of(tokens), 99), 5);
+  EXPECT_EQ(start_at_or_before(*tokenizer_, stream_of(tokens), 0), 0);
+}
+
+// The stream spilled in a width, cut into shards by the writer of `mantissa tokenize encode`,
+// read back by the reader training uses.
+std::vector<int32_t> spill_and_write(const fs::path& dir, int token_bytes,
+                                     const std::vector<uint32_t>& tokens, int32_t* magic) {
+  fs::remove_all(dir);
+  StagedOutput out(dir.string(), false);
+  TokenSpill spill((dir / "stream.tmp").string(), token_bytes);
+  spill.append(std::span(tokens).first(2));
+  spill.append(std::span(tokens).subspan(2));
+  const train::TokenSegment stream = spill.map();
+  EXPECT_EQ(stream.size(), static_cast<int64_t>(tokens.size()));
+  out.write_shard("train_000000.bin", stream.subspan(1, stream.size() - 1));
+  out.commit();
+  std::ifstream(dir / "train_000000.bin", std::ios::binary)
+      .read(reinterpret_cast<char*>(magic), sizeof *magic);
+  const train::Corpus corpus =
+      train::Corpus::token_shards((dir / "train_*.bin").string(), train::kMaxVocab);
+  std::vector<int32_t> read(static_cast<size_t>(corpus.num_tokens()));
+  corpus.segments()[0].read(0, read, corpus.vocab_size());
+  return read;
+}
+
+TEST(TokenSpill, WritesGpt2ShardsForSmallVocabulariesAndLlama3ShardsBeyond) {
+  EXPECT_EQ(train::shard_token_bytes(65536), 2);
+  EXPECT_EQ(train::shard_token_bytes(65537), 4);
+  const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_token_spill";
+  int32_t magic = 0;
+  EXPECT_EQ(spill_and_write(dir, 2, {2, 65535, 7, 0}, &magic), (std::vector<int32_t>{65535, 7, 0}));
+  EXPECT_EQ(magic, train::kShardMagic);
+  EXPECT_EQ(spill_and_write(dir, 4, {2, 1048575, 65536, 3}, &magic),
+            (std::vector<int32_t>{1048575, 65536, 3}));
+  EXPECT_EQ(magic, train::kLlama3ShardMagic);
+  // The spill went away with the run; only the shard is left.
+  EXPECT_FALSE(fs::exists(dir / "stream.tmp"));
+  EXPECT_TRUE(fs::exists(dir / "train_000000.bin"));
+  fs::remove_all(dir);
 }
 
 void expect_config_error(const std::function<void()>& run, const std::string& part) {

@@ -6,8 +6,10 @@
    every shard decodes on its own to valid UTF-8;
  - the shards follow llm.c's format (256 int32 header: magic, version, count; size 1024 + 2 *
    count; an end-of-text token before each file) and `mantissa train` reads them (2 CPU steps);
+   a tokenizer of 66,000 pieces gets Llama-3 shards (uint32, size 1024 + 4 * count) that
+   decode exactly and train;
  - the tokens do not depend on the number of threads (1 core against all of them);
- - every bad input (a vocab above 65536, an empty, missing or non-regular input, invalid UTF-8,
+ - every bad input (a vocab above 2^20, an empty, missing or non-regular input, invalid UTF-8,
    an output that already holds shards or a model) exits 2 with one line that names it, and
    leaves no file behind; --force replaces an output, stale shards included.
 (tests/launcher/test_tokenize.cpp tests the pieces, and that models which do not decode
@@ -17,14 +19,19 @@ exactly are refused.)
 import array
 import glob
 import os
+import random
 import re
+import string
 import struct
 import subprocess
 
 import launcher_util as lu
 
 LICENCE = "/usr/share/common-licenses/GPL-3"
-MAGIC, VERSION, HEADER_BYTES = 20240520, 1, 1024
+HEADER_BYTES = 1024
+# llm.c's header (magic, version) and token type: GPT-2 shards, and Llama-3 shards for
+# vocabularies past 65536.
+SHARD_FORMATS = {(20240520, 1): "H", (20240801, 7): "I"}
 EOT = 2  # </s>
 
 # Accents, CJK, emoji, a literal U+2581 (SentencePiece's own space symbol), CR LF, tabs,
@@ -47,9 +54,11 @@ def read_shard(path):
     with open(path, "rb") as f:
         data = f.read()
     magic, version, count = struct.unpack("<3i", data[:12])
-    assert (magic, version) == (MAGIC, VERSION), f"{path}: header {magic} {version}"
-    assert len(data) == HEADER_BYTES + 2 * count, f"{path}: {len(data)} bytes for {count} tokens"
-    tokens = array.array("H", data[HEADER_BYTES:])
+    assert (magic, version) in SHARD_FORMATS, f"{path}: header {magic} {version}"
+    tokens = array.array(SHARD_FORMATS[(magic, version)])
+    assert len(data) == HEADER_BYTES + tokens.itemsize * count, \
+        f"{path}: {len(data)} bytes for {count} tokens"
+    tokens.frombytes(data[HEADER_BYTES:])
     assert len(tokens) == count
     return list(tokens)
 
@@ -164,6 +173,33 @@ precision {{ mode: FP32 }}
         for path in starting_with_bytes[:20]:
             self.decode(tokenizer, [path]).decode("utf-8")
 
+    def test_a_vocabulary_past_65536_writes_llama3_shards(self):
+        # Random words give a unigram model enough to learn 66,000 pieces. Its ids pass uint16,
+        # so encode writes llm.c's Llama-3 shards (uint32 tokens), which decode and train.
+        rng = random.Random(1)
+        words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randrange(5, 9)))
+                 for _ in range(100000)]
+        text = "".join(" ".join(rng.choice(words) for _ in range(12)) + "\n"
+                       for _ in range(20000))
+        path = self.write("words.txt", text)
+        tokenizer = self.train_tokenizer([path], 66000, "tok.model", "--model-type", "unigram")
+        out_dir = self.encode(tokenizer, [path], "shards", "--shard-tokens", "100000")
+        for shard in self.shards(out_dir, "train") + self.shards(out_dir, "val"):
+            with open(shard, "rb") as f:
+                self.assertEqual(struct.unpack("<2i", f.read(8)), (20240801, 7), shard)
+        stream = self.assert_round_trip(tokenizer, out_dir, text.encode(), documents=1)
+        self.assertGreater(max(stream), 65535)
+
+        config = self.write("wide.pbtxt", f"""
+run {{ steps: 2 seed: 1 device: CPU log_every: 1 dir: "{self.dir}/run" }}
+model {{ mlp {{ n_embd: 32 hidden: 64 seq_len: 32 vocab_size: 66000 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+""")
+        result = self.mantissa("train", "--config", config, "--progress", "lines")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([e["step"] for e in lu.read_log(os.path.join(self.dir, "run"), 0)],
+                         [0, 1])
+
     def test_tokens_do_not_depend_on_the_thread_count(self):
         # Over 2 MiB, so that the text is encoded in several chunks at once.
         with open(LICENCE) as f:
@@ -212,7 +248,8 @@ precision {{ mode: FP32 }}
             for option in ("--input FILE...", "--vocab-size N", "--model-type", "--tokenizer",
                            "--out-dir DIR", "--val-fraction F", "--shard-tokens N", "--force",
                            "train_NNNNNN.bin", "val_NNNNNN.bin", "tokenizer.model",
-                           "default 0.1", "20240520", "end-of-text", "65536"):
+                           "default 0.1", "20240520", "20240801", "end-of-text",
+                           "260..1048576"):
                 self.assertIn(option, text)
             codes = re.findall(r"^  (\d)  ", text.split("exit codes:", 1)[1], re.MULTILINE)
             self.assertEqual(codes, ["0", "1", "2"])
@@ -258,10 +295,10 @@ class BadInput(lu.TempDirTest):
         return ("encode", "--tokenizer", os.path.join(self.dir, "tok.model"),
                 "--out-dir", os.path.join(self.dir, out), "--input", *inputs)
 
-    def test_vocab_sizes_uint16_shards_cannot_hold(self):
+    def test_vocab_sizes_out_of_range(self):
         self.assert_refused(
-            "mantissa: --vocab-size 65537: uint16 token shards hold at most 65536 token ids",
-            "train", "--input", LICENCE, "--vocab-size", "65537", "--out", "{dir}/tok.model")
+            "mantissa: --vocab-size 1048577: must be at most 1048576 (model.*.vocab_size's bound)",
+            "train", "--input", LICENCE, "--vocab-size", "1048577", "--out", "{dir}/tok.model")
         self.assert_refused(
             "mantissa: --vocab-size 259: must be at least 260 (3 special and 256 byte pieces come "
             "first)", "train", "--input", LICENCE, "--vocab-size", "259", "--out",

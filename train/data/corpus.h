@@ -31,6 +31,11 @@ class TokenSegment {
   const void* data() const { return data_; }
   // Tokens [offset, offset + count) of this view.
   TokenSegment subspan(int64_t offset, int64_t count) const;
+  // Token i, unchecked against any vocabulary (i must lie in [0, size())).
+  uint32_t at(int64_t i) const {
+    return token_bytes_ == 2 ? static_cast<const uint16_t*>(data_)[i]
+                             : static_cast<const uint32_t*>(data_)[i];
+  }
 
   // Copies tokens [offset, offset + out.size()) into `out`, widened to int32. Token values are
   // checked here, as they are used, not when a corpus is opened: scanning a corpus of 10^11
@@ -56,6 +61,16 @@ inline constexpr int32_t kLlama3ShardMagic = 20240801;
 inline constexpr int32_t kLlama3ShardVersion = 7;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
+
+// The largest vocabulary a model or a tokenizer may have: four times Gemma's 256,000, the
+// largest in use.
+inline constexpr int64_t kMaxVocab = int64_t{1} << 20;
+
+// Bytes per token of the shards written for a vocabulary: GPT-2 shards while ids fit uint16,
+// as llm.c writes them, Llama-3 shards beyond.
+constexpr int shard_token_bytes(int64_t vocab_size) {
+  return vocab_size <= 65536 ? 2 : 4;
+}
 
 class Corpus {
  public:
