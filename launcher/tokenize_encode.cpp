@@ -75,8 +75,8 @@ void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
 
 // Encodes every chunk on `threads` threads and hands each chunk's tokens to `consume(chunk,
 // tokens)` on the calling thread, in chunk order, as soon as the chunks before it are done.
-// The threads stay at most kChunksAhead chunks ahead of `consume`, so that memory holds a few
-// chunks' tokens, not the stream's. A chunk that is not valid UTF-8 stops the work after it
+// The threads stay at most 4 chunks each ahead of `consume`, so that memory holds a few chunks'
+// tokens, not the stream's. A chunk that is not valid UTF-8 stops the work after it
 // (the earlier ones still run and are consumed); its index is returned, or chunks.size() when
 // all were valid. (The text is valid UTF-8 exactly when every chunk is: chunks end between
 // characters.)

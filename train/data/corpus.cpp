@@ -19,19 +19,17 @@ namespace {
 constexpr uint64_t kValidationSeedSalt = 0x76616c6964617465ULL;
 }  // namespace
 
-TokenSegment::TokenSegment(std::string name, std::span<const uint16_t> tokens, int64_t position)
+TokenSegment::TokenSegment(std::string name, std::span<const uint16_t> tokens)
     : name_(std::move(name)),
       data_(tokens.data()),
       size_(static_cast<int64_t>(tokens.size())),
-      token_bytes_(2),
-      position_(position) {}
+      token_bytes_(2) {}
 
-TokenSegment::TokenSegment(std::string name, std::span<const uint32_t> tokens, int64_t position)
+TokenSegment::TokenSegment(std::string name, std::span<const uint32_t> tokens)
     : name_(std::move(name)),
       data_(tokens.data()),
       size_(static_cast<int64_t>(tokens.size())),
-      token_bytes_(4),
-      position_(position) {}
+      token_bytes_(4) {}
 
 TokenSegment TokenSegment::subspan(int64_t offset, int64_t count) const {
   MANTISSA_CHECK(offset >= 0 && count >= 0 && offset + count <= size_,

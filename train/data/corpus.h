@@ -21,9 +21,8 @@ namespace mantissa::train {
 // Corpus that made it keeps the memory alive.
 class TokenSegment {
  public:
-  // `position` is where token 0 of the view lies in its file, for messages.
-  TokenSegment(std::string name, std::span<const uint16_t> tokens, int64_t position = 0);
-  TokenSegment(std::string name, std::span<const uint32_t> tokens, int64_t position = 0);
+  TokenSegment(std::string name, std::span<const uint16_t> tokens);
+  TokenSegment(std::string name, std::span<const uint32_t> tokens);
 
   const std::string& name() const { return name_; }  // the file it came from, or "synthetic"
   int64_t size() const { return size_; }
@@ -49,7 +48,7 @@ class TokenSegment {
   const void* data_ = nullptr;
   int64_t size_ = 0;
   int token_bytes_ = 2;
-  int64_t position_ = 0;
+  int64_t position_ = 0;  // where token 0 of this view lies in its file, for messages
 };
 
 // llm.c token shard format: a header of 256 int32 (magic, version, token count, rest unused)
