@@ -12,6 +12,11 @@ namespace fs = std::filesystem;
 RunDirCleanup::RunDirCleanup(std::string run_dir, bool responsible) : run_dir_(std::move(run_dir)) {
   std::error_code ec;
   remove_on_failure_ = responsible && !fs::exists(run_dir_, ec) && !ec;
+  if (!remove_on_failure_) return;
+  for (fs::path p = fs::absolute(run_dir_, ec).parent_path();
+       !ec && p != p.parent_path() && !fs::exists(p, ec) && !ec; p = p.parent_path()) {
+    missing_parents_.push_back(p.string());
+  }
 }
 
 RunDirCleanup::~RunDirCleanup() {
@@ -22,6 +27,7 @@ RunDirCleanup::~RunDirCleanup() {
   fs::remove(fs::path(run_dir_) / kRunDirLockFile, ec);
   for (const char* sub : {"checkpoints", "log"}) fs::remove(fs::path(run_dir_) / sub, ec);
   fs::remove(run_dir_, ec);
+  for (const std::string& parent : missing_parents_) fs::remove(parent, ec);
 }
 
 }  // namespace mantissa::launcher

@@ -4,11 +4,13 @@
 // Construct it before the directory is made; call keep() once the run has started. If the
 // object is destroyed before that (the Trainer's setup threw) and the directory did not exist
 // when it was constructed, the lock file and the directory's empty subdirectories go, then the
-// directory itself if it is empty. Anything else in it stays: only what is provably empty is
-// removed, so nothing written there can be lost.
+// directory itself if it is empty, then each parent that did not exist either (runs/ on a first
+// run) if it is empty. Anything else stays: only what is provably empty is removed, so nothing
+// written there can be lost.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace mantissa::launcher {
 
@@ -23,6 +25,7 @@ class RunDirCleanup {
 
  private:
   std::string run_dir_;
+  std::vector<std::string> missing_parents_;  // deepest first
   bool remove_on_failure_;
 };
 

@@ -162,6 +162,12 @@ class ConfigErrors(lu.TempDirTest):
             "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/run")
         # The run directory this failed start created is gone again.
         self.assertFalse(os.path.exists(os.path.join(self.dir, "run")))
+        # So are the parents it created, here runs/ and runs/deep/.
+        self.assert_config_error(
+            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint in "
+            "{dir}/runs/deep/run/checkpoints",
+            "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/runs/deep/run")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "runs")))
 
     def test_init_from_errors(self):
         self.assert_config_error(
