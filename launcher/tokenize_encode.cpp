@@ -232,7 +232,7 @@ void encode_to_shards(const EncodeOptions& options) {
 
   // One stream, in the shards' width: each file is a document, and llm.c puts the end-of-text
   // token before each.
-  TokenSpill spill(out.dir() + "/stream.tmp", train::shard_token_bytes(tokenizer.vocab_size()));
+  TokenSpill spill(out.dir(), train::shard_token_bytes(tokenizer.vocab_size()));
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();

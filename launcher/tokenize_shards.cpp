@@ -129,18 +129,18 @@ std::vector<std::pair<int64_t, int64_t>> plan_shards(const Tokenizer& tokenizer,
   return shards;
 }
 
-TokenSpill::TokenSpill(std::string path, int token_bytes)
-    : path_(std::move(path)), token_bytes_(token_bytes) {
+TokenSpill::TokenSpill(const std::string& dir, int token_bytes)
+    : path_(dir + "/.mantissa-tokens-XXXXXX"), token_bytes_(token_bytes) {
   MANTISSA_CHECK(token_bytes == 2 || token_bytes == 4,
                  "token spill: " << token_bytes << "-byte tokens (2 or 4)");
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  MANTISSA_CHECK(fd_ >= 0, "cannot create '" << path_ << "': " << errno_text());
+  fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
+  MANTISSA_CHECK(fd_ >= 0, "cannot create a temporary file in '" << dir << "': " << errno_text());
+  ::unlink(path_.c_str());
 }
 
 TokenSpill::~TokenSpill() {
   if (mapping_ != nullptr) ::munmap(mapping_, static_cast<size_t>(tokens_ * token_bytes_));
   ::close(fd_);
-  ::unlink(path_.c_str());
 }
 
 void TokenSpill::append(std::span<const uint32_t> tokens) {

@@ -31,12 +31,13 @@ std::vector<std::pair<int64_t, int64_t>> plan_shards(const Tokenizer& tokenizer,
 
 // The token stream of one `mantissa tokenize encode` run, written to a temporary file as it is
 // produced, in the shards' width, and mapped back to be cut into shards: memory holds only the
-// text's chunks in flight, not the stream. The file is removed when this goes away.
+// text's chunks in flight, not the stream. The file has no name (it is unlinked as soon as it is
+// created), so neither a crash nor a user's file of the same name can be hurt by it.
 class TokenSpill {
  public:
-  // Creates `path` (replacing a stale one) for tokens of `token_bytes` (2 or 4) bytes. Throws
-  // core::Error naming the file when it cannot be created.
-  TokenSpill(std::string path, int token_bytes);
+  // A file in `dir` for tokens of `token_bytes` (2 or 4) bytes. Throws core::Error naming the
+  // directory when it cannot be created.
+  TokenSpill(const std::string& dir, int token_bytes);
   ~TokenSpill();
   TokenSpill(const TokenSpill&) = delete;
   TokenSpill& operator=(const TokenSpill&) = delete;
@@ -48,7 +49,7 @@ class TokenSpill {
   train::TokenSegment map();
 
  private:
-  std::string path_;
+  std::string path_;  // the name it was created under, for messages
   int token_bytes_;
   int fd_ = -1;
   int64_t tokens_ = 0;
