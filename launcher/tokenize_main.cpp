@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: mantissa tokenize train  --input FILE... --vocab-size N --out TOK.model
-                                [--model-type bpe|unigram] [--force]
+                                [--model-type bpe|unigram] [--sample-bytes N] [--force]
        mantissa tokenize encode --tokenizer TOK.model --input FILE... --out-dir DIR
                                 [--val-fraction F] [--shard-tokens N] [--force]
        mantissa tokenize decode --tokenizer TOK.model --input SHARD...
@@ -40,14 +40,17 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         outside the vocabulary becomes its UTF-8 bytes (byte fallback). Ids: 0 <unk>, 1 <s>,
         2 </s> (end of text), 3..258 the bytes 0x00..0xFF, then the learned pieces. Training
         reads the text in blocks of whole lines of up to 4096 bytes (newlines included, so
-        pieces such as "\n\n" are learned) and holds all of it in memory: for a large corpus,
-        train on a sample (say `head -c 1G`), then encode everything. It prints one line
-        when done, nothing before.
+        pieces such as "\n\n" are learned) and holds what it reads in memory, several times
+        over: past --sample-bytes, it reads blocks spread evenly over the inputs, with gaps
+        between them, the same blocks on every run. It prints one line when done, nothing
+        before.
   --input FILE...     text files (one or more, after one --input or several)
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
                       come first, and shards store ids as uint16 up to 65536 pieces, as
                       uint32 beyond. The model's vocab_size must be at least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
+  --sample-bytes N    text to train on at most, at least 4096 (default 268435456: 256 MiB,
+                      which needs about 6 GB of memory; 20-25 bytes per byte of text)
   --out FILE          where the model goes
 
 encode  encodes the files on every core (the tokens do not depend on the thread count) and
@@ -60,8 +63,8 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
         tokens). A character encoded as byte tokens never straddles two shards or the
         train/val cut, so every shard decodes on its own. Progress goes to stderr every 5 s.
         Memory: a few MB per core; the files are mapped, not read in, and the token stream
-        goes to DIR/stream.tmp (the size of all shards, removed when done) before it is cut
-        into shards, so DIR needs twice the shards' size free.
+        goes to a temporary file in DIR, without a name, before it is cut into shards, so DIR
+        needs room for twice the shards while encode runs.
   --tokenizer FILE    a model from `mantissa tokenize train` (another SentencePiece model is
                       refused unless it gives text back exactly)
   --input FILE...     text files, as for train
@@ -98,11 +101,12 @@ then train on the shards:
 exit codes:
   0  done
   1  runtime failure (a file that cannot be written)
-  2  bad command line or input: a vocab size outside 260..1048576, an input that is missing,
-     unreadable, empty or not valid UTF-8 (named, with the byte offset), an --out or
-     --out-dir that already holds a model or shards (without --force), a tokenizer that
-     cannot be loaded or does not decode exactly, a shard that is malformed, a text
-     SentencePiece cannot train the vocab size on
+  2  bad command line or input: a vocab size outside 260..1048576, a sample size below
+     4096, an input that is missing, unreadable, empty or not valid UTF-8 (named, with the
+     byte offset), an --out or --out-dir that already holds a model or shards (without
+     --force), a tokenizer that cannot be loaded or does not decode exactly, a shard that is
+     malformed or holds an id past the vocabulary, a text SentencePiece cannot train the
+     vocab size on
 )";
 
 struct Args {
@@ -116,6 +120,7 @@ struct Args {
   std::string model_type = "bpe";
   double val_fraction = kDefaultValFraction;
   int64_t shard_tokens = kDefaultShardTokens;
+  int64_t sample_bytes = kDefaultSampleBytes;
   bool force = false;
 };
 
@@ -148,7 +153,8 @@ bool takes_no_files(const std::string& subcommand) {
 bool allowed(const std::string& subcommand, const std::string& name) {
   if (name == "--input") return !takes_no_files(subcommand);
   if (subcommand == "train") {
-    return name == "--vocab-size" || name == "--out" || name == "--model-type" || name == "--force";
+    return name == "--vocab-size" || name == "--out" || name == "--model-type" ||
+           name == "--sample-bytes" || name == "--force";
   }
   if (subcommand == "encode") {
     return name == "--tokenizer" || name == "--out-dir" || name == "--val-fraction" ||
@@ -215,6 +221,8 @@ Args parse(const std::vector<std::string>& argv) {
       args.vocab_size = parse_int(name, value);
     } else if (name == "--shard-tokens") {
       args.shard_tokens = parse_int(name, value);
+    } else if (name == "--sample-bytes") {
+      args.sample_bytes = parse_int(name, value);
     } else if (name == "--val-fraction") {
       args.val_fraction = parse_number(name, value);
     } else if (value == "bpe" || value == "unigram") {
@@ -248,7 +256,8 @@ int run(const std::vector<std::string>& argv) {
     if (args.help) {
       std::fputs(kHelp, stdout);
     } else if (args.subcommand == "train") {
-      train_tokenizer({args.inputs, *args.vocab_size, args.model_type, args.out, args.force});
+      train_tokenizer({args.inputs, *args.vocab_size, args.model_type, args.out, args.force,
+                       args.sample_bytes});
     } else if (args.subcommand == "encode") {
       encode_to_shards({args.tokenizer, args.inputs, args.out_dir, args.val_fraction,
                         args.shard_tokens, args.force});

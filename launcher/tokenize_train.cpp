@@ -29,19 +29,55 @@ namespace {
 // SentencePiece trains on "sentences" of at most max_sentence_length bytes (it skips longer
 // ones). It gets blocks of whole lines, each line with its newline, so that it can learn pieces
 // such as "\n\n" or ".\n"; a line longer than a block is cut at character boundaries.
-constexpr size_t kBlockBytes = 4096;
+constexpr size_t kBlockBytes = kMinSampleBytes;
+
+// The first byte of a character at or after `pos` in valid UTF-8 `text` (or its end).
+size_t character_start(std::string_view text, size_t pos) {
+  while (pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) ++pos;
+  return pos;
+}
 
 class TextBlocks : public sentencepiece::SentenceIterator {
  public:
-  explicit TextBlocks(const std::vector<MappedText>& files) : files_(files) { advance(); }
+  // Every block of the files, or, when they hold more than `sample_bytes`, blocks with gaps
+  // between them in proportion, so that about sample_bytes are handed out, spread evenly.
+  TextBlocks(const std::vector<MappedText>& files, size_t sample_bytes) : files_(files) {
+    size_t total = 0;
+    for (const MappedText& file : files) total += file.text().size();
+    if (total > sample_bytes) {
+      gap_per_byte_ = static_cast<double>(total - sample_bytes) / static_cast<double>(sample_bytes);
+    }
+    advance();
+  }
 
   bool done() const override { return done_; }
   void Next() override { advance(); }
   const std::string& value() const override { return block_; }
   sentencepiece::util::Status status() const override { return {}; }
+  // Bytes of text handed out so far.
+  size_t bytes() const { return bytes_; }
 
  private:
+  // Passes over the gap owed for the blocks handed out, across files, then on to the start of a
+  // line (in a line longer than a block, of a character).
+  void skip_gap() {
+    while (gap_ >= 1.0 && file_ < files_.size()) {
+      const std::string_view text = files_[file_].text();
+      const size_t step = std::min(text.size() - pos_, static_cast<size_t>(gap_));
+      pos_ += step;
+      gap_ -= static_cast<double>(step);
+      if (pos_ == text.size()) {
+        ++file_;
+        pos_ = 0;
+        continue;
+      }
+      const size_t newline = text.substr(pos_, kBlockBytes).find('\n');
+      pos_ = newline != std::string_view::npos ? pos_ + newline + 1 : character_start(text, pos_);
+    }
+  }
+
   void advance() {
+    skip_gap();
     while (file_ < files_.size() && pos_ == files_[file_].text().size()) {
       ++file_;
       pos_ = 0;
@@ -62,12 +98,17 @@ class TextBlocks : public sentencepiece::SentenceIterator {
       }
     }
     block_.assign(text.substr(pos_, end - pos_));
+    bytes_ += block_.size();
+    gap_ += gap_per_byte_ * static_cast<double>(block_.size());
     pos_ = end;
   }
 
   const std::vector<MappedText>& files_;
+  double gap_per_byte_ = 0.0;  // bytes skipped per byte handed out
+  double gap_ = 0.0;           // bytes still to skip before the next block
   size_t file_ = 0;
   size_t pos_ = 0;
+  size_t bytes_ = 0;
   std::string block_;
   bool done_ = false;
 };
@@ -80,6 +121,11 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("--vocab-size " + std::to_string(options.vocab_size) +
                             ": must be at most " + std::to_string(train::kMaxVocab) +
                             " (model.*.vocab_size's bound)");
+  }
+  if (options.sample_bytes < kMinSampleBytes) {
+    throw core::ConfigError("--sample-bytes " + std::to_string(options.sample_bytes) +
+                            ": must be at least " + std::to_string(kMinSampleBytes) +
+                            " (one block of text)");
   }
   if (options.vocab_size < kMinTrainVocab) {
     throw core::ConfigError("--vocab-size " + std::to_string(options.vocab_size) +
@@ -125,7 +171,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
       {"num_threads", std::to_string(usable_cores())},
   };
   sentencepiece::logging::SetMinLogLevel(2);
-  TextBlocks blocks(files);
+  TextBlocks blocks(files, static_cast<size_t>(options.sample_bytes));
   std::string model;
   const sentencepiece::util::Status status =
       sentencepiece::SentencePieceTrainer::Train(settings, &blocks, &model);
@@ -143,11 +189,13 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   write_file_atomically(options.out, model);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::fprintf(
-      stderr,
-      "mantissa: wrote %s: a %d-piece %s tokenizer, trained on %s of text in %.1f s on %d cores\n",
-      options.out.c_str(), tokenizer.vocab_size(), options.model_type.c_str(),
-      format_bytes(bytes).c_str(), seconds, usable_cores());
+  const std::string sampled =
+      blocks.bytes() < bytes ? " sampled evenly from " + format_bytes(bytes) : "";
+  std::fprintf(stderr,
+               "mantissa: wrote %s: a %d-piece %s tokenizer, trained on %s%s of text in %.1f s on "
+               "%d cores\n",
+               options.out.c_str(), tokenizer.vocab_size(), options.model_type.c_str(),
+               format_bytes(blocks.bytes()).c_str(), sampled.c_str(), seconds, usable_cores());
 }
 
 }  // namespace mantissa::launcher

@@ -228,6 +228,31 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
+    def test_training_samples_text_past_sample_bytes_evenly(self):
+        # 1.2 MB of licence, then 1.2 MB of a word the licence never has. A sample of 200 kB
+        # taken from the start would never see that word; one spread evenly learns it.
+        with open(LICENCE) as f:
+            licence = f.read()
+        first = self.write("licence.txt", licence * 35)
+        second = self.write("word.txt", "zyxwvutsrq and more zyxwvutsrq\n" * 38000)
+
+        def train(out):
+            result = self.ok("train", "--input", first, second, "--vocab-size", "600",
+                             "--sample-bytes", "200000", "--out", os.path.join(self.dir, out))
+            match = re.search(r"trained on ([\d.]+) kB sampled evenly from 2\.4 MB of text",
+                              result.stderr)
+            self.assertIsNotNone(match, result.stderr)
+            self.assertAlmostEqual(float(match.group(1)), 200, delta=20)
+            with open(os.path.join(self.dir, out), "rb") as f:
+                return f.read()
+
+        self.assertEqual(train("a.model"), train("b.model"), "the same blocks on every run")
+        result = subprocess.run([lu.binary(), "tokenize", "ids", "--tokenizer",
+                                 os.path.join(self.dir, "a.model")], input="zyxwvutsrq",
+                                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertLessEqual(len(result.stdout.split()), 2, result.stdout)
+
     def test_force_replaces_an_output_and_its_stale_shards(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
@@ -245,7 +270,8 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
             result = self.mantissa(*args)
             self.assertEqual(result.returncode, 0, result.stderr)
             text = result.stdout
-            for option in ("--input FILE...", "--vocab-size N", "--model-type", "--tokenizer",
+            for option in ("--input FILE...", "--vocab-size N", "--model-type", "--sample-bytes N",
+                           "--tokenizer",
                            "--out-dir DIR", "--val-fraction F", "--shard-tokens N", "--force",
                            "train_NNNNNN.bin", "val_NNNNNN.bin", "tokenizer.model",
                            "default 0.1", "20240520", "20240801", "end-of-text",
@@ -294,6 +320,12 @@ class BadInput(lu.TempDirTest):
     def encode_args(self, *inputs, out="out"):
         return ("encode", "--tokenizer", os.path.join(self.dir, "tok.model"),
                 "--out-dir", os.path.join(self.dir, out), "--input", *inputs)
+
+    def test_sample_bytes_below_a_block(self):
+        self.assert_refused(
+            "mantissa: --sample-bytes 100: must be at least 4096 (one block of text)",
+            "train", "--input", LICENCE, "--vocab-size", "300", "--sample-bytes", "100", "--out",
+            "{dir}/tok.model")
 
     def test_vocab_sizes_out_of_range(self):
         self.assert_refused(
