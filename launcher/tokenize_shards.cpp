@@ -165,11 +165,7 @@ train::TokenSegment TokenSpill::map() {
     MANTISSA_CHECK(data != MAP_FAILED, "cannot map '" << path_ << "': " << errno_text());
     mapping_ = data;
   }
-  const auto n = static_cast<size_t>(tokens_);
-  if (token_bytes_ == 2) {
-    return {path_, std::span(static_cast<const uint16_t*>(mapping_), n)};
-  }
-  return {path_, std::span(static_cast<const uint32_t*>(mapping_), n)};
+  return {path_, mapping_, tokens_, token_bytes_};
 }
 
 StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir)) {

@@ -20,16 +20,16 @@ constexpr uint64_t kValidationSeedSalt = 0x76616c6964617465ULL;
 }  // namespace
 
 TokenSegment::TokenSegment(std::string name, std::span<const uint16_t> tokens)
-    : name_(std::move(name)),
-      data_(tokens.data()),
-      size_(static_cast<int64_t>(tokens.size())),
-      token_bytes_(2) {}
+    : TokenSegment(std::move(name), tokens.data(), static_cast<int64_t>(tokens.size()), 2) {}
 
 TokenSegment::TokenSegment(std::string name, std::span<const uint32_t> tokens)
-    : name_(std::move(name)),
-      data_(tokens.data()),
-      size_(static_cast<int64_t>(tokens.size())),
-      token_bytes_(4) {}
+    : TokenSegment(std::move(name), tokens.data(), static_cast<int64_t>(tokens.size()), 4) {}
+
+TokenSegment::TokenSegment(std::string name, const void* data, int64_t size, int token_bytes)
+    : name_(std::move(name)), data_(data), size_(size), token_bytes_(token_bytes) {
+  MANTISSA_CHECK(token_bytes == 2 || token_bytes == 4,
+                 "'" << name_ << "': tokens of " << token_bytes << " bytes (2 or 4)");
+}
 
 TokenSegment TokenSegment::subspan(int64_t offset, int64_t count) const {
   MANTISSA_CHECK(offset >= 0 && count >= 0 && offset + count <= size_,

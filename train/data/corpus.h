@@ -23,6 +23,8 @@ class TokenSegment {
  public:
   TokenSegment(std::string name, std::span<const uint16_t> tokens);
   TokenSegment(std::string name, std::span<const uint32_t> tokens);
+  // `size` tokens of `token_bytes` (2 or 4) each at `data`, as a file or a mapping holds them.
+  TokenSegment(std::string name, const void* data, int64_t size, int token_bytes);
 
   const std::string& name() const { return name_; }  // the file it came from, or "synthetic"
   int64_t size() const { return size_; }

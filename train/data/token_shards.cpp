@@ -93,12 +93,7 @@ Corpus Corpus::token_shards(const std::string& pattern, int64_t vocab_size) {
     int token_bytes = 0;
     std::shared_ptr<const void> mapping = map_shard(path, count, token_bytes);
     const char* tokens = static_cast<const char*>(mapping.get()) + kShardHeaderBytes;
-    const auto n = static_cast<size_t>(count);
-    if (token_bytes == 2) {
-      corpus.segments_.emplace_back(path, std::span(reinterpret_cast<const uint16_t*>(tokens), n));
-    } else {
-      corpus.segments_.emplace_back(path, std::span(reinterpret_cast<const uint32_t*>(tokens), n));
-    }
+    corpus.segments_.emplace_back(path, tokens, count, token_bytes);
     corpus.storage_.push_back(std::move(mapping));
   }
   return corpus;
