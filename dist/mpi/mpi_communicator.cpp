@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <climits>
+#include <cstring>
 #include <sstream>
 #include <thread>
 
@@ -143,22 +144,22 @@ MPI_Op mpi_op(const ReducedOps& ops, DType dtype, ReduceOp op) {
   MANTISSA_FAIL("MPI communicator: no reduction for dtype " << core::dtype_name(dtype));
 }
 
-int mpi_count(int64_t count, const char* what) {
-  MANTISSA_CHECK(count >= 0 && count <= INT_MAX,
-                 "MPI communicator: " << what << " count " << count
-                                      << " does not fit MPI's int (split the buffer)");
-  return static_cast<int>(count);
+// Element `i` of a host tensor.
+char* element(const Tensor& t, int64_t i) {
+  return static_cast<char*>(t.data()) + i * static_cast<int64_t>(core::dtype_size(t.dtype()));
 }
 
-std::vector<int> mpi_counts(const std::vector<int64_t>& counts, const char* what) {
-  std::vector<int> out;
-  for (int64_t c : counts) out.push_back(mpi_count(c, what));
-  return out;
+// Calls issue(first, count) for consecutive pieces [first, first + count) of [0, total), each
+// of at most `piece` elements (which fits an int).
+template <class Issue>
+void for_each_piece(int64_t total, int64_t piece, Issue issue) {
+  for (int64_t first = 0; first < total; first += piece) {
+    issue(first, static_cast<int>(std::min(piece, total - first)));
+  }
 }
 
-std::vector<int> mpi_displacements(const std::vector<int64_t>& counts, const char* what) {
-  const std::vector<int64_t> offsets = chunk_offsets(counts);
-  return mpi_counts(std::vector<int64_t>(offsets.begin(), offsets.end() - 1), what);
+std::vector<int> int_vector(const std::vector<int64_t>& values) {
+  return std::vector<int>(values.begin(), values.end());
 }
 
 void check_host(const Tensor& t, const char* op, const char* operand) {
@@ -185,9 +186,10 @@ class CommHandle {
   MPI_Comm comm_ = MPI_COMM_NULL;
 };
 
-// A non-blocking collective. MPI forbids freeing a pending collective request, so the
-// destructor of one still in flight (an exception unwinding a step) waits for it, bounded
-// like every wait, and ends the job rather than throw from a destructor.
+// A non-blocking collective: one MPI request, or several when it was issued in pieces. MPI
+// forbids freeing a pending collective request, so the destructor of one still in flight (an
+// exception unwinding a step) waits for it, bounded like every wait, and ends the job rather
+// than throw from a destructor.
 class MpiRequest final : public Request {
  public:
   MpiRequest(const World& world, double timeout_s, std::string what,
@@ -197,7 +199,7 @@ class MpiRequest final : public Request {
         what_(std::move(what)),
         progress_(std::move(progress)) {}
   ~MpiRequest() override {
-    if (request_ == MPI_REQUEST_NULL) return;
+    if (requests_.empty()) return;
     try {
       wait();
     } catch (const std::exception& e) {
@@ -205,10 +207,11 @@ class MpiRequest final : public Request {
     }
   }
 
-  MPI_Request* handle() { return &request_; }
-  // The collective has been started on handle(): the progress thread drives it from now on.
+  // A new slot for the handle of one MPI call of this operation.
+  MPI_Request* add() { return &requests_.emplace_back(MPI_REQUEST_NULL); }
+  // Every call of the operation has been started: the progress thread drives them from now on.
   void issued() {
-    if (progress_ && request_ != MPI_REQUEST_NULL) {
+    if (progress_ && !requests_.empty()) {
       progress_->begin();
       counted_ = true;
     }
@@ -216,14 +219,17 @@ class MpiRequest final : public Request {
 
  protected:
   bool poll() override {
-    if (request_ == MPI_REQUEST_NULL) return true;
+    if (requests_.empty()) return true;
     int done = 0;
-    MANTISSA_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-    if (done && counted_) {
+    MANTISSA_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                                   MPI_STATUSES_IGNORE));
+    if (!done) return false;
+    requests_.clear();
+    if (counted_) {
       progress_->end();
       counted_ = false;
     }
-    return done != 0;
+    return true;
   }
 
   void wait_until_done() override {
@@ -247,15 +253,16 @@ class MpiRequest final : public Request {
   std::string what_;
   std::shared_ptr<MpiProgress> progress_;  // null: no progress thread
   bool counted_ = false;                   // in progress_'s count of collectives in flight
-  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> requests_;      // empty once complete
 };
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(const World& world, double timeout_s, MPI_Comm parent,
+  MpiCommunicator(const World& world, double timeout_s, int64_t max_piece_bytes, MPI_Comm parent,
                   std::shared_ptr<const ReducedOps> ops, std::shared_ptr<MpiProgress> progress)
       : world_(world),
         timeout_s_(timeout_s),
+        max_piece_bytes_(max_piece_bytes),
         comm_(parent),
         ops_(std::move(ops)),
         progress_(std::move(progress)) {
@@ -268,19 +275,25 @@ class MpiCommunicator final : public Communicator {
   core::Device device() const override { return core::Device::cpu(); }
 
   std::unique_ptr<Communicator> duplicate() override {
-    return std::make_unique<MpiCommunicator>(world_, timeout_s_, comm_.get(), ops_, progress_);
+    return std::make_unique<MpiCommunicator>(world_, timeout_s_, max_piece_bytes_, comm_.get(),
+                                             ops_, progress_);
   }
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
     check_host(buf, "all_reduce", "buf");
     auto request = start("all_reduce", buf, {buf});
-    MANTISSA_MPI_CHECK(MPI_Iallreduce(
-        MPI_IN_PLACE, buf.data(), mpi_count(buf.numel(), "all_reduce"), mpi_datatype(buf.dtype()),
-        mpi_op(*ops_, buf.dtype(), op), comm_.get(), request->handle()));
+    const MPI_Datatype type = mpi_datatype(buf.dtype());
+    const MPI_Op reduce = mpi_op(*ops_, buf.dtype(), op);
+    for_each_piece(buf.numel(), piece(buf.dtype()), [&](int64_t first, int count) {
+      MANTISSA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, element(buf, first), count, type, reduce,
+                                        comm_.get(), request->add()));
+    });
     request->issued();
     return request;
   }
 
+  // In one MPI call while the whole send buffer fits a piece; beyond, as one reduce per rank's
+  // chunk and piece, rooted at the rank that receives it.
   RequestPtr reduce_scatter(const Tensor& send, Tensor& recv, const std::vector<int64_t>& counts,
                             ReduceOp op) override {
     check_host(send, "reduce_scatter", "send");
@@ -290,14 +303,28 @@ class MpiCommunicator final : public Communicator {
                    "MPI reduce_scatter: recv " << recv.describe() << " must hold " << counts[rank_]
                                                << " elements of send's dtype");
     auto request = start("reduce_scatter", send, {send, recv});
-    const std::vector<int> c = mpi_counts(counts, "reduce_scatter");
-    MANTISSA_MPI_CHECK(
-        MPI_Ireduce_scatter(send.data(), recv.data(), c.data(), mpi_datatype(send.dtype()),
-                            mpi_op(*ops_, send.dtype(), op), comm_.get(), request->handle()));
+    const MPI_Datatype type = mpi_datatype(send.dtype());
+    const MPI_Op reduce = mpi_op(*ops_, send.dtype(), op);
+    const int64_t piece_size = piece(send.dtype());
+    if (send.numel() <= piece_size) {
+      MANTISSA_MPI_CHECK(MPI_Ireduce_scatter(send.data(), recv.data(), int_vector(counts).data(),
+                                             type, reduce, comm_.get(), request->add()));
+    } else {
+      const std::vector<int64_t> offsets = chunk_offsets(counts);
+      for (int root = 0; root < size_; ++root) {
+        for_each_piece(counts[root], piece_size, [&](int64_t first, int count) {
+          void* out = root == rank_ ? element(recv, first) : nullptr;
+          MANTISSA_MPI_CHECK(MPI_Ireduce(element(send, offsets[root] + first), out, count, type,
+                                         reduce, root, comm_.get(), request->add()));
+        });
+      }
+    }
     request->issued();
     return request;
   }
 
+  // In one MPI call while the whole receive buffer fits a piece; beyond, as one broadcast per
+  // rank's chunk and piece, from the rank that owns it.
   RequestPtr all_gather(const Tensor& send, Tensor& recv,
                         const std::vector<int64_t>& counts) override {
     check_host(send, "all_gather", "send");
@@ -307,15 +334,25 @@ class MpiCommunicator final : public Communicator {
                    "MPI all_gather: send " << send.describe() << " must hold " << counts[rank_]
                                            << " elements of recv's dtype");
     const std::vector<int64_t> offsets = chunk_offsets(counts);
-    const char* mine = static_cast<const char*>(recv.data()) +
-                       offsets[rank_] * static_cast<int64_t>(core::dtype_size(recv.dtype()));
+    char* mine = element(recv, offsets[rank_]);
     auto request = start("all_gather", recv, {send, recv});
-    const std::vector<int> c = mpi_counts(counts, "all_gather");
-    const std::vector<int> d = mpi_displacements(counts, "all_gather");
     const MPI_Datatype type = mpi_datatype(recv.dtype());
-    MANTISSA_MPI_CHECK(MPI_Iallgatherv(send.data() == mine ? MPI_IN_PLACE : send.data(), c[rank_],
-                                       type, recv.data(), c.data(), d.data(), type, comm_.get(),
-                                       request->handle()));
+    const int64_t piece_size = piece(recv.dtype());
+    if (recv.numel() <= piece_size) {
+      const std::vector<int> c = int_vector(counts);
+      const std::vector<int> d = int_vector({offsets.begin(), offsets.end() - 1});
+      MANTISSA_MPI_CHECK(MPI_Iallgatherv(send.data() == mine ? MPI_IN_PLACE : send.data(), c[rank_],
+                                         type, recv.data(), c.data(), d.data(), type, comm_.get(),
+                                         request->add()));
+    } else {
+      if (send.data() != mine) std::memcpy(mine, send.data(), send.nbytes());
+      for (int root = 0; root < size_; ++root) {
+        for_each_piece(counts[root], piece_size, [&](int64_t first, int count) {
+          MANTISSA_MPI_CHECK(MPI_Ibcast(element(recv, offsets[root] + first), count, type, root,
+                                        comm_.get(), request->add()));
+        });
+      }
+    }
     request->issued();
     return request;
   }
@@ -324,12 +361,20 @@ class MpiCommunicator final : public Communicator {
     check_host(buf, "broadcast", "buf");
     MANTISSA_CHECK(root >= 0 && root < size_, "MPI broadcast: root " << root << " out of range");
     auto request = start("broadcast", buf, {buf});
-    MANTISSA_MPI_CHECK(MPI_Ibcast(buf.data(), mpi_count(buf.numel(), "broadcast"),
-                                  mpi_datatype(buf.dtype()), root, comm_.get(), request->handle()));
+    const MPI_Datatype type = mpi_datatype(buf.dtype());
+    for_each_piece(buf.numel(), piece(buf.dtype()), [&](int64_t first, int count) {
+      MANTISSA_MPI_CHECK(
+          MPI_Ibcast(element(buf, first), count, type, root, comm_.get(), request->add()));
+    });
     request->issued();
     return request;
   }
 
+  // Point-to-point messages of at most a piece each, as MPI libraries implement alltoallv
+  // (no collective call: whether one would fit an int depends on counts only this rank
+  // knows). Messages between two ranks on one communicator and tag arrive in the order they
+  // were sent, and both ends cut a chunk into the same pieces, so the k-th receive from a
+  // rank gets its k-th send, also across several all_to_alls in flight.
   RequestPtr all_to_all(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                         const std::vector<int64_t>& recv_counts) override {
     check_host(send, "all_to_all", "send");
@@ -339,21 +384,37 @@ class MpiCommunicator final : public Communicator {
     MANTISSA_CHECK(send.dtype() == recv.dtype(), "MPI all_to_all: send "
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
+    MANTISSA_CHECK(send_counts[rank_] == recv_counts[rank_],
+                   "MPI all_to_all: this rank sends itself "
+                       << send_counts[rank_] << " elements but receives " << recv_counts[rank_]);
     auto request = start("all_to_all", send, {send, recv});
-    const std::vector<int> sc = mpi_counts(send_counts, "all_to_all");
-    const std::vector<int> sd = mpi_displacements(send_counts, "all_to_all");
-    const std::vector<int> rc = mpi_counts(recv_counts, "all_to_all");
-    const std::vector<int> rd = mpi_displacements(recv_counts, "all_to_all");
     const MPI_Datatype type = mpi_datatype(send.dtype());
-    MANTISSA_MPI_CHECK(MPI_Ialltoallv(send.data(), sc.data(), sd.data(), type, recv.data(),
-                                      rc.data(), rd.data(), type, comm_.get(), request->handle()));
+    const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
+    const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
+    const int64_t piece_size = piece(send.dtype());
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      for_each_piece(recv_counts[peer], piece_size, [&](int64_t first, int count) {
+        MANTISSA_MPI_CHECK(MPI_Irecv(element(recv, recv_offsets[peer] + first), count, type, peer,
+                                     kAllToAllTag, comm_.get(), request->add()));
+      });
+    }
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      for_each_piece(send_counts[peer], piece_size, [&](int64_t first, int count) {
+        MANTISSA_MPI_CHECK(MPI_Isend(element(send, send_offsets[peer] + first), count, type, peer,
+                                     kAllToAllTag, comm_.get(), request->add()));
+      });
+    }
+    std::memcpy(element(recv, recv_offsets[rank_]), element(send, send_offsets[rank_]),
+                static_cast<size_t>(send_counts[rank_]) * core::dtype_size(send.dtype()));
     request->issued();
     return request;
   }
 
   void barrier() override {
     MpiRequest request(world_, timeout_s_, "MPI barrier", progress_);
-    MANTISSA_MPI_CHECK(MPI_Ibarrier(comm_.get(), request.handle()));
+    MANTISSA_MPI_CHECK(MPI_Ibarrier(comm_.get(), request.add()));
     request.issued();
     request.wait();
   }
@@ -369,17 +430,29 @@ class MpiCommunicator final : public Communicator {
     return request;
   }
 
+  // The most elements of `dtype` one MPI call moves.
+  int64_t piece(DType dtype) const {
+    return std::max<int64_t>(1, max_piece_bytes_ / static_cast<int64_t>(core::dtype_size(dtype)));
+  }
+
   void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {
     MANTISSA_CHECK(static_cast<int>(counts.size()) == size_,
                    "MPI " << op << ": " << counts.size() << " counts for " << size_ << " ranks");
+    for (int64_t count : counts) {
+      MANTISSA_CHECK(count >= 0, "MPI " << op << ": negative count " << count);
+    }
     const int64_t total = chunk_offsets(counts).back();
     MANTISSA_CHECK(total == buf.numel(), "MPI " << op << ": counts add up to " << total
                                                 << " elements, the buffer " << buf.describe()
                                                 << " has " << buf.numel());
   }
 
+  // The tag of all_to_all's point-to-point messages (the only ones on this communicator).
+  static constexpr int kAllToAllTag = 1;
+
   const World& world_;
   double timeout_s_;
+  int64_t max_piece_bytes_;
   CommHandle comm_;
   std::shared_ptr<const ReducedOps> ops_;
   std::shared_ptr<MpiProgress> progress_;  // shared by the duplicates; null: none
@@ -389,10 +462,15 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_mpi_communicator(const World& world, double timeout_s) {
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world, double timeout_s,
+                                                    int64_t max_piece_bytes) {
   MANTISSA_CHECK(timeout_s > 0, "dist.timeout_s must be > 0, got " << timeout_s);
-  return std::make_unique<MpiCommunicator>(
-      world, timeout_s, MPI_COMM_WORLD, std::make_shared<const ReducedOps>(), MpiProgress::start());
+  MANTISSA_CHECK(
+      max_piece_bytes > 0 && max_piece_bytes <= INT_MAX,
+      "MPI communicator: max_piece_bytes " << max_piece_bytes << " must lie in [1, 2^31 - 1]");
+  return std::make_unique<MpiCommunicator>(world, timeout_s, max_piece_bytes, MPI_COMM_WORLD,
+                                           std::make_shared<const ReducedOps>(),
+                                           MpiProgress::start());
 }
 
 }  // namespace mantissa::dist

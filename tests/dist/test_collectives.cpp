@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -79,9 +80,12 @@ bool same_on_all_ranks(const Tensor& t) {
   return lo == hi;
 }
 
-class Collectives : public ::testing::Test {
+// Each test runs twice: with the default pieces (every buffer here in one MPI call) and with
+// pieces of 4 KiB, so every collective is cut into several calls (1024 F32 or 4096 FP8
+// elements each).
+class Collectives : public ::testing::TestWithParam<int64_t> {
  protected:
-  void SetUp() override { comm = make_mpi_communicator(testing::world(), kTimeout); }
+  void SetUp() override { comm = make_mpi_communicator(testing::world(), kTimeout, GetParam()); }
   int n() const { return comm->size(); }
   int me() const { return comm->rank(); }
 
@@ -115,7 +119,7 @@ class Collectives : public ::testing::Test {
   std::unique_ptr<Communicator> comm;
 };
 
-TEST_F(Collectives, AllReduceSumEveryDtype) {
+TEST_P(Collectives, AllReduceSumEveryDtype) {
   for (DType d : kFloatTypes) {
     for (int64_t count : {int64_t{1}, int64_t{1000}, int64_t{300007}}) {
       Tensor buf = make(d, me(), count, 1);
@@ -126,7 +130,7 @@ TEST_F(Collectives, AllReduceSumEveryDtype) {
   }
 }
 
-TEST_F(Collectives, AllReduceMaxEveryDtype) {
+TEST_P(Collectives, AllReduceMaxEveryDtype) {
   for (DType d : kFloatTypes) {
     const int64_t count = 4099;
     Tensor buf = make(d, me(), count, 2);
@@ -151,14 +155,14 @@ TEST_F(Collectives, AllReduceMaxEveryDtype) {
   EXPECT_EQ(ints, (std::vector<int64_t>{n() - 1, 0, int64_t{1} << 40}));
 }
 
-// Uneven chunks, one of them empty: counts[r] = 37 r + 5, except the last rank's, 0.
+// Uneven chunks, one of them empty: counts[r] = 3701 r + 5, except the last rank's, 0.
 std::vector<int64_t> uneven_counts(int n) {
   std::vector<int64_t> counts;
-  for (int r = 0; r < n; ++r) counts.push_back(r == n - 1 ? 0 : 37 * r + 5);
+  for (int r = 0; r < n; ++r) counts.push_back(r == n - 1 ? 0 : 3701 * r + 5);
   return counts;
 }
 
-TEST_F(Collectives, ReduceScatterUnevenEveryDtype) {
+TEST_P(Collectives, ReduceScatterUnevenEveryDtype) {
   const std::vector<int64_t> counts = uneven_counts(n());
   const std::vector<int64_t> offsets = chunk_offsets(counts);
   for (DType d : kFloatTypes) {
@@ -169,7 +173,7 @@ TEST_F(Collectives, ReduceScatterUnevenEveryDtype) {
   }
 }
 
-TEST_F(Collectives, AllGatherUnevenInAndOutOfPlace) {
+TEST_P(Collectives, AllGatherUnevenInAndOutOfPlace) {
   const std::vector<int64_t> counts = uneven_counts(n());
   const std::vector<int64_t> offsets = chunk_offsets(counts);
   for (DType d : kFloatTypes) {
@@ -194,7 +198,7 @@ TEST_F(Collectives, AllGatherUnevenInAndOutOfPlace) {
   }
 }
 
-TEST_F(Collectives, BroadcastFromTheLastRank) {
+TEST_P(Collectives, BroadcastFromTheLastRank) {
   const int root = n() - 1;
   for (DType d : kFloatTypes) {
     Tensor buf = make(d, me(), 5000, 5);
@@ -203,20 +207,20 @@ TEST_F(Collectives, BroadcastFromTheLastRank) {
   }
 }
 
-TEST_F(Collectives, AllToAllUneven) {
-  // Rank s sends (s + 1) * (r + 2) elements to rank r: element i of that chunk is rank s's
-  // value number 1000 r + i.
+TEST_P(Collectives, AllToAllUneven) {
+  // Rank s sends 1001 (s + 1) (r + 2) elements to rank r: element i of that chunk is rank s's
+  // value number 100000 r + i.
   for (DType d : kFloatTypes) {
     std::vector<int64_t> send_counts, recv_counts;
     for (int r = 0; r < n(); ++r) {
-      send_counts.push_back((me() + 1) * (r + 2));
-      recv_counts.push_back((r + 1) * (me() + 2));
+      send_counts.push_back(1001 * (me() + 1) * (r + 2));
+      recv_counts.push_back(1001 * (r + 1) * (me() + 2));
     }
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
     std::vector<float> values;
     for (int r = 0; r < n(); ++r) {
       for (int64_t i = 0; i < send_counts[static_cast<size_t>(r)]; ++i) {
-        values.push_back(value(d, me(), 1000 * r + i, 6));
+        values.push_back(value(d, me(), 100000 * r + i, 6));
       }
     }
     Tensor send = Tensor::empty(Shape{send_offsets.back()}, d);
@@ -227,14 +231,14 @@ TEST_F(Collectives, AllToAllUneven) {
     size_t k = 0;
     for (int s = 0; s < n(); ++s) {
       for (int64_t i = 0; i < recv_counts[static_cast<size_t>(s)]; ++i, ++k) {
-        ASSERT_EQ(got[k], value(d, s, 1000 * me() + i, 6))
+        ASSERT_EQ(got[k], value(d, s, 100000 * me() + i, 6))
             << core::dtype_name(d) << ": from rank " << s << " element " << i;
       }
     }
   }
 }
 
-TEST_F(Collectives, DuplicatesOverlapAndCompleteInAnyOrder) {
+TEST_P(Collectives, DuplicatesOverlapAndCompleteInAnyOrder) {
   // Three collectives in flight at once on three communicators, waited for in reverse.
   auto second = comm->duplicate();
   auto third = comm->duplicate();
@@ -254,7 +258,7 @@ TEST_F(Collectives, DuplicatesOverlapAndCompleteInAnyOrder) {
   comm->barrier();
 }
 
-TEST_F(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
+TEST_P(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
   Tensor send = Tensor::empty(Shape{10}, DType::kF32);
   Tensor recv = Tensor::empty(Shape{3}, DType::kF32);
   try {
@@ -269,7 +273,7 @@ TEST_F(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
 // The progress thread (MPI_THREAD_MULTIPLE) completes a collective while no rank calls MPI:
 // 4 MiB take several rendezvous and ring rounds, each of which needs both ranks to enter MPI,
 // so without the thread the first test() after the pause could not find it complete.
-TEST_F(Collectives, ProgressThreadCompletesACollectiveWhileTheRanksCompute) {
+TEST_P(Collectives, ProgressThreadCompletesACollectiveWhileTheRanksCompute) {
   int provided = 0;
   MPI_Query_thread(&provided);
   ASSERT_EQ(provided, MPI_THREAD_MULTIPLE) << "World asks MPI for MPI_THREAD_MULTIPLE";
@@ -279,6 +283,52 @@ TEST_F(Collectives, ProgressThreadCompletesACollectiveWhileTheRanksCompute) {
   EXPECT_TRUE(r->test()) << "4 MiB all-reduce not complete after 3 s without MPI calls";
   r->wait();
   expect_sum(DType::kF32, buf, 0, 21);
+}
+
+INSTANTIATE_TEST_SUITE_P(MaxPieceBytes, Collectives, ::testing::Values(kMpiMaxPieceBytes, 4096),
+                         [](const ::testing::TestParamInfo<int64_t>& info) {
+                           return info.param == kMpiMaxPieceBytes ? std::string("OneCall")
+                                                                  : std::string("Pieces");
+                         });
+
+// Buffers past 2^31 elements and bytes, as the buckets or masters of a model past 2B
+// parameters are: an E4M3 sum over three default pieces, then a U8 all-gather whose chunk
+// from the last rank starts past 2^31. Values change at the pieces' edges, so a piece landing
+// at a wrong offset shows. Its own ctest entry runs it with 2 ranks (about 3 GB each); the
+// others leave it out.
+TEST(LargeCount, AllReduceAndAllGatherPast2To31Elements) {
+  auto comm = make_mpi_communicator(testing::world(), kTimeout);
+  const int64_t count = (int64_t{1} << 31) + 7;
+  const int64_t piece = kMpiMaxPieceBytes;
+  const std::vector<int64_t> marked = {0, piece - 1, piece, 2 * piece - 1, 2 * piece, count - 1};
+  const int n = comm->size();
+
+  Tensor buf = Tensor::empty(Shape{count}, DType::kE4M3);
+  auto* codes = static_cast<uint8_t*>(buf.data());
+  std::memset(codes, core::e4m3_from_float(1.0f).bits, static_cast<size_t>(count));
+  for (int64_t i : marked) codes[i] = core::e4m3_from_float(0.25f * (comm->rank() + 1)).bits;
+  comm->all_reduce(buf, ReduceOp::kSum)->wait();
+  const uint8_t bulk = core::e4m3_from_float(static_cast<float>(n)).bits;
+  const uint8_t edge = core::e4m3_from_float(0.125f * n * (n + 1)).bits;
+  for (int64_t i : marked) {
+    EXPECT_EQ(codes[i], edge) << "element " << i;
+    codes[i] = bulk;
+  }
+  EXPECT_EQ(std::count(codes, codes + count, bulk), count) << "elements other than the sum " << n;
+
+  // Rank r's chunk holds pattern(i) at its global positions i; the other chunks start zeroed.
+  const auto pattern = [](int64_t i) { return static_cast<uint8_t>((i >> 12) * 7 + (i & 3)); };
+  std::vector<int64_t> counts(static_cast<size_t>(n), count / n);
+  counts.back() += count % n;
+  const std::vector<int64_t> offsets = chunk_offsets(counts);
+  const int64_t begin = offsets[static_cast<size_t>(comm->rank())];
+  const int64_t end = offsets[static_cast<size_t>(comm->rank()) + 1];
+  for (int64_t i = 0; i < count; ++i) codes[i] = i >= begin && i < end ? pattern(i) : 0;
+  Tensor bytes = Tensor::wrap(codes, Shape{count}, DType::kU8);
+  comm->all_gather(bytes.view(begin, Shape{end - begin}), bytes, counts)->wait();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < count; ++i) wrong += codes[i] != pattern(i);
+  EXPECT_EQ(wrong, 0) << "bytes differ from their owner's after the all-gather";
 }
 
 // Every rank knows every rank's host (here all on this one machine); a timeout names the
