@@ -12,8 +12,9 @@
 //
 // What is saved: a CheckpointState (small scalars) plus named flat buffers — FP32 masters,
 // AdamW moments — of which each rank passes the slice it holds, as a global element range.
-// Under ZeRO-0 rank 0 passes whole buffers and the other ranks pass none; under ZeRO-1 every
-// rank passes its shard (rank r writes masters[shard r], adam_m[shard r], adam_v[shard r]).
+// Under ZeRO-1 every rank passes its shard (rank r writes masters[shard r], adam_m[shard r],
+// adam_v[shard r]); under ZeRO-0, where every rank holds the same replica, each passes an even
+// 1/N of every buffer, so the ranks share the writing.
 // The manifest records which element range of which buffer lives where, so a load can ask
 // for any range: a run resumed on another number of ranks simply asks for its new shards.
 //
@@ -42,8 +43,8 @@
 // The checkpoint directory must be one shared file system for all ranks.
 //
 // How the Trainer uses it (ZeRO-1 shown, where the parameter store keeps only the shard's
-// masters; ZeRO-0: rank 0 passes begin 0 and whole buffers, other ranks save with no slices
-// but load the same whole buffers):
+// masters; ZeRO-0: each rank saves views of its 1/N of the whole buffers, and loads the whole
+// buffers):
 //
 //   Checkpointer ckpt({.dir = run_dir + "/checkpoints", .keep = cfg.checkpoint().keep()},
 //                     {.rank = world.rank(), .world_size = world.size(),

@@ -410,16 +410,23 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.config_text = to_text(config_);
   state.parameters = checkpoint::parameter_layout(params);
 
-  // Without ZeRO every rank holds the same replica and rank 0 writes it; under ZeRO-1 each
-  // rank writes the shard it owns, the only masters it keeps.
+  // Under ZeRO-1 each rank writes the shard it owns, the only masters it keeps. Without ZeRO
+  // every rank holds the same replica, and each writes an even 1/N of it: the ranks share the
+  // writing (and a GPU rank stages only its part through host memory).
   const int64_t n = params.flat_numel();
-  const int64_t begin = optimizer_->owned_begin();
-  std::vector<checkpoint::BufferSlice> slices;
-  if (config_.dist().zero_stage() == 1 || world_.rank() == 0) {
-    slices = {{"masters", n, params.masters_begin(), params.masters()},
-              {"adam_m", n, begin, optimizer_->first_moment()},
-              {"adam_v", n, begin, optimizer_->second_moment()}};
+  int64_t begin = optimizer_->owned_begin();
+  int64_t count = optimizer_->first_moment().numel();
+  if (config_.dist().zero_stage() == 0) {
+    begin = n * world_.rank() / world_.size();
+    count = n * (world_.rank() + 1) / world_.size() - begin;
   }
+  const core::Shape shape{count};
+  const std::vector<checkpoint::BufferSlice> slices = {
+      {"masters", n, begin, params.masters().view(begin - params.masters_begin(), shape)},
+      {"adam_m", n, begin,
+       optimizer_->first_moment().view(begin - optimizer_->owned_begin(), shape)},
+      {"adam_v", n, begin,
+       optimizer_->second_moment().view(begin - optimizer_->owned_begin(), shape)}};
   const std::string dir = checkpointer_->save(state, slices);
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);

@@ -88,6 +88,11 @@ class Training(lu.TempDirTest):
             self.assertIn("inject_nonfinite_steps: 7", f.read())
         with open(os.path.join(run, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), "step_00000060")
+        # Without ZeRO the ranks share the writing of their common replica: half of each
+        # buffer (masters, adam_m, adam_v) each, the halves differing by at most an element.
+        saved = os.path.join(run, "checkpoints", "step_00000060")
+        sizes = [os.path.getsize(os.path.join(saved, f"rank_{r:05d}.bin")) for r in range(RANKS)]
+        self.assertLessEqual(max(sizes) - min(sizes), 3 * 4, sizes)
         self.assertRegex(result.stderr, r"step 60/60 \| loss \d+\.\d+ \| scale 1 \| lr ")
 
         self.interrupt_and_resume("interrupted", logs)
