@@ -110,7 +110,8 @@ struct CheckpointState {
   core::LossScalerState loss_scaler;
   core::Fp8ScalingState fp8;  // empty without FP8
   train::DataCursor data;
-  std::string config_text;  // the effective TrainConfig, protobuf text format
+  uint64_t data_fingerprint = 0;  // train::Corpus::fingerprint() of the training data; 0: unknown
+  std::string config_text;        // the effective TrainConfig, protobuf text format
   // Layout of the "masters" buffer; save() stores it and load_latest() compares it.
   std::vector<ParameterLayout> parameters;
 

@@ -131,6 +131,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   }
   if (!state.fp8.tensors.empty()) p.set_fp8_recipe(state.fp8.recipe);
   p.set_data_next_window(state.data.next_window);
+  p.set_data_fingerprint(state.data_fingerprint);
   p.set_config_text(state.config_text);
   for (const ParameterLayout& layout : state.parameters) {
     mantissa::ParameterLayout& l = *p.add_parameters();
@@ -214,6 +215,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   }
   s.fp8.recipe = p.fp8_recipe();
   s.data.next_window = p.data_next_window();
+  s.data_fingerprint = p.data_fingerprint();
   s.config_text = p.config_text();
   for (const mantissa::ParameterLayout& l : p.parameters()) {
     CHECK_INTACT(checked_numel(l.shape()) >= 0 && l.offset() >= 0 && l.offset() <= kMaxElements,

@@ -209,6 +209,7 @@ void Trainer::build_data() {
         validation = train::Corpus::synthetic_validation(seed, data.synthetic().val_tokens());
       }
     }
+    data_fingerprint_ = corpus.fingerprint();
     train::DataLoaderConfig loader;
     loader.seq_len = dims.seq_len;
     loader.micro_batch = data.micro_batch_size();
@@ -323,13 +324,23 @@ bool Trainer::restore() {
   start_step_ = state->step;
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
-  // Another corpus on resume is allowed (a second phase of training), but not silently.
+  // Another corpus on resume is allowed (a second phase of training), but not silently. The
+  // tokens decide, not the configured path: data moved to another directory is the same data.
+  // Checkpoints from before the fingerprint was recorded compare the paths.
   const std::optional<TrainConfig> recorded = recorded_config(state->config_text);
   const std::string trained_on = recorded ? data_source(recorded->data()) : "";
   const std::string reads = data_source(config_.data());
-  if (!trained_on.empty() && trained_on != reads) {
-    say("mantissa: warning: the checkpoint was trained on " + trained_on + ", this run reads " +
-        reads + ": the data stream changes from here on");
+  const bool same_tokens = state->data_fingerprint != 0
+                               ? state->data_fingerprint == data_fingerprint_
+                               : trained_on.empty() || trained_on == reads;
+  if (!same_tokens) {
+    const bool same_path = trained_on.empty() || trained_on == reads;
+    say("mantissa: warning: the checkpoint was trained on " +
+        (same_path ? std::string("other data") : trained_on) + ", this run reads " + reads +
+        ": the data stream changes from here on");
+  } else if (!trained_on.empty() && trained_on != reads) {
+    say("mantissa: the checkpoint was trained on " + trained_on + ", this run reads " + reads +
+        ": the same tokens, so the data stream continues");
   }
   if (state->seed != config_.run().seed()) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
@@ -407,6 +418,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.loss_scaler = scaler_->state();
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
   state.data = loader_->cursor();
+  state.data_fingerprint = data_fingerprint_;
   state.config_text = to_text(config_);
   state.parameters = checkpoint::parameter_layout(params);
 

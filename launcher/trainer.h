@@ -95,6 +95,7 @@ class Trainer {
   core::PrecisionPolicy policy_;
   std::unique_ptr<train::LanguageModel> model_;
   std::unique_ptr<train::DataLoader> loader_;
+  uint64_t data_fingerprint_ = 0;  // train::Corpus::fingerprint() of the training corpus
   std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;

@@ -438,6 +438,26 @@ class RunOutcomes(lu.TempDirTest):
                                f"data.text_file.path={text}", "--set", "run.seed=7")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertNotIn("warning", result.stderr)
+        # The same file moved to another directory: the same tokens, so no warning either.
+        moved = os.path.join(self.dir, "moved", "corpus.txt")
+        os.makedirs(os.path.dirname(moved))
+        os.rename(text, moved)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=8", "--set",
+                               f"data.text_file.path={moved}", "--set", "run.seed=7")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("warning", result.stderr)
+        self.assertIn(f"mantissa: the checkpoint was trained on the text file {text}, this run "
+                      f"reads the text file {moved}: the same tokens, so the data stream "
+                      "continues\n", result.stderr)
+        # Other text at the same path: the path is the same, the stream is not.
+        with open(moved, "a") as f:
+            f.write("and a few more words at the end. " * 20)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=9", "--set",
+                               f"data.text_file.path={moved}", "--set", "run.seed=7")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"mantissa: warning: the checkpoint was trained on other data, this run "
+                      f"reads the text file {moved}: the data stream changes from here on\n",
+                      result.stderr)
 
     def test_a_failure_of_one_rank_alone_ends_without_mpi_abort(self):
         # Every checkpoint damaged: exit 1 with the reason, and no Open MPI abort banner after

@@ -235,6 +235,31 @@ TEST_F(DataFiles, ShardsLoadInSortedOrder) {
   EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[1]), iota_tokens(50, 100)));
 }
 
+// The fingerprint follows the tokens, not the files' names or places; it samples 64 tokens at
+// the start, middle and end of each segment.
+TEST_F(DataFiles, FingerprintFollowsTheTokensNotThePaths) {
+  const std::vector<uint16_t> a = iota_tokens(1000, 3), b = iota_tokens(500, 9);
+  const auto fingerprint = [&](const std::string& sub,
+                               const std::vector<std::vector<uint16_t>>& shards) {
+    fs::create_directories(dir_ / sub);
+    for (size_t i = 0; i < shards.size(); ++i) {
+      write_shard(sub + "/shard_" + std::to_string(i) + ".bin", shards[i]);
+    }
+    return Corpus::token_shards(path(sub + "/shard_*.bin"), 65536).fingerprint();
+  };
+  const uint64_t original = fingerprint("original", {a, b});
+  EXPECT_EQ(fingerprint("moved", {a, b}), original);
+  EXPECT_NE(fingerprint("reordered", {b, a}), original);
+  EXPECT_NE(fingerprint("one_more", {a, b, b}), original);
+  EXPECT_NE(fingerprint("shorter", {a, iota_tokens(499, 9)}), original);
+  std::vector<uint16_t> changed = a;
+  changed[500] = 7;  // in the middle sample, tokens [468, 532)
+  EXPECT_NE(fingerprint("changed_in_sample", {changed, b}), original);
+  changed = a;
+  changed[200] = 7;  // between the samples: not seen, as corpus.h says
+  EXPECT_EQ(fingerprint("changed_between_samples", {changed, b}), original);
+}
+
 TEST_F(DataFiles, ShardWithTheLargestTokens) {
   write_shard("big.bin", std::vector<uint16_t>{0, 50256, 65535});
   const Corpus corpus = Corpus::token_shards(path("big.bin"), 65536);

@@ -122,6 +122,41 @@ std::pair<Corpus, Corpus> Corpus::split_tail(double fraction) const {
   return {std::move(head), std::move(tail)};
 }
 
+namespace {
+
+// FNV-1a, 64 bits: h = (h xor byte) * prime, per byte.
+class Fnv1a {
+ public:
+  void add(const void* data, size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ULL;
+  }
+  template <class T>
+  void add(T value) {
+    add(&value, sizeof value);
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 14695981039346656037ULL;
+};
+
+}  // namespace
+
+uint64_t Corpus::fingerprint() const {
+  Fnv1a hash;
+  for (const TokenSegment& s : segments_) {
+    hash.add(s.size());
+    hash.add(s.token_bytes());
+    const int64_t n = std::min(kFingerprintSample, s.size());
+    for (const int64_t first : {int64_t{0}, (s.size() - n) / 2, s.size() - n}) {
+      hash.add(static_cast<const char*>(s.data()) + first * s.token_bytes(),
+               static_cast<size_t>(n * s.token_bytes()));
+    }
+  }
+  return hash.value();
+}
+
 int64_t Corpus::num_tokens() const {
   int64_t n = 0;
   for (const TokenSegment& s : segments_) n += s.size();

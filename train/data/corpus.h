@@ -98,6 +98,14 @@ class Corpus {
   int64_t vocab_size() const { return vocab_size_; }
   const std::vector<TokenSegment>& segments() const { return segments_; }
   int64_t num_tokens() const;
+  // Identifies the tokens this corpus holds, so that a resumed run can tell whether its data
+  // changed: a 64-bit FNV-1a hash, over the segments in order, of each one's size and width
+  // and of a sample of its tokens (kFingerprintSample at its start, middle and end). The same
+  // files give the same value wherever they lie and whatever they are called. It reads a
+  // sample, not the corpus (10^11 tokens would take minutes), so files that differ only
+  // between the samples are not told apart.
+  uint64_t fingerprint() const;
+  static constexpr int64_t kFingerprintSample = 64;
 
  private:
   std::string name_;
