@@ -345,7 +345,7 @@ class MpiCommunicator final : public Communicator {
                                          type, recv.data(), c.data(), d.data(), type, comm_.get(),
                                          request->add()));
     } else {
-      if (send.data() != mine) std::memcpy(mine, send.data(), send.nbytes());
+      if (send.data() != mine && send.nbytes() > 0) std::memcpy(mine, send.data(), send.nbytes());
       for (int root = 0; root < size_; ++root) {
         for_each_piece(counts[root], piece_size, [&](int64_t first, int count) {
           MANTISSA_MPI_CHECK(MPI_Ibcast(element(recv, offsets[root] + first), count, type, root,
@@ -374,7 +374,8 @@ class MpiCommunicator final : public Communicator {
   // (no collective call: whether one would fit an int depends on counts only this rank
   // knows). Messages between two ranks on one communicator and tag arrive in the order they
   // were sent, and both ends cut a chunk into the same pieces, so the k-th receive from a
-  // rank gets its k-th send, also across several all_to_alls in flight.
+  // rank gets its k-th send. Each all_to_all has its own tag (all ranks start them in the same
+  // order), so the pieces of one whose counts disagree across ranks never reach the next.
   RequestPtr all_to_all(const Tensor& send, const std::vector<int64_t>& send_counts, Tensor& recv,
                         const std::vector<int64_t>& recv_counts) override {
     check_host(send, "all_to_all", "send");
@@ -392,22 +393,26 @@ class MpiCommunicator final : public Communicator {
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
     const std::vector<int64_t> recv_offsets = chunk_offsets(recv_counts);
     const int64_t piece_size = piece(send.dtype());
+    const int tag = next_all_to_all_tag_;
+    next_all_to_all_tag_ = (next_all_to_all_tag_ + 1) % kAllToAllTags;
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       for_each_piece(recv_counts[peer], piece_size, [&](int64_t first, int count) {
         MANTISSA_MPI_CHECK(MPI_Irecv(element(recv, recv_offsets[peer] + first), count, type, peer,
-                                     kAllToAllTag, comm_.get(), request->add()));
+                                     tag, comm_.get(), request->add()));
       });
     }
     for (int peer = 0; peer < size_; ++peer) {
       if (peer == rank_) continue;
       for_each_piece(send_counts[peer], piece_size, [&](int64_t first, int count) {
         MANTISSA_MPI_CHECK(MPI_Isend(element(send, send_offsets[peer] + first), count, type, peer,
-                                     kAllToAllTag, comm_.get(), request->add()));
+                                     tag, comm_.get(), request->add()));
       });
     }
-    std::memcpy(element(recv, recv_offsets[rank_]), element(send, send_offsets[rank_]),
-                static_cast<size_t>(send_counts[rank_]) * core::dtype_size(send.dtype()));
+    if (send_counts[rank_] > 0) {
+      std::memcpy(element(recv, recv_offsets[rank_]), element(send, send_offsets[rank_]),
+                  static_cast<size_t>(send_counts[rank_]) * core::dtype_size(send.dtype()));
+    }
     request->issued();
     return request;
   }
@@ -447,8 +452,9 @@ class MpiCommunicator final : public Communicator {
                                                 << " has " << buf.numel());
   }
 
-  // The tag of all_to_all's point-to-point messages (the only ones on this communicator).
-  static constexpr int kAllToAllTag = 1;
+  // all_to_all's point-to-point messages (the only ones on this communicator) cycle through
+  // the tags every MPI library provides (MPI_TAG_UB is at least 32767).
+  static constexpr int kAllToAllTags = 32768;
 
   const World& world_;
   double timeout_s_;
@@ -458,6 +464,7 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<MpiProgress> progress_;  // shared by the duplicates; null: none
   int rank_ = 0;
   int size_ = 1;
+  int next_all_to_all_tag_ = 0;
 };
 
 }  // namespace

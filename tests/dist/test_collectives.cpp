@@ -155,10 +155,11 @@ TEST_P(Collectives, AllReduceMaxEveryDtype) {
   EXPECT_EQ(ints, (std::vector<int64_t>{n() - 1, 0, int64_t{1} << 40}));
 }
 
-// Uneven chunks, one of them empty: counts[r] = 3701 r + 5, except the last rank's, 0.
+// Uneven chunks, one of them empty: counts[r] = 5001 (r + 1), except the last rank's, 0. With
+// 2 ranks too the whole buffer exceeds a 4 KiB piece of every dtype.
 std::vector<int64_t> uneven_counts(int n) {
   std::vector<int64_t> counts;
-  for (int r = 0; r < n; ++r) counts.push_back(r == n - 1 ? 0 : 3701 * r + 5);
+  for (int r = 0; r < n; ++r) counts.push_back(r == n - 1 ? 0 : 5001 * (r + 1));
   return counts;
 }
 
@@ -292,10 +293,10 @@ INSTANTIATE_TEST_SUITE_P(MaxPieceBytes, Collectives, ::testing::Values(kMpiMaxPi
                          });
 
 // Buffers past 2^31 elements and bytes, as the buckets or masters of a model past 2B
-// parameters are: an E4M3 sum over three default pieces, then a U8 all-gather whose chunk
-// from the last rank starts past 2^31. Values change at the pieces' edges, so a piece landing
-// at a wrong offset shows. Its own ctest entry runs it with 2 ranks (about 3 GB each); the
-// others leave it out.
+// parameters are: an E4M3 sum over three default pieces, whose values change at the pieces'
+// edges, then a U8 all-gather of two chunks of two pieces each, every byte a hash of its
+// position; a piece landing at a wrong offset shows in either. Its own ctest entry runs it
+// with 2 ranks (3.2 GB peak each, measured); the others leave it out.
 TEST(LargeCount, AllReduceAndAllGatherPast2To31Elements) {
   auto comm = make_mpi_communicator(testing::world(), kTimeout);
   const int64_t count = (int64_t{1} << 31) + 7;
@@ -317,7 +318,9 @@ TEST(LargeCount, AllReduceAndAllGatherPast2To31Elements) {
   EXPECT_EQ(std::count(codes, codes + count, bulk), count) << "elements other than the sum " << n;
 
   // Rank r's chunk holds pattern(i) at its global positions i; the other chunks start zeroed.
-  const auto pattern = [](int64_t i) { return static_cast<uint8_t>((i >> 12) * 7 + (i & 3)); };
+  const auto pattern = [](int64_t i) {
+    return static_cast<uint8_t>((static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ULL) >> 56);
+  };
   std::vector<int64_t> counts(static_cast<size_t>(n), count / n);
   counts.back() += count % n;
   const std::vector<int64_t> offsets = chunk_offsets(counts);

@@ -5,6 +5,7 @@ build/bin/mantissa, alone or under mpirun, in a temporary directory.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,17 @@ def rank_pids(mpirun_pid):
         if b"OMPI_COMM_WORLD_RANK" in env:
             pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(entry)
     return pids
+
+
+def checkpoint_buffer_numel(step_dir):
+    """Elements of each flat buffer (masters, adam_m, adam_v) of a checkpoint, as its
+    manifest's tensor index records them (decoded by protoc, which the build uses)."""
+    with open(os.path.join(step_dir, "manifest.pb"), "rb") as f:
+        text = subprocess.run(["protoc", "--proto_path=" + os.path.join(ARGS.source_dir, "proto"),
+                               "--decode=mantissa.TrainState", "checkpoint.proto"],
+                              stdin=f, capture_output=True, check=True).stdout.decode()
+    tensors = text[text.index("\ntensors {"):]
+    return int(re.search(r"shape: (\d+)", tensors).group(1))
 
 
 def main():

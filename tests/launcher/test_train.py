@@ -89,10 +89,12 @@ class Training(lu.TempDirTest):
         with open(os.path.join(run, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), "step_00000060")
         # Without ZeRO the ranks share the writing of their common replica: half of each
-        # buffer (masters, adam_m, adam_v) each, the halves differing by at most an element.
+        # buffer (masters, adam_m, adam_v; FP32 of the manifest's size) each, the halves
+        # differing by at most an element.
         saved = os.path.join(run, "checkpoints", "step_00000060")
         sizes = [os.path.getsize(os.path.join(saved, f"rank_{r:05d}.bin")) for r in range(RANKS)]
         self.assertLessEqual(max(sizes) - min(sizes), 3 * 4, sizes)
+        self.assertEqual(sum(sizes), 3 * 4 * lu.checkpoint_buffer_numel(saved), sizes)
         self.assertRegex(result.stderr, r"step 60/60 \| loss \d+\.\d+ \| scale 1 \| lr ")
 
         self.interrupt_and_resume("interrupted", logs)

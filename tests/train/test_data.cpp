@@ -235,8 +235,8 @@ TEST_F(DataFiles, ShardsLoadInSortedOrder) {
   EXPECT_TRUE(std::ranges::equal(tokens_of(corpus.segments()[1]), iota_tokens(50, 100)));
 }
 
-// The fingerprint follows the tokens, not the files' names or places; it samples 64 tokens at
-// the start, middle and end of each segment.
+// The fingerprint follows the tokens, not the files' names, places or token widths; it samples
+// 64 tokens at the start, middle and end of each segment.
 TEST_F(DataFiles, FingerprintFollowsTheTokensNotThePaths) {
   const std::vector<uint16_t> a = iota_tokens(1000, 3), b = iota_tokens(500, 9);
   const auto fingerprint = [&](const std::string& sub,
@@ -249,6 +249,10 @@ TEST_F(DataFiles, FingerprintFollowsTheTokensNotThePaths) {
   };
   const uint64_t original = fingerprint("original", {a, b});
   EXPECT_EQ(fingerprint("moved", {a, b}), original);
+  fs::create_directories(dir_ / "wide");
+  write_shard("wide/shard_0.bin", std::vector<uint32_t>(a.begin(), a.end()), 20240801, 7);
+  write_shard("wide/shard_1.bin", std::vector<uint32_t>(b.begin(), b.end()), 20240801, 7);
+  EXPECT_EQ(Corpus::token_shards(path("wide/shard_*.bin"), 65536).fingerprint(), original);
   EXPECT_NE(fingerprint("reordered", {b, a}), original);
   EXPECT_NE(fingerprint("one_more", {a, b, b}), original);
   EXPECT_NE(fingerprint("shorter", {a, iota_tokens(499, 9)}), original);

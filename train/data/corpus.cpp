@@ -124,16 +124,13 @@ std::pair<Corpus, Corpus> Corpus::split_tail(double fraction) const {
 
 namespace {
 
-// FNV-1a, 64 bits: h = (h xor byte) * prime, per byte.
+// FNV-1a, 64 bits: h = (h xor byte) * prime, per byte of each value added.
 class Fnv1a {
  public:
-  void add(const void* data, size_t bytes) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < bytes; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ULL;
-  }
   template <class T>
   void add(T value) {
-    add(&value, sizeof value);
+    const auto* p = reinterpret_cast<const unsigned char*>(&value);
+    for (size_t i = 0; i < sizeof value; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ULL;
   }
   uint64_t value() const { return hash_; }
 
@@ -147,11 +144,9 @@ uint64_t Corpus::fingerprint() const {
   Fnv1a hash;
   for (const TokenSegment& s : segments_) {
     hash.add(s.size());
-    hash.add(s.token_bytes());
     const int64_t n = std::min(kFingerprintSample, s.size());
     for (const int64_t first : {int64_t{0}, (s.size() - n) / 2, s.size() - n}) {
-      hash.add(static_cast<const char*>(s.data()) + first * s.token_bytes(),
-               static_cast<size_t>(n * s.token_bytes()));
+      for (int64_t i = first; i < first + n; ++i) hash.add(s.at(i));
     }
   }
   return hash.value();
