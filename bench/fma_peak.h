@@ -92,8 +92,11 @@ inline double measure_once(int lanes, long iterations) {
 inline FmaPeak measure_fma_peak() {
   constexpr long kIterations = 1L << 22;
   constexpr int kRepetitions = 8;
+  // The switch is read on every CPU, so that a malformed value is refused everywhere, not only
+  // where AVX-512 exists.
+  const bool switched_on = core::env_switch_on(core::kAvx512ConvertSwitch);
   const bool avx512 = __builtin_cpu_supports("avx512f");
-  const bool wide = avx512 && core::env_switch_on(core::kAvx512ConvertSwitch);
+  const bool wide = avx512 && switched_on;
   double best8 = 0, best16 = 0;
   for (int r = 0; r < kRepetitions; ++r) {
     best8 = std::max(best8, fma_peak_detail::measure_once(8, kIterations));
