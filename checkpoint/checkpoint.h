@@ -43,8 +43,8 @@
 // The checkpoint directory must be one shared file system for all ranks.
 //
 // How the Trainer uses it (ZeRO-1 shown, where the parameter store keeps only the shard's
-// masters; ZeRO-0: each rank saves views of its 1/N of the whole buffers, and loads the whole
-// buffers):
+// masters; ZeRO-0: each rank saves and loads views of its 1/N of the whole buffers, and the
+// Trainer all-gathers the loaded parts):
 //
 //   Checkpointer ckpt({.dir = run_dir + "/checkpoints", .keep = cfg.checkpoint().keep()},
 //                     {.rank = world.rank(), .world_size = world.size(),

@@ -122,7 +122,8 @@ class DataParallel : public train::GradientSync {
 
   // The gradient buckets as [begin, end) flat ranges, in the order they are reduced.
   virtual std::vector<std::pair<int64_t, int64_t>> buckets() const = 0;
-  // The communicator for the Trainer's own small collectives (ordered apart from the buckets).
+  // The communicator for the Trainer's own collectives (ordered apart from the buckets): small
+  // ones, and the all-gather of a replica whose parts the ranks read from a checkpoint.
   virtual Communicator& communicator() = 0;
 };
 

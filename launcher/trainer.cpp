@@ -53,6 +53,19 @@ std::string data_source(const TrainConfig::Data& data) {
   return "synthetic tokens";
 }
 
+// Without ZeRO every rank holds the same replica of masters and moments, and checkpoints split
+// it evenly: rank r of N saves, and at a resume reads, elements [n r / N, n (r + 1) / N) of
+// each buffer (Megatron's fully parallel save and load), so the ranks share the file system's
+// bandwidth instead of each moving all of it.
+struct ReplicaPart {
+  int64_t begin;
+  int64_t count;
+};
+ReplicaPart replica_part(int64_t n, int rank, int size) {
+  const int64_t begin = n * rank / size;
+  return {begin, n * (rank + 1) / size - begin};
+}
+
 // The config a checkpoint recorded; nothing when that text no longer parses (a checkpoint from
 // an older version), which leaves nothing to compare.
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {
@@ -264,21 +277,29 @@ bool Trainer::restore() {
                             "move them away");
   }
 
-  // The masters the parameter store keeps and the moments of the range this rank's optimizer
-  // owns: everything, or this rank's ZeRO-1 shard, whatever the world size at save time.
+  // This rank's part of masters and moments, whatever the world size at save time.
   train::ParameterStore& params = model_->parameters();
-  const int64_t n = params.flat_numel();
-  const int64_t begin = optimizer_->owned_begin();
-  std::vector<checkpoint::BufferSlice> slices = {
-      {"masters", n, params.masters_begin(), params.masters()},
-      {"adam_m", n, begin, optimizer_->first_moment()},
-      {"adam_v", n, begin, optimizer_->second_moment()}};
+  const std::vector<checkpoint::BufferSlice> slices = checkpoint_slices();
   const std::optional<checkpoint::CheckpointState> state =
       checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
             "there is no checkpoint in " + checkpointer_->options().dir);
     return false;
+  }
+  if (config_.dist().zero_stage() == 0 && world_.size() > 1) {
+    // Each rank read its 1/N of the replica; the other parts come from the ranks that read
+    // them, over the interconnect rather than the file system.
+    const int64_t n = params.flat_numel();
+    std::vector<int64_t> counts;
+    for (int r = 0; r < world_.size(); ++r)
+      counts.push_back(replica_part(n, r, world_.size()).count);
+    for (const checkpoint::BufferSlice& slice : slices) {
+      core::Tensor whole = slice.name == "masters"  ? params.masters()
+                           : slice.name == "adam_m" ? optimizer_->first_moment()
+                                                    : optimizer_->second_moment();
+      dp_->communicator().all_gather(slice.data, whole, counts)->wait();
+    }
   }
 
   optimizer_->refresh_compute_copy(params);
@@ -403,6 +424,19 @@ void Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   if (due && steps_done != last_saved_step_) save_checkpoint(steps_done);
 }
 
+std::vector<checkpoint::BufferSlice> Trainer::checkpoint_slices() {
+  train::ParameterStore& params = model_->parameters();
+  const int64_t n = params.flat_numel();
+  ReplicaPart part{optimizer_->owned_begin(), optimizer_->first_moment().numel()};
+  if (config_.dist().zero_stage() == 0) part = replica_part(n, world_.rank(), world_.size());
+  const core::Shape shape{part.count};
+  const int64_t in_moments = part.begin - optimizer_->owned_begin();
+  return {
+      {"masters", n, part.begin, params.masters().view(part.begin - params.masters_begin(), shape)},
+      {"adam_m", n, part.begin, optimizer_->first_moment().view(in_moments, shape)},
+      {"adam_v", n, part.begin, optimizer_->second_moment().view(in_moments, shape)}};
+}
+
 void Trainer::save_checkpoint(int64_t steps_done) {
   const Clock::time_point start = Clock::now();
   // A checkpoint of replicas that disagree would preserve the disagreement: check first.
@@ -422,24 +456,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.config_text = to_text(config_);
   state.parameters = checkpoint::parameter_layout(params);
 
-  // Under ZeRO-1 each rank writes the shard it owns, the only masters it keeps. Without ZeRO
-  // every rank holds the same replica, and each writes an even 1/N of it: the ranks share the
-  // writing (and a GPU rank stages only its part through host memory).
-  const int64_t n = params.flat_numel();
-  int64_t begin = optimizer_->owned_begin();
-  int64_t count = optimizer_->first_moment().numel();
-  if (config_.dist().zero_stage() == 0) {
-    begin = n * world_.rank() / world_.size();
-    count = n * (world_.rank() + 1) / world_.size() - begin;
-  }
-  const core::Shape shape{count};
-  const std::vector<checkpoint::BufferSlice> slices = {
-      {"masters", n, begin, params.masters().view(begin - params.masters_begin(), shape)},
-      {"adam_m", n, begin,
-       optimizer_->first_moment().view(begin - optimizer_->owned_begin(), shape)},
-      {"adam_v", n, begin,
-       optimizer_->second_moment().view(begin - optimizer_->owned_begin(), shape)}};
-  const std::string dir = checkpointer_->save(state, slices);
+  const std::string dir = checkpointer_->save(state, checkpoint_slices());
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);
   metrics_->record_checkpoint(steps_done, seconds);

@@ -80,6 +80,9 @@ class Trainer {
   // checkpoint.every_steps, and after the last step) or when `force`d by a stop request.
   void maybe_checkpoint(int64_t steps_done, bool force);
   void save_checkpoint(int64_t steps_done);
+  // This rank's part of masters and moments in a checkpoint, as views: its ZeRO-1 shard, or
+  // without ZeRO its 1/N of the replica every rank holds (see replica_part in trainer.cpp).
+  std::vector<checkpoint::BufferSlice> checkpoint_slices();
   dist::ReplicaState replica_state(int64_t steps_done) const;
   void say(const std::string& line);  // rank 0 only, through the progress line
 
