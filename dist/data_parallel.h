@@ -48,11 +48,12 @@
 // each rank. The gradients and the compute copy stay whole: the compute copy is all-gathered
 // from every rank's shard after each update, and is then the only whole copy of the weights.
 //
-// Checkpoints: each rank saves and restores params.masters() (the flat range from
+// Checkpoints: under ZeRO-1 each rank saves and restores params.masters() (the flat range from
 // params.masters_begin()) and opt->first_moment()/second_moment() (the range
-// opt->owned_begin()..owned_end()). Without ZeRO that is the whole buffer on every rank; under
-// ZeRO-1 it is the rank's shard. After restoring masters, call opt->refresh_compute_copy(params)
-// (collective under ZeRO-1).
+// opt->owned_begin()..owned_end()), its shard. Without ZeRO, where those are whole buffers
+// replicated on every rank, the Trainer saves and restores 1/N of them per rank and
+// all-gathers the restored parts over communicator(). After restoring masters, call
+// opt->refresh_compute_copy(params) (collective under ZeRO-1).
 //
 // Failures: every collective waits at most config.timeout_s; past it the job ends (MPI_Abort,
 // exit code 3, core::ErrorKind::kPeerLost) with "mantissa: rank R: ... rank(s) [K] did not answer".
