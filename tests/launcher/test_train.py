@@ -99,6 +99,8 @@ class Training(lu.TempDirTest):
 
         self.interrupt_and_resume("interrupted", logs)
         self.resume_on_other_world_size("full", logs, 1)
+        # On 4 ranks each reads a quarter, across the 2-rank parts, and the ranks all-gather.
+        self.resume_on_other_world_size("full", logs, 4)
 
     def test_fp8_reduce_waits_for_the_host_no_more_than_bf16(self):
         """FP8 gradient reduction derives each bucket's shared scale on the device (its amax
