@@ -354,7 +354,10 @@ bool Trainer::restore() {
   const bool same_tokens = state->data_fingerprint != 0
                                ? state->data_fingerprint == data_fingerprint_
                                : trained_on.empty() || trained_on == reads;
-  if (!same_tokens) {
+  const bool seed_changed = state->seed != config_.run().seed();
+  // Synthetic tokens are generated from the seed: the seed's warning below says it all.
+  const bool regenerated = seed_changed && config_.data().has_synthetic() && trained_on == reads;
+  if (!same_tokens && !regenerated) {
     const bool same_path = trained_on.empty() || trained_on == reads;
     say("mantissa: warning: the checkpoint was trained on " +
         (same_path ? std::string("other data") : trained_on) + ", this run reads " + reads +
@@ -363,7 +366,7 @@ bool Trainer::restore() {
     say("mantissa: the checkpoint was trained on " + trained_on + ", this run reads " + reads +
         ": the same tokens, so the data stream continues");
   }
-  if (state->seed != config_.run().seed()) {
+  if (seed_changed) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
         std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");

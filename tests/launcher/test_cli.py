@@ -459,6 +459,18 @@ class RunOutcomes(lu.TempDirTest):
                       f"reads the text file {moved}: the data stream changes from here on\n",
                       result.stderr)
 
+    def test_another_seed_on_synthetic_data_warns_once(self):
+        # The synthetic tokens come from the seed: one warning, the seed's, not a second one
+        # about other data.
+        path = self.write("c.pbtxt", BASE)
+        self.assertEqual(self.mantissa("train", "--config", path).returncode, 0)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=5", "--set",
+                               "run.seed=2")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stderr.count("warning"), 1, result.stderr)
+        self.assertIn("mantissa: warning: the checkpoint was trained with run.seed 1, this run "
+                      "has 2: the data stream changes from here on\n", result.stderr)
+
     def test_a_failure_of_one_rank_alone_ends_without_mpi_abort(self):
         # Every checkpoint damaged: exit 1 with the reason, and no Open MPI abort banner after
         # it (a job of one rank has no peer to stop).
