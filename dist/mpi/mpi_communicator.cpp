@@ -221,8 +221,18 @@ class MpiRequest final : public Request {
   bool poll() override {
     if (requests_.empty()) return true;
     int done = 0;
-    MANTISSA_MPI_CHECK(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
-                                   MPI_STATUSES_IGNORE));
+    statuses_.resize(requests_.size());
+    const int result =
+        MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done, statuses_.data());
+    if (result == MPI_ERR_IN_STATUS) {
+      // Name the error of the call that failed (a truncated message, ...), not the summary.
+      for (const MPI_Status& status : statuses_) {
+        if (status.MPI_ERROR != MPI_SUCCESS && status.MPI_ERROR != MPI_ERR_PENDING) {
+          MANTISSA_FAIL(mpi_error_message(what_.c_str(), status.MPI_ERROR));
+        }
+      }
+    }
+    MANTISSA_CHECK(result == MPI_SUCCESS, mpi_error_message("MPI_Testall", result));
     if (!done) return false;
     requests_.clear();
     if (counted_) {
@@ -254,6 +264,7 @@ class MpiRequest final : public Request {
   std::shared_ptr<MpiProgress> progress_;  // null: no progress thread
   bool counted_ = false;                   // in progress_'s count of collectives in flight
   std::vector<MPI_Request> requests_;      // empty once complete
+  std::vector<MPI_Status> statuses_;       // of the last MPI_Testall
 };
 
 class MpiCommunicator final : public Communicator {

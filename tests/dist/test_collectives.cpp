@@ -271,6 +271,30 @@ TEST_P(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
   }
 }
 
+// A receive shorter than what its peer sends (counts that disagree across ranks) fails on the
+// receiving rank with MPI's own reason and the operation, not MPI_Testall's summary
+// ("error code in status"); the other ranks complete.
+TEST_P(Collectives, AllToAllCountsThatDisagreeNameTheTruncation) {
+  std::vector<int64_t> send_counts(static_cast<size_t>(n()), 10), recv_counts = send_counts;
+  if (me() == 1) recv_counts[0] = 5;
+  Tensor send = make(DType::kF32, me(), 10 * n(), 10);
+  Tensor recv = Tensor::empty(Shape{chunk_offsets(recv_counts).back()}, DType::kF32);
+  std::string error = "none";
+  try {
+    comm->all_to_all(send, send_counts, recv, recv_counts)->wait();
+  } catch (const core::Error& e) {
+    error = e.what();
+  }
+  if (me() == 1) {
+    const std::string expected = "MPI all_to_all of f32[" + std::to_string(10 * n()) +
+                                 "] on cpu failed on rank 1: MPI_ERR_TRUNCATE";
+    EXPECT_NE(error.find(expected), std::string::npos) << error;
+  } else {
+    EXPECT_EQ(error, "none");
+  }
+  comm->barrier();
+}
+
 // The progress thread (MPI_THREAD_MULTIPLE) completes a collective while no rank calls MPI:
 // 4 MiB take several rendezvous and ring rounds, each of which needs both ranks to enter MPI,
 // so without the thread the first test() after the pause could not find it complete.
