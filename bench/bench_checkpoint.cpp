@@ -10,7 +10,8 @@
 // (the median of 3 after one warm-up).
 //
 //   OMP_NUM_THREADS=1 mpirun --oversubscribe -np 2 build/bin/bench_checkpoint [M parameters]
-//   [dir]   (default 64M parameters, 768 MB of state, in ./bench_checkpoint.tmp, removed after)
+//   [dir]   (default 64M parameters, 768 MB of state, in ./bench_checkpoint.tmp; the directory
+//   must not exist, and is removed afterwards)
 #include <mpi.h>
 
 #include <algorithm>
@@ -24,7 +25,6 @@
 
 #include "bench/bench_main.h"
 #include "checkpoint/checkpoint.h"
-#include "core/error.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "dist/world.h"
 
@@ -54,11 +54,26 @@ double median_seconds(const std::function<void(int run)>& body) {
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
   const double millions = argc > 1 ? std::atof(argv[1]) : 64.0;
-  if (!(millions > 0.0 && millions <= 4096.0)) {
-    throw core::Error(std::string("parameters (millions) '") + (argc > 1 ? argv[1] : "") +
-                      "': expected a number in (0, 4096]");
+  if (!(millions > 0.0 && millions <= 4096.0) || argc > 3) {
+    if (world.rank() == 0) {
+      std::fprintf(stderr, "usage: bench_checkpoint [M parameters in (0, 4096]] [directory]\n");
+    }
+    return 2;
   }
   const std::string base = argc > 2 ? argv[2] : "bench_checkpoint.tmp";
+  // The directory is removed afterwards: one that exists (a user's) is refused, on every rank
+  // alike, before any rank writes.
+  int exists = std::filesystem::exists(base) ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &exists, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+  if (exists) {
+    if (world.rank() == 0) {
+      std::fprintf(stderr,
+                   "bench_checkpoint: '%s' exists: give a directory that does not (it is "
+                   "removed afterwards)\n",
+                   base.c_str());
+    }
+    return 2;
+  }
   const int64_t n = static_cast<int64_t>(millions * 1e6);
   const int rank = world.rank(), size = world.size();
   const int64_t begin = n * rank / size;
