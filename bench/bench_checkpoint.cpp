@@ -54,7 +54,7 @@ double median_seconds(const std::function<void(int run)>& body) {
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
   const double millions = argc > 1 ? std::atof(argv[1]) : 64.0;
-  if (!(millions > 0.0 && millions <= 4096.0) || argc > 3) {
+  if (!(millions > 0.0 && millions <= 4096.0) || argc > 3 || (argc > 2 && argv[2][0] == '\0')) {
     if (world.rank() == 0) {
       std::fprintf(stderr, "usage: bench_checkpoint [M parameters in (0, 4096]] [directory]\n");
     }

@@ -232,7 +232,7 @@ class MpiRequest final : public Request {
         }
       }
     }
-    MANTISSA_CHECK(result == MPI_SUCCESS, mpi_error_message("MPI_Testall", result));
+    MANTISSA_CHECK(result == MPI_SUCCESS, mpi_error_message(what_.c_str(), result));
     if (!done) return false;
     requests_.clear();
     if (counted_) {
