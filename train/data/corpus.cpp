@@ -122,34 +122,17 @@ std::pair<Corpus, Corpus> Corpus::split_tail(double fraction) const {
   return {std::move(head), std::move(tail)};
 }
 
-namespace {
-
-// FNV-1a, 64 bits: h = (h xor byte) * prime, per byte of each value added.
-class Fnv1a {
- public:
-  template <class T>
-  void add(T value) {
-    const auto* p = reinterpret_cast<const unsigned char*>(&value);
-    for (size_t i = 0; i < sizeof value; ++i) hash_ = (hash_ ^ p[i]) * 1099511628211ULL;
-  }
-  uint64_t value() const { return hash_; }
-
- private:
-  uint64_t hash_ = 14695981039346656037ULL;
-};
-
-}  // namespace
-
 uint64_t Corpus::fingerprint() const {
-  Fnv1a hash;
+  uint64_t hash = 0;
+  const auto add = [&hash](uint64_t value) { hash = core::mix64(hash ^ value); };
   for (const TokenSegment& s : segments_) {
-    hash.add(s.size());
+    add(static_cast<uint64_t>(s.size()));
     const int64_t n = std::min(kFingerprintSample, s.size());
     for (const int64_t first : {int64_t{0}, (s.size() - n) / 2, s.size() - n}) {
-      for (int64_t i = first; i < first + n; ++i) hash.add(s.at(i));
+      for (int64_t i = first; i < first + n; ++i) add(s.at(i));
     }
   }
-  return hash.value();
+  return hash;
 }
 
 int64_t Corpus::num_tokens() const {

@@ -99,10 +99,10 @@ class Corpus {
   const std::vector<TokenSegment>& segments() const { return segments_; }
   int64_t num_tokens() const;
   // Identifies the tokens this corpus holds, so that a resumed run can tell whether its data
-  // changed: a 64-bit FNV-1a hash, over the segments in order, of each one's size and of a
-  // sample of its token ids (kFingerprintSample at its start, middle and end). The same files
-  // give the same value wherever they lie, whatever they are called and however wide their
-  // tokens are stored; the same tokens cut into other files give another (windows never cross
+  // changed: core::mix64 folded over the segments in order, each one's size and a sample of
+  // its token ids (kFingerprintSample at its start, middle and end). The same files give the
+  // same value wherever they lie, whatever they are called and however wide their tokens are
+  // stored; the same tokens cut into other files give another (windows never cross
   // a file, so the stream changes). It reads a sample, not the corpus (10^11 tokens would
   // take minutes), so files that differ only between the samples are not told apart.
   uint64_t fingerprint() const;
