@@ -306,11 +306,9 @@ bool Trainer::restore() {
     std::vector<int64_t> counts;
     for (int r = 0; r < world_.size(); ++r)
       counts.push_back(replica_part(n, r, world_.size()).count);
-    for (const checkpoint::BufferSlice& slice : slices) {
-      core::Tensor whole = slice.name == "masters"  ? params.masters()
-                           : slice.name == "adam_m" ? optimizer_->first_moment()
-                                                    : optimizer_->second_moment();
-      dp_->communicator().all_gather(slice.data, whole, counts)->wait();
+    std::vector<StateBuffer> buffers = state_buffers();
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      dp_->communicator().all_gather(slices[b].data, buffers[b].tensor, counts)->wait();
     }
   }
 
@@ -439,17 +437,23 @@ void Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   if (due && steps_done != last_saved_step_) save_checkpoint(steps_done);
 }
 
-std::vector<checkpoint::BufferSlice> Trainer::checkpoint_slices() {
+std::vector<Trainer::StateBuffer> Trainer::state_buffers() {
   train::ParameterStore& params = model_->parameters();
-  const int64_t n = params.flat_numel();
+  return {{"masters", params.masters(), params.masters_begin()},
+          {"adam_m", optimizer_->first_moment(), optimizer_->owned_begin()},
+          {"adam_v", optimizer_->second_moment(), optimizer_->owned_begin()}};
+}
+
+std::vector<checkpoint::BufferSlice> Trainer::checkpoint_slices() {
+  const int64_t n = model_->parameters().flat_numel();
   ReplicaPart part{optimizer_->owned_begin(), optimizer_->first_moment().numel()};
   if (config_.dist().zero_stage() == 0) part = replica_part(n, world_.rank(), world_.size());
-  const core::Shape shape{part.count};
-  const int64_t in_moments = part.begin - optimizer_->owned_begin();
-  return {
-      {"masters", n, part.begin, params.masters().view(part.begin - params.masters_begin(), shape)},
-      {"adam_m", n, part.begin, optimizer_->first_moment().view(in_moments, shape)},
-      {"adam_v", n, part.begin, optimizer_->second_moment().view(in_moments, shape)}};
+  std::vector<checkpoint::BufferSlice> slices;
+  for (const StateBuffer& b : state_buffers()) {
+    slices.push_back(
+        {b.name, n, part.begin, b.tensor.view(part.begin - b.begin, core::Shape{part.count})});
+  }
+  return slices;
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {

@@ -80,8 +80,18 @@ class Trainer {
   // checkpoint.every_steps, and after the last step) or when `force`d by a stop request.
   void maybe_checkpoint(int64_t steps_done, bool force);
   void save_checkpoint(int64_t steps_done);
-  // This rank's part of masters and moments in a checkpoint, as views: its ZeRO-1 shard, or
-  // without ZeRO its 1/N of the replica every rank holds (see replica_part in trainer.cpp).
+  // The buffers a checkpoint holds, as this rank keeps them: the masters of the parameter
+  // store and the moments of the range the optimizer owns (whole without ZeRO, the shard
+  // under ZeRO-1), each with the flat index of its element 0.
+  struct StateBuffer {
+    const char* name;
+    core::Tensor tensor;
+    int64_t begin;
+  };
+  std::vector<StateBuffer> state_buffers();
+  // This rank's part of state_buffers() in a checkpoint, as views in the same order: its
+  // ZeRO-1 shard, or without ZeRO its 1/N of the replica every rank holds (see replica_part in
+  // trainer.cpp).
   std::vector<checkpoint::BufferSlice> checkpoint_slices();
   dist::ReplicaState replica_state(int64_t steps_done) const;
   void say(const std::string& line);  // rank 0 only, through the progress line
