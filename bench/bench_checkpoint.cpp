@@ -97,11 +97,10 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
   std::vector<int64_t> counts;
   for (int r = 0; r < size; ++r) counts.push_back(n * (r + 1) / size - n * r / size);
 
-  checkpoint::CheckpointGroup group{rank, size, [](bool ok) {
-                                      int all_ok = ok ? 1 : 0;
-                                      MPI_Allreduce(MPI_IN_PLACE, &all_ok, 1, MPI_INT, MPI_LAND,
+  checkpoint::CheckpointGroup group{rank, size, [](double value) {
+                                      MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM,
                                                     MPI_COMM_WORLD);
-                                      return all_ok != 0;
+                                      return value;
                                     }};
   const auto checkpointer = [&](const std::string& name) {
     return checkpoint::Checkpointer({.dir = base + "/" + name, .keep = 1}, group);

@@ -168,8 +168,8 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group)
                  "checkpoint: max_entry_bytes must be >= 8, got " << options_.max_entry_bytes);
   MANTISSA_CHECK(group_.world_size >= 1 && group_.rank >= 0 && group_.rank < group_.world_size,
                  "checkpoint: rank " << group_.rank << " of " << group_.world_size);
-  MANTISSA_CHECK(group_.world_size == 1 || group_.all_ok,
-                 "checkpoint: " << group_.world_size << " ranks need an all_ok callback");
+  MANTISSA_CHECK(group_.world_size == 1 || group_.sum,
+                 "checkpoint: " << group_.world_size << " ranks need a sum callback");
 }
 
 bool Checkpointer::has_checkpoint() const {
@@ -181,7 +181,24 @@ std::vector<int64_t> Checkpointer::steps() const {
 }
 
 bool Checkpointer::agree(bool ok) const {
-  return group_.all_ok ? group_.all_ok(ok) : ok;
+  return group_.sum ? group_.sum(ok ? 0.0 : 1.0) == 0.0 : ok;
+}
+
+std::vector<int64_t> Checkpointer::agreed_steps() const {
+  const std::vector<int64_t> found = steps();
+  if (group_.world_size == 1) return found;
+  // The ranks compare a CRC of their lists: an integer below 2^32, so the sum over up to 2^21
+  // ranks is exact and equals world_size times this rank's CRC on every rank only when they
+  // all hold the same one.
+  const double listing = crc32c(found.data(), found.size() * sizeof(int64_t));
+  const double mean = group_.sum(listing) / group_.world_size;
+  if (agree(listing == mean)) return found;
+  std::string names;
+  for (int64_t step : found) names += (names.empty() ? "" : ", ") + checkpoint_dir_name(step);
+  throw core::Error("checkpoint load: the ranks list different checkpoints in " + options_.dir +
+                    " (rank " + std::to_string(group_.rank) + ": " +
+                    (names.empty() ? "none" : names) +
+                    "): every rank must see the same directory on a shared file system");
 }
 
 void Checkpointer::collective(const std::string& what, const std::function<void()>& phase) {
@@ -429,7 +446,7 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
 
 std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<ParameterLayout>& layout,
                                                          const std::vector<BufferSlice>& slices) {
-  const std::vector<int64_t> found = steps();
+  const std::vector<int64_t> found = agreed_steps();
   if (found.empty()) return std::nullopt;
   for (size_t i = 0; i < found.size(); ++i) {
     const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
@@ -453,7 +470,7 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
 std::optional<CheckpointState> Checkpointer::load_step(int64_t step,
                                                        const std::vector<ParameterLayout>& layout,
                                                        const std::vector<BufferSlice>& slices) {
-  const std::vector<int64_t> found = steps();
+  const std::vector<int64_t> found = agreed_steps();
   if (std::find(found.begin(), found.end(), step) == found.end()) return std::nullopt;
   const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
   std::string damage;

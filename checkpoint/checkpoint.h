@@ -35,12 +35,14 @@
 // an error (core::Error), not a reason to fall back: older ones would not fit either.
 //
 // Ranks. The class never talks to MPI: it takes the rank, the world size and one collective
-// callback, all_ok(bool) -> bool, that blocks until every rank has called it and returns true
-// only if every rank passed true (a barrier fused with a logical AND; the Trainer builds it on
-// DataParallel::sum_across_ranks). Saves and loads are collective: every rank calls them,
-// also the ranks that hold no slice. A failure on any rank (disk full, a CRC mismatch in the
-// part one rank reads) is therefore seen by all of them and handled the same way everywhere.
-// The checkpoint directory must be one shared file system for all ranks.
+// callback, sum(double) -> double, that blocks until every rank has called it and returns the
+// sum of what the ranks passed (the Trainer passes DataParallel::sum_across_ranks). Saves and
+// loads are collective: every rank calls them, also the ranks that hold no slice. A failure on
+// any rank (disk full, a CRC mismatch in the part one rank reads) is therefore seen by all of
+// them and handled the same way everywhere. The checkpoint directory must be one shared file
+// system for all ranks: a load first checks that every rank lists the same checkpoints, and
+// stops every rank with an error when they do not (a stale directory cache on one node), since
+// ranks loading different steps would mix them into one run.
 //
 // How the Trainer uses it (ZeRO-1 shown, where the parameter store keeps only the shard's
 // masters; ZeRO-0: each rank saves and loads views of its 1/N of the whole buffers, and the
@@ -48,7 +50,7 @@
 //
 //   Checkpointer ckpt({.dir = run_dir + "/checkpoints", .keep = cfg.checkpoint().keep()},
 //                     {.rank = world.rank(), .world_size = world.size(),
-//                      .all_ok = [&](bool ok) { return dp->sum_across_ranks(ok ? 0 : 1) == 0; }},
+//                      .sum = [&](double v) { return dp->sum_across_ranks(v); }},
 //                     backend);
 //   N = params.flat_numel(); [b, e) = this rank's shard
 //   std::vector<BufferSlice> slices = {
@@ -138,9 +140,9 @@ struct CheckpointOptions {
 struct CheckpointGroup {
   int rank = 0;
   int world_size = 1;
-  // Collective barrier + AND over ranks (see the file comment). May be empty when world_size
-  // is 1.
-  std::function<bool(bool)> all_ok;
+  // Collective sum over ranks (see the file comment), exact for integers below 2^53. May be
+  // empty when world_size is 1.
+  std::function<double(double)> sum;
 };
 
 class Checkpointer {
@@ -159,15 +161,15 @@ class Checkpointer {
 
   // Collective. Loads the newest checkpoint that verifies completely: fills every slice and
   // returns its state (with `world_size` the world size at save time). Returns nullopt when
-  // `dir` holds no checkpoint at all. Throws core::Error when checkpoints exist but none is
-  // intact, or when the newest intact one does not fit: its parameter layout differs from
-  // `layout`, or a slice's buffer is missing or has another size. After a throw the slices'
-  // contents are unspecified.
+  // `dir` holds no checkpoint at all. Throws core::Error when the ranks list different
+  // checkpoints in `dir`, when checkpoints exist but none is intact, or when the newest intact
+  // one does not fit: its parameter layout differs from `layout`, or a slice's buffer is
+  // missing or has another size. After a throw the slices' contents are unspecified.
   std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices);
 
   // Collective. Loads checkpoint `step` as load_latest loads the newest, with every check, but
-  // with no fallback: nullopt when `dir` has no step_<step> directory; throws
+  // with no fallback: nullopt when `dir` has no step_<step> directory (on every rank); throws
   // CheckpointDamaged when it does not verify (on any rank), core::ConfigError when it does
   // not fit.
   std::optional<CheckpointState> load_step(int64_t step, const std::vector<ParameterLayout>& layout,
@@ -181,7 +183,11 @@ class Checkpointer {
   const CheckpointOptions& options() const { return options_; }
 
  private:
+  // Whether every rank passed true.
   bool agree(bool ok) const;
+  // steps(), checked to be the same list on every rank: throws core::Error on every rank
+  // otherwise.
+  std::vector<int64_t> agreed_steps() const;
   // Runs `phase` on this rank, then agrees with every rank on whether it succeeded: throws
   // core::Error on every rank when it failed on any.
   void collective(const std::string& what, const std::function<void()>& phase);

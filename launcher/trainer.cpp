@@ -140,9 +140,8 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       *backend_, world.rank(), debug.inject_nonfinite_rank(),
       {debug.inject_nonfinite_steps().begin(), debug.inject_nonfinite_steps().end()});
 
-  checkpoint::CheckpointGroup group{world.rank(), world.size(), [this](bool ok) {
-                                      return dp_->sum_across_ranks(ok ? 0.0 : 1.0) == 0.0;
-                                    }};
+  checkpoint::CheckpointGroup group{world.rank(), world.size(),
+                                    [this](double value) { return dp_->sum_across_ranks(value); }};
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
       checkpoint::CheckpointOptions{run_dir_ + "/checkpoints", config_.checkpoint().keep()},
       std::move(group), *backend_);
@@ -282,18 +281,6 @@ bool Trainer::restore() {
   const std::vector<checkpoint::BufferSlice> slices = checkpoint_slices();
   const std::optional<checkpoint::CheckpointState> state =
       checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
-  // Each rank lists the checkpoint directory itself. A file system that showed the ranks
-  // different checkpoints would have them mix two (parts of a replica, or shards, of different
-  // steps), so the steps loaded (-1: none) must be one: a rank whose step is not the mean over
-  // ranks counts, and any count stops every rank alike.
-  const double step = state ? static_cast<double>(state->step) : -1.0;
-  const double mean = dp_->sum_across_ranks(step) / world_.size();
-  if (dp_->sum_across_ranks(step != mean ? 1.0 : 0.0) > 0.0) {
-    throw core::Error("the ranks found different newest checkpoints in " +
-                      checkpointer_->options().dir + " (this rank step " +
-                      (state ? std::to_string(state->step) : std::string("none")) +
-                      "): every rank must see the same directory on a shared file system");
-  }
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
             "there is no checkpoint in " + checkpointer_->options().dir);

@@ -407,19 +407,20 @@ TEST_F(CheckpointTest, ThousandRandomByteFlipsAreAllDetected) {
 
 namespace {
 
-// all_ok for `world` threads: a barrier whose completion ANDs the flags of one round.
+// The sum callback for `world` threads: a barrier whose completion publishes the sum of one
+// round (exact for the integers the checkpointer passes, in any order).
 class ThreadGroup {
  public:
   explicit ThreadGroup(int world) : world_(world), barrier_(world, Completion{this}) {}
 
   checkpoint::CheckpointGroup group(int rank) {
-    return {rank, world_, [this](bool ok) {
+    return {rank, world_, [this](double value) {
               {
                 std::lock_guard lock(mutex_);
-                round_ok_ = round_ok_ && ok;
+                round_sum_ += value;
               }
-              barrier_.arrive_and_wait();  // the completion published round_ok_ into result_
-              const bool result = result_;
+              barrier_.arrive_and_wait();  // the completion published round_sum_ into result_
+              const double result = result_;
               barrier_.arrive_and_wait();  // nobody starts the next round before all read it
               return result;
             }};
@@ -449,16 +450,16 @@ class ThreadGroup {
       // Runs once per phase: after the arrival phase it publishes, after the read phase it
       // resets. Every round has two phases, so alternate.
       if (!g->publishing_) {
-        g->result_ = g->round_ok_;
-        g->round_ok_ = true;
+        g->result_ = g->round_sum_;
+        g->round_sum_ = 0.0;
       }
       g->publishing_ = !g->publishing_;
     }
   };
   int world_;
   std::mutex mutex_;
-  bool round_ok_ = true;
-  bool result_ = true;
+  double round_sum_ = 0.0;
+  double result_ = 0.0;
   bool publishing_ = false;
   std::barrier<Completion> barrier_;
 };
@@ -562,4 +563,44 @@ TEST_F(CheckpointTest, SlicesThatDoNotTileAreRefusedOnEveryRank) {
   EXPECT_EQ(failures, 2);
   checkpoint::Checkpointer ckpt(options(), {}, *backend);
   EXPECT_FALSE(ckpt.has_checkpoint());
+}
+
+// A rank whose file system lists other checkpoints (a stale directory cache on one node) would
+// load another step, or none, and the ranks would run on from different states: every rank
+// stops instead, each naming what it sees.
+TEST_F(CheckpointTest, RanksThatListDifferentCheckpointsAllStop) {
+  save(10);
+  save(20);
+  const std::string stale = tmp.path() + "/stale";
+  fs::create_directories(stale);
+  fs::copy(dir() + "/step_00000010", stale + "/step_00000010", fs::copy_options::recursive);
+  const std::string empty = tmp.path() + "/empty";
+  fs::create_directories(empty);
+  for (const std::string& other : {stale, empty}) {
+    for (bool by_step : {false, true}) {
+      ThreadGroup loading(2);
+      std::vector<std::string> errors(2);
+      loading.run([&](int rank) {
+        checkpoint::CheckpointOptions o = options();
+        if (rank == 1) o.dir = other;
+        Slices into = Slices::empty(0, kN);
+        checkpoint::Checkpointer ckpt(o, loading.group(rank), *backend);
+        try {
+          if (by_step) {
+            ckpt.load_step(10, make_state(0).parameters, into.slices);
+          } else {
+            ckpt.load_latest(make_state(0).parameters, into.slices);
+          }
+        } catch (const core::Error& e) {
+          errors[static_cast<size_t>(rank)] = e.what();
+        }
+      });
+      const std::string rank1_sees = other == empty ? "none" : "step_00000010";
+      EXPECT_NE(errors[0].find("the ranks list different checkpoints in " + dir() +
+                               " (rank 0: step_00000020, step_00000010)"),
+                std::string::npos)
+          << errors[0];
+      EXPECT_NE(errors[1].find("(rank 1: " + rank1_sees + ")"), std::string::npos) << errors[1];
+    }
+  }
 }
