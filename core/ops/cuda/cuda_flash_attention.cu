@@ -71,20 +71,23 @@ struct WmmaType<fp16> {
 };
 
 // Consecutive 128-byte-aligned regions of a kernel's dynamic shared memory. The same
-// sequence of take() calls sizes the memory on the host (base 0) and carves it on the device.
+// sequence of take() calls sizes the memory on the host (no base: the regions are null) and
+// carves it on the device. The regions are pointer offsets from the shared array, never
+// integers: through an integer the compiler loses the shared state space and emits generic
+// loads and stores (and generic WMMA fragment loads) for every tile access.
 class SharedRegions {
  public:
-  __host__ __device__ explicit SharedRegions(uintptr_t base) : base_(base) {}
+  __host__ __device__ explicit SharedRegions(unsigned char* base) : base_(base) {}
   template <class U>
   __host__ __device__ U* take(int64_t count) {
-    U* region = reinterpret_cast<U*>(base_ + used_);
+    U* region = base_ ? reinterpret_cast<U*>(base_ + used_) : nullptr;
     used_ += (static_cast<size_t>(count) * sizeof(U) + 127) / 128 * 128;
     return region;
   }
   __host__ __device__ size_t bytes() const { return used_; }
 
  private:
-  uintptr_t base_;
+  unsigned char* base_;
   size_t used_ = 0;
 };
 
@@ -142,7 +145,7 @@ struct QueryGradShared {
 
 template <class Shared>
 size_t shared_bytes() {
-  SharedRegions regions(0);
+  SharedRegions regions(nullptr);
   Shared layout(regions);
   return regions.bytes();
 }
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(const T* __restrict__ qkv, T* __restrict__ out, float* __restrict__ lse,
                          int64_t T_, int64_t C, int64_t H, float scale) {
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedRegions regions(reinterpret_cast<uintptr_t>(shared));
+  SharedRegions regions(shared);
   const ForwardShared<D, T> s(regions);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(kThreads)
                           const float* __restrict__ lse, const float* __restrict__ delta,
                           T* __restrict__ dqkv, int64_t T_, int64_t C, int64_t H, float scale) {
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedRegions regions(reinterpret_cast<uintptr_t>(shared));
+  SharedRegions regions(shared);
   const KeyGradShared<D, T> s(regions);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
@@ -395,7 +398,7 @@ __global__ void __launch_bounds__(kThreads)
                             const float* __restrict__ lse, const float* __restrict__ delta,
                             T* __restrict__ dqkv, int64_t T_, int64_t C, int64_t H, float scale) {
   extern __shared__ __align__(128) unsigned char shared[];
-  SharedRegions regions(reinterpret_cast<uintptr_t>(shared));
+  SharedRegions regions(shared);
   const QueryGradShared<D, T> s(regions);
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int64_t bh = blockIdx.x, b = bh / H, h = bh % H;
