@@ -2,6 +2,9 @@
 
 #include <google/protobuf/text_format.h>
 
+#include "core/error.h"
+#include "launcher/config.h"
+
 namespace mantissa::launcher {
 
 namespace {
@@ -65,6 +68,22 @@ std::vector<std::string> config_differences(const TrainConfig& before, const Tra
   std::vector<std::string> out;
   collect(before, after, "", out);
   return out;
+}
+
+std::vector<std::string> model_differences(const TrainConfig& before, const TrainConfig& after) {
+  std::vector<std::string> out;
+  for (std::string& d : config_differences(before, after)) {
+    if (d.starts_with("model.") && !d.starts_with("model.init_from ")) out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::optional<TrainConfig> recorded_config(const std::string& config_text) {
+  try {
+    return parse_config_text(config_text, "the checkpoint's config");
+  } catch (const core::ConfigError&) {
+    return std::nullopt;
+  }
 }
 
 }  // namespace mantissa::launcher

@@ -4,6 +4,7 @@
 // learning rate), but the run's own record should say so.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,5 +16,14 @@ namespace mantissa::launcher {
 // order. Both configs are effective ones (every default filled in). A oneof member present in
 // one config only (another model or data source) is one entry, "model.arch gpt2 -> llama".
 std::vector<std::string> config_differences(const TrainConfig& before, const TrainConfig& after);
+
+// The differences in the model's architecture alone: config_differences under `model.`, less
+// model.init_from (which only starts a run). What a checkpoint's weights mean depends on them,
+// also where no tensor shape does (heads, RoPE base, norm epsilon).
+std::vector<std::string> model_differences(const TrainConfig& before, const TrainConfig& after);
+
+// The config a checkpoint recorded (CheckpointState::config_text); nothing when that text no
+// longer parses (a checkpoint from an older version), which leaves nothing to compare.
+std::optional<TrainConfig> recorded_config(const std::string& config_text);
 
 }  // namespace mantissa::launcher

@@ -7,6 +7,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/ops/backend.h"
 #include "launcher/config.h"
+#include "launcher/config_diff.h"
 #include "launcher/hf_weights.h"
 #include "launcher/trainer.h"
 
@@ -54,6 +55,20 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
           "holds no checkpoint to export (" + dir + " is empty or missing)");
   const std::string step = std::to_string(state->step);
+  // The weights fitting the model's shapes is not enough: heads, the RoPE base or the norm
+  // epsilon change what they compute without changing a shape, and --format hf writes them
+  // into config.json. The model is the one the checkpoint trained.
+  if (const std::optional<TrainConfig> recorded = recorded_config(state->config_text)) {
+    const std::vector<std::string> changed = model_differences(*recorded, config);
+    if (!changed.empty()) {
+      std::string list;
+      for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+      throw core::ConfigError("checkpoint step " + step + " in " + dir +
+                              " was trained with another model config (checkpoint -> this "
+                              "config: " +
+                              list + "): export the model it trained; drop these settings");
+    }
+  }
   if (layout) {
     export_hf_directory(out, *layout, params, *backend, run_tokenizer_file(config),
                         {{"mantissa_step", step}});

@@ -66,16 +66,6 @@ ReplicaPart replica_part(int64_t n, int rank, int size) {
   return {begin, n * (rank + 1) / size - begin};
 }
 
-// The config a checkpoint recorded; nothing when that text no longer parses (a checkpoint from
-// an older version), which leaves nothing to compare.
-std::optional<TrainConfig> recorded_config(const std::string& config_text) {
-  try {
-    return parse_config_text(config_text, "the checkpoint's config");
-  } catch (const core::ConfigError&) {
-    return std::nullopt;
-  }
-}
-
 }  // namespace
 
 std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,

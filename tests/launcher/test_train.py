@@ -322,6 +322,18 @@ class Training(lu.TempDirTest):
                 result = self.mantissa("export", *first, "--format", "hf", "--out", hf)
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertIn(f"mantissa: --out {hf}: exists and is not empty", result.stderr)
+                # A setting that changes no shape but what the weights compute is refused, not
+                # written into config.json.
+                changed = {"gpt2": ("model.gpt2.n_head=4", "model.gpt2.n_head 2 -> 4"),
+                           "llama": ("model.llama.rope_theta=500000",
+                                     "model.llama.rope_theta 10000 -> 500000")}[family]
+                other = os.path.join(self.dir, family + "_changed_hf")
+                result = self.mantissa("export", *first, "--set", changed[0], "--format", "hf",
+                                       "--out", other)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("was trained with another model config (checkpoint -> this config: "
+                              + changed[1] + ")", result.stderr)
+                self.assertFalse(os.path.exists(other))
 
                 second, result = run("second", "run.steps=1", f"model.init_from={hf}",
                                      "optimizer.adamw.lr=0", "optimizer.warmup_steps=0")
