@@ -18,7 +18,9 @@
 namespace mantissa::launcher {
 
 MappedText::MappedText(std::string path) : path_(std::move(path)) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a named pipe is refused below instead of blocking the open until a writer
+  // comes; a regular file reads the same with it.
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(errno));
   }
@@ -36,7 +38,9 @@ MappedText::MappedText(std::string path) : path_(std::move(path)) {
     throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(stat_errno));
   }
   if (!S_ISREG(st.st_mode)) {
-    throw core::ConfigError("input '" + path_ + "' is not a regular file");
+    throw core::ConfigError(
+        "input '" + path_ + "' is not a regular file" +
+        (S_ISDIR(st.st_mode) ? "" : " (a pipe or a device: write the text to a file first)"));
   }
   if (st.st_size == 0) throw core::ConfigError("input '" + path_ + "' is empty");
   if (data == MAP_FAILED) {

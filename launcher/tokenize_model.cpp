@@ -16,10 +16,6 @@ namespace {
 
 using std::string_view_literals::operator""sv;
 
-// SentencePiece writes every space as U+2581 (LOWER ONE EIGHTH BLOCK) before it encodes, and
-// decodes every U+2581 back to a space.
-constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
-
 // What an exact tokenizer must give back unchanged: leading, doubled and trailing spaces (which
 // the default normalisation removes), tabs, blank lines and CR LF, NFKC-sensitive characters
 // (the ligature "ﬁ", the full-width "Ａ"), accents, CJK, an emoji (outside any small

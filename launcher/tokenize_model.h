@@ -15,6 +15,10 @@ class SentencePieceProcessor;
 
 namespace mantissa::launcher {
 
+// SentencePiece writes every space as U+2581 (LOWER ONE EIGHTH BLOCK) before it encodes, and
+// decodes every U+2581 back to a space.
+inline constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
+
 class Tokenizer {
  public:
   // Loads the model file at `path`. Throws core::ConfigError naming it when it cannot be read or

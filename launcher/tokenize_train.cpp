@@ -83,7 +83,12 @@ class TextBlocks : public sentencepiece::SentenceIterator {
       pos_ = 0;
     }
     if (file_ == files_.size()) {
-      done_ = true;
+      // Last, one space, so that the space symbol, which train_tokenizer requires as a piece,
+      // occurs also in text without spaces (BPE training fails on a required character it
+      // never saw).
+      done_ = space_given_;
+      block_.assign(1, ' ');
+      space_given_ = true;
       return;
     }
     const std::string_view text = files_[file_].text();
@@ -110,6 +115,7 @@ class TextBlocks : public sentencepiece::SentenceIterator {
   size_t pos_ = 0;
   size_t bytes_ = 0;
   std::string block_;
+  bool space_given_ = false;
   bool done_ = false;
 };
 
@@ -165,6 +171,10 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
       {"remove_extra_whitespaces", "false"},
       {"add_dummy_prefix", "false"},
       {"byte_fallback", "true"},
+      // The space symbol is a piece of its own even where the text has too few spaces for it
+      // to be kept (Chinese or Japanese text): byte fallback would otherwise encode a space as
+      // the symbol's three UTF-8 bytes, which decode to the symbol, not to a space.
+      {"required_chars", std::string(kSpaceSymbol)},
       // Runs of spaces (indentation) may become pieces of their own.
       {"allow_whitespace_only_pieces", "true"},
       {"max_sentence_length", std::to_string(kBlockBytes)},

@@ -32,18 +32,22 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
 // version, of a GPT-2 or a Llama-3 shard) and that the size matches the token count. The
 // mapping is released when the returned segment's storage goes away.
 std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, int& token_bytes) {
-  const int fd = open(path.c_str(), O_RDONLY);
+  // O_NONBLOCK: a named pipe is refused below instead of blocking the open until a writer
+  // comes; a regular file reads the same with it.
+  const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   MANTISSA_CHECK(fd >= 0, "token shard '" << path << "': cannot open: " << std::strerror(errno));
   struct stat st {};
   const int stat_rc = fstat(fd, &st);
   const int stat_errno = errno;
   const int64_t size = st.st_size;
+  const bool regular = stat_rc == 0 && S_ISREG(st.st_mode);
   void* data =
-      stat_rc == 0 && size > 0 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+      regular && size > 0 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
   const int mmap_errno = errno;
   close(fd);  // the mapping stays valid without the descriptor
   MANTISSA_CHECK(stat_rc == 0,
                  "token shard '" << path << "': cannot stat: " << std::strerror(stat_errno));
+  MANTISSA_CHECK(regular, "token shard '" << path << "' is not a regular file");
   MANTISSA_CHECK(size > 0, "token shard '" << path << "' is empty (expected a " << kShardHeaderBytes
                                            << "-byte header)");
   MANTISSA_CHECK(data != MAP_FAILED,
