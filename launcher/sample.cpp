@@ -36,8 +36,8 @@ constexpr const char* kHelp =
 Generates text with the GPT-2 or Llama model of a `mantissa train` run. Reads DIR/config.pbtxt (the
 run's effective config), loads the FP32 weights of the newest intact checkpoint in
 DIR/checkpoints (or of step N), continues the prompt one token at a time with a KV cache, and
-prints the prompt and its continuation on stdout, then a newline. What it loaded and how fast
-it went goes to stderr. One process, no mpirun.
+prints the prompt and its continuation on stdout as they are generated, then a newline. What
+it loaded and how fast it went goes to stderr. One process, no mpirun.
 
 options:
   --run DIR           the run directory (run.dir of the training run)
@@ -154,6 +154,55 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::Para
   return {(dir / checkpoint::checkpoint_dir_name(state->step)).string(), state->step};
 }
 
+// The prompt and its continuation on stdout while they are generated, at most every
+// kFlushSeconds. With a tokenizer every flush decodes all tokens so far, since a character
+// outside the vocabulary is several byte tokens that decode only together; the text written
+// is a prefix of the final one, and a trailing U+FFFD (the bytes of such a character so far)
+// waits for the next flush. Without one every token is a byte.
+class TextStream {
+ public:
+  TextStream(const TokenizerClient* tokenizer, std::vector<int32_t> prompt, std::string text)
+      : tokenizer_(tokenizer), tokens_(std::move(prompt)), bytes_(std::move(text)) {
+    flush(false);
+  }
+  void add(int32_t token) {
+    tokens_.push_back(token);
+    bytes_.push_back(static_cast<char>(token));
+    if (std::chrono::steady_clock::now() - last_flush_ >= kFlushSeconds) flush(false);
+  }
+  void finish() {
+    flush(true);
+    write("\n");
+  }
+
+ private:
+  static constexpr std::chrono::duration<double> kFlushSeconds{0.2};
+
+  void flush(bool last) {
+    const std::string text = tokenizer_ ? tokenizer_->decode(tokens_) : bytes_;
+    constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+    size_t end = text.size();
+    while (!last && end >= written_ + kReplacement.size() &&
+           std::string_view(text).substr(end - kReplacement.size()) == kReplacement) {
+      end -= kReplacement.size();
+    }
+    write(std::string_view(text).substr(written_, end - written_));
+    written_ = end;
+    last_flush_ = std::chrono::steady_clock::now();
+  }
+  static void write(std::string_view text) {
+    MANTISSA_CHECK(
+        std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0,
+        "cannot write the text to stdout");
+  }
+
+  const TokenizerClient* tokenizer_;
+  std::vector<int32_t> tokens_;  // the prompt's and those generated
+  std::string bytes_;            // without a tokenizer: the prompt's text and the tokens
+  size_t written_ = 0;           // bytes of the text on stdout
+  std::chrono::steady_clock::time_point last_flush_;
+};
+
 std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, std::string& name) {
   const bool cuda = device == "CUDA" || (device == "AUTO" && core::cuda_device_available());
   if (device == "CUDA" && !core::cuda_device_available()) {
@@ -230,24 +279,13 @@ int run_sample(const SampleArgs& args) {
     decoder = std::make_unique<models::GPT2Decoder>(dynamic_cast<models::GPT2&>(*model), *backend);
   }
   const auto start = std::chrono::steady_clock::now();
+  TextStream stream(tokenizer ? &*tokenizer : nullptr, prompt, args.prompt);
   const std::vector<int32_t> generated =
-      models::generate(*decoder, prompt, args.max_new_tokens, sampler, vocab_limit);
+      models::generate(*decoder, prompt, args.max_new_tokens, sampler, vocab_limit,
+                       [&](int32_t token) { stream.add(token); });
+  stream.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  std::string text;
-  if (tokenizer) {
-    std::vector<int32_t> all = prompt;
-    all.insert(all.end(), generated.begin(), generated.end());
-    text = tokenizer->decode(all);  // decoded together: a character may span the two
-  } else {
-    text = args.prompt;
-    for (const int32_t t : generated) text.push_back(static_cast<char>(t));
-  }
-  text.push_back('\n');
-  MANTISSA_CHECK(
-      std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0,
-      "cannot write the text to stdout");
   std::fprintf(stderr, "mantissa: %zu tokens in %.2f s (%.1f tokens/s)\n", generated.size(),
                seconds, seconds > 0 ? static_cast<double>(generated.size()) / seconds : 0.0);
   return kExitOk;

@@ -70,7 +70,8 @@ Tensor Decoder::attend(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int6
 }
 
 std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit) {
+                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit,
+                              const std::function<void(int32_t)>& on_token) {
   MANTISSA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token");
   MANTISSA_CHECK(
       vocab_limit >= 1 && vocab_limit <= decoder.vocab_size(),
@@ -88,12 +89,13 @@ std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
   core::Backend& be = decoder.backend();
   std::vector<float> host(static_cast<size_t>(vocab_limit));
   Tensor host_logits = Tensor::wrap(host.data(), Shape{vocab_limit}, DType::kF32);
-  generated.reserve(static_cast<size_t>(max_new_tokens));
+  generated.reserve(static_cast<size_t>(std::min<int64_t>(max_new_tokens, int64_t{1} << 16)));
   while (true) {
     be.copy(logits.view(0, Shape{vocab_limit}), host_logits);
     be.synchronize();
     const int32_t token = sampler.next(host);
     generated.push_back(token);
+    if (on_token) on_token(token);
     if (std::ssize(generated) == max_new_tokens) break;
     if (decoder.length() < window) {
       context.push_back(token);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -76,8 +77,10 @@ class Decoder {
 // positions from 0, so they stay within the model's positions), after which capacity() / 2
 // more tokens run one at a time; every token thus sees at least the last capacity() / 2
 // tokens, and the refill's cost is spread over the tokens that follow it. Starts from an
-// empty cache.
+// empty cache. `on_token`, when given, is called with each token as soon as it is drawn (to
+// show text as it is generated).
 std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit);
+                              int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit,
+                              const std::function<void(int32_t)>& on_token = {});
 
 }  // namespace mantissa::models

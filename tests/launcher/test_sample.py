@@ -17,8 +17,10 @@
 import os
 import re
 import shutil
+import select
 import subprocess
 import tempfile
+import time
 import unittest
 
 import launcher_util as lu
@@ -96,6 +98,28 @@ class TinyRun(unittest.TestCase):
         stderr = result.stderr.decode()
         self.assertIn("a prompt of 156 tokens (its last 64 in the window), 300 new", stderr)
         self.assertRegex(stderr, r"300 tokens in [0-9.]+ s \([0-9.]+ tokens/s\)")
+
+    def test_text_shows_while_it_is_generated(self):
+        # A generation far too long to wait for: its start is on stdout long before its end,
+        # and what was shown is kept when it is stopped.
+        process = subprocess.Popen(
+            [lu.binary(), "sample", "--run", self.run_dir, "--prompt", "the red fox",
+             "--max-new-tokens", "100000000"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=lu.environment())
+        try:
+            shown = b""
+            deadline = time.monotonic() + 60
+            while len(shown) < len("the red fox") + 20:
+                ready, _, _ = select.select([process.stdout], [], [],
+                                            max(0, deadline - time.monotonic()))
+                self.assertTrue(ready, f"only {shown!r} on stdout after 60 s")
+                chunk = process.stdout.read1(4096)
+                self.assertTrue(chunk, "stdout closed early")
+                shown += chunk
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+        self.assertTrue(shown.startswith(b"the red fox"), shown)
 
     def test_step_picks_a_checkpoint(self):
         newest = self.sample("--max-new-tokens", "5").stderr.decode()
