@@ -1,5 +1,6 @@
 #include "launcher/export.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -8,6 +9,7 @@
 #include "core/ops/backend.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
+#include "launcher/config_translate.h"
 #include "launcher/hf_weights.h"
 #include "launcher/trainer.h"
 
@@ -70,8 +72,16 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
     }
   }
   if (layout) {
-    export_hf_directory(out, *layout, params, *backend, run_tokenizer_file(config),
-                        {{"mantissa_step", step}});
+    const std::optional<std::string> tokenizer = run_tokenizer_file(config);
+    if (!tokenizer && config.data().has_token_shards() &&
+        model_shape(config.model()).vocab_size > 256) {
+      std::fprintf(stderr,
+                   "mantissa: warning: no tokenizer for this run (data.tokenizer is empty and "
+                   "there is no tokenizer.model beside the shards): %s gets none; copy the one "
+                   "the shards were encoded with into it as tokenizer.model\n",
+                   out.c_str());
+    }
+    export_hf_directory(out, *layout, params, *backend, tokenizer, {{"mantissa_step", step}});
   } else {
     // GPT-2 pads its vocabulary internally (models/gpt2/gpt2.h); the file keeps the true one.
     std::map<std::string, int64_t> leading_rows;

@@ -135,6 +135,20 @@ precision {{ mode: FP32 }}
         log = lu.read_log(os.path.join(self.dir, "run"), 0)
         self.assertEqual([e["step"] for e in log], [0, 1])
 
+        # A Hugging Face export carries the tokenizer beside the shards; without one it warns.
+        hf = os.path.join(self.dir, "hf")
+        result = self.mantissa("export", "--config", config, "--format", "hf", "--out", hf)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("warning", result.stderr)
+        with open(tokenizer, "rb") as a, open(os.path.join(hf, "tokenizer.model"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        os.remove(os.path.join(out_dir, "tokenizer.model"))
+        bare = os.path.join(self.dir, "hf_bare")
+        result = self.mantissa("export", "--config", config, "--format", "hf", "--out", bare)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: warning: no tokenizer for this run", result.stderr)
+        self.assertEqual(sorted(os.listdir(bare)), ["config.json", "model.safetensors"])
+
     def test_utf8_round_trip_with_byte_tokens_at_shard_ends(self):
         def write(name, text):
             path = os.path.join(self.dir, name)
