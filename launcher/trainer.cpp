@@ -365,6 +365,21 @@ bool Trainer::restore() {
     for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
     say("mantissa: settings changed since the checkpoint: " + list);
   }
+  // On another number of ranks, the same micro-batches make another global batch; the
+  // settings above are per rank, so no difference lists it.
+  if (recorded && state->world_size != world_.size()) {
+    const auto global_batch = [](const TrainConfig::Data& d, int64_t ranks) {
+      return d.micro_batch_size() * d.grad_accum_steps() * ranks;
+    };
+    const int64_t was = global_batch(recorded->data(), state->world_size);
+    const int64_t is = global_batch(config_.data(), world_.size());
+    if (was != is) {
+      say("mantissa: note: the global batch changes from " + std::to_string(was) + " to " +
+          std::to_string(is) +
+          " sequences per step (data.micro_batch_size x data.grad_accum_steps x ranks); "
+          "data.grad_accum_steps or data.micro_batch_size can keep it");
+    }
+  }
   say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
       checkpoint::checkpoint_dir_name(state->step) + " (saved by " +
       std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") + ")");

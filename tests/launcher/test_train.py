@@ -170,6 +170,7 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(f"resumed from {run}/checkpoints/step_00000020 (saved by 2 ranks)",
                       result.stderr)
+        self.assertNotIn("the global batch changes", result.stderr)
         log = lu.read_log(run, 0)
         self.assertEqual([e["step"] for e in log], list(range(20, 60)))
         reference = uninterrupted[0][20:]
@@ -179,6 +180,22 @@ class Training(lu.TempDirTest):
         print(f"2-rank checkpoint {' '.join(sets) or '(ZeRO-0)'} resumed on {ranks} rank(s): "
               f"largest relative difference of the mean loss over steps 20-59: {worst:.2e}")
         self.assertLess(worst, 1e-2)
+
+    def test_another_global_batch_on_resume_is_noted(self):
+        # TINY_GPT: 4 sequences per rank per step; saved by 2 ranks, resumed on 1.
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+
+        def train(steps, ranks):
+            return self.mantissa("train", "--config", config, "--set",
+                                 f"run.dir={self.run_dir('batch')}", "--set", f"run.steps={steps}",
+                                 "--set", "optimizer.warmup_steps=0", ranks=ranks)
+
+        result = train(2, 2)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = train(3, 0)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: note: the global batch changes from 8 to 4 sequences per step",
+                      result.stderr)
 
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
