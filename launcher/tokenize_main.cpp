@@ -46,8 +46,10 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         before.
   --input FILE...     text files (one or more, after one --input or several)
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
-                      come first, and shards store ids as uint16 up to 65536 pieces, as
-                      uint32 beyond. The model's vocab_size must be at least N.
+                      come first, then one per character of the text (those making up 99.95%
+                      of it), so a text of many characters needs more; shards store ids as
+                      uint16 up to 65536 pieces, as uint32 beyond. The model's vocab_size must
+                      be at least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
   --sample-bytes N    text to train on at most, at least 4096 (default 268435456: 256 MiB,
                       which needs about 6 GB of memory; 20-25 bytes per byte of text)

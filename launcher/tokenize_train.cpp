@@ -191,6 +191,16 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     std::string reason = status.error_message();
     const size_t bracket = reason.rfind("] ");
     if (bracket != std::string::npos) reason.erase(0, bracket + 2);
+    // "Vocabulary size is smaller than required_chars. 260 vs 335. Increase vocab_size or
+    // decrease character_coverage with --character_coverage option." names an option this
+    // command does not have: say what the number means instead.
+    long long have = 0, need = 0;
+    if (std::sscanf(reason.c_str(), "Vocabulary size is smaller than required_chars. %lld vs %lld",
+                    &have, &need) == 2) {
+      reason = "it needs at least " + std::to_string(need) +
+               " pieces (3 special, 256 bytes and one per character making up 99.95% of the "
+               "text): raise --vocab-size";
+    }
     throw core::ConfigError("cannot train a " + std::to_string(options.vocab_size) + "-piece " +
                             options.model_type + " tokenizer on this text: " + reason);
   }

@@ -374,6 +374,12 @@ class BadInput(lu.TempDirTest):
             "^mantissa: cannot train a 30000-piece bpe tokenizer on this text: Vocabulary size "
             r"too high \(30000\)\. Please set it to a value <= \d+\.$"),
             "train", "--input", LICENCE, "--vocab-size", "30000", "--out", "{dir}/tok.model")
+        # Above 260 but below the pieces the text's characters need.
+        self.assert_refused(re.compile(
+            r"^mantissa: cannot train a 261-piece bpe tokenizer on this text: it needs at least "
+            r"\d{3} pieces \(3 special, 256 bytes and one per character making up 99\.95% of "
+            r"the text\): raise --vocab-size$"),
+            "train", "--input", LICENCE, "--vocab-size", "261", "--out", "{dir}/tok.model")
 
     def test_empty_missing_and_non_regular_inputs(self):
         empty = self.write("empty.txt", "")
