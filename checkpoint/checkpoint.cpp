@@ -354,8 +354,7 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
                    b.shape.str() + " at " + std::to_string(b.offset) + " in the model";
       break;
     }
-    MANTISSA_FAIL(dir << " does not fit this model: " << difference
-                      << " (another model config? start in a fresh checkpoint directory)");
+    throw CheckpointMisfit(dir + " does not fit this model: " + difference, m.state.config_text);
   }
   // A truncated (or grown) file is found here even when this rank reads none of it.
   for (const auto& [file, size] : payload_files(m)) {
@@ -425,11 +424,14 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
                                                          const std::vector<BufferSlice>& slices,
                                                          std::string& damage) {
   CheckpointState state;
-  std::string misfit;
+  std::string misfit, misfit_config;
   try {
     state = load_one(dir, layout, slices);
   } catch (const CheckpointDamaged& e) {
     damage = e.what();
+  } catch (const CheckpointMisfit& e) {
+    misfit = e.what();
+    misfit_config = e.config_text();
   } catch (const std::exception& e) {
     misfit = e.what();
   }
@@ -437,9 +439,10 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
   // An intact checkpoint that does not fit this run's config: an error everywhere and no
   // fallback, and a config error since a retry with the same config would fail again.
   if (!agree(misfit.empty())) {
-    throw core::ConfigError(
+    throw CheckpointMisfit(
         "checkpoint load: " +
-        (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
+            (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit),
+        misfit_config);
   }
   return std::nullopt;
 }

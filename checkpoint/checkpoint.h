@@ -75,6 +75,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/fp8_scaling.h"
 #include "core/precision/loss_scaler.h"
@@ -129,6 +130,19 @@ struct BufferSlice {
   core::Tensor data;  // contiguous, any dtype, on the host or the backend's device
 };
 
+// An intact checkpoint whose parameter layout is not the model's (another model config). It
+// carries the config the checkpoint recorded (empty on the ranks that only learnt of it from
+// another), so that the caller can name the settings that differ.
+class CheckpointMisfit : public core::ConfigError {
+ public:
+  CheckpointMisfit(const std::string& message, std::string config_text)
+      : core::ConfigError(message), config_text_(std::move(config_text)) {}
+  const std::string& config_text() const { return config_text_; }
+
+ private:
+  std::string config_text_;
+};
+
 struct CheckpointOptions {
   std::string dir;  // holds the step_* directories and `latest`
   int keep = 3;     // complete checkpoints kept after a save; 0 keeps all
@@ -163,8 +177,9 @@ class Checkpointer {
   // returns its state (with `world_size` the world size at save time). Returns nullopt when
   // `dir` holds no checkpoint at all. Throws core::Error when the ranks list different
   // checkpoints in `dir`, when checkpoints exist but none is intact, or when the newest intact
-  // one does not fit: its parameter layout differs from `layout`, or a slice's buffer is
-  // missing or has another size. After a throw the slices' contents are unspecified.
+  // one does not fit: its parameter layout differs from `layout` (CheckpointMisfit), or a
+  // slice's buffer is missing or has another size. After a throw the slices' contents are
+  // unspecified.
   std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices);
 

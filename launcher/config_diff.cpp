@@ -78,6 +78,16 @@ std::vector<std::string> model_differences(const TrainConfig& before, const Trai
   return out;
 }
 
+std::string model_change_note(const std::string& checkpoint_config_text,
+                              const TrainConfig& config) {
+  const std::optional<TrainConfig> recorded = recorded_config(checkpoint_config_text);
+  if (!recorded) return "";
+  std::string list;
+  for (const std::string& d : model_differences(*recorded, config))
+    list += (list.empty() ? "" : ", ") + d;
+  return list.empty() ? "" : "; its model config differs: " + list;
+}
+
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {
   try {
     return parse_config_text(config_text, "the checkpoint's config");

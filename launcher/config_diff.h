@@ -22,6 +22,11 @@ std::vector<std::string> config_differences(const TrainConfig& before, const Tra
 // also where no tensor shape does (heads, RoPE base, norm epsilon).
 std::vector<std::string> model_differences(const TrainConfig& before, const TrainConfig& after);
 
+// For a checkpoint whose parameters do not fit the model (checkpoint::CheckpointMisfit):
+// "; its model config differs: model.gpt2.n_layer 2 -> 3" from the config text it recorded,
+// or "" when that text does not parse or shows no model difference.
+std::string model_change_note(const std::string& checkpoint_config_text, const TrainConfig& config);
+
 // The config a checkpoint recorded (CheckpointState::config_text); nothing when that text no
 // longer parses (a checkpoint from an older version), which leaves nothing to compare.
 std::optional<TrainConfig> recorded_config(const std::string& config_text);

@@ -51,9 +51,15 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   const std::string dir = config.run().dir() + "/checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},
                                         checkpoint::CheckpointGroup{}, *backend);
-  const std::optional<checkpoint::CheckpointState> state =
-      checkpointer.load_latest(checkpoint::parameter_layout(params),
-                               {{"masters", params.flat_numel(), 0, params.masters()}});
+  const std::optional<checkpoint::CheckpointState> state = [&] {
+    try {
+      return checkpointer.load_latest(checkpoint::parameter_layout(params),
+                                      {{"masters", params.flat_numel(), 0, params.masters()}});
+    } catch (const checkpoint::CheckpointMisfit& e) {
+      throw core::ConfigError(e.what() + model_change_note(e.config_text(), config) +
+                              " (export with the model config it was trained with)");
+    }
+  }();
   require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
           "holds no checkpoint to export (" + dir + " is empty or missing)");
   const std::string step = std::to_string(state->step);

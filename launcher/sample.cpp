@@ -13,6 +13,7 @@
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
 #include "launcher/config.h"
+#include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
 #include "launcher/option_value.h"
 #include "launcher/tokenize_client.h"
@@ -123,7 +124,8 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
 
 // Loads the masters of the run's checkpoint (args.step, or the newest intact one) into
 // `params` and refreshes the compute copy; returns the checkpoint's directory and step.
-std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::ParameterStore& params,
+std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const TrainConfig& config,
+                                             train::ParameterStore& params,
                                              core::Backend& backend) {
   const fs::path dir = fs::path(args.run_dir) / "checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir.string(), 0},
@@ -132,8 +134,15 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::Para
   const std::vector<checkpoint::BufferSlice> slices = {
       {"masters", params.flat_numel(), 0, params.masters()}};
   std::optional<checkpoint::CheckpointState> state;
+  try {
+    state = args.step ? checkpointer.load_step(*args.step, layout, slices)
+                      : checkpointer.load_latest(layout, slices);
+  } catch (const checkpoint::CheckpointMisfit& e) {
+    throw core::ConfigError(e.what() + model_change_note(e.config_text(), config) +
+                            " (the run's config.pbtxt describes another model than this "
+                            "checkpoint's)");
+  }
   if (args.step) {
-    state = checkpointer.load_step(*args.step, layout, slices);
     if (!state) {
       std::vector<int64_t> saved = checkpointer.steps();
       std::sort(saved.begin(), saved.end());
@@ -143,8 +152,6 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, train::Para
                 "no checkpoint " + (dir / checkpoint::checkpoint_dir_name(*args.step)).string() +
                     " (the steps saved: " + (list.empty() ? "none" : list) + ")");
     }
-  } else {
-    state = checkpointer.load_latest(layout, slices);
   }
   if (!state) {
     bad_input("--run", args.run_dir,
@@ -246,7 +253,7 @@ int run_sample(const SampleArgs& args) {
   // The masters are FP32, and generation runs in FP32 from them.
   const std::unique_ptr<train::LanguageModel> model =
       build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
-  const auto [checkpoint_dir, step] = load_weights(args, model->parameters(), *backend);
+  const auto [checkpoint_dir, step] = load_weights(args, config, model->parameters(), *backend);
 
   // The prompt's tokens: a document's start (end of text) and the text, or its bytes.
   std::vector<int32_t> prompt;

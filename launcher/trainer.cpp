@@ -269,8 +269,15 @@ bool Trainer::restore() {
   // This rank's part of masters and moments, whatever the world size at save time.
   train::ParameterStore& params = model_->parameters();
   const std::vector<checkpoint::BufferSlice> slices = checkpoint_slices();
-  const std::optional<checkpoint::CheckpointState> state =
-      checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
+  const std::optional<checkpoint::CheckpointState> state = [&] {
+    try {
+      return checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
+    } catch (const checkpoint::CheckpointMisfit& e) {
+      throw core::ConfigError(e.what() + model_change_note(e.config_text(), config_) +
+                              " (resume with the model config it was trained with, or start in "
+                              "another run.dir)");
+    }
+  }();
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
             "there is no checkpoint in " + checkpointer_->options().dir);

@@ -350,12 +350,14 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   try {
     ckpt.load_latest(other, into.slices);
     FAIL() << "loaded a checkpoint of another model";
-  } catch (const core::ConfigError& e) {
+  } catch (const checkpoint::CheckpointMisfit& e) {
     const std::string what = e.what();
     EXPECT_NE(
         what.find("step_00000020 does not fit this model: parameter 1 is h.0.ln_1.weight [4]"),
         std::string::npos)
         << what;
+    // The config it was saved with, for the caller to name what changed.
+    EXPECT_EQ(e.config_text(), make_state(20).config_text);
   }
   // A buffer of another size, or one the checkpoint lacks.
   Slices bigger = Slices::empty(0, kN);

@@ -399,6 +399,8 @@ class Training(lu.TempDirTest):
         result = self.mantissa(*self.train_args("other", "model.gpt2.n_layer=3"), ranks=RANKS)
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("step_00000020 does not fit this model", result.stderr)
+        self.assertIn("; its model config differs: model.gpt2.n_layer 2 -> 3 (resume with the "
+                      "model config it was trained with", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
                                                      "step_00000040")))
 
