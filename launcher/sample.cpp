@@ -272,12 +272,13 @@ int run_sample(const SampleArgs& args) {
       std::ssize(prompt) > window ? " (its last " + std::to_string(window) + " in the window)" : "";
   const std::string codec = tokenizer ? "tokenizer " + *tokenizer_path : "bytes";
   std::fprintf(stderr,
-               "mantissa: sampling from %s (step %lld) on %s: a prompt of %zu tokens%s, %lld new, "
+               "mantissa: sampling from %s (step %lld) on %s: a prompt of %zu token%s%s, %lld new, "
                "temperature %s, top-k %lld, seed %llu; %s\n",
                checkpoint_dir.c_str(), static_cast<long long>(step), device_name.c_str(),
-               prompt.size(), cut.c_str(), static_cast<long long>(args.max_new_tokens),
-               format_number(args.temperature).c_str(), static_cast<long long>(args.top_k),
-               static_cast<unsigned long long>(args.seed), codec.c_str());
+               prompt.size(), prompt.size() == 1 ? "" : "s", cut.c_str(),
+               static_cast<long long>(args.max_new_tokens), format_number(args.temperature).c_str(),
+               static_cast<long long>(args.top_k), static_cast<unsigned long long>(args.seed),
+               codec.c_str());
 
   std::unique_ptr<models::Decoder> decoder;
   if (auto* llama = dynamic_cast<models::Llama*>(model.get())) {

@@ -16,9 +16,11 @@
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
+#include "launcher/export.h"
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
 #include "launcher/signals.h"
+#include "launcher/tokenize_client.h"
 #include "models/gpt2/llmc_import.h"
 #include "models/mlp/mlp.h"
 #include "train/data/corpus.h"
@@ -202,6 +204,14 @@ void Trainer::build_data() {
       if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
     } else if (data.has_token_shards()) {
       const int64_t vocab = dims.vocab_size;
+      // A model smaller than the tokenizer the shards were encoded with would stop at the first
+      // batch holding a token past it, maybe hours in.
+      if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+        const TokenizerClient tokenizer(*path);
+        require(tokenizer.vocab_size() <= vocab, dims.prefix + ".vocab_size", std::to_string(vocab),
+                "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
+                    " pieces of the tokenizer " + *path + " (the shards' tokenizer)");
+      }
       corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
       const std::string& val_pattern = data.token_shards().val_pattern();
       if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);

@@ -134,6 +134,14 @@ precision {{ mode: FP32 }}
         self.assertEqual(result.returncode, 0, result.stderr)
         log = lu.read_log(os.path.join(self.dir, "run"), 0)
         self.assertEqual([e["step"] for e in log], [0, 1])
+        # A model smaller than the shards' tokenizer stops at start, not at the first token
+        # past its vocabulary.
+        result = self.mantissa("train", "--config", config, "--set",
+                               f"run.dir={self.dir}/small", "--set", "model.gpt2.vocab_size=512")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn(f"mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
+                      f"the tokenizer {out_dir}/tokenizer.model (the shards' tokenizer)",
+                      result.stderr)
 
         # A Hugging Face export carries the tokenizer beside the shards; without one it warns.
         hf = os.path.join(self.dir, "hf")
