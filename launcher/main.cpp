@@ -1,4 +1,5 @@
 // mantissa: the command-line entry point. Each subcommand is one row of kCommands.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -143,9 +144,33 @@ void report_config_error(int rank, const std::string& message) {
   if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
 }
 
-// What the effective config's --set arguments replaced (effective_config's notes).
-void report_notes(const std::vector<std::string>& notes) {
-  for (const std::string& note : notes) std::fprintf(stderr, "mantissa: note: %s\n", note.c_str());
+// effective_config, with its notes (what the --set arguments replaced) on stderr from rank 0.
+// When the config is refused for a field no --set named, the notes join the error's line: a
+// --set that switched a oneof member leaves the new member's other fields at their defaults,
+// and the note says why (`--set data.text_file.val_fraction=0.5`: "data.text_file.path = "":
+// must name a file").
+TrainConfig effective_config_noted(const TrainArgs& parsed, int rank) {
+  std::vector<std::string> notes;
+  try {
+    TrainConfig config = effective_config(parsed, notes);
+    if (rank == 0) {
+      for (const std::string& note : notes)
+        std::fprintf(stderr, "mantissa: note: %s\n", note.c_str());
+    }
+    return config;
+  } catch (const core::ConfigError& e) {
+    const std::string what = e.what();
+    const std::string field = what.substr(0, what.find(" = "));
+    const bool field_was_set =
+        std::any_of(parsed.sets.begin(), parsed.sets.end(), [&](const std::string& set) {
+          const std::string path = set.substr(0, set.find('='));
+          return field == path || field.starts_with(path + ".");
+        });
+    if (notes.empty() || field_was_set) throw;
+    std::string joined;
+    for (const std::string& note : notes) joined += (joined.empty() ? "" : "; ") + note;
+    throw core::ConfigError(what + " (note: " + joined + ")");
+  }
 }
 
 int train_command(int argc, char** argv) {
@@ -161,16 +186,14 @@ int train_command(int argc, char** argv) {
   dist::World world(&argc, &argv);
   TrainArgs parsed;
   TrainConfig config;
-  std::vector<std::string> notes;
   try {
     parsed = parse_train_args("train", args);
-    config = effective_config(parsed, notes);
+    config = effective_config_noted(parsed, world.rank());
   } catch (const core::ConfigError& e) {
     report_config_error(world.rank(), e.what());
     return kExitConfig;
   }
   if (world.rank() == 0) {
-    report_notes(notes);
     std::printf("# effective config (%s)\n%s", parsed.config_path.c_str(), to_text(config).c_str());
     std::fflush(stdout);
   }
@@ -208,9 +231,7 @@ int config_command(int argc, char** argv) {
       std::fputs(kConfigHelp, stdout);
       return kExitOk;
     }
-    std::vector<std::string> notes;
-    const TrainConfig config = effective_config(parsed, notes);
-    report_notes(notes);
+    const TrainConfig config = effective_config_noted(parsed, 0);
     std::fputs(to_text(config).c_str(), stdout);
     return kExitOk;
   } catch (const core::ConfigError& e) {
@@ -227,9 +248,7 @@ int export_command(int argc, char** argv) {
       std::fputs(kExportHelp, stdout);
       return kExitOk;
     }
-    std::vector<std::string> notes;
-    const TrainConfig config = effective_config(parsed, notes);
-    report_notes(notes);
+    const TrainConfig config = effective_config_noted(parsed, 0);
     const std::string from = export_checkpoint_weights(
         config, parsed.out, parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());

@@ -312,6 +312,18 @@ class Overrides(lu.TempDirTest):
             f"mantissa: note: --set data.text_file.path={corpus} selects data.text_file in place "
             "of data.synthetic, whose settings are dropped"])
 
+    def test_a_note_that_explains_an_error_comes_with_it(self):
+        # Setting a field of another data source drops the synthetic one; the file it lacks is
+        # the error, and the note, on the same line, says why it lacks one.
+        result = self.mantissa("config", "--config",
+                               self.write("c.pbtxt", "data { synthetic {} }"), "--set",
+                               "data.text_file.val_fraction=0.5")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines(), [
+            'mantissa: data.text_file.path = "": must name a file (note: --set '
+            "data.text_file.val_fraction=0.5 selects data.text_file in place of data.synthetic, "
+            "whose settings are dropped)"])
+
     def test_later_sets_win_and_defaults_fill_the_rest(self):
         text = self.effective("run.steps=5", "run.steps=6")
         self.assertIn("steps: 6", text)
