@@ -2,6 +2,7 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -102,7 +103,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   } cleanup{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MANTISSA_CHECK(out, "safetensors: cannot create '" << tmp << "'");
+    MANTISSA_CHECK(out, "safetensors: cannot create '" << tmp << "': " << std::strerror(errno));
     const uint64_t n = header.size();
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));

@@ -43,6 +43,11 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                             ": is a directory (a safetensors file is written; --format hf writes "
                             "a directory)");
   }
+  const std::filesystem::path parent = std::filesystem::path(out).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+    throw core::ConfigError("--out " + out + ": directory '" + parent.string() +
+                            "' does not exist");
+  }
   if (!layout && std::filesystem::exists(out, ec)) {
     throw core::ConfigError("--out " + out +
                             ": already exists; remove it first, or choose another --out");

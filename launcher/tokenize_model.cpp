@@ -2,7 +2,10 @@
 
 #include <sentencepiece_processor.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -26,8 +29,14 @@ constexpr std::string_view kProbe =
     "\xF0\x9F\x98\x80 \xE2\x96\x81 \0 end "sv;
 
 std::string read_model_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec) throw core::ConfigError("cannot read tokenizer '" + path + "': " + ec.message());
+  if (!std::filesystem::is_regular_file(status)) {
+    throw core::ConfigError("tokenizer '" + path + "' is not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw core::ConfigError("cannot read tokenizer '" + path + "'");
+  if (!in) throw core::ConfigError("cannot read tokenizer '" + path + "': " + std::strerror(errno));
   std::ostringstream bytes;
   bytes << in.rdbuf();
   if (in.bad()) throw core::ConfigError("cannot read tokenizer '" + path + "'");

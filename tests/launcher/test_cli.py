@@ -232,6 +232,12 @@ class ConfigErrors(lu.TempDirTest):
         with open(out) as f:
             self.assertEqual(f.read(), "a file the user keeps")
 
+    def test_export_into_a_missing_directory(self):
+        out = os.path.join(self.dir, "missing", "w.safetensors")
+        self.assert_config_error(
+            f"mantissa: --out {out}: directory '{self.dir}/missing' does not exist",
+            "--out", out, command="export")
+
     def test_export_without_a_checkpoint(self):
         self.assert_config_error(
             'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints is '

@@ -229,7 +229,8 @@ TEST_F(TokenizerTest, RefusesModelsThatDoNotDecodeExactly) {
   expect_config_error([&] { Tokenizer("junk.model", "not a model"); },
                       "tokenizer 'junk.model' is not a SentencePiece model");
   expect_config_error([&] { Tokenizer((*dir_ / "missing.model").string()); },
-                      "cannot read tokenizer");
+                      "missing.model': No such file or directory");
+  expect_config_error([&] { Tokenizer(dir_->string()); }, "' is not a regular file");
 }
 
 TEST(MappedText, RefusesMissingEmptyAndNonRegularFiles) {
