@@ -188,8 +188,15 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       return;
     }
     case pb::FieldDescriptor::CPPTYPE_STRING: {
-      add ? r.AddString(&message, &field, std::string(text))
-          : r.SetString(&message, &field, std::string(text));
+      // Taken as it is, but a value in double quotes, as text format writes strings
+      // (--set 'run.dir="a b"'), loses them.
+      std::string_view value = text;
+      if (value.size() >= 2 && value.front() == '"' && value.back() == '"' &&
+          value.substr(1, value.size() - 2).find('"') == std::string_view::npos) {
+        value = value.substr(1, value.size() - 2);
+      }
+      add ? r.AddString(&message, &field, std::string(value))
+          : r.SetString(&message, &field, std::string(value));
       return;
     }
     case pb::FieldDescriptor::CPPTYPE_MESSAGE: {

@@ -105,6 +105,16 @@ TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {
   EXPECT_EQ(c.debug().inject_nonfinite_steps(1), 7);
 }
 
+TEST(ConfigOverride, AStringInDoubleQuotesLosesThem) {
+  TrainConfig c = parse_config_text("", "t");
+  apply_override(c, "run.dir=\"runs/a b\"");
+  EXPECT_EQ(c.run().dir(), "runs/a b");
+  apply_override(c, "run.dir=\"a\"b\"");  // not one quoted string: as it is
+  EXPECT_EQ(c.run().dir(), "\"a\"b\"");
+  apply_override(c, "run.dir='x'");
+  EXPECT_EQ(c.run().dir(), "'x'");
+}
+
 TEST(ConfigOverride, MessageBodySelectsAOneofMember) {
   TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
   apply_override(c, "model.mlp={hidden: 128}");
