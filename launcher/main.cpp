@@ -53,8 +53,9 @@ output, in run.dir (default runs/<config file name>):
   .lock               held by rank 0 while the run goes on: a second run on the same
                       run.dir stops with exit code 2
 
-signals: SIGUSR1 or SIGTERM to any rank (mpirun forwards SIGUSR1 to all) stops every rank at
-the same step after a checkpoint is written; the exit code is then 0. SIGINT (Ctrl-C) does
+signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
+to all) stops every rank at the same step after a checkpoint is written; the exit code is then
+0. SIGINT (Ctrl-C) does
 the same with exit code 130; a second Ctrl-C ends the process at once, without a checkpoint.
 
 environment (CPU runs):
@@ -82,7 +83,7 @@ environment (MPI runs):
                             other value is a config error
 
 exit codes:
-  0  all steps done, or stopped by SIGUSR1/SIGTERM after writing a checkpoint
+  0  all steps done, or stopped by SIGUSR1/SIGTERM/SIGHUP after writing a checkpoint
   1  runtime failure (I/O, communication, a checkpoint that cannot be written or read)
   2  bad command line or config, including data files and devices it names and a
      checkpoint in run.dir that does not fit it (another model); nothing trained, except

@@ -33,6 +33,7 @@ void install_stop_handlers() {
   action.sa_flags = SA_RESTART;
   sigaction(SIGUSR1, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGHUP, &action, nullptr);          // the terminal went away (an ssh session dropped)
   action.sa_flags = SA_RESTART | SA_RESETHAND;  // the second Ctrl-C takes the default action
   sigaction(SIGINT, &action, nullptr);
 }

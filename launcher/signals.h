@@ -1,5 +1,6 @@
 // Stop signals. SIGUSR1 (Slurm's `--signal=USR1@90`, or `scancel --signal=USR1`; mpirun
-// forwards it to every rank), SIGTERM and SIGINT (Ctrl-C) only raise a flag: the Trainer polls
+// forwards it to every rank), SIGTERM, SIGHUP (the terminal went away) and SIGINT (Ctrl-C)
+// only raise a flag: the Trainer polls
 // it once per step and all ranks agree on the stop step through a MAX all-reduce, so a signal
 // that reaches one rank stops them all at the same step with one checkpoint. SIGINT's handler
 // says so on stderr and gives the signal back its default action, so that a second Ctrl-C

@@ -583,7 +583,7 @@ int Trainer::run() {
       const bool interrupted = stop[0] == 2.0f;
       progress_.finish();
       say(std::string("mantissa: ") +
-          (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM)") +
+          (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)") +
           ": stopped after step " + step_of(steps_done, total) +
           " with a checkpoint; run the same command to continue");
       return interrupted ? kExitInterrupted : kExitOk;

@@ -225,9 +225,10 @@ class Training(lu.TempDirTest):
             self.resume_on_other_world_size("zero1", logs, ranks, "dist.zero_stage=1")
 
     def test_sigterm_and_sigint_stop_a_single_rank_with_a_checkpoint(self):
-        # SIGTERM (a scheduler) exits 0; SIGINT (Ctrl-C) exits 130, the shell's code for an
-        # interrupted program, after the same checkpoint.
-        for name, sig, code in (("alone", signal.SIGTERM, 0), ("ctrl_c", signal.SIGINT, 130)):
+        # SIGTERM (a scheduler) and SIGHUP (a dropped ssh session) exit 0; SIGINT (Ctrl-C)
+        # exits 130, the shell's code for an interrupted program, after the same checkpoint.
+        for name, sig, code in (("alone", signal.SIGTERM, 0), ("hangup", signal.SIGHUP, 0),
+                                ("ctrl_c", signal.SIGINT, 130)):
             process = self.start(*self.train_args(name, "run.steps=2000", inject_rank=0))
             try:
                 run = self.run_dir(name)
