@@ -424,7 +424,8 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
                                                          const std::vector<BufferSlice>& slices,
                                                          std::string& damage) {
   CheckpointState state;
-  std::string misfit, misfit_config;
+  std::string misfit;
+  std::optional<std::string> misfit_config;  // set when the misfit is another model's layout
   try {
     state = load_one(dir, layout, slices);
   } catch (const CheckpointDamaged& e) {
@@ -439,10 +440,10 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
   // An intact checkpoint that does not fit this run's config: an error everywhere and no
   // fallback, and a config error since a retry with the same config would fail again.
   if (!agree(misfit.empty())) {
-    throw CheckpointMisfit(
+    if (misfit_config) throw CheckpointMisfit("checkpoint load: " + misfit, *misfit_config);
+    throw core::ConfigError(
         "checkpoint load: " +
-            (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit),
-        misfit_config);
+        (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
   }
   return std::nullopt;
 }

@@ -80,6 +80,7 @@ std::vector<std::string> model_differences(const TrainConfig& before, const Trai
 
 std::string model_change_note(const std::string& checkpoint_config_text,
                               const TrainConfig& config) {
+  if (checkpoint_config_text.empty()) return "";
   const std::optional<TrainConfig> recorded = recorded_config(checkpoint_config_text);
   if (!recorded) return "";
   std::string list;
@@ -90,7 +91,11 @@ std::string model_change_note(const std::string& checkpoint_config_text,
 
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {
   try {
-    return parse_config_text(config_text, "the checkpoint's config");
+    // Defaults filled in as for a run's config: a field added since the checkpoint was saved
+    // then compares as the default it ran with, not as 0.
+    TrainConfig config = parse_config_text(config_text, "the checkpoint's config");
+    apply_defaults(config, "the checkpoint's config");
+    return config;
   } catch (const core::ConfigError&) {
     return std::nullopt;
   }

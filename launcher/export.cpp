@@ -43,8 +43,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                             ": is a directory (a safetensors file is written; --format hf writes "
                             "a directory)");
   }
+  // A safetensors file needs its directory; --format hf creates its directories.
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
-  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+  if (!layout && !parent.empty() && !std::filesystem::is_directory(parent, ec)) {
     throw core::ConfigError("--out " + out + ": directory '" + parent.string() +
                             "' does not exist");
   }
@@ -72,14 +73,19 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   // epsilon change what they compute without changing a shape, and --format hf writes them
   // into config.json. The model is the one the checkpoint trained.
   if (const std::optional<TrainConfig> recorded = recorded_config(state->config_text)) {
-    const std::vector<std::string> changed = model_differences(*recorded, config);
+    // Except a Llama's seq_len, which changes no weight and only config.json's
+    // max_position_embeddings: a longer context is the user's call.
+    std::vector<std::string> changed = model_differences(*recorded, config);
+    std::erase_if(changed,
+                  [](const std::string& c) { return c.starts_with("model.llama.seq_len "); });
     if (!changed.empty()) {
       std::string list;
       for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
       throw core::ConfigError("checkpoint step " + step + " in " + dir +
                               " was trained with another model config (checkpoint -> this "
                               "config: " +
-                              list + "): export the model it trained; drop these settings");
+                              list +
+                              "): export the model it trained, with the checkpoint's values");
     }
   }
   if (layout) {
@@ -88,8 +94,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
         model_shape(config.model()).vocab_size > 256) {
       std::fprintf(stderr,
                    "mantissa: warning: no tokenizer for this run (data.tokenizer is empty and "
-                   "there is no tokenizer.model beside the shards): %s gets none; copy the one "
-                   "the shards were encoded with into it as tokenizer.model\n",
+                   "there is no tokenizer.model beside the shards): %s gets none; add the one "
+                   "the shards were encoded with (for llm.c's GPT-2 shards, transformers' gpt2 "
+                   "tokenizer)\n",
                    out.c_str());
     }
     export_hf_directory(out, *layout, params, *backend, tokenizer, {{"mantissa_step", step}});

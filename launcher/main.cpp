@@ -131,8 +131,9 @@ options:
   -h, --help        this help
 
 exit codes: 0 written; 1 no checkpoint is intact, or the output cannot be written; 2 a bad
-command line or config, no checkpoint at all, an existing FILE or non-empty DIR, or --format
-hf for a model without a Hugging Face layout (model.mlp).
+command line or config, no checkpoint at all, a model config other than the checkpoint's, an
+existing FILE or non-empty DIR, a FILE whose directory does not exist, or --format hf for a
+model without a Hugging Face layout (model.mlp).
 )";
 
 void print_train_help() {
@@ -160,16 +161,27 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank) {
     }
     return config;
   } catch (const core::ConfigError& e) {
+    // A refused field ("FIELD = VALUE: rule") inside a member a note selected, and named by no
+    // --set itself: the note explains it.
     const std::string what = e.what();
-    const std::string field = what.substr(0, what.find(" = "));
+    const size_t equals = what.find(" = ");
+    if (equals == std::string::npos) throw;
+    const std::string field = what.substr(0, equals);
     const bool field_was_set =
         std::any_of(parsed.sets.begin(), parsed.sets.end(), [&](const std::string& set) {
           const std::string path = set.substr(0, set.find('='));
           return field == path || field.starts_with(path + ".");
         });
-    if (notes.empty() || field_was_set) throw;
     std::string joined;
-    for (const std::string& note : notes) joined += (joined.empty() ? "" : "; ") + note;
+    for (const std::string& note : notes) {
+      // "--set X selects MEMBER in place of OTHER, whose settings are dropped"
+      const size_t to = note.rfind(" in place of ");
+      const size_t from = to == std::string::npos ? to : note.rfind(" selects ", to);
+      if (from == std::string::npos) continue;
+      const std::string member = note.substr(from + 9, to - from - 9);
+      if (field.starts_with(member + ".")) joined += (joined.empty() ? "" : "; ") + note;
+    }
+    if (joined.empty() || field_was_set) throw;
     throw core::ConfigError(what + " (note: " + joined + ")");
   }
 }

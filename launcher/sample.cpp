@@ -161,13 +161,17 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const Train
   return {(dir / checkpoint::checkpoint_dir_name(state->step)).string(), state->step};
 }
 
-// The prompt and its continuation on stdout while they are generated, at most every
-// kFlushSeconds. With a tokenizer every flush decodes all tokens so far, since a character
-// outside the vocabulary is several byte tokens that decode only together; the text written
-// is a prefix of the final one, and a trailing U+FFFD (the bytes of such a character so far)
-// waits for the next flush. Without one every token is a byte.
+// The prompt and its continuation on stdout while they are generated. With a tokenizer a
+// flush decodes all tokens so far, since a character outside the vocabulary is several byte
+// tokens that decode only together: the text written is a prefix of the final one, and up to
+// three trailing U+FFFD (the bytes so far of such a character, one each) wait for the next
+// flush. A flush comes at most every kMinFlushInterval and at least 10 decodes' time after the
+// last, so that decoding (a mantissa-tokenize process, over a growing text) takes under a tenth
+// of the time. Without a tokenizer every token is a byte.
 class TextStream {
  public:
+  using Clock = std::chrono::steady_clock;
+
   TextStream(const TokenizerClient* tokenizer, std::vector<int32_t> prompt, std::string text)
       : tokenizer_(tokenizer), tokens_(std::move(prompt)), bytes_(std::move(text)) {
     flush(false);
@@ -175,27 +179,34 @@ class TextStream {
   void add(int32_t token) {
     tokens_.push_back(token);
     bytes_.push_back(static_cast<char>(token));
-    if (std::chrono::steady_clock::now() - last_flush_ >= kFlushSeconds) flush(false);
+    if (Clock::now() - last_flush_ >= interval_) flush(false);
   }
   void finish() {
     flush(true);
     write("\n");
   }
+  // Time spent writing the text, decoding included.
+  double seconds() const { return seconds_; }
 
  private:
-  static constexpr std::chrono::duration<double> kFlushSeconds{0.2};
+  static constexpr std::chrono::duration<double> kMinFlushInterval{0.2};
 
   void flush(bool last) {
+    const Clock::time_point start = Clock::now();
     const std::string text = tokenizer_ ? tokenizer_->decode(tokens_) : bytes_;
     constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
     size_t end = text.size();
-    while (!last && end >= written_ + kReplacement.size() &&
-           std::string_view(text).substr(end - kReplacement.size()) == kReplacement) {
+    for (int held = 0; !last && held < 3 && end >= written_ + kReplacement.size() &&
+                       std::string_view(text).substr(end - kReplacement.size()) == kReplacement;
+         ++held) {
       end -= kReplacement.size();
     }
     write(std::string_view(text).substr(written_, end - written_));
     written_ = end;
-    last_flush_ = std::chrono::steady_clock::now();
+    last_flush_ = Clock::now();
+    const std::chrono::duration<double> took = last_flush_ - start;
+    seconds_ += took.count();
+    interval_ = std::max(kMinFlushInterval, 10 * took);
   }
   static void write(std::string_view text) {
     MANTISSA_CHECK(
@@ -207,7 +218,9 @@ class TextStream {
   std::vector<int32_t> tokens_;  // the prompt's and those generated
   std::string bytes_;            // without a tokenizer: the prompt's text and the tokens
   size_t written_ = 0;           // bytes of the text on stdout
-  std::chrono::steady_clock::time_point last_flush_;
+  Clock::time_point last_flush_;
+  std::chrono::duration<double> interval_ = kMinFlushInterval;
+  double seconds_ = 0.0;
 };
 
 std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, std::string& name) {
@@ -292,8 +305,10 @@ int run_sample(const SampleArgs& args) {
       models::generate(*decoder, prompt, args.max_new_tokens, sampler, vocab_limit,
                        [&](int32_t token) { stream.add(token); });
   stream.finish();
+  // Generation alone: the text's decoding and writing are left out.
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+      stream.seconds();
   std::fprintf(stderr, "mantissa: %zu tokens in %.2f s (%.1f tokens/s)\n", generated.size(),
                seconds, seconds > 0 ? static_cast<double>(generated.size()) / seconds : 0.0);
   return kExitOk;

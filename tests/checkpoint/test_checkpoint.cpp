@@ -362,7 +362,13 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   // A buffer of another size, or one the checkpoint lacks.
   Slices bigger = Slices::empty(0, kN);
   bigger.slices[1].global_numel = kN + 1;
-  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, bigger.slices), core::ConfigError);
+  try {
+    ckpt.load_latest(make_state(0).parameters, bigger.slices);
+    FAIL() << "loaded a buffer of another size";
+  } catch (const checkpoint::CheckpointMisfit&) {
+    FAIL() << "a buffer of another size is no other model";
+  } catch (const core::ConfigError&) {
+  }
   std::vector<float> extra(4);
   into.slices.push_back(
       {"sgd_momentum", 4, 0, core::Tensor::wrap(extra.data(), core::Shape{4}, core::DType::kF32)});

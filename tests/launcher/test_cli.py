@@ -329,6 +329,15 @@ class Overrides(lu.TempDirTest):
             'mantissa: data.text_file.path = "": must name a file (note: --set '
             "data.text_file.val_fraction=0.5 selects data.text_file in place of data.synthetic, "
             "whose settings are dropped)"])
+        # An error the note does not explain comes alone.
+        result = self.mantissa("config", "--config",
+                               self.write("c.pbtxt", "data { synthetic {} }"), "--set",
+                               "data.text_file.path=c.txt", "--set",
+                               "data.text_file.val_fraction=abc")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines(), [
+            "mantissa: --set data.text_file.val_fraction=abc: val_fraction takes a number, got "
+            "'abc'"])
 
     def test_later_sets_win_and_defaults_fill_the_rest(self):
         text = self.effective("run.steps=5", "run.steps=6")

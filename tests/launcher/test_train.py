@@ -340,6 +340,11 @@ class Training(lu.TempDirTest):
                 result = self.mantissa("export", *first, "--format", "hf", "--out", hf)
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertIn(f"mantissa: --out {hf}: exists and is not empty", result.stderr)
+                # A directory is created with its parents, named with a trailing slash or not.
+                nested = os.path.join(self.dir, "new", family, "hf") + "/"
+                result = self.mantissa("export", *first, "--format", "hf", "--out", nested)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertTrue(os.path.isfile(os.path.join(nested, "config.json")))
                 # A setting that changes no shape but what the weights compute is refused, not
                 # written into config.json.
                 changed = {"gpt2": ("model.gpt2.n_head=4", "model.gpt2.n_head 2 -> 4"),
