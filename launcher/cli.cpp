@@ -53,11 +53,12 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
   return out;
 }
 
-TrainConfig effective_config(const TrainArgs& args, std::vector<std::string>& notes) {
+TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes) {
   TrainConfig config = load_config_file(args.config_path);
   for (const std::string& set : args.sets) {
-    std::string note = apply_override(config, set);
-    if (!note.empty()) notes.push_back(std::move(note));
+    if (std::optional<OverrideNote> note = apply_override(config, set)) {
+      notes.push_back(std::move(*note));
+    }
   }
   apply_defaults(config, args.config_path);
   validate(config);

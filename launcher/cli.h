@@ -28,6 +28,6 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
 
 // The effective config: the file, then every --set in order, then the defaults, validated.
 // apply_override's notes (a --set that replaced the model or the data source) go to `notes`.
-TrainConfig effective_config(const TrainArgs& args, std::vector<std::string>& notes);
+TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes);
 
 }  // namespace mantissa::launcher

@@ -15,6 +15,7 @@
 // config_translate.h (the config as the modules' options).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,9 +37,13 @@ TrainConfig load_config_file(const std::string& path);
 // (`--set 'data.synthetic={}'`, `--set 'model.mlp={n_embd: 32}'`). A repeated field gets the
 // value appended. Setting a member of a oneof selects it. Returns a note when the assignment
 // selected a oneof member through one of its fields and so dropped the member selected before
-// (`model.gpt2.n_layer=2` on a Llama config), else "": the caller shows it, so that a mistyped
-// path does not silently replace the model or the data source.
-std::string apply_override(TrainConfig& config, std::string_view assignment);
+// (`model.gpt2.n_layer=2` on a Llama config), else nothing: the caller shows it, so that a
+// mistyped path does not silently replace the model or the data source.
+struct OverrideNote {
+  std::string selected;  // the member selected, "model.gpt2"
+  std::string text;      // "--set ... selects model.gpt2 in place of model.llama, whose ..."
+};
+std::optional<OverrideNote> apply_override(TrainConfig& config, std::string_view assignment);
 
 // Sets every field that is still unset to its default (the table in config_defaults.cpp; also
 // shown by `mantissa train --help`). A missing model or data source becomes gpt2 {} or

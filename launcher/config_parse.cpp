@@ -34,7 +34,7 @@ TrainConfig load_config_file(const std::string& path) {
   return parse_config_text(text.str(), path);
 }
 
-std::string apply_override(TrainConfig& config, std::string_view assignment) {
+std::optional<OverrideNote> apply_override(TrainConfig& config, std::string_view assignment) {
   const std::string prefix = "--set " + std::string(assignment) + ": ";
   const size_t eq = assignment.find('=');
   if (eq == std::string_view::npos || eq == 0) {
@@ -43,9 +43,10 @@ std::string apply_override(TrainConfig& config, std::string_view assignment) {
   try {
     const FieldRef ref = resolve(config, assignment.substr(0, eq), false);
     set_from_text(*ref.message, *ref.field, assignment.substr(eq + 1));
-    if (ref.dropped.empty()) return "";
-    return "--set " + std::string(assignment) + " selects " + ref.selected + " in place of " +
-           ref.dropped + ", whose settings are dropped";
+    if (ref.dropped.empty()) return std::nullopt;
+    return OverrideNote{ref.selected, "--set " + std::string(assignment) + " selects " +
+                                          ref.selected + " in place of " + ref.dropped +
+                                          ", whose settings are dropped"};
   } catch (const core::ConfigError& e) {
     throw core::ConfigError(prefix + e.what());
   }

@@ -152,12 +152,12 @@ void report_config_error(int rank, const std::string& message) {
 // and the note says why (`--set data.text_file.val_fraction=0.5`: "data.text_file.path = "":
 // must name a file").
 TrainConfig effective_config_noted(const TrainArgs& parsed, int rank) {
-  std::vector<std::string> notes;
+  std::vector<OverrideNote> notes;
   try {
     TrainConfig config = effective_config(parsed, notes);
     if (rank == 0) {
-      for (const std::string& note : notes)
-        std::fprintf(stderr, "mantissa: note: %s\n", note.c_str());
+      for (const OverrideNote& note : notes)
+        std::fprintf(stderr, "mantissa: note: %s\n", note.text.c_str());
     }
     return config;
   } catch (const core::ConfigError& e) {
@@ -173,13 +173,10 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank) {
           return field == path || field.starts_with(path + ".");
         });
     std::string joined;
-    for (const std::string& note : notes) {
-      // "--set X selects MEMBER in place of OTHER, whose settings are dropped"
-      const size_t to = note.rfind(" in place of ");
-      const size_t from = to == std::string::npos ? to : note.rfind(" selects ", to);
-      if (from == std::string::npos) continue;
-      const std::string member = note.substr(from + 9, to - from - 9);
-      if (field.starts_with(member + ".")) joined += (joined.empty() ? "" : "; ") + note;
+    for (const OverrideNote& note : notes) {
+      if (field.starts_with(note.selected + ".")) {
+        joined += (joined.empty() ? "" : "; ") + note.text;
+      }
     }
     if (joined.empty() || field_was_set) throw;
     throw core::ConfigError(what + " (note: " + joined + ")");

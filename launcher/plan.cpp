@@ -232,8 +232,9 @@ std::string plan_report(const PlanArgs& args) {
   TrainConfig config = load_config_file(args.config_path);
   std::string notes;
   for (const std::string& set : args.sets) {
-    const std::string note = apply_override(config, set);
-    if (!note.empty()) notes += "note: " + note + "\n";
+    if (const std::optional<OverrideNote> note = apply_override(config, set)) {
+      notes += "note: " + note->text + "\n";
+    }
   }
   apply_defaults(config, args.config_path);
   validate(config, DataFiles::kSkip);
