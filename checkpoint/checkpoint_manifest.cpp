@@ -133,6 +133,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   p.set_data_next_window(state.data.next_window);
   p.set_data_fingerprint(state.data_fingerprint);
   p.set_config_text(state.config_text);
+  p.set_written_by(state.written_by);
   for (const ParameterLayout& layout : state.parameters) {
     mantissa::ParameterLayout& l = *p.add_parameters();
     l.set_name(layout.name);
@@ -217,6 +218,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   s.data.next_window = p.data_next_window();
   s.data_fingerprint = p.data_fingerprint();
   s.config_text = p.config_text();
+  s.written_by = p.written_by();
   for (const mantissa::ParameterLayout& l : p.parameters()) {
     CHECK_INTACT(checked_numel(l.shape()) >= 0 && l.offset() >= 0 && l.offset() <= kMaxElements,
                  path << ": parameter '" << l.name() << "' has an invalid shape or offset");

@@ -28,6 +28,14 @@ std::string mpi_error_message(const char* call, int code) {
   return out.str();
 }
 
+std::string mpi_library_version() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  if (MPI_Get_library_version(version, &length) != MPI_SUCCESS) return "unknown";
+  const std::string text(version, static_cast<size_t>(length));
+  return text.substr(0, text.find_first_of(",\n"));
+}
+
 std::string format_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;
   out << "[";

@@ -51,6 +51,10 @@ class World {
   std::unique_ptr<Probe> probe_;
 };
 
+// For `mantissa --version`: the MPI library this process loaded, as MPI_Get_library_version
+// names it up to its first comma ("Open MPI v4.1.4"). Callable before MPI is initialised.
+std::string mpi_library_version();
+
 // "[2, 3]": how messages list ranks.
 std::string format_ranks(const std::vector<int>& ranks);
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dist/world.h"
+#include "launcher/build_info.h"
 #include "launcher/cli.h"
 #include "launcher/config.h"
 #include "launcher/exit_codes.h"
@@ -310,10 +311,13 @@ constexpr Command kCommands[] = {
 void print_overview(std::FILE* out) {
   std::fputs(
       "mantissa: data-parallel mixed-precision pretraining of GPT-style language models\n\n"
-      "usage: mantissa COMMAND [options]\n\ncommands:\n",
+      "usage: mantissa COMMAND [options]\n       mantissa --version\n\ncommands:\n",
       out);
   for (const Command& c : kCommands) std::fprintf(out, "  %-9s %s\n", c.name, c.summary);
-  std::fputs("\n`mantissa COMMAND --help` describes a command's options and exit codes.\n", out);
+  std::fputs(
+      "\n`mantissa COMMAND --help` describes a command's options and exit codes.\n"
+      "`mantissa --version` names the build (version, commit) and the libraries it loaded.\n",
+      out);
 }
 
 int help_command(int argc, char** argv) {
@@ -342,6 +346,10 @@ int main_impl(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "-h" || command == "--help") {
     print_overview(stdout);
+    return kExitOk;
+  }
+  if (command == "--version") {
+    std::fputs(version_report().c_str(), stdout);
     return kExitOk;
   }
   for (const Command& c : kCommands) {

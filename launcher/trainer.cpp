@@ -13,6 +13,7 @@
 #include "core/device_peaks.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
+#include "launcher/build_info.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
@@ -165,6 +166,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       device_.name.c_str(), static_cast<long long>(global_batch),
       static_cast<long long>(dims.seq_len),
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
+  say(build_name());
   say(summary);
   // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
   // bits): say so, so that runs on different machines can be compared.
@@ -246,6 +248,7 @@ void Trainer::build_metrics() {
   options.bind_address = m.bind_address();
   options.port = m.port() == 0 ? 0 : m.port() + world_.local_rank();
   options.rank = world_.rank();
+  options.build_labels = {{"version", build_version()}, {"revision", build_commit()}};
   options.pushgateway_url = m.pushgateway_url();
   options.push_every = static_cast<int>(m.push_every());
   options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
@@ -397,9 +400,13 @@ bool Trainer::restore() {
           "data.grad_accum_steps or data.micro_batch_size can keep it");
     }
   }
+  // After a redeploy the build changes mid-run: the line says so, for whoever compares the
+  // steps before and after.
+  const bool other_build = !state->written_by.empty() && state->written_by != build_name();
   say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
       checkpoint::checkpoint_dir_name(state->step) + " (saved by " +
-      std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") + ")");
+      std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") +
+      (other_build ? " running " + state->written_by : "") + ")");
   return true;
 }
 
@@ -482,6 +489,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.data = loader_->cursor();
   state.data_fingerprint = data_fingerprint_;
   state.config_text = to_text(config_);
+  state.written_by = build_name();
   state.parameters = checkpoint::parameter_layout(params);
 
   const std::string dir = checkpointer_->save(state, checkpoint_slices());

@@ -169,6 +169,16 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
   auto& reg = *s.registry;
   const Labels& r = s.rank_labels;
 
+  if (!s.options.build_labels.empty()) {
+    Labels labels = r;
+    labels.insert(s.options.build_labels.begin(), s.options.build_labels.end());
+    BuildGauge()
+        .Name("mantissa_build_info")
+        .Help("Always 1; its labels name the build this rank runs")
+        .Register(reg)
+        .Add(labels)
+        .Set(1);
+  }
   s.loss_scale =
       &BuildGauge().Name("mantissa_loss_scale").Help("Current loss scale").Register(reg).Add(r);
   if (s.options.loss_scale_min > 0) {

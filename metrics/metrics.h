@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,10 @@ struct MetricsOptions {
   std::string bind_address = "127.0.0.1";
   int port = 0;
   int rank = 0;
+  // Exported as mantissa_build_info{rank, <these labels>} 1 (the launcher's are version and
+  // revision, the commit, as Prometheus' own prometheus_build_info names them): a dashboard
+  // joins on it to show which build each rank runs. Empty: not exported.
+  std::map<std::string, std::string> build_labels;
   // Pushgateway grouping key is {job, rank}; empty url turns pushing off. url is
   // "http://host:port" (port defaults to 9091). push_every <= 0 pushes only at exit.
   std::string job = "mantissa";

@@ -323,5 +323,9 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
 // True when the build has CUDA and at least one device is visible.
 bool cuda_device_available();
+// For `mantissa --version`: the CUDA runtime, driver and cuBLASLt versions this process loaded,
+// the architectures the kernels were built for and the visible devices; or why there is no
+// CUDA backend.
+std::string cuda_libraries_description();
 
 }  // namespace mantissa::core

@@ -20,4 +20,8 @@ bool cuda_device_available() {
   return false;
 }
 
+std::string cuda_libraries_description() {
+  return "none (nvcc was not found when this build was configured, or MANTISSA_CUDA=OFF)";
+}
+
 }  // namespace mantissa::core

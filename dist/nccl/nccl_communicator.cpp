@@ -483,6 +483,14 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
+std::string nccl_version_description() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return "unknown (ncclGetVersion failed)";
+  // NCCL_VERSION(X, Y, Z) is X * 10000 + Y * 100 + Z since NCCL 2.9.
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
 std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend& backend,
                                                      double timeout_s) {
   auto* cuda = dynamic_cast<core::CudaBackend*>(&backend);

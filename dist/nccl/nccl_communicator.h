@@ -48,4 +48,8 @@ struct NcclJob {
 std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend& backend,
                                                      double timeout_s);
 
+// For `mantissa --version`: the version of the NCCL library this process loaded, or why there
+// is none.
+std::string nccl_version_description();
+
 }  // namespace mantissa::dist

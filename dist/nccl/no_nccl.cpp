@@ -10,4 +10,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(NcclJob, core::Backend&, do
       "not found when it was configured)");
 }
 
+std::string nccl_version_description() {
+  return "none (no CUDA, or NCCL was not found when this build was configured)";
+}
+
 }  // namespace mantissa::dist

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -127,12 +128,40 @@ def rank_pids(mpirun_pid):
 def checkpoint_buffer_numel(step_dir):
     """Elements of each flat buffer (masters, adam_m, adam_v) of a checkpoint, as its
     manifest's tensor index records them (decoded by protoc, which the build uses)."""
-    with open(os.path.join(step_dir, "manifest.pb"), "rb") as f:
-        text = subprocess.run(["protoc", "--proto_path=" + os.path.join(ARGS.source_dir, "proto"),
-                               "--decode=mantissa.TrainState", "checkpoint.proto"],
-                              stdin=f, capture_output=True, check=True).stdout.decode()
+    text = decode_manifest(step_dir)
     tensors = text[text.index("\ntensors {"):]
     return int(re.search(r"shape: (\d+)", tensors).group(1))
+
+
+def decode_manifest(step_dir):
+    """A checkpoint's manifest as protobuf text (protoc, which the build uses)."""
+    with open(os.path.join(step_dir, "manifest.pb"), "rb") as f:
+        return subprocess.run(["protoc", "--proto_path=" + os.path.join(ARGS.source_dir, "proto"),
+                               "--decode=mantissa.TrainState", "checkpoint.proto"],
+                              stdin=f, capture_output=True, check=True).stdout.decode()
+
+
+def crc32c(data):
+    """CRC32C (Castagnoli, reflected 0x82F63B78), bit by bit: an independent reference."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def write_manifest(step_dir, text):
+    """Replaces a checkpoint's manifest with protobuf text `text` (its manifest_crc32c line
+    ignored), sealed as checkpoint.proto describes: the message, then field 15 (tag 0x7D) with
+    the CRC32C of the bytes before it."""
+    text = "\n".join(line for line in text.splitlines()
+                     if not line.startswith("manifest_crc32c:"))
+    body = subprocess.run(["protoc", "--proto_path=" + os.path.join(ARGS.source_dir, "proto"),
+                           "--encode=mantissa.TrainState", "checkpoint.proto"],
+                          input=text.encode(), capture_output=True, check=True).stdout
+    with open(os.path.join(step_dir, "manifest.pb"), "wb") as f:
+        f.write(body + b"\x7d" + struct.pack("<I", crc32c(body)))
 
 
 def main():

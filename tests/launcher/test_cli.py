@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import resource
+import shutil
 import socket
 import struct
 import subprocess
@@ -430,6 +431,56 @@ class StartLine(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while "
                       "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
+
+
+class Version(lu.TempDirTest):
+    def build_name(self):
+        result = self.mantissa("--version")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result.stdout.splitlines()[0]
+
+    def test_version_names_the_build_and_the_libraries_it_loaded(self):
+        result = self.mantissa("--version")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = result.stdout.splitlines()
+        name = re.fullmatch(r"mantissa (\d+\.\d+\.\d+) \(commit ([0-9a-f]{12}(?:-dirty)?|unknown)\)",
+                            lines[0])
+        self.assertTrue(name, lines[0])
+        with open(os.path.join(lu.ARGS.source_dir, "CMakeLists.txt")) as f:
+            self.assertIn(f"project(mantissa VERSION {name.group(1)} ", f.read())
+        head = subprocess.run(["git", "-C", lu.ARGS.source_dir, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True)
+        expected_commit = head.stdout.strip() if head.returncode == 0 else "unknown"
+        self.assertEqual(name.group(2).removesuffix("-dirty"), expected_commit)
+        for key in ("build type: ", "CUDA backend: ", "NCCL: ", "MPI: ", "protobuf: ",
+                    "CPU paths: "):
+            self.assertEqual(len([line for line in lines if line.startswith(key)]), 1,
+                             f"one line starting {key!r}:\n{result.stdout}")
+        self.assertIn("mantissa --version", self.mantissa("--help").stdout)
+
+    def test_runs_and_checkpoints_name_their_build(self):
+        """A run's output names the build, its checkpoints record it, and a resume from a
+        checkpoint another build saved says which."""
+        name = self.build_name()
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"\n{name}\n", "\n" + result.stderr)
+        step_dir = os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000004")
+        manifest = lu.decode_manifest(step_dir)
+        self.assertIn(f'written_by: "{name}"\n', manifest)
+
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=5")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"checkpoints/step_00000004 (saved by 1 rank)\n", result.stderr)
+
+        older = "mantissa 0.1.0 (commit 0123456789ab)"
+        lu.write_manifest(step_dir, manifest.replace(f'written_by: "{name}"', f'written_by: "{older}"'))
+        shutil.rmtree(os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000005"))
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=5")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"checkpoints/step_00000004 (saved by 1 rank running {older})\n",
+                      result.stderr)
 
 
 class RunOutcomes(lu.TempDirTest):

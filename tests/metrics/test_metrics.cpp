@@ -125,6 +125,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   options.peak_flops = 1e12;
   options.flops_per_token = 1e6;
   options.loss_scale_min = 1;
+  options.build_labels = {{"revision", "0af4188c1a2b"}, {"version", "0.2.0"}};
   Metrics metrics(options);
   ASSERT_EQ(metrics.listening_port(), options.port);
 
@@ -168,6 +169,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   EXPECT_EQ(at("mantissa_last_checkpoint_step"), 3.0);
   EXPECT_GT(at("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.6e9);
   EXPECT_EQ(at("mantissa_checkpoint_seconds_count"), 1.0);
+  EXPECT_EQ(at("mantissa_build_info", R"(,revision="0af4188c1a2b",version="0.2.0")"), 1.0);
 
   // Every series of ours carries the rank label (histogram buckets add le after it).
   for (const auto& [key, value] : s) {

@@ -1,4 +1,6 @@
 // CudaBackend: construction, device discovery, and the memory ops (copy, fill).
+#include <cublasLt.h>
+
 #include <cstdint>
 #include <cstdio>
 
@@ -175,6 +177,22 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
 
 bool cuda_device_available() {
   return visible_device_count() > 0;
+}
+
+std::string cuda_libraries_description() {
+  const auto major_minor = [](int version) {
+    return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+  };
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);  // 0 when no driver is installed
+  const size_t cublaslt = cublasLtGetVersion();
+  const int devices = visible_device_count();
+  return "CUDA runtime " + major_minor(runtime) + ", driver " +
+         (driver == 0 ? std::string("none") : "for CUDA " + major_minor(driver)) + ", cuBLASLt " +
+         std::to_string(cublaslt / 10000) + "." + std::to_string(cublaslt / 100 % 100) + "." +
+         std::to_string(cublaslt % 100) + ", built for sm " MANTISSA_CUDA_ARCHITECTURES ", " +
+         std::to_string(devices) + (devices == 1 ? " device" : " devices") + " visible";
 }
 
 }  // namespace mantissa::core
