@@ -195,15 +195,16 @@ class Checkpointer {
   bool has_checkpoint() const;
   // The steps of the step_* directories in `dir`, newest first (complete or not yet verified).
   std::vector<int64_t> steps() const;
+  // Collective. steps(), checked to be the same list on every rank: throws core::Error on
+  // every rank otherwise, each naming what it sees (a file system that shows the ranks
+  // different directories).
+  std::vector<int64_t> agreed_steps() const;
 
   const CheckpointOptions& options() const { return options_; }
 
  private:
   // Whether every rank passed true.
   bool agree(bool ok) const;
-  // steps(), checked to be the same list on every rank: throws core::Error on every rank
-  // otherwise.
-  std::vector<int64_t> agreed_steps() const;
   // Runs `phase` on this rank, then agrees with every rank on whether it succeeded: throws
   // core::Error on every rank when it failed on any.
   void collective(const std::string& what, const std::function<void()>& phase);

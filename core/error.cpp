@@ -9,4 +9,12 @@ void throw_error(const std::string& message, const char* file, int line) {
   throw Error(message + " [" + (base ? base + 1 : file) + ":" + std::to_string(line) + "]");
 }
 
+void throw_error_of_kind(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::kConfig: throw ConfigError(message);
+    case ErrorKind::kDiverged: throw DivergedError(message);
+    default: throw Error(message);
+  }
+}
+
 }  // namespace mantissa::core

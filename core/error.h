@@ -2,9 +2,16 @@
 //
 // Setup and argument errors throw mantissa::core::Error (or one of its kinds below) with a
 // message that names the op, operand, field or file involved; the launcher prints it and
-// exits with the kind's code. MANTISSA_CHECK builds such a message with stream syntax and
-// adds the source location:
-//   MANTISSA_CHECK(a.dim(1) == b.dim(0), "gemm: inner dimensions differ: A " << a.describe());
+// exits with the kind's code. Two macros build such a message with stream syntax:
+// - MANTISSA_CHECK, for what only a defect of mantissa can break (an op's shape contract, an
+//   internal invariant): the message ends with the source location, for the bug report.
+//     MANTISSA_CHECK(a.dim(1) == b.dim(0), "gemm: inner dimensions differ: A " << a.describe());
+// - MANTISSA_REQUIRE, for what the user's input or machine can break, with the kind that
+//   decides the exit code: kConfig for input that is wrong (a malformed shard, a checkpoint of
+//   another model: a retry fails again), kFailure for an environment that fails (a full disk, a
+//   file that cannot be created: a retry may succeed). The message says it all, without a
+//   source location.
+//     MANTISSA_REQUIRE(fd >= 0, kFailure, "cannot create '" << path << "': " << strerror(errno));
 #pragma once
 
 #include <sstream>
@@ -58,6 +65,8 @@ class DivergedError : public Error {
 };
 
 [[noreturn]] void throw_error(const std::string& message, const char* file, int line);
+// Throws the class of `kind`: ConfigError for kConfig, DivergedError for kDiverged, else Error.
+[[noreturn]] void throw_error_of_kind(ErrorKind kind, const std::string& message);
 
 }  // namespace mantissa::core
 
@@ -71,3 +80,13 @@ class DivergedError : public Error {
   } while (0)
 
 #define MANTISSA_FAIL(message_stream) MANTISSA_CHECK(false, message_stream)
+
+#define MANTISSA_REQUIRE(condition, kind, message_stream)                      \
+  do {                                                                         \
+    if (!(condition)) {                                                        \
+      std::ostringstream mantissa_require_message;                             \
+      mantissa_require_message << message_stream;                              \
+      ::mantissa::core::throw_error_of_kind(::mantissa::core::ErrorKind::kind, \
+                                            mantissa_require_message.str());   \
+    }                                                                          \
+  } while (0)

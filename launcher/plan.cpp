@@ -32,7 +32,7 @@ is for scripts.
 options:
   --config FILE      the run's config, as for mantissa train (its data files need not exist)
   --set PATH=VALUE   override one field, as for mantissa train
-  --gpus N           devices (ranks) in the job
+  --gpus N           devices (ranks) in the job, at most 1,000,000
   --gpu NAME         a100, h100 (the default), h200, or cpu (one CPU rank: give --tflops)
   --gpus-per-node G  devices per node (default: the device's node, 8 GPUs or 1 CPU rank)
   --link-gbps B      each node's network, Gbit/s per direction, all its NICs together
@@ -58,6 +58,7 @@ compute for memory bandwidth or cores.
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+constexpr int kMaxPlanDevices = 1'000'000;
 
 int positive_int(const std::string& option, const std::string& value) {
   try {
@@ -206,6 +207,12 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       out.sets.push_back(value);
     } else if (name == "--gpus") {
       out.gpus = positive_int(name, value);
+      // Beyond any cluster built: a typo (an extra digit, a byte count) rather than a plan.
+      if (out.gpus > kMaxPlanDevices) {
+        throw core::ConfigError("--gpus " + value + ": must be at most " +
+                                std::to_string(kMaxPlanDevices) +
+                                " (more devices than any cluster has)");
+      }
     } else if (name == "--gpu") {
       out.gpu = value;
     } else if (name == "--gpus-per-node") {

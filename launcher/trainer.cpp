@@ -269,8 +269,9 @@ bool Trainer::restore() {
   const TrainConfig::Checkpoint& c = config_.checkpoint();
   if (c.resume() == TrainConfig::Checkpoint::NEVER) {
     // A fresh start would save over the old run's steps and then drop its newer ones: refused,
-    // so that nothing saved is lost to a setting.
-    const std::vector<int64_t> saved = checkpointer_->steps();
+    // so that nothing saved is lost to a setting. The ranks decide together: one whose listing
+    // is stale must not start while the others stop.
+    const std::vector<int64_t> saved = checkpointer_->agreed_steps();
     if (saved.empty()) return false;
     throw core::ConfigError("checkpoint.resume = NEVER: " + checkpointer_->options().dir +
                             " holds checkpoints (the newest of step " +

@@ -201,5 +201,29 @@ TEST(Error, MessageEndsWithTheSourceLocation) {
   EXPECT_TRUE(contains(message, "[test_tensor.cpp:")) << message;
 }
 
+// What input or the machine can break is reported as a sentence of its kind, without a source
+// location (that is for defects).
+TEST(Error, RequireThrowsItsKindWithoutALocation) {
+  const auto fail_with = [](ErrorKind kind, const std::string& message) {
+    try {
+      if (kind == ErrorKind::kConfig) MANTISSA_REQUIRE(false, kConfig, message << " " << 2);
+      if (kind == ErrorKind::kFailure) MANTISSA_REQUIRE(false, kFailure, message << " " << 1);
+      if (kind == ErrorKind::kDiverged) MANTISSA_REQUIRE(false, kDiverged, message << " " << 4);
+    } catch (const Error& e) {
+      return std::make_pair(e.kind(), std::string(e.what()));
+    }
+    return std::make_pair(ErrorKind::kFailure, std::string("nothing thrown"));
+  };
+  EXPECT_EQ(fail_with(ErrorKind::kConfig, "bad field"),
+            std::make_pair(ErrorKind::kConfig, std::string("bad field 2")));
+  EXPECT_EQ(fail_with(ErrorKind::kFailure, "disk full"),
+            std::make_pair(ErrorKind::kFailure, std::string("disk full 1")));
+  EXPECT_EQ(fail_with(ErrorKind::kDiverged, "loss is nan"),
+            std::make_pair(ErrorKind::kDiverged, std::string("loss is nan 4")));
+  int built = 0;  // the message is built only when the condition fails
+  EXPECT_NO_THROW(MANTISSA_REQUIRE(true, kConfig, "fine " << ++built));
+  EXPECT_EQ(built, 0);
+}
+
 }  // namespace
 }  // namespace mantissa::core

@@ -82,6 +82,7 @@ class Plan(lu.TempDirTest):
             (["--gpus", "8"], "--config FILE.pbtxt is required"),
             (["--config", gpt2], "--gpus N is required"),
             (["--config", gpt2, "--gpus", "0"], "--gpus 0: must be a whole number >= 1"),
+            (["--config", gpt2, "--gpus", "1000001"], "--gpus 1000001: must be at most 1000000"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "v100"],
              "--gpu v100: unknown device (known: a100, h100, h200, cpu)"),
             (["--config", gpt2, "--gpus", "2", "--gpu", "cpu"], "--gpu cpu needs --tflops"),

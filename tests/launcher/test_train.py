@@ -410,6 +410,16 @@ class Training(lu.TempDirTest):
         self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
                                                      "step_00000040")))
 
+    def test_resume_never_over_checkpoints_stops_every_rank(self):
+        # The ranks list the checkpoints together (a collective) and all stop with exit 2;
+        # ranks that list different ones: test_checkpoint's RanksThatListDifferentCheckpoints.
+        result = self.mantissa(*self.train_args("never", "run.steps=20"), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.mantissa(*self.train_args("never", "checkpoint.resume=NEVER"), ranks=RANKS)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("checkpoint.resume = NEVER: " + os.path.join(self.run_dir("never"),
+                      "checkpoints") + " holds checkpoints (the newest of step 20)", result.stderr)
+
     def write_llama3_shard(self, name, tokens):
         """An llm.c Llama-3 shard: magic 20240801, version 7, then the tokens as uint32."""
         path = os.path.join(self.dir, name)
