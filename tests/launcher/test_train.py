@@ -28,6 +28,7 @@ import random
 import shutil
 import signal
 import struct
+import subprocess
 
 import launcher_util as lu
 
@@ -246,6 +247,29 @@ class Training(lu.TempDirTest):
             if sig == signal.SIGINT:
                 self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
                 self.assertIn("interrupted (SIGINT)", stderr)
+
+    def test_ctrl_c_on_mantissa_mpirun_shows_the_stop(self):
+        # Ctrl-C at a terminal signals the foreground process group: deploy/mantissa-mpirun and
+        # its stderr filter. The wrapper passes SIGINT on to mpirun (in a session of its own),
+        # the ranks stop with a checkpoint, and their last words still come through the filter.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        run = self.run_dir("ctrl_c_wrapper")
+        command = [wrapper, *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
+                   *self.train_args("ctrl_c_wrapper", "run.steps=2000", inject_rank=0)]
+        process = subprocess.Popen(command, cwd=self.dir, env=lu.environment(), text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+        try:
+            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
+            os.killpg(process.pid, signal.SIGINT)
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        stopped = len(lu.read_log(run, 0))
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
+        self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
 
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,
