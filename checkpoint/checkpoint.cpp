@@ -33,7 +33,7 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    MANTISSA_CHECK(n > 0, path << ": write failed: " << errno_text());
+    MANTISSA_REQUIRE(n > 0, kFailure, path << ": write failed: " << errno_text());
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -45,7 +45,7 @@ class OutputFile {
   explicit OutputFile(std::string path)
       : path_(std::move(path)),
         fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
-    MANTISSA_CHECK(fd_ >= 0, path_ << ": cannot create: " << errno_text());
+    MANTISSA_REQUIRE(fd_ >= 0, kFailure, path_ << ": cannot create: " << errno_text());
   }
   ~OutputFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -56,10 +56,10 @@ class OutputFile {
   void write(const void* data, size_t size) { write_all(fd_, data, size, path_); }
   // Data on disk before anyone is told the file exists.
   void sync_and_close() {
-    MANTISSA_CHECK(::fsync(fd_) == 0, path_ << ": fsync failed: " << errno_text());
+    MANTISSA_REQUIRE(::fsync(fd_) == 0, kFailure, path_ << ": fsync failed: " << errno_text());
     const int rc = ::close(fd_);
     fd_ = -1;
-    MANTISSA_CHECK(rc == 0, path_ << ": close failed: " << errno_text());
+    MANTISSA_REQUIRE(rc == 0, kFailure, path_ << ": close failed: " << errno_text());
   }
 
  private:
@@ -203,14 +203,20 @@ std::vector<int64_t> Checkpointer::agreed_steps() const {
 
 void Checkpointer::collective(const std::string& what, const std::function<void()>& phase) {
   std::string error;
+  core::ErrorKind kind = core::ErrorKind::kFailure;  // a std::filesystem error, say
   try {
     phase();
+  } catch (const core::Error& e) {
+    error = e.what();
+    kind = e.kind();
   } catch (const std::exception& e) {
     error = e.what();
   }
   const bool everyone_ok = agree(error.empty());
-  MANTISSA_CHECK(error.empty(), what << ": " << error);
-  MANTISSA_CHECK(everyone_ok, what << ": failed on another rank (see its message)");
+  // The phase's message and kind, with nothing appended (a defect's message already ends with
+  // its source location).
+  if (!error.empty()) core::throw_error_of_kind(kind, what + ": " + error);
+  MANTISSA_REQUIRE(everyone_ok, kFailure, what << ": failed on another rank (see its message)");
 }
 
 // The bytes of a contiguous tensor in host memory: the tensor itself on the host, else a copy
@@ -374,14 +380,14 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
     const auto found = std::find_if(m.buffers.begin(), m.buffers.end(), [&](const auto& entries) {
       return entries[0].name() == slice.name;
     });
-    MANTISSA_CHECK(found != m.buffers.end(),
-                   dir << " has no buffer '" << slice.name << "' (saved by another setup?)");
+    MANTISSA_REQUIRE(found != m.buffers.end(), kConfig,
+                     dir << " has no buffer '" << slice.name << "' (saved by another setup?)");
     const TensorEntry& first = (*found)[0];
     const core::DType dtype = from_proto_dtype(first.dtype(), dir);
-    MANTISSA_CHECK(first.shape(0) == slice.global_numel && dtype == data.dtype(),
-                   dir << ": buffer '" << slice.name << "' is " << core::dtype_name(dtype) << "["
-                       << first.shape(0) << "], the run expects " << core::dtype_name(data.dtype())
-                       << "[" << slice.global_numel << "]");
+    MANTISSA_REQUIRE(first.shape(0) == slice.global_numel && dtype == data.dtype(), kConfig,
+                     dir << ": buffer '" << slice.name << "' is " << core::dtype_name(dtype) << "["
+                         << first.shape(0) << "], the run expects "
+                         << core::dtype_name(data.dtype()) << "[" << slice.global_numel << "]");
     const int64_t begin = slice.begin;
     const int64_t end = slice.begin + data.numel();
     MANTISSA_CHECK(begin >= 0 && end <= slice.global_numel,
@@ -467,8 +473,8 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
       warn(group_.rank, "checkpoint " + dir + " is damaged on another rank, not loaded; " + next);
     }
   }
-  MANTISSA_FAIL("checkpoint load: no intact checkpoint in " << options_.dir << ": " << found.size()
-                                                            << " found, each damaged (see above)");
+  throw core::Error("checkpoint load: no intact checkpoint in " + options_.dir + ": " +
+                    std::to_string(found.size()) + " found, each damaged (see above)");
 }
 
 std::optional<CheckpointState> Checkpointer::load_step(int64_t step,

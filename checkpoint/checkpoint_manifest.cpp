@@ -170,9 +170,9 @@ void validate_entry(const TensorEntry& e, const std::string& path) {
 Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   TrainState p;
   unseal_message(bytes, p, path);
-  MANTISSA_CHECK(p.format_version() == kCheckpointFormatVersion,
-                 path << ": checkpoint format version " << p.format_version()
-                      << ", this build reads version " << kCheckpointFormatVersion);
+  MANTISSA_REQUIRE(p.format_version() == kCheckpointFormatVersion, kConfig,
+                   path << ": checkpoint format version " << p.format_version()
+                        << ", this build reads version " << kCheckpointFormatVersion);
   CHECK_INTACT(
       p.step() >= 0 && p.tokens() >= 0 && p.optimizer_steps() >= 0 && p.data_next_window() >= 0,
       path << ": negative counter (step, tokens, optimizer_steps or data cursor)");

@@ -13,11 +13,12 @@ namespace mantissa::checkpoint {
 void fsync_path(const std::string& path) {
   // O_RDONLY suffices: fsync flushes the file's (or directory's) data whatever the mode.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MANTISSA_CHECK(fd >= 0, "cannot open '" << path << "' to sync it: " << std::strerror(errno));
+  MANTISSA_REQUIRE(fd >= 0, kFailure,
+                   "cannot open '" << path << "' to sync it: " << std::strerror(errno));
   const int rc = ::fsync(fd);
   const int error = errno;
   ::close(fd);
-  MANTISSA_CHECK(rc == 0, "fsync of '" << path << "' failed: " << std::strerror(error));
+  MANTISSA_REQUIRE(rc == 0, kFailure, "fsync of '" << path << "' failed: " << std::strerror(error));
 }
 
 }  // namespace mantissa::checkpoint

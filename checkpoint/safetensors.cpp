@@ -103,7 +103,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   } cleanup{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MANTISSA_CHECK(out, "safetensors: cannot create '" << tmp << "': " << std::strerror(errno));
+    MANTISSA_REQUIRE(out, kFailure,
+                     "safetensors: cannot create '" << tmp << "': " << std::strerror(errno));
     const uint64_t n = header.size();
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
@@ -117,13 +118,14 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
                 static_cast<std::streamsize>(values.size() * sizeof(float)));
     }
     out.flush();
-    MANTISSA_CHECK(out, "safetensors: write to '" << tmp << "' failed");
+    MANTISSA_REQUIRE(out, kFailure, "safetensors: write to '" << tmp << "' failed");
   }
   fsync_path(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  MANTISSA_CHECK(
-      !ec, "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
+  MANTISSA_REQUIRE(
+      !ec, kFailure,
+      "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
   cleanup.renamed = true;
 }
 

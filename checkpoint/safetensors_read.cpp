@@ -20,11 +20,11 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // A JSON number that must be a non-negative integer (JSON numbers arrive as doubles, exact up
 // to 2^53, far beyond any offset of ours).
 uint64_t json_integer(const google::protobuf::Value& v, const std::string& what) {
-  MANTISSA_CHECK(v.kind_case() == google::protobuf::Value::kNumberValue,
-                 what << " is not a number");
+  MANTISSA_REQUIRE(v.kind_case() == google::protobuf::Value::kNumberValue, kConfig,
+                   what << " is not a number");
   const double d = v.number_value();
-  MANTISSA_CHECK(d >= 0 && d <= 9007199254740992.0 && std::floor(d) == d,
-                 what << " = " << d << " is not a non-negative integer");
+  MANTISSA_REQUIRE(d >= 0 && d <= 9007199254740992.0 && std::floor(d) == d, kConfig,
+                   what << " = " << d << " is not a non-negative integer");
   return static_cast<uint64_t>(d);
 }
 
@@ -32,32 +32,34 @@ SafetensorsEntry parse_entry(const std::string& name, const google::protobuf::St
                              const std::string& what) {
   const auto& f = fields.fields();
   for (const char* key : {"dtype", "shape", "data_offsets"})
-    MANTISSA_CHECK(f.contains(key), what << " has no \"" << key << "\"");
+    MANTISSA_REQUIRE(f.contains(key), kConfig, what << " has no \"" << key << "\"");
   SafetensorsEntry t;
   t.name = name;
-  MANTISSA_CHECK(f.at("dtype").kind_case() == google::protobuf::Value::kStringValue,
-                 what << ": dtype is not a string");
+  MANTISSA_REQUIRE(f.at("dtype").kind_case() == google::protobuf::Value::kStringValue, kConfig,
+                   what << ": dtype is not a string");
   t.dtype = f.at("dtype").string_value();
   const size_t element_size = safetensors_dtype_bytes(t.dtype);
-  MANTISSA_CHECK(element_size > 0, what << ": unknown dtype '" << t.dtype << "'");
-  MANTISSA_CHECK(f.at("shape").kind_case() == google::protobuf::Value::kListValue,
-                 what << ": shape is not a list");
+  MANTISSA_REQUIRE(element_size > 0, kConfig, what << ": unknown dtype '" << t.dtype << "'");
+  MANTISSA_REQUIRE(f.at("shape").kind_case() == google::protobuf::Value::kListValue, kConfig,
+                   what << ": shape is not a list");
   uint64_t numel = 1;
   for (const auto& d : f.at("shape").list_value().values()) {
     const uint64_t dim = json_integer(d, what + " shape");
     t.shape.push_back(static_cast<int64_t>(dim));
-    MANTISSA_CHECK(!__builtin_mul_overflow(numel, dim, &numel), what << ": shape overflows");
+    MANTISSA_REQUIRE(!__builtin_mul_overflow(numel, dim, &numel), kConfig,
+                     what << ": shape overflows");
   }
   const auto& offsets = f.at("data_offsets");
-  MANTISSA_CHECK(offsets.kind_case() == google::protobuf::Value::kListValue &&
-                     offsets.list_value().values_size() == 2,
-                 what << ": data_offsets is not [begin, end]");
+  MANTISSA_REQUIRE(offsets.kind_case() == google::protobuf::Value::kListValue &&
+                       offsets.list_value().values_size() == 2,
+                   kConfig, what << ": data_offsets is not [begin, end]");
   t.begin = json_integer(offsets.list_value().values(0), what + " data_offsets");
   t.end = json_integer(offsets.list_value().values(1), what + " data_offsets");
-  MANTISSA_CHECK(t.begin <= t.end, what << ": data_offsets [" << t.begin << ", " << t.end
-                                        << ") end before they begin");
-  MANTISSA_CHECK(
-      numel <= (t.end - t.begin) / element_size && numel * element_size == t.end - t.begin,
+  MANTISSA_REQUIRE(
+      t.begin <= t.end, kConfig,
+      what << ": data_offsets [" << t.begin << ", " << t.end << ") end before they begin");
+  MANTISSA_REQUIRE(
+      numel <= (t.end - t.begin) / element_size && numel * element_size == t.end - t.begin, kConfig,
       what << ": shape and dtype need " << numel << " x " << element_size
            << " bytes, data_offsets give " << t.end - t.begin);
   return t;
@@ -83,36 +85,37 @@ size_t safetensors_dtype_bytes(std::string_view dtype) {
 SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t file_size,
                                            const std::string& path) {
   const std::string where = "safetensors '" + path + "'";
-  MANTISSA_CHECK(file_size >= 8 && prefix.size() >= 8,
-                 where << ": " << file_size << " bytes, too short for the header length");
+  MANTISSA_REQUIRE(file_size >= 8 && prefix.size() >= 8, kConfig,
+                   where << ": " << file_size << " bytes, too short for the header length");
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i)
     header_size |= uint64_t{static_cast<unsigned char>(prefix[i])} << (8 * i);
-  MANTISSA_CHECK(header_size <= file_size - 8,
-                 where << ": header length " << header_size << " exceeds the file (" << file_size
-                       << " bytes; truncated, or not a safetensors file)");
-  MANTISSA_CHECK(header_size <= kMaxHeaderBytes,
-                 where << ": header length " << header_size << " exceeds the 100 MB limit");
-  MANTISSA_CHECK(prefix.size() >= 8 + header_size, where << ": " << prefix.size()
-                                                         << " bytes given, the header needs "
-                                                         << 8 + header_size);
+  MANTISSA_REQUIRE(header_size <= file_size - 8, kConfig,
+                   where << ": header length " << header_size << " exceeds the file (" << file_size
+                         << " bytes; truncated, or not a safetensors file)");
+  MANTISSA_REQUIRE(header_size <= kMaxHeaderBytes, kConfig,
+                   where << ": header length " << header_size << " exceeds the 100 MB limit");
+  MANTISSA_REQUIRE(
+      prefix.size() >= 8 + header_size, kConfig,
+      where << ": " << prefix.size() << " bytes given, the header needs " << 8 + header_size);
   const std::string json(prefix.substr(8, header_size));
-  MANTISSA_CHECK(json.starts_with("{"), where << ": the header is not a JSON object");
+  MANTISSA_REQUIRE(json.starts_with("{"), kConfig, where << ": the header is not a JSON object");
   google::protobuf::Struct header;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &header);
-  MANTISSA_CHECK(status.ok(), where << ": header is not valid JSON: " << status.ToString());
+  MANTISSA_REQUIRE(status.ok(), kConfig,
+                   where << ": header is not valid JSON: " << status.ToString());
 
   SafetensorsHeader out;
   out.data_start = 8 + header_size;
   const uint64_t data_size = file_size - out.data_start;
   for (const auto& [name, value] : header.fields()) {
     const std::string what = where + ": '" + name + "'";
-    MANTISSA_CHECK(value.kind_case() == google::protobuf::Value::kStructValue,
-                   what << " is not a JSON object");
+    MANTISSA_REQUIRE(value.kind_case() == google::protobuf::Value::kStructValue, kConfig,
+                     what << " is not a JSON object");
     if (name == "__metadata__") {
       for (const auto& [key, v] : value.struct_value().fields()) {
-        MANTISSA_CHECK(v.kind_case() == google::protobuf::Value::kStringValue,
-                       what << ": value of '" << key << "' is not a string");
+        MANTISSA_REQUIRE(v.kind_case() == google::protobuf::Value::kStringValue, kConfig,
+                         what << ": value of '" << key << "' is not a string");
         out.metadata[key] = v.string_value();
       }
       continue;
@@ -129,28 +132,30 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t fil
       out.tensors.begin(), out.tensors.end(),
       [](const SafetensorsEntry& a, const SafetensorsEntry& b) { return a.end < b.end; });
   if (last != out.tensors.end()) {
-    MANTISSA_CHECK(last->end <= data_size,
-                   where << ": truncated: tensor '" << last->name << "' ends at data byte "
-                         << last->end << ", the file holds " << data_size << " data bytes");
+    MANTISSA_REQUIRE(last->end <= data_size, kConfig,
+                     where << ": truncated: tensor '" << last->name << "' ends at data byte "
+                           << last->end << ", the file holds " << data_size << " data bytes");
   }
   uint64_t next = 0;
   for (const SafetensorsEntry& t : out.tensors) {
-    MANTISSA_CHECK(t.begin == next, where << ": data bytes [" << next << ", " << t.begin << ") "
-                                          << (t.begin > next ? "belong to no tensor"
-                                                             : "are shared by several tensors"));
+    MANTISSA_REQUIRE(
+        t.begin == next, kConfig,
+        where << ": data bytes [" << next << ", " << t.begin << ") "
+              << (t.begin > next ? "belong to no tensor" : "are shared by several tensors"));
     next = t.end;
   }
-  MANTISSA_CHECK(next == data_size,
-                 where << ": data bytes [" << next << ", " << data_size << ") belong to no tensor");
+  MANTISSA_REQUIRE(
+      next == data_size, kConfig,
+      where << ": data bytes [" << next << ", " << data_size << ") belong to no tensor");
   return out;
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
   std::error_code ec;
-  MANTISSA_CHECK(!std::filesystem::is_directory(path, ec),
-                 "safetensors '" << path << "': a directory, not a file");
+  MANTISSA_REQUIRE(!std::filesystem::is_directory(path, ec), kConfig,
+                   "safetensors '" << path << "': a directory, not a file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  MANTISSA_CHECK(in, "safetensors '" << path << "': cannot open");
+  MANTISSA_REQUIRE(in, kConfig, "safetensors '" << path << "': cannot open");
   const auto file_size = static_cast<uint64_t>(in.tellg());
   std::string prefix(std::min<uint64_t>(file_size, 8), '\0');
   in.seekg(0);
@@ -165,7 +170,7 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
       in.read(prefix.data() + 8, static_cast<std::streamsize>(header_size));
     }
   }
-  MANTISSA_CHECK(in, "safetensors '" << path << "': cannot read the header");
+  MANTISSA_REQUIRE(in, kConfig, "safetensors '" << path << "': cannot read the header");
   return parse_safetensors_header(prefix, file_size, path);
 }
 
@@ -175,8 +180,9 @@ std::vector<char> read_safetensors_data(const std::string& path, const Safetenso
   std::ifstream in(path, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(header.data_start + entry.begin));
   in.read(data.data(), static_cast<std::streamsize>(data.size()));
-  MANTISSA_CHECK(in, "safetensors '" << path << "': cannot read tensor '" << entry.name
-                                     << "' (the file changed since its header was read?)");
+  MANTISSA_REQUIRE(in, kFailure,
+                   "safetensors '" << path << "': cannot read tensor '" << entry.name
+                                   << "' (the file changed since its header was read?)");
   return data;
 }
 
@@ -195,10 +201,10 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& p
 
 SafetensorsFile read_safetensors(const std::string& path) {
   std::error_code ec;
-  MANTISSA_CHECK(!std::filesystem::is_directory(path, ec),
-                 "safetensors '" << path << "': a directory, not a file");
+  MANTISSA_REQUIRE(!std::filesystem::is_directory(path, ec), kConfig,
+                   "safetensors '" << path << "': a directory, not a file");
   std::ifstream in(path, std::ios::binary);
-  MANTISSA_CHECK(in, "safetensors '" << path << "': cannot open");
+  MANTISSA_REQUIRE(in, kConfig, "safetensors '" << path << "': cannot open");
   const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   return parse_safetensors(bytes, path);
 }

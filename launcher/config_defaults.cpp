@@ -97,6 +97,7 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"metrics.pushgateway_url", ""},
     {"metrics.push_every", "10"},
     {"metrics.peak_tflops", "0"},
+    {"metrics.job", "mantissa"},
     {"debug.inject_nonfinite_rank", "0"},
 };
 

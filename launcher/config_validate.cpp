@@ -6,6 +6,8 @@
 // debug, and rules across sections) is checked here.
 #include <glob.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -302,6 +304,13 @@ void validate_metrics(const Config::Metrics& m) {
           "must be empty or start with http://");
   at_least("metrics.push_every", m.push_every(), 1);
   non_negative("metrics.peak_tflops", m.peak_tflops());
+  // One segment of the Pushgateway's URL path (/metrics/job/<job>/rank/<rank>).
+  const std::string& job = m.job();
+  const bool plain = !job.empty() && std::all_of(job.begin(), job.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '_' || c == '.' || c == ':' || c == '-';
+  });
+  require(plain, "metrics.job", quoted(job),
+          "must be a name of letters, digits and _ . : - (the Pushgateway's job label)");
 }
 
 void validate_debug(const Config::Debug& d, int64_t steps) {

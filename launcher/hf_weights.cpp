@@ -53,12 +53,12 @@ bool same_json(const Value& a, const Value& b) {
 // The JSON object in the file `path` (config.json, the shards' index).
 google::protobuf::Struct read_json_object(const std::string& path) {
   std::ifstream in(path);
-  MANTISSA_CHECK(in, "'" << path << "': cannot be read");
+  MANTISSA_REQUIRE(in, kConfig, "'" << path << "': cannot be read");
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   google::protobuf::Struct object;
   const auto status = google::protobuf::util::JsonStringToMessage(text, &object);
-  MANTISSA_CHECK(status.ok() && text.find('{') != std::string::npos,
-                 "'" << path << "' is not a JSON object: " << status.ToString());
+  MANTISSA_REQUIRE(status.ok() && text.find('{') != std::string::npos, kConfig,
+                   "'" << path << "' is not a JSON object: " << status.ToString());
   return object;
 }
 
@@ -68,8 +68,8 @@ void check_config_json(const std::string& dir, const models::HfLayout& layout) {
   for (const models::HfConfigField& f : layout.config) {
     if (f.rule == models::HfConfigField::Rule::kWritten) continue;
     const auto found = config.fields().find(f.key);
-    MANTISSA_CHECK(
-        found != config.fields().end() || !f.fallback.empty(),
+    MANTISSA_REQUIRE(
+        found != config.fields().end() || !f.fallback.empty(), kConfig,
         "'" << path << "': no \"" << f.key << "\" field (" << layout.family << " needs it)");
     const Value file =
         found != config.fields().end() ? found->second : parse_json_value(f.fallback);
@@ -80,12 +80,12 @@ void check_config_json(const std::string& dir, const models::HfLayout& layout) {
     const std::string wanted = f.source.empty() ? "mantissa's " + layout.family + " has " + f.value
                                                 : f.source + " = " + f.value;
     if (f.rule == models::HfConfigField::Rule::kAtLeast) {
-      MANTISSA_CHECK(
+      MANTISSA_REQUIRE(
           file.kind_case() == Value::kNumberValue && file.number_value() >= ours.number_value(),
-          "'" << path << "': " << given << " is below " << wanted);
+          kConfig, "'" << path << "': " << given << " is below " << wanted);
     } else {
-      MANTISSA_CHECK(same_json(file, ours),
-                     "'" << path << "': " << given << " disagrees with " << wanted);
+      MANTISSA_REQUIRE(same_json(file, ours), kConfig,
+                       "'" << path << "': " << given << " disagrees with " << wanted);
     }
   }
 }
@@ -124,18 +124,20 @@ WeightFiles weight_files(const std::string& dir) {
   }
   const google::protobuf::Struct json = read_json_object(index.string());
   const auto map = json.fields().find("weight_map");
-  MANTISSA_CHECK(map != json.fields().end() && map->second.has_struct_value(),
-                 "'" << index.string() << "': not a JSON object with a \"weight_map\" object");
+  MANTISSA_REQUIRE(map != json.fields().end() && map->second.has_struct_value(), kConfig,
+                   "'" << index.string() << "': not a JSON object with a \"weight_map\" object");
   std::set<std::string> shards;
   for (const auto& [tensor, file] : map->second.struct_value().fields()) {
     const std::string name = file.string_value();
-    MANTISSA_CHECK(file.has_string_value() && !name.empty() &&
-                       fs::path(name).filename().string() == name && name != "." && name != "..",
-                   "'" << index.string() << "': tensor '" << tensor << "' maps to "
-                       << json_text(file) << ", not the name of a file in " << dir);
+    MANTISSA_REQUIRE(file.has_string_value() && !name.empty() &&
+                         fs::path(name).filename().string() == name && name != "." && name != "..",
+                     kConfig,
+                     "'" << index.string() << "': tensor '" << tensor << "' maps to "
+                         << json_text(file) << ", not the name of a file in " << dir);
     shards.insert(name);
   }
-  MANTISSA_CHECK(!shards.empty(), "'" << index.string() << "': its weight_map names no tensor");
+  MANTISSA_REQUIRE(!shards.empty(), kConfig,
+                   "'" << index.string() << "': its weight_map names no tensor");
   WeightFiles files{{}, index.string()};
   for (const std::string& name : shards) files.paths.push_back((fs::path(dir) / name).string());
   return files;
@@ -174,26 +176,28 @@ std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
         name = layout.optional_prefix + name;
       if (ignored.contains(name)) continue;
       const auto found = wanted.find(name);
-      MANTISSA_CHECK(found != wanted.end(), "'" << path << "': tensor '" << e.name
-                                                << "' is not a parameter of this " << layout.family
-                                                << " (" << layout.architecture << ")");
-      MANTISSA_CHECK(seen.insert(name).second,
-                     "'" << path << "': tensor '" << name << "' is there twice (with and without '"
-                         << layout.optional_prefix << "', or in two shards)");
+      MANTISSA_REQUIRE(found != wanted.end(), kConfig,
+                       "'" << path << "': tensor '" << e.name << "' is not a parameter of this "
+                           << layout.family << " (" << layout.architecture << ")");
+      MANTISSA_REQUIRE(seen.insert(name).second, kConfig,
+                       "'" << path << "': tensor '" << name
+                           << "' is there twice (with and without '" << layout.optional_prefix
+                           << "', or in two shards)");
       const models::HfTensor& t = *found->second;
-      MANTISSA_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16",
-                     "'" << path << "': tensor '" << e.name << "' has dtype " << e.dtype
-                         << "; F32, BF16 and F16 weights are read");
-      MANTISSA_CHECK(e.shape == t.shape(), "'" << path << "': tensor '" << e.name << "' is "
-                                               << core::Shape(e.shape).str() << ", the model needs "
-                                               << core::Shape(t.shape()).str());
+      MANTISSA_REQUIRE(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16", kConfig,
+                       "'" << path << "': tensor '" << e.name << "' has dtype " << e.dtype
+                           << "; F32, BF16 and F16 weights are read");
+      MANTISSA_REQUIRE(e.shape == t.shape(), kConfig,
+                       "'" << path << "': tensor '" << e.name << "' is "
+                           << core::Shape(e.shape).str() << ", the model needs "
+                           << core::Shape(t.shape()).str());
       matched.push_back({&file, &e, &t});
     }
   }
   for (const models::HfTensor& t : layout.tensors)
-    MANTISSA_CHECK(seen.contains(t.name), "'" << source << "': tensor '" << t.name
-                                              << "' is missing (" << layout.family
-                                              << " needs it for " << t.parameter << ")");
+    MANTISSA_REQUIRE(seen.contains(t.name), kConfig,
+                     "'" << source << "': tensor '" << t.name << "' is missing (" << layout.family
+                         << " needs it for " << t.parameter << ")");
   return matched;
 }
 
@@ -246,10 +250,11 @@ void prepare_directories(const fs::path& dir, const fs::path& tmp) {
       throw core::ConfigError("--out " + dir.string() + ": " + tmp.string() +
                               " exists and is not a directory left by an export (remove it)");
     fs::remove_all(tmp, ec);
-    MANTISSA_CHECK(!ec, "cannot remove the stale " << tmp.string() << ": " << ec.message());
+    MANTISSA_REQUIRE(!ec, kFailure,
+                     "cannot remove the stale " << tmp.string() << ": " << ec.message());
   }
   fs::create_directories(tmp, ec);
-  MANTISSA_CHECK(!ec, "cannot create " << tmp.string() << ": " << ec.message());
+  MANTISSA_REQUIRE(!ec, kFailure, "cannot create " << tmp.string() << ": " << ec.message());
 }
 
 void write_durably(const fs::path& path, const std::string& bytes) {
@@ -257,7 +262,7 @@ void write_durably(const fs::path& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << bytes;
     out.flush();
-    MANTISSA_CHECK(out, "cannot write " << path.string());
+    MANTISSA_REQUIRE(out, kFailure, "cannot write " << path.string());
   }
   checkpoint::fsync_path(path.string());
 }
@@ -326,16 +331,18 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
   if (tokenizer) {
     std::error_code ec;
     fs::copy_file(*tokenizer, tmp / kHfTokenizerFile, ec);
-    MANTISSA_CHECK(!ec, "cannot copy the tokenizer " << *tokenizer << " to " << tmp.string() << ": "
-                                                     << ec.message());
+    MANTISSA_REQUIRE(!ec, kFailure,
+                     "cannot copy the tokenizer " << *tokenizer << " to " << tmp.string() << ": "
+                                                  << ec.message());
     checkpoint::fsync_path((tmp / kHfTokenizerFile).string());
   }
   checkpoint::fsync_path(tmp.string());
   // rename(2) replaces an empty directory; a non-empty one was refused above.
   std::error_code ec;
   fs::rename(tmp, final_dir, ec);
-  MANTISSA_CHECK(!ec, "cannot rename " << tmp.string() << " to " << final_dir.string() << ": "
-                                       << ec.message());
+  MANTISSA_REQUIRE(
+      !ec, kFailure,
+      "cannot rename " << tmp.string() << " to " << final_dir.string() << ": " << ec.message());
   const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
   checkpoint::fsync_path(parent.string());
 }

@@ -28,14 +28,17 @@ std::string holder_of(int fd) {
 RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string path = run_dir + "/" + kRunDirLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  MANTISSA_CHECK(fd_ >= 0, "cannot open the run directory's lock file '"
-                               << path << "': " << std::strerror(errno));
+  // run.dir exists (the caller made it) but refuses the file: not writable by this user.
+  MANTISSA_REQUIRE(fd_ >= 0, kConfig,
+                   "run.dir = \"" << run_dir << "\": cannot open the run directory's lock file '"
+                                  << path << "': " << std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     const std::string holder = holder_of(fd_);
     ::close(fd_);
     fd_ = -1;
-    MANTISSA_CHECK(error == EWOULDBLOCK, "cannot lock '" << path << "': " << std::strerror(error));
+    MANTISSA_REQUIRE(error == EWOULDBLOCK, kFailure,
+                     "cannot lock '" << path << "': " << std::strerror(error));
     throw core::ConfigError("run.dir = \"" + run_dir + "\": another run is using it" +
                             (holder.empty() ? "" : " (" + holder + ")") +
                             "; wait for it to end, or choose another run.dir");

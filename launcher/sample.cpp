@@ -209,9 +209,9 @@ class TextStream {
     interval_ = std::max(kMinFlushInterval, 10 * took);
   }
   static void write(std::string_view text) {
-    MANTISSA_CHECK(
+    MANTISSA_REQUIRE(
         std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0,
-        "cannot write the text to stdout");
+        kFailure, "cannot write the text to stdout");
   }
 
   const TokenizerClient* tokenizer_;

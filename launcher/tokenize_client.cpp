@@ -42,9 +42,9 @@ void close_fd(int& fd) {
 // feeds the one and drains the others, so that no pipe filling up can stall either process.
 ChildResult run_child(const std::vector<std::string>& argv, const std::string& input) {
   int in[2], out[2], err[2];
-  MANTISSA_CHECK(
+  MANTISSA_REQUIRE(
       ::pipe2(in, O_CLOEXEC) == 0 && ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0,
-      "cannot create pipes for " << argv[0] << ": " << std::strerror(errno));
+      kFailure, "cannot create pipes for " << argv[0] << ": " << std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, in[0], 0);
@@ -59,8 +59,8 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::string& i
   for (int* fd : {&in[0], &out[1], &err[1]}) close_fd(*fd);
   if (spawned != 0) {
     for (int* fd : {&in[1], &out[0], &err[0]}) close_fd(*fd);
-    MANTISSA_FAIL("cannot run " << argv[0] << ": " << std::strerror(spawned)
-                                << " (build the mantissa-tokenize target)");
+    throw core::Error("cannot run " + argv[0] + ": " + std::strerror(spawned) +
+                      " (build the mantissa-tokenize target)");
   }
 
   // A child that exits before reading all its input must give EPIPE here, not SIGPIPE.
@@ -143,11 +143,13 @@ std::string TokenizerClient::run(const std::string& subcommand, const std::strin
   if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == kExitConfig) {
     throw core::ConfigError(message);
   }
-  MANTISSA_FAIL("mantissa-tokenize "
-                << subcommand << " failed ("
-                << (WIFEXITED(r.status) ? "exit code " + std::to_string(WEXITSTATUS(r.status))
-                                        : "killed by signal " + std::to_string(WTERMSIG(r.status)))
-                << "): " << message);
+  // The child's message as it is: a location in it (a defect of mantissa-tokenize) stays the
+  // only one.
+  throw core::Error("mantissa-tokenize " + subcommand + " failed (" +
+                    (WIFEXITED(r.status)
+                         ? "exit code " + std::to_string(WEXITSTATUS(r.status))
+                         : "killed by signal " + std::to_string(WTERMSIG(r.status))) +
+                    "): " + message);
 }
 
 }  // namespace mantissa::launcher

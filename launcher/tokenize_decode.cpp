@@ -58,8 +58,8 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
             ? size
             : start_at_or_before(tokenizer, train::TokenSegment("decoded", pending), size - 1));
     const std::string text = tokenizer.decode(std::span<const uint32_t>(pending).first(n));
-    MANTISSA_CHECK(std::fwrite(text.data(), 1, text.size(), out) == text.size(),
-                   "cannot write the decoded text: " << std::strerror(errno));
+    MANTISSA_REQUIRE(std::fwrite(text.data(), 1, text.size(), out) == text.size(), kFailure,
+                     "cannot write the decoded text: " << std::strerror(errno));
     pending.erase(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(n));
   };
   std::vector<int32_t> part;
@@ -75,7 +75,8 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
     }
   }
   flush(true);
-  MANTISSA_CHECK(std::fflush(out) == 0, "cannot write the decoded text: " << std::strerror(errno));
+  MANTISSA_REQUIRE(std::fflush(out) == 0, kFailure,
+                   "cannot write the decoded text: " << std::strerror(errno));
 }
 
 }  // namespace mantissa::launcher

@@ -18,14 +18,15 @@ std::string read_all(std::FILE* in) {
   char buffer[1 << 16];
   size_t n = 0;
   while ((n = std::fread(buffer, 1, sizeof buffer, in)) > 0) data.append(buffer, n);
-  MANTISSA_CHECK(!std::ferror(in), "cannot read standard input: " << std::strerror(errno));
+  MANTISSA_REQUIRE(!std::ferror(in), kFailure,
+                   "cannot read standard input: " << std::strerror(errno));
   return data;
 }
 
 void write_all(std::FILE* out, const std::string& data) {
-  MANTISSA_CHECK(
+  MANTISSA_REQUIRE(
       std::fwrite(data.data(), 1, data.size(), out) == data.size() && std::fflush(out) == 0,
-      "cannot write standard output: " << std::strerror(errno));
+      kFailure, "cannot write standard output: " << std::strerror(errno));
 }
 
 }  // namespace

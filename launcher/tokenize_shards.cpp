@@ -43,7 +43,7 @@ void write_all(int fd, const std::string& path, const void* data, size_t size) {
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    MANTISSA_CHECK(n > 0, "cannot write '" << path << "': " << errno_text());
+    MANTISSA_REQUIRE(n > 0, kFailure, "cannot write '" << path << "': " << errno_text());
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -54,7 +54,7 @@ class TempFile {
  public:
   explicit TempFile(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    MANTISSA_CHECK(fd_ >= 0, "cannot create '" << path_ << "': " << errno_text());
+    MANTISSA_REQUIRE(fd_ >= 0, kFailure, "cannot create '" << path_ << "': " << errno_text());
   }
   ~TempFile() {
     if (fd_ >= 0) {
@@ -69,13 +69,14 @@ class TempFile {
   // Durable before it is renamed into place: a crash never leaves a final name with a
   // partial file.
   void finish() {
-    MANTISSA_CHECK(::fsync(fd_) == 0, "cannot write '" << path_ << "': fsync: " << errno_text());
+    MANTISSA_REQUIRE(::fsync(fd_) == 0, kFailure,
+                     "cannot write '" << path_ << "': fsync: " << errno_text());
     const int rc = ::close(fd_);
     fd_ = -1;
     if (rc != 0) {
       const std::string error = errno_text();
       ::unlink(path_.c_str());
-      MANTISSA_FAIL("cannot write '" << path_ << "': close: " << error);
+      throw core::Error("cannot write '" + path_ + "': close: " + error);
     }
   }
 
@@ -85,17 +86,17 @@ class TempFile {
 };
 
 void rename_into_place(const std::string& from, const std::string& to) {
-  MANTISSA_CHECK(::rename(from.c_str(), to.c_str()) == 0,
-                 "cannot rename '" << from << "' to '" << to << "': " << errno_text());
+  MANTISSA_REQUIRE(::rename(from.c_str(), to.c_str()) == 0, kFailure,
+                   "cannot rename '" << from << "' to '" << to << "': " << errno_text());
 }
 
 void sync_directory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MANTISSA_CHECK(fd >= 0, "cannot open directory '" << dir << "': " << errno_text());
+  MANTISSA_REQUIRE(fd >= 0, kFailure, "cannot open directory '" << dir << "': " << errno_text());
   const int rc = ::fsync(fd);
   const std::string error = errno_text();
   ::close(fd);
-  MANTISSA_CHECK(rc == 0, "cannot fsync directory '" << dir << "': " << error);
+  MANTISSA_REQUIRE(rc == 0, kFailure, "cannot fsync directory '" << dir << "': " << error);
 }
 
 std::string parent_dir(const std::string& path) {
@@ -134,7 +135,8 @@ TokenSpill::TokenSpill(const std::string& dir, int token_bytes)
   MANTISSA_CHECK(token_bytes == 2 || token_bytes == 4,
                  "token spill: " << token_bytes << "-byte tokens (2 or 4)");
   fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
-  MANTISSA_CHECK(fd_ >= 0, "cannot create a temporary file in '" << dir << "': " << errno_text());
+  MANTISSA_REQUIRE(fd_ >= 0, kFailure,
+                   "cannot create a temporary file in '" << dir << "': " << errno_text());
   ::unlink(path_.c_str());
 }
 
@@ -162,7 +164,8 @@ train::TokenSegment TokenSpill::map() {
   const auto bytes = static_cast<size_t>(tokens_ * token_bytes_);
   if (mapping_ == nullptr && bytes > 0) {
     void* data = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_, 0);
-    MANTISSA_CHECK(data != MAP_FAILED, "cannot map '" << path_ << "': " << errno_text());
+    MANTISSA_REQUIRE(data != MAP_FAILED, kFailure,
+                     "cannot map '" << path_ << "': " << errno_text());
     mapping_ = data;
   }
   return {path_, mapping_, tokens_, token_bytes_};
@@ -237,12 +240,13 @@ void StagedOutput::commit() {
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     if (is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end()) {
-      MANTISSA_CHECK(::unlink(entry.path().c_str()) == 0, "cannot remove the old shard '"
-                                                              << entry.path().string()
-                                                              << "': " << errno_text());
+      MANTISSA_REQUIRE(
+          ::unlink(entry.path().c_str()) == 0, kFailure,
+          "cannot remove the old shard '" << entry.path().string() << "': " << errno_text());
     }
   }
-  MANTISSA_CHECK(!ec, "cannot list output directory '" << dir_ << "': " << ec.message());
+  MANTISSA_REQUIRE(!ec, kFailure,
+                   "cannot list output directory '" << dir_ << "': " << ec.message());
   for (const std::string& name : staged_) {
     rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
   }
@@ -260,7 +264,7 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     const std::string error = errno_text();
     ::unlink(temp.c_str());
-    MANTISSA_FAIL("cannot rename '" << temp << "' to '" << path << "': " << error);
+    throw core::Error("cannot rename '" + temp + "' to '" + path + "': " + error);
   }
   sync_directory(parent_dir(path));
 }

@@ -250,6 +250,7 @@ void Trainer::build_metrics() {
   options.rank = world_.rank();
   options.build_labels = {{"version", build_version()}, {"revision", build_commit()}};
   options.pushgateway_url = m.pushgateway_url();
+  options.job = m.job();
   options.push_every = static_cast<int>(m.push_every());
   options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
                        : device_.cuda        ? core::gpu_bf16_peak_flops(device_.name)
@@ -258,11 +259,9 @@ void Trainer::build_metrics() {
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.loss_scale_min =
       scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC ? scale.min() : 0.0;
-  try {
-    metrics_ = std::make_unique<metrics::Metrics>(std::move(options));
-  } catch (const core::Error& e) {
-    throw core::ConfigError("metrics.port = " + std::to_string(m.port()) + ": " + e.what());
-  }
+  // Its errors name the fields, with their kind: a busy port is a failure (exit 1: a later
+  // start may find it free), a malformed address or URL a config error.
+  metrics_ = std::make_unique<metrics::Metrics>(std::move(options));
 }
 
 bool Trainer::restore() {

@@ -56,19 +56,19 @@ GatewayAddress parse_gateway_url(const std::string& url) {
     rest = rest.substr(pos + 3);
   }
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
-  MANTISSA_CHECK(
-      scheme == "http://" || scheme == "https://",
+  MANTISSA_REQUIRE(
+      scheme == "http://" || scheme == "https://", kConfig,
       "metrics.pushgateway_url: unsupported scheme in '" << url << "' (use http:// or https://)");
-  MANTISSA_CHECK(!rest.empty() && rest.find('/') == std::string::npos,
-                 "metrics.pushgateway_url: expected http://host[:port], got '" << url << "'");
+  MANTISSA_REQUIRE(!rest.empty() && rest.find('/') == std::string::npos, kConfig,
+                   "metrics.pushgateway_url: expected http://host[:port], got '" << url << "'");
   // The last ':' separates the port unless it belongs to a bracketed IPv6 address.
   const auto colon = rest.rfind(':');
   if (colon == std::string::npos || rest.find(']', colon) != std::string::npos) {
     return {scheme + rest, "9091"};
   }
   const std::string port = rest.substr(colon + 1);
-  MANTISSA_CHECK(!port.empty() && port.find_first_not_of("0123456789") == std::string::npos,
-                 "metrics.pushgateway_url: bad port in '" << url << "'");
+  MANTISSA_REQUIRE(!port.empty() && port.find_first_not_of("0123456789") == std::string::npos,
+                   kConfig, "metrics.pushgateway_url: bad port in '" << url << "'");
   return {scheme + rest.substr(0, colon), port};
 }
 
@@ -268,8 +268,8 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                               .Add(r, kCheckpointBuckets);
 
   if (s.options.port != 0) {
-    MANTISSA_CHECK(s.options.port > 0 && s.options.port < 65536,
-                   "metrics.port: " << s.options.port << " (plus local rank) is not a TCP port");
+    MANTISSA_REQUIRE(s.options.port > 0 && s.options.port < 65536, kConfig,
+                     "metrics.port: " << s.options.port << " (plus local rank) is not a TCP port");
     const std::string address = s.options.bind_address + ":" + std::to_string(s.options.port);
     std::shared_ptr<prometheus::Registry> registry = s.registry;
     try {
@@ -277,9 +277,9 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
           s.options.bind_address, s.options.port,
           [registry] { return prometheus::TextSerializer().Serialize(registry->Collect()); });
     } catch (const core::Error& e) {
-      MANTISSA_FAIL("metrics: " << e.what()
-                                << " (metrics.bind_address, metrics.port + local "
-                                   "rank)");
+      core::throw_error_of_kind(e.kind(), std::string("metrics: ") + e.what() +
+                                              " (metrics.bind_address, metrics.port + local "
+                                              "rank)");
     }
   }
 

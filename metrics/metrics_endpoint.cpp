@@ -44,19 +44,23 @@ MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  MANTISSA_CHECK(
-      inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) == 1,
+  MANTISSA_REQUIRE(
+      inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) == 1, kConfig,
       "cannot listen on " << where << ": \"" << bind_address << "\" is not an IPv4 address");
   listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  MANTISSA_CHECK(listen_fd_ >= 0,
-                 "cannot listen on " << where << ": socket: " << std::strerror(errno));
+  MANTISSA_REQUIRE(listen_fd_ >= 0, kFailure,
+                   "cannot listen on " << where << ": socket: " << std::strerror(errno));
   const int one = 1;
   setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
       listen(listen_fd_, 16) != 0) {
     const int error = errno;
     close(listen_fd_);
-    MANTISSA_FAIL("cannot listen on " << where << ": " << std::strerror(error));
+    // A port another process holds may be free at the next start (another job on the node):
+    // a runtime failure. An address this machine does not have is a setting to fix.
+    core::throw_error_of_kind(
+        error == EADDRINUSE ? core::ErrorKind::kFailure : core::ErrorKind::kConfig,
+        "cannot listen on " + where + ": " + std::strerror(error));
   }
   socklen_t length = sizeof addr;
   getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &length);

@@ -76,10 +76,12 @@ StepLog::StepLog(const std::string& run_dir, int rank, bool append) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  MANTISSA_CHECK(!ec, "cannot create log directory '" << dir.string() << "': " << ec.message());
+  MANTISSA_REQUIRE(!ec, kFailure,
+                   "cannot create log directory '" << dir.string() << "': " << ec.message());
   path_ = (dir / ("rank" + std::to_string(rank) + ".jsonl")).string();
   file_ = std::fopen(path_.c_str(), append ? "a" : "w");
-  MANTISSA_CHECK(file_ != nullptr, "cannot open log '" << path_ << "': " << std::strerror(errno));
+  MANTISSA_REQUIRE(file_ != nullptr, kFailure,
+                   "cannot open log '" << path_ << "': " << std::strerror(errno));
 }
 
 StepLog::~StepLog() {
@@ -123,8 +125,8 @@ void StepLog::write(const StepRecord& record) {
     append_string(line, r.nonfinite_param);
   }
   line += "}\n";
-  MANTISSA_CHECK(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0,
-                 "cannot write log '" << path_ << "': " << std::strerror(errno));
+  MANTISSA_REQUIRE(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0, kFailure,
+                   "cannot write log '" << path_ << "': " << std::strerror(errno));
 }
 
 ProgressLine::ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every,

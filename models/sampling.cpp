@@ -19,8 +19,9 @@ int32_t TokenSampler::next(std::span<const float> logits) {
   MANTISSA_CHECK(!logits.empty(), "sampling: no logits to choose from");
   const auto n = static_cast<int32_t>(logits.size());
   for (int32_t i = 0; i < n; ++i) {
-    MANTISSA_CHECK(std::isfinite(logits[i]), "sampling: logit " << i << " is " << logits[i]
-                                                                << " (the weights are not finite)");
+    MANTISSA_REQUIRE(
+        std::isfinite(logits[i]), kFailure,
+        "sampling: logit " << i << " is " << logits[i] << " (the weights are not finite)");
   }
   // A strict order, more likely first and the lower id among equals, so that neither argmax
   // nor top-k depends on how a sort treats ties.

@@ -44,8 +44,8 @@ bool use_flash_attention(const Backend& be, DType dtype, int64_t head_dim) {
   const FlashAttentionSetting setting = flash_attention_setting();
   if (setting == FlashAttentionSetting::kNever) return false;
   const std::string unsupported = be.unsupported_flash_attention(dtype, head_dim);
-  MANTISSA_CHECK(unsupported.empty() || setting != FlashAttentionSetting::kAlways,
-                 kFlashSwitch << "=1: " << unsupported);
+  MANTISSA_REQUIRE(unsupported.empty() || setting != FlashAttentionSetting::kAlways, kConfig,
+                   kFlashSwitch << "=1: " << unsupported);
   return chosen(setting, !be.device().is_cpu(), unsupported.empty());
 }
 

@@ -148,14 +148,19 @@ void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
                                                 << dtype_name(got.format) << "), the model has '"
                                                 << want.name << "' (" << dtype_name(want.format)
                                                 << ")");
-    MANTISSA_CHECK(
-        got.amax_history.size() == want.amax_history.size(),
-        "fp8 scaling state: tensor '"
-            << got.name << "' has an amax history of " << got.amax_history.size() << " entries, "
-            << (is_block_recipe(config_.recipe)
-                    ? std::string("recipe ") + fp8_recipe_name(config_.recipe) + " keeps "
-                    : std::string("fp8.amax_history_len is "))
-            << want.amax_history.size());
+    // A checkpoint saved with another precision.fp8.amax_history_len: the config to fix.
+    MANTISSA_REQUIRE(
+        got.amax_history.size() == want.amax_history.size(), kConfig,
+        (is_block_recipe(config_.recipe)
+             ? "fp8 scaling state: tensor '" + got.name + "' has an amax history of " +
+                   std::to_string(got.amax_history.size()) + " entries, recipe " +
+                   fp8_recipe_name(config_.recipe) + " keeps " +
+                   std::to_string(want.amax_history.size())
+             : "precision.fp8.amax_history_len = " + std::to_string(want.amax_history.size()) +
+                   ": the checkpoint to resume was saved with " +
+                   std::to_string(got.amax_history.size()) + " (tensor '" + got.name +
+                   "'): resume with precision.fp8.amax_history_len=" +
+                   std::to_string(got.amax_history.size()) + ", or start in another run.dir"));
     MANTISSA_CHECK(got.history_next >= 0 && got.history_next < history_len_,
                    "fp8 scaling state: tensor '" << got.name << "' has history position "
                                                  << got.history_next << " outside [0, "

@@ -13,8 +13,8 @@ class CpuStorage final : public Storage {
     // aligned_alloc wants a size that is a multiple of the alignment (and non-zero).
     const size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     data_ = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
-    MANTISSA_CHECK(data_ != nullptr,
-                   "allocate_cpu: out of host memory allocating " << nbytes << " bytes");
+    MANTISSA_REQUIRE(data_ != nullptr, kFailure,
+                     "allocate_cpu: out of host memory allocating " << nbytes << " bytes");
   }
   ~CpuStorage() override { std::free(data_); }
   CpuStorage(const CpuStorage&) = delete;

@@ -5,7 +5,7 @@
 namespace mantissa::dist {
 
 std::unique_ptr<Communicator> make_nccl_communicator(NcclJob, core::Backend&, double) {
-  MANTISSA_FAIL(
+  throw core::ConfigError(
       "dist.backend NCCL: this build of mantissa has no NCCL (no CUDA, or NCCL was "
       "not found when it was configured)");
 }

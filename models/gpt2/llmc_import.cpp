@@ -60,23 +60,23 @@ std::string layer_name(const char* pattern, int64_t layer) {
 
 LlmcModelHeader read_llmc_header(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
-  MANTISSA_CHECK(in, "llm.c model '" << path << "': cannot open");
+  MANTISSA_REQUIRE(in, kConfig, "llm.c model '" << path << "': cannot open");
   const int64_t file_size = in.tellg();
-  MANTISSA_CHECK(file_size >= kHeaderBytes, "llm.c model '"
-                                                << path << "' is truncated: " << file_size
-                                                << " bytes, shorter than "
-                                                << "the " << kHeaderBytes << "-byte header");
+  MANTISSA_REQUIRE(file_size >= kHeaderBytes, kConfig,
+                   "llm.c model '" << path << "' is truncated: " << file_size
+                                   << " bytes, shorter than "
+                                   << "the " << kHeaderBytes << "-byte header");
   int32_t raw[kHeaderInts];
   in.seekg(0);
   in.read(reinterpret_cast<char*>(raw), kHeaderBytes);
-  MANTISSA_CHECK(in, "llm.c model '" << path << "': cannot read the header");
-  MANTISSA_CHECK(raw[0] == kLlmcModelMagic, "llm.c model '" << path << "': bad magic " << raw[0]
-                                                            << " (expected " << kLlmcModelMagic
-                                                            << "; not an llm.c GPT-2 model file)");
-  MANTISSA_CHECK(raw[1] == kLlmcVersionF32 || raw[1] == kLlmcVersionBF16,
-                 "llm.c model '" << path << "': unsupported version " << raw[1] << " (expected "
-                                 << kLlmcVersionF32 << " for FP32 or " << kLlmcVersionBF16
-                                 << " for BF16 weights)");
+  MANTISSA_REQUIRE(in, kConfig, "llm.c model '" << path << "': cannot read the header");
+  MANTISSA_REQUIRE(raw[0] == kLlmcModelMagic, kConfig,
+                   "llm.c model '" << path << "': bad magic " << raw[0] << " (expected "
+                                   << kLlmcModelMagic << "; not an llm.c GPT-2 model file)");
+  MANTISSA_REQUIRE(raw[1] == kLlmcVersionF32 || raw[1] == kLlmcVersionBF16, kConfig,
+                   "llm.c model '" << path << "': unsupported version " << raw[1] << " (expected "
+                                   << kLlmcVersionF32 << " for FP32 or " << kLlmcVersionBF16
+                                   << " for BF16 weights)");
   LlmcModelHeader h{raw[1], raw[2], raw[3], raw[4], raw[5], raw[6], raw[7]};
   // Bounds far above any GPT-2 yet low enough that no size below can overflow.
   const struct {
@@ -88,25 +88,25 @@ LlmcModelHeader read_llmc_header(const std::string& path) {
       {"num_layers", h.num_layers, 1 << 12},   {"num_heads", h.num_heads, 1 << 12},
       {"channels", h.channels, 1 << 16},       {"padded_vocab_size", h.padded_vocab_size, 1 << 24}};
   for (const auto& f : fields)
-    MANTISSA_CHECK(f.value > 0 && f.value <= f.max,
-                   "llm.c model '" << path << "': header field " << f.name << " = " << f.value
-                                   << " is outside [1, " << f.max << "]");
-  MANTISSA_CHECK(h.channels % h.num_heads == 0,
-                 "llm.c model '" << path << "': header field channels = " << h.channels
-                                 << " is not a multiple of num_heads = " << h.num_heads);
-  MANTISSA_CHECK(h.padded_vocab_size >= h.vocab_size,
-                 "llm.c model '" << path
-                                 << "': header field padded_vocab_size = " << h.padded_vocab_size
-                                 << " is below vocab_size = " << h.vocab_size);
+    MANTISSA_REQUIRE(f.value > 0 && f.value <= f.max, kConfig,
+                     "llm.c model '" << path << "': header field " << f.name << " = " << f.value
+                                     << " is outside [1, " << f.max << "]");
+  MANTISSA_REQUIRE(h.channels % h.num_heads == 0, kConfig,
+                   "llm.c model '" << path << "': header field channels = " << h.channels
+                                   << " is not a multiple of num_heads = " << h.num_heads);
+  MANTISSA_REQUIRE(h.padded_vocab_size >= h.vocab_size, kConfig,
+                   "llm.c model '" << path
+                                   << "': header field padded_vocab_size = " << h.padded_vocab_size
+                                   << " is below vocab_size = " << h.vocab_size);
   int64_t elements = 0;
   for (const FileTensor& t : file_tensors(h)) elements += t.layers * elements_per_layer(t);
   const int64_t expected = kHeaderBytes + elements * static_cast<int64_t>(element_bytes(h));
-  MANTISSA_CHECK(file_size == expected,
-                 "llm.c model '" << path << "': file size " << file_size
-                                 << " bytes, but the header "
-                                 << "describes " << elements << " "
-                                 << (h.version == kLlmcVersionF32 ? "FP32" : "BF16")
-                                 << " parameters (" << expected << " bytes; truncated?)");
+  MANTISSA_REQUIRE(file_size == expected, kConfig,
+                   "llm.c model '"
+                       << path << "': file size " << file_size << " bytes, but the header "
+                       << "describes " << elements << " "
+                       << (h.version == kLlmcVersionF32 ? "FP32" : "BF16") << " parameters ("
+                       << expected << " bytes; truncated?)");
   return h;
 }
 
@@ -123,21 +123,21 @@ void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backen
   const models::GPT2Config& c = model.config();
   auto check_field = [&](const char* field, int64_t file_value, int64_t model_value,
                          const char* model_field) {
-    MANTISSA_CHECK(file_value == model_value, "llm.c model '"
-                                                  << path << "': header field " << field << " = "
-                                                  << file_value << " does not match model."
-                                                  << model_field << " = " << model_value);
+    MANTISSA_REQUIRE(file_value == model_value, kConfig,
+                     "llm.c model '" << path << "': header field " << field << " = " << file_value
+                                     << " does not match model." << model_field << " = "
+                                     << model_value);
   };
   check_field("num_layers", h.num_layers, c.n_layer, "gpt2.n_layer");
   check_field("num_heads", h.num_heads, c.n_head, "gpt2.n_head");
   check_field("channels", h.channels, c.n_embd, "gpt2.n_embd");
-  MANTISSA_CHECK(c.vocab_size == h.vocab_size || c.vocab_size == h.padded_vocab_size,
-                 "llm.c model '" << path << "': model.gpt2.vocab_size = " << c.vocab_size
-                                 << " matches neither the file's vocab_size = " << h.vocab_size
-                                 << " nor its padded_vocab_size = " << h.padded_vocab_size);
-  MANTISSA_CHECK(c.seq_len <= h.max_seq_len,
-                 "llm.c model '" << path << "': model.gpt2.seq_len = " << c.seq_len
-                                 << " exceeds the file's max_seq_len = " << h.max_seq_len);
+  MANTISSA_REQUIRE(c.vocab_size == h.vocab_size || c.vocab_size == h.padded_vocab_size, kConfig,
+                   "llm.c model '" << path << "': model.gpt2.vocab_size = " << c.vocab_size
+                                   << " matches neither the file's vocab_size = " << h.vocab_size
+                                   << " nor its padded_vocab_size = " << h.padded_vocab_size);
+  MANTISSA_REQUIRE(c.seq_len <= h.max_seq_len, kConfig,
+                   "llm.c model '" << path << "': model.gpt2.seq_len = " << c.seq_len
+                                   << " exceeds the file's max_seq_len = " << h.max_seq_len);
 
   train::ParameterStore& params = model.parameters();
   std::map<std::string, int> index;
@@ -156,7 +156,8 @@ void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backen
     for (int64_t layer = 0; layer < t.layers; ++layer) {
       const std::string name = layer_name(t.parameter, layer);
       in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
-      MANTISSA_CHECK(in, "llm.c model '" << path << "': read of " << t.llmc_name << " failed");
+      MANTISSA_REQUIRE(in, kConfig,
+                       "llm.c model '" << path << "': read of " << t.llmc_name << " failed");
       const auto found = index.find(name);
       MANTISSA_CHECK(found != index.end(), "llm.c import: the model has no parameter " << name);
       const train::Parameter& p = params[found->second];

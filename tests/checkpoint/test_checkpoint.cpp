@@ -334,7 +334,10 @@ TEST_F(CheckpointTest, EveryDamagedCheckpointIsAnError) {
     load(into);
     FAIL() << "loaded a damaged checkpoint";
   } catch (const core::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no intact checkpoint"), std::string::npos) << e.what();
+    // A failure (a retry from another copy may work), not a config error, and no location.
+    EXPECT_EQ(e.kind(), core::ErrorKind::kFailure) << e.what();
+    EXPECT_EQ(std::string(e.what()), "checkpoint load: no intact checkpoint in " + dir() +
+                                         ": 1 found, each damaged (see above)");
   }
   EXPECT_NE(testing::internal::GetCapturedStderr().find("manifest.pb: no CRC32C trailer"),
             std::string::npos);
@@ -367,12 +370,48 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
     FAIL() << "loaded a buffer of another size";
   } catch (const checkpoint::CheckpointMisfit&) {
     FAIL() << "a buffer of another size is no other model";
-  } catch (const core::ConfigError&) {
+  } catch (const core::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(
+        what.find("step_00000020: buffer '" + bigger.slices[1].name + "' is f32[" +
+                  std::to_string(kN) + "], the run expects f32[" + std::to_string(kN + 1) + "]"),
+        std::string::npos)
+        << what;
+    EXPECT_EQ(what.find(".cpp:"), std::string::npos) << what;
   }
   std::vector<float> extra(4);
   into.slices.push_back(
       {"sgd_momentum", 4, 0, core::Tensor::wrap(extra.data(), core::Shape{4}, core::DType::kF32)});
-  EXPECT_THROW(ckpt.load_latest(make_state(0).parameters, into.slices), core::ConfigError);
+  try {
+    ckpt.load_latest(make_state(0).parameters, into.slices);
+    FAIL() << "loaded a checkpoint without a buffer the run has";
+  } catch (const core::ConfigError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("step_00000020 has no buffer 'sgd_momentum' (saved by another setup?)"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find(".cpp:"), std::string::npos) << what;
+  }
+}
+
+// A save that cannot write is a failure on every rank (a retry may work), saying what failed
+// and why, once: no source location from the collective that rethrows it.
+TEST_F(CheckpointTest, ASaveThatCannotWriteIsAFailure) {
+  write_file(tmp.path() + "/file", "not a directory");
+  checkpoint::CheckpointOptions o = options();
+  o.dir = tmp.path() + "/file/ckpt";
+  checkpoint::Checkpointer ckpt(o, {}, *backend);
+  Slices s(0, kN, 5);
+  try {
+    ckpt.save(make_state(5), s.slices);
+    FAIL() << "saved under a regular file";
+  } catch (const core::Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.kind(), core::ErrorKind::kFailure) << what;
+    EXPECT_TRUE(what.starts_with("checkpoint save of " + o.dir + "/step_00000005: ")) << what;
+    EXPECT_NE(what.find("Not a directory"), std::string::npos) << what;
+    EXPECT_EQ(what.find(".cpp:"), std::string::npos) << what;
+  }
 }
 
 // The acceptance test: 1000 random byte flips anywhere in the newest checkpoint's manifest or

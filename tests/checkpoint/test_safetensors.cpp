@@ -165,10 +165,12 @@ TEST(Safetensors, MalformedFilesAreRejected) {
   EXPECT_EQ(ok.tensors[1].name, "b");
   EXPECT_EQ(ok.tensors[1].data.size(), 4u);
 
+  // A malformed file is a config error (the file named is the one to fix), without a source
+  // location.
   auto error = [](const std::string& bytes) -> std::string {
     try {
       checkpoint::parse_safetensors(bytes, "f");
-    } catch (const core::Error& e) {
+    } catch (const core::ConfigError& e) {
       return e.what();
     }
     return "";
@@ -176,6 +178,7 @@ TEST(Safetensors, MalformedFilesAreRejected) {
   auto expect_error = [&](const std::string& bytes, const std::string& part) {
     const std::string e = error(bytes);
     EXPECT_NE(e.find(part), std::string::npos) << "expected '" << part << "', got '" << e << "'";
+    EXPECT_EQ(e.find(".cpp:"), std::string::npos) << e;
   };
   expect_error("abc", "safetensors 'f': 3 bytes, too short for the header length");
   std::string huge = file("{}", 0);
@@ -228,7 +231,7 @@ TEST(Safetensors, ReadsHeaderThenTensorsFromDisk) {
   auto header_error = [](const std::string& p) -> std::string {
     try {
       checkpoint::read_safetensors_header(p);
-    } catch (const core::Error& e) {
+    } catch (const core::ConfigError& e) {
       return e.what();
     }
     return "";

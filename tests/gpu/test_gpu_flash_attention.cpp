@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/ops/flash_attention_switch.h"
 #include "tests/common/test_util.h"
 #include "tests/gpu/gpu_compare.h"
 
@@ -147,6 +148,21 @@ TEST(GpuFlashAttention, RefusesWhatTheKernelsDoNotTake) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("flash_attention_forward: "), std::string::npos)
         << e.what();
+  }
+}
+
+// MANTISSA_FLASH_ATTENTION=1 where the kernels do not take the operands is the user's setting
+// to change: a config error (exit 2) saying why, without a source location.
+TEST(GpuFlashAttention, ForcedWhereUnsupportedIsAConfigError) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  const ScopedEnv on("MANTISSA_FLASH_ATTENTION", "1");
+  try {
+    use_flash_attention(*b.gpu, DType::kF32, 64);
+    ADD_FAILURE() << "F32 operands were accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "MANTISSA_FLASH_ATTENTION=1: " + b.gpu->unsupported_flash_attention(DType::kF32, 64));
   }
 }
 

@@ -81,7 +81,29 @@ def main():
                     if not any(n == name and l.get("rank") == rank and
                                l.get("job") == labels["job"] for n, l, _ in samples):
                         harness.fail(f"rank {rank}: {name} was not pushed")
-            print("PASS: the Pushgateway holds both ranks' metrics")
+            # A second job pushing to the same gateway under a metrics.job of its own keeps
+            # groups of its own: the first job's are still there, unchanged.
+            other_steps = 7
+            other = [x for x in settings if not x.startswith(("run.steps=", "run.dir="))] + [
+                f"run.steps={other_steps}", f"run.dir={run_dir}-other", "metrics.job=other_job"]
+            argv = harness.mpirun_prefix(2) + harness.train_argv(
+                binary, harness.write_empty_config(workdir), other)
+            result = subprocess.run(argv, capture_output=True, text=True,
+                                    timeout=min(90, harness.time_left()))
+            if result.returncode != 0:
+                print(result.stderr[-3000:])
+                harness.fail(f"mantissa (metrics.job=other_job) exited with {result.returncode}")
+            steps_by_group = {(l.get("job"), l.get("rank")): v for n, l, v in pushed_samples(url)
+                              if n == "mantissa_steps_total"}
+            for rank in ("0", "1"):
+                if steps_by_group.get(("other_job", rank)) != other_steps:
+                    harness.fail(f"job other_job rank {rank}: pushed steps "
+                                 f"{steps_by_group.get(('other_job', rank))}, expected {other_steps}")
+                if steps_by_group.get(("mantissa", rank)) != steps:
+                    harness.fail(f"job mantissa rank {rank} after other_job pushed: "
+                                 f"{steps_by_group.get(('mantissa', rank))}, expected {steps}")
+            harness.log(f"groups by (job, rank): {sorted(steps_by_group.items())}")
+            print("PASS: the Pushgateway holds both ranks' metrics, a group per job and rank")
         finally:
             daemons.stop_all()
 

@@ -160,7 +160,7 @@ def main():
             sd_file_b = os.path.join(sd_dir, f"mantissa-{job_b}.json")
             targets_b = read_json(sd_file_b)
             if targets_b != [{"targets": [f"{host}:{port_b + r}" for r in range(2)],
-                              "labels": {"job": "mantissa-slurm/mantissa-b",
+                              "labels": {"job": "mantissa-slurm-mantissa-b",
                                          "slurm_job_name": "mantissa-b"}}]:
                 harness.fail(f"job b's file_sd targets are {targets_b}")
             if 'mantissa_steps_total{rank="1"}' not in harness.http_get(

@@ -62,7 +62,8 @@ class HfWeights : public ::testing::Test {
     try {
       launcher::import_hf_directory(dir, launcher::hf_layout_of(model, "test"), model.parameters(),
                                     *backend_);
-    } catch (const core::Error& e) {
+    } catch (const core::ConfigError& e) {  // a directory that does not fit: the input to fix
+      EXPECT_EQ(std::string(e.what()).find(".cpp:"), std::string::npos) << e.what();
       return e.what();
     }
     return "";

@@ -450,7 +450,8 @@ class BadInput(lu.TempDirTest):
         shard = os.path.join(self.dir, "bad.bin")
         with open(shard, "wb") as f:
             f.write(struct.pack("<3i", 7, 1, 0) + bytes(1012))
-        self.assert_refused(re.compile(f"^mantissa: token shard '{shard}': bad magic 7 "),
+        self.assert_refused(f"mantissa: token shard '{shard}': bad magic 7 (expected 20240520 or, "
+                            "for uint32 tokens, 20240801; not an llm.c token shard)",
                             "decode", "--tokenizer", tokenizer, "--input", shard)
         cases = {
             ("--val-fraction", "1"): "mantissa: --val-fraction 1: must lie in [0, 1)",

@@ -121,7 +121,8 @@ std::string import_error(const std::string& path, const models::GPT2Config& conf
                      1);
   try {
     models::import_llmc_gpt2(path, model, *backend);
-  } catch (const core::Error& e) {
+  } catch (const core::ConfigError& e) {  // a file that does not fit: the input to fix
+    EXPECT_EQ(std::string(e.what()).find(".cpp:"), std::string::npos) << e.what();
     return e.what();
   }
   return "";

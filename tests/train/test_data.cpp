@@ -179,12 +179,14 @@ class DataFiles : public ::testing::Test {
     return write_bytes(name, bytes);
   }
 
-  // The message of the core::Error that `load` throws ("no error" if none).
+  // The message of the core::ConfigError that `load` throws ("no error" if none): a data file
+  // that is missing or malformed is input to fix, named without a source location.
   template <class F>
   static std::string error_of(F load) {
     try {
       load();
-    } catch (const core::Error& e) {
+    } catch (const core::ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).find(".cpp:"), std::string::npos) << e.what();
       return e.what();
     }
     return "no error";

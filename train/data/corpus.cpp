@@ -85,11 +85,13 @@ Corpus Corpus::synthetic_validation(uint64_t seed, int64_t n_tokens) {
 
 Corpus Corpus::text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  MANTISSA_CHECK(in, "text file '" << path << "': cannot open: " << std::strerror(errno));
+  MANTISSA_REQUIRE(in, kConfig,
+                   "text file '" << path << "': cannot open: " << std::strerror(errno));
   const std::vector<char> bytes{std::istreambuf_iterator<char>(in),
                                 std::istreambuf_iterator<char>()};
-  MANTISSA_CHECK(!in.bad(), "text file '" << path << "': read failed: " << std::strerror(errno));
-  MANTISSA_CHECK(!bytes.empty(), "text file '" << path << "' is empty");
+  MANTISSA_REQUIRE(!in.bad(), kConfig,
+                   "text file '" << path << "': read failed: " << std::strerror(errno));
+  MANTISSA_REQUIRE(!bytes.empty(), kConfig, "text file '" << path << "' is empty");
 
   // Bytes go through unsigned char: a signed char would turn 0x80..0xFF into negative tokens.
   auto tokens = std::make_shared<std::vector<uint16_t>>(bytes.size());

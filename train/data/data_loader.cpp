@@ -35,9 +35,9 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
     total += std::max<int64_t>(n - config.seq_len, 0);  // starts s with s + T + 1 <= n
     window_starts_end_.push_back(total);
   }
-  MANTISSA_CHECK(total > 0, "data '" << corpus_->name()
-                                     << "': no segment holds seq_len + 1 = " << config.seq_len + 1
-                                     << " tokens (the longest has " << longest << ")");
+  MANTISSA_REQUIRE(total > 0, kConfig,
+                   "data '" << corpus_->name() << "': no segment holds seq_len + 1 = "
+                            << config.seq_len + 1 << " tokens (the longest has " << longest << ")");
 }
 
 void DataLoader::read_window(int64_t k, std::span<int32_t> out) const {

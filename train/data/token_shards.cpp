@@ -21,10 +21,11 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
   std::vector<std::string> paths;
   if (rc == 0) paths.assign(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
   globfree(&matches);
-  MANTISSA_CHECK(rc != GLOB_NOMATCH,
-                 "token shards: pattern '" << pattern << "' matches no file (missing?)");
-  MANTISSA_CHECK(
-      rc == 0, "token shards: pattern '" << pattern << "': glob failed: " << std::strerror(errno));
+  MANTISSA_REQUIRE(rc != GLOB_NOMATCH, kConfig,
+                   "token shards: pattern '" << pattern << "' matches no file (missing?)");
+  MANTISSA_REQUIRE(
+      rc == 0, kConfig,
+      "token shards: pattern '" << pattern << "': glob failed: " << std::strerror(errno));
   return paths;
 }
 
@@ -35,7 +36,8 @@ std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, i
   // O_NONBLOCK: a named pipe is refused below instead of blocking the open until a writer
   // comes; a regular file reads the same with it.
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  MANTISSA_CHECK(fd >= 0, "token shard '" << path << "': cannot open: " << std::strerror(errno));
+  MANTISSA_REQUIRE(fd >= 0, kConfig,
+                   "token shard '" << path << "': cannot open: " << std::strerror(errno));
   struct stat st {};
   const int stat_rc = fstat(fd, &st);
   const int stat_errno = errno;
@@ -45,41 +47,44 @@ std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, i
       regular && size > 0 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
   const int mmap_errno = errno;
   close(fd);  // the mapping stays valid without the descriptor
-  MANTISSA_CHECK(stat_rc == 0,
-                 "token shard '" << path << "': cannot stat: " << std::strerror(stat_errno));
-  MANTISSA_CHECK(regular, "token shard '" << path << "' is not a regular file");
-  MANTISSA_CHECK(size > 0, "token shard '" << path << "' is empty (expected a " << kShardHeaderBytes
-                                           << "-byte header)");
-  MANTISSA_CHECK(data != MAP_FAILED,
-                 "token shard '" << path << "': cannot map: " << std::strerror(mmap_errno));
+  MANTISSA_REQUIRE(stat_rc == 0, kConfig,
+                   "token shard '" << path << "': cannot stat: " << std::strerror(stat_errno));
+  MANTISSA_REQUIRE(regular, kConfig, "token shard '" << path << "' is not a regular file");
+  MANTISSA_REQUIRE(
+      size > 0, kConfig,
+      "token shard '" << path << "' is empty (expected a " << kShardHeaderBytes << "-byte header)");
+  MANTISSA_REQUIRE(data != MAP_FAILED, kConfig,
+                   "token shard '" << path << "': cannot map: " << std::strerror(mmap_errno));
   std::shared_ptr<const void> mapping(
       data, [size](const void* p) { munmap(const_cast<void*>(p), static_cast<size_t>(size)); });
 
-  MANTISSA_CHECK(size >= kShardHeaderBytes, "token shard '" << path << "' is truncated: " << size
-                                                            << " bytes, shorter than the "
-                                                            << kShardHeaderBytes << "-byte header");
+  MANTISSA_REQUIRE(size >= kShardHeaderBytes, kConfig,
+                   "token shard '" << path << "' is truncated: " << size
+                                   << " bytes, shorter than the " << kShardHeaderBytes
+                                   << "-byte header");
   int32_t header[kShardHeaderInts];
   std::memcpy(header, data, sizeof header);
   const bool llama3 = header[0] == kLlama3ShardMagic;
-  MANTISSA_CHECK(llama3 || header[0] == kShardMagic,
-                 "token shard '" << path << "': bad magic " << header[0] << " (expected "
-                                 << kShardMagic << " or, for uint32 tokens, " << kLlama3ShardMagic
-                                 << "; not an llm.c token shard)");
+  MANTISSA_REQUIRE(llama3 || header[0] == kShardMagic, kConfig,
+                   "token shard '" << path << "': bad magic " << header[0] << " (expected "
+                                   << kShardMagic << " or, for uint32 tokens, " << kLlama3ShardMagic
+                                   << "; not an llm.c token shard)");
   const int32_t version = llama3 ? kLlama3ShardVersion : kShardVersion;
-  MANTISSA_CHECK(header[1] == version, "token shard '" << path << "': unsupported version "
-                                                       << header[1] << " (expected " << version
-                                                       << " with magic " << header[0] << ")");
+  MANTISSA_REQUIRE(header[1] == version, kConfig,
+                   "token shard '" << path << "': unsupported version " << header[1]
+                                   << " (expected " << version << " with magic " << header[0]
+                                   << ")");
   token_bytes = llama3 ? 4 : 2;
   count = header[2];
-  MANTISSA_CHECK(count >= 0,
-                 "token shard '" << path << "': negative token count " << count << " in header");
+  MANTISSA_REQUIRE(count >= 0, kConfig,
+                   "token shard '" << path << "': negative token count " << count << " in header");
   const int64_t expected = kShardHeaderBytes + token_bytes * count;
-  MANTISSA_CHECK(size == expected, "token shard '"
-                                       << path << "': file size " << size
-                                       << " bytes does not match the header's token count " << count
-                                       << " (expected " << kShardHeaderBytes << " + " << token_bytes
-                                       << "*" << count << " = " << expected
-                                       << " bytes; truncated or corrupt)");
+  MANTISSA_REQUIRE(size == expected, kConfig,
+                   "token shard '" << path << "': file size " << size
+                                   << " bytes does not match the header's token count " << count
+                                   << " (expected " << kShardHeaderBytes << " + " << token_bytes
+                                   << "*" << count << " = " << expected
+                                   << " bytes; truncated or corrupt)");
   return mapping;
 }
 
