@@ -116,6 +116,7 @@ struct CheckpointState {
   uint64_t data_fingerprint = 0;  // train::Corpus::fingerprint() of the training data; 0: unknown
   std::string config_text;        // the effective TrainConfig, protobuf text format
   std::string written_by;         // the build that saved it, "mantissa 0.2.0 (commit ...)"
+  double saved_unix_time = 0;     // when its save began; 0: unknown (an older checkpoint)
   // Layout of the "masters" buffer; save() stores it and load_latest() compares it.
   std::vector<ParameterLayout> parameters;
 

@@ -134,6 +134,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   p.set_data_fingerprint(state.data_fingerprint);
   p.set_config_text(state.config_text);
   p.set_written_by(state.written_by);
+  p.set_saved_unix_time(state.saved_unix_time);
   for (const ParameterLayout& layout : state.parameters) {
     mantissa::ParameterLayout& l = *p.add_parameters();
     l.set_name(layout.name);
@@ -219,6 +220,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   s.data_fingerprint = p.data_fingerprint();
   s.config_text = p.config_text();
   s.written_by = p.written_by();
+  s.saved_unix_time = p.saved_unix_time();
   for (const mantissa::ParameterLayout& l : p.parameters()) {
     CHECK_INTACT(checked_numel(l.shape()) >= 0 && l.offset() >= 0 && l.offset() <= kMaxElements,
                  path << ": parameter '" << l.name() << "' has an invalid shape or offset");

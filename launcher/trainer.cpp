@@ -145,6 +145,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   }
 
   build_metrics();
+  // Until this run saves, the newest checkpoint is the one it resumed from: the dashboard's
+  // checkpoint panels show it rather than nothing after every requeue.
+  if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
   log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), resumed);
   if (world.rank() == 0) {
     const std::string path = run_dir_ + "/config.pbtxt";
@@ -168,6 +171,12 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(build_name());
   say(summary);
+  const TrainConfig::Optimizer& optimizer = config_.optimizer();
+  if (optimizer.warmup_steps() > config_.run().steps()) {
+    say("mantissa: note: optimizer.warmup_steps " + std::to_string(optimizer.warmup_steps()) +
+        " is longer than run.steps " + std::to_string(config_.run().steps()) +
+        ": the learning rate ramps for the whole run and never reaches optimizer.adamw.lr");
+  }
   // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
   // bits): say so, so that runs on different machines can be compared.
   if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
@@ -257,6 +266,7 @@ void Trainer::build_metrics() {
                                              : core::cpu_nominal_peak_flops(omp_get_max_threads());
   options.flops_per_token = model_->flops_per_token();
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
+  options.run_steps = config_.run().steps();
   options.loss_scale_min =
       scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC ? scale.min() : 0.0;
   // Its errors name the fields, with their kind: a busy port is a failure (exit 1: a later
@@ -352,6 +362,7 @@ bool Trainer::restore() {
   start_step_ = state->step;
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
+  resumed_saved_unix_time_ = state->saved_unix_time;
   // Another corpus on resume is allowed (a second phase of training), but not silently. The
   // tokens decide, not the configured path: data moved to another directory is the same data.
   // Checkpoints from before the fingerprint was recorded compare the paths.
@@ -490,6 +501,8 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.data_fingerprint = data_fingerprint_;
   state.config_text = to_text(config_);
   state.written_by = build_name();
+  state.saved_unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   state.parameters = checkpoint::parameter_layout(params);
 
   const std::string dir = checkpointer_->save(state, checkpoint_slices());

@@ -123,6 +123,7 @@ class Trainer {
   int64_t start_step_ = 0;    // the step the loop starts at (after a resume: the saved one)
   int64_t tokens_total_ = 0;  // tokens trained on, all ranks together
   int64_t last_saved_step_ = -1;
+  double resumed_saved_unix_time_ = 0;  // of the checkpoint resumed from (0: none, or unknown)
 };
 
 }  // namespace mantissa::launcher

@@ -86,6 +86,7 @@ struct Metrics::State {
   Gauge* loss = nullptr;
   Gauge* grad_norm = nullptr;
   Gauge* learning_rate = nullptr;
+  Gauge* step = nullptr;
   Gauge* mfu = nullptr;
   Histogram* step_seconds = nullptr;
   Histogram* allreduce_seconds = nullptr;
@@ -199,6 +200,17 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                  .Help("Optimizer steps taken, skipped ones included")
                  .Register(reg)
                  .Add(r);
+  s.step = &BuildGauge()
+                .Name("mantissa_step")
+                .Help("Steps the run has done, those before a resume included")
+                .Register(reg)
+                .Add(r);
+  BuildGauge()
+      .Name("mantissa_run_steps")
+      .Help("Steps the run is configured to do (run.steps)")
+      .Register(reg)
+      .Add(r)
+      .Set(static_cast<double>(s.options.run_steps));
   s.tokens = &BuildCounter()
                   .Name("mantissa_tokens_total")
                   .Help("Tokens this rank trained on")
@@ -316,6 +328,7 @@ void Metrics::record_step(const StepRecord& record) {
   s.loss_scale->Set(report.loss_scale);
   if (report.skipped) s.overflow_steps->Increment();
   s.steps->Increment();
+  s.step->Set(static_cast<double>(report.step + 1));
   s.tokens->Increment(static_cast<double>(report.tokens));
   s.loss->Set(report.loss);
   s.grad_norm->Set(report.grad_norm);
@@ -366,11 +379,24 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds) {
   State& s = *state_;
   if (s.last_checkpoint_step == nullptr) {
     s.last_checkpoint_step = &s.last_checkpoint_step_family->Add(s.rank_labels);
+  }
+  if (s.last_checkpoint_time == nullptr) {
     s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
   }
   s.last_checkpoint_step->Set(static_cast<double>(step));
   s.last_checkpoint_time->SetToCurrentTime();
   s.checkpoint_seconds->Observe(seconds);
+}
+
+void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
+  State& s = *state_;
+  s.step->Set(static_cast<double>(step));
+  s.last_checkpoint_step = &s.last_checkpoint_step_family->Add(s.rank_labels);
+  s.last_checkpoint_step->Set(static_cast<double>(step));
+  if (saved_unix_time > 0) {
+    s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
+    s.last_checkpoint_time->Set(saved_unix_time);
+  }
 }
 
 int Metrics::listening_port() const {

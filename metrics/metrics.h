@@ -66,6 +66,9 @@ struct MetricsOptions {
   // The loss scaler's floor; exported as mantissa_loss_scale_min so the "loss scale
   // collapsed" alert can compare against it. 0 when the scale is not dynamic.
   double loss_scale_min = 0;
+  // run.steps, exported as mantissa_run_steps beside mantissa_step (the steps the run has
+  // done, those before a resume included): "step N of M" on a dashboard.
+  std::int64_t run_steps = 0;
 };
 
 class Metrics {
@@ -80,6 +83,9 @@ class Metrics {
 
   void record_step(const StepRecord& record);
   void record_checkpoint(std::int64_t step, double seconds);
+  // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
+  // it was saved (0: unknown, left unexported). Sets mantissa_step to that step too.
+  void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
 
   // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.
   // Call it before exiting the process by a path that skips destructors.

@@ -524,6 +524,20 @@ class Version(lu.TempDirTest):
 
 
 class RunOutcomes(lu.TempDirTest):
+    def test_a_warmup_longer_than_the_run_trains_with_a_note(self):
+        # A short trial of a config written for a longer run (the demo warms up for 20 steps).
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path, "--set", "optimizer.warmup_steps=20")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: note: optimizer.warmup_steps 20 is longer than run.steps 4: the "
+                      "learning rate ramps for the whole run and never reaches "
+                      "optimizer.adamw.lr\n", result.stderr)
+        lrs = [entry["lr"] for entry in lu.read_log(os.path.join(self.dir, "runs", "c"), 0)]
+        peak = float(re.search(r"(?m)^    lr: (\S+)$", self.mantissa(
+            "config", "--config", path).stdout).group(1))
+        for step, lr in enumerate(lrs):
+            self.assertAlmostEqual(lr, peak * (step + 1) / 20, delta=peak * 1e-6)
+
     def test_nothing_left_to_train_says_so(self):
         path = self.write("c.pbtxt", BASE)
         result = self.mantissa("train", "--config", path)

@@ -25,10 +25,13 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
+import urllib.request
 
 import launcher_util as lu
 
@@ -270,6 +273,35 @@ class Training(lu.TempDirTest):
         with open(os.path.join(run, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
         self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
+
+    def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
+        # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
+        # and save time) and the run's absolute step, not nothing.
+        result = self.mantissa(*self.train_args("resumed", "run.steps=10", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        run = self.run_dir("resumed")
+        process = self.start(*self.train_args("resumed", "run.steps=100000",
+                                              "checkpoint.every_steps=0", f"metrics.port={port}",
+                                              inject_rank=0))
+        try:
+            # The first run's 10 lines, and 10 of this one.
+            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 20, process)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text = r.read().decode()
+        finally:
+            process.kill()
+            process.communicate()
+        values = dict(re.findall(r'^(mantissa_\w+)\{rank="0"\} (\S+)$', text, re.MULTILINE))
+        self.assertEqual(values.get("mantissa_last_checkpoint_step"), "10", text)
+        saved_at = float(values.get("mantissa_last_checkpoint_timestamp_seconds", 0))
+        self.assertLess(abs(saved_at - os.path.getmtime(os.path.join(
+            run, "checkpoints", "step_00000010", "manifest.pb"))), 60)
+        self.assertEqual(values.get("mantissa_run_steps"), "100000")
+        # Absolute: this process alone has done about 10 steps.
+        self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
 
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,

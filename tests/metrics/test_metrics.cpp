@@ -126,6 +126,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   options.flops_per_token = 1e6;
   options.loss_scale_min = 1;
   options.build_labels = {{"revision", "0af4188c1a2b"}, {"version", "0.2.0"}};
+  options.run_steps = 100;
   Metrics metrics(options);
   ASSERT_EQ(metrics.listening_port(), options.port);
 
@@ -170,6 +171,9 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   EXPECT_GT(at("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.6e9);
   EXPECT_EQ(at("mantissa_checkpoint_seconds_count"), 1.0);
   EXPECT_EQ(at("mantissa_build_info", R"(,revision="0af4188c1a2b",version="0.2.0")"), 1.0);
+  // report.step is 0-based: the record of step 3 makes 4 steps done.
+  EXPECT_EQ(at("mantissa_step"), 4.0);
+  EXPECT_EQ(at("mantissa_run_steps"), 100.0);
 
   // Every series of ours carries the rank label (histogram buckets add le after it).
   for (const auto& [key, value] : s) {
@@ -188,6 +192,34 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
     EXPECT_NE(http(options.port, method, "/metrics").first, 200) << method;
   }
   EXPECT_EQ(ours(parse_exposition(http(options.port, "GET", "/metrics").second)), ours(s));
+}
+
+// After a resume the checkpoint gauges show the checkpoint resumed from until the run saves
+// one, and mantissa_step counts on from its step.
+TEST(Metrics, ResumedCheckpointShowsUntilTheNextSave) {
+  for (const double saved_at : {1.7e9, 0.0}) {
+    MetricsOptions options;
+    options.port = free_port();
+    Metrics metrics(options);
+    const auto scrape = [&](const std::string& name) {
+      return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
+                    name + R"({rank="0"})");
+    };
+    metrics.record_resumed_checkpoint(50, saved_at);
+    EXPECT_EQ(scrape("mantissa_last_checkpoint_step"), 50.0);
+    EXPECT_EQ(scrape("mantissa_step"), 50.0);
+    EXPECT_EQ(scrape("mantissa_checkpoint_seconds_count"), 0.0) << "no save was timed";
+    if (saved_at > 0) {
+      EXPECT_EQ(scrape("mantissa_last_checkpoint_timestamp_seconds"), saved_at);
+    } else {
+      EXPECT_FALSE(scrape("mantissa_last_checkpoint_timestamp_seconds")) << "unknown: absent";
+    }
+    metrics.record_step(step_record(50, false));
+    EXPECT_EQ(scrape("mantissa_step"), 51.0);
+    metrics.record_checkpoint(51, 0.5);
+    EXPECT_EQ(scrape("mantissa_last_checkpoint_step"), 51.0);
+    EXPECT_GT(scrape("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.7e9);
+  }
 }
 
 TEST(Metrics, PortZeroOpensNoSocket) {
