@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -70,16 +72,58 @@ std::string format_rate(double per_second) {
   return buffer;
 }
 
+// The step of a whole line of the log ({"step":N,...}), or -1 (a line cut short by a crash).
+int64_t line_step(const std::string& line) {
+  constexpr std::string_view kPrefix = "{\"step\":";
+  if (!line.starts_with(kPrefix) || !line.ends_with('}')) return -1;
+  int64_t step = -1;
+  const char* begin = line.data() + kPrefix.size();
+  const auto [end, error] = std::from_chars(begin, line.data() + line.size(), step);
+  return error == std::errc() && *end == ',' ? step : -1;
+}
+
+void write_file(const std::string& path, const char* mode, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), mode);
+  MANTISSA_REQUIRE(f != nullptr, kFailure,
+                   "cannot open '" << path << "': " << std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
+                       std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
+  const int error = errno;
+  std::fclose(f);
+  MANTISSA_REQUIRE(written, kFailure, "cannot write '" << path << "': " << std::strerror(error));
+}
+
+// Moves the lines of steps >= first_step (and cut-short ones) from `path` to the end of
+// `rolled_back`: first appended there, then `path` replaced by what stays (a crash in between
+// leaves them in both, never in neither).
+void move_redone_steps(const std::string& path, const std::string& rolled_back,
+                       int64_t first_step) {
+  std::ifstream in(path);
+  if (!in) return;  // a new log
+  std::string kept, moved;
+  for (std::string line; std::getline(in, line);) {
+    const int64_t step = line_step(line);
+    (step >= 0 && step < first_step ? kept : moved) += line + '\n';
+  }
+  if (moved.empty()) return;
+  write_file(rolled_back, "a", moved);
+  write_file(path + ".tmp", "w", kept);
+  MANTISSA_REQUIRE(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, kFailure,
+                   "cannot replace '" << path << "': " << std::strerror(errno));
+}
+
 }  // namespace
 
-StepLog::StepLog(const std::string& run_dir, int rank, bool append) {
+StepLog::StepLog(const std::string& run_dir, int rank, int64_t first_step) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   MANTISSA_REQUIRE(!ec, kFailure,
                    "cannot create log directory '" << dir.string() << "': " << ec.message());
-  path_ = (dir / ("rank" + std::to_string(rank) + ".jsonl")).string();
-  file_ = std::fopen(path_.c_str(), append ? "a" : "w");
+  const std::string name = "rank" + std::to_string(rank);
+  path_ = (dir / (name + ".jsonl")).string();
+  move_redone_steps(path_, (dir / (name + ".rolled_back.jsonl")).string(), first_step);
+  file_ = std::fopen(path_.c_str(), "a");
   MANTISSA_REQUIRE(file_ != nullptr, kFailure,
                    "cannot open log '" << path_ << "': " << std::strerror(errno));
 }

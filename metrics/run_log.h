@@ -9,8 +9,10 @@
 // rank), step_seconds, allreduce_seconds, host_syncs (the backend's host synchronisations in
 // the step), time (Unix seconds), and skipped_param (the first
 // parameter whose gradient was non-finite on this rank) when there is one. Non-finite numbers
-// are written as null. A resumed run appends, so a step redone after a crash appears twice:
-// the later line is the one that counts.
+// are written as null. Each step appears once: a run that starts at step S (0 when it starts
+// afresh, else the step of the checkpoint it resumed from) first moves the lines of steps S and
+// later, which it redoes (those after the checkpoint, or a whole earlier attempt), to
+// log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
 //
 // ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
 // terminal the line updates in place every step and is kept every log_every steps; otherwise a
@@ -27,9 +29,10 @@ namespace mantissa::metrics {
 
 class StepLog {
  public:
-  // Opens <run_dir>/log/rank<rank>.jsonl (creating log/), appending when `append`, else
-  // starting it afresh. Throws core::Error naming the file when it cannot.
-  StepLog(const std::string& run_dir, int rank, bool append);
+  // Opens <run_dir>/log/rank<rank>.jsonl (creating log/) for a run starting at 0-based step
+  // `first_step`, after moving the lines of that step and later to rank<rank>.rolled_back.jsonl
+  // (see above). Throws core::Error naming the file when it cannot.
+  StepLog(const std::string& run_dir, int rank, int64_t first_step);
   ~StepLog();
   StepLog(const StepLog&) = delete;
   StepLog& operator=(const StepLog&) = delete;

@@ -303,6 +303,32 @@ class Training(lu.TempDirTest):
         # Absolute: this process alone has done about 10 steps.
         self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
 
+    def test_steps_redone_after_a_crash_are_logged_once(self):
+        # A hard stop after the last checkpoint: the resumed run redoes the steps since it. The
+        # log keeps each step once (the redone ones), the lines of the lost attempt move to
+        # rank0.rolled_back.jsonl in their order.
+        run = self.run_dir("crash")
+        log = os.path.join(run, "log", "rank0.jsonl")
+        process = self.start(*self.train_args("crash", "run.steps=100000",
+                                              "checkpoint.every_steps=10", inject_rank=0))
+        try:
+            lu.wait_for_lines(log, 25, process)
+        finally:
+            process.kill()
+            process.communicate()
+        before = [json.loads(line)["step"] for line in open(log) if line.endswith("}\n")]
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            saved = int(f.read().strip().removeprefix("step_"))
+        self.assertLess(saved, before[-1] + 1, "the crash must come after the checkpoint")
+        end = before[-1] + 3
+        result = self.mantissa(*self.train_args("crash", f"run.steps={end}",
+                                                "checkpoint.every_steps=10", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([e["step"] for e in lu.read_log(run, 0)], list(range(end)))
+        with open(os.path.join(run, "log", "rank0.rolled_back.jsonl")) as f:
+            rolled_back = [json.loads(line)["step"] for line in f if line.endswith("}\n")]
+        self.assertEqual(rolled_back, [s for s in before if s >= saved])
+
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,
         # max_seq_len 64, vocab 256 (no padding).
