@@ -176,6 +176,18 @@ bool Checkpointer::has_checkpoint() const {
   return !steps().empty();
 }
 
+std::optional<CheckpointState> Checkpointer::newest_manifest() const {
+  for (const int64_t step : steps()) {
+    const std::string path = options_.dir + "/" + checkpoint_dir_name(step) + "/" + kManifestName;
+    try {
+      return decode_manifest(read_whole_file(path), path).state;
+    } catch (const CheckpointDamaged&) {
+      // The load falls back past it too.
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<int64_t> Checkpointer::steps() const {
   return list_checkpoints(options_.dir);
 }

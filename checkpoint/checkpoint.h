@@ -196,6 +196,9 @@ class Checkpointer {
   bool has_checkpoint() const;
   // The steps of the step_* directories in `dir`, newest first (complete or not yet verified).
   std::vector<int64_t> steps() const;
+  // What the newest checkpoint whose manifest verifies records, read without its payload (a
+  // look before a load of many gigabytes); nullopt when no manifest verifies. Not collective.
+  std::optional<CheckpointState> newest_manifest() const;
   // Collective. steps(), checked to be the same list on every rank: throws core::Error on
   // every rank otherwise, each naming what it sees (a file system that shows the ranks
   // different directories).

@@ -14,6 +14,29 @@
 #include "launcher/trainer.h"
 
 namespace mantissa::launcher {
+namespace {
+
+// The weights fitting the model's shapes is not enough: heads, the RoPE base or the norm
+// epsilon change what they compute without changing a shape, and --format hf writes them into
+// config.json. The model is the one the checkpoint trained.
+void require_model_of(const checkpoint::CheckpointState& state, const TrainConfig& config,
+                      const std::string& dir) {
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  if (!recorded) return;
+  // Except a Llama's seq_len, which changes no weight and only config.json's
+  // max_position_embeddings: a longer context is the user's call.
+  std::vector<std::string> changed = model_differences(*recorded, config);
+  std::erase_if(changed,
+                [](const std::string& c) { return c.starts_with("model.llama.seq_len "); });
+  if (changed.empty()) return;
+  std::string list;
+  for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
+  throw core::ConfigError("checkpoint step " + std::to_string(state.step) + " in " + dir +
+                          " was trained with another model config (checkpoint -> this config: " +
+                          list + "): export the model it trained, with the checkpoint's values");
+}
+
+}  // namespace
 
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
@@ -57,6 +80,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   const std::string dir = config.run().dir() + "/checkpoints";
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},
                                         checkpoint::CheckpointGroup{}, *backend);
+  // Before reading gigabytes of weights: the newest manifest says which model they are.
+  if (const std::optional<checkpoint::CheckpointState> newest = checkpointer.newest_manifest()) {
+    require_model_of(*newest, config, dir);
+  }
   const std::optional<checkpoint::CheckpointState> state = [&] {
     try {
       return checkpointer.load_latest(checkpoint::parameter_layout(params),
@@ -68,26 +95,8 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   }();
   require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
           "holds no checkpoint to export (" + dir + " is empty or missing)");
+  require_model_of(*state, config, dir);
   const std::string step = std::to_string(state->step);
-  // The weights fitting the model's shapes is not enough: heads, the RoPE base or the norm
-  // epsilon change what they compute without changing a shape, and --format hf writes them
-  // into config.json. The model is the one the checkpoint trained.
-  if (const std::optional<TrainConfig> recorded = recorded_config(state->config_text)) {
-    // Except a Llama's seq_len, which changes no weight and only config.json's
-    // max_position_embeddings: a longer context is the user's call.
-    std::vector<std::string> changed = model_differences(*recorded, config);
-    std::erase_if(changed,
-                  [](const std::string& c) { return c.starts_with("model.llama.seq_len "); });
-    if (!changed.empty()) {
-      std::string list;
-      for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
-      throw core::ConfigError("checkpoint step " + step + " in " + dir +
-                              " was trained with another model config (checkpoint -> this "
-                              "config: " +
-                              list +
-                              "): export the model it trained, with the checkpoint's values");
-    }
-  }
   if (layout) {
     const std::optional<std::string> tokenizer = run_tokenizer_file(config);
     if (!tokenizer && config.data().has_token_shards() &&

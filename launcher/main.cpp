@@ -94,6 +94,8 @@ exit codes:
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
   130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint
+  other codes above 128: a rank was killed by signal (code - 128; 137 is SIGKILL, as the
+     kernel's OOM killer sends), without a checkpoint; mpirun or srun names the rank
 
 defaults of fields the config leaves unset:
 )";
