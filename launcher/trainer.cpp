@@ -171,6 +171,13 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(build_name());
   say(summary);
+  // The validation set caps what each evaluation reads: said, not silently.
+  const int64_t eval_windows = std::max<int64_t>(1, config_.run().eval_tokens() / dims.seq_len);
+  if (evaluator_ && evaluator_->tokens() < eval_windows * dims.seq_len) {
+    say("mantissa: note: run.eval_tokens is " + std::to_string(config_.run().eval_tokens()) +
+        ", and the validation set holds " + std::to_string(evaluator_->tokens()) +
+        " tokens in whole windows of seq_len + 1: each evaluation reads those");
+  }
   const TrainConfig::Optimizer& optimizer = config_.optimizer();
   if (optimizer.warmup_steps() > config_.run().steps()) {
     say("mantissa: note: optimizer.warmup_steps " + std::to_string(optimizer.warmup_steps()) +

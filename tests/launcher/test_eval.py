@@ -13,6 +13,7 @@
 
 import math
 import os
+import re
 
 import launcher_util as lu
 
@@ -67,6 +68,16 @@ class Evaluation(lu.TempDirTest):
         first, last = curves[0][9], curves[0][39]
         self.assertLess(last, first - 0.1, f"the validation loss should fall: {curves[0]}")
         self.assertTrue(all(math.isfinite(v) for v in curves[0].values()))
+
+    def test_a_validation_set_smaller_than_eval_tokens_is_noted(self):
+        result = self.train("capped", "run.steps=10", "run.eval_tokens=100000000")
+        notes = re.findall(r"^mantissa: note: run.eval_tokens is 100000000, and the validation "
+                           r"set holds (\d+) tokens in whole windows of seq_len \+ 1: each "
+                           r"evaluation reads those$", result.stderr, re.M)
+        self.assertEqual(len(notes), 1, result.stderr)
+        self.assertLess(int(notes[0]), 100000000)
+        self.assertEqual(int(notes[0]) % 64, 0, "whole windows of seq_len 64")
+        self.assertNotIn("note: run.eval_tokens", self.train("fits", "run.steps=10").stderr)
 
     def test_one_rank_equals_two_in_fp32(self):
         # The same weights on both (a learning rate too small to move an FP32 weight), the same
