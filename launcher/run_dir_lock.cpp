@@ -53,7 +53,11 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
 }
 
 RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the only descriptor releases the flock
+  if (fd_ < 0) return;
+  // Emptied while still held, so that a finished run leaves no pid that reads as a holder; a
+  // crash leaves it, and the kernel still drops the flock.
+  [[maybe_unused]] const int truncated = ::ftruncate(fd_, 0);
+  ::close(fd_);  // closing the only descriptor releases the flock
 }
 
 }  // namespace mantissa::launcher

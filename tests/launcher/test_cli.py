@@ -13,6 +13,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -222,11 +223,21 @@ class ConfigErrors(lu.TempDirTest):
                 'mantissa: run.dir = "runs/c": another run is using it (pid 4242 on node7); wait '
                 'for it to end, or choose another run.dir')
         # Released (as the kernel releases it when its holder ends, however it ends): the run
-        # starts, and holds the lock itself while it runs.
-        result = self.mantissa("train", "--config", os.path.join(self.dir, "c.pbtxt"))
-        self.assertEqual(result.returncode, 0, result.stderr)
+        # starts, holds the lock itself while it runs, and empties it when it ends.
+        process = self.start("train", "--config", os.path.join(self.dir, "c.pbtxt"), "--set",
+                             "run.steps=1000000")
+        try:
+            lu.wait_for_lines(os.path.join(run_dir, "log", "rank0.jsonl"), 1, process)
+            with open(os.path.join(run_dir, ".lock")) as f:
+                self.assertRegex(f.read(), rf"^pid {process.pid} on \S+\n$")
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0)
         with open(os.path.join(run_dir, ".lock")) as f:
-            self.assertRegex(f.read(), r"^pid [0-9]+ on \S+\n$")
+            self.assertEqual(f.read(), "", "a finished run leaves no holder's pid behind")
 
     def test_run_dir_lock_file_that_cannot_be_opened(self):
         # A run.dir this user may not write to refuses the lock file; the tests run as root,
