@@ -320,7 +320,8 @@ def write_empty_config(workdir):
 
 
 def read_step_log(run_dir, rank):
-    """log/rank<R>.jsonl as {step: entry}; a step redone after a resume keeps its last line."""
+    """log/rank<R>.jsonl as {step: entry} (one line per step: a resume moves the lines of the
+    steps it redoes to rank<R>.rolled_back.jsonl)."""
     entries = {}
     with open(os.path.join(run_dir, "log", f"rank{rank}.jsonl")) as f:
         for line in f:

@@ -107,7 +107,8 @@ def main():
             slurm_scripts = os.path.join(args.source_dir, "deploy", "slurm")
 
             def submit(name, script, steps, sbatch_args=(), default_run_dir=False, **job_env):
-                # The default run directory is runs/<job name> in the job's working directory.
+                # The default run directory is mantissa train's: runs/<config file name> in the
+                # job's working directory.
                 job_env = dict(env, **job_env)
                 if not default_run_dir:
                     job_env["MANTISSA_RUN_DIR"] = os.path.join(workdir, f"run-{name}")
@@ -160,7 +161,7 @@ def main():
             sd_file_b = os.path.join(sd_dir, f"mantissa-{job_b}.json")
             targets_b = read_json(sd_file_b)
             if targets_b != [{"targets": [f"{host}:{port_b + r}" for r in range(2)],
-                              "labels": {"job": "mantissa-slurm-mantissa-b",
+                              "labels": {"job": "mantissa-slurm-run-b",
                                          "slurm_job_name": "mantissa-b"}}]:
                 harness.fail(f"job b's file_sd targets are {targets_b}")
             if 'mantissa_steps_total{rank="1"}' not in harness.http_get(
@@ -207,7 +208,7 @@ def main():
                 harness.fail(f"job b left its file_sd targets behind: {sd_file_b}")
             if not 0 <= stopped_at < STEPS - 1:
                 harness.fail(f"job b stopped after step {stopped_at}: not in the middle")
-            log_a = harness.read_step_log(os.path.join(workdir, "runs", "mantissa-a"), 0)
+            log_a = harness.read_step_log(os.path.join(workdir, "runs", "train"), 0)
             log_b = harness.read_step_log(run_b, 0)
             if sorted(log_a) != list(range(STEPS)) or sorted(log_b) != list(range(STEPS)):
                 harness.fail(f"steps missing: a logged {sorted(log_a)}, b {sorted(log_b)}")
