@@ -207,7 +207,7 @@ std::vector<int64_t> Checkpointer::agreed_steps() const {
   if (agree(listing == mean)) return found;
   std::string names;
   for (int64_t step : found) names += (names.empty() ? "" : ", ") + checkpoint_dir_name(step);
-  throw core::Error("checkpoint load: the ranks list different checkpoints in " + options_.dir +
+  throw core::Error("checkpoint listing: the ranks list different checkpoints in " + options_.dir +
                     " (rank " + std::to_string(group_.rank) + ": " +
                     (names.empty() ? "none" : names) +
                     "): every rank must see the same directory on a shared file system");

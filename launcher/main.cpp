@@ -57,8 +57,10 @@ output, in run.dir (default runs/<config file name>):
 
 signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
 to all) stops every rank at the same step after a checkpoint is written; the exit code is then
-0. SIGINT (Ctrl-C) does
-the same with exit code 130; a second Ctrl-C ends the process at once, without a checkpoint.
+0. SIGINT (Ctrl-C) does the same with exit code 130; a second Ctrl-C ends the process at once,
+without a checkpoint. mpirun itself answers Ctrl-C or SIGTERM by killing the ranks one second
+later, before most checkpoints are written: send it SIGUSR1, or launch through
+deploy/mantissa-mpirun, which turns Ctrl-C into SIGUSR1.
 
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: every core; under mpirun give each

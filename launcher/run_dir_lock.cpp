@@ -28,10 +28,17 @@ std::string holder_of(int fd) {
 RunDirLock::RunDirLock(const std::string& run_dir) {
   const std::string path = run_dir + "/" + kRunDirLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  // run.dir exists (the caller made it) but refuses the file: not writable by this user.
-  MANTISSA_REQUIRE(fd_ >= 0, kConfig,
-                   "run.dir = \"" << run_dir << "\": cannot open the run directory's lock file '"
-                                  << path << "': " << std::strerror(errno));
+  if (fd_ < 0) {
+    // run.dir exists (the caller made it) but refuses the file: a directory this user may not
+    // write to is a setting to fix; a full disk or a failing file system may not stay so.
+    const int error = errno;
+    const bool setting = error == EACCES || error == EPERM || error == EROFS || error == EISDIR ||
+                         error == ENOTDIR || error == ELOOP;
+    core::throw_error_of_kind(setting ? core::ErrorKind::kConfig : core::ErrorKind::kFailure,
+                              "run.dir = \"" + run_dir +
+                                  "\": cannot open the run directory's lock file '" + path +
+                                  "': " + std::strerror(error));
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     const std::string holder = holder_of(fd_);

@@ -211,50 +211,47 @@ void Trainer::build_data() {
   const ModelShape dims = model_shape(config_.model());
   const uint64_t seed = config_.run().seed();
   // Data problems found while loading (a malformed shard, a corpus shorter than one sequence)
-  // are configuration errors like a missing file: nothing can be trained from them.
-  try {
-    train::Corpus corpus;
-    std::optional<train::Corpus> validation;
-    if (data.has_text_file()) {
-      auto [head, tail] = train::Corpus::text_file(data.text_file().path())
-                              .split_tail(data.text_file().val_fraction());
-      corpus = std::move(head);
-      if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
-    } else if (data.has_token_shards()) {
-      const int64_t vocab = dims.vocab_size;
-      // A model smaller than the tokenizer the shards were encoded with would stop at the first
-      // batch holding a token past it, maybe hours in.
-      if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
-        const TokenizerClient tokenizer(*path);
-        require(tokenizer.vocab_size() <= vocab, dims.prefix + ".vocab_size", std::to_string(vocab),
-                "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
-                    " pieces of the tokenizer " + *path + " (the shards' tokenizer)");
-      }
-      corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
-      const std::string& val_pattern = data.token_shards().val_pattern();
-      if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
-    } else {
-      corpus = train::Corpus::synthetic(seed, data.synthetic().n_tokens());
-      if (data.synthetic().val_tokens() > 0) {
-        validation = train::Corpus::synthetic_validation(seed, data.synthetic().val_tokens());
-      }
+  // are configuration errors like a missing file (the readers throw them as such); a failure
+  // of the machine (mantissa-tokenize killed, memory) is not.
+  train::Corpus corpus;
+  std::optional<train::Corpus> validation;
+  if (data.has_text_file()) {
+    auto [head, tail] = train::Corpus::text_file(data.text_file().path())
+                            .split_tail(data.text_file().val_fraction());
+    corpus = std::move(head);
+    if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
+  } else if (data.has_token_shards()) {
+    const int64_t vocab = dims.vocab_size;
+    // A model smaller than the tokenizer the shards were encoded with would stop at the first
+    // batch holding a token past it, maybe hours in.
+    if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+      const TokenizerClient tokenizer(*path);
+      require(tokenizer.vocab_size() <= vocab, dims.prefix + ".vocab_size", std::to_string(vocab),
+              "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
+                  " pieces of the tokenizer " + *path + " (the shards' tokenizer)");
     }
-    data_fingerprint_ = corpus.fingerprint();
-    train::DataLoaderConfig loader;
-    loader.seq_len = dims.seq_len;
-    loader.micro_batch = data.micro_batch_size();
-    loader.world_size = world_.size();
-    loader.rank = world_.rank();
-    loader.seed = seed;
-    loader_ = std::make_unique<train::DataLoader>(
-        std::make_shared<const train::Corpus>(std::move(corpus)), loader);
-    if (config_.run().eval_every() > 0 && validation) {
-      evaluator_ = std::make_unique<train::Evaluator>(
-          std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
-          config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank());
+    corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
+    const std::string& val_pattern = data.token_shards().val_pattern();
+    if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
+  } else {
+    corpus = train::Corpus::synthetic(seed, data.synthetic().n_tokens());
+    if (data.synthetic().val_tokens() > 0) {
+      validation = train::Corpus::synthetic_validation(seed, data.synthetic().val_tokens());
     }
-  } catch (const core::Error& e) {
-    throw core::ConfigError(e.what());
+  }
+  data_fingerprint_ = corpus.fingerprint();
+  train::DataLoaderConfig loader;
+  loader.seq_len = dims.seq_len;
+  loader.micro_batch = data.micro_batch_size();
+  loader.world_size = world_.size();
+  loader.rank = world_.rank();
+  loader.seed = seed;
+  loader_ = std::make_unique<train::DataLoader>(
+      std::make_shared<const train::Corpus>(std::move(corpus)), loader);
+  if (config_.run().eval_every() > 0 && validation) {
+    evaluator_ = std::make_unique<train::Evaluator>(
+        std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
+        config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank());
   }
 }
 
@@ -445,7 +442,8 @@ void Trainer::import_initial_weights() {
       models::import_llmc_gpt2(path, dynamic_cast<models::GPT2&>(*model_), *backend_);
     }
   } catch (const core::Error& e) {
-    throw core::ConfigError("model.init_from = \"" + path + "\": " + e.what());
+    // The readers say which input is wrong (a config error) or what failed (the machine).
+    core::throw_error_of_kind(e.kind(), "model.init_from = \"" + path + "\": " + e.what());
   }
   say(std::string("mantissa: initial weights from the ") +
       (hf ? "Hugging Face model " : "llm.c model ") + path);

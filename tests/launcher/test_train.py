@@ -254,11 +254,15 @@ class Training(lu.TempDirTest):
 
     def test_ctrl_c_on_mantissa_mpirun_shows_the_stop(self):
         # Ctrl-C at a terminal signals the foreground process group: deploy/mantissa-mpirun and
-        # its stderr filter. The wrapper passes SIGINT on to mpirun (in a session of its own),
-        # the ranks stop with a checkpoint, and their last words still come through the filter.
+        # its stderr filter. The wrapper turns it into SIGUSR1 to mpirun (in a session of its
+        # own), which forwards it and waits, the ranks stop with a checkpoint, their last words
+        # still come through the filter, and the wrapper exits 130. mpirun's own answer to
+        # SIGINT, SIGTERM to the ranks and SIGKILL odls_base_sigkill_timeout later, is set to
+        # kill at once here: passed on, it would leave no checkpoint.
         wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
         run = self.run_dir("ctrl_c_wrapper")
-        command = [wrapper, *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
+        command = [wrapper, "--mca", "odls_base_sigkill_timeout", "0",
+                   *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
                    *self.train_args("ctrl_c_wrapper", "run.steps=2000", inject_rank=0)]
         process = subprocess.Popen(command, cwd=self.dir, env=lu.environment(), text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -270,6 +274,8 @@ class Training(lu.TempDirTest):
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+        self.assertEqual(process.returncode, 130, stderr)
+        self.assertIn("mantissa-mpirun: SIGINT: asking the ranks to checkpoint and stop", stderr)
         stopped = len(lu.read_log(run, 0))
         with open(os.path.join(run, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
