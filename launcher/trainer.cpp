@@ -148,7 +148,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // Until this run saves, the newest checkpoint is the one it resumed from: the dashboard's
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
-  log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), start_step_);
+  log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), world.size(), start_step_);
   if (world.rank() == 0) {
     const std::string path = run_dir_ + "/config.pbtxt";
     std::ofstream out(path);

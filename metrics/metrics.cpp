@@ -271,7 +271,7 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                                        .Register(reg);
   s.last_checkpoint_time_family = &BuildGauge()
                                        .Name("mantissa_last_checkpoint_timestamp_seconds")
-                                       .Help("Unix time the newest checkpoint was written")
+                                       .Help("Unix time the save of the newest checkpoint began")
                                        .Register(reg);
   s.checkpoint_seconds = &BuildHistogram()
                               .Name("mantissa_checkpoint_seconds")
@@ -384,7 +384,11 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds) {
     s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
   }
   s.last_checkpoint_step->Set(static_cast<double>(step));
-  s.last_checkpoint_time->SetToCurrentTime();
+  // When the save began, as the checkpoint records it (saved_unix_time), so that a resumed run
+  // shows the same time for it.
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  s.last_checkpoint_time->Set(now - seconds);
   s.checkpoint_seconds->Observe(seconds);
 }
 

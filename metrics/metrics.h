@@ -82,6 +82,7 @@ class Metrics {
   Metrics& operator=(const Metrics&) = delete;
 
   void record_step(const StepRecord& record);
+  // A checkpoint of `step` whose save took `seconds`, ending now.
   void record_checkpoint(std::int64_t step, double seconds);
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
   // it was saved (0: unknown, left unexported). Sets mantissa_step to that step too.

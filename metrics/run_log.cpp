@@ -1,5 +1,6 @@
 #include "metrics/run_log.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 
@@ -93,36 +96,66 @@ void write_file(const std::string& path, const char* mode, const std::string& te
   MANTISSA_REQUIRE(written, kFailure, "cannot write '" << path << "': " << std::strerror(error));
 }
 
-// Moves the lines of steps >= first_step (and cut-short ones) from `path` to the end of
-// `rolled_back`: first appended there, then `path` replaced by what stays (a crash in between
-// leaves them in both, never in neither).
-void move_redone_steps(const std::string& path, const std::string& rolled_back,
+// A directory's entries (a file created or renamed in it) on disk.
+void sync_directory(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MANTISSA_REQUIRE(fd >= 0, kFailure,
+                   "cannot open '" << dir.string() << "': " << std::strerror(errno));
+  const bool synced = ::fsync(fd) == 0;
+  const int error = errno;
+  ::close(fd);
+  MANTISSA_REQUIRE(synced, kFailure,
+                   "cannot sync '" << dir.string() << "': " << std::strerror(error));
+}
+
+// Keeps in `path` the last line of each step before first_step and moves every other line
+// (steps >= first_step, a step's earlier lines as logs before the move have them, cut-short
+// lines) to the end of `rolled_back`: appended and synced there first, then `path` replaced by
+// what stays (a crash in between leaves a line in both, never in neither).
+void move_redone_steps(const std::filesystem::path& path, const std::filesystem::path& rolled_back,
                        int64_t first_step) {
   std::ifstream in(path);
   if (!in) return;  // a new log
-  std::string kept, moved;
+  std::vector<std::string> lines;
+  std::unordered_map<int64_t, size_t> last_line_of_step;
   for (std::string line; std::getline(in, line);) {
-    const int64_t step = line_step(line);
-    (step >= 0 && step < first_step ? kept : moved) += line + '\n';
+    last_line_of_step[line_step(line)] = lines.size();
+    lines.push_back(std::move(line));
+  }
+  std::string kept, moved;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const int64_t step = line_step(lines[i]);
+    const bool keep = step >= 0 && step < first_step && last_line_of_step[step] == i;
+    (keep ? kept : moved) += lines[i] + '\n';
   }
   if (moved.empty()) return;
-  write_file(rolled_back, "a", moved);
-  write_file(path + ".tmp", "w", kept);
-  MANTISSA_REQUIRE(std::rename((path + ".tmp").c_str(), path.c_str()) == 0, kFailure,
-                   "cannot replace '" << path << "': " << std::strerror(errno));
+  write_file(rolled_back.string(), "a", moved);
+  const std::string tmp = path.string() + ".tmp";
+  write_file(tmp, "w", kept);
+  sync_directory(path.parent_path());
+  MANTISSA_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, kFailure,
+                   "cannot replace '" << path.string() << "': " << std::strerror(errno));
+  sync_directory(path.parent_path());
 }
 
 }  // namespace
 
-StepLog::StepLog(const std::string& run_dir, int rank, int64_t first_step) {
+StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   MANTISSA_REQUIRE(!ec, kFailure,
                    "cannot create log directory '" << dir.string() << "': " << ec.message());
-  const std::string name = "rank" + std::to_string(rank);
-  path_ = (dir / (name + ".jsonl")).string();
-  move_redone_steps(path_, (dir / (name + ".rolled_back.jsonl")).string(), first_step);
+  const auto log_of = [&](int r, const char* suffix) {
+    return dir / ("rank" + std::to_string(r) + suffix);
+  };
+  // This rank's log, and those of ranks r + N, r + 2N, ... an earlier attempt on more ranks
+  // wrote, which no rank of this run appends to.
+  for (int r = rank; r == rank || std::filesystem::exists(log_of(r, ".jsonl"), ec);
+       r += world_size) {
+    move_redone_steps(log_of(r, ".jsonl"), log_of(r, ".rolled_back.jsonl"), first_step);
+  }
+  path_ = log_of(rank, ".jsonl").string();
   file_ = std::fopen(path_.c_str(), "a");
   MANTISSA_REQUIRE(file_ != nullptr, kFailure,
                    "cannot open log '" << path_ << "': " << std::strerror(errno));

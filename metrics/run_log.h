@@ -11,7 +11,8 @@
 // parameter whose gradient was non-finite on this rank) when there is one. Non-finite numbers
 // are written as null. Each step appears once: a run that starts at step S (0 when it starts
 // afresh, else the step of the checkpoint it resumed from) first moves the lines of steps S and
-// later, which it redoes (those after the checkpoint, or a whole earlier attempt), to
+// later, which it redoes (those after the checkpoint, or a whole earlier attempt), and any
+// earlier line of a step logged twice (by versions before this rule), to
 // log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
 //
 // ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
@@ -29,10 +30,12 @@ namespace mantissa::metrics {
 
 class StepLog {
  public:
-  // Opens <run_dir>/log/rank<rank>.jsonl (creating log/) for a run starting at 0-based step
-  // `first_step`, after moving the lines of that step and later to rank<rank>.rolled_back.jsonl
-  // (see above). Throws core::Error naming the file when it cannot.
-  StepLog(const std::string& run_dir, int rank, int64_t first_step);
+  // Opens <run_dir>/log/rank<rank>.jsonl (creating log/) for a run of `world_size` ranks
+  // starting at 0-based step `first_step`, after moving the lines of that step and later to
+  // rank<rank>.rolled_back.jsonl (see above), also in the logs of ranks rank + world_size,
+  // rank + 2 world_size, ... of an earlier attempt on more ranks. Throws core::Error naming the
+  // file when it cannot.
+  StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step);
   ~StepLog();
   StepLog(const StepLog&) = delete;
   StepLog& operator=(const StepLog&) = delete;

@@ -311,23 +311,26 @@ class Training(lu.TempDirTest):
         self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
 
     def test_steps_redone_after_a_crash_are_logged_once(self):
-        # A crash after step 30 before its checkpoint was complete (its directory removed):
-        # the resumed run redoes steps 20 to 29 from the checkpoint of step 20. The log keeps
-        # each step once (the redone lines), the lines of the lost attempt move to
-        # rank0.rolled_back.jsonl in their order.
+        # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory
+        # removed), resumed on 1 rank: it redoes steps 20 to 29 from the checkpoint of step 20.
+        # Each log keeps each step once, rank 1's included, which no rank appends to now; the
+        # lines of the lost attempt move to rank<R>.rolled_back.jsonl in their order.
         run = self.run_dir("crash")
         result = self.mantissa(*self.train_args("crash", "run.steps=30",
-                                                "checkpoint.every_steps=10", inject_rank=0))
+                                                "checkpoint.every_steps=10", inject_rank=0),
+                               ranks=RANKS)
         self.assertEqual(result.returncode, 0, result.stderr)
-        lost = lu.read_log(run, 0)[20:]
+        lost = [lu.read_log(run, rank)[20:] for rank in range(RANKS)]
         shutil.rmtree(os.path.join(run, "checkpoints", "step_00000030"))
         result = self.mantissa(*self.train_args("crash", "run.steps=33",
                                                 "checkpoint.every_steps=10", inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("checkpoints/step_00000020 (saved by 1 rank)", result.stderr)
+        self.assertIn("checkpoints/step_00000020 (saved by 2 ranks)", result.stderr)
         self.assertEqual([e["step"] for e in lu.read_log(run, 0)], list(range(33)))
-        with open(os.path.join(run, "log", "rank0.rolled_back.jsonl")) as f:
-            self.assertEqual([json.loads(line) for line in f], lost)
+        self.assertEqual([e["step"] for e in lu.read_log(run, 1)], list(range(20)))
+        for rank in range(RANKS):
+            with open(os.path.join(run, "log", f"rank{rank}.rolled_back.jsonl")) as f:
+                self.assertEqual([json.loads(line) for line in f], lost[rank])
 
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,

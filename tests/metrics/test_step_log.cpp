@@ -1,0 +1,84 @@
+// The step log's one-line-per-step rule at a start: which lines stay in rank<R>.jsonl and which
+// move, in order, to rank<R>.rolled_back.jsonl (metrics/run_log.h).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "metrics/run_log.h"
+
+namespace mantissa::metrics {
+namespace {
+
+namespace fs = std::filesystem;
+
+class StepLogStart : public ::testing::Test {
+ protected:
+  StepLogStart()
+      : dir_(fs::temp_directory_path() / ("mantissa_step_log_" + std::to_string(::getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "log");
+  }
+  ~StepLogStart() override { fs::remove_all(dir_); }
+
+  void write(const std::string& name, const std::vector<std::string>& lines) {
+    std::ofstream out(dir_ / "log" / name);
+    for (const std::string& line : lines) out << line << "\n";
+  }
+  std::vector<std::string> read(const std::string& name) {
+    std::ifstream in(dir_ / "log" / name);
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+  std::string run_dir() const { return dir_.string(); }
+
+ private:
+  fs::path dir_;
+};
+
+std::string line(int step, const char* tag) {
+  return "{\"step\":" + std::to_string(step) + ",\"attempt\":\"" + tag + "\"}";
+}
+
+TEST_F(StepLogStart, KeepsTheLastLineOfEachEarlierStepAndMovesTheRestInOrder) {
+  // An attempt that reached step 3 and a cut-short line, steps 1 and 2 logged twice (as logs
+  // before the rule have them), and a start at step 3.
+  const std::string cut = "{\"step\":4,\"lo";
+  write("rank0.jsonl",
+        {line(0, "a"), line(1, "a"), line(2, "a"), line(1, "b"), line(2, "b"), line(3, "b"), cut});
+  write("rank0.rolled_back.jsonl", {line(9, "older")});
+  { StepLog log(run_dir(), 0, 1, 3); }
+  EXPECT_EQ(read("rank0.jsonl"),
+            (std::vector<std::string>{line(0, "a"), line(1, "b"), line(2, "b")}));
+  EXPECT_EQ(
+      read("rank0.rolled_back.jsonl"),
+      (std::vector<std::string>{line(9, "older"), line(1, "a"), line(2, "a"), line(3, "b"), cut}));
+}
+
+TEST_F(StepLogStart, AFreshStartMovesEverything) {
+  write("rank0.jsonl", {line(0, "a"), line(1, "a")});
+  { StepLog log(run_dir(), 0, 1, 0); }
+  EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{});
+  EXPECT_EQ(read("rank0.rolled_back.jsonl"),
+            (std::vector<std::string>{line(0, "a"), line(1, "a")}));
+}
+
+TEST_F(StepLogStart, LogsOfRanksBeyondTheWorldAreRolledBackToo) {
+  // An attempt on 3 ranks, resumed on 2: rank 0 also takes rank 2's log, rank 1 its own only.
+  for (const char* name : {"rank0.jsonl", "rank1.jsonl", "rank2.jsonl"}) {
+    write(name, {line(0, "a"), line(1, "a"), line(2, "a")});
+  }
+  { StepLog log(run_dir(), 0, 2, 1); }
+  EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
+  EXPECT_EQ(read("rank2.jsonl"), std::vector<std::string>{line(0, "a")});
+  EXPECT_EQ(read("rank2.rolled_back.jsonl"),
+            (std::vector<std::string>{line(1, "a"), line(2, "a")}));
+  EXPECT_EQ(read("rank1.jsonl").size(), 3u) << "rank 1's log is rank 1's to move";
+}
+
+}  // namespace
+}  // namespace mantissa::metrics
