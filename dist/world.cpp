@@ -84,9 +84,9 @@ World::World(int* argc, char*** argv) {
   // this one computes (dist/mpi/mpi_progress.h); FUNNELED is all the rest needs.
   int provided = 0;
   MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
-  MANTISSA_CHECK(provided >= MPI_THREAD_FUNNELED,
-                 "MPI_Init_thread: the MPI library provides thread level "
-                     << provided << ", mantissa needs MPI_THREAD_FUNNELED");
+  MANTISSA_REQUIRE(provided >= MPI_THREAD_FUNNELED, kFailure,
+                   "MPI_Init_thread: the MPI library provides thread level "
+                       << provided << ", mantissa needs MPI_THREAD_FUNNELED");
   MANTISSA_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MANTISSA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   MANTISSA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
