@@ -149,11 +149,13 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
   log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), world.size(), start_step_);
-  if (world.rank() == 0) {
+  // The config the steps in run.dir were trained with: a start with nothing left to train
+  // (run.steps at or below the checkpoint's step) leaves the last one's.
+  if (world.rank() == 0 && start_step_ < config_.run().steps()) {
     const std::string path = run_dir_ + "/config.pbtxt";
     std::ofstream out(path);
     out << to_text(config_);
-    MANTISSA_CHECK(out.good(), "cannot write the effective config to '" << path << "'");
+    MANTISSA_REQUIRE(out.good(), kFailure, "cannot write the effective config to '" << path << "'");
   }
 
   const ModelShape dims = model_shape(config_.model());

@@ -561,6 +561,8 @@ class RunOutcomes(lu.TempDirTest):
         self.assertIn("mantissa: settings changed since the checkpoint: run.steps 4 -> 2\n",
                       result.stderr)
         self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 4)
+        with open(os.path.join(self.dir, "runs", "c", "config.pbtxt")) as f:
+            self.assertIn("  steps: 4\n", f.read(), "the config the steps were trained with")
 
     def test_resume_on_other_data_says_the_stream_changes(self):
         path = self.write("c.pbtxt", BASE)
