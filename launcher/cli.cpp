@@ -53,7 +53,8 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
   return out;
 }
 
-TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes) {
+TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes,
+                             DataFiles files) {
   TrainConfig config = load_config_file(args.config_path);
   for (const std::string& set : args.sets) {
     if (std::optional<OverrideNote> note = apply_override(config, set)) {
@@ -61,7 +62,7 @@ TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& n
     }
   }
   apply_defaults(config, args.config_path);
-  validate(config);
+  validate(config, files);
   return config;
 }
 

@@ -26,8 +26,10 @@ struct TrainArgs {
 // that ends each message. Throws core::ConfigError for a malformed command line.
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args);
 
-// The effective config: the file, then every --set in order, then the defaults, validated.
+// The effective config: the file, then every --set in order, then the defaults, validated
+// (the data files' existence too, unless `files` is kSkip: export reads only checkpoints).
 // apply_override's notes (a --set that replaced the model or the data source) go to `notes`.
-TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes);
+TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes,
+                             DataFiles files = DataFiles::kCheck);
 
 }  // namespace mantissa::launcher

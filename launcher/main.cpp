@@ -117,7 +117,7 @@ constexpr const char* kExportHelp =
        mantissa export --config FILE.pbtxt [--set PATH=VALUE]... --format hf --out DIR
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
-config describes. Runs as one process (no mpirun needed).
+config describes. Runs as one process (no mpirun needed); the training data need not be there.
 
 options:
   --config FILE     the run's config, as for mantissa train
@@ -157,10 +157,11 @@ void report_config_error(int rank, const std::string& message) {
 // --set that switched a oneof member leaves the new member's other fields at their defaults,
 // and the note says why (`--set data.text_file.val_fraction=0.5`: "data.text_file.path = "":
 // must name a file").
-TrainConfig effective_config_noted(const TrainArgs& parsed, int rank) {
+TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
+                                   DataFiles files = DataFiles::kCheck) {
   std::vector<OverrideNote> notes;
   try {
-    TrainConfig config = effective_config(parsed, notes);
+    TrainConfig config = effective_config(parsed, notes, files);
     if (rank == 0) {
       for (const OverrideNote& note : notes)
         std::fprintf(stderr, "mantissa: note: %s\n", note.text.c_str());
@@ -264,7 +265,8 @@ int export_command(int argc, char** argv) {
       std::fputs(kExportHelp, stdout);
       return kExitOk;
     }
-    const TrainConfig config = effective_config_noted(parsed, 0);
+    // The weights come from the checkpoints: the training data need not be there.
+    const TrainConfig config = effective_config_noted(parsed, 0, DataFiles::kSkip);
     const std::string from = export_checkpoint_weights(
         config, parsed.out, parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());

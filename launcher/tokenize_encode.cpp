@@ -273,11 +273,11 @@ void encode_to_shards(const EncodeOptions& options) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fprintf(stderr,
                "mantissa: wrote %s: %lld tokens (train %lld in %zu shard%s, val %lld in %zu) "
-               "from %s of text in %.1f s on %d threads; vocab %d, end of text %u\n",
+               "from %s of text in %.1f s on %d thread%s; vocab %d, end of text %u\n",
                out.dir().c_str(), static_cast<long long>(total), static_cast<long long>(cut),
                train_shards, train_shards == 1 ? "" : "s", static_cast<long long>(total - cut),
-               val_shards, format_bytes(bytes).c_str(), seconds, threads, tokenizer.vocab_size(),
-               eot);
+               val_shards, format_bytes(bytes).c_str(), seconds, threads, threads == 1 ? "" : "s",
+               tokenizer.vocab_size(), eot);
 }
 
 }  // namespace mantissa::launcher

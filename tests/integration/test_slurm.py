@@ -160,8 +160,11 @@ def main():
                                interval=0.1)
             sd_file_b = os.path.join(sd_dir, f"mantissa-{job_b}.json")
             targets_b = read_json(sd_file_b)
+            # The job label: the run directory's name and `realpath DIR | cksum` in hex.
+            path_sum = subprocess.run(["cksum"], input=run_b + "\n", capture_output=True,
+                                      text=True, check=True).stdout.split()[0]
             if targets_b != [{"targets": [f"{host}:{port_b + r}" for r in range(2)],
-                              "labels": {"job": "mantissa-slurm-run-b",
+                              "labels": {"job": f"mantissa-slurm-run-b-{int(path_sum):08x}",
                                          "slurm_job_name": "mantissa-b"}}]:
                 harness.fail(f"job b's file_sd targets are {targets_b}")
             if 'mantissa_steps_total{rank="1"}' not in harness.http_get(

@@ -549,6 +549,16 @@ class RunOutcomes(lu.TempDirTest):
         for step, lr in enumerate(lrs):
             self.assertAlmostEqual(lr, peak * (step + 1) / 20, delta=peak * 1e-6)
 
+    def test_export_needs_no_training_data(self):
+        # The weights come from the checkpoints; the data may be gone (or on another machine).
+        path = self.write("c.pbtxt", BASE)
+        self.assertEqual(self.mantissa("train", "--config", path).returncode, 0)
+        out = os.path.join(self.dir, "w.safetensors")
+        result = self.mantissa("export", "--config", path, "--set",
+                               'data.text_file={path: "gone.txt"}', "--out", out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(os.path.isfile(out))
+
     def test_nothing_left_to_train_says_so(self):
         path = self.write("c.pbtxt", BASE)
         result = self.mantissa("train", "--config", path)

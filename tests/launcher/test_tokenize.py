@@ -255,7 +255,8 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
                 preexec_fn=lambda: os.sched_setaffinity(0, cores), capture_output=True,
                 text=True, timeout=240)
             self.assertEqual(result.returncode, 0, result.stderr)
-            self.assertIn(f" on {len(cores)} threads", result.stderr)
+            self.assertIn(f" on {len(cores)} thread{'' if len(cores) == 1 else 's'};",
+                          result.stderr)
             files = sorted(os.listdir(out_dir))
             contents = {}
             for name in files:

@@ -266,7 +266,7 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
     expected = {(f"{NODE_ADDRESS['node1']}:{port}", "0"), (f"{NODE_ADDRESS['node2']}:{port}", "1")}
 
     def scraped_both():
-        series = harness.prom_query(prometheus, 'mantissa_steps_total{job="mantissa-slurm-run-d"} > 0')
+        series = harness.prom_query(prometheus, 'mantissa_steps_total{job=~"mantissa-slurm-run-d-[0-9a-f]{8}"} > 0')
         found = {(s["metric"]["instance"], s["metric"]["rank"]) for s in series}
         return running() and found == expected
     harness.wait_until("Prometheus to scrape both ranks of job d", scraped_both, timeout=90)
