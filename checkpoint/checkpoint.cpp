@@ -12,7 +12,7 @@
 
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/fsync_path.h"
+#include "core/fsync_path.h"
 
 namespace fs = std::filesystem;
 
@@ -329,14 +329,14 @@ std::string Checkpointer::save(const CheckpointState& state,
     write_file_durably(tmp_dir + "/" + kManifestName, bytes);
     for (int r = 0; r < group_.world_size; ++r)
       fs::remove(tmp_dir + "/" + payload_file_name(r) + ".index");
-    fsync_path(tmp_dir);
+    core::fsync_path(tmp_dir);
 
     fs::remove_all(final_dir);  // a checkpoint of the same step from an abandoned run
     fs::rename(tmp_dir, final_dir);
-    fsync_path(options_.dir);
+    core::fsync_path(options_.dir);
     write_file_durably(options_.dir + "/latest.tmp", name + "\n");
     fs::rename(options_.dir + "/latest.tmp", options_.dir + "/" + kLatestName);
-    fsync_path(options_.dir);
+    core::fsync_path(options_.dir);
 
     int kept = 0;
     for (int64_t step : list_checkpoints(options_.dir)) {

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <set>
 
-#include "checkpoint/fsync_path.h"
 #include "core/error.h"
+#include "core/fsync_path.h"
 
 namespace mantissa::checkpoint {
 namespace {
@@ -120,7 +120,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
     out.flush();
     MANTISSA_REQUIRE(out, kFailure, "safetensors: write to '" << tmp << "' failed");
   }
-  fsync_path(tmp);
+  core::fsync_path(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   MANTISSA_REQUIRE(

@@ -10,10 +10,10 @@
 #include <fstream>
 #include <set>
 
-#include "checkpoint/fsync_path.h"
 #include "checkpoint/safetensors.h"
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/fsync_path.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
 
@@ -264,7 +264,7 @@ void write_durably(const fs::path& path, const std::string& bytes) {
     out.flush();
     MANTISSA_REQUIRE(out, kFailure, "cannot write " << path.string());
   }
-  checkpoint::fsync_path(path.string());
+  core::fsync_path(path.string());
 }
 
 }  // namespace
@@ -334,9 +334,9 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
     MANTISSA_REQUIRE(!ec, kFailure,
                      "cannot copy the tokenizer " << *tokenizer << " to " << tmp.string() << ": "
                                                   << ec.message());
-    checkpoint::fsync_path((tmp / kHfTokenizerFile).string());
+    core::fsync_path((tmp / kHfTokenizerFile).string());
   }
-  checkpoint::fsync_path(tmp.string());
+  core::fsync_path(tmp.string());
   // rename(2) replaces an empty directory; a non-empty one was refused above.
   std::error_code ec;
   fs::rename(tmp, final_dir, ec);
@@ -344,7 +344,7 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
       !ec, kFailure,
       "cannot rename " << tmp.string() << " to " << final_dir.string() << ": " << ec.message());
   const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
-  checkpoint::fsync_path(parent.string());
+  core::fsync_path(parent.string());
 }
 
 bool is_hf_directory(const std::string& path) {

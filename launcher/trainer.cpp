@@ -508,14 +508,13 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.data_fingerprint = data_fingerprint_;
   state.config_text = to_text(config_);
   state.written_by = build_name();
-  state.saved_unix_time =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  state.saved_unix_time = metrics::unix_time_now();
   state.parameters = checkpoint::parameter_layout(params);
 
   const std::string dir = checkpointer_->save(state, checkpoint_slices());
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);
-  metrics_->record_checkpoint(steps_done, seconds);
+  metrics_->record_checkpoint(steps_done, seconds, state.saved_unix_time);
   char line[512];
   std::snprintf(line, sizeof line, "mantissa: checkpoint %s written in %.2f s", dir.c_str(),
                 seconds);

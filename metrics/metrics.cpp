@@ -124,6 +124,7 @@ struct Metrics::State {
 
   void push_loop();
   void push_once();
+  void show_checkpoint(std::int64_t step, double saved_unix_time);
 };
 
 void Metrics::State::push_once() {
@@ -375,32 +376,28 @@ void Metrics::record_step(const StepRecord& record) {
   }
 }
 
-void Metrics::record_checkpoint(std::int64_t step, double seconds) {
-  State& s = *state_;
-  if (s.last_checkpoint_step == nullptr) {
-    s.last_checkpoint_step = &s.last_checkpoint_step_family->Add(s.rank_labels);
+// The newest checkpoint's gauges, added with the first (before it, absent: a 0 would read as
+// a step and a time).
+void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) {
+  if (last_checkpoint_step == nullptr) {
+    last_checkpoint_step = &last_checkpoint_step_family->Add(rank_labels);
   }
-  if (s.last_checkpoint_time == nullptr) {
-    s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
+  last_checkpoint_step->Set(static_cast<double>(step));
+  if (saved_unix_time <= 0) return;
+  if (last_checkpoint_time == nullptr) {
+    last_checkpoint_time = &last_checkpoint_time_family->Add(rank_labels);
   }
-  s.last_checkpoint_step->Set(static_cast<double>(step));
-  // When the save began, as the checkpoint records it (saved_unix_time), so that a resumed run
-  // shows the same time for it.
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  s.last_checkpoint_time->Set(now - seconds);
-  s.checkpoint_seconds->Observe(seconds);
+  last_checkpoint_time->Set(saved_unix_time);
+}
+
+void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
+  state_->show_checkpoint(step, saved_unix_time);
+  state_->checkpoint_seconds->Observe(seconds);
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
-  State& s = *state_;
-  s.step->Set(static_cast<double>(step));
-  s.last_checkpoint_step = &s.last_checkpoint_step_family->Add(s.rank_labels);
-  s.last_checkpoint_step->Set(static_cast<double>(step));
-  if (saved_unix_time > 0) {
-    s.last_checkpoint_time = &s.last_checkpoint_time_family->Add(s.rank_labels);
-    s.last_checkpoint_time->Set(saved_unix_time);
-  }
+  state_->step->Set(static_cast<double>(step));
+  state_->show_checkpoint(step, saved_unix_time);
 }
 
 int Metrics::listening_port() const {

@@ -82,10 +82,11 @@ class Metrics {
   Metrics& operator=(const Metrics&) = delete;
 
   void record_step(const StepRecord& record);
-  // A checkpoint of `step` whose save took `seconds`, ending now.
-  void record_checkpoint(std::int64_t step, double seconds);
+  // A checkpoint of `step` saved in `seconds` from `saved_unix_time` (when its save began, as
+  // the checkpoint records it).
+  void record_checkpoint(std::int64_t step, double seconds, double saved_unix_time);
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
-  // it was saved (0: unknown, left unexported). Sets mantissa_step to that step too.
+  // its save began (0: unknown, left unexported). Sets mantissa_step to that step too.
   void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
 
   // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.

@@ -1,6 +1,5 @@
 #include "metrics/run_log.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fsync_path.h"
 
 namespace mantissa::metrics {
 
@@ -96,18 +96,6 @@ void write_file(const std::string& path, const char* mode, const std::string& te
   MANTISSA_REQUIRE(written, kFailure, "cannot write '" << path << "': " << std::strerror(error));
 }
 
-// A directory's entries (a file created or renamed in it) on disk.
-void sync_directory(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MANTISSA_REQUIRE(fd >= 0, kFailure,
-                   "cannot open '" << dir.string() << "': " << std::strerror(errno));
-  const bool synced = ::fsync(fd) == 0;
-  const int error = errno;
-  ::close(fd);
-  MANTISSA_REQUIRE(synced, kFailure,
-                   "cannot sync '" << dir.string() << "': " << std::strerror(error));
-}
-
 // Keeps in `path` the last line of each step before first_step and moves every other line
 // (steps >= first_step, a step's earlier lines as logs before the move have them, cut-short
 // lines) to the end of `rolled_back`: appended and synced there first, then `path` replaced by
@@ -132,13 +120,17 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
   write_file(rolled_back.string(), "a", moved);
   const std::string tmp = path.string() + ".tmp";
   write_file(tmp, "w", kept);
-  sync_directory(path.parent_path());
+  core::fsync_path(path.parent_path().string());
   MANTISSA_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, kFailure,
                    "cannot replace '" << path.string() << "': " << std::strerror(errno));
-  sync_directory(path.parent_path());
+  core::fsync_path(path.parent_path().string());
 }
 
 }  // namespace
+
+double unix_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
@@ -167,8 +159,7 @@ StepLog::~StepLog() {
 
 void StepLog::write(const StepRecord& record) {
   const train::StepReport& r = record.report;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = unix_time_now();
   std::string line = "{\"step\":" + std::to_string(r.step);
   line += ",\"loss\":";
   append_number(line, r.loss);

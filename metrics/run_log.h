@@ -28,6 +28,10 @@
 
 namespace mantissa::metrics {
 
+// Seconds since the Unix epoch: the step log's `time`, and when a checkpoint's save began
+// (CheckpointState::saved_unix_time, mantissa_last_checkpoint_timestamp_seconds).
+double unix_time_now();
+
 class StepLog {
  public:
   // Opens <run_dir>/log/rank<rank>.jsonl (creating log/) for a run of `world_size` ranks

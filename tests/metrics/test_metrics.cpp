@@ -139,7 +139,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   metrics.record_step(step_record(1, false));
   metrics.record_step(step_record(2, true));
   metrics.record_step(step_record(3, false));
-  metrics.record_checkpoint(3, 0.75);
+  metrics.record_checkpoint(3, 0.75, 1.7e9);
 
   const auto [status, body] = http(options.port, "GET", "/metrics");
   ASSERT_EQ(status, 200);
@@ -168,7 +168,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   EXPECT_EQ(at("mantissa_fp8_scale", ",tensor=\"h0.mlp.fc.weight\""), 298.0);
   EXPECT_EQ(at("mantissa_fp8_amax", ",tensor=\"h0.mlp.fc.input\""), 12.0);
   EXPECT_EQ(at("mantissa_last_checkpoint_step"), 3.0);
-  EXPECT_GT(at("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.6e9);
+  EXPECT_EQ(at("mantissa_last_checkpoint_timestamp_seconds"), 1.7e9);
   EXPECT_EQ(at("mantissa_checkpoint_seconds_count"), 1.0);
   EXPECT_EQ(at("mantissa_build_info", R"(,revision="0af4188c1a2b",version="0.2.0")"), 1.0);
   // report.step is 0-based: the record of step 3 makes 4 steps done.
@@ -216,9 +216,9 @@ TEST(Metrics, ResumedCheckpointShowsUntilTheNextSave) {
     }
     metrics.record_step(step_record(50, false));
     EXPECT_EQ(scrape("mantissa_step"), 51.0);
-    metrics.record_checkpoint(51, 0.5);
+    metrics.record_checkpoint(51, 0.5, 1.8e9);
     EXPECT_EQ(scrape("mantissa_last_checkpoint_step"), 51.0);
-    EXPECT_GT(scrape("mantissa_last_checkpoint_timestamp_seconds").value_or(0), 1.7e9);
+    EXPECT_EQ(scrape("mantissa_last_checkpoint_timestamp_seconds"), 1.8e9);
   }
 }
 

@@ -4,9 +4,9 @@
 
 #include <string>
 
-namespace mantissa::checkpoint {
+namespace mantissa::core {
 
 // fsync(2) of a file or directory by path; throws core::Error naming it.
 void fsync_path(const std::string& path);
 
-}  // namespace mantissa::checkpoint
+}  // namespace mantissa::core

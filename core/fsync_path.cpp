@@ -1,4 +1,4 @@
-#include "checkpoint/fsync_path.h"
+#include "core/fsync_path.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 
-namespace mantissa::checkpoint {
+namespace mantissa::core {
 
 void fsync_path(const std::string& path) {
   // O_RDONLY suffices: fsync flushes the file's (or directory's) data whatever the mode.
@@ -21,4 +21,4 @@ void fsync_path(const std::string& path) {
   MANTISSA_REQUIRE(rc == 0, kFailure, "fsync of '" << path << "' failed: " << std::strerror(error));
 }
 
-}  // namespace mantissa::checkpoint
+}  // namespace mantissa::core
