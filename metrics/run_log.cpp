@@ -1,5 +1,6 @@
 #include "metrics/run_log.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -96,14 +99,69 @@ void write_file(const std::string& path, const char* mode, const std::string& te
   MANTISSA_REQUIRE(written, kFailure, "cannot write '" << path << "': " << std::strerror(error));
 }
 
+// Where the part of a log that stays as it is ends, when the log is as every start leaves it:
+// whole lines of rising steps below first_step, then only lines to move (steps first_step and
+// later, a line cut short by a crash). Reads the log once, a line at a time. nullopt when an
+// earlier step comes back later in the log (logs of versions before the rule), which takes
+// the full rewrite.
+std::optional<std::streamoff> end_of_kept_lines(const std::filesystem::path& path,
+                                                int64_t first_step) {
+  std::ifstream in(path, std::ios::binary);
+  MANTISSA_REQUIRE(in, kFailure, "cannot read '" << path.string() << "': " << std::strerror(errno));
+  std::streamoff kept_end = 0;
+  int64_t previous_step = -1;
+  bool in_kept_part = true;
+  for (std::string line; std::getline(in, line);) {
+    const int64_t step = line_step(line);
+    const bool earlier = step >= 0 && step < first_step;
+    if (in_kept_part && earlier && step > previous_step && !in.eof()) {
+      previous_step = step;
+      kept_end += static_cast<std::streamoff>(line.size()) + 1;
+      continue;
+    }
+    in_kept_part = false;
+    if (earlier) return std::nullopt;
+  }
+  MANTISSA_REQUIRE(!in.bad(), kFailure, "cannot read '" << path.string() << "'");
+  return kept_end;
+}
+
+// Appends bytes [from, end) of `path` to `rolled_back` (ending them with a newline), synced.
+void append_tail(const std::filesystem::path& path, std::streamoff from,
+                 const std::filesystem::path& rolled_back) {
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MANTISSA_REQUIRE(in.good() || in.eof(), kFailure, "cannot read '" << path.string() << "'");
+  if (!tail.ends_with('\n')) tail += '\n';
+  write_file(rolled_back.string(), "a", tail);
+}
+
+void truncate_file(const std::filesystem::path& path, std::streamoff size) {
+  const int fd = ::open(path.c_str(), O_WRONLY);
+  const bool done = fd >= 0 && ::ftruncate(fd, size) == 0 && ::fsync(fd) == 0;
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  MANTISSA_REQUIRE(done, kFailure,
+                   "cannot shorten '" << path.string() << "': " << std::strerror(error));
+}
+
 // Keeps in `path` the last line of each step before first_step and moves every other line
-// (steps >= first_step, a step's earlier lines as logs before the move have them, cut-short
-// lines) to the end of `rolled_back`: appended and synced there first, then `path` replaced by
-// what stays (a crash in between leaves a line in both, never in neither).
+// (steps >= first_step, a step's earlier lines as logs before the rule have them, cut-short
+// lines) to the end of `rolled_back`: appended and synced there first, then `path` cut short
+// (the usual case: the lines to move are its tail) or replaced by what stays. A crash in
+// between leaves a line in both, never in neither.
 void move_redone_steps(const std::filesystem::path& path, const std::filesystem::path& rolled_back,
                        int64_t first_step) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;  // a new log
+  if (const auto kept_end = end_of_kept_lines(path, first_step)) {
+    if (*kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) return;
+    append_tail(path, *kept_end, rolled_back);
+    truncate_file(path, *kept_end);
+    return;
+  }
   std::ifstream in(path);
-  if (!in) return;  // a new log
   std::vector<std::string> lines;
   std::unordered_map<int64_t, size_t> last_line_of_step;
   for (std::string line; std::getline(in, line);) {
@@ -116,8 +174,7 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
     const bool keep = step >= 0 && step < first_step && last_line_of_step[step] == i;
     (keep ? kept : moved) += lines[i] + '\n';
   }
-  if (moved.empty()) return;
-  write_file(rolled_back.string(), "a", moved);
+  if (!moved.empty()) write_file(rolled_back.string(), "a", moved);
   const std::string tmp = path.string() + ".tmp";
   write_file(tmp, "w", kept);
   core::fsync_path(path.parent_path().string());

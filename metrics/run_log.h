@@ -14,6 +14,8 @@
 // later, which it redoes (those after the checkpoint, or a whole earlier attempt), and any
 // earlier line of a step logged twice (by versions before this rule), to
 // log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
+// The start reads a log once, a line at a time; a log this rule kept is shortened in place (a
+// `tail -f` keeps following it), only one with an earlier step logged twice is rewritten.
 //
 // ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
 // terminal the line updates in place every step and is kept every log_every steps; otherwise a

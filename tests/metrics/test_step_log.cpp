@@ -1,6 +1,7 @@
 // The step log's one-line-per-step rule at a start: which lines stay in rank<R>.jsonl and which
 // move, in order, to rank<R>.rolled_back.jsonl (metrics/run_log.h).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -65,6 +66,43 @@ TEST_F(StepLogStart, AFreshStartMovesEverything) {
   EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{});
   EXPECT_EQ(read("rank0.rolled_back.jsonl"),
             (std::vector<std::string>{line(0, "a"), line(1, "a")}));
+}
+
+TEST_F(StepLogStart, AResumeCutsTheRedoneStepsOffTheSameFile) {
+  // The usual resume: rising steps, then the steps after the checkpoint and a cut-short line.
+  // The log is shortened in place (a `tail -f` keeps following it), not rewritten.
+  const std::string cut = "{\"step\":3,\"lo";
+  write("rank0.jsonl", {line(0, "a"), line(1, "a"), line(2, "a"), cut});
+  const auto inode = [&] {
+    struct stat status {};
+    EXPECT_EQ(::stat((fs::path(run_dir()) / "log" / "rank0.jsonl").c_str(), &status), 0);
+    return status.st_ino;
+  };
+  const ino_t before = inode();
+  { StepLog log(run_dir(), 0, 1, 1); }
+  EXPECT_EQ(inode(), before);
+  EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
+  EXPECT_EQ(read("rank0.rolled_back.jsonl"),
+            (std::vector<std::string>{line(1, "a"), line(2, "a"), cut}));
+}
+
+TEST_F(StepLogStart, AWholeLastLineWithoutItsNewlineStaysALineOfItsOwn) {
+  // A crash between a line's closing brace and its newline: the step stays, and the next
+  // step's line starts on a line of its own.
+  {
+    std::ofstream out(fs::path(run_dir()) / "log" / "rank0.jsonl");
+    out << line(0, "a") << "\n" << line(1, "a");
+  }
+  {
+    StepLog log(run_dir(), 0, 1, 2);
+    StepRecord record;
+    record.report.step = 2;
+    log.write(record);
+  }
+  const std::vector<std::string> lines = read("rank0.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1], line(1, "a"));
+  EXPECT_TRUE(lines[2].starts_with("{\"step\":2,")) << lines[2];
 }
 
 TEST_F(StepLogStart, LogsOfRanksBeyondTheWorldAreRolledBackToo) {
