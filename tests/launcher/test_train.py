@@ -32,6 +32,7 @@ import signal
 import socket
 import struct
 import subprocess
+import time
 import urllib.request
 
 import launcher_util as lu
@@ -279,6 +280,35 @@ class Training(lu.TempDirTest):
         stopped = len(lu.read_log(run, 0))
         with open(os.path.join(run, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
+        self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
+
+    def test_a_stop_before_the_ranks_are_up_waits_for_them(self):
+        # mpirun drops a SIGUSR1 that comes before it has started the ranks (the job would run
+        # on to the end), and a rank whose handler is not set yet dies of it. The wrapper keeps
+        # a stop asked for while the job is starting until a rank has printed a line, then
+        # sends it: here mpirun is slow to start (3 s), as over ssh to many hosts, and SIGTERM
+        # comes in that time. The ranks stop after their first steps with a checkpoint, exit 0.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        slow_mpirun = self.write(
+            "slow-mpirun", f'#!/bin/sh\nsleep 3\nexec {lu.mpirun_prefix(RANKS)[0]} "$@"\n')
+        os.chmod(slow_mpirun, 0o755)
+        run = self.run_dir("early_stop")
+        command = [wrapper, *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
+                   *self.train_args("early_stop", "run.steps=2000", inject_rank=0)]
+        process = subprocess.Popen(command, cwd=self.dir, env={**lu.environment(),
+                                   "MPIRUN": slow_mpirun}, text=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            time.sleep(1)
+            os.killpg(process.pid, signal.SIGTERM)
+            stdout, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn("(SIGUSR1 to mpirun, once they have started)", stderr)
+        stopped = len(lu.read_log(run, 0))
+        self.assertLess(stopped, 2000)
         self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
 
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
