@@ -225,8 +225,10 @@ void Trainer::build_data() {
   } else if (data.has_token_shards()) {
     const int64_t vocab = dims.vocab_size;
     // A model smaller than the tokenizer the shards were encoded with would stop at the first
-    // batch holding a token past it, maybe hours in.
-    if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+    // batch holding a token past it, maybe hours in. Rank 0 asks mantissa-tokenize (one process
+    // for the job, not one per rank); its error ends every rank.
+    const std::optional<std::string> path = run_tokenizer_file(config_);
+    if (world_.rank() == 0 && path) {
       const TokenizerClient tokenizer(*path);
       require(tokenizer.vocab_size() <= vocab, dims.prefix + ".vocab_size", std::to_string(vocab),
               "is smaller than the " + std::to_string(tokenizer.vocab_size()) +

@@ -142,6 +142,12 @@ precision {{ mode: FP32 }}
         self.assertIn(f"mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
                       f"the tokenizer {out_dir}/tokenizer.model (the shards' tokenizer)",
                       result.stderr)
+        # On 2 ranks rank 0 alone asks the tokenizer; its refusal ends both.
+        result = self.mantissa("train", "--config", config, "--set",
+                               f"run.dir={self.dir}/small2", "--set", "model.gpt2.vocab_size=512",
+                               ranks=2)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("is smaller than the 1000 pieces of the tokenizer", result.stderr)
 
         # A Hugging Face export carries the tokenizer beside the shards; without one it warns.
         hf = os.path.join(self.dir, "hf")
