@@ -25,6 +25,7 @@
 #include "dist/progress_switch.h"
 #include "launcher/config.h"
 #include "launcher/config_translate.h"
+#include "metrics/pushgateway_url.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {
@@ -299,9 +300,10 @@ void validate_metrics(const Config::Metrics& m) {
   require(!m.bind_address().empty(), "metrics.bind_address", quoted(m.bind_address()),
           "must be an address to listen on, e.g. 127.0.0.1 or 0.0.0.0");
   in_range("metrics.port", m.port(), 0, 65535);
-  const std::string& url = m.pushgateway_url();
-  require(url.empty() || url.starts_with("http://"), "metrics.pushgateway_url", quoted(url),
-          "must be empty or start with http://");
+  if (const std::string& url = m.pushgateway_url(); !url.empty()) {
+    const std::string problem = metrics::parse_pushgateway_url(url).problem;
+    require(problem.empty(), "metrics.pushgateway_url", quoted(url), problem);
+  }
   at_least("metrics.push_every", m.push_every(), 1);
   non_negative("metrics.peak_tflops", m.peak_tflops());
   // One segment of the Pushgateway's URL path (/metrics/job/<job>/rank/<rank>).

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "metrics/metrics_endpoint.h"
+#include "metrics/pushgateway_url.h"
 
 namespace mantissa::metrics {
 namespace {
@@ -40,37 +41,6 @@ const Histogram::BucketBoundaries kAllreduceBuckets = {
     0.025,   0.05,     0.1,     0.25,   0.5,     1,      2.5,   5,      10};
 const Histogram::BucketBoundaries kCheckpointBuckets = {0.01, 0.05, 0.1, 0.5, 1,   5,
                                                         10,   30,   60,  120, 300, 600};
-
-struct GatewayAddress {
-  std::string host;  // scheme and host, as prometheus::Gateway wants it
-  std::string port;
-};
-
-// "http://host:port[/]" → {"http://host", "port"}; the scheme defaults to http and the port to
-// the Pushgateway's 9091. A path is refused: prometheus::Gateway appends its own.
-GatewayAddress parse_gateway_url(const std::string& url) {
-  std::string rest = url;
-  std::string scheme = "http://";
-  if (const auto pos = rest.find("://"); pos != std::string::npos) {
-    scheme = rest.substr(0, pos + 3);
-    rest = rest.substr(pos + 3);
-  }
-  if (!rest.empty() && rest.back() == '/') rest.pop_back();
-  MANTISSA_REQUIRE(
-      scheme == "http://" || scheme == "https://", kConfig,
-      "metrics.pushgateway_url: unsupported scheme in '" << url << "' (use http:// or https://)");
-  MANTISSA_REQUIRE(!rest.empty() && rest.find('/') == std::string::npos, kConfig,
-                   "metrics.pushgateway_url: expected http://host[:port], got '" << url << "'");
-  // The last ':' separates the port unless it belongs to a bracketed IPv6 address.
-  const auto colon = rest.rfind(':');
-  if (colon == std::string::npos || rest.find(']', colon) != std::string::npos) {
-    return {scheme + rest, "9091"};
-  }
-  const std::string port = rest.substr(colon + 1);
-  MANTISSA_REQUIRE(!port.empty() && port.find_first_not_of("0123456789") == std::string::npos,
-                   kConfig, "metrics.pushgateway_url: bad port in '" << url << "'");
-  return {scheme + rest.substr(0, colon), port};
-}
 
 }  // namespace
 
@@ -297,7 +267,10 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
   }
 
   if (!s.options.pushgateway_url.empty()) {
-    const GatewayAddress address = parse_gateway_url(s.options.pushgateway_url);
+    const PushgatewayUrl address = parse_pushgateway_url(s.options.pushgateway_url);
+    MANTISSA_REQUIRE(
+        address.problem.empty(), kConfig,
+        "metrics.pushgateway_url = '" << s.options.pushgateway_url << "': " << address.problem);
     s.gateway = std::make_unique<prometheus::Gateway>(address.host, address.port, s.options.job,
                                                       s.rank_labels);
     s.gateway->RegisterCollectable(s.registry);

@@ -277,7 +277,10 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
       {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
       {{"metrics.pushgateway_url=localhost:9091"},
-       "metrics.pushgateway_url = \"localhost:9091\": must be empty or start with http://"},
+       "metrics.pushgateway_url = \"localhost:9091\": must start with http:// or https://"},
+      {{"metrics.pushgateway_url=http://gateway:9091/metrics"},
+       "metrics.pushgateway_url = \"http://gateway:9091/metrics\": must be http://host[:port], "
+       "without a path"},
       {{"run.steps=10", "debug.inject_nonfinite_steps=3", "debug.inject_nonfinite_steps=10"},
        "debug.inject_nonfinite_steps[1] = 10: must lie in [0, 9]"},
       {{"precision.mode=FP8_HYBRID", "model.gpt2.n_embd=72", "model.gpt2.n_head=3"},

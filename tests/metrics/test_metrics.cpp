@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "metrics/metrics.h"
+#include "metrics/pushgateway_url.h"
 
 namespace mantissa::metrics {
 namespace {
@@ -259,19 +260,33 @@ TEST(Metrics, BusyPortIsReportedWithTheAddress) {
 }
 
 TEST(Metrics, BadPushgatewayUrlNamesTheField) {
-  for (const char* url : {"ftp://host:9091", "http://host:port", "http://host:9091/extra/path"}) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"ftp://host:9091", "must start with http:// or https://"},
+      {"host:9091", "must start with http:// or https://"},
+      {"http://host:port", "has a port that is not a number"},
+      {"https://host:9091/extra/path", "must be https://host[:port], without a path"}};
+  for (const auto& [url, problem] : cases) {
     MetricsOptions options;
     options.pushgateway_url = url;
     try {
       Metrics metrics(options);
       FAIL() << url << " was accepted";
     } catch (const core::ConfigError& e) {
-      EXPECT_TRUE(std::string(e.what()).starts_with("metrics.pushgateway_url: ")) << e.what();
-      EXPECT_TRUE(std::string(e.what()).ends_with("'" + std::string(url) + "'") ||
-                  std::string(e.what()).ends_with("(use http:// or https://)"))
-          << e.what();
+      EXPECT_EQ(std::string(e.what()),
+                "metrics.pushgateway_url = '" + std::string(url) + "': " + problem);
     }
   }
+}
+
+TEST(Metrics, PushgatewayUrlSplitsIntoHostAndPort) {
+  const PushgatewayUrl plain = parse_pushgateway_url("http://gateway.example/");
+  EXPECT_EQ(plain.host, "http://gateway.example");
+  EXPECT_EQ(plain.port, "9091");
+  const PushgatewayUrl tls = parse_pushgateway_url("https://[::1]:9443");
+  EXPECT_EQ(tls.host, "https://[::1]");
+  EXPECT_EQ(tls.port, "9443");
+  EXPECT_TRUE(tls.problem.empty());
+  EXPECT_EQ(parse_pushgateway_url("http://[::1]").port, "9091");
 }
 
 TEST(Metrics, UnreachablePushgatewayNeverFailsTraining) {
