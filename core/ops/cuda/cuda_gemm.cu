@@ -317,11 +317,6 @@ void* CublasLtGemm::scratch(int slot, size_t nbytes, int device_index) {
   return scratch_[slot]->data();
 }
 
-void CublasLtGemm::matmul(const LtMatmul& p, cudaStream_t stream) {
-  std::string failure;
-  MANTISSA_CHECK(try_matmul(p, stream, failure), failure);
-}
-
 bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::string& failure) {
   const bool fp8 = is_fp8_type(p.a_type) || is_fp8_type(p.b_type);
   const bool fp8_out = is_fp8_type(p.d_type);

@@ -66,8 +66,6 @@ class CublasLtGemm {
   // with the reason in `failure`, when none runs (now or on an earlier call of the problem);
   // nothing is queued then.
   bool try_matmul(const LtMatmul& p, cudaStream_t stream, std::string& failure);
-  // try_matmul, throwing the reason when no algorithm runs.
-  void matmul(const LtMatmul& p, cudaStream_t stream);
 
   // Device memory of at least `nbytes` in one of two slots (one per operand), reused by later
   // calls. It comes from the caching allocator (allocate_cuda): growing it needs no wait for
