@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
 #include "core/fsync_path.h"
+#include "core/strings.h"
 
 namespace fs = std::filesystem;
 
@@ -205,8 +206,7 @@ std::vector<int64_t> Checkpointer::agreed_steps() const {
   const double listing = crc32c(found.data(), found.size() * sizeof(int64_t));
   const double mean = group_.sum(listing) / group_.world_size;
   if (agree(listing == mean)) return found;
-  std::string names;
-  for (int64_t step : found) names += (names.empty() ? "" : ", ") + checkpoint_dir_name(step);
+  const std::string names = core::join(found, ", ", checkpoint_dir_name);
   throw core::Error("checkpoint listing: the ranks list different checkpoints in " + options_.dir +
                     " (rank " + std::to_string(group_.rank) + ": " +
                     (names.empty() ? "none" : names) +

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/strings.h"
 #include "dist/mpi/mpi_check.h"
 
 namespace mantissa::dist {
@@ -37,11 +38,9 @@ std::string mpi_library_version() {
 }
 
 std::string format_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  out << "]";
-  return out.str();
+  std::string text = "[";
+  text += core::join(ranks, ", ", [](int r) { return std::to_string(r); });
+  return text + "]";
 }
 
 std::string format_hosts(const std::vector<int>& ranks,
@@ -51,9 +50,7 @@ std::string format_hosts(const std::vector<int>& ranks,
     const std::string& host = hosts_by_rank.at(static_cast<size_t>(r));
     if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) hosts.push_back(host);
   }
-  std::ostringstream out;
-  for (size_t i = 0; i < hosts.size(); ++i) out << (i ? ", " : "") << hosts[i];
-  return out.str();
+  return core::join(hosts, ", ");
 }
 
 // A duplicate of MPI_COMM_WORLD used only by unresponsive_ranks(), so probes never match a

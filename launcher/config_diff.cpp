@@ -3,6 +3,7 @@
 #include <google/protobuf/text_format.h>
 
 #include "core/error.h"
+#include "core/strings.h"
 #include "launcher/config.h"
 
 namespace mantissa::launcher {
@@ -83,9 +84,7 @@ std::string model_change_note(const std::string& checkpoint_config_text,
   if (checkpoint_config_text.empty()) return "";
   const std::optional<TrainConfig> recorded = recorded_config(checkpoint_config_text);
   if (!recorded) return "";
-  std::string list;
-  for (const std::string& d : model_differences(*recorded, config))
-    list += (list.empty() ? "" : ", ") + d;
+  const std::string list = core::join(model_differences(*recorded, config), ", ");
   return list.empty() ? "" : "; its model config differs: " + list;
 }
 

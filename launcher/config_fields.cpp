@@ -6,10 +6,12 @@
 #include <charconv>
 #include <cstdint>
 #include <limits>
+#include <ranges>
 #include <sstream>
 #include <vector>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace mantissa::launcher {
 
@@ -44,11 +46,8 @@ class FirstError : public pb::io::ErrorCollector {
 };
 
 std::string field_names(const pb::Descriptor& type) {
-  std::string names;
-  for (int i = 0; i < type.field_count(); ++i) {
-    names += (i ? ", " : "") + type.field(i)->name();
-  }
-  return names;
+  return core::join(std::views::iota(0, type.field_count()), ", ",
+                    [&](int i) { return type.field(i)->name(); });
 }
 
 std::vector<std::string_view> split_path(std::string_view path) {
@@ -178,9 +177,8 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       const pb::EnumDescriptor& type = *field.enum_type();
       const pb::EnumValueDescriptor* v = type.FindValueByName(std::string(text));
       if (v == nullptr) {
-        std::string names;
-        for (int i = 0; i < type.value_count(); ++i)
-          names += (i ? ", " : "") + type.value(i)->name();
+        const std::string names = core::join(std::views::iota(0, type.value_count()), ", ",
+                                             [&](int i) { return type.value(i)->name(); });
         throw core::ConfigError(field.name() + " must be one of " + names + ", got '" +
                                 std::string(text) + "'");
       }

@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/ops/backend.h"
+#include "core/strings.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/config_translate.h"
@@ -29,11 +30,10 @@ void require_model_of(const checkpoint::CheckpointState& state, const TrainConfi
   std::erase_if(changed,
                 [](const std::string& c) { return c.starts_with("model.llama.seq_len "); });
   if (changed.empty()) return;
-  std::string list;
-  for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
   throw core::ConfigError("checkpoint step " + std::to_string(state.step) + " in " + dir +
                           " was trained with another model config (checkpoint -> this config: " +
-                          list + "): export the model it trained, with the checkpoint's values");
+                          core::join(changed, ", ") +
+                          "): export the model it trained, with the checkpoint's values");
 }
 
 }  // namespace

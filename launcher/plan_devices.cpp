@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -40,9 +41,7 @@ const DeviceSpec& find_device(std::string_view name) {
 }
 
 std::string device_names() {
-  std::string names;
-  for (const DeviceSpec& d : kDevices) names += (names.empty() ? "" : ", ") + std::string(d.name);
-  return names;
+  return core::join(kDevices, ", ", &DeviceSpec::name);
 }
 
 }  // namespace mantissa::launcher

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
+#include "core/strings.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
@@ -146,8 +147,7 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const Train
     if (!state) {
       std::vector<int64_t> saved = checkpointer.steps();
       std::sort(saved.begin(), saved.end());
-      std::string list;
-      for (const int64_t s : saved) list += (list.empty() ? "" : ", ") + std::to_string(s);
+      const std::string list = core::join(saved, ", ", [](int64_t s) { return std::to_string(s); });
       bad_input("--step", std::to_string(*args.step),
                 "no checkpoint " + (dir / checkpoint::checkpoint_dir_name(*args.step)).string() +
                     " (the steps saved: " + (list.empty() ? "none" : list) + ")");

@@ -13,6 +13,7 @@
 #include "core/device_peaks.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
+#include "core/strings.h"
 #include "launcher/build_info.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
@@ -400,9 +401,7 @@ bool Trainer::restore() {
   const std::vector<std::string> changed =
       recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
   if (!changed.empty()) {
-    std::string list;
-    for (const std::string& c : changed) list += (list.empty() ? "" : ", ") + c;
-    say("mantissa: settings changed since the checkpoint: " + list);
+    say("mantissa: settings changed since the checkpoint: " + core::join(changed, ", "));
   }
   // On another number of ranks, the same micro-batches make another global batch; the
   // settings above are per rank, so no difference lists it.

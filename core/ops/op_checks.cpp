@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace mantissa::core {
 namespace {
@@ -79,10 +80,9 @@ void check_operand(const char* op, const char* name, const Tensor& t, Device dev
   bool ok = false;
   for (DType d : allowed) ok = ok || d == t.dtype();
   if (!ok) {
-    std::string names;
-    for (DType d : allowed) names += std::string(names.empty() ? "" : ", ") + dtype_name(d);
     MANTISSA_FAIL(op << ": operand " << name << " " << t.describe()
-                     << " has an unsupported dtype (allowed: " << names << ")");
+                     << " has an unsupported dtype (allowed: " << join(allowed, ", ", dtype_name)
+                     << ")");
   }
 }
 

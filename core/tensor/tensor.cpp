@@ -1,8 +1,7 @@
 #include "core/tensor/tensor.h"
 
-#include <sstream>
-
 #include "core/error.h"
+#include "core/strings.h"
 #include "core/tensor/allocator.h"
 
 namespace mantissa::core {
@@ -63,11 +62,9 @@ int64_t Shape::numel() const {
 }
 
 std::string Shape::str() const {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < dims_.size(); ++i) out << (i ? ", " : "") << dims_[i];
-  out << ']';
-  return out.str();
+  std::string text = "[";
+  text += join(dims_, ", ", [](int64_t d) { return std::to_string(d); });
+  return text + "]";
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
