@@ -74,20 +74,29 @@ void write_file_durably(const std::string& path, const std::string& bytes) {
   out.sync_and_close();
 }
 
-// --- reading: every failure is CheckpointDamaged naming the path ---------------------------
+// --- reading: every failure names the path ------------------------------------------------
+
+// A file missing, or a directory in its place, leaves the checkpoint incomplete: damaged, and a
+// load falls back past it. Any other reason to fail is the machine's: unreadable, and a load
+// stops.
+[[noreturn]] void throw_read_error(const std::string& what, int error) {
+  const std::string text = what + ": " + std::strerror(error);
+  if (error == ENOENT || error == EISDIR || error == ENOTDIR) throw CheckpointDamaged(text);
+  throw CheckpointUnreadable(text);
+}
 
 std::string read_whole_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw CheckpointDamaged(path + ": cannot open: " + errno_text());
+  if (fd < 0) throw_read_error(path + ": cannot open", errno);
   std::string bytes;
   char buffer[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      const std::string error = errno_text();
+      const int error = errno;
       ::close(fd);
-      throw CheckpointDamaged(path + ": read failed: " + error);
+      throw_read_error(path + ": read failed", error);
     }
     if (n == 0) break;
     bytes.append(buffer, static_cast<size_t>(n));
@@ -96,18 +105,19 @@ std::string read_whole_file(const std::string& path) {
   return bytes;
 }
 
-// Reads bytes [offset, offset + size) of `path`.
+// Reads bytes [offset, offset + size) of `path`; a file shorter than that is damaged.
 void read_range(const std::string& path, uint64_t offset, size_t size, char* out) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw CheckpointDamaged(path + ": cannot open: " + errno_text());
+  if (fd < 0) throw_read_error(path + ": cannot open", errno);
   while (size > 0) {
     const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const std::string error = n == 0 ? "unexpected end of file" : errno_text();
+      const int error = errno;
       ::close(fd);
-      throw CheckpointDamaged(path + ": read at byte " + std::to_string(offset) +
-                              " failed: " + error);
+      const std::string what = path + ": read at byte " + std::to_string(offset) + " failed";
+      if (n == 0) throw CheckpointDamaged(what + ": unexpected end of file");
+      throw_read_error(what, error);
     }
     out += n;
     offset += static_cast<uint64_t>(n);
@@ -331,7 +341,12 @@ std::string Checkpointer::save(const CheckpointState& state,
       fs::remove(tmp_dir + "/" + payload_file_name(r) + ".index");
     core::fsync_path(tmp_dir);
 
-    fs::remove_all(final_dir);  // a checkpoint of the same step from an abandoned run
+    if (fs::exists(final_dir)) {
+      // Left by an earlier attempt that reached this step: damaged (the load fell back past
+      // it) or newer than the checkpoint a run was told to resume from.
+      warn(group_.rank, "replacing checkpoint " + final_dir + ", left by an earlier attempt");
+      fs::remove_all(final_dir);
+    }
     fs::rename(tmp_dir, final_dir);
     core::fsync_path(options_.dir);
     write_file_durably(options_.dir + "/latest.tmp", name + "\n");
@@ -378,8 +393,7 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
   for (const auto& [file, size] : payload_files(m)) {
     const std::string path = dir + "/" + file;
     struct stat st {};
-    if (::stat(path.c_str(), &st) != 0)
-      throw CheckpointDamaged(path + ": cannot stat: " + errno_text());
+    if (::stat(path.c_str(), &st) != 0) throw_read_error(path + ": cannot stat", errno);
     if (static_cast<uint64_t>(st.st_size) != size)
       throw CheckpointDamaged(path + ": " + std::to_string(st.st_size) + " bytes, the index says " +
                               std::to_string(size) + " (truncated or overwritten)");
@@ -443,18 +457,21 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
                                                          std::string& damage) {
   CheckpointState state;
   std::string misfit;
+  std::string unreadable;
   std::optional<std::string> misfit_config;  // set when the misfit is another model's layout
   try {
     state = load_one(dir, layout, slices);
   } catch (const CheckpointDamaged& e) {
     damage = e.what();
+  } catch (const CheckpointUnreadable& e) {
+    unreadable = e.what();
   } catch (const CheckpointMisfit& e) {
     misfit = e.what();
     misfit_config = e.config_text();
   } catch (const std::exception& e) {
     misfit = e.what();
   }
-  if (agree(damage.empty() && misfit.empty())) return state;
+  if (agree(damage.empty() && misfit.empty() && unreadable.empty())) return state;
   // An intact checkpoint that does not fit this run's config: an error everywhere and no
   // fallback, and a config error since a retry with the same config would fail again.
   if (!agree(misfit.empty())) {
@@ -462,6 +479,15 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
     throw core::ConfigError(
         "checkpoint load: " +
         (misfit.empty() ? dir + " does not fit this run (see another rank)" : misfit));
+  }
+  // A file the machine failed to read: no fallback, which would train over this checkpoint.
+  if (!agree(unreadable.empty())) {
+    throw CheckpointUnreadable(
+        "checkpoint load: " +
+        (unreadable.empty() ? dir + " could not be read on another rank" : unreadable) +
+        "; not falling back to an older checkpoint, which the run would train over: run again "
+        "once the file system reads it, or move " +
+        dir + " aside to resume from the one before");
   }
   return std::nullopt;
 }

@@ -178,10 +178,11 @@ class Checkpointer {
   // Collective. Loads the newest checkpoint that verifies completely: fills every slice and
   // returns its state (with `world_size` the world size at save time). Returns nullopt when
   // `dir` holds no checkpoint at all. Throws core::Error when the ranks list different
-  // checkpoints in `dir`, when checkpoints exist but none is intact, or when the newest intact
-  // one does not fit: its parameter layout differs from `layout` (CheckpointMisfit), or a
-  // slice's buffer is missing or has another size. After a throw the slices' contents are
-  // unspecified.
+  // checkpoints in `dir`, when checkpoints exist but none is intact, when a file of the one
+  // being loaded could not be read (CheckpointUnreadable: an I/O error, not damage), or when
+  // the newest intact one does not fit: its parameter layout differs from `layout`
+  // (CheckpointMisfit), or a slice's buffer is missing or has another size. After a throw the
+  // slices' contents are unspecified.
   std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices);
 
@@ -219,7 +220,8 @@ class Checkpointer {
                            const std::vector<BufferSlice>& slices);
   // Collective load_one: the state when `dir` verified on every rank; nullopt when it is
   // damaged somewhere (`damage` then says how, on the ranks where it is); throws
-  // core::ConfigError on every rank when it is intact but does not fit.
+  // core::ConfigError on every rank when it is intact but does not fit, CheckpointUnreadable
+  // when a rank could not read a file of it.
   std::optional<CheckpointState> load_agreed(const std::string& dir,
                                              const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices,

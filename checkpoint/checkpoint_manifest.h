@@ -14,11 +14,20 @@
 
 namespace mantissa::checkpoint {
 
-// A checkpoint (or one file of it) that cannot be trusted: unreadable, truncated, a checksum
-// mismatch, an index that contradicts itself. A load reports it and falls back to the previous
-// checkpoint. Other core::Errors (an intact checkpoint that does not fit the run) do not fall
-// back.
+// A checkpoint (or one file of it) that cannot be trusted: a file missing or truncated, a
+// checksum mismatch, an index that contradicts itself. A load reports it and falls back to the
+// previous checkpoint. Other core::Errors (an intact checkpoint that does not fit the run) do not
+// fall back.
 class CheckpointDamaged : public core::Error {
+ public:
+  using core::Error::Error;
+};
+
+// A checkpoint file that could not be read for a reason outside its content (an I/O error, a
+// stale network file handle, no file descriptors left, no permission): a retry may read it. A
+// load stops (exit 1) rather than fall back to an older checkpoint, which the run would then
+// train over, replacing the unread one at its step.
+class CheckpointUnreadable : public core::Error {
  public:
   using core::Error::Error;
 };

@@ -259,8 +259,14 @@ TEST_F(CheckpointTest, KeepsTheNewestAndReplacesNewerOnes) {
   EXPECT_EQ(read_file(dir() + "/latest"), "step_00000035\n");
   Slices into = Slices::empty(0, kN);
   EXPECT_EQ(load(into)->step, 35);
-  // Saving the same step again replaces it.
+  // Saving the same step again replaces it, saying so.
+  testing::internal::CaptureStderr();
   save(35, 2);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(
+      err.find("replacing checkpoint " + dir() + "/step_00000035, left by an earlier attempt"),
+      std::string::npos)
+      << err;
   EXPECT_EQ(load(into)->step, 35);
   EXPECT_TRUE(into.equals_step(35));
 }
@@ -296,6 +302,28 @@ TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   EXPECT_NE(err.find(payload + ": 3599 bytes, the index says 3600"), std::string::npos) << err;
   EXPECT_NE(err.find("falling back to step_00000010"), std::string::npos) << err;
   EXPECT_TRUE(into.equals_step(10));
+}
+
+TEST_F(CheckpointTest, AFileTheMachineCannotReadStopsTheLoadInsteadOfFallingBack) {
+  // A read error is no proof of damage: a retry may read the file, and a fallback would train
+  // over the checkpoint. /proc/self/clear_refs opens and then fails every read (EINVAL; a user
+  // other than root gets EACCES at the open), as a failing disk's EIO would.
+  save(10);
+  save(20);
+  const std::string manifest = dir() + "/step_00000020/manifest.pb";
+  fs::remove(manifest);
+  fs::create_symlink("/proc/self/clear_refs", manifest);
+  Slices into = Slices::empty(0, kN);
+  try {
+    load(into);
+    FAIL() << "loaded";
+  } catch (const checkpoint::CheckpointUnreadable& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.starts_with("checkpoint load: " + manifest + ": ")) << what;
+    EXPECT_NE(what.find("not falling back to an older checkpoint"), std::string::npos) << what;
+    EXPECT_NE(what.find("move " + dir() + "/step_00000020 aside"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(fs::is_symlink(manifest));
 }
 
 // load_step loads exactly the checkpoint asked for, with the same checks as load_latest and
