@@ -94,7 +94,10 @@ options of train and encode:
   -h, --help          this help
 
 Options take `--opt value` or `--opt=value`. Files are written under temporary names (.tmp)
-and renamed into place when all are complete: a failure leaves none of them behind.
+and renamed into place when all are complete: a failure while writing leaves none of them
+behind (and an old set as it was). While encode renames a set into place, the file
+.mantissa-encode-unfinished marks the directory; a failure or crash then leaves it there, and
+training refuses the directory until an encode with --force finishes.
 
 then train on the shards:
   data { token_shards { pattern: "DIR/train_*.bin" } }

@@ -236,20 +236,37 @@ void StagedOutput::write_file(const std::string& name, std::string_view bytes) {
 }
 
 void StagedOutput::commit() {
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end()) {
-      MANTISSA_REQUIRE(
-          ::unlink(entry.path().c_str()) == 0, kFailure,
-          "cannot remove the old shard '" << entry.path().string() << "': " << errno_text());
+  // The files cannot all change in one step: the marker stands for the whole move, so that
+  // training refuses a mix of an old and a new set, or part of one, that a failure or a crash
+  // here leaves (train/data/corpus.h).
+  const std::string marker = dir_ + "/" + train::kUnfinishedShardsMarker;
+  write_file_atomically(marker,
+                        "mantissa tokenize encode is moving token shards into this "
+                        "directory; if it stopped, encode again with --force\n");
+  sync_directory(dir_);
+  try {
+    for (const std::string& name : staged_) {
+      rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
     }
+    std::error_code ec;
+    for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end()) {
+        MANTISSA_REQUIRE(
+            ::unlink(entry.path().c_str()) == 0, kFailure,
+            "cannot remove the old shard '" << entry.path().string() << "': " << errno_text());
+      }
+    }
+    MANTISSA_REQUIRE(!ec, kFailure,
+                     "cannot list output directory '" << dir_ << "': " << ec.message());
+    sync_directory(dir_);
+  } catch (const core::Error& e) {
+    core::throw_error_of_kind(e.kind(), std::string(e.what()) + "; '" + dir_ +
+                                            "' now holds an unfinished set of shards, which "
+                                            "training refuses: encode again with --force");
   }
-  MANTISSA_REQUIRE(!ec, kFailure,
-                   "cannot list output directory '" << dir_ << "': " << ec.message());
-  for (const std::string& name : staged_) {
-    rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
-  }
+  MANTISSA_REQUIRE(::unlink(marker.c_str()) == 0, kFailure,
+                   "cannot remove '" << marker << "': " << errno_text());
   sync_directory(dir_);
   committed_ = true;
 }

@@ -76,8 +76,10 @@ class StagedOutput {
   void write_shard(const std::string& name, const train::TokenSegment& tokens);
   // The same for any other file.
   void write_file(const std::string& name, std::string_view bytes);
-  // Removes the shards a replaced output held that this one does not rewrite (a stale
-  // train_000007.bin would still match the training glob), then renames every file into place.
+  // Renames every file into place, then removes the shards a replaced output held that this
+  // one does not rewrite (a stale train_000007.bin would still match the training glob), all
+  // under train::kUnfinishedShardsMarker: a failure (or a crash) on the way leaves the marker,
+  // and training refuses the directory until an encode finishes there.
   void commit();
 
  private:

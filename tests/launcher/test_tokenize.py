@@ -11,7 +11,8 @@
  - the tokens do not depend on the number of threads (1 core against all of them);
  - every bad input (a vocab above 2^20, an empty, missing or non-regular input, invalid UTF-8,
    an output that already holds shards or a model) exits 2 with one line that names it, and
-   leaves no file behind; --force replaces an output, stale shards included.
+   leaves no file behind; --force replaces an output, stale shards included, and a
+   replacement stopped halfway leaves a marker that training refuses.
 (tests/launcher/test_tokenize.cpp tests the pieces, and that models which do not decode
 exactly are refused.)
 """
@@ -21,6 +22,7 @@ import glob
 import os
 import random
 import re
+import shutil
 import string
 import struct
 import subprocess
@@ -311,6 +313,38 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.encode(tokenizer, [LICENCE], "none", "--val-fraction", "0")
         self.assertEqual(sorted(os.listdir(os.path.join(self.dir, "none"))),
                          ["tokenizer.model", "train_000000.bin"])
+
+    def test_a_replacement_that_stops_halfway_is_refused_by_training(self):
+        # The shards of a set cannot all change in one step. Here the rename of the second
+        # shard fails (a directory is in its place), as a crash could stop it: the directory
+        # holds a mix of the two sets, which would train without complaint, so the encode
+        # leaves its marker and training refuses the directory until an encode finishes there.
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
+        obstacle = os.path.join(out_dir, "train_000001.bin")
+        os.remove(obstacle)
+        os.makedirs(os.path.join(obstacle, "in_the_way"))
+        result = self.tokenize("encode", "--tokenizer", tokenizer, "--input", LICENCE,
+                               "--out-dir", out_dir, "--shard-tokens", "2000", "--force")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn(f"'{out_dir}' now holds an unfinished set of shards, which training "
+                      "refuses: encode again with --force", result.stderr)
+        marker = os.path.join(out_dir, ".mantissa-encode-unfinished")
+        self.assertTrue(os.path.exists(marker))
+        shutil.rmtree(obstacle)  # what a crash would leave: a mix of shards, no obstacle
+        config = self.write("own.pbtxt", f"""
+run {{ steps: 2 seed: 1 device: CPU dir: "{self.dir}/run" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+""")
+        result = self.mantissa("train", "--config", config)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn(f"is in a directory whose encoding did not finish ({marker} is there",
+                      result.stderr)
+        self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000", "--force")
+        self.assertFalse(os.path.exists(marker))
+        result = self.mantissa("train", "--config", config)
+        self.assertEqual(result.returncode, 0, result.stderr)
 
     def test_help(self):
         for args in (("tokenize", "--help"), ("help", "tokenize"), ("tokenize", "encode", "-h")):

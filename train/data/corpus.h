@@ -63,6 +63,11 @@ inline constexpr int32_t kLlama3ShardVersion = 7;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 
+// Present in a directory while `mantissa tokenize encode` moves a set of shards into it: the
+// files cannot all change in one step, and a failure or crash in between leaves a mix of the
+// old and the new set, or part of one. Training refuses shards beside it.
+inline constexpr const char* kUnfinishedShardsMarker = ".mantissa-encode-unfinished";
+
 // The largest vocabulary a model or a tokenizer may have: four times Gemma's 256,000, the
 // largest in use.
 inline constexpr int64_t kMaxVocab = int64_t{1} << 20;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "train/data/corpus.h"
@@ -26,6 +27,22 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
   MANTISSA_REQUIRE(
       rc == 0, kConfig,
       "token shards: pattern '" << pattern << "': glob failed: " << std::strerror(errno));
+  std::string checked_dir;
+  for (const std::string& path : paths) {
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir == checked_dir) continue;
+    checked_dir = dir;
+    const std::string marker = (dir.empty() ? "." : dir) + "/" + kUnfinishedShardsMarker;
+    MANTISSA_REQUIRE(
+        ::access(marker.c_str(), F_OK) != 0, kConfig,
+        "token shards: '"
+            << path
+            << "' is in a directory whose encoding did not "
+               "finish ("
+            << marker
+            << " is there: mantissa tokenize encode failed or was "
+               "killed while it moved the shards into place): encode again with --force");
+  }
   return paths;
 }
 
