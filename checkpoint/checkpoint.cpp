@@ -12,7 +12,7 @@
 
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
-#include "core/fsync_path.h"
+#include "core/durable_file.h"
 #include "core/strings.h"
 
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "core/fsync_path.h"
+#include "core/durable_file.h"
 
 namespace mantissa::checkpoint {
 namespace {

@@ -13,7 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/dtype/dtype.h"
 #include "core/error.h"
-#include "core/fsync_path.h"
+#include "core/durable_file.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
 

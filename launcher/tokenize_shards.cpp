@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "train/data/corpus.h"
 
@@ -88,20 +89,6 @@ class TempFile {
 void rename_into_place(const std::string& from, const std::string& to) {
   MANTISSA_REQUIRE(::rename(from.c_str(), to.c_str()) == 0, kFailure,
                    "cannot rename '" << from << "' to '" << to << "': " << errno_text());
-}
-
-void sync_directory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  MANTISSA_REQUIRE(fd >= 0, kFailure, "cannot open directory '" << dir << "': " << errno_text());
-  const int rc = ::fsync(fd);
-  const std::string error = errno_text();
-  ::close(fd);
-  MANTISSA_REQUIRE(rc == 0, kFailure, "cannot fsync directory '" << dir << "': " << error);
-}
-
-std::string parent_dir(const std::string& path) {
-  const std::string parent = fs::path(path).parent_path().string();
-  return parent.empty() ? "." : parent;
 }
 
 }  // namespace
@@ -240,10 +227,10 @@ void StagedOutput::commit() {
   // training refuses a mix of an old and a new set, or part of one, that a failure or a crash
   // here leaves (train/data/corpus.h).
   const std::string marker = dir_ + "/" + train::kUnfinishedShardsMarker;
-  write_file_atomically(marker,
-                        "mantissa tokenize encode is moving token shards into this "
-                        "directory; if it stopped, encode again with --force\n");
-  sync_directory(dir_);
+  core::write_file_atomically(marker,
+                              "mantissa tokenize encode is moving token shards into this "
+                              "directory; if it stopped, encode again with --force\n");
+  core::fsync_path(dir_);
   try {
     for (const std::string& name : staged_) {
       rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
@@ -259,7 +246,7 @@ void StagedOutput::commit() {
     }
     MANTISSA_REQUIRE(!ec, kFailure,
                      "cannot list output directory '" << dir_ << "': " << ec.message());
-    sync_directory(dir_);
+    core::fsync_path(dir_);
   } catch (const core::Error& e) {
     core::throw_error_of_kind(e.kind(), std::string(e.what()) + "; '" + dir_ +
                                             "' now holds an unfinished set of shards, which "
@@ -267,23 +254,8 @@ void StagedOutput::commit() {
   }
   MANTISSA_REQUIRE(::unlink(marker.c_str()) == 0, kFailure,
                    "cannot remove '" << marker << "': " << errno_text());
-  sync_directory(dir_);
+  core::fsync_path(dir_);
   committed_ = true;
-}
-
-void write_file_atomically(const std::string& path, std::string_view bytes) {
-  const std::string temp = path + kTempSuffix;
-  {
-    TempFile file(temp);
-    file.write(bytes.data(), bytes.size());
-    file.finish();
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string error = errno_text();
-    ::unlink(temp.c_str());
-    throw core::Error("cannot rename '" + temp + "' to '" + path + "': " + error);
-  }
-  sync_directory(parent_dir(path));
 }
 
 }  // namespace mantissa::launcher

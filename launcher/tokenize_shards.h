@@ -89,8 +89,4 @@ class StagedOutput {
   bool committed_ = false;
 };
 
-// Writes `bytes` to `path` through `path`.tmp and a rename. Throws core::Error naming the file
-// when it cannot be written (the temporary file is removed).
-void write_file_atomically(const std::string& path, std::string_view bytes);
-
 }  // namespace mantissa::launcher

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <unordered_map>
 
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "launcher/tokenize_input.h"
 #include "launcher/tokenize_model.h"
@@ -206,7 +207,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   }
   // The model must be what encode accepts; this cannot fail with the settings above.
   const Tokenizer tokenizer(options.out, model);
-  write_file_atomically(options.out, model);
+  core::write_file_atomically(options.out, model);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::string sampled =

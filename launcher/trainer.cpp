@@ -7,10 +7,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 
 #include "core/device_peaks.h"
+#include "core/durable_file.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
 #include "core/strings.h"
@@ -153,10 +153,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // The config the steps in run.dir were trained with: a start with nothing left to train
   // (run.steps at or below the checkpoint's step) leaves the last one's.
   if (world.rank() == 0 && start_step_ < config_.run().steps()) {
-    const std::string path = run_dir_ + "/config.pbtxt";
-    std::ofstream out(path);
-    out << to_text(config_);
-    MANTISSA_REQUIRE(out.good(), kFailure, "cannot write the effective config to '" << path << "'");
+    core::write_file_atomically(run_dir_ + "/config.pbtxt", to_text(config_));
   }
 
   const ModelShape dims = model_shape(config_.model());

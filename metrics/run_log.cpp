@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/fsync_path.h"
+#include "core/durable_file.h"
 
 namespace mantissa::metrics {
 
