@@ -9,8 +9,8 @@
 #include <fstream>
 #include <set>
 
-#include "core/error.h"
 #include "core/durable_file.h"
+#include "core/error.h"
 
 namespace mantissa::checkpoint {
 namespace {
@@ -118,7 +118,9 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
                 static_cast<std::streamsize>(values.size() * sizeof(float)));
     }
     out.flush();
-    MANTISSA_REQUIRE(out, kFailure, "safetensors: write to '" << tmp << "' failed");
+    // errno is the failed write(2)'s: nothing since has set it.
+    MANTISSA_REQUIRE(out, kFailure,
+                     "safetensors: cannot write '" << tmp << "': " << std::strerror(errno));
   }
   core::fsync_path(tmp);
   std::error_code ec;
@@ -127,6 +129,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
       !ec, kFailure,
       "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
   cleanup.renamed = true;
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  core::fsync_path(parent.empty() ? "." : parent);
 }
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,

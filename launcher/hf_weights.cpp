@@ -12,8 +12,8 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/dtype/dtype.h"
-#include "core/error.h"
 #include "core/durable_file.h"
+#include "core/error.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
 
@@ -242,7 +242,8 @@ void prepare_directories(const fs::path& dir, const fs::path& tmp) {
   if (fs::exists(tmp, ec)) {
     // Only what an export of ours leaves: our three files (and the weights' own .tmp).
     const std::set<std::string> ours = {kHfWeightsFile, std::string(kHfWeightsFile) + ".tmp",
-                                        kHfConfigFile, kHfTokenizerFile};
+                                        kHfConfigFile, std::string(kHfConfigFile) + ".tmp",
+                                        kHfTokenizerFile};
     bool stale = fs::is_directory(tmp, ec);
     for (const auto& entry : fs::directory_iterator(tmp, ec))
       stale = stale && ours.contains(entry.path().filename().string());
@@ -255,16 +256,6 @@ void prepare_directories(const fs::path& dir, const fs::path& tmp) {
   }
   fs::create_directories(tmp, ec);
   MANTISSA_REQUIRE(!ec, kFailure, "cannot create " << tmp.string() << ": " << ec.message());
-}
-
-void write_durably(const fs::path& path, const std::string& bytes) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << bytes;
-    out.flush();
-    MANTISSA_REQUIRE(out, kFailure, "cannot write " << path.string());
-  }
-  core::fsync_path(path.string());
 }
 
 }  // namespace
@@ -292,17 +283,11 @@ std::string hf_config_json(const models::HfLayout& layout) {
   return text + "}\n";
 }
 
-void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
-                         const train::ParameterStore& params, core::Backend& backend,
-                         const std::optional<std::string>& tokenizer,
-                         const std::map<std::string, std::string>& metadata) {
-  params.require_all_masters("Hugging Face export to " + dir);
-  // "out/" and "out" are the same directory; its temporary sibling is "out.tmp".
-  const fs::path target = fs::path(dir).lexically_normal();
-  const fs::path final_dir = target.has_filename() ? target : target.parent_path();
-  const fs::path tmp = final_dir.string() + ".tmp";
-  prepare_directories(final_dir, tmp);
-
+// The files of an export, written into the temporary directory `tmp`.
+void write_hf_files(const fs::path& tmp, const models::HfLayout& layout,
+                    const train::ParameterStore& params, core::Backend& backend,
+                    const std::optional<std::string>& tokenizer,
+                    const std::map<std::string, std::string>& metadata) {
   const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
   // Each tensor is cut from its parameter's FP32 values on the host; consecutive tensors of one
   // parameter (q, k, v of one qkv_proj) share one copy.
@@ -327,7 +312,7 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
   std::map<std::string, std::string> file_metadata = metadata;
   file_metadata["format"] = "pt";  // transformers refuses safetensors files without it
   checkpoint::write_safetensors((tmp / kHfWeightsFile).string(), outputs, file_metadata);
-  write_durably(tmp / kHfConfigFile, hf_config_json(layout));
+  core::write_file_atomically((tmp / kHfConfigFile).string(), hf_config_json(layout));
   if (tokenizer) {
     std::error_code ec;
     fs::copy_file(*tokenizer, tmp / kHfTokenizerFile, ec);
@@ -335,6 +320,26 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
                      "cannot copy the tokenizer " << *tokenizer << " to " << tmp.string() << ": "
                                                   << ec.message());
     core::fsync_path((tmp / kHfTokenizerFile).string());
+  }
+}
+
+void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
+                         const train::ParameterStore& params, core::Backend& backend,
+                         const std::optional<std::string>& tokenizer,
+                         const std::map<std::string, std::string>& metadata) {
+  params.require_all_masters("Hugging Face export to " + dir);
+  // "out/" and "out" are the same directory; its temporary sibling is "out.tmp".
+  const fs::path target = fs::path(dir).lexically_normal();
+  const fs::path final_dir = target.has_filename() ? target : target.parent_path();
+  const fs::path tmp = final_dir.string() + ".tmp";
+  prepare_directories(final_dir, tmp);
+
+  try {
+    write_hf_files(tmp, layout, params, backend, tokenizer, metadata);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);  // what a failure part way wrote
+    throw;
   }
   core::fsync_path(tmp.string());
   // rename(2) replaces an empty directory; a non-empty one was refused above.

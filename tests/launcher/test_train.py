@@ -27,6 +27,7 @@ import math
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -460,6 +461,22 @@ class Training(lu.TempDirTest):
                 result = self.mantissa("export", *first, "--format", "hf", "--out", nested)
                 self.assertEqual(result.returncode, 0, result.stderr)
                 self.assertTrue(os.path.isfile(os.path.join(nested, "config.json")))
+                # A write that fails part way (the file size limit's EFBIG here, as a full
+                # disk's ENOSPC) says why and leaves nothing behind.
+                limited = os.path.join(self.dir, family + "_limited_hf")
+
+                def limit_file_size():
+                    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+                result = subprocess.run([lu.binary(), "export", *first, "--format", "hf",
+                                         "--out", limited], cwd=self.dir, env=lu.environment(),
+                                        capture_output=True, text=True, timeout=120,
+                                        preexec_fn=limit_file_size)
+                self.assertEqual(result.returncode, 1, result.stderr)
+                self.assertIn(f"safetensors: cannot write '{limited}.tmp/model.safetensors.tmp': "
+                              "File too large", result.stderr)
+                self.assertFalse(os.path.exists(limited))
+                self.assertFalse(os.path.exists(limited + ".tmp"))
                 # A setting that changes no shape but what the weights compute is refused, not
                 # written into config.json.
                 changed = {"gpt2": ("model.gpt2.n_head=4", "model.gpt2.n_head 2 -> 4"),
