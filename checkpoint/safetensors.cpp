@@ -103,8 +103,11 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   } cleanup{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    MANTISSA_REQUIRE(out, kFailure,
-                     "safetensors: cannot create '" << tmp << "': " << std::strerror(errno));
+    if (!out) {
+      const int error = errno;
+      core::throw_error_of_kind(core::path_error_kind(error), "safetensors: cannot create '" + tmp +
+                                                                  "': " + std::strerror(error));
+    }
     const uint64_t n = header.size();
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));

@@ -1,5 +1,6 @@
 #include "core/error.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace mantissa::core {
@@ -14,6 +15,20 @@ void throw_error_of_kind(ErrorKind kind, const std::string& message) {
     case ErrorKind::kConfig: throw ConfigError(message);
     case ErrorKind::kDiverged: throw DivergedError(message);
     default: throw Error(message);
+  }
+}
+
+ErrorKind path_error_kind(int error) {
+  switch (error) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case EEXIST:
+    case EISDIR:
+    case ENOTDIR:
+    case ELOOP:
+    case ENAMETOOLONG: return ErrorKind::kConfig;
+    default: return ErrorKind::kFailure;
   }
 }
 

@@ -68,6 +68,11 @@ class DivergedError : public Error {
 // Throws the class of `kind`: ConfigError for kConfig, DivergedError for kDiverged, else Error.
 [[noreturn]] void throw_error_of_kind(ErrorKind kind, const std::string& message);
 
+// The kind of a failure (errno `error`) to create, open or write a path a user named: kConfig
+// for what the user must change (no permission, a read-only file system, something else in the
+// path's place), kFailure for what may pass on a retry (a full disk or quota, an I/O error).
+ErrorKind path_error_kind(int error);
+
 }  // namespace mantissa::core
 
 #define MANTISSA_CHECK(condition, message_stream)                                      \

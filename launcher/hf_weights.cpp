@@ -255,7 +255,10 @@ void prepare_directories(const fs::path& dir, const fs::path& tmp) {
                      "cannot remove the stale " << tmp.string() << ": " << ec.message());
   }
   fs::create_directories(tmp, ec);
-  MANTISSA_REQUIRE(!ec, kFailure, "cannot create " << tmp.string() << ": " << ec.message());
+  if (ec) {
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "cannot create " + tmp.string() + ": " + ec.message());
+  }
 }
 
 }  // namespace

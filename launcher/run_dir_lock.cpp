@@ -32,9 +32,7 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
     // run.dir exists (the caller made it) but refuses the file: a directory this user may not
     // write to is a setting to fix; a full disk or a failing file system may not stay so.
     const int error = errno;
-    const bool setting = error == EACCES || error == EPERM || error == EROFS || error == EISDIR ||
-                         error == ENOTDIR || error == ELOOP;
-    core::throw_error_of_kind(setting ? core::ErrorKind::kConfig : core::ErrorKind::kFailure,
+    core::throw_error_of_kind(core::path_error_kind(error),
                               "run.dir = \"" + run_dir +
                                   "\": cannot open the run directory's lock file '" + path +
                                   "': " + std::strerror(error));

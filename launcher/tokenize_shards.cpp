@@ -55,7 +55,11 @@ class TempFile {
  public:
   explicit TempFile(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    MANTISSA_REQUIRE(fd_ >= 0, kFailure, "cannot create '" << path_ << "': " << errno_text());
+    if (fd_ < 0) {
+      const int error = errno;
+      core::throw_error_of_kind(core::path_error_kind(error),
+                                "cannot create '" + path_ + "': " + std::strerror(error));
+    }
   }
   ~TempFile() {
     if (fd_ >= 0) {
@@ -169,7 +173,8 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
     fs::create_directories(dir_, ec);
     if (ec) {
       created_dirs_.clear();
-      throw core::ConfigError("cannot create output directory '" + dir_ + "': " + ec.message());
+      core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                                "cannot create output directory '" + dir_ + "': " + ec.message());
     }
     return;
   }

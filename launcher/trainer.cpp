@@ -98,7 +98,10 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
   std::error_code ec;
   std::filesystem::create_directories(run_dir_, ec);
-  require(!ec, "run.dir", "\"" + run_dir_ + "\"", "cannot be created: " + ec.message());
+  if (ec) {
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
+  }
   if (world.rank() == 0) run_dir_lock_.emplace(run_dir_);
 
   // The checks that need the world: the rest of the config was validated before.

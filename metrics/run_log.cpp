@@ -16,8 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/error.h"
 #include "core/durable_file.h"
+#include "core/error.h"
 
 namespace mantissa::metrics {
 
@@ -193,8 +193,11 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
   const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  MANTISSA_REQUIRE(!ec, kFailure,
-                   "cannot create log directory '" << dir.string() << "': " << ec.message());
+  if (ec) {
+    core::throw_error_of_kind(
+        core::path_error_kind(ec.value()),
+        "cannot create log directory '" + dir.string() + "': " + ec.message());
+  }
   const auto log_of = [&](int r, const char* suffix) {
     return dir / ("rank" + std::to_string(r) + suffix);
   };
@@ -206,8 +209,11 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
   }
   path_ = log_of(rank, ".jsonl").string();
   file_ = std::fopen(path_.c_str(), "a");
-  MANTISSA_REQUIRE(file_ != nullptr, kFailure,
-                   "cannot open log '" << path_ << "': " << std::strerror(errno));
+  if (file_ == nullptr) {
+    const int error = errno;
+    core::throw_error_of_kind(core::path_error_kind(error),
+                              "cannot open log '" + path_ + "': " + std::strerror(error));
+  }
 }
 
 StepLog::~StepLog() {
