@@ -6,7 +6,6 @@
 #include <charconv>
 #include <cstdint>
 #include <limits>
-#include <ranges>
 #include <sstream>
 #include <vector>
 
@@ -46,8 +45,9 @@ class FirstError : public pb::io::ErrorCollector {
 };
 
 std::string field_names(const pb::Descriptor& type) {
-  return core::join(std::views::iota(0, type.field_count()), ", ",
-                    [&](int i) { return type.field(i)->name(); });
+  std::vector<std::string> names;
+  for (int i = 0; i < type.field_count(); ++i) names.push_back(type.field(i)->name());
+  return core::join(names, ", ");
 }
 
 std::vector<std::string_view> split_path(std::string_view path) {
@@ -177,10 +177,10 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       const pb::EnumDescriptor& type = *field.enum_type();
       const pb::EnumValueDescriptor* v = type.FindValueByName(std::string(text));
       if (v == nullptr) {
-        const std::string names = core::join(std::views::iota(0, type.value_count()), ", ",
-                                             [&](int i) { return type.value(i)->name(); });
-        throw core::ConfigError(field.name() + " must be one of " + names + ", got '" +
-                                std::string(text) + "'");
+        std::vector<std::string> names;
+        for (int i = 0; i < type.value_count(); ++i) names.push_back(type.value(i)->name());
+        throw core::ConfigError(field.name() + " must be one of " + core::join(names, ", ") +
+                                ", got '" + std::string(text) + "'");
       }
       add ? r.AddEnum(&message, &field, v) : r.SetEnum(&message, &field, v);
       return;

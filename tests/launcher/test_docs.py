@@ -131,6 +131,9 @@ LAUNCHER_STUB = """#!/bin/bash
 printf '%s\\n' "$*" >"$STUB_DIR/launcher.args"
 printf '%s\\n' "$OMP_NUM_THREADS" >"$STUB_DIR/launcher.omp"
 trap 'exit "$STUB_EXIT"' USR1
+# A rank's first line, after its handlers are set; deploy/mantissa-mpirun holds USR1 back until
+# one comes (or 5 s have passed: STUB_QUIET, output it does not see).
+[ -n "${STUB_QUIET:-}" ] || echo "mantissa: stand-in started" >&2
 touch "$STUB_DIR/launcher.started"
 if [ "$STUB_WAIT" = 1 ]; then
   while :; do sleep 0.05; done
@@ -216,6 +219,15 @@ class SlurmScripts(unittest.TestCase):
                         else:
                             self.assertIsNone(calls, f"exit {code}, preempted={preempt}: only a "
                                               f"preemption may be requeued:\n{self.output}")
+
+    def test_a_preemption_reaches_ranks_whose_output_mpirun_keeps(self):
+        # mpirun --output-filename: no rank line passes the wrapper, which sends USR1 once
+        # mpirun has run 5 s.
+        script, launcher = "mantissa-multinode.sbatch", "mpirun"
+        status = self.run_script(script, launcher, 0, True, SLURM_CPUS_PER_TASK="1",
+                                 STUB_QUIET="1")
+        self.assertEqual(status, 0, self.output)
+        self.assertEqual(self.stub_file("scontrol.calls"), "requeue 42\n", self.output)
 
     def test_threads_per_rank(self):
         # (SLURM_* settings, OMP_NUM_THREADS every rank must get)

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "core/device_peaks.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
 #include "launcher/config.h"
+#include "launcher/plan_devices.h"
 #include "launcher/plan_model.h"
 #include "launcher/trainer.h"
 #include "tests/common/test_util.h"
@@ -36,6 +38,14 @@ const char* const kModels[] = {
     "model { llama { n_layer: 3 n_head: 4 n_embd: 128 seq_len: 64 vocab_size: 300 "
     "tie_embeddings: true ffn_hidden: 192 } }",
 };
+
+TEST(PlanDevices, GpuPeaksAreTheOnesMfuIsMeasuredAgainst) {
+  // plan projects MFU against its table; a run measures it against core's; one data sheet.
+  for (const char* name : {"a100", "h100", "h200"}) {
+    const launcher::DeviceSpec& d = launcher::find_device(name);
+    EXPECT_EQ(d.bf16_tflops * 1e12, core::gpu_bf16_peak_flops(d.description)) << name;
+  }
+}
 
 TEST(PlanModel, ParametersAndFlopsAreTheBuiltModels) {
   for (const char* text : kModels) {
