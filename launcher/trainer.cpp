@@ -330,10 +330,28 @@ bool Trainer::restore() {
 
   optimizer_->refresh_compute_copy(params);
   optimizer_->set_steps_taken(state->optimizer_steps);
-  scaler_->set_state(state->loss_scaler);
+  restore_scaling(*state);
+  loader_->set_cursor(state->data);
+  start_step_ = state->step;
+  tokens_total_ = state->tokens;
+  last_saved_step_ = state->step;
+  resumed_saved_unix_time_ = state->saved_unix_time;
+  report_changes(*state);
+  // After a redeploy the build changes mid-run: the line says so, for whoever compares the
+  // steps before and after.
+  const bool other_build = !state->written_by.empty() && state->written_by != build_name();
+  say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
+      checkpoint::checkpoint_dir_name(state->step) + " (saved by " +
+      std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") +
+      (other_build ? " running " + state->written_by : "") + ")");
+  return true;
+}
+
+void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
+  scaler_->set_state(state.loss_scaler);
   if (scaler_->config().mode == core::LossScaleMode::kDynamic) {
-    const float saved = state->loss_scaler.scale;
-    if (!state->loss_scaler.dynamic) {
+    const float saved = state.loss_scaler.scale;
+    if (!state.loss_scaler.dynamic) {
       say("mantissa: the checkpoint's loss scale " + core::format_number(saved) +
           " was a fixed one: the dynamic loss scale starts at precision.loss_scale.init = " +
           core::format_number(scaler_->scale()));
@@ -346,11 +364,11 @@ bool Trainer::restore() {
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) {
     // A run that switches to FP8 on resume starts its scales afresh; one that switches FP8
     // recipe only when told to (the scaling states of two recipes do not carry over).
-    if (!state->fp8.tensors.empty()) {
+    if (!state.fp8.tensors.empty()) {
       const core::Fp8Recipe recipe = fp8->config().recipe;
       const std::string now = core::fp8_recipe_name(recipe);
       // Checkpoints older than the recorded recipe had a per-tensor one.
-      const std::string& saved = state->fp8.recipe;
+      const std::string& saved = state.fp8.recipe;
       const bool changed = saved.empty() ? core::is_block_recipe(recipe) : saved != now;
       if (changed) {
         require(config_.precision().fp8().allow_recipe_change(), "precision.fp8.recipe", now,
@@ -362,26 +380,23 @@ bool Trainer::restore() {
             (saved.empty() ? std::string("per-tensor recipe") : saved) +
             ": FP8 scaling state starts afresh");
       } else {
-        fp8->registry().set_state(state->fp8);
+        fp8->registry().set_state(state.fp8);
         fp8->upload_scales(*backend_);
       }
     }
   }
-  loader_->set_cursor(state->data);
-  start_step_ = state->step;
-  tokens_total_ = state->tokens;
-  last_saved_step_ = state->step;
-  resumed_saved_unix_time_ = state->saved_unix_time;
+}
+
+void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   // Another corpus on resume is allowed (a second phase of training), but not silently. The
   // tokens decide, not the configured path: data moved to another directory is the same data.
   // Checkpoints from before the fingerprint was recorded compare the paths.
-  const std::optional<TrainConfig> recorded = recorded_config(state->config_text);
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
   const std::string trained_on = recorded ? data_source(recorded->data()) : "";
   const std::string reads = data_source(config_.data());
-  const bool same_tokens = state->data_fingerprint != 0
-                               ? state->data_fingerprint == data_fingerprint_
-                               : trained_on.empty() || trained_on == reads;
-  const bool seed_changed = state->seed != config_.run().seed();
+  const bool same_tokens = state.data_fingerprint != 0 ? state.data_fingerprint == data_fingerprint_
+                                                       : trained_on.empty() || trained_on == reads;
+  const bool seed_changed = state.seed != config_.run().seed();
   // Synthetic tokens are generated from the seed: the seed's warning below says it all.
   const bool regenerated = seed_changed && config_.data().has_synthetic() && trained_on == reads;
   if (!same_tokens && !regenerated) {
@@ -395,7 +410,7 @@ bool Trainer::restore() {
   }
   if (seed_changed) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
-        std::to_string(state->seed) + ", this run has " + std::to_string(config_.run().seed()) +
+        std::to_string(state.seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
   }
   const std::vector<std::string> changed =
@@ -405,11 +420,11 @@ bool Trainer::restore() {
   }
   // On another number of ranks, the same micro-batches make another global batch; the
   // settings above are per rank, so no difference lists it.
-  if (recorded && state->world_size != world_.size()) {
+  if (recorded && state.world_size != world_.size()) {
     const auto global_batch = [](const TrainConfig::Data& d, int64_t ranks) {
       return d.micro_batch_size() * d.grad_accum_steps() * ranks;
     };
-    const int64_t was = global_batch(recorded->data(), state->world_size);
+    const int64_t was = global_batch(recorded->data(), state.world_size);
     const int64_t is = global_batch(config_.data(), world_.size());
     if (was != is) {
       say("mantissa: note: the global batch changes from " + std::to_string(was) + " to " +
@@ -418,14 +433,6 @@ bool Trainer::restore() {
           "data.grad_accum_steps or data.micro_batch_size can keep it");
     }
   }
-  // After a redeploy the build changes mid-run: the line says so, for whoever compares the
-  // steps before and after.
-  const bool other_build = !state->written_by.empty() && state->written_by != build_name();
-  say("mantissa: resumed from " + checkpointer_->options().dir + "/" +
-      checkpoint::checkpoint_dir_name(state->step) + " (saved by " +
-      std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") +
-      (other_build ? " running " + state->written_by : "") + ")");
-  return true;
 }
 
 void Trainer::import_initial_weights() {

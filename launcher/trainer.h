@@ -73,6 +73,12 @@ class Trainer {
   void check_fp8_recipe_support() const;
   // Resumes from the newest intact checkpoint; false when there is none (or resume is NEVER).
   bool restore();
+  // The loss scaler's and FP8 scaling's state from the checkpoint, as far as this run's
+  // settings take them (a fixed scale, another FP8 recipe: said, and started afresh).
+  void restore_scaling(const checkpoint::CheckpointState& state);
+  // What differs from the run the checkpoint was saved by, said before the steps go on: the
+  // data, the seed, settings, the global batch.
+  void report_changes(const checkpoint::CheckpointState& state);
   // model.init_from: the weights a run starts from (when it does not resume): an llm.c GPT-2
   // file or a Hugging Face model directory (launcher/hf_weights.h).
   void import_initial_weights();
