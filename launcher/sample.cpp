@@ -16,6 +16,7 @@
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/exit_codes.h"
+#include "launcher/export.h"
 #include "launcher/option_value.h"
 #include "launcher/tokenize_client.h"
 #include "launcher/trainer.h"
@@ -104,23 +105,20 @@ T parse_integer(const std::string& name, const std::string& value, T minimum) {
   return out;
 }
 
-// Where the run's tokenizer is, or none for bytes. Throws core::ConfigError naming a file that
-// is missing.
+// Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
+// core::ConfigError naming the file the config names that is missing, or the shards whose
+// tokenizer is not beside them.
 std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
-  if (!data.tokenizer().empty()) {
-    require(fs::is_regular_file(data.tokenizer()), "data.tokenizer", "\"" + data.tokenizer() + "\"",
-            "no such file (the run's config names it)");
-    return data.tokenizer();
-  }
-  if (!data.has_token_shards()) return std::nullopt;  // synthetic or text_file: bytes
-  const fs::path beside = fs::path(data.token_shards().pattern()).parent_path() / "tokenizer.model";
-  if (fs::is_regular_file(beside)) return beside.string();
-  require(model_shape(config.model()).vocab_size == 256, "data.token_shards.pattern",
-          "\"" + data.token_shards().pattern() + "\"",
-          "has no tokenizer beside it: " + beside.string() +
+  require(data.tokenizer().empty() || fs::is_regular_file(data.tokenizer()), "data.tokenizer",
+          "\"" + data.tokenizer() + "\"", "no such file (the run's config names it)");
+  const std::optional<std::string> found = run_tokenizer_file(config);
+  require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
+          "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
+          "has no tokenizer beside it: " +
+              (fs::path(data.token_shards().pattern()).parent_path() / "tokenizer.model").string() +
               " is missing (set data.tokenizer to the model the shards were encoded with)");
-  return std::nullopt;
+  return found;
 }
 
 // Loads the masters of the run's checkpoint (args.step, or the newest intact one) into
