@@ -16,6 +16,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     const std::string name = arg.substr(0, arg.find('='));
     const bool known = name == "--config" || name == "--set" ||
                        (name == "--progress" && command == "train") ||
+                       (name == "--get" && command == "config") ||
                        ((name == "--out" || name == "--format") && command == "export");
     if (!known) {
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
@@ -28,6 +29,8 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       out.config_path = value;
     } else if (name == "--set") {
       out.sets.push_back(value);
+    } else if (name == "--get") {
+      out.get = value;
     } else if (name == "--out") {
       out.out = value;
     } else if (name == "--format") {

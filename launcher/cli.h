@@ -18,6 +18,7 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> sets;  // in command-line order: later ones win
   metrics::ProgressMode progress = metrics::ProgressMode::kAuto;
+  std::string get;         // config only: the field whose value alone is printed
   std::string out;         // export only
   bool hf_format = false;  // export --format hf (else safetensors)
 };

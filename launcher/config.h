@@ -75,6 +75,12 @@ std::string describe_defaults();
 // The config in protobuf text format (every set field; after apply_defaults, all of them).
 std::string to_text(const TrainConfig& config);
 
+// The value of the field at `path` ("run.dir") for a program to read, with a newline: a string
+// as its bytes (no escapes), a number, enum or bool as text format writes it, a message as its
+// text-format body; a repeated field one value per line. Throws core::ConfigError naming the
+// path when it names no field or runs through a oneof member the config does not select.
+std::string config_value(const TrainConfig& config, std::string_view path);
+
 // require(ok, path, value, rule) throws core::ConfigError("<path> = <value>: <rule>") unless
 // `ok`; also used by the Trainer for the checks that depend on the world size or the device.
 // format_number(x) is the shortest text that reads back as x.

@@ -52,6 +52,38 @@ std::optional<OverrideNote> apply_override(TrainConfig& config, std::string_view
   }
 }
 
+std::string config_value(const TrainConfig& config, std::string_view path) {
+  const std::string prefix = "--get " + std::string(path) + ": ";
+  TrainConfig walked = config;  // resolve may create the messages on its way
+  FieldRef ref;
+  try {
+    ref = resolve(walked, path, true);
+  } catch (const core::ConfigError& e) {
+    throw core::ConfigError(prefix + e.what());
+  }
+  if (ref.field == nullptr) {
+    throw core::ConfigError(prefix +
+                            "the config does not use it (another member of its oneof "
+                            "is selected)");
+  }
+  const google::protobuf::Reflection& r = *ref.message->GetReflection();
+  const google::protobuf::FieldDescriptor& field = *ref.field;
+  const int count = field.is_repeated() ? r.FieldSize(*ref.message, &field) : 1;
+  std::string text;
+  for (int i = 0; i < count; ++i) {
+    const int index = field.is_repeated() ? i : -1;
+    std::string value;
+    if (field.cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_STRING) {
+      value = field.is_repeated() ? r.GetRepeatedString(*ref.message, &field, i)
+                                  : r.GetString(*ref.message, &field);
+    } else {
+      google::protobuf::TextFormat::PrintFieldValueToString(*ref.message, &field, index, &value);
+    }
+    text += value + "\n";
+  }
+  return text;
+}
+
 std::string to_text(const TrainConfig& config) {
   std::string text;
   google::protobuf::TextFormat::PrintToString(config, &text);

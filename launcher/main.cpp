@@ -103,11 +103,13 @@ defaults of fields the config leaves unset:
 )";
 
 constexpr const char* kConfigHelp =
-    R"(usage: mantissa config --config FILE.pbtxt [--set PATH=VALUE]...
+    R"(usage: mantissa config --config FILE.pbtxt [--set PATH=VALUE]... [--get PATH]
 
 Reads and checks a config as `mantissa train` does before it starts, and prints the effective
-config: every --set applied and every default filled in. Exit code 0 when it is valid, 2 (with
-one line saying why) when it is not. Left to `train` are the checks that need the ranks, the
+config: every --set applied and every default filled in; with --get PATH only that field's
+value, for scripts (a string as it is, without quotes or escapes: --get run.dir is the run
+directory train uses). Exit code 0 when it is valid, 2 (with one line saying why) when it is
+not. Left to `train` are the checks that need the ranks, the
 device or the data's contents: the data files must exist, but their headers and token ids
 (against the vocabulary size) are read when train loads them.
 )";
@@ -249,7 +251,8 @@ int config_command(int argc, char** argv) {
       return kExitOk;
     }
     const TrainConfig config = effective_config_noted(parsed, 0);
-    std::fputs(to_text(config).c_str(), stdout);
+    std::fputs((parsed.get.empty() ? to_text(config) : config_value(config, parsed.get)).c_str(),
+               stdout);
     return kExitOk;
   } catch (const core::ConfigError& e) {
     report_config_error(0, e.what());

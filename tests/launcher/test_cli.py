@@ -96,6 +96,20 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error("mantissa: run.steps = 0: must be >= 1", "--set", "run.steps=0",
                                  command="config")
 
+    def test_config_get_prints_one_value_as_it_is(self):
+        # For scripts (deploy/slurm): a string without quotes or the text format's escapes.
+        path = self.write("c.pbtxt", BASE)
+        odd_dir = 'runs/d\u00e9"mo\\x'
+        result = self.mantissa("config", "--config", path, "--set", f"run.dir={odd_dir}",
+                               "--get", "run.dir")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, odd_dir + "\n")
+        result = self.mantissa("config", "--config", path, "--get", "run.steps")
+        self.assertEqual((result.returncode, result.stdout), (0, "4\n"), result.stderr)
+        self.assert_config_error(
+            "mantissa: --get model.llama.n_layer: the config does not use it (another member of "
+            "its oneof is selected)", "--get", "model.llama.n_layer", command="config")
+
     def test_missing_config_file(self):
         result = self.mantissa("train", "--config", "missing.pbtxt")
         self.assertEqual(result.returncode, 2)
