@@ -82,7 +82,7 @@ void write_file_durably(const std::string& path, const std::string& bytes) {
 [[noreturn]] void throw_read_error(const std::string& what, int error) {
   const std::string text = what + ": " + std::strerror(error);
   if (error == ENOENT || error == EISDIR || error == ENOTDIR) throw CheckpointDamaged(text);
-  throw CheckpointUnreadable(text);
+  throw CheckpointUnreadable(text, core::path_error_kind(error));
 }
 
 std::string read_whole_file(const std::string& path) {
@@ -458,6 +458,7 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
   CheckpointState state;
   std::string misfit;
   std::string unreadable;
+  core::ErrorKind unreadable_kind = core::ErrorKind::kFailure;
   std::optional<std::string> misfit_config;  // set when the misfit is another model's layout
   try {
     state = load_one(dir, layout, slices);
@@ -465,6 +466,7 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
     damage = e.what();
   } catch (const CheckpointUnreadable& e) {
     unreadable = e.what();
+    unreadable_kind = e.kind();
   } catch (const CheckpointMisfit& e) {
     misfit = e.what();
     misfit_config = e.config_text();
@@ -484,10 +486,11 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
   if (!agree(unreadable.empty())) {
     throw CheckpointUnreadable(
         "checkpoint load: " +
-        (unreadable.empty() ? dir + " could not be read on another rank" : unreadable) +
-        "; not falling back to an older checkpoint, which the run would train over: run again "
-        "once the file system reads it, or move " +
-        dir + " aside to resume from the one before");
+            (unreadable.empty() ? dir + " could not be read on another rank" : unreadable) +
+            "; not falling back to an older checkpoint, which the run would train over: run again "
+            "once the file can be read, or move " +
+            dir + " aside to resume from the one before",
+        unreadable_kind);
   }
   return std::nullopt;
 }

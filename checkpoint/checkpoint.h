@@ -188,8 +188,8 @@ class Checkpointer {
 
   // Collective. Loads checkpoint `step` as load_latest loads the newest, with every check, but
   // with no fallback: nullopt when `dir` has no step_<step> directory (on every rank); throws
-  // CheckpointDamaged when it does not verify (on any rank), core::ConfigError when it does
-  // not fit.
+  // CheckpointDamaged when it does not verify (on any rank), CheckpointUnreadable when a file
+  // of it could not be read, core::ConfigError when it does not fit.
   std::optional<CheckpointState> load_step(int64_t step, const std::vector<ParameterLayout>& layout,
                                            const std::vector<BufferSlice>& slices);
 
@@ -198,7 +198,8 @@ class Checkpointer {
   // The steps of the step_* directories in `dir`, newest first (complete or not yet verified).
   std::vector<int64_t> steps() const;
   // What the newest checkpoint whose manifest verifies records, read without its payload (a
-  // look before a load of many gigabytes); nullopt when no manifest verifies. Not collective.
+  // look before a load of many gigabytes); nullopt when no manifest verifies; throws
+  // CheckpointUnreadable when a manifest could not be read. Not collective.
   std::optional<CheckpointState> newest_manifest() const;
   // Collective. steps(), checked to be the same list on every rank: throws core::Error on
   // every rank otherwise, each naming what it sees (a file system that shows the ranks

@@ -24,12 +24,18 @@ class CheckpointDamaged : public core::Error {
 };
 
 // A checkpoint file that could not be read for a reason outside its content (an I/O error, a
-// stale network file handle, no file descriptors left, no permission): a retry may read it. A
-// load stops (exit 1) rather than fall back to an older checkpoint, which the run would then
-// train over, replacing the unread one at its step.
+// stale network file handle, no file descriptors left, no permission). A load stops rather
+// than fall back to an older checkpoint, which the run would then train over, replacing the
+// unread one at its step. Its kind is core::path_error_kind's: 1 where a retry may read it,
+// 2 where the user must change something (permissions).
 class CheckpointUnreadable : public core::Error {
  public:
-  using core::Error::Error;
+  CheckpointUnreadable(const std::string& message, core::ErrorKind kind)
+      : core::Error(message), kind_(kind) {}
+  core::ErrorKind kind() const override { return kind_; }
+
+ private:
+  core::ErrorKind kind_;
 };
 
 // The serialized message followed by its CRC32C as field 15 (fixed32), see

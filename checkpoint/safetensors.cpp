@@ -132,8 +132,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
       !ec, kFailure,
       "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
   cleanup.renamed = true;
-  const std::string parent = std::filesystem::path(path).parent_path().string();
-  core::fsync_path(parent.empty() ? "." : parent);
+  core::fsync_parent_directory(path);
 }
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,

@@ -22,32 +22,49 @@ void fsync_path(const std::string& path) {
   MANTISSA_REQUIRE(rc == 0, kFailure, "fsync of '" << path << "' failed: " << std::strerror(error));
 }
 
+void fsync_parent_directory(const std::string& path) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  fsync_path(parent.empty() ? "." : parent);
+}
+
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   const std::string temp = path + ".tmp";
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  MANTISSA_REQUIRE(fd >= 0, kFailure, "cannot create '" << temp << "': " << std::strerror(errno));
-  std::string failed;  // the step that failed, with its reason
+  if (fd < 0) {
+    const int error = errno;
+    throw_error_of_kind(path_error_kind(error),
+                        "cannot create '" + temp + "': " + std::strerror(error));
+  }
+  // The step that failed and its errno, read before anything else can change it.
+  std::string failed;
+  int error = 0;
   for (size_t written = 0; written < bytes.size() && failed.empty();) {
     const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) failed = std::string("cannot write '") + temp + "': " + std::strerror(errno);
-    if (n > 0) written += static_cast<size_t>(n);
+    if (n <= 0) {
+      error = n < 0 ? errno : ENOSPC;  // a write of nothing: no room for more
+      failed = "cannot write '" + temp + "'";
+    } else {
+      written += static_cast<size_t>(n);
+    }
   }
   if (failed.empty() && ::fsync(fd) != 0) {
-    failed = "cannot write '" + temp + "': fsync: " + std::strerror(errno);
+    error = errno;
+    failed = "cannot write '" + temp + "': fsync";
   }
   if (::close(fd) != 0 && failed.empty()) {
-    failed = "cannot write '" + temp + "': close: " + std::strerror(errno);
+    error = errno;
+    failed = "cannot write '" + temp + "': close";
   }
   if (failed.empty() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    failed = "cannot rename '" + temp + "' to '" + path + "': " + std::strerror(errno);
+    error = errno;
+    failed = "cannot rename '" + temp + "' to '" + path + "'";
   }
   if (!failed.empty()) {
     ::unlink(temp.c_str());
-    throw Error(failed);
+    throw_error_of_kind(path_error_kind(error), failed + ": " + std::strerror(error));
   }
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  fsync_path(dir.empty() ? "." : dir);
+  fsync_parent_directory(path);
 }
 
 }  // namespace mantissa::core

@@ -339,20 +339,19 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
 
   try {
     write_hf_files(tmp, layout, params, backend, tokenizer, metadata);
+    core::fsync_path(tmp.string());
+    // rename(2) replaces an empty directory; a non-empty one was refused above.
+    std::error_code ec;
+    fs::rename(tmp, final_dir, ec);
+    MANTISSA_REQUIRE(
+        !ec, kFailure,
+        "cannot rename " << tmp.string() << " to " << final_dir.string() << ": " << ec.message());
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);  // what a failure part way wrote
     throw;
   }
-  core::fsync_path(tmp.string());
-  // rename(2) replaces an empty directory; a non-empty one was refused above.
-  std::error_code ec;
-  fs::rename(tmp, final_dir, ec);
-  MANTISSA_REQUIRE(
-      !ec, kFailure,
-      "cannot rename " << tmp.string() << " to " << final_dir.string() << ": " << ec.message());
-  const fs::path parent = final_dir.has_parent_path() ? final_dir.parent_path() : fs::path(".");
-  core::fsync_path(parent.string());
+  core::fsync_parent_directory(final_dir.string());
 }
 
 bool is_hf_directory(const std::string& path) {

@@ -235,7 +235,6 @@ void StagedOutput::commit() {
   core::write_file_atomically(marker,
                               "mantissa tokenize encode is moving token shards into this "
                               "directory; if it stopped, encode again with --force\n");
-  core::fsync_path(dir_);
   try {
     for (const std::string& name : staged_) {
       rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
@@ -252,10 +251,13 @@ void StagedOutput::commit() {
     MANTISSA_REQUIRE(!ec, kFailure,
                      "cannot list output directory '" << dir_ << "': " << ec.message());
     core::fsync_path(dir_);
-  } catch (const core::Error& e) {
-    core::throw_error_of_kind(e.kind(), std::string(e.what()) + "; '" + dir_ +
-                                            "' now holds an unfinished set of shards, which "
-                                            "training refuses: encode again with --force");
+  } catch (const std::exception& e) {
+    // A core::Error keeps its kind; the directory listing's filesystem_error is a failure.
+    const auto* error = dynamic_cast<const core::Error*>(&e);
+    core::throw_error_of_kind(error ? error->kind() : core::ErrorKind::kFailure,
+                              std::string(e.what()) + "; '" + dir_ +
+                                  "' now holds an unfinished set of shards, which training "
+                                  "refuses: encode again with --force");
   }
   MANTISSA_REQUIRE(::unlink(marker.c_str()) == 0, kFailure,
                    "cannot remove '" << marker << "': " << errno_text());

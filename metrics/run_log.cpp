@@ -102,8 +102,8 @@ void write_file(const std::string& path, const char* mode, const std::string& te
 // Where the part of a log that stays as it is ends, when the log is as every start leaves it:
 // whole lines of rising steps below first_step, then only lines to move (steps first_step and
 // later, a line cut short by a crash). Reads the log once, a line at a time. nullopt when an
-// earlier step comes back later in the log (logs of versions before the rule), which takes
-// the full rewrite.
+// earlier step comes back later in the log (logs of versions before the rule), or the last
+// line to keep lacks its newline (a crash between the two), which take the full rewrite.
 std::optional<std::streamoff> end_of_kept_lines(const std::filesystem::path& path,
                                                 int64_t first_step) {
   std::ifstream in(path, std::ios::binary);
@@ -126,19 +126,37 @@ std::optional<std::streamoff> end_of_kept_lines(const std::filesystem::path& pat
   return kept_end;
 }
 
-// Appends bytes [from, end) of `path` to `rolled_back` (ending them with a newline), synced.
+// Appends bytes [from, end) of `path` to `rolled_back` (ending them with a newline), a block at
+// a time, synced.
 void append_tail(const std::filesystem::path& path, std::streamoff from,
                  const std::filesystem::path& rolled_back) {
   std::ifstream in(path, std::ios::binary);
   in.seekg(from);
-  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  MANTISSA_REQUIRE(in.good() || in.eof(), kFailure, "cannot read '" << path.string() << "'");
-  if (!tail.ends_with('\n')) tail += '\n';
-  write_file(rolled_back.string(), "a", tail);
+  MANTISSA_REQUIRE(in, kFailure, "cannot read '" << path.string() << "'");
+  std::FILE* out = std::fopen(rolled_back.c_str(), "a");
+  MANTISSA_REQUIRE(out != nullptr, kFailure,
+                   "cannot open '" << rolled_back.string() << "': " << std::strerror(errno));
+  std::vector<char> block(1 << 20);
+  char last = '\n';
+  bool written = true;
+  while (written && in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    if (n > 0) last = block[n - 1];
+    written = std::fwrite(block.data(), 1, n, out) == n;
+  }
+  const bool read = !in.bad();
+  if (written && last != '\n') written = std::fputc('\n', out) != EOF;
+  written = written && std::fflush(out) == 0 && ::fsync(fileno(out)) == 0;
+  const int error = errno;
+  std::fclose(out);
+  MANTISSA_REQUIRE(read, kFailure, "cannot read '" << path.string() << "'");
+  MANTISSA_REQUIRE(written, kFailure,
+                   "cannot write '" << rolled_back.string() << "': " << std::strerror(error));
 }
 
 void truncate_file(const std::filesystem::path& path, std::streamoff size) {
-  const int fd = ::open(path.c_str(), O_WRONLY);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   const bool done = fd >= 0 && ::ftruncate(fd, size) == 0 && ::fsync(fd) == 0;
   const int error = errno;
   if (fd >= 0) ::close(fd);
@@ -158,6 +176,7 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
   if (const auto kept_end = end_of_kept_lines(path, first_step)) {
     if (*kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) return;
     append_tail(path, *kept_end, rolled_back);
+    core::fsync_path(path.parent_path().string());  // rolled_back's entry, when it is new
     truncate_file(path, *kept_end);
     return;
   }
@@ -168,6 +187,7 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
     last_line_of_step[line_step(line)] = lines.size();
     lines.push_back(std::move(line));
   }
+  MANTISSA_REQUIRE(!in.bad(), kFailure, "cannot read '" << path.string() << "'");
   std::string kept, moved;
   for (size_t i = 0; i < lines.size(); ++i) {
     const int64_t step = line_step(lines[i]);

@@ -15,7 +15,8 @@
 // earlier line of a step logged twice (by versions before this rule), to
 // log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
 // The start reads a log once, a line at a time; a log this rule kept is shortened in place (a
-// `tail -f` keeps following it), only one with an earlier step logged twice is rewritten.
+// `tail -f` keeps following it); one with an earlier step logged twice, or whose last line to
+// keep lacks its newline, is rewritten.
 //
 // ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
 // terminal the line updates in place every step and is kept every log_every steps; otherwise a

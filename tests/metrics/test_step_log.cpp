@@ -69,10 +69,14 @@ TEST_F(StepLogStart, AFreshStartMovesEverything) {
 }
 
 TEST_F(StepLogStart, AResumeCutsTheRedoneStepsOffTheSameFile) {
-  // The usual resume: rising steps, then the steps after the checkpoint and a cut-short line.
-  // The log is shortened in place (a `tail -f` keeps following it), not rewritten.
+  // The usual resume: rising steps, then the steps after the checkpoint and a line cut short
+  // without its newline. The log is shortened in place (a `tail -f` keeps following it), not
+  // rewritten; the moved lines end with a newline.
   const std::string cut = "{\"step\":3,\"lo";
-  write("rank0.jsonl", {line(0, "a"), line(1, "a"), line(2, "a"), cut});
+  {
+    std::ofstream out(fs::path(run_dir()) / "log" / "rank0.jsonl");
+    out << line(0, "a") << "\n" << line(1, "a") << "\n" << line(2, "a") << "\n" << cut;
+  }
   const auto inode = [&] {
     struct stat status {};
     EXPECT_EQ(::stat((fs::path(run_dir()) / "log" / "rank0.jsonl").c_str(), &status), 0);

@@ -16,6 +16,23 @@ namespace mantissa::train {
 
 namespace {
 
+// Refuses shards in a directory where `mantissa tokenize encode` did not finish moving a set
+// into place (kUnfinishedShardsMarker): they may mix two sets, or be part of one.
+void refuse_unfinished_encodes(const std::vector<std::string>& paths) {
+  std::string checked_dir;
+  for (const std::string& path : paths) {
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir == checked_dir) continue;
+    checked_dir = dir;
+    const std::string marker = (dir.empty() ? "." : dir) + "/" + kUnfinishedShardsMarker;
+    MANTISSA_REQUIRE(::access(marker.c_str(), F_OK) != 0, kConfig,
+                     "token shards: '" << path << "' is in a directory whose encoding did not "
+                                       << "finish (" << marker << " is there: mantissa tokenize "
+                                       << "encode failed or was killed while it moved the shards "
+                                       << "into place): encode again with --force");
+  }
+}
+
 std::vector<std::string> glob_sorted(const std::string& pattern) {
   glob_t matches{};
   const int rc = glob(pattern.c_str(), 0, nullptr, &matches);  // glob sorts its results
@@ -27,22 +44,6 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
   MANTISSA_REQUIRE(
       rc == 0, kConfig,
       "token shards: pattern '" << pattern << "': glob failed: " << std::strerror(errno));
-  std::string checked_dir;
-  for (const std::string& path : paths) {
-    const std::string dir = std::filesystem::path(path).parent_path().string();
-    if (dir == checked_dir) continue;
-    checked_dir = dir;
-    const std::string marker = (dir.empty() ? "." : dir) + "/" + kUnfinishedShardsMarker;
-    MANTISSA_REQUIRE(
-        ::access(marker.c_str(), F_OK) != 0, kConfig,
-        "token shards: '"
-            << path
-            << "' is in a directory whose encoding did not "
-               "finish ("
-            << marker
-            << " is there: mantissa tokenize encode failed or was "
-               "killed while it moved the shards into place): encode again with --force");
-  }
   return paths;
 }
 
@@ -114,7 +115,9 @@ Corpus Corpus::token_shards(const std::string& pattern, int64_t vocab_size) {
   Corpus corpus;
   corpus.name_ = pattern;
   corpus.vocab_size_ = vocab_size;
-  for (const std::string& path : glob_sorted(pattern)) {
+  const std::vector<std::string> paths = glob_sorted(pattern);
+  refuse_unfinished_encodes(paths);
+  for (const std::string& path : paths) {
     int64_t count = 0;
     int token_bytes = 0;
     std::shared_ptr<const void> mapping = map_shard(path, count, token_bytes);
