@@ -129,16 +129,30 @@ void read_range(const std::string& path, uint64_t offset, size_t size, char* out
 // The steps of the step_<digits> directories in `dir`, newest first. Temporary directories
 // (step_<N>.tmp) and anything else are ignored.
 std::vector<int64_t> list_checkpoints(const std::string& dir) {
+  // A listing that fails is no empty listing: the run would start afresh and its first save
+  // would remove every checkpoint as newer than its own.
+  const auto failed = [&](const std::error_code& ec) {
+    throw CheckpointUnreadable("cannot list the checkpoints in " + dir + ": " + ec.message(),
+                               core::path_error_kind(ec.value()));
+  };
   std::vector<int64_t> steps;
   std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  fs::directory_iterator entries(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return steps;  // no checkpoint yet
+  if (ec) failed(ec);
+  for (; entries != fs::directory_iterator(); entries.increment(ec)) {
+    const std::string name = entries->path().filename().string();
     const std::string digits = name.size() > 5 ? name.substr(5) : "";
     const bool is_step =
         name.starts_with("step_") && digits.size() >= 8 && digits.size() <= 18 &&
         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (is_step && entry.is_directory(ec)) steps.push_back(std::stoll(digits));
+    if (!is_step) continue;
+    std::error_code entry_ec;  // removed since the listing: not a checkpoint
+    const bool is_directory = entries->is_directory(entry_ec);
+    if (entry_ec && entry_ec != std::errc::no_such_file_or_directory) failed(entry_ec);
+    if (is_directory) steps.push_back(std::stoll(digits));
   }
+  if (ec) failed(ec);  // the listing stopped part way
   std::sort(steps.rbegin(), steps.rend());
   return steps;
 }

@@ -172,7 +172,8 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
     }
     fs::create_directories(dir_, ec);
     if (ec) {
-      created_dirs_.clear();
+      // Those made before the failure; no destructor runs after a constructor throws.
+      for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
       core::throw_error_of_kind(core::path_error_kind(ec.value()),
                                 "cannot create output directory '" + dir_ + "': " + ec.message());
     }
@@ -188,7 +189,8 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
     if (is_shard_name(name) || name == kTokenizerName) held.push_back(name);
   }
   if (ec) {
-    throw core::ConfigError("cannot list output directory '" + dir_ + "': " + ec.message());
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "cannot list output directory '" + dir_ + "': " + ec.message());
   }
   if (!held.empty()) {
     std::sort(held.begin(), held.end());

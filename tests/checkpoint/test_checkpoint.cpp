@@ -304,6 +304,23 @@ TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   EXPECT_TRUE(into.equals_step(10));
 }
 
+TEST_F(CheckpointTest, AListingThatFailsIsAnErrorNotAnEmptyDirectory) {
+  // Taken for "no checkpoint", a failed listing would start the run afresh, and its first save
+  // would remove every checkpoint as newer than its own. Here the directory is a file
+  // (ENOTDIR: a setting to fix, exit 2); an I/O error (EIO) is exit 1 the same way.
+  fs::create_directories(tmp.path());
+  write_file(dir(), "not a directory");
+  Slices into = Slices::empty(0, kN);
+  try {
+    load(into);
+    FAIL() << "loaded";
+  } catch (const checkpoint::CheckpointUnreadable& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot list the checkpoints in " + dir() + ": " + std::strerror(ENOTDIR));
+    EXPECT_EQ(e.kind(), core::ErrorKind::kConfig);
+  }
+}
+
 TEST_F(CheckpointTest, AFileTheMachineCannotReadStopsTheLoadInsteadOfFallingBack) {
   // A read error is no proof of damage: a retry may read the file, and a fallback would train
   // over the checkpoint. /proc/self/clear_refs opens and then fails every read (EINVAL; a user

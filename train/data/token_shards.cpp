@@ -25,7 +25,10 @@ void refuse_unfinished_encodes(const std::vector<std::string>& paths) {
     if (dir == checked_dir) continue;
     checked_dir = dir;
     const std::string marker = (dir.empty() ? "." : dir) + "/" + kUnfinishedShardsMarker;
-    MANTISSA_REQUIRE(::access(marker.c_str(), F_OK) != 0, kConfig,
+    const bool marked = ::access(marker.c_str(), F_OK) == 0;
+    MANTISSA_REQUIRE(marked || errno == ENOENT, kFailure,
+                     "token shards: cannot check for " << marker << ": " << std::strerror(errno));
+    MANTISSA_REQUIRE(!marked, kConfig,
                      "token shards: '" << path << "' is in a directory whose encoding did not "
                                        << "finish (" << marker << " is there: mantissa tokenize "
                                        << "encode failed or was killed while it moved the shards "
