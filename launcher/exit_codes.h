@@ -3,6 +3,10 @@
 // code is explained).
 #pragma once
 
+#include <cstdio>
+#include <exception>
+#include <string>
+
 #include "core/error.h"
 
 namespace mantissa::launcher {
@@ -17,5 +21,21 @@ inline constexpr int kExitFailure = core::exit_code(core::ErrorKind::kFailure);
 inline constexpr int kExitConfig = core::exit_code(core::ErrorKind::kConfig);
 inline constexpr int kExitPeerLost = core::exit_code(core::ErrorKind::kPeerLost);
 inline constexpr int kExitDiverged = core::exit_code(core::ErrorKind::kDiverged);
+
+// How a command that failed ends: "mantissa: <message>" and kExitConfig for what the user must
+// change (a core::Error of kind kConfig), "mantissa: error: <message>" and the code of the
+// error's kind otherwise (kExitFailure for anything but a core::Error). `message` defaults to
+// the error's own.
+inline int report_failure(const std::exception& e, const std::string& message) {
+  const auto* error = dynamic_cast<const core::Error*>(&e);
+  const core::ErrorKind kind = error ? error->kind() : core::ErrorKind::kFailure;
+  std::fprintf(stderr,
+               kind == core::ErrorKind::kConfig ? "mantissa: %s\n" : "mantissa: error: %s\n",
+               message.c_str());
+  return core::exit_code(kind);
+}
+inline int report_failure(const std::exception& e) {
+  return report_failure(e, e.what());
+}
 
 }  // namespace mantissa::launcher

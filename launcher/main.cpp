@@ -274,12 +274,8 @@ int export_command(int argc, char** argv) {
         config, parsed.out, parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
     return kExitOk;
-  } catch (const core::ConfigError& e) {
-    report_config_error(0, e.what());
-    return kExitConfig;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
-    return kExitFailure;
+    return report_failure(e);
   }
 }
 
@@ -377,7 +373,6 @@ int main(int argc, char** argv) {
     return mantissa::launcher::main_impl(argc, argv);
   } catch (const std::exception& e) {
     // What escapes the commands: MPI that cannot start, say.
-    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
-    return mantissa::launcher::kExitFailure;
+    return mantissa::launcher::report_failure(e);
   }
 }

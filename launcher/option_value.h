@@ -2,7 +2,13 @@
 // every mantissa command (and mantissa-tokenize) reads its options.
 #pragma once
 
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "core/error.h"
@@ -19,6 +25,26 @@ inline std::string option_value(const std::vector<std::string>& args, size_t& i,
   if (eq != std::string::npos) return arg.substr(eq + 1);
   if (i + 1 < args.size()) return args[++i];
   throw core::ConfigError(arg + " needs a value" + usage);
+}
+
+// An option's value as a whole number of type T: the decimal digits alone (an optional '-' for
+// signed types), nothing before or after; nullopt otherwise (the command words its refusal).
+template <class T>
+std::optional<T> whole_number(std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
+// An option's value as a finite number ("0.5", "1e-3"); nullopt otherwise.
+inline std::optional<double> finite_number(const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 }  // namespace mantissa::launcher

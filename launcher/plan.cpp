@@ -61,25 +61,21 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr int kMaxPlanDevices = 1'000'000;
 
 int positive_int(const std::string& option, const std::string& value) {
-  try {
-    size_t used = 0;
-    const int v = std::stoi(value, &used);
-    if (used == value.size() && v >= 1) return v;
-  } catch (const std::exception&) {
+  const std::optional<int> v = whole_number<int>(value);
+  if (!v || *v < 1) {
+    throw core::ConfigError(option + " " + value +
+                            ": must be a whole number >= 1 (see mantissa plan --help)");
   }
-  throw core::ConfigError(option + " " + value +
-                          ": must be a whole number >= 1 (see mantissa plan --help)");
+  return *v;
 }
 
 double positive(const std::string& option, const std::string& value) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(value, &used);
-    if (used == value.size() && v > 0 && std::isfinite(v)) return v;
-  } catch (const std::exception&) {
+  const std::optional<double> v = finite_number(value);
+  if (!v || *v <= 0) {
+    throw core::ConfigError(option + " " + value +
+                            ": must be a number > 0 (see mantissa plan --help)");
   }
-  throw core::ConfigError(option + " " + value +
-                          ": must be a number > 0 (see mantissa plan --help)");
+  return *v;
 }
 
 std::string format(const char* fmt, double a) {

@@ -96,13 +96,10 @@ const std::string kUsage = " (see mantissa sample --help)";
 
 template <class T>
 T parse_integer(const std::string& name, const std::string& value, T minimum) {
-  T out{};
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
-  if (ec != std::errc() || end != value.data() + value.size()) {
-    bad_value(name, "'" + value + "'", "takes an integer");
-  }
-  if (out < minimum) bad_value(name, value, "must be >= " + std::to_string(minimum));
-  return out;
+  const std::optional<T> out = whole_number<T>(value);
+  if (!out) bad_value(name, "'" + value + "'", "takes an integer");
+  if (*out < minimum) bad_value(name, value, "must be >= " + std::to_string(minimum));
+  return *out;
 }
 
 // Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
@@ -343,11 +340,9 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
     } else if (name == "--seed") {
       out.seed = parse_integer<uint64_t>(name, value, 0);
     } else if (name == "--temperature") {
-      char* end = nullptr;
-      out.temperature = std::strtod(value.c_str(), &end);
-      if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(out.temperature)) {
-        bad_value(name, "'" + value + "'", "takes a number");
-      }
+      const std::optional<double> temperature = finite_number(value);
+      if (!temperature) bad_value(name, "'" + value + "'", "takes a number");
+      out.temperature = *temperature;
       if (out.temperature < 0.0) bad_value(name, value, "must be >= 0 (0 is greedy)");
     } else if (value == "AUTO" || value == "CPU" || value == "CUDA") {
       out.device = value;
@@ -367,12 +362,8 @@ int sample_command(int argc, char** argv) {
       return kExitOk;
     }
     return run_sample(args);
-  } catch (const core::ConfigError& e) {
-    std::fprintf(stderr, "mantissa: %s\n", e.what());
-    return kExitConfig;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mantissa: error: %s\n", e.what());
-    return kExitFailure;
+    return report_failure(e);
   }
 }
 

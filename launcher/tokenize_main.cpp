@@ -133,21 +133,15 @@ const std::string kUsage = " (see mantissa tokenize --help)";
 constexpr const char* kSubcommands = "train, encode, decode, info, ids or text";
 
 int64_t parse_int(const std::string& name, const std::string& value) {
-  int64_t out = 0;
-  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
-  if (ec != std::errc() || end != value.data() + value.size()) {
-    throw core::ConfigError(name + " takes an integer, got '" + value + "'" + kUsage);
-  }
-  return out;
+  const std::optional<int64_t> out = whole_number<int64_t>(value);
+  if (!out) throw core::ConfigError(name + " takes an integer, got '" + value + "'" + kUsage);
+  return *out;
 }
 
 double parse_number(const std::string& name, const std::string& value) {
-  char* end = nullptr;
-  const double out = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || !std::isfinite(out)) {
-    throw core::ConfigError(name + " takes a number, got '" + value + "'" + kUsage);
-  }
-  return out;
+  const std::optional<double> out = finite_number(value);
+  if (!out) throw core::ConfigError(name + " takes a number, got '" + value + "'" + kUsage);
+  return *out;
 }
 
 // info, ids and text take no --input files (ids and text read standard input).
@@ -276,12 +270,8 @@ int run(const std::vector<std::string>& argv) {
       ids_to_text(args.tokenizer, stdin, stdout);
     }
     return kExitOk;
-  } catch (const core::ConfigError& e) {
-    std::fprintf(stderr, "mantissa: %s\n", one_line(e.what()).c_str());
-    return kExitConfig;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mantissa: error: %s\n", one_line(e.what()).c_str());
-    return kExitFailure;
+    return report_failure(e, one_line(e.what()));
   }
 }
 

@@ -281,6 +281,15 @@ class ConfigErrors(lu.TempDirTest):
             'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints is '
             'empty or missing)', "--out", "w.safetensors", command="export")
 
+    def test_export_when_the_checkpoints_cannot_be_listed(self):
+        # A listing that fails is no empty directory; its kind (a file in the way: 2) holds
+        # in export as in train.
+        os.makedirs(os.path.join(self.dir, "runs", "c"))
+        self.write(os.path.join("runs", "c", "checkpoints"), "")
+        self.assert_config_error(
+            "mantissa: cannot list the checkpoints in runs/c/checkpoints: Not a directory",
+            "--out", "w.safetensors", command="export")
+
     def test_run_dir_that_cannot_be_created(self):
         self.write("file", "")
         self.assert_config_error(
