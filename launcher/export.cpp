@@ -12,7 +12,7 @@
 #include "launcher/config_diff.h"
 #include "launcher/config_translate.h"
 #include "launcher/hf_weights.h"
-#include "launcher/trainer.h"
+#include "launcher/model_config.h"
 
 namespace mantissa::launcher {
 namespace {

@@ -24,7 +24,6 @@
 #include "launcher/signals.h"
 #include "launcher/tokenize_client.h"
 #include "models/gpt2/llmc_import.h"
-#include "models/mlp/mlp.h"
 #include "train/data/corpus.h"
 #include "train/fault_injection.h"
 #include "train/fp8_operands.h"
@@ -71,24 +70,6 @@ ReplicaPart replica_part(int64_t n, int rank, int size) {
 }
 
 }  // namespace
-
-std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,
-                                                  const core::PrecisionPolicy& policy,
-                                                  train::MasterShard shard) {
-  const uint64_t seed = config.run().seed();
-  if (config.model().has_mlp()) {
-    const TrainConfig::Model::MLP& m = config.model().mlp();
-    return std::make_unique<models::MLP>(
-        models::MLPConfig{m.n_embd(), m.hidden(), m.seq_len(), m.vocab_size()}, backend, policy,
-        seed, fp8_scaling_config(config), shard);
-  }
-  if (config.model().has_llama()) {
-    return std::make_unique<models::Llama>(llama_config(config.model().llama()), backend, policy,
-                                           seed, fp8_scaling_config(config), shard);
-  }
-  return std::make_unique<models::GPT2>(gpt2_config(config.model().gpt2()), backend, policy, seed,
-                                        fp8_scaling_config(config), shard);
-}
 
 Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress)
     : world_(world),

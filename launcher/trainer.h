@@ -43,12 +43,6 @@
 
 namespace mantissa::launcher {
 
-// The model the config describes, its masters initialised from run.seed (the same on every
-// rank), on `backend`; only the masters of `shard` are kept (a ZeRO-1 rank's).
-std::unique_ptr<train::LanguageModel> build_model(const TrainConfig& config, core::Backend& backend,
-                                                  const core::PrecisionPolicy& policy,
-                                                  train::MasterShard shard = {});
-
 class Trainer {
  public:
   // `config` must have its defaults applied and be validated. Throws core::ConfigError for what

@@ -13,9 +13,9 @@
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
 #include "launcher/config.h"
+#include "launcher/model_config.h"
 #include "launcher/plan_devices.h"
 #include "launcher/plan_model.h"
-#include "launcher/trainer.h"
 #include "tests/common/test_util.h"
 
 using namespace mantissa;
