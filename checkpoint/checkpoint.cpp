@@ -23,55 +23,12 @@ namespace {
 constexpr const char* kManifestName = "manifest.pb";
 constexpr const char* kLatestName = "latest";
 
-std::string errno_text() {
-  return std::strerror(errno);
-}
-
 // --- writing: every failure is a core::Error naming the path -------------------------------
 
-void write_all(int fd, const void* data, size_t size, const std::string& path) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    MANTISSA_REQUIRE(n > 0, kFailure, path << ": write failed: " << errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// A file being written: closed (without syncing) if an error unwinds past it.
-class OutputFile {
- public:
-  explicit OutputFile(std::string path)
-      : path_(std::move(path)),
-        fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
-    MANTISSA_REQUIRE(fd_ >= 0, kFailure, path_ << ": cannot create: " << errno_text());
-  }
-  ~OutputFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-
-  void write(const void* data, size_t size) { write_all(fd_, data, size, path_); }
-  // Data on disk before anyone is told the file exists.
-  void sync_and_close() {
-    MANTISSA_REQUIRE(::fsync(fd_) == 0, kFailure, path_ << ": fsync failed: " << errno_text());
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    MANTISSA_REQUIRE(rc == 0, kFailure, path_ << ": close failed: " << errno_text());
-  }
-
- private:
-  std::string path_;
-  int fd_;
-};
-
 void write_file_durably(const std::string& path, const std::string& bytes) {
-  OutputFile out(path);
+  core::DurableFile out(path);
   out.write(bytes.data(), bytes.size());
-  out.sync_and_close();
+  out.finish();
 }
 
 // --- reading: every failure names the path ------------------------------------------------
@@ -270,7 +227,7 @@ void Checkpointer::write_payload(const std::string& dir, const std::vector<Buffe
                                  ShardIndex& index) {
   if (slices.empty()) return;
   const std::string file = payload_file_name(group_.rank);
-  OutputFile out(dir + "/" + file);
+  core::DurableFile out(dir + "/" + file);
   if (backend_) backend_->synchronize();  // the tensors may still be written by queued work
   uint64_t offset = 0;
   for (const BufferSlice& slice : slices) {
@@ -303,7 +260,7 @@ void Checkpointer::write_payload(const std::string& dir, const std::vector<Buffe
       offset += piece.nbytes();
     }
   }
-  out.sync_and_close();
+  out.finish();
 }
 
 std::string Checkpointer::save(const CheckpointState& state,

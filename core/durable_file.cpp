@@ -6,10 +6,58 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "core/error.h"
 
 namespace mantissa::core {
+
+namespace {
+
+[[noreturn]] void throw_path_error(const std::string& what, int error) {
+  throw_error_of_kind(path_error_kind(error), what + ": " + std::strerror(error));
+}
+
+}  // namespace
+
+void write_all(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    // A write of nothing: no room for more.
+    if (n <= 0) throw_path_error("cannot write '" + path + "'", n < 0 ? errno : ENOSPC);
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+DurableFile::DurableFile(std::string path)
+    : path_(std::move(path)),
+      fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+  if (fd_ < 0) throw_path_error("cannot create '" + path_ + "'", errno);
+}
+
+DurableFile::~DurableFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(path_.c_str());
+}
+
+void DurableFile::write(const void* data, size_t size) {
+  write_all(fd_, data, size, path_);
+}
+
+void DurableFile::finish() {
+  if (::fsync(fd_) != 0) throw_path_error("cannot write '" + path_ + "': fsync", errno);
+  const int rc = ::close(fd_);
+  const int error = errno;
+  fd_ = -1;
+  if (rc != 0) {
+    ::unlink(path_.c_str());
+    throw_path_error("cannot write '" + path_ + "': close", error);
+  }
+}
 
 void fsync_path(const std::string& path) {
   // O_RDONLY suffices: fsync flushes the file's (or directory's) data whatever the mode.
@@ -29,40 +77,15 @@ void fsync_parent_directory(const std::string& path) {
 
 void write_file_atomically(const std::string& path, std::string_view bytes) {
   const std::string temp = path + ".tmp";
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
+  {
+    DurableFile file(temp);
+    file.write(bytes.data(), bytes.size());
+    file.finish();
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
     const int error = errno;
-    throw_error_of_kind(path_error_kind(error),
-                        "cannot create '" + temp + "': " + std::strerror(error));
-  }
-  // The step that failed and its errno, read before anything else can change it.
-  std::string failed;
-  int error = 0;
-  for (size_t written = 0; written < bytes.size() && failed.empty();) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error = n < 0 ? errno : ENOSPC;  // a write of nothing: no room for more
-      failed = "cannot write '" + temp + "'";
-    } else {
-      written += static_cast<size_t>(n);
-    }
-  }
-  if (failed.empty() && ::fsync(fd) != 0) {
-    error = errno;
-    failed = "cannot write '" + temp + "': fsync";
-  }
-  if (::close(fd) != 0 && failed.empty()) {
-    error = errno;
-    failed = "cannot write '" + temp + "': close";
-  }
-  if (failed.empty() && ::rename(temp.c_str(), path.c_str()) != 0) {
-    error = errno;
-    failed = "cannot rename '" + temp + "' to '" + path + "'";
-  }
-  if (!failed.empty()) {
     ::unlink(temp.c_str());
-    throw_error_of_kind(path_error_kind(error), failed + ": " + std::strerror(error));
+    throw_path_error("cannot rename '" + temp + "' to '" + path + "'", error);
   }
   fsync_parent_directory(path);
 }

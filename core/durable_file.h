@@ -2,10 +2,34 @@
 // or new entry in a directory, are durable only once fsync(2) has run on it.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace mantissa::core {
+
+// A file written for keeps: created (or truncated), written, then synced and closed by
+// finish(), so that its bytes are on disk before anyone is told it exists; removed again when
+// it is not finished (an error unwinds past it). Every failure throws core::Error "cannot
+// <create|write> '<path>': <reason>", of the kind core::path_error_kind gives it.
+class DurableFile {
+ public:
+  explicit DurableFile(std::string path);
+  ~DurableFile();
+  DurableFile(const DurableFile&) = delete;
+  DurableFile& operator=(const DurableFile&) = delete;
+
+  void write(const void* data, size_t size);
+  void finish();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Writes all `size` bytes to `fd`, the file `path` (named by the error it throws).
+void write_all(int fd, const void* data, size_t size, const std::string& path);
 
 // fsync(2) of a file or directory by path; throws core::Error naming it.
 void fsync_path(const std::string& path);

@@ -38,58 +38,6 @@ bool is_shard_name(const std::string& name) {
   return (train || val) && name.ends_with(".bin");
 }
 
-// Writes all `size` bytes to `fd`, the file `path` (for the message).
-void write_all(int fd, const std::string& path, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    MANTISSA_REQUIRE(n > 0, kFailure, "cannot write '" << path << "': " << errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// A file written, fsynced and closed, or removed again when any of that fails.
-class TempFile {
- public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) {
-      const int error = errno;
-      core::throw_error_of_kind(core::path_error_kind(error),
-                                "cannot create '" + path_ + "': " + std::strerror(error));
-    }
-  }
-  ~TempFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      ::unlink(path_.c_str());
-    }
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-
-  void write(const void* data, size_t size) { write_all(fd_, path_, data, size); }
-  // Durable before it is renamed into place: a crash never leaves a final name with a
-  // partial file.
-  void finish() {
-    MANTISSA_REQUIRE(::fsync(fd_) == 0, kFailure,
-                     "cannot write '" << path_ << "': fsync: " << errno_text());
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) {
-      const std::string error = errno_text();
-      ::unlink(path_.c_str());
-      throw core::Error("cannot write '" + path_ + "': close: " + error);
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
 void rename_into_place(const std::string& from, const std::string& to) {
   MANTISSA_REQUIRE(::rename(from.c_str(), to.c_str()) == 0, kFailure,
                    "cannot rename '" << from << "' to '" << to << "': " << errno_text());
@@ -147,7 +95,7 @@ void TokenSpill::append(std::span<const uint32_t> tokens) {
       std::memcpy(buffer_.data() + 2 * i, &narrow, 2);
     }
   }
-  write_all(fd_, path_, buffer_.data(), buffer_.size());
+  core::write_all(fd_, buffer_.data(), buffer_.size(), path_);
   tokens_ += static_cast<int64_t>(tokens.size());
 }
 
@@ -216,7 +164,7 @@ void StagedOutput::write_shard(const std::string& name, const train::TokenSegmen
   header[1] = wide ? train::kLlama3ShardVersion : train::kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   staged_.push_back(name);
-  TempFile file(dir_ + "/" + name + kTempSuffix);
+  core::DurableFile file(dir_ + "/" + name + kTempSuffix);
   file.write(header, sizeof header);
   file.write(tokens.data(), static_cast<size_t>(tokens.size() * tokens.token_bytes()));
   file.finish();
@@ -224,7 +172,7 @@ void StagedOutput::write_shard(const std::string& name, const train::TokenSegmen
 
 void StagedOutput::write_file(const std::string& name, std::string_view bytes) {
   staged_.push_back(name);
-  TempFile file(dir_ + "/" + name + kTempSuffix);
+  core::DurableFile file(dir_ + "/" + name + kTempSuffix);
   file.write(bytes.data(), bytes.size());
   file.finish();
 }
