@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "checkpoint/checkpoint.h"
 #include "dist/mpi/mpi_communicator.h"
 #include "dist/world.h"
@@ -32,6 +33,8 @@ using namespace mantissa;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+using mantissa::bench::median;
 
 constexpr const char* kBuffers[] = {"masters", "adam_m", "adam_v"};
 
@@ -46,8 +49,7 @@ double median_seconds(const std::function<void(int run)>& body) {
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (run > 0) times.push_back(seconds);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 }  // namespace

@@ -18,23 +18,15 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "checkpoint/crc32c.h"
 
 namespace {
 
+using mantissa::bench::median;
+using mantissa::bench::seconds_of;
+
 constexpr int kRepeats = 7;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <class Op>
-double seconds_of(const Op& op) {
-  const auto start = std::chrono::steady_clock::now();
-  op();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 int benchmark_main(int argc, char** argv) {
   const long mib = argc > 1 ? std::atol(argv[1]) : 256;

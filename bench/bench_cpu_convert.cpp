@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu_switches.h"
@@ -29,12 +30,9 @@ using namespace mantissa::core;
 
 namespace {
 
-constexpr int kRepeats = 15;
+using mantissa::bench::median;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+constexpr int kRepeats = 15;
 
 // memcpy split into one contiguous piece per OpenMP thread.
 void parallel_memcpy(char* dst, const char* src, size_t bytes) {

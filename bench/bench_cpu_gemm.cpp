@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "bench/fma_peak.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/backend.h"
@@ -45,6 +46,8 @@
 using namespace mantissa::core;
 
 namespace {
+
+using mantissa::bench::median;
 
 constexpr size_t kMinRepetitions = 5;
 
@@ -102,10 +105,6 @@ PairTiming time_pair(const std::function<void()>& anchor, const std::function<vo
     time_block(anchor, anchor_seconds);
     time_block(op, op_seconds);
   }
-  const auto median = [](std::vector<double>& v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   return {median(anchor_seconds), median(op_seconds)};
 }
 

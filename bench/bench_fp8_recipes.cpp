@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "bench/fp8_recipe_error.h"
 #include "core/ops/cpu_switches.h"
 
@@ -32,19 +33,11 @@ using core::Fp8Recipe;
 
 namespace {
 
+using mantissa::bench::median;
+using mantissa::bench::seconds_of;
+
 constexpr Fp8Recipe kRecipes[] = {Fp8Recipe::kCurrent, Fp8Recipe::kRowwise, Fp8Recipe::kBlockwise,
                                   Fp8Recipe::kMxfp8};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double seconds_of(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Medians of a and b, run in alternation after one warm-up each.
 std::pair<double, double> alternate(int repeats, const std::function<void()>& a,

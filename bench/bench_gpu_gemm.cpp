@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "core/ops/backend.h"
 
 #if defined(MANTISSA_WITH_CUDA)
@@ -27,6 +28,8 @@
 
 namespace mantissa::core {
 namespace {
+
+using mantissa::bench::median;
 
 class Event {
  public:
@@ -59,8 +62,7 @@ double median_ms(CudaBackend& gpu, const std::function<void()>& op, int repetiti
     MANTISSA_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
     times.push_back(ms);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 // Random values in [-1, 1) (FP8 codes in [-200, 200), with the matching scale) rounded into

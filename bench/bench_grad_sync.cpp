@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "bench/bench_timing.h"
 #include "core/dtype/dtype.h"
 #include "core/ops/cpu_switches.h"
 #include "dist/data_parallel.h"
@@ -24,6 +25,8 @@ using namespace mantissa;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+using mantissa::bench::median;
 
 // Median seconds of `repeats` runs of `body`, each after `prepare` (not timed). Every rank
 // starts each run together.
@@ -40,8 +43,7 @@ double median_seconds(int repeats, const std::function<void()>& prepare,
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (i > 0) times.push_back(seconds);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 struct Path {
