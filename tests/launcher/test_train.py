@@ -254,6 +254,26 @@ class Training(lu.TempDirTest):
                 self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
                 self.assertIn("interrupted (SIGINT)", stderr)
 
+    def stop_through_wrapper(self, name, sig, ready, mpirun_args=(), env=None):
+        """A 2000-step run of 2 ranks through deploy/mantissa-mpirun, in a session of its own
+        (as a terminal's foreground group), sent `sig` as a group once ready(process, run dir)
+        returns; returns (exit code, stderr, steps logged by rank 0)."""
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        run = self.run_dir(name)
+        command = [wrapper, *mpirun_args, *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
+                   *self.train_args(name, "run.steps=2000", inject_rank=0)]
+        process = subprocess.Popen(command, cwd=self.dir, env={**lu.environment(), **(env or {})},
+                                   text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   start_new_session=True)
+        try:
+            ready(process, run)
+            os.killpg(process.pid, sig)
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        return process.returncode, stderr, len(lu.read_log(run, 0))
+
     def test_ctrl_c_on_mantissa_mpirun_shows_the_stop(self):
         # Ctrl-C at a terminal signals the foreground process group: deploy/mantissa-mpirun and
         # its stderr filter. The wrapper turns it into SIGUSR1 to mpirun (in a session of its
@@ -261,25 +281,14 @@ class Training(lu.TempDirTest):
         # still come through the filter, and the wrapper exits 130. mpirun's own answer to
         # SIGINT, SIGTERM to the ranks and SIGKILL odls_base_sigkill_timeout later, is set to
         # kill at once here: passed on, it would leave no checkpoint.
-        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
-        run = self.run_dir("ctrl_c_wrapper")
-        command = [wrapper, "--mca", "odls_base_sigkill_timeout", "0",
-                   *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
-                   *self.train_args("ctrl_c_wrapper", "run.steps=2000", inject_rank=0)]
-        process = subprocess.Popen(command, cwd=self.dir, env=lu.environment(), text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   start_new_session=True)
-        try:
-            lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
-            os.killpg(process.pid, signal.SIGINT)
-            stdout, stderr = process.communicate(timeout=120)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-        self.assertEqual(process.returncode, 130, stderr)
+        code, stderr, stopped = self.stop_through_wrapper(
+            "ctrl_c_wrapper", signal.SIGINT,
+            lambda process, run: lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5,
+                                                   process),
+            mpirun_args=("--mca", "odls_base_sigkill_timeout", "0"))
+        self.assertEqual(code, 130, stderr)
         self.assertIn("mantissa-mpirun: SIGINT: asking the ranks to checkpoint and stop", stderr)
-        stopped = len(lu.read_log(run, 0))
-        with open(os.path.join(run, "checkpoints", "latest")) as f:
+        with open(os.path.join(self.run_dir("ctrl_c_wrapper"), "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), f"step_{stopped:08d}")
         self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
 
@@ -289,26 +298,14 @@ class Training(lu.TempDirTest):
         # a stop asked for while the job is starting until a rank has printed a line, then
         # sends it: here mpirun is slow to start (3 s), as over ssh to many hosts, and SIGTERM
         # comes in that time. The ranks stop after their first steps with a checkpoint, exit 0.
-        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
         slow_mpirun = self.write(
             "slow-mpirun", f'#!/bin/sh\nsleep 3\nexec {lu.mpirun_prefix(RANKS)[0]} "$@"\n')
         os.chmod(slow_mpirun, 0o755)
-        run = self.run_dir("early_stop")
-        command = [wrapper, *lu.mpirun_prefix(RANKS)[1:], lu.binary(),
-                   *self.train_args("early_stop", "run.steps=2000", inject_rank=0)]
-        process = subprocess.Popen(command, cwd=self.dir, env={**lu.environment(),
-                                   "MPIRUN": slow_mpirun}, text=True, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            time.sleep(1)
-            os.killpg(process.pid, signal.SIGTERM)
-            stdout, stderr = process.communicate(timeout=120)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-        self.assertEqual(process.returncode, 0, stderr)
+        code, stderr, stopped = self.stop_through_wrapper(
+            "early_stop", signal.SIGTERM, lambda process, run: time.sleep(1),
+            env={"MPIRUN": slow_mpirun})
+        self.assertEqual(code, 0, stderr)
         self.assertIn("(SIGUSR1 to mpirun, once they have started)", stderr)
-        stopped = len(lu.read_log(run, 0))
         self.assertLess(stopped, 2000)
         self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
 
