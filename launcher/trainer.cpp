@@ -206,9 +206,13 @@ void Trainer::build_data() {
     if (data.text_file().val_fraction() > 0.0) validation = std::move(tail);
   } else if (data.has_token_shards()) {
     const int64_t vocab = dims.vocab_size;
+    corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
+    const std::string& val_pattern = data.token_shards().val_pattern();
+    if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
     // A model smaller than the tokenizer the shards were encoded with would stop at the first
     // batch holding a token past it, maybe hours in. Rank 0 asks mantissa-tokenize (one process
-    // for the job, not one per rank); its error ends every rank.
+    // for the job, not one per rank); its error ends every rank. After the shards' own checks:
+    // the tokenizer beside an unfinished encode may not be theirs.
     const std::optional<std::string> path = run_tokenizer_file(config_);
     if (world_.rank() == 0 && path) {
       const TokenizerClient tokenizer(*path);
@@ -216,9 +220,6 @@ void Trainer::build_data() {
               "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
                   " pieces of the tokenizer " + *path + " (the shards' tokenizer)");
     }
-    corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
-    const std::string& val_pattern = data.token_shards().val_pattern();
-    if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
   } else {
     corpus = train::Corpus::synthetic(seed, data.synthetic().n_tokens());
     if (data.synthetic().val_tokens() > 0) {
