@@ -25,8 +25,10 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
   while (size > 0) {
     const ssize_t n = ::write(fd, p, size);
     if (n < 0 && errno == EINTR) continue;
-    // A write of nothing: no room for more.
-    if (n <= 0) throw_path_error("cannot write '" + path + "'", n < 0 ? errno : ENOSPC);
+    if (n <= 0) {
+      const int error = n < 0 ? errno : ENOSPC;  // a write of nothing: no room for more
+      throw_path_error("cannot write '" + path + "'", error);
+    }
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -35,7 +37,10 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
 DurableFile::DurableFile(std::string path)
     : path_(std::move(path)),
       fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
-  if (fd_ < 0) throw_path_error("cannot create '" + path_ + "'", errno);
+  if (fd_ < 0) {
+    const int error = errno;
+    throw_path_error("cannot create '" + path_ + "'", error);
+  }
 }
 
 DurableFile::~DurableFile() {
@@ -49,7 +54,10 @@ void DurableFile::write(const void* data, size_t size) {
 }
 
 void DurableFile::finish() {
-  if (::fsync(fd_) != 0) throw_path_error("cannot write '" + path_ + "': fsync", errno);
+  if (::fsync(fd_) != 0) {
+    const int error = errno;
+    throw_path_error("cannot write '" + path_ + "': fsync", error);
+  }
   const int rc = ::close(fd_);
   const int error = errno;
   fd_ = -1;

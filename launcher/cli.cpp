@@ -30,6 +30,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     } else if (name == "--set") {
       out.sets.push_back(value);
     } else if (name == "--get") {
+      if (value.empty()) throw core::ConfigError("--get needs a field's path" + usage);
       out.get = value;
     } else if (name == "--out") {
       out.out = value;

@@ -61,25 +61,29 @@ std::string config_value(const TrainConfig& config, std::string_view path) {
   } catch (const core::ConfigError& e) {
     throw core::ConfigError(prefix + e.what());
   }
-  if (ref.field == nullptr) {
+  const google::protobuf::Reflection* r = ref.field ? ref.message->GetReflection() : nullptr;
+  // A path through an unselected oneof member resolves to nothing; one that ends at it, to a
+  // member that is not set.
+  if (ref.field == nullptr ||
+      (ref.field->containing_oneof() && !r->HasField(*ref.message, ref.field))) {
     throw core::ConfigError(prefix +
                             "the config does not use it (another member of its oneof "
                             "is selected)");
   }
-  const google::protobuf::Reflection& r = *ref.message->GetReflection();
   const google::protobuf::FieldDescriptor& field = *ref.field;
-  const int count = field.is_repeated() ? r.FieldSize(*ref.message, &field) : 1;
+  const int count = field.is_repeated() ? r->FieldSize(*ref.message, &field) : 1;
   std::string text;
   for (int i = 0; i < count; ++i) {
     const int index = field.is_repeated() ? i : -1;
     std::string value;
     if (field.cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_STRING) {
-      value = field.is_repeated() ? r.GetRepeatedString(*ref.message, &field, i)
-                                  : r.GetString(*ref.message, &field);
+      value = field.is_repeated() ? r->GetRepeatedString(*ref.message, &field, i)
+                                  : r->GetString(*ref.message, &field);
     } else {
       google::protobuf::TextFormat::PrintFieldValueToString(*ref.message, &field, index, &value);
     }
-    text += value + "\n";
+    // A message's text-format body ends its last field's line already.
+    text += value.ends_with('\n') ? value : value + "\n";
   }
   return text;
 }

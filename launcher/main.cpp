@@ -88,10 +88,13 @@ environment (MPI runs):
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM/SIGHUP after writing a checkpoint
-  1  runtime failure (I/O, communication, a checkpoint that cannot be written or read)
-  2  bad command line or config, including data files and devices it names and a
-     checkpoint in run.dir that does not fit it (another model); nothing trained, except
-     where a token shard holds a token past the vocabulary: the batch reading it stops the run
+  1  runtime failure (I/O, a full disk, communication, a checkpoint that cannot be written
+     or read)
+  2  bad command line or config, including data files and devices it names, a checkpoint in
+     run.dir that does not fit it (another model), and files or directories it may not
+     access (permissions, a read-only file system); nothing trained, except where a token
+     shard holds a token past the vocabulary (the batch reading it stops the run) or a path
+     becomes inaccessible during the run
   3  a peer rank stopped answering within dist.timeout_s
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
@@ -138,10 +141,11 @@ options:
   --out PATH        the file (safetensors; it must not exist) or directory (hf) to write
   -h, --help        this help
 
-exit codes: 0 written; 1 no checkpoint is intact, or the output cannot be written; 2 a bad
-command line or config, no checkpoint at all, a model config other than the checkpoint's, an
-existing FILE or non-empty DIR, a FILE whose directory does not exist, or --format hf for a
-model without a Hugging Face layout (model.mlp).
+exit codes: 0 written; 1 no checkpoint is intact, or a checkpoint or the output cannot be
+read or written (I/O, a full disk); 2 a bad command line or config, no checkpoint at all, a
+model config other than the checkpoint's, an existing FILE or non-empty DIR, a FILE whose
+directory does not exist, a file or directory it may not access (permissions, read-only), or
+--format hf for a model without a Hugging Face layout (model.mlp).
 )";
 
 void print_train_help() {

@@ -4,7 +4,6 @@
 
 #include <charconv>
 #include <cmath>
-#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,11 +36,12 @@ std::optional<T> whole_number(std::string_view text) {
   return value;
 }
 
-// An option's value as a finite number ("0.5", "1e-3"); nullopt otherwise.
-inline std::optional<double> finite_number(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
+// An option's value as a finite number ("0.5", "1e-3", "-2"), nothing before or after it;
+// nullopt otherwise.
+inline std::optional<double> finite_number(std::string_view text) {
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value)) {
     return std::nullopt;
   }
   return value;

@@ -72,8 +72,10 @@ the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama
 
 exit codes:
   0  done
-  1  runtime failure: no checkpoint is intact, a file cannot be read, mantissa-tokenize fails
-  2  bad command line or input: an unknown option, a temperature or top-k below 0, a run
+  1  runtime failure: no checkpoint is intact, a file cannot be read (I/O), mantissa-tokenize
+     fails
+  2  bad command line or input: an unknown option, a temperature or top-k below 0, a file or
+     directory it may not access (permissions), a run
      directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
      tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8
      for a tokenizer (bytes take any prompt), a config that the checkpoint does not fit, a

@@ -42,6 +42,18 @@ TEST_F(WriteFileAtomically, ReplacesTheContent) {
   EXPECT_FALSE(fs::exists(path("config.pbtxt.tmp")));
 }
 
+TEST_F(WriteFileAtomically, AnUnfinishedDurableFileIsRemoved) {
+  {
+    DurableFile kept(path("kept"));
+    kept.write("abc", 3);
+    kept.finish();
+    DurableFile dropped(path("dropped"));
+    dropped.write("abc", 3);  // an error unwinds past it before finish()
+  }
+  EXPECT_EQ(read(path("kept")), "abc");
+  EXPECT_FALSE(fs::exists(path("dropped")));
+}
+
 TEST_F(WriteFileAtomically, AFullDiskLeavesTheOldContentAndSaysWhy) {
   // The temporary file leads to /dev/full, whose writes fail with ENOSPC.
   write_file_atomically(path("config.pbtxt"), "old\n");

@@ -106,9 +106,16 @@ class ConfigErrors(lu.TempDirTest):
         self.assertEqual(result.stdout, odd_dir + "\n")
         result = self.mantissa("config", "--config", path, "--get", "run.steps")
         self.assertEqual((result.returncode, result.stdout), (0, "4\n"), result.stderr)
-        self.assert_config_error(
-            "mantissa: --get model.llama.n_layer: the config does not use it (another member of "
-            "its oneof is selected)", "--get", "model.llama.n_layer", command="config")
+        for unused in ("model.llama.n_layer", "model.llama"):
+            self.assert_config_error(
+                f"mantissa: --get {unused}: the config does not use it (another member of its "
+                "oneof is selected)", "--get", unused, command="config")
+        result = self.mantissa("config", "--config", path, "--get", "model.mlp")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(result.stdout.startswith("n_embd: 32\n"), result.stdout)
+        self.assertFalse(result.stdout.endswith("\n\n"), result.stdout)
+        self.assert_config_error("mantissa: --get needs a field's path (see mantissa config "
+                                 "--help)", "--get=", command="config")
 
     def test_missing_config_file(self):
         result = self.mantissa("train", "--config", "missing.pbtxt")
