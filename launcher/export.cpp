@@ -13,6 +13,8 @@
 #include "launcher/config_translate.h"
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
+#include "launcher/run_dir.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -43,7 +45,8 @@ std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
   if (!data.tokenizer().empty()) return data.tokenizer();
   if (!data.has_token_shards()) return std::nullopt;
   const std::filesystem::path beside =
-      std::filesystem::path(data.token_shards().pattern()).parent_path() / "tokenizer.model";
+      std::filesystem::path(data.token_shards().pattern()).parent_path() /
+      train::kShardsTokenizerFile;
   std::error_code ec;
   if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
   return std::nullopt;
@@ -77,7 +80,7 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                             ": already exists; remove it first, or choose another --out");
   }
 
-  const std::string dir = config.run().dir() + "/checkpoints";
+  const std::string dir = run_checkpoints_dir(config.run().dir());
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},
                                         checkpoint::CheckpointGroup{}, *backend);
   // Before reading gigabytes of weights: the newest manifest says which model they are.

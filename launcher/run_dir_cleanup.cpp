@@ -3,7 +3,9 @@
 #include <filesystem>
 #include <system_error>
 
+#include "launcher/run_dir.h"
 #include "launcher/run_dir_lock.h"
+#include "metrics/run_log.h"
 
 namespace mantissa::launcher {
 
@@ -25,7 +27,8 @@ RunDirCleanup::~RunDirCleanup() {
   // else, so a directory that holds something stays.
   std::error_code ec;
   fs::remove(fs::path(run_dir_) / kRunDirLockFile, ec);
-  for (const char* sub : {"checkpoints", "log"}) fs::remove(fs::path(run_dir_) / sub, ec);
+  fs::remove(run_checkpoints_dir(run_dir_), ec);
+  fs::remove(fs::path(run_dir_) / metrics::kStepLogDir, ec);
   fs::remove(run_dir_, ec);
   for (const std::string& parent : missing_parents_) fs::remove(parent, ec);
 }

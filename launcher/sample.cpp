@@ -19,12 +19,14 @@
 #include "launcher/export.h"
 #include "launcher/model_config.h"
 #include "launcher/option_value.h"
+#include "launcher/run_dir.h"
 #include "launcher/tokenize_client.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/llama/llama_decoder.h"
 #include "models/sampling.h"
+#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
@@ -115,7 +117,8 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
           "has no tokenizer beside it: " +
-              (fs::path(data.token_shards().pattern()).parent_path() / "tokenizer.model").string() +
+              (fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile)
+                  .string() +
               " is missing (set data.tokenizer to the model the shards were encoded with)");
   return found;
 }
@@ -125,7 +128,7 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
 std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const TrainConfig& config,
                                              train::ParameterStore& params,
                                              core::Backend& backend) {
-  const fs::path dir = fs::path(args.run_dir) / "checkpoints";
+  const fs::path dir = run_checkpoints_dir(args.run_dir);
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir.string(), 0},
                                         checkpoint::CheckpointGroup{}, backend);
   const std::vector<checkpoint::ParameterLayout> layout = checkpoint::parameter_layout(params);
@@ -232,7 +235,7 @@ std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, st
 
 int run_sample(const SampleArgs& args) {
   validate_environment();
-  const fs::path config_path = fs::path(args.run_dir) / "config.pbtxt";
+  const fs::path config_path = run_config_file(args.run_dir);
   if (!fs::is_regular_file(config_path)) {
     bad_input("--run", args.run_dir,
               "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");

@@ -266,7 +266,7 @@ void encode_to_shards(const EncodeOptions& options) {
       write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens);
   const size_t val_shards =
       write_split(out, tokenizer, "val", stream.subspan(cut, total - cut), options.shard_tokens);
-  out.write_file("tokenizer.model", tokenizer.model_bytes());
+  out.write_file(train::kShardsTokenizerFile, tokenizer.model_bytes());
   out.commit();
 
   const double seconds =

@@ -25,7 +25,6 @@ static_assert(std::endian::native == std::endian::little,
               "llm.c shards are little-endian, written here as they lie in memory");
 
 constexpr const char* kTempSuffix = ".tmp";
-constexpr const char* kTokenizerName = "tokenizer.model";
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -134,7 +133,7 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   std::vector<std::string> held;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (is_shard_name(name) || name == kTokenizerName) held.push_back(name);
+    if (is_shard_name(name) || name == train::kShardsTokenizerFile) held.push_back(name);
   }
   if (ec) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),

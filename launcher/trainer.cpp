@@ -21,6 +21,7 @@
 #include "launcher/export.h"
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
+#include "launcher/run_dir.h"
 #include "launcher/signals.h"
 #include "launcher/tokenize_client.h"
 #include "models/gpt2/llmc_import.h"
@@ -121,7 +122,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   checkpoint::CheckpointGroup group{world.rank(), world.size(),
                                     [this](double value) { return dp_->sum_across_ranks(value); }};
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
-      checkpoint::CheckpointOptions{run_dir_ + "/checkpoints", config_.checkpoint().keep()},
+      checkpoint::CheckpointOptions{run_checkpoints_dir(run_dir_), config_.checkpoint().keep()},
       std::move(group), *backend_);
   const bool resumed = restore();
   if (!resumed) {
@@ -137,7 +138,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // The config the steps in run.dir were trained with: a start with nothing left to train
   // (run.steps at or below the checkpoint's step) leaves the last one's.
   if (world.rank() == 0 && start_step_ < config_.run().steps()) {
-    core::write_file_atomically(run_dir_ + "/config.pbtxt", to_text(config_));
+    core::write_file_atomically(run_config_file(run_dir_), to_text(config_));
   }
 
   const ModelShape dims = model_shape(config_.model());

@@ -210,7 +210,7 @@ double unix_time_now() {
 }
 
 StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step) {
-  const std::filesystem::path dir = std::filesystem::path(run_dir) / "log";
+  const std::filesystem::path dir = std::filesystem::path(run_dir) / kStepLogDir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {

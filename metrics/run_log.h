@@ -31,6 +31,9 @@
 
 namespace mantissa::metrics {
 
+// The step logs' directory in a run directory.
+inline constexpr const char* kStepLogDir = "log";
+
 // Seconds since the Unix epoch: the step log's `time`, and when a checkpoint's save began
 // (CheckpointState::saved_unix_time, mantissa_last_checkpoint_timestamp_seconds).
 double unix_time_now();

@@ -63,6 +63,10 @@ inline constexpr int32_t kLlama3ShardVersion = 7;
 inline constexpr int64_t kShardHeaderInts = 256;
 inline constexpr int64_t kShardHeaderBytes = kShardHeaderInts * 4;
 
+// The tokenizer a directory of shards was encoded with, beside them (mantissa tokenize encode
+// writes it there; training, export and sample look for it there).
+inline constexpr const char* kShardsTokenizerFile = "tokenizer.model";
+
 // Present in a directory while `mantissa tokenize encode` moves a set of shards into it: the
 // files cannot all change in one step, and a failure or crash in between leaves a mix of the
 // old and the new set, or part of one. Training refuses shards beside it.
