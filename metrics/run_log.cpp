@@ -88,8 +88,9 @@ int64_t line_step(const std::string& line) {
   return error == std::errc() && *end == ',' ? step : -1;
 }
 
-void write_file(const std::string& path, const char* mode, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), mode);
+// Appends `text` to `path` (created when missing), synced.
+void append_synced(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "a");
   MANTISSA_REQUIRE(f != nullptr, kFailure,
                    "cannot open '" << path << "': " << std::strerror(errno));
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
@@ -194,13 +195,8 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
     const bool keep = step >= 0 && step < first_step && last_line_of_step[step] == i;
     (keep ? kept : moved) += lines[i] + '\n';
   }
-  if (!moved.empty()) write_file(rolled_back.string(), "a", moved);
-  const std::string tmp = path.string() + ".tmp";
-  write_file(tmp, "w", kept);
-  core::fsync_path(path.parent_path().string());
-  MANTISSA_REQUIRE(std::rename(tmp.c_str(), path.c_str()) == 0, kFailure,
-                   "cannot replace '" << path.string() << "': " << std::strerror(errno));
-  core::fsync_path(path.parent_path().string());
+  if (!moved.empty()) append_synced(rolled_back.string(), moved);
+  core::write_file_atomically(path.string(), kept);
 }
 
 }  // namespace
