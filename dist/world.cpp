@@ -1,6 +1,7 @@
 #include "dist/world.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -98,6 +99,20 @@ World::World(int* argc, char*** argv) {
   for (int r = 0; r < size_; ++r) {
     const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
+  }
+  // Every rank's affinity as a CPU_SETSIZE-bit mask (CPUs past 1024 are not seen; a mask the
+  // kernel cannot fit there, on such a machine, reads as empty).
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+  std::vector<cpu_set_t> masks(static_cast<size_t>(size_));
+  MANTISSA_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine,
+                                   MPI_BYTE, MPI_COMM_WORLD));
+  for (const cpu_set_t& mask : masks) {
+    std::vector<int>& cpus = cpus_.emplace_back();
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
+    }
   }
   probe_ = std::make_unique<Probe>();
   MANTISSA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe_->comm));

@@ -3,7 +3,8 @@
 //
 // Local rank: OMPI_COMM_WORLD_LOCAL_RANK, else SLURM_LOCALID, else 0. Every rank knows the
 // host of every rank (MPI_Get_processor_name, gathered once at start-up), so that a failure
-// names the host of a rank that stopped answering: a lost host is what an operator replaces.
+// names the host of a rank that stopped answering: a lost host is what an operator replaces;
+// and the CPUs every rank may run on, so that ranks sharing CPUs can divide them.
 #pragma once
 
 #include <memory>
@@ -27,6 +28,9 @@ class World {
   int local_rank() const { return local_rank_; }
   // The host rank `rank` runs on, as MPI_Get_processor_name reported it there.
   const std::string& host_of(int rank) const { return hosts_.at(static_cast<size_t>(rank)); }
+  // The CPUs rank `rank` may run on, in increasing order: its affinity at start-up (all of
+  // its host's unless mpirun or srun bound it); empty where it could not be read.
+  const std::vector<int>& cpus_of(int rank) const { return cpus_.at(static_cast<size_t>(rank)); }
 
   // Prints "mantissa: rank R: <message>" to stderr and ends the whole job with `exit_code`
   // (MPI_Abort), so no rank is left waiting for a peer that gave up.
@@ -47,7 +51,8 @@ class World {
   int rank_ = 0;
   int size_ = 1;
   int local_rank_ = 0;
-  std::vector<std::string> hosts_;  // by rank
+  std::vector<std::string> hosts_;      // by rank
+  std::vector<std::vector<int>> cpus_;  // by rank
   std::unique_ptr<Probe> probe_;
 };
 

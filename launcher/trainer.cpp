@@ -17,6 +17,7 @@
 #include "launcher/build_info.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
+#include "launcher/cpu_threads.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
 #include "launcher/hf_weights.h"
@@ -97,6 +98,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   require(port == 0 || port + world.local_rank() <= 65535, "metrics.port", std::to_string(port),
           "plus the local rank " + std::to_string(world.local_rank()) + " must be <= 65535");
 
+  set_cpu_threads(world);
   device_ = select_device(config_, world.local_rank());
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);

@@ -204,6 +204,35 @@ class Training(lu.TempDirTest):
         self.assertIn("mantissa: note: the global batch changes from 8 to 4 sequences per step",
                       result.stderr)
 
+    def test_ranks_free_to_share_cpus_divide_them(self):
+        # Two ranks that mpirun does not bind may both run on every CPU of this machine: without
+        # OMP_NUM_THREADS each takes half (OpenMP's own default was all of them, in each rank).
+        # An OMP_NUM_THREADS past the share is kept, and the host warned of, once.
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        cpus = len(os.sched_getaffinity(0))
+        env = {k: v for k, v in lu.environment().items() if k != "OMP_NUM_THREADS"}
+
+        def train(name, *mpirun_args):
+            command = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none", *mpirun_args,
+                       lu.binary(), "train", "--config", config, "--set", "run.steps=2",
+                       "--set", f"run.dir={self.run_dir(name)}"]
+            result = subprocess.run(command, cwd=self.dir, env=env, timeout=120,
+                                    capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            return result.stderr
+
+        share = max(1, cpus // 2)
+        stderr = train("share")
+        self.assertIn(f"CPU ({share} thread{'s' if share > 1 else ''})", stderr)
+        self.assertNotIn("warning", stderr)
+
+        threads = max(2, cpus)
+        stderr = train("asked", "-x", f"OMP_NUM_THREADS={threads}")
+        self.assertIn(f"CPU ({threads} threads)", stderr)
+        self.assertEqual(stderr.count(f"ranks run {threads} threads each "
+                                      f"(OMP_NUM_THREADS={threads}) on the {cpus} CPU"), 1, stderr)
+        self.assertIn(f"({share} thread{'s' if share > 1 else ''} here)", stderr)
+
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
         # moments; the checkpoint resumes on any number of ranks, each loading its new shard.
