@@ -178,6 +178,11 @@ bool Checkpointer::agree(bool ok) const {
   return group_.sum ? group_.sum(ok ? 0.0 : 1.0) == 0.0 : ok;
 }
 
+core::ErrorKind Checkpointer::agreed_kind(std::optional<core::ErrorKind> mine) const {
+  return agree(mine != core::ErrorKind::kConfig) ? core::ErrorKind::kFailure
+                                                 : core::ErrorKind::kConfig;
+}
+
 std::vector<int64_t> Checkpointer::agreed_steps() const {
   const std::vector<int64_t> found = steps();
   if (group_.world_size == 1) return found;
@@ -196,20 +201,24 @@ std::vector<int64_t> Checkpointer::agreed_steps() const {
 
 void Checkpointer::collective(const std::string& what, const std::function<void()>& phase) {
   std::string error;
-  core::ErrorKind kind = core::ErrorKind::kFailure;  // a std::filesystem error, say
+  core::ErrorKind kind = core::ErrorKind::kFailure;  // any other exception
   try {
     phase();
   } catch (const core::Error& e) {
     error = e.what();
     kind = e.kind();
+  } catch (const fs::filesystem_error& e) {
+    error = e.what();
+    kind = core::path_error_kind(e.code().value());
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const bool everyone_ok = agree(error.empty());
-  // The phase's message and kind, with nothing appended (a defect's message already ends with
-  // its source location).
-  if (!error.empty()) core::throw_error_of_kind(kind, what + ": " + error);
-  MANTISSA_REQUIRE(everyone_ok, kFailure, what << ": failed on another rank (see its message)");
+  if (agree(error.empty())) return;
+  // The phase's message, with nothing appended (a defect's message already ends with its
+  // source location).
+  core::throw_error_of_kind(
+      agreed_kind(error.empty() ? std::nullopt : std::optional(kind)),
+      what + ": " + (error.empty() ? "failed on another rank (see its message)" : error));
 }
 
 // The bytes of a contiguous tensor in host memory: the tensor itself on the host, else a copy
@@ -429,7 +438,7 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
   CheckpointState state;
   std::string misfit;
   std::string unreadable;
-  core::ErrorKind unreadable_kind = core::ErrorKind::kFailure;
+  std::optional<core::ErrorKind> unreadable_kind;
   std::optional<std::string> misfit_config;  // set when the misfit is another model's layout
   try {
     state = load_one(dir, layout, slices);
@@ -461,7 +470,7 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
             "; not falling back to an older checkpoint, which the run would train over: run again "
             "once the file can be read, or move " +
             dir + " aside to resume from the one before",
-        unreadable_kind);
+        agreed_kind(unreadable_kind));
   }
   return std::nullopt;
 }

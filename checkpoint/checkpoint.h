@@ -211,8 +211,14 @@ class Checkpointer {
  private:
   // Whether every rank passed true.
   bool agree(bool ok) const;
+  // Collective, once some rank failed: the kind every rank's error takes, so that the job's
+  // exit code does not depend on which rank ends it first. kConfig when any rank's failure
+  // (`mine`, nullopt where this rank did not fail) was one (no permission, something in the
+  // way: exit 2 tells the operator that running again fails again); else kFailure, whatever
+  // other kind a rank's own error had.
+  core::ErrorKind agreed_kind(std::optional<core::ErrorKind> mine) const;
   // Runs `phase` on this rank, then agrees with every rank on whether it succeeded: throws
-  // core::Error on every rank when it failed on any.
+  // core::Error of agreed_kind on every rank when it failed on any.
   void collective(const std::string& what, const std::function<void()>& phase);
   const void* host_bytes(const core::Tensor& t, core::Tensor& staging);
   void write_payload(const std::string& dir, const std::vector<BufferSlice>& slices,

@@ -100,8 +100,8 @@ World::World(int* argc, char*** argv) {
     const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
   }
-  // Every rank's affinity as a CPU_SETSIZE-bit mask (CPUs past 1024 are not seen; a mask the
-  // kernel cannot fit there, on such a machine, reads as empty).
+  // Every rank's affinity as a CPU_SETSIZE-bit mask. On a machine of more than 1024 CPUs the
+  // kernel's mask does not fit one: it reads as empty, and nothing is divided.
   cpu_set_t mine;
   CPU_ZERO(&mine);
   if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);

@@ -1,11 +1,14 @@
 #include "launcher/cpu_threads.h"
 
 #include <omp.h>
+#include <strings.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
+#include <string_view>
 
 #include "dist/world.h"
 
@@ -71,32 +74,65 @@ std::optional<std::string> host_oversubscription(const std::vector<RankCpus>& ra
   // One thread per rank is as few as there can be: more ranks than CPUs is the launch's choice.
   if (share >= threads) return std::nullopt;
   const size_t cpus = cpus_of_all(ranks, on_host).size();
-  const std::string t = std::to_string(threads);
   return "host " + host + ": " + std::to_string(on_host.size()) +
-         (on_host.size() == 1 ? " rank runs " : " ranks run ") + t +
-         (threads == 1 ? " thread" : " threads") + " each (OMP_NUM_THREADS=" + t + ") on the " +
-         std::to_string(cpus) + (cpus == 1 ? " CPU" : " CPUs") +
+         (on_host.size() == 1 ? " rank runs " : " ranks run ") + std::to_string(threads) +
+         (threads == 1 ? " thread" : " threads") + " each on the " + std::to_string(cpus) +
+         (cpus == 1 ? " CPU" : " CPUs") +
          " they may use: threads take turns on a CPU, and every parallel region waits for the "
          "ones descheduled; unset OMP_NUM_THREADS, and each rank takes its share of the CPUs it "
          "may use (" +
          std::to_string(share) + (share == 1 ? " thread" : " threads") + " here)";
 }
 
+std::optional<int> omp_num_threads(const char* value) {
+  if (!value) return std::nullopt;
+  std::optional<int> first;
+  std::string_view rest = value;
+  while (true) {
+    const size_t comma = rest.find(',');
+    std::string_view field = rest.substr(0, comma);
+    const size_t lo = field.find_first_not_of(" \t");
+    if (lo == std::string_view::npos) return std::nullopt;
+    field = field.substr(lo, field.find_last_not_of(" \t") - lo + 1);
+    int n = 0;
+    const auto [end, error] = std::from_chars(field.data(), field.data() + field.size(), n);
+    if (error != std::errc{} || end != field.data() + field.size() || n <= 0) return std::nullopt;
+    if (!first) first = n;
+    if (comma == std::string_view::npos) return first;
+    rest.remove_prefix(comma + 1);
+  }
+}
+
 void set_cpu_threads(const dist::World& world) {
+  // With OMP_PLACES or OMP_PROC_BIND OpenMP binds this thread to its first place as the process
+  // starts, so the affinity World read is that place, not the CPUs the rank may use: placement
+  // is the user's then (a share read from it was 1 thread).
+  const char* places = std::getenv("OMP_PLACES");
+  const char* bind = std::getenv("OMP_PROC_BIND");
+  if ((places && *places) || (bind && *bind && strcasecmp(bind, "false") != 0)) return;
   std::vector<RankCpus> ranks;
   for (int r = 0; r < world.size(); ++r) ranks.push_back({world.host_of(r), world.cpus_of(r)});
   const char* asked = std::getenv("OMP_NUM_THREADS");
-  if (!asked || !*asked) {
-    if (const int share = cpu_share(ranks, world.rank()); share > 0) omp_set_num_threads(share);
+  const std::string& host = world.host_of(world.rank());
+  bool speaks_for_host = true;  // the lowest rank on its host
+  for (int r = 0; r < world.rank(); ++r)
+    speaks_for_host = speaks_for_host && world.host_of(r) != host;
+
+  if (const std::optional<int> threads = omp_num_threads(asked)) {
+    if (!speaks_for_host) return;
+    if (const auto warning = host_oversubscription(ranks, host, *threads)) {
+      std::fprintf(stderr, "mantissa: warning: OMP_NUM_THREADS=%s: %s\n", asked, warning->c_str());
+    }
     return;
   }
-  const std::string& host = world.host_of(world.rank());
-  for (int r = 0; r < world.rank(); ++r) {
-    if (world.host_of(r) == host) return;  // a lower rank on this host speaks for it
+  if (asked && *asked && speaks_for_host) {
+    std::fprintf(stderr,
+                 "mantissa: warning: host %s: OMP_NUM_THREADS='%s' is not a thread count (whole "
+                 "numbers above 0, separated by commas), which OpenMP ignores: each rank takes "
+                 "its share of the CPUs it may use\n",
+                 host.c_str(), asked);
   }
-  if (const auto warning = host_oversubscription(ranks, host, omp_get_max_threads())) {
-    std::fprintf(stderr, "mantissa: warning: %s\n", warning->c_str());
-  }
+  if (const int share = cpu_share(ranks, world.rank()); share > 0) omp_set_num_threads(share);
 }
 
 }  // namespace mantissa::launcher

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
 #include "core/dtype/dtype.h"
@@ -229,8 +230,9 @@ std::vector<const train::Parameter*> parameters_of(const models::HfLayout& layou
 
 // ---- writing a directory ---------------------------------------------------------------------
 
-// Refuses a `dir` that holds anything; makes a fresh, empty `tmp`.
-void prepare_directories(const fs::path& dir, const fs::path& tmp) {
+// Refuses a `dir` that holds anything; makes a fresh, empty `tmp`. Returns the directories it
+// made above `tmp` (a nested --out's parents), deepest first, for a failure to remove.
+std::vector<fs::path> prepare_directories(const fs::path& dir, const fs::path& tmp) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
     if (!fs::is_directory(dir, ec))
@@ -254,11 +256,19 @@ void prepare_directories(const fs::path& dir, const fs::path& tmp) {
     MANTISSA_REQUIRE(!ec, kFailure,
                      "cannot remove the stale " << tmp.string() << ": " << ec.message());
   }
+  std::vector<fs::path> parents;
+  // symlink_status: a dangling symlink on the way is the user's, not a directory to remove.
+  for (fs::path p = tmp.parent_path(); !p.empty() && !fs::exists(fs::symlink_status(p, ec));
+       p = p.parent_path())
+    parents.push_back(p);
   fs::create_directories(tmp, ec);
   if (ec) {
+    std::error_code ignored;
+    for (const fs::path& p : parents) fs::remove(p, ignored);
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
                               "cannot create " + tmp.string() + ": " + ec.message());
   }
+  return parents;
 }
 
 }  // namespace
@@ -335,7 +345,7 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
   const fs::path target = fs::path(dir).lexically_normal();
   const fs::path final_dir = target.has_filename() ? target : target.parent_path();
   const fs::path tmp = final_dir.string() + ".tmp";
-  prepare_directories(final_dir, tmp);
+  const std::vector<fs::path> made_parents = prepare_directories(final_dir, tmp);
 
   try {
     write_hf_files(tmp, layout, params, backend, tokenizer, metadata);
@@ -348,7 +358,8 @@ void export_hf_directory(const std::string& dir, const models::HfLayout& layout,
         "cannot rename " << tmp.string() << " to " << final_dir.string() << ": " << ec.message());
   } catch (...) {
     std::error_code ignored;
-    fs::remove_all(tmp, ignored);  // what a failure part way wrote
+    fs::remove_all(tmp, ignored);                                   // what a failure part way wrote
+    for (const fs::path& p : made_parents) fs::remove(p, ignored);  // only while empty
     throw;
   }
   core::fsync_parent_directory(final_dir.string());

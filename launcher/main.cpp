@@ -65,7 +65,8 @@ deploy/mantissa-mpirun, which turns Ctrl-C into SIGUSR1.
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: the rank's share of the CPUs it may
                             run on, divided among the ranks of its host that may run there
-                            too; a value past that share is kept, with a warning)
+                            too, unless OMP_PLACES or OMP_PROC_BIND is set; a value past that
+                            share is kept, with a warning)
   MANTISSA_CPU_BF16_GEMM=0  GEMMs with BF16 or FP8 operands run the AVX2/FMA kernel in FP32,
                             as on CPUs without AVX512-BF16, instead of the native kernel, which
                             reads BF16 values and sums below 2^-126 as zero: results then do

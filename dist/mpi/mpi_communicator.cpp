@@ -192,11 +192,6 @@ class CommHandle {
 // than throw from a destructor.
 class MpiRequest final : public Request {
  public:
-  // How long a wait polls without sleeping. A collective's pieces advance only when a rank
-  // calls into MPI, so sleeping slows the collective itself: with 1 ms, bench_dist_train's
-  // exposed communication doubled (about 10 ms more per step); with 20 ms it was unchanged.
-  static constexpr std::chrono::milliseconds kSpin{20};
-
   MpiRequest(const World& world, double timeout_s, std::string what,
              std::shared_ptr<MpiProgress> progress)
       : world_(world),
@@ -265,7 +260,7 @@ class MpiRequest final : public Request {
       if (now - start < kSpin) {
         std::this_thread::yield();
       } else {
-        std::this_thread::sleep_for(MpiProgress::kInterval);
+        std::this_thread::sleep_for(kPollInterval);
       }
     }
   }
@@ -278,6 +273,14 @@ class MpiRequest final : public Request {
   bool counted_ = false;                   // in progress_'s count of collectives in flight
   std::vector<MPI_Request> requests_;      // empty once complete
   std::vector<MPI_Status> statuses_;       // of the last MPI_Testall
+
+  // How long a wait polls without sleeping. A collective's pieces advance only when a rank
+  // calls into MPI, so sleeping slows the collective itself: with 1 ms, bench_dist_train's
+  // exposed communication doubled (about 10 ms more per step); with 20 ms it was unchanged.
+  static constexpr std::chrono::milliseconds kSpin{20};
+  // The sleep between two polls after that: as short as a sleep usefully is (the kernel's
+  // default timer slack is 50 us), as the progress thread's interval.
+  static constexpr std::chrono::microseconds kPollInterval{100};
 };
 
 class MpiCommunicator final : public Communicator {

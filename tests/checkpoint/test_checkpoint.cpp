@@ -440,9 +440,11 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   }
 }
 
-// A save that cannot write is a failure on every rank (a retry may work), saying what failed
-// and why, once: no source location from the collective that rethrows it.
-TEST_F(CheckpointTest, ASaveThatCannotWriteIsAFailure) {
+// A save that cannot write says what failed and why, once: no source location from the
+// collective that rethrows it. A file in the way of its directory (ENOTDIR) is for the user to
+// move, a config error (exit 2) as core::path_error_kind has it, which std::filesystem's errors
+// now follow too (they had all been failures).
+TEST_F(CheckpointTest, ASaveThatCannotWriteSaysWhy) {
   write_file(tmp.path() + "/file", "not a directory");
   checkpoint::CheckpointOptions o = options();
   o.dir = tmp.path() + "/file/ckpt";
@@ -453,7 +455,7 @@ TEST_F(CheckpointTest, ASaveThatCannotWriteIsAFailure) {
     FAIL() << "saved under a regular file";
   } catch (const core::Error& e) {
     const std::string what = e.what();
-    EXPECT_EQ(e.kind(), core::ErrorKind::kFailure) << what;
+    EXPECT_EQ(e.kind(), core::ErrorKind::kConfig) << what;
     EXPECT_TRUE(what.starts_with("checkpoint save of " + o.dir + "/step_00000005: ")) << what;
     EXPECT_NE(what.find("Not a directory"), std::string::npos) << what;
     EXPECT_EQ(what.find(".cpp:"), std::string::npos) << what;
@@ -507,7 +509,7 @@ class ThreadGroup {
   explicit ThreadGroup(int world) : world_(world), barrier_(world, Completion{this}) {}
 
   checkpoint::CheckpointGroup group(int rank) {
-    return {rank, world_, [this](double value) {
+    return {rank, world_, [this, rank](double value) {
               {
                 std::lock_guard lock(mutex_);
                 round_sum_ += value;
@@ -515,9 +517,13 @@ class ThreadGroup {
               barrier_.arrive_and_wait();  // the completion published round_sum_ into result_
               const double result = result_;
               barrier_.arrive_and_wait();  // nobody starts the next round before all read it
+              if (after_round) after_round(rank);
               return result;
             }};
   }
+
+  // Called on every rank after every round: a fault injected between two phases of a save.
+  std::function<void(int rank)> after_round;
 
   // Runs body(rank) on `world` threads; rethrows the first failure.
   void run(const std::function<void(int)>& body) {
@@ -618,6 +624,43 @@ TEST_F(CheckpointTest, Zero1ShardsResumeOnAnotherWorldSize) {
   EXPECT_NE(err.find("rank 0: checkpoint " + dir() + "/step_00000020 is damaged on another rank"),
             std::string::npos)
       << err;
+}
+
+// A save that fails on one rank for something a retry meets again (a directory where its
+// payload goes: a config error, exit 2) ends every rank with that kind. The other ranks had
+// ended with kFailure (exit 1, "failed on another rank"), so the job's exit code depended on
+// which rank ended it first.
+TEST_F(CheckpointTest, ASaveFailingOnOneRankEndsEveryRankWithItsKind) {
+  save(5);
+  ThreadGroup saving(2);
+  const std::string tmp_dir = dir() + "/step_00000007.tmp";
+  const std::string obstacle = tmp_dir + "/rank_00001.bin";
+  saving.after_round = [&](int rank) {
+    // Once rank 0 has made the temporary directory (the save's first phase), before the
+    // payloads are written.
+    if (rank == 1 && fs::exists(tmp_dir) && !fs::exists(obstacle)) fs::create_directory(obstacle);
+  };
+  std::vector<std::optional<core::ErrorKind>> kinds(2);
+  std::vector<std::string> messages(2);
+  const auto note = [&](int rank, const std::function<void()>& body) {
+    try {
+      body();
+    } catch (const core::Error& e) {
+      kinds[static_cast<size_t>(rank)] = e.kind();
+      messages[static_cast<size_t>(rank)] = e.what();
+    }
+  };
+  saving.run([&](int rank) {
+    const auto [b, e] = shard(rank, 2);
+    Slices s(b, e, 7);
+    checkpoint::Checkpointer ckpt(options(), saving.group(rank), *backend);
+    note(rank, [&] { ckpt.save(make_state(7), s.slices); });
+  });
+  EXPECT_EQ(kinds[1], core::ErrorKind::kConfig) << messages[1];
+  EXPECT_NE(messages[1].find("cannot create '" + obstacle + "'"), std::string::npos) << messages[1];
+  EXPECT_EQ(kinds[0], core::ErrorKind::kConfig) << messages[0];
+  EXPECT_NE(messages[0].find("failed on another rank"), std::string::npos) << messages[0];
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000007"));
 }
 
 // A rank may pass no slices while another passes whole buffers.

@@ -3,7 +3,8 @@
 
 A Prometheus server (127.0.0.1, free port, data in a temporary directory, the project's alert
 rules loaded) scrapes both ranks of `mpirun -np 2 mantissa train` every second. Rank 1 gets
-non-finite gradients injected at a few steps. Once the run has ended, every query of every
+non-finite gradients injected at two steps; once Prometheus has seen both, the run is stopped
+with SIGUSR1. Then every query of every
 panel of deploy/grafana/mantissa.json, with the dashboard variables substituted as Grafana
 would, is evaluated over the run's time range through the HTTP API and must return finite
 data; the overflow panel must show the injected overflows, on both ranks (the skip decision is
@@ -14,6 +15,7 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -23,17 +25,16 @@ SCRAPE_SECONDS = 1
 # What Grafana puts in $__rate_interval at a 1 s scrape interval: max(interval + scrape,
 # 4 × scrape), rounded up a little so that every window holds several samples.
 RATE_INTERVAL = "5s"
-# Long enough that even on a quiet machine the run spans many scrapes: every rate() window
-# of the dashboard then holds several samples. The model is larger than
-# harness.SMALL_RUN_SETTINGS' for that: those steps took 3-4 ms on a 2-core Xeon, so the
-# overflow at step 150 could come before the first scrape; these take about 16x the work
-# (300 steps in 11-39 s there under Prometheus).
-STEPS = 300
+# The run is not timed by its step count (a fixed count had been 11-39 s on 2 cores while each
+# rank ran 2 threads, 3 s once they took 1 each): it trains until Prometheus has scraped both
+# ranks' overflow counters at their final value SCRAPES_AFTER times, then is stopped with
+# SIGUSR1. The overflows come late enough that Prometheus has scraped the counters at 0 first
+# (increase() needs a sample from before the overflow; the test checks it did): steps of this
+# model take about 9 ms on a 2-core EPYC, 1000 steps 9 s, against a first scrape within 1-2 s.
 MODEL_SETTINGS = ["model.gpt2.n_embd=64", "model.gpt2.seq_len=64", "data.micro_batch_size=4"]
-# Late enough that Prometheus has scraped the counters at 0 first: increase() needs a sample
-# from before the overflow (Prometheus assumes no start at 0: an overflow before a rank's
-# first scrape never shows in the panel).
-INJECTED_STEPS = [STEPS // 2, 3 * STEPS // 4]
+INJECTED_STEPS = [1000, 1500]
+SCRAPES_AFTER = 4
+MAX_STEPS = 1_000_000  # a bound only: the test stops the run
 
 
 def dashboard_queries(path, job, rank):
@@ -98,8 +99,8 @@ def main():
 
             run_dir = os.path.join(workdir, "run")
             settings = harness.SMALL_RUN_SETTINGS + MODEL_SETTINGS + [
-                f"run.steps={STEPS}", f"run.dir={run_dir}",
-                "precision.mode=FP8_HYBRID", f"checkpoint.every_steps={STEPS // 4}",
+                f"run.steps={MAX_STEPS}", f"run.dir={run_dir}",
+                "precision.mode=FP8_HYBRID", "checkpoint.every_steps=500",
                 "metrics.bind_address=127.0.0.1", f"metrics.port={base_port}",
                 "metrics.peak_tflops=0.1",
                 "debug.inject_nonfinite_rank=1",
@@ -109,12 +110,30 @@ def main():
             harness.log("run: " + " ".join(argv))
             start = time.time()
             run = daemons.start("mantissa", argv)
-            # Bounded: the run takes under a minute on two shared cores.
+            # Until Prometheus has scraped every injected overflow on both ranks, and then
+            # SCRAPES_AFTER more times; bounded.
             limit = min(120, harness.time_left())
+            done_since = None
+            while True:
+                daemons.check_alive("mantissa", run)
+                if time.time() - start > limit:
+                    harness.fail(f"Prometheus did not see {len(INJECTED_STEPS)} overflows on "
+                                 f"both ranks within {limit:.0f} s:\n" +
+                                 daemons.log_tail("mantissa"))
+                counters = harness.http_json(f"{url}/api/v1/query",
+                                             {"query": "mantissa_overflow_steps_total"})
+                seen = {c["metric"].get("rank"): float(c["value"][1])
+                        for c in counters["data"]["result"]}
+                if seen == {"0": len(INJECTED_STEPS), "1": len(INJECTED_STEPS)}:
+                    done_since = done_since or time.time()
+                    if time.time() - done_since > SCRAPES_AFTER * SCRAPE_SECONDS:
+                        break
+                time.sleep(SCRAPE_SECONDS / 4)
+            run.send_signal(signal.SIGUSR1)  # mpirun forwards it: a checkpoint, then exit 0
             try:
-                run.wait(timeout=limit)
+                run.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                harness.fail(f"the run did not finish within {limit:.0f} s:\n" +
+                harness.fail("the run did not stop within 60 s of SIGUSR1:\n" +
                              daemons.log_tail("mantissa"))
             end = time.time()
             print(daemons.log_tail("mantissa", 15))
@@ -122,12 +141,20 @@ def main():
                 harness.fail(f"mantissa exited with {run.returncode}")
             harness.log(f"run took {end - start:.1f}s")
 
+            # The counters were scraped before the first overflow, at 0.
+            first = query_range(url, "mantissa_steps_total", start, end)
+            for series in first:
+                steps = float(series["values"][0][1])
+                if steps >= INJECTED_STEPS[0]:
+                    harness.fail(f"rank {series['metric'].get('rank')} was first scraped at "
+                                 f"step {steps:.0f}, after the overflow at step "
+                                 f"{INJECTED_STEPS[0]}: increase() cannot see it; inject later")
+
             up = query_range(url, 'up{job="mantissa"}', start, end)
             scraped = {s["metric"]["instance"] for s in up
                        if any(v == "1" for _, v in s["values"])}
             if scraped != set(targets):
-                harness.fail(f"Prometheus scraped {scraped}, expected both ranks {targets}: "
-                             "was the run long enough for a 1 s scrape?")
+                harness.fail(f"Prometheus scraped {scraped}, expected both ranks {targets}")
 
             # The variables' own queries, as Grafana runs them.
             jobs = harness.http_json(f"{url}/api/v1/label/job/values",

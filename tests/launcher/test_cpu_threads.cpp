@@ -55,8 +55,7 @@ TEST(HostOversubscription, WarnsWhenAGroupRunsMoreThreadsThanItsCpus) {
   EXPECT_FALSE(host_oversubscription(unbound, "a", 1));
   const std::optional<std::string> warning = host_oversubscription(unbound, "a", 2);
   ASSERT_TRUE(warning);
-  EXPECT_NE(warning->find("host a: 2 ranks run 2 threads each (OMP_NUM_THREADS=2) on the 2 CPUs"),
-            std::string::npos)
+  EXPECT_NE(warning->find("host a: 2 ranks run 2 threads each on the 2 CPUs"), std::string::npos)
       << *warning;
   // Bound to one core each, two threads per rank take turns although the host has two CPUs.
   const std::vector<RankCpus> bound = {{"a", {0}}, {"a", {1}}, {"b", range(0, 8)}};
@@ -69,6 +68,14 @@ TEST(HostOversubscription, WarnsWhenAGroupRunsMoreThreadsThanItsCpus) {
   const std::optional<std::string> crowded_warning = host_oversubscription(crowded, "a", 2);
   ASSERT_TRUE(crowded_warning);
   EXPECT_NE(crowded_warning->find("(1 thread here)"), std::string::npos) << *crowded_warning;
+}
+
+TEST(OmpNumThreads, TakesWhatOpenMpTakes) {
+  EXPECT_EQ(omp_num_threads("4"), 4);
+  EXPECT_EQ(omp_num_threads(" 4 , 2"), 4) << "nested levels: the first is this one's";
+  for (const char* ignored : {"", " ", "0", "-1", "abc", "4x", "4,", ",4", "4,0", "99999999999"})
+    EXPECT_EQ(omp_num_threads(ignored), std::nullopt) << "'" << ignored << "'";
+  EXPECT_EQ(omp_num_threads(nullptr), std::nullopt);
 }
 
 }  // namespace

@@ -229,9 +229,14 @@ class Training(lu.TempDirTest):
         threads = max(2, cpus)
         stderr = train("asked", "-x", f"OMP_NUM_THREADS={threads}")
         self.assertIn(f"CPU ({threads} threads)", stderr)
-        self.assertEqual(stderr.count(f"ranks run {threads} threads each "
-                                      f"(OMP_NUM_THREADS={threads}) on the {cpus} CPU"), 1, stderr)
+        self.assertEqual(stderr.count(f"warning: OMP_NUM_THREADS={threads}: host "), 1, stderr)
+        self.assertIn(f"ranks run {threads} threads each on the {cpus} CPU", stderr)
         self.assertIn(f"({share} thread{'s' if share > 1 else ''} here)", stderr)
+
+        # A value OpenMP ignores is said to be ignored, and the share taken.
+        stderr = train("ignored", "-x", "OMP_NUM_THREADS=all")
+        self.assertIn(f"CPU ({share} thread{'s' if share > 1 else ''})", stderr)
+        self.assertEqual(stderr.count("OMP_NUM_THREADS='all' is not a thread count"), 1, stderr)
 
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
@@ -488,8 +493,9 @@ class Training(lu.TempDirTest):
                 self.assertEqual(result.returncode, 0, result.stderr)
                 self.assertTrue(os.path.isfile(os.path.join(nested, "config.json")))
                 # A write that fails part way (the file size limit's EFBIG here, as a full
-                # disk's ENOSPC) says why and leaves nothing behind.
-                limited = os.path.join(self.dir, family + "_limited_hf")
+                # disk's ENOSPC) says why and leaves nothing behind, not even the parents it
+                # made for a nested --out.
+                limited = os.path.join(self.dir, family + "_limited", "nested", "hf")
 
                 def limit_file_size():
                     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -501,8 +507,7 @@ class Training(lu.TempDirTest):
                 self.assertEqual(result.returncode, 1, result.stderr)
                 self.assertIn(f"safetensors: cannot write '{limited}.tmp/model.safetensors.tmp': "
                               "File too large", result.stderr)
-                self.assertFalse(os.path.exists(limited))
-                self.assertFalse(os.path.exists(limited + ".tmp"))
+                self.assertFalse(os.path.exists(os.path.join(self.dir, family + "_limited")))
                 # A setting that changes no shape but what the weights compute is refused, not
                 # written into config.json.
                 changed = {"gpt2": ("model.gpt2.n_head=4", "model.gpt2.n_head 2 -> 4"),
