@@ -1,7 +1,9 @@
 #include "launcher/cpu_threads.h"
 
 #include <omp.h>
+#include <sched.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
@@ -36,6 +38,18 @@ std::vector<int> cpus_of_all(const std::vector<RankCpus>& ranks, const std::vect
     std::vector<int> merged;
     std::set_union(cpus.begin(), cpus.end(), more.begin(), more.end(), std::back_inserter(merged));
     cpus = std::move(merged);
+  }
+  return cpus;
+}
+
+// The CPUs process `pid` may run on; empty where that cannot be read.
+std::vector<int> affinity_of(pid_t pid) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  std::vector<int> cpus;
+  if (sched_getaffinity(pid, sizeof mask, &mask) != 0) return cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
   }
   return cpus;
 }
@@ -103,6 +117,27 @@ std::optional<int> omp_num_threads(const char* value) {
   }
 }
 
+std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
+                                         const std::string& host,
+                                         const std::vector<int>& launcher_cpus) {
+  std::vector<int> on_host;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].host == host) on_host.push_back(static_cast<int>(r));
+  }
+  const std::vector<int> used = cpus_of_all(ranks, on_host);
+  if (used.empty() ||
+      !std::includes(launcher_cpus.begin(), launcher_cpus.end(), used.begin(), used.end()) ||
+      used.size() == launcher_cpus.size()) {
+    return std::nullopt;
+  }
+  const std::string n = std::to_string(on_host.size());
+  return "host " + host + ": its " + n + (on_host.size() == 1 ? " rank" : " ranks") +
+         " may run on " + std::to_string(used.size()) + " of the " +
+         std::to_string(launcher_cpus.size()) +
+         " CPUs the process that started them may use (mpirun binds each rank to one core when "
+         "it starts 2 ranks or fewer): `mpirun --bind-to none` lets the ranks share them all";
+}
+
 void set_cpu_threads(const dist::World& world) {
   // With OMP_PLACES or OMP_PROC_BIND OpenMP binds this thread to its first place as the process
   // starts, so the affinity World read is that place, not the CPUs the rank may use: placement
@@ -117,6 +152,11 @@ void set_cpu_threads(const dist::World& world) {
   bool speaks_for_host = true;  // the lowest rank on its host
   for (int r = 0; r < world.rank(); ++r)
     speaks_for_host = speaks_for_host && world.host_of(r) != host;
+  if (speaks_for_host) {
+    // The parent: mpirun, its daemon on another host, slurmstepd, or a shell.
+    const std::optional<std::string> note = host_underuse(ranks, host, affinity_of(getppid()));
+    if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());
+  }
 
   if (const std::optional<int> threads = omp_num_threads(asked)) {
     if (!speaks_for_host) return;

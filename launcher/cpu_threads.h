@@ -36,14 +36,22 @@ int cpu_share(const std::vector<RankCpus>& ranks, int rank);
 std::optional<std::string> host_oversubscription(const std::vector<RankCpus>& ranks,
                                                  const std::string& host, int threads);
 
+// A note when the ranks on `host` may run on fewer of its CPUs than `launcher_cpus`, those the
+// process that started them may use (each rank bound to one core, as mpirun binds 2 ranks or
+// fewer); nullopt otherwise.
+std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
+                                         const std::string& host,
+                                         const std::vector<int>& launcher_cpus);
+
 // The thread count OMP_NUM_THREADS sets, as OpenMP reads it: the first of a list of whole
 // numbers above 0 separated by commas ("4" or "4,2"); nullopt when it is unset, blank or
 // anything else, which OpenMP ignores.
 std::optional<int> omp_num_threads(const char* value);
 
 // Sets this rank's OpenMP threads to its share, unless OMP_NUM_THREADS sets a count; then the
-// lowest rank of each host prints host_oversubscription's warning, if any. Does nothing when
-// OMP_PLACES or OMP_PROC_BIND is set: the user places the threads.
+// lowest rank of each host prints host_oversubscription's warning, if any; and host_underuse's
+// note against its parent process's CPUs. Does nothing when OMP_PLACES or OMP_PROC_BIND is set:
+// the user places the threads.
 void set_cpu_threads(const dist::World& world);
 
 }  // namespace mantissa::launcher

@@ -17,12 +17,11 @@ build_dir=${BUILD_DIR:-build}
 if [ "$(id -u)" -eq 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 fi
-# Two ranks share the cores: one OpenMP thread each.
-export OMP_NUM_THREADS=1
 # mpirun hands the ranks pipes, not the terminal, so ask for the live line explicitly.
 progress=lines
 if [ -t 2 ]; then progress=live; fi
 
 rm -rf runs/demo
-exec mpirun --oversubscribe -np 2 -x OMP_NUM_THREADS \
+# Unbound, the two ranks divide the machine's cores between them (mpirun would bind each to one).
+exec mpirun --oversubscribe -np 2 --bind-to none \
   "$build_dir/bin/mantissa" train --config configs/demo.pbtxt --progress "$progress"

@@ -70,6 +70,18 @@ TEST(HostOversubscription, WarnsWhenAGroupRunsMoreThreadsThanItsCpus) {
   EXPECT_NE(crowded_warning->find("(1 thread here)"), std::string::npos) << *crowded_warning;
 }
 
+TEST(HostUnderuse, NotesRanksBoundToFewerCpusThanTheirLauncherHas) {
+  const std::vector<RankCpus> cores = {{"a", {0}}, {"a", {1}}, {"b", {0}}};
+  const std::optional<std::string> note = host_underuse(cores, "a", range(0, 16));
+  ASSERT_TRUE(note);
+  EXPECT_NE(note->find("host a: its 2 ranks may run on 2 of the 16 CPUs"), std::string::npos)
+      << *note;
+  EXPECT_FALSE(host_underuse(cores, "a", range(0, 2))) << "every CPU the launcher has";
+  EXPECT_FALSE(host_underuse({{"a", range(0, 16)}}, "a", range(0, 16)));
+  EXPECT_FALSE(host_underuse(cores, "a", {})) << "the launcher's CPUs unknown";
+  EXPECT_FALSE(host_underuse(cores, "a", range(4, 8))) << "not a subset: no claim";
+}
+
 TEST(OmpNumThreads, TakesWhatOpenMpTakes) {
   EXPECT_EQ(omp_num_threads("4"), 4);
   EXPECT_EQ(omp_num_threads(" 4 , 2"), 4) << "nested levels: the first is this one's";

@@ -207,13 +207,14 @@ class Training(lu.TempDirTest):
     def test_ranks_free_to_share_cpus_divide_them(self):
         # Two ranks that mpirun does not bind may both run on every CPU of this machine: without
         # OMP_NUM_THREADS each takes half (OpenMP's own default was all of them, in each rank).
-        # An OMP_NUM_THREADS past the share is kept, and the host warned of, once.
+        # One rank bound to a core is told of the CPUs left idle. An OMP_NUM_THREADS past the
+        # share is kept, and the host warned of, once.
         config = self.write("tiny.pbtxt", lu.TINY_GPT)
         cpus = len(os.sched_getaffinity(0))
         env = {k: v for k, v in lu.environment().items() if k != "OMP_NUM_THREADS"}
 
-        def train(name, *mpirun_args):
-            command = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none", *mpirun_args,
+        def train(name, *mpirun_args, ranks=2, bind=("--bind-to", "none")):
+            command = ["mpirun", "--oversubscribe", "-np", str(ranks), *bind, *mpirun_args,
                        lu.binary(), "train", "--config", config, "--set", "run.steps=2",
                        "--set", f"run.dir={self.run_dir(name)}"]
             result = subprocess.run(command, cwd=self.dir, env=env, timeout=120,
@@ -225,6 +226,14 @@ class Training(lu.TempDirTest):
         stderr = train("share")
         self.assertIn(f"CPU ({share} thread{'s' if share > 1 else ''})", stderr)
         self.assertNotIn("warning", stderr)
+        self.assertNotIn("note: host", stderr)
+
+        # One rank, which mpirun binds to one core, is told of the CPUs it leaves idle.
+        stderr = train("bound", ranks=1, bind=())
+        self.assertIn("CPU (1 thread)", stderr)
+        if cpus > 1:
+            self.assertIn(f"its 1 rank may run on 1 of the {cpus} CPUs the process that started "
+                          "them may use", stderr)
 
         threads = max(2, cpus)
         stderr = train("asked", "-x", f"OMP_NUM_THREADS={threads}")
