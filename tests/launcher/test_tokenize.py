@@ -144,12 +144,26 @@ precision {{ mode: FP32 }}
         self.assertIn(f"mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
                       f"the tokenizer {out_dir}/tokenizer.model (the shards' tokenizer)",
                       result.stderr)
-        # On 2 ranks rank 0 alone asks the tokenizer; its refusal ends both.
-        result = self.mantissa("train", "--config", config, "--set",
-                               f"run.dir={self.dir}/small2", "--set", "model.gpt2.vocab_size=512",
-                               ranks=2)
+        # On 2 ranks rank 0 alone asks the tokenizer, and its refusal ends both. A copy of the
+        # binary finds, beside it, a mantissa-tokenize that logs each start and runs the real one.
+        bin_dir = os.path.join(self.dir, "bin")
+        os.makedirs(bin_dir)
+        copy = shutil.copy2(lu.binary(), os.path.join(bin_dir, "mantissa"))
+        starts = os.path.join(self.dir, "tokenize_starts")
+        stand_in = os.path.join(bin_dir, "mantissa-tokenize")
+        real = os.path.join(os.path.dirname(lu.binary()), "mantissa-tokenize")
+        with open(stand_in, "w") as f:
+            f.write(f'#!/bin/sh\necho "$$ $1" >>"{starts}"\nexec "{real}" "$@"\n')
+        os.chmod(stand_in, 0o755)
+        result = subprocess.run(
+            lu.mpirun_prefix(2) + [copy, "train", "--config", config, "--set",
+                                   f"run.dir={self.dir}/small2", "--set",
+                                   "model.gpt2.vocab_size=512"],
+            cwd=self.dir, env=lu.environment(), timeout=120, capture_output=True, text=True)
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("is smaller than the 1000 pieces of the tokenizer", result.stderr)
+        with open(starts) as f:
+            self.assertEqual(len(f.readlines()), 1, "one mantissa-tokenize for 2 ranks")
 
         # A Hugging Face export carries the tokenizer beside the shards; without one it warns.
         hf = os.path.join(self.dir, "hf")
