@@ -13,6 +13,7 @@
 
 #include "core/strings.h"
 #include "dist/mpi/mpi_check.h"
+#include "dist/mpi/mpi_comm_handle.h"
 
 namespace mantissa::dist {
 
@@ -57,10 +58,7 @@ std::string format_hosts(const std::vector<int>& ranks,
 // A duplicate of MPI_COMM_WORLD used only by unresponsive_ranks(), so probes never match a
 // message of any other traffic.
 struct World::Probe {
-  MPI_Comm comm = MPI_COMM_NULL;
-  ~Probe() {
-    if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
-  }
+  CommHandle comm{MPI_COMM_WORLD};
 };
 
 namespace {
@@ -115,7 +113,6 @@ World::World(int* argc, char*** argv) {
     }
   }
   probe_ = std::make_unique<Probe>();
-  MANTISSA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &probe_->comm));
 }
 
 World::~World() {
@@ -146,10 +143,11 @@ std::vector<int> World::unresponsive_ranks(double grace_s) const {
     if (r == rank_) continue;
     const size_t i = static_cast<size_t>(r);
     MPI_Request send = MPI_REQUEST_NULL;
-    if (MPI_Isend(&out, 1, MPI_CHAR, r, kTag, probe_->comm, &send) == MPI_SUCCESS) {
+    if (MPI_Isend(&out, 1, MPI_CHAR, r, kTag, probe_->comm.get(), &send) == MPI_SUCCESS) {
       MPI_Request_free(&send);
     }
-    listening[i] = MPI_Irecv(&in[i], 1, MPI_CHAR, r, kTag, probe_->comm, &recvs[i]) == MPI_SUCCESS;
+    listening[i] =
+        MPI_Irecv(&in[i], 1, MPI_CHAR, r, kTag, probe_->comm.get(), &recvs[i]) == MPI_SUCCESS;
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
   while (std::chrono::steady_clock::now() < deadline) {

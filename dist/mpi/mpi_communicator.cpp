@@ -12,6 +12,7 @@
 
 #include "core/dtype/dtype.h"
 #include "dist/mpi/mpi_check.h"
+#include "dist/mpi/mpi_comm_handle.h"
 #include "dist/mpi/mpi_progress.h"
 
 namespace mantissa::dist {
@@ -167,24 +168,6 @@ void check_host(const Tensor& t, const char* op, const char* operand) {
                                                           << " must be host memory, got "
                                                           << t.describe());
 }
-
-// An MPI communicator handle, freed with its owner.
-class CommHandle {
- public:
-  explicit CommHandle(MPI_Comm parent) {
-    MANTISSA_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
-    MANTISSA_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
-  }
-  ~CommHandle() {
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-  }
-  CommHandle(const CommHandle&) = delete;
-  CommHandle& operator=(const CommHandle&) = delete;
-  MPI_Comm get() const { return comm_; }
-
- private:
-  MPI_Comm comm_ = MPI_COMM_NULL;
-};
 
 // A non-blocking collective: one MPI request, or several when it was issued in pieces. MPI
 // forbids freeing a pending collective request, so the destructor of one still in flight (an
