@@ -25,33 +25,20 @@
 
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_handles.h"
 
 namespace mantissa::core {
 namespace {
 
 using mantissa::bench::median;
 
-class Event {
- public:
-  Event() { MANTISSA_CUDA_CHECK(cudaEventCreate(&event_)); }
-  ~Event() {
-    if (cudaEventDestroy(event_) != cudaSuccess) std::fprintf(stderr, "cudaEventDestroy failed\n");
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 // Median milliseconds of one call of `op` queued on the backend's stream.
 double median_ms(CudaBackend& gpu, const std::function<void()>& op, int repetitions) {
   constexpr int kWarmup = 3;
   for (int i = 0; i < kWarmup; ++i) op();
   gpu.synchronize();
-  Event start;
-  Event stop;
+  CudaEvent start(cudaEventDefault);
+  CudaEvent stop(cudaEventDefault);
   std::vector<double> times;
   for (int i = 0; i < repetitions; ++i) {
     MANTISSA_CUDA_CHECK(cudaEventRecord(start.get(), gpu.stream()));

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
+#include "core/ops/cuda/cuda_handles.h"
 
 // NCCL calls on a non-blocking communicator may answer ncclInProgress: the call was accepted
 // and completes asynchronously (wait_ready() polls for it). Anything else is an error that
@@ -160,30 +161,6 @@ class NcclComm {
   ncclComm_t comm_ = nullptr;
 };
 
-class CudaStream {
- public:
-  CudaStream() { MANTISSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  ~CudaStream() { cudaStreamDestroy(stream_); }
-  CudaStream(const CudaStream&) = delete;
-  CudaStream& operator=(const CudaStream&) = delete;
-  cudaStream_t get() const { return stream_; }
-
- private:
-  cudaStream_t stream_ = nullptr;
-};
-
-class CudaEvent {
- public:
-  CudaEvent() { MANTISSA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
-  ~CudaEvent() { cudaEventDestroy(event_); }
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
 // Complete when the event recorded after the operation on the communicator's stream has
 // fired; NCCL's asynchronous errors are checked on every poll.
 class NcclRequest final : public Request {
@@ -247,7 +224,7 @@ class NcclRequest final : public Request {
   cudaStream_t stream_;  // the communicator's, which outlives its requests
   double timeout_s_;
   std::string what_;
-  CudaEvent done_event_;
+  core::CudaEvent done_event_{cudaEventDisableTiming};
   bool done_ = false;
 };
 
@@ -475,8 +452,8 @@ class NcclCommunicator final : public Communicator {
   core::CudaBackend& backend_;
   double timeout_s_;
   // Declared before comm_, so the communicator is finalized while its stream still exists.
-  CudaStream stream_;
-  CudaEvent ready_;
+  core::CudaStream stream_;
+  core::CudaEvent ready_{cudaEventDisableTiming};
   std::unique_ptr<NcclComm> comm_;
   int size_ = 1;
 };
