@@ -1,7 +1,6 @@
 #include "dist/world.h"
 
 #include <mpi.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/cpu_affinity.h"
 #include "core/strings.h"
 #include "dist/mpi/mpi_check.h"
 #include "dist/mpi/mpi_comm_handle.h"
@@ -98,20 +98,12 @@ World::World(int* argc, char*** argv) {
     const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
   }
-  // Every rank's affinity as a CPU_SETSIZE-bit mask. On a machine of more than 1024 CPUs the
-  // kernel's mask does not fit one: it reads as empty, and nothing is divided.
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+  // Every rank's affinity mask (empty on a machine of more than 1024 CPUs: nothing is divided).
+  const cpu_set_t mine = core::cpu_affinity_mask(0);
   std::vector<cpu_set_t> masks(static_cast<size_t>(size_));
   MANTISSA_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine,
                                    MPI_BYTE, MPI_COMM_WORLD));
-  for (const cpu_set_t& mask : masks) {
-    std::vector<int>& cpus = cpus_.emplace_back();
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
-    }
-  }
+  for (const cpu_set_t& mask : masks) cpus_.push_back(core::cpu_list(mask));
   probe_ = std::make_unique<Probe>();
 }
 

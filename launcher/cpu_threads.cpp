@@ -1,7 +1,6 @@
 #include "launcher/cpu_threads.h"
 
 #include <omp.h>
-#include <sched.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -12,6 +11,7 @@
 #include <iterator>
 #include <string_view>
 
+#include "core/cpu_affinity.h"
 #include "dist/world.h"
 
 namespace mantissa::launcher {
@@ -38,18 +38,6 @@ std::vector<int> cpus_of_all(const std::vector<RankCpus>& ranks, const std::vect
     std::vector<int> merged;
     std::set_union(cpus.begin(), cpus.end(), more.begin(), more.end(), std::back_inserter(merged));
     cpus = std::move(merged);
-  }
-  return cpus;
-}
-
-// The CPUs process `pid` may run on; empty where that cannot be read.
-std::vector<int> affinity_of(pid_t pid) {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  std::vector<int> cpus;
-  if (sched_getaffinity(pid, sizeof mask, &mask) != 0) return cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
   }
   return cpus;
 }
@@ -154,7 +142,8 @@ void set_cpu_threads(const dist::World& world) {
     speaks_for_host = speaks_for_host && world.host_of(r) != host;
   if (speaks_for_host) {
     // The parent: mpirun, its daemon on another host, slurmstepd, or a shell.
-    const std::optional<std::string> note = host_underuse(ranks, host, affinity_of(getppid()));
+    const std::optional<std::string> note =
+        host_underuse(ranks, host, core::cpu_list(core::cpu_affinity_mask(getppid())));
     if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());
   }
 

@@ -1,7 +1,6 @@
 #include "launcher/tokenize_input.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "core/cpu_affinity.h"
 #include "core/error.h"
 
 namespace mantissa::launcher {
@@ -62,9 +62,8 @@ MappedText::~MappedText() {
 }
 
 int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+  const cpu_set_t mask = core::cpu_affinity_mask(0);
+  return std::max(1, CPU_COUNT(&mask));
 }
 
 std::string format_bytes(double bytes) {
