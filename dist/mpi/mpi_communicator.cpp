@@ -14,6 +14,7 @@
 #include "dist/mpi/mpi_check.h"
 #include "dist/mpi/mpi_comm_handle.h"
 #include "dist/mpi/mpi_progress.h"
+#include "dist/poll_wait.h"
 
 namespace mantissa::dist {
 
@@ -226,26 +227,8 @@ class MpiRequest final : public Request {
   }
 
   void wait_until_done() override {
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration<double>(timeout_s_);
-    // MPI's non-blocking collectives advance only inside MPI calls, so a wait polls without
-    // sleeping for kSpin. A longer wait sleeps between polls: a rank spinning through it holds
-    // its core from whatever else must run there, and when that is another job's rank bound to
-    // the same core, the kernel's group scheduling (a session's autogroup, a cgroup) can starve
-    // it almost entirely. Two 2-rank jobs started from two shells on 2 cores, each rank spinning
-    // while its peer waited behind the other job's spinner, took minutes per step.
-    while (!poll()) {
-      const auto now = Clock::now();
-      if (now > deadline) {
-        world_.abort_on_timeout(what_, std::chrono::duration<double>(now - start).count());
-      }
-      if (now - start < kSpin) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(kPollInterval);
-      }
-    }
+    poll_until([this] { return poll(); }, timeout_s_,
+               [this](double waited_s) { world_.abort_on_timeout(what_, waited_s); });
   }
 
  private:
@@ -256,14 +239,6 @@ class MpiRequest final : public Request {
   bool counted_ = false;                   // in progress_'s count of collectives in flight
   std::vector<MPI_Request> requests_;      // empty once complete
   std::vector<MPI_Status> statuses_;       // of the last MPI_Testall
-
-  // How long a wait polls without sleeping. A collective's pieces advance only when a rank
-  // calls into MPI, so sleeping slows the collective itself: with 1 ms, bench_dist_train's
-  // exposed communication doubled (about 10 ms more per step); with 20 ms it was unchanged.
-  static constexpr std::chrono::milliseconds kSpin{20};
-  // The sleep between two polls after that: as short as a sleep usefully is (the kernel's
-  // default timer slack is 50 us), as the progress thread's interval.
-  static constexpr std::chrono::microseconds kPollInterval{100};
 };
 
 class MpiCommunicator final : public Communicator {

@@ -15,6 +15,7 @@
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_handles.h"
+#include "dist/poll_wait.h"
 
 // NCCL calls on a non-blocking communicator may answer ncclInProgress: the call was accepted
 // and completes asynchronously (wait_ready() polls for it). Anything else is an error that
@@ -118,15 +119,13 @@ class NcclComm {
   // Polls until the communicator has no operation being enqueued (after a call that
   // answered ncclInProgress). Throws on an asynchronous error or a timeout.
   void wait_ready(const std::string& what) {
-    const auto start = Clock::now();
-    for (;;) {
+    const auto ready = [&] {
       ncclResult_t state = ncclSuccess;
       MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(get(), &state), comm_, rank());
-      if (state == ncclSuccess) return;
       check_async(state, what);
-      if (seconds_since(start) > timeout_s_) timed_out(what, seconds_since(start));
-      std::this_thread::yield();
-    }
+      return state == ncclSuccess;
+    };
+    poll_until(ready, timeout_s_, [&](double waited_s) { timed_out(what, waited_s); });
   }
 
   // Throws when `state` (from ncclCommGetAsyncError) is an error.
@@ -210,13 +209,8 @@ class NcclRequest final : public Request {
   }
 
   void wait_until_done() override {
-    const auto start = Clock::now();
-    while (!poll()) {
-      if (NcclComm::seconds_since(start) > timeout_s_) {
-        comm_.timed_out(what_, NcclComm::seconds_since(start));
-      }
-      std::this_thread::yield();
-    }
+    poll_until([this] { return poll(); }, timeout_s_,
+               [this](double waited_s) { comm_.timed_out(what_, waited_s); });
   }
 
  private:
