@@ -98,8 +98,13 @@ World::World(int* argc, char*** argv) {
     const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
   }
-  // Every rank's affinity mask (empty on a machine of more than 1024 CPUs: nothing is divided).
-  const cpu_set_t mine = core::cpu_affinity_mask(0);
+  // Every rank's CPUs, as a mask of CPU_SETSIZE (1024) CPUs: empty on a machine of more, where
+  // nothing is divided.
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  for (const int cpu : core::process_cpus()) {
+    if (cpu < CPU_SETSIZE) CPU_SET(cpu, &mine);
+  }
   std::vector<cpu_set_t> masks(static_cast<size_t>(size_));
   MANTISSA_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine,
                                    MPI_BYTE, MPI_COMM_WORLD));

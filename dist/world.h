@@ -28,8 +28,8 @@ class World {
   int local_rank() const { return local_rank_; }
   // The host rank `rank` runs on, as MPI_Get_processor_name reported it there.
   const std::string& host_of(int rank) const { return hosts_.at(static_cast<size_t>(rank)); }
-  // The CPUs rank `rank` may run on, in increasing order: its affinity at start-up (all of
-  // its host's unless mpirun or srun bound it); empty where it could not be read.
+  // The CPUs rank `rank` may run on, in increasing order (core::process_cpus at start-up: all
+  // of its host's unless mpirun, srun or OpenMP's places bound it); empty where unknown.
   const std::vector<int>& cpus_of(int rank) const { return cpus_.at(static_cast<size_t>(rank)); }
 
   // Prints "mantissa: rank R: <message>" to stderr and ends the whole job with `exit_code`

@@ -1,13 +1,13 @@
 #include "launcher/cpu_threads.h"
 
 #include <omp.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iterator>
 #include <string_view>
 
@@ -76,13 +76,16 @@ std::optional<std::string> host_oversubscription(const std::vector<RankCpus>& ra
   // One thread per rank is as few as there can be: more ranks than CPUs is the launch's choice.
   if (share >= threads) return std::nullopt;
   const size_t cpus = cpus_of_all(ranks, on_host).size();
-  return "host " + host + ": " + std::to_string(on_host.size()) +
-         (on_host.size() == 1 ? " rank runs " : " ranks run ") + std::to_string(threads) +
-         (threads == 1 ? " thread" : " threads") + " each on the " + std::to_string(cpus) +
-         (cpus == 1 ? " CPU" : " CPUs") +
-         " they may use: threads take turns on a CPU, and every parallel region waits for the "
-         "ones descheduled; unset OMP_NUM_THREADS, and each rank takes its share of the CPUs it "
-         "may use (" +
+  const bool one = on_host.size() == 1;
+  return "host " + host + ": " +
+         (one ? std::string("its rank runs ")
+              : "its " + std::to_string(on_host.size()) + " ranks run ") +
+         std::to_string(threads) + (threads == 1 ? " thread" : " threads") + (one ? "" : " each") +
+         " on the " + std::to_string(cpus) + (cpus == 1 ? " CPU" : " CPUs") +
+         (one ? " it" : " they") +
+         " may use: threads take turns on a CPU, and every parallel region waits for the ones "
+         "descheduled; unset OMP_NUM_THREADS, and each rank takes its share of the CPUs it may "
+         "use (" +
          std::to_string(share) + (share == 1 ? " thread" : " threads") + " here)";
 }
 
@@ -112,27 +115,42 @@ std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (ranks[r].host == host) on_host.push_back(static_cast<int>(r));
   }
+  // Bound apart: no two ranks share a CPU (ranks restricted together, by --cpu-set say, were
+  // placed so on purpose).
+  for (const int r : on_host) {
+    if (ranks[static_cast<size_t>(r)].cpus.empty() || ranks_sharing_cpus(ranks, r).size() > 1) {
+      return std::nullopt;
+    }
+  }
   const std::vector<int> used = cpus_of_all(ranks, on_host);
-  if (used.empty() ||
-      !std::includes(launcher_cpus.begin(), launcher_cpus.end(), used.begin(), used.end()) ||
+  if (!std::includes(launcher_cpus.begin(), launcher_cpus.end(), used.begin(), used.end()) ||
       used.size() == launcher_cpus.size()) {
     return std::nullopt;
   }
-  const std::string n = std::to_string(on_host.size());
-  return "host " + host + ": its " + n + (on_host.size() == 1 ? " rank" : " ranks") +
+  const bool one = on_host.size() == 1;
+  return "host " + host + ": " +
+         (one ? std::string("its rank") : "its " + std::to_string(on_host.size()) + " ranks") +
          " may run on " + std::to_string(used.size()) + " of the " +
          std::to_string(launcher_cpus.size()) +
-         " CPUs the process that started them may use (mpirun binds each rank to one core when "
-         "it starts 2 ranks or fewer): `mpirun --bind-to none` lets the ranks share them all";
+         " CPUs mpirun may use: mpirun binds each of 2 or fewer ranks to a core of its own "
+         "unless given `--bind-to none`, with which the ranks divide all " +
+         std::to_string(launcher_cpus.size());
 }
 
+namespace {
+
+// Whether process `pid` is Open MPI's launcher or its daemon, which bind the ranks they start.
+bool is_mpirun(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "orted" ||
+         name == "prterun" || name == "prted";
+}
+
+}  // namespace
+
 void set_cpu_threads(const dist::World& world) {
-  // With OMP_PLACES or OMP_PROC_BIND OpenMP binds this thread to its first place as the process
-  // starts, so the affinity World read is that place, not the CPUs the rank may use: placement
-  // is the user's then (a share read from it was 1 thread).
-  const char* places = std::getenv("OMP_PLACES");
-  const char* bind = std::getenv("OMP_PROC_BIND");
-  if ((places && *places) || (bind && *bind && strcasecmp(bind, "false") != 0)) return;
   std::vector<RankCpus> ranks;
   for (int r = 0; r < world.size(); ++r) ranks.push_back({world.host_of(r), world.cpus_of(r)});
   const char* asked = std::getenv("OMP_NUM_THREADS");
@@ -140,8 +158,7 @@ void set_cpu_threads(const dist::World& world) {
   bool speaks_for_host = true;  // the lowest rank on its host
   for (int r = 0; r < world.rank(); ++r)
     speaks_for_host = speaks_for_host && world.host_of(r) != host;
-  if (speaks_for_host) {
-    // The parent: mpirun, its daemon on another host, slurmstepd, or a shell.
+  if (speaks_for_host && is_mpirun(getppid())) {
     const std::optional<std::string> note =
         host_underuse(ranks, host, core::cpu_list(core::cpu_affinity_mask(getppid())));
     if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());
@@ -150,11 +167,12 @@ void set_cpu_threads(const dist::World& world) {
   if (const std::optional<int> threads = omp_num_threads(asked)) {
     if (!speaks_for_host) return;
     if (const auto warning = host_oversubscription(ranks, host, *threads)) {
-      std::fprintf(stderr, "mantissa: warning: OMP_NUM_THREADS=%s: %s\n", asked, warning->c_str());
+      std::fprintf(stderr, "mantissa: warning: OMP_NUM_THREADS='%s': %s\n", asked,
+                   warning->c_str());
     }
     return;
   }
-  if (asked && *asked && speaks_for_host) {
+  if (asked && speaks_for_host) {
     std::fprintf(stderr,
                  "mantissa: warning: host %s: OMP_NUM_THREADS='%s' is not a thread count (whole "
                  "numbers above 0, separated by commas), which OpenMP ignores: each rank takes "

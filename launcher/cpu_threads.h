@@ -36,9 +36,10 @@ int cpu_share(const std::vector<RankCpus>& ranks, int rank);
 std::optional<std::string> host_oversubscription(const std::vector<RankCpus>& ranks,
                                                  const std::string& host, int threads);
 
-// A note when the ranks on `host` may run on fewer of its CPUs than `launcher_cpus`, those the
-// process that started them may use (each rank bound to one core, as mpirun binds 2 ranks or
-// fewer); nullopt otherwise.
+// A note when the ranks on `host`, each on CPUs of its own, may run on fewer of them than
+// `launcher_cpus`, those of the mpirun (or Open MPI daemon) that started them: mpirun binds each
+// of 2 or fewer ranks to a core of its own. Nullopt otherwise, and where ranks share CPUs (a
+// restriction such as --cpu-set, placed on purpose).
 std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
                                          const std::string& host,
                                          const std::vector<int>& launcher_cpus);
@@ -49,9 +50,8 @@ std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
 std::optional<int> omp_num_threads(const char* value);
 
 // Sets this rank's OpenMP threads to its share, unless OMP_NUM_THREADS sets a count; then the
-// lowest rank of each host prints host_oversubscription's warning, if any; and host_underuse's
-// note against its parent process's CPUs. Does nothing when OMP_PLACES or OMP_PROC_BIND is set:
-// the user places the threads.
+// lowest rank of each host prints host_oversubscription's warning, if any. Under mpirun that
+// rank also prints host_underuse's note against mpirun's CPUs.
 void set_cpu_threads(const dist::World& world);
 
 }  // namespace mantissa::launcher

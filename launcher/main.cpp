@@ -65,8 +65,8 @@ deploy/mantissa-mpirun, which turns Ctrl-C into SIGUSR1.
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: the rank's share of the CPUs it may
                             run on, divided among the ranks of its host that may run there
-                            too, unless OMP_PLACES or OMP_PROC_BIND is set; a value past that
-                            share is kept, with a warning)
+                            too (with OMP_PLACES or OMP_PROC_BIND, the CPUs of its places); a
+                            value past that share is kept, with a warning)
   MANTISSA_CPU_BF16_GEMM=0  GEMMs with BF16 or FP8 operands run the AVX2/FMA kernel in FP32,
                             as on CPUs without AVX512-BF16, instead of the native kernel, which
                             reads BF16 values and sums below 2^-126 as zero: results then do
@@ -94,9 +94,10 @@ exit codes:
      or read)
   2  bad command line or config, including data files and devices it names, a checkpoint in
      run.dir that does not fit it (another model), and files or directories it may not
-     access (permissions, a read-only file system); nothing trained, except where a token
-     shard holds a token past the vocabulary (the batch reading it stops the run) or a path
-     becomes inaccessible during the run
+     access or create (permissions, a read-only file system, a file in the way: run.dir and
+     its checkpoints included, on whichever rank it happens); nothing trained, except where a
+     token shard holds a token past the vocabulary (the batch reading it stops the run) or a
+     path becomes inaccessible during the run
   3  a peer rank stopped answering within dist.timeout_s
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row

@@ -55,7 +55,8 @@ TEST(HostOversubscription, WarnsWhenAGroupRunsMoreThreadsThanItsCpus) {
   EXPECT_FALSE(host_oversubscription(unbound, "a", 1));
   const std::optional<std::string> warning = host_oversubscription(unbound, "a", 2);
   ASSERT_TRUE(warning);
-  EXPECT_NE(warning->find("host a: 2 ranks run 2 threads each on the 2 CPUs"), std::string::npos)
+  EXPECT_NE(warning->find("host a: its 2 ranks run 2 threads each on the 2 CPUs they may use"),
+            std::string::npos)
       << *warning;
   // Bound to one core each, two threads per rank take turns although the host has two CPUs.
   const std::vector<RankCpus> bound = {{"a", {0}}, {"a", {1}}, {"b", range(0, 8)}};
@@ -70,16 +71,22 @@ TEST(HostOversubscription, WarnsWhenAGroupRunsMoreThreadsThanItsCpus) {
   EXPECT_NE(crowded_warning->find("(1 thread here)"), std::string::npos) << *crowded_warning;
 }
 
-TEST(HostUnderuse, NotesRanksBoundToFewerCpusThanTheirLauncherHas) {
+TEST(HostUnderuse, NotesRanksBoundApartToFewerCpusThanMpirunHas) {
   const std::vector<RankCpus> cores = {{"a", {0}}, {"a", {1}}, {"b", {0}}};
   const std::optional<std::string> note = host_underuse(cores, "a", range(0, 16));
   ASSERT_TRUE(note);
-  EXPECT_NE(note->find("host a: its 2 ranks may run on 2 of the 16 CPUs"), std::string::npos)
+  EXPECT_NE(note->find("host a: its 2 ranks may run on 2 of the 16 CPUs mpirun may use"),
+            std::string::npos)
       << *note;
-  EXPECT_FALSE(host_underuse(cores, "a", range(0, 2))) << "every CPU the launcher has";
+  const std::optional<std::string> one = host_underuse({{"a", {3}}}, "a", range(0, 4));
+  ASSERT_TRUE(one);
+  EXPECT_NE(one->find("host a: its rank may run on 1 of the 4 CPUs"), std::string::npos) << *one;
+  EXPECT_FALSE(host_underuse(cores, "a", range(0, 2))) << "every CPU mpirun has";
   EXPECT_FALSE(host_underuse({{"a", range(0, 16)}}, "a", range(0, 16)));
-  EXPECT_FALSE(host_underuse(cores, "a", {})) << "the launcher's CPUs unknown";
+  EXPECT_FALSE(host_underuse(cores, "a", {})) << "mpirun's CPUs unknown";
   EXPECT_FALSE(host_underuse(cores, "a", range(4, 8))) << "not a subset: no claim";
+  EXPECT_FALSE(host_underuse({{"a", {0}}, {"a", {0}}, {"a", {0}}}, "a", range(0, 2)))
+      << "ranks sharing their CPUs (--cpu-set 0) were placed so on purpose";
 }
 
 TEST(OmpNumThreads, TakesWhatOpenMpTakes) {

@@ -232,20 +232,24 @@ class Training(lu.TempDirTest):
         stderr = train("bound", ranks=1, bind=())
         self.assertIn("CPU (1 thread)", stderr)
         if cpus > 1:
-            self.assertIn(f"its 1 rank may run on 1 of the {cpus} CPUs the process that started "
-                          "them may use", stderr)
+            self.assertIn(f"its rank may run on 1 of the {cpus} CPUs mpirun may use", stderr)
 
         threads = max(2, cpus)
         stderr = train("asked", "-x", f"OMP_NUM_THREADS={threads}")
         self.assertIn(f"CPU ({threads} threads)", stderr)
-        self.assertEqual(stderr.count(f"warning: OMP_NUM_THREADS={threads}: host "), 1, stderr)
-        self.assertIn(f"ranks run {threads} threads each on the {cpus} CPU", stderr)
+        self.assertEqual(stderr.count(f"warning: OMP_NUM_THREADS='{threads}': host "), 1, stderr)
+        self.assertIn(f"its 2 ranks run {threads} threads each on the {cpus} CPU", stderr)
         self.assertIn(f"({share} thread{'s' if share > 1 else ''} here)", stderr)
 
         # A value OpenMP ignores is said to be ignored, and the share taken.
         stderr = train("ignored", "-x", "OMP_NUM_THREADS=all")
         self.assertIn(f"CPU ({share} thread{'s' if share > 1 else ''})", stderr)
         self.assertEqual(stderr.count("OMP_NUM_THREADS='all' is not a thread count"), 1, stderr)
+
+        # Under OpenMP's places the main thread is bound to the first place as the process
+        # starts; a rank still takes the CPUs of all places (1 CPU, read off the main thread).
+        stderr = train("places", "-x", "OMP_PLACES=threads", ranks=1)
+        self.assertIn(f"CPU ({cpus} thread{'s' if cpus > 1 else ''})", stderr)
 
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
