@@ -27,7 +27,8 @@ constexpr const char* kTrainHelp =
 Trains a model as the config describes. The same command runs alone (one rank), under
 `mpirun -np N` or under `srun`: every rank finds its place through MPI and computes on GPU
 number (local rank modulo the visible GPUs) when run.device is CUDA, or AUTO and a GPU is
-visible; on the CPU otherwise.
+visible; on the CPU otherwise. On CPUs start ranks with `mpirun --bind-to none`: mpirun binds
+each of 2 or fewer ranks to one core, and unbound ranks divide the cores between them.
 
 options:
   --config FILE     a TrainConfig in protobuf text format (proto/config.proto; configs/*.pbtxt)
