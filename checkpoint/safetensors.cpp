@@ -2,11 +2,8 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include "core/durable_file.h"
@@ -91,47 +88,33 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   }
   const std::string header = header_json(tensors, metadata);
 
+  // Written under a temporary name, synced, then renamed: `path` is whole or absent. A write
+  // that fails part way leaves no temporary file behind (DurableFile removes it).
   const std::string tmp = path + ".tmp";
-  // A write that fails part way leaves no temporary file behind.
-  struct RemoveUnlessRenamed {
-    const std::string& file;
-    bool renamed = false;
-    ~RemoveUnlessRenamed() {
-      std::error_code ignored;
-      if (!renamed) std::filesystem::remove(file, ignored);
-    }
-  } cleanup{tmp};
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      const int error = errno;
-      core::throw_error_of_kind(core::path_error_kind(error), "safetensors: cannot create '" + tmp +
-                                                                  "': " + std::strerror(error));
-    }
+    core::DurableFile out(tmp);
     const uint64_t n = header.size();
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(reinterpret_cast<const char*>(length), 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
+    out.write(length, 8);
+    out.write(header.data(), header.size());
     std::vector<float> values;
     for (const SafetensorsOutput& t : tensors) {
       values.assign(static_cast<size_t>(numel_of(t.shape)), 0.0f);
       t.fill(values.data());
-      out.write(reinterpret_cast<const char*>(values.data()),
-                static_cast<std::streamsize>(values.size() * sizeof(float)));
+      out.write(values.data(), values.size() * sizeof(float));
     }
-    out.flush();
-    // errno is the failed write(2)'s: nothing since has set it.
-    MANTISSA_REQUIRE(out, kFailure,
-                     "safetensors: cannot write '" << tmp << "': " << std::strerror(errno));
+    out.finish();
   }
-  core::fsync_path(tmp);
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  MANTISSA_REQUIRE(
-      !ec, kFailure,
-      "safetensors: cannot rename '" << tmp << "' to '" << path << "': " << ec.message());
-  cleanup.renamed = true;
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    core::throw_error_of_kind(
+        core::path_error_kind(ec.value()),
+        "safetensors: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  }
   core::fsync_parent_directory(path);
 }
 

@@ -518,7 +518,7 @@ class Training(lu.TempDirTest):
                                         capture_output=True, text=True, timeout=120,
                                         preexec_fn=limit_file_size)
                 self.assertEqual(result.returncode, 1, result.stderr)
-                self.assertIn(f"safetensors: cannot write '{limited}.tmp/model.safetensors.tmp': "
+                self.assertIn(f"cannot write '{limited}.tmp/model.safetensors.tmp': "
                               "File too large", result.stderr)
                 self.assertFalse(os.path.exists(os.path.join(self.dir, family + "_limited")))
                 # A setting that changes no shape but what the weights compute is refused, not
