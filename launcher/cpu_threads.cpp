@@ -42,6 +42,15 @@ std::vector<int> cpus_of_all(const std::vector<RankCpus>& ranks, const std::vect
   return cpus;
 }
 
+// Whether process `pid` is Open MPI's launcher or its daemon, which bind the ranks they start.
+bool is_mpirun(pid_t pid) {
+  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "orted" ||
+         name == "prterun" || name == "prted";
+}
+
 }  // namespace
 
 std::vector<int> ranks_sharing_cpus(const std::vector<RankCpus>& ranks, int rank) {
@@ -136,19 +145,6 @@ std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
          "unless given `--bind-to none`, with which the ranks divide all " +
          std::to_string(launcher_cpus.size());
 }
-
-namespace {
-
-// Whether process `pid` is Open MPI's launcher or its daemon, which bind the ranks they start.
-bool is_mpirun(pid_t pid) {
-  std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
-  std::string name;
-  std::getline(comm, name);
-  return name == "mpirun" || name == "mpiexec" || name == "orterun" || name == "orted" ||
-         name == "prterun" || name == "prted";
-}
-
-}  // namespace
 
 void set_cpu_threads(const dist::World& world) {
   std::vector<RankCpus> ranks;
