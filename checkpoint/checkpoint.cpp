@@ -329,9 +329,7 @@ std::string Checkpointer::save(const CheckpointState& state,
     }
     fs::rename(tmp_dir, final_dir);
     core::fsync_path(options_.dir);
-    write_file_durably(options_.dir + "/latest.tmp", name + "\n");
-    fs::rename(options_.dir + "/latest.tmp", options_.dir + "/" + kLatestName);
-    core::fsync_path(options_.dir);
+    core::write_file_atomically(options_.dir + "/" + kLatestName, name + "\n");
 
     int kept = 0;
     for (int64_t step : list_checkpoints(options_.dir)) {

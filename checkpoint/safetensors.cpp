@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <set>
 
 #include "core/durable_file.h"
@@ -88,11 +87,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   }
   const std::string header = header_json(tensors, metadata);
 
-  // Written under a temporary name, synced, then renamed: `path` is whole or absent. A write
-  // that fails part way leaves no temporary file behind (DurableFile removes it).
-  const std::string tmp = path + ".tmp";
-  {
-    core::DurableFile out(tmp);
+  // `path` is whole or absent; a write that fails part way leaves no temporary file behind.
+  core::write_file_atomically(path, [&](core::DurableFile& out) {
     const uint64_t n = header.size();
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
@@ -104,18 +100,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
       t.fill(values.data());
       out.write(values.data(), values.size() * sizeof(float));
     }
-    out.finish();
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    core::throw_error_of_kind(
-        core::path_error_kind(ec.value()),
-        "safetensors: cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  }
-  core::fsync_parent_directory(path);
+  });
 }
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,

@@ -83,11 +83,12 @@ void fsync_parent_directory(const std::string& path) {
   fsync_path(parent.empty() ? "." : parent);
 }
 
-void write_file_atomically(const std::string& path, std::string_view bytes) {
+void write_file_atomically(const std::string& path,
+                           const std::function<void(DurableFile&)>& write) {
   const std::string temp = path + ".tmp";
   {
     DurableFile file(temp);
-    file.write(bytes.data(), bytes.size());
+    write(file);
     file.finish();
   }
   if (::rename(temp.c_str(), path.c_str()) != 0) {
@@ -96,6 +97,11 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     throw_path_error("cannot rename '" + temp + "' to '" + path + "'", error);
   }
   fsync_parent_directory(path);
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_file_atomically(path,
+                        [bytes](DurableFile& file) { file.write(bytes.data(), bytes.size()); });
 }
 
 }  // namespace mantissa::core

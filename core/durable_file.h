@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -38,10 +39,12 @@ void fsync_path(const std::string& path);
 // it or a file created there.
 void fsync_parent_directory(const std::string& path);
 
-// Replaces `path` with `bytes`: written to `path`.tmp, synced, renamed over `path`, and the
-// directory synced, so that `path` holds either its old or its new content. Throws core::Error
-// naming the file and the reason, of the kind core::path_error_kind gives it (the temporary
-// file removed, `path` untouched).
+// Replaces `path` with what `write` writes into the DurableFile it is given (`path`.tmp): synced,
+// renamed over `path`, and the directory synced, so that `path` holds either its old or its new
+// content. Throws core::Error naming the file and the reason, of the kind core::path_error_kind
+// gives it (the temporary file removed, `path` untouched).
+void write_file_atomically(const std::string& path, const std::function<void(DurableFile&)>& write);
+// The same, for content already in memory.
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
 }  // namespace mantissa::core
