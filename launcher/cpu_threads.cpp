@@ -42,6 +42,15 @@ std::vector<int> cpus_of_all(const std::vector<RankCpus>& ranks, const std::vect
   return cpus;
 }
 
+// The ranks on `host`, in rank order.
+std::vector<int> ranks_on(const std::vector<RankCpus>& ranks, const std::string& host) {
+  std::vector<int> on_host;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (ranks[r].host == host) on_host.push_back(static_cast<int>(r));
+  }
+  return on_host;
+}
+
 // Whether process `pid` is Open MPI's launcher or its daemon, which bind the ranks they start.
 bool is_mpirun(pid_t pid) {
   std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
@@ -74,13 +83,10 @@ int cpu_share(const std::vector<RankCpus>& ranks, int rank) {
 
 std::optional<std::string> host_oversubscription(const std::vector<RankCpus>& ranks,
                                                  const std::string& host, int threads) {
-  std::vector<int> on_host;
+  const std::vector<int> on_host = ranks_on(ranks, host);
   int share = threads;  // the smallest share of a rank on the host
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    if (ranks[r].host != host) continue;
-    on_host.push_back(static_cast<int>(r));
-    if (const int its = cpu_share(ranks, static_cast<int>(r)); its > 0)
-      share = std::min(share, its);
+  for (const int r : on_host) {
+    if (const int its = cpu_share(ranks, r); its > 0) share = std::min(share, its);
   }
   // One thread per rank is as few as there can be: more ranks than CPUs is the launch's choice.
   if (share >= threads) return std::nullopt;
@@ -120,10 +126,7 @@ std::optional<int> omp_num_threads(const char* value) {
 std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
                                          const std::string& host,
                                          const std::vector<int>& launcher_cpus) {
-  std::vector<int> on_host;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    if (ranks[r].host == host) on_host.push_back(static_cast<int>(r));
-  }
+  const std::vector<int> on_host = ranks_on(ranks, host);
   // Bound apart: no two ranks share a CPU (ranks restricted together, by --cpu-set say, were
   // placed so on purpose).
   for (const int r : on_host) {
@@ -151,9 +154,7 @@ void set_cpu_threads(const dist::World& world) {
   for (int r = 0; r < world.size(); ++r) ranks.push_back({world.host_of(r), world.cpus_of(r)});
   const char* asked = std::getenv("OMP_NUM_THREADS");
   const std::string& host = world.host_of(world.rank());
-  bool speaks_for_host = true;  // the lowest rank on its host
-  for (int r = 0; r < world.rank(); ++r)
-    speaks_for_host = speaks_for_host && world.host_of(r) != host;
+  const bool speaks_for_host = ranks_on(ranks, host).front() == world.rank();  // the lowest
   if (speaks_for_host && is_mpirun(getppid())) {
     const std::optional<std::string> note =
         host_underuse(ranks, host, core::cpu_list(core::cpu_affinity_mask(getppid())));
