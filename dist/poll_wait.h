@@ -19,22 +19,31 @@ inline constexpr std::chrono::milliseconds kSpin{20};
 // As short as a sleep usefully is (the kernel's default timer slack is 50 us).
 inline constexpr std::chrono::microseconds kPollInterval{100};
 
-// Calls done() until it returns true. Past timeout_s, calls timed_out(seconds waited), which
-// must not return.
-template <class Done, class TimedOut>
-void poll_until(Done done, double timeout_s, TimedOut timed_out) {
+// Calls done() until it returns true, or until timeout_s have passed; whether done() did.
+template <class Done>
+bool poll_for(Done done, double timeout_s) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration<double>(timeout_s);
   while (!done()) {
     const auto now = Clock::now();
-    if (now > deadline) timed_out(std::chrono::duration<double>(now - start).count());
+    if (now > deadline) return false;
     if (now - start < kSpin) {
       std::this_thread::yield();
     } else {
       std::this_thread::sleep_for(kPollInterval);
     }
   }
+  return true;
+}
+
+// Calls done() until it returns true. Past timeout_s, calls timed_out(seconds waited), which
+// must not return.
+template <class Done, class TimedOut>
+void poll_until(Done done, double timeout_s, TimedOut timed_out) {
+  const auto start = std::chrono::steady_clock::now();
+  if (poll_for(done, timeout_s)) return;
+  timed_out(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
 }  // namespace mantissa::dist

@@ -9,7 +9,6 @@
 #include <exception>
 #include <span>
 #include <sstream>
-#include <thread>
 
 #include "core/error.h"
 #include "core/ops/cuda/cuda_backend.h"
@@ -89,18 +88,30 @@ class NcclComm {
     }
     // On a non-blocking communicator ncclCommFinalize answers ncclInProgress while it flushes
     // outstanding work; ncclCommGetAsyncError reports ncclSuccess once it is done.
-    const ncclResult_t finalize = ncclCommFinalize(comm_);
-    ncclResult_t state = finalize;
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    while (state == ncclInProgress && Clock::now() < deadline) {
-      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
-      std::this_thread::yield();
-    }
+    ncclResult_t state = ncclCommFinalize(comm_);
+    const bool settled = poll_for(
+        [&] {
+          if (state == ncclInProgress && ncclCommGetAsyncError(comm_, &state) != ncclSuccess) {
+            state = ncclInternalError;
+          }
+          return state != ncclInProgress;
+        },
+        timeout_s_);
     if (state == ncclSuccess) {
       ncclCommDestroy(comm_);
-    } else {
-      ncclCommAbort(comm_);
+      return;
     }
+    if (settled) {
+      std::fprintf(stderr,
+                   "mantissa: rank %d: closing an NCCL communicator failed (%s); aborted it\n",
+                   rank(), ncclGetErrorString(state));
+    } else {
+      std::fprintf(stderr,
+                   "mantissa: rank %d: closing an NCCL communicator took over %g s "
+                   "(dist.timeout_s); aborted it\n",
+                   rank(), timeout_s_);
+    }
+    ncclCommAbort(comm_);
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -137,27 +148,46 @@ class NcclComm {
                           << ncclGetErrorString(state) << " (" << detail << ")");
   }
 
+  // The job's on_timeout comes first: it names the silent ranks and ends the job, and
+  // ncclCommAbort can itself hang while another communicator's kernels wait for a lost peer.
   [[noreturn]] void timed_out(const std::string& what, double waited_s) {
-    abort();
     if (job_->on_timeout) job_->on_timeout("NCCL " + what, waited_s);
+    abort();
     MANTISSA_FAIL("NCCL " << what << " on rank " << rank() << " did not complete within "
                           << waited_s << " s");
   }
 
-  static double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-  }
-
   // Ends the communicator after a failure; nothing it has in flight is waited for.
   void abort() {
-    if (comm_ != nullptr) ncclCommAbort(comm_);
+    if (comm_ == nullptr) return;
+    ncclCommAbort(comm_);
     comm_ = nullptr;
+    aborted_at_ = Clock::now();
+  }
+
+  // After abort(): waits for `stream` (the communicator's) to drain, so that the buffers of a
+  // collective in flight go back only once nothing uses them. ncclCommAbort ends the
+  // collectives, so it drains soon; all requests together wait at most timeout_s from the
+  // abort, then the buffers go back regardless (the job is failing), said once.
+  void drain(cudaStream_t stream) {
+    const double left =
+        timeout_s_ - std::chrono::duration<double>(Clock::now() - aborted_at_).count();
+    if (poll_for([&] { return cudaStreamQuery(stream) != cudaErrorNotReady; }, left)) return;
+    if (!drain_timed_out_) {
+      std::fprintf(stderr,
+                   "mantissa: rank %d: the NCCL stream still ran %g s after its communicator "
+                   "was aborted; the buffers of its collectives are released regardless\n",
+                   rank(), timeout_s_);
+    }
+    drain_timed_out_ = true;
   }
 
  private:
   std::shared_ptr<const NcclJob> job_;
   double timeout_s_;
   ncclComm_t comm_ = nullptr;
+  Clock::time_point aborted_at_;
+  bool drain_timed_out_ = false;
 };
 
 // Complete when the event recorded after the operation on the communicator's stream has
@@ -170,19 +200,15 @@ class NcclRequest final : public Request {
   // GPU is using: wait for it, and end the job rather than throw from a destructor.
   ~NcclRequest() override {
     if (done_) return;
+    // Its done event was never recorded: enqueueing the collective failed part way (an NCCL
+    // call, a group's end, the event record threw), and an unrecorded event counts as fired
+    // while what was enqueued may still run. Nothing can wait for that: abort.
+    if (!recorded_) comm_.abort();
     if (comm_.aborted()) {
       // The failure that aborted the communicator is being reported already (the exception
       // unwinding through here, or the job's on_timeout): wait() would throw "was aborted"
-      // and end the process under that message instead, hiding the cause. ncclCommAbort ends
-      // the operations in flight, so the communicator's stream drains soon; the buffers go
-      // back when it has, or after the timeout regardless, the job failing. (The stream, not
-      // the done event: a failure between enqueueing and recording leaves an event that was
-      // never recorded, which counts as fired while the collective may still run.)
-      const auto start = Clock::now();
-      while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
-             NcclComm::seconds_since(start) < timeout_s_) {
-        std::this_thread::yield();
-      }
+      // and end the process under that message instead, hiding the cause.
+      comm_.drain(stream_);
       return;
     }
     try {
@@ -192,7 +218,11 @@ class NcclRequest final : public Request {
     }
   }
 
-  cudaEvent_t event() const { return done_event_.get(); }
+  // After the collective is enqueued on the communicator's stream.
+  void record_done() {
+    MANTISSA_CUDA_CHECK(cudaEventRecord(done_event_.get(), stream_));
+    recorded_ = true;
+  }
   const std::string& what() const { return what_; }
 
  protected:
@@ -203,7 +233,13 @@ class NcclRequest final : public Request {
     comm_.check_async(state, what_);
     const cudaError_t query = cudaEventQuery(done_event_.get());
     if (query == cudaErrorNotReady) return false;
-    MANTISSA_CUDA_CHECK(query);
+    if (query != cudaSuccess) {
+      // A kernel failed (on any stream: CUDA's errors are sticky). The peers must not wait
+      // out the timeout for this rank's part: abort.
+      comm_.abort();
+      MANTISSA_FAIL("NCCL " << what_ << " on rank " << comm_.rank()
+                            << ": CUDA error: " << cudaGetErrorString(query));
+    }
     done_ = true;
     return true;
   }
@@ -219,6 +255,7 @@ class NcclRequest final : public Request {
   double timeout_s_;
   std::string what_;
   core::CudaEvent done_event_{cudaEventDisableTiming};
+  bool recorded_ = false;
   bool done_ = false;
 };
 
@@ -409,7 +446,7 @@ class NcclCommunicator final : public Communicator {
 
   RequestPtr end(std::unique_ptr<NcclRequest> request) {
     comm_->wait_ready(request->what());
-    MANTISSA_CUDA_CHECK(cudaEventRecord(request->event(), stream_.get()));
+    request->record_done();
     return request;
   }
 
@@ -432,9 +469,10 @@ class NcclCommunicator final : public Communicator {
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
 
+    // A failed ncclGroupEnd aborts the communicator too (check_async), for the same reason.
     void end(const char* op) {
       open_ = false;
-      MANTISSA_NCCL_CHECK(ncclGroupEnd(), owner_.comm_->get(), owner_.rank());
+      owner_.comm_->check_async(ncclGroupEnd(), std::string("ncclGroupEnd of ") + op);
       owner_.comm_->wait_ready(op);
     }
 

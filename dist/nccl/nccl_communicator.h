@@ -3,9 +3,9 @@
 // Built when the build has CUDA and NCCL (which comes with the toolkit); elsewhere
 // make_nccl_communicator() throws. Fault tolerance follows NCCL's own recipe: communicators
 // are created non-blocking (ncclConfig_t.blocking = 0), so no NCCL call can hang the host;
-// every wait polls the completion event and ncclCommGetAsyncError against the timeout, and a
-// timeout or an asynchronous error aborts the communicator (ncclCommAbort) before the job
-// ends.
+// every wait polls the completion event and ncclCommGetAsyncError against the timeout. An
+// asynchronous error, a CUDA error or a collective that failed to enqueue aborts the
+// communicator (ncclCommAbort); a timeout ends the job through the NcclJob first, else aborts.
 //
 // The communicator needs no MPI itself: how rank 0's ncclUniqueId reaches the other ranks,
 // and how a timeout ends the job, come from the NcclJob it is given (an MPI broadcast and
@@ -35,8 +35,8 @@ struct NcclJob {
   // Makes `bytes` on every rank equal to rank 0's (the ncclUniqueId). Called only when
   // size > 1; collective.
   std::function<void(std::span<std::byte> bytes)> broadcast_from_rank0;
-  // A wait ran past the timeout (the communicator is aborted already). World's version names
-  // the unresponsive ranks and ends the job; when it is empty or returns, the wait throws
+  // A wait ran past the timeout. World's version names the unresponsive ranks and ends the
+  // job; when it is empty or returns, the communicator is aborted and the wait throws
   // core::Error instead.
   std::function<void(const std::string& what, double waited_s)> on_timeout;
   // Ends the job where nothing may throw (a destructor). When empty: the message goes to

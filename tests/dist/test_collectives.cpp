@@ -22,6 +22,7 @@
 #include "core/ops/cpu/cpu_convert.h"
 #include "dist/communicator.h"
 #include "dist/mpi/mpi_communicator.h"
+#include "dist/poll_wait.h"
 #include "dist/world.h"
 #include "tests/dist/dist_test.h"
 
@@ -381,6 +382,29 @@ TEST(Wait, ForALateRankSleepsInsteadOfSpinning) {
   ASSERT_GT(wall_s, 0.5) << "the barrier did not wait for the late rank";
   EXPECT_LT(cpu_s, 0.25 * wall_s) << "rank " << comm->rank() << " used " << cpu_s
                                   << " s of CPU in a wait of " << wall_s << " s";
+}
+
+// A wait that gives up (draining an aborted NCCL communicator's stream) does so at its
+// deadline, sleeping through it as a long wait does.
+TEST(Wait, GivesUpAtItsDeadlineWithoutSpinning) {
+  timespec cpu_before{}, cpu_after{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_before);
+  const auto wall_before = std::chrono::steady_clock::now();
+  int polls = 0;
+  EXPECT_FALSE(poll_for([&] { return ++polls < 0; }, 0.5));
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_before).count();
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu_after);
+  const double cpu_s = static_cast<double>(cpu_after.tv_sec - cpu_before.tv_sec) +
+                       1e-9 * static_cast<double>(cpu_after.tv_nsec - cpu_before.tv_nsec);
+  EXPECT_GE(wall_s, 0.5);
+  EXPECT_LT(cpu_s, 0.25 * wall_s) << cpu_s << " s of CPU in a wait of " << wall_s << " s";
+  EXPECT_GT(polls, 1);
+
+  polls = 0;
+  EXPECT_TRUE(poll_for([&] { return ++polls == 3; }, 10.0));
+  EXPECT_EQ(polls, 3);
+  EXPECT_FALSE(poll_for([] { return false; }, -1.0)) << "a deadline already past";
 }
 
 // Every rank knows every rank's host (here all on this one machine); a timeout names the
