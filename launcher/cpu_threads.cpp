@@ -60,6 +60,13 @@ bool is_mpirun(pid_t pid) {
          name == "prterun" || name == "prted";
 }
 
+// Whether the ranks' CPUs were chosen by `mpirun --cpu-set` (Open MPI passes the set to every
+// rank in this variable), not left to mpirun's default binding.
+bool cpu_set_chosen() {
+  const char* set = std::getenv("OMPI_MCA_hwloc_base_cpu_set");
+  return set != nullptr && *set != '\0';
+}
+
 }  // namespace
 
 std::vector<int> ranks_sharing_cpus(const std::vector<RankCpus>& ranks, int rank) {
@@ -155,7 +162,7 @@ void set_cpu_threads(const dist::World& world) {
   const char* asked = std::getenv("OMP_NUM_THREADS");
   const std::string& host = world.host_of(world.rank());
   const bool speaks_for_host = ranks_on(ranks, host).front() == world.rank();  // the lowest
-  if (speaks_for_host && is_mpirun(getppid())) {
+  if (speaks_for_host && is_mpirun(getppid()) && !cpu_set_chosen()) {
     const std::optional<std::string> note =
         host_underuse(ranks, host, core::cpu_list(core::cpu_affinity_mask(getppid())));
     if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());

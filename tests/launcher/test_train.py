@@ -233,6 +233,10 @@ class Training(lu.TempDirTest):
         self.assertIn("CPU (1 thread)", stderr)
         if cpus > 1:
             self.assertIn(f"its rank may run on 1 of the {cpus} CPUs mpirun may use", stderr)
+            # Unless the CPU was chosen with --cpu-set.
+            stderr = train("chosen", "--cpu-set", "0", ranks=1, bind=())
+            self.assertIn("CPU (1 thread)", stderr)
+            self.assertNotIn("note: host", stderr)
 
         threads = max(2, cpus)
         stderr = train("asked", "-x", f"OMP_NUM_THREADS={threads}")
