@@ -37,6 +37,11 @@ bool is_shard_name(const std::string& name) {
   return (train || val) && name.ends_with(".bin");
 }
 
+// The files an encode writes: shards and the tokenizer beside them.
+bool is_output_name(const std::string& name) {
+  return is_shard_name(name) || name == train::kShardsTokenizerFile;
+}
+
 void rename_into_place(const std::string& from, const std::string& to) {
   MANTISSA_REQUIRE(::rename(from.c_str(), to.c_str()) == 0, kFailure,
                    "cannot rename '" << from << "' to '" << to << "': " << errno_text());
@@ -133,7 +138,7 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   std::vector<std::string> held;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (is_shard_name(name) || name == train::kShardsTokenizerFile) held.push_back(name);
+    if (is_output_name(name)) held.push_back(name);
   }
   if (ec) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
@@ -188,13 +193,19 @@ void StagedOutput::commit() {
     for (const std::string& name : staged_) {
       rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
     }
+    // What is left of an earlier set: its shards, and the staged files of an encode killed
+    // before its commit (this one's are all in place by now).
     std::error_code ec;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
       const std::string name = entry.path().filename().string();
-      if (is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end()) {
+      const bool old_shard =
+          is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end();
+      const bool left_staged =
+          name.ends_with(kTempSuffix) && is_output_name(name.substr(0, name.rfind(kTempSuffix)));
+      if (old_shard || left_staged) {
         MANTISSA_REQUIRE(
             ::unlink(entry.path().c_str()) == 0, kFailure,
-            "cannot remove the old shard '" << entry.path().string() << "': " << errno_text());
+            "cannot remove the old file '" << entry.path().string() << "': " << errno_text());
       }
     }
     MANTISSA_REQUIRE(!ec, kFailure,

@@ -320,7 +320,12 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         tokenizer = self.train_tokenizer([LICENCE], 600)
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
         self.assertGreater(len(self.shards(out_dir, "train")), 2)
+        # What an encode killed before its commit leaves goes too; a user's own file stays.
+        for name in ("train_000007.bin.tmp", "tokenizer.model.tmp", "notes.tmp"):
+            with open(os.path.join(out_dir, name), "wb") as f:
+                f.write(b"x")
         self.encode(tokenizer, [LICENCE], "shards", "--force")
+        os.remove(os.path.join(out_dir, "notes.tmp"))
         self.assertEqual(sorted(os.listdir(out_dir)),
                          ["tokenizer.model", "train_000000.bin", "val_000000.bin"])
         self.train_tokenizer([LICENCE], 700, "tok.model", "--force")
