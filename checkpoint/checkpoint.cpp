@@ -137,6 +137,10 @@ std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& param
   return layout;
 }
 
+BufferSlice whole_masters(train::ParameterStore& params) {
+  return {kMastersBuffer, params.flat_numel(), 0, params.masters()};
+}
+
 Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group, core::Backend& backend)
     : Checkpointer(std::move(options), std::move(group)) {
   backend_ = &backend;

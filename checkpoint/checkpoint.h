@@ -54,7 +54,7 @@
 //                     backend);
 //   N = params.flat_numel(); [b, e) = this rank's shard
 //   std::vector<BufferSlice> slices = {
-//       {"masters", N, b, params.masters()},   // b == params.masters_begin()
+//       {kMastersBuffer, N, b, params.masters()},   // b == params.masters_begin()
 //       {"adam_m", N, b, adamw.first_moment()},
 //       {"adam_v", N, b, adamw.second_moment()}};
 //   // save, every `every_steps` and at a preemption stop:
@@ -102,6 +102,10 @@ struct ParameterLayout {
 
 std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params);
 
+// The buffer of the parameters' FP32 masters, laid out as parameter_layout says; the others a
+// run saves are the optimizer's (the Trainer's).
+inline constexpr const char* kMastersBuffer = "masters";
+
 // Everything but the tensors.
 struct CheckpointState {
   int64_t step = 0;             // optimizer steps completed: the resumed run runs this step next
@@ -117,7 +121,7 @@ struct CheckpointState {
   std::string config_text;        // the effective TrainConfig, protobuf text format
   std::string written_by;         // the build that saved it, "mantissa 0.2.0 (commit ...)"
   double saved_unix_time = 0;     // when its save began; 0: unknown (an older checkpoint)
-  // Layout of the "masters" buffer; save() stores it and load_latest() compares it.
+  // Layout of kMastersBuffer; save() stores it and load_latest() compares it.
   std::vector<ParameterLayout> parameters;
 
   bool operator==(const CheckpointState&) const = default;
@@ -131,6 +135,9 @@ struct BufferSlice {
   int64_t begin = 0;
   core::Tensor data;  // contiguous, any dtype, on the host or the backend's device
 };
+
+// All of `params`' masters as one slice, to load the weights alone (export, sample).
+BufferSlice whole_masters(train::ParameterStore& params);
 
 // An intact checkpoint whose parameter layout is not the model's (another model config). It
 // carries the config the checkpoint recorded (empty on the ranks that only learnt of it from

@@ -269,7 +269,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
       next += e->byte_length();
     }
   }
-  if (auto masters = by_buffer.find("masters"); masters != by_buffer.end()) {
+  if (auto masters = by_buffer.find(kMastersBuffer); masters != by_buffer.end()) {
     const int64_t n = masters->second[0].shape(0);
     for (const ParameterLayout& l : s.parameters)
       CHECK_INTACT(l.offset <= n - l.shape.numel(),

@@ -90,7 +90,7 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   const std::optional<checkpoint::CheckpointState> state = [&] {
     try {
       return checkpointer.load_latest(checkpoint::parameter_layout(params),
-                                      {{"masters", params.flat_numel(), 0, params.masters()}});
+                                      {checkpoint::whole_masters(params)});
     } catch (const checkpoint::CheckpointMisfit& e) {
       throw core::ConfigError(e.what() + model_change_note(e.config_text(), config) +
                               " (export with the model config it was trained with)");

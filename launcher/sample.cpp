@@ -132,8 +132,7 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const Train
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir.string(), 0},
                                         checkpoint::CheckpointGroup{}, backend);
   const std::vector<checkpoint::ParameterLayout> layout = checkpoint::parameter_layout(params);
-  const std::vector<checkpoint::BufferSlice> slices = {
-      {"masters", params.flat_numel(), 0, params.masters()}};
+  const std::vector<checkpoint::BufferSlice> slices = {checkpoint::whole_masters(params)};
   std::optional<checkpoint::CheckpointState> state;
   try {
     state = args.step ? checkpointer.load_step(*args.step, layout, slices)
