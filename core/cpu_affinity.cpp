@@ -1,29 +1,38 @@
 #include "core/cpu_affinity.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <memory>
 
 namespace mantissa::core {
 
-cpu_set_t cpu_affinity_mask(pid_t pid) {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (sched_getaffinity(pid, sizeof mask, &mask) != 0) CPU_ZERO(&mask);
-  return mask;
-}
-
-std::vector<int> cpu_list(const cpu_set_t& mask) {
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &mask)) cpus.push_back(cpu);
+std::vector<int> affinity_cpus(pid_t pid) {
+  // The kernel refuses (EINVAL) a mask smaller than its own CPU count: double until it fits.
+  for (int cpus = CPU_SETSIZE; cpus <= (1 << 22); cpus *= 2) {
+    const std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> mask(CPU_ALLOC(cpus),
+                                                                [](cpu_set_t* m) { CPU_FREE(m); });
+    if (!mask) return {};
+    const size_t bytes = CPU_ALLOC_SIZE(cpus);
+    CPU_ZERO_S(bytes, mask.get());
+    if (sched_getaffinity(pid, bytes, mask.get()) != 0) {
+      if (errno == EINVAL) continue;
+      return {};
+    }
+    std::vector<int> list;
+    for (int cpu = 0; cpu < cpus; ++cpu) {
+      if (CPU_ISSET_S(cpu, bytes, mask.get())) list.push_back(cpu);
+    }
+    return list;
   }
-  return cpus;
+  return {};
 }
 
 std::vector<int> process_cpus() {
   if (omp_get_proc_bind() == omp_proc_bind_false || omp_get_num_places() == 0) {
-    return cpu_list(cpu_affinity_mask(0));
+    return affinity_cpus(0);
   }
   std::vector<int> cpus;
   for (int place = 0; place < omp_get_num_places(); ++place) {

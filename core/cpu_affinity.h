@@ -1,20 +1,16 @@
-// The CPUs a process may run on (sched_getaffinity), as a mask and as a list. A mask that
-// cannot be read (no such process; a machine of more than CPU_SETSIZE = 1024 CPUs, whose kernel
-// mask does not fit one) is empty.
+// The CPUs a process may run on (sched_getaffinity), read with a mask as large as the
+// kernel's, so that machines of more than CPU_SETSIZE (1024) CPUs are read whole.
 #pragma once
 
-#include <sched.h>
 #include <sys/types.h>
 
 #include <vector>
 
 namespace mantissa::core {
 
-// `pid` 0: this thread.
-cpu_set_t cpu_affinity_mask(pid_t pid);
-
-// The CPUs in `mask`, in increasing order.
-std::vector<int> cpu_list(const cpu_set_t& mask);
+// The CPUs process `pid` (0: this thread) may run on, in increasing order; empty when they
+// cannot be read (no such process).
+std::vector<int> affinity_cpus(pid_t pid);
 
 // The CPUs this process may run its threads on, in increasing order: its affinity, or, where
 // OpenMP binds threads to places (OMP_PLACES, OMP_PROC_BIND), the CPUs of all its places, since

@@ -98,17 +98,19 @@ World::World(int* argc, char*** argv) {
     const char* slot = names.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(slot, strnlen(slot, MPI_MAX_PROCESSOR_NAME));
   }
-  // Every rank's CPUs, as a mask of CPU_SETSIZE (1024) CPUs: empty on a machine of more, where
-  // nothing is divided.
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  for (const int cpu : core::process_cpus()) {
-    if (cpu < CPU_SETSIZE) CPU_SET(cpu, &mine);
-  }
-  std::vector<cpu_set_t> masks(static_cast<size_t>(size_));
-  MANTISSA_MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, masks.data(), sizeof mine,
-                                   MPI_BYTE, MPI_COMM_WORLD));
-  for (const cpu_set_t& mask : masks) cpus_.push_back(core::cpu_list(mask));
+  // Every rank's CPUs: their counts, then the lists.
+  const std::vector<int> mine = core::process_cpus();
+  const int my_count = static_cast<int>(mine.size());
+  std::vector<int> counts(static_cast<size_t>(size_));
+  MANTISSA_MPI_CHECK(
+      MPI_Allgather(&my_count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD));
+  std::vector<int> offsets(static_cast<size_t>(size_) + 1, 0);
+  for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + counts[r];
+  std::vector<int> all(static_cast<size_t>(offsets.back()));
+  MANTISSA_MPI_CHECK(MPI_Allgatherv(mine.data(), my_count, MPI_INT, all.data(), counts.data(),
+                                    offsets.data(), MPI_INT, MPI_COMM_WORLD));
+  for (int r = 0; r < size_; ++r)
+    cpus_.emplace_back(all.begin() + offsets[r], all.begin() + offsets[r + 1]);
   probe_ = std::make_unique<Probe>();
 }
 

@@ -164,7 +164,7 @@ void set_cpu_threads(const dist::World& world) {
   const bool speaks_for_host = ranks_on(ranks, host).front() == world.rank();  // the lowest
   if (speaks_for_host && is_mpirun(getppid()) && !cpu_set_chosen()) {
     const std::optional<std::string> note =
-        host_underuse(ranks, host, core::cpu_list(core::cpu_affinity_mask(getppid())));
+        host_underuse(ranks, host, core::affinity_cpus(getppid()));
     if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());
   }
 

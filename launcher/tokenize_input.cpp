@@ -62,8 +62,7 @@ MappedText::~MappedText() {
 }
 
 int usable_cores() {
-  const cpu_set_t mask = core::cpu_affinity_mask(0);
-  return std::max(1, CPU_COUNT(&mask));
+  return std::max(1, static_cast<int>(core::affinity_cpus(0).size()));
 }
 
 std::string format_bytes(double bytes) {

@@ -1,9 +1,14 @@
 // Ranks sharing CPUs divide them (launcher/cpu_threads.h): unbound, bound to cores, bound to
 // sockets, several hosts, unknown affinity; and when a thread count oversubscribes a host.
+// Also how a process's CPUs are read (core/cpu_affinity.h).
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <climits>
 #include <numeric>
 
+#include "core/cpu_affinity.h"
 #include "launcher/cpu_threads.h"
 
 namespace mantissa::launcher {
@@ -87,6 +92,25 @@ TEST(HostUnderuse, NotesRanksBoundApartToFewerCpusThanMpirunHas) {
   EXPECT_FALSE(host_underuse(cores, "a", range(4, 8))) << "not a subset: no claim";
   EXPECT_FALSE(host_underuse({{"a", {0}}, {"a", {0}}, {"a", {0}}}, "a", range(0, 2)))
       << "ranks sharing their CPUs (--cpu-set 0) were placed so on purpose";
+}
+
+// What sched_getaffinity says, read back after this thread is restricted to one CPU.
+TEST(AffinityCpus, ReadsTheKernelsMask) {
+  const std::vector<int> all = core::affinity_cpus(0);
+  ASSERT_FALSE(all.empty());
+  EXPECT_TRUE(std::is_sorted(all.begin(), all.end()));
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(all.back(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const std::vector<int> restricted = core::affinity_cpus(0);
+  cpu_set_t restore;
+  CPU_ZERO(&restore);
+  for (const int cpu : all) CPU_SET(cpu, &restore);
+  ASSERT_EQ(sched_setaffinity(0, sizeof restore, &restore), 0);
+  EXPECT_EQ(restricted, std::vector<int>{all.back()});
+  EXPECT_EQ(core::affinity_cpus(0), all);
+  EXPECT_TRUE(core::affinity_cpus(INT_MAX).empty()) << "no such process";
 }
 
 TEST(OmpNumThreads, TakesWhatOpenMpTakes) {
