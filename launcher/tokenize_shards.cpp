@@ -24,7 +24,15 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "llm.c shards are little-endian, written here as they lie in memory");
 
+// A file is written under a hidden name (".train_000000.bin.tmp") until commit() renames it:
+// glob(3), which reads the training config's pattern, matches a leading '.' only when the
+// pattern spells it, so no pattern ("DIR/train_*", "DIR/*") picks up a staged shard, which an
+// encode killed before its commit leaves.
 constexpr const char* kTempSuffix = ".tmp";
+
+std::string staged_name(const std::string& name) {
+  return "." + name + kTempSuffix;
+}
 
 std::string errno_text() {
   return std::strerror(errno);
@@ -154,7 +162,7 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
 
 StagedOutput::~StagedOutput() {
   if (committed_) return;
-  for (const std::string& name : staged_) ::unlink((dir_ + "/" + name + kTempSuffix).c_str());
+  for (const std::string& name : staged_) ::unlink((dir_ + "/" + staged_name(name)).c_str());
   // rmdir removes only empty directories: whatever else appeared there stays.
   for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
 }
@@ -168,7 +176,7 @@ void StagedOutput::write_shard(const std::string& name, const train::TokenSegmen
   header[1] = wide ? train::kLlama3ShardVersion : train::kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   staged_.push_back(name);
-  core::DurableFile file(dir_ + "/" + name + kTempSuffix);
+  core::DurableFile file(dir_ + "/" + staged_name(name));
   file.write(header, sizeof header);
   file.write(tokens.data(), static_cast<size_t>(tokens.size() * tokens.token_bytes()));
   file.finish();
@@ -176,7 +184,7 @@ void StagedOutput::write_shard(const std::string& name, const train::TokenSegmen
 
 void StagedOutput::write_file(const std::string& name, std::string_view bytes) {
   staged_.push_back(name);
-  core::DurableFile file(dir_ + "/" + name + kTempSuffix);
+  core::DurableFile file(dir_ + "/" + staged_name(name));
   file.write(bytes.data(), bytes.size());
   file.finish();
 }
@@ -191,17 +199,20 @@ void StagedOutput::commit() {
                               "directory; if it stopped, encode again with --force\n");
   try {
     for (const std::string& name : staged_) {
-      rename_into_place(dir_ + "/" + name + kTempSuffix, dir_ + "/" + name);
+      rename_into_place(dir_ + "/" + staged_name(name), dir_ + "/" + name);
     }
     // What is left of an earlier set: its shards, and the staged files of an encode killed
-    // before its commit (this one's are all in place by now).
+    // before its commit (this one's are all in place by now; earlier versions staged them
+    // without the leading '.').
     std::error_code ec;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
       const std::string name = entry.path().filename().string();
       const bool old_shard =
           is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end();
+      const size_t dot = name.starts_with('.') ? 1 : 0;
       const bool left_staged =
-          name.ends_with(kTempSuffix) && is_output_name(name.substr(0, name.rfind(kTempSuffix)));
+          name.ends_with(kTempSuffix) &&
+          is_output_name(name.substr(dot, name.size() - dot - std::strlen(kTempSuffix)));
       if (old_shard || left_staged) {
         MANTISSA_REQUIRE(
             ::unlink(entry.path().c_str()) == 0, kFailure,

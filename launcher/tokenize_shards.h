@@ -70,7 +70,8 @@ class StagedOutput {
   StagedOutput& operator=(const StagedOutput&) = delete;
 
   const std::string& dir() const { return dir_; }
-  // Writes the shard `name` (in dir) under its temporary name: a GPT-2 shard for 2-byte tokens,
+  // Writes the shard `name` (in dir) under its hidden temporary name (".<name>.tmp", which no
+  // glob without a leading '.' matches): a GPT-2 shard for 2-byte tokens,
   // a Llama-3 shard for 4-byte ones. Throws core::Error naming the file when it cannot be
   // written.
   void write_shard(const std::string& name, const train::TokenSegment& tokens);

@@ -1,6 +1,7 @@
 // The pieces of `mantissa tokenize` (launcher/tokenize_*.h): the UTF-8 check, exact encoding
 // (a literal U+2581 included), where shards may be cut, and which models are refused.
 // tests/launcher/test_tokenize.py runs the executables end to end.
+#include <glob.h>
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
 
@@ -204,6 +205,41 @@ TEST(TokenSpill, WritesGpt2ShardsForSmallVocabulariesAndLlama3ShardsBeyond) {
     names.push_back(entry.path().filename().string());
   }
   EXPECT_EQ(names, std::vector<std::string>{"train_000000.bin"});
+  fs::remove_all(dir);
+}
+
+std::vector<std::string> glob_names(const fs::path& pattern) {
+  glob_t matches{};
+  std::vector<std::string> names;
+  if (glob(pattern.c_str(), 0, nullptr, &matches) == 0) {
+    for (size_t i = 0; i < matches.gl_pathc; ++i) {
+      names.push_back(fs::path(matches.gl_pathv[i]).filename().string());
+    }
+  }
+  globfree(&matches);
+  return names;
+}
+
+// Until the commit a shard lies under a hidden name, which no training pattern matches: an
+// encode killed before its commit (SIGKILL: no destructor runs) leaves nothing a loose pattern
+// such as DIR/train_* or DIR/* would train on.
+TEST(StagedOutput, StagedShardsMatchNoTrainingPatternUntilTheCommit) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_staged_output";
+  fs::remove_all(dir);
+  StagedOutput out(dir.string(), false);
+  TokenSpill spill(dir.string(), 2);
+  const std::vector<uint32_t> tokens = {1, 2, 3, 4};
+  spill.append(tokens);
+  out.write_shard("train_000000.bin", spill.map());
+  out.write_file("tokenizer.model", "model");
+  for (const char* pattern : {"train_*", "*", "*.tmp"}) {
+    EXPECT_EQ(glob_names(dir / pattern), std::vector<std::string>{}) << pattern;
+  }
+  EXPECT_TRUE(fs::exists(dir / ".train_000000.bin.tmp"));
+  out.commit();
+  EXPECT_EQ(glob_names(dir / "train_*"), std::vector<std::string>{"train_000000.bin"});
+  EXPECT_EQ(glob_names(dir / "*"),
+            (std::vector<std::string>{"tokenizer.model", "train_000000.bin"}));
   fs::remove_all(dir);
 }
 

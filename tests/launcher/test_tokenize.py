@@ -111,7 +111,7 @@ class Tokenize(lu.TempDirTest):
         self.assertEqual(self.decode(tokenizer, train) + self.decode(tokenizer, val), text_bytes)
         with open(tokenizer, "rb") as a, open(os.path.join(out_dir, "tokenizer.model"), "rb") as b:
             self.assertEqual(a.read(), b.read())
-        self.assertEqual(glob.glob(os.path.join(out_dir, "*.tmp")), [])
+        self.assertEqual([n for n in os.listdir(out_dir) if n.endswith(".tmp")], [])
         return stream
 
     def test_licence_round_trip_and_training_on_the_shards(self):
@@ -320,8 +320,10 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         tokenizer = self.train_tokenizer([LICENCE], 600)
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
         self.assertGreater(len(self.shards(out_dir, "train")), 2)
-        # What an encode killed before its commit leaves goes too; a user's own file stays.
-        for name in ("train_000007.bin.tmp", "tokenizer.model.tmp", "notes.tmp"):
+        # What an encode killed before its commit leaves goes too (also as earlier versions
+        # named it); a user's own file stays.
+        for name in (".train_000007.bin.tmp", ".tokenizer.model.tmp", "train_000008.bin.tmp",
+                     "notes.tmp"):
             with open(os.path.join(out_dir, name), "wb") as f:
                 f.write(b"x")
         self.encode(tokenizer, [LICENCE], "shards", "--force")
