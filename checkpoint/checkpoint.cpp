@@ -137,6 +137,25 @@ std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& param
   return layout;
 }
 
+std::string no_checkpoint_reason(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return "does not exist";
+  std::vector<std::string> unfinished;
+  bool empty = true;
+  for (fs::directory_iterator entries(dir, ec); !ec && entries != fs::directory_iterator();
+       entries.increment(ec)) {
+    empty = false;
+    const std::string name = entries->path().filename().string();
+    if (name.starts_with("step_") && name.ends_with(".tmp")) unfinished.push_back(name);
+  }
+  if (empty) return "is empty";
+  if (unfinished.empty()) return "holds no step_<8 digits> directory";
+  std::sort(unfinished.begin(), unfinished.end());
+  return "holds only " +
+         std::string(unfinished.size() == 1 ? "an unfinished save (" : "unfinished saves (") +
+         core::join(unfinished, ", ") + "), which a run stopped while saving leaves";
+}
+
 BufferSlice whole_masters(train::ParameterStore& params) {
   return {kMastersBuffer, params.flat_numel(), 0, params.masters()};
 }

@@ -96,8 +96,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                               " (export with the model config it was trained with)");
     }
   }();
-  require(state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
-          "holds no checkpoint to export (" + dir + " is empty or missing)");
+  require(
+      state.has_value(), "run.dir", "\"" + config.run().dir() + "\"",
+      "holds no checkpoint to export (" + dir + " " + checkpoint::no_checkpoint_reason(dir) + ")");
   require_model_of(*state, config, dir);
   const std::string step = std::to_string(state->step);
   if (layout) {

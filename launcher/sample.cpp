@@ -154,7 +154,8 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const Train
   }
   if (!state) {
     bad_input("--run", args.run_dir,
-              "holds no checkpoint (" + dir.string() + " is empty or missing)");
+              "holds no checkpoint (" + dir.string() + " " +
+                  checkpoint::no_checkpoint_reason(dir.string()) + ")");
   }
   params.refresh_compute_copy(backend);
   return {(dir / checkpoint::checkpoint_dir_name(state->step)).string(), state->step};

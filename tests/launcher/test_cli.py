@@ -285,8 +285,14 @@ class ConfigErrors(lu.TempDirTest):
 
     def test_export_without_a_checkpoint(self):
         self.assert_config_error(
-            'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints is '
-            'empty or missing)', "--out", "w.safetensors", command="export")
+            'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints '
+            'does not exist)', "--out", "w.safetensors", command="export")
+        # What a run killed during its first save leaves is named as such.
+        os.makedirs(os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000002.tmp"))
+        self.assert_config_error(
+            'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints '
+            'holds only an unfinished save (step_00000002.tmp), which a run stopped while saving '
+            'leaves)', "--out", "w.safetensors", command="export")
 
     def test_export_when_the_checkpoints_cannot_be_listed(self):
         # A listing that fails is no empty directory; its kind (a file in the way: 2) holds

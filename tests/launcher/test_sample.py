@@ -162,7 +162,8 @@ class TinyRun(unittest.TestCase):
         os.makedirs(empty, exist_ok=True)
         shutil.copy(os.path.join(self.run_dir, "config.pbtxt"), empty)
         stderr = self.bad("--run", empty, run=False)
-        self.assertIn(f"--run {empty}: holds no checkpoint", stderr)
+        self.assertIn(f"--run {empty}: holds no checkpoint ({empty}/checkpoints does not exist)",
+                      stderr)
 
     def test_cuda_without_a_gpu(self):
         if os.path.exists("/dev/nvidia0"):
