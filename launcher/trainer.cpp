@@ -457,11 +457,20 @@ dist::ReplicaState Trainer::replica_state(int64_t steps_done) const {
   return state;
 }
 
-void Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
+bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   const int64_t every = config_.checkpoint().every_steps();
   const bool due =
       force || steps_done == config_.run().steps() || (every > 0 && steps_done % every == 0);
-  if (due && steps_done != last_saved_step_) save_checkpoint(steps_done);
+  if (!due || steps_done == last_saved_step_) return false;
+  save_checkpoint(steps_done);
+  return true;
+}
+
+float Trainer::agreed_stop() {
+  const int signal = stop_signal();
+  std::vector<float> stop{signal == SIGINT ? 2.0f : signal != 0 ? 1.0f : 0.0f};
+  dp_->max_across_ranks(stop);
+  return stop[0];
 }
 
 std::vector<Trainer::StateBuffer> Trainer::state_buffers() {
@@ -557,11 +566,7 @@ int Trainer::run() {
       return kExitDiverged;
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
-    // One flag for all ranks: a signal that reached any of them stops every one here (2 for
-    // SIGINT, whose exit code wins).
-    const int signal = stop_signal();
-    std::vector<float> stop{signal == SIGINT ? 2.0f : signal != 0 ? 1.0f : 0.0f};
-    dp_->max_across_ranks(stop);
+    float stop = agreed_stop();
     const double seconds = seconds_since(start);
     const int64_t syncs_at_end = backend_->host_syncs();
     tokens_total_ += report.tokens * world_size;
@@ -597,10 +602,15 @@ int Trainer::run() {
     if (check_every > 0 && steps_done % check_every == 0) {
       dp_->check_consistency(replica_state(steps_done));
     }
-    const bool stopping = stop[0] != 0.0f && steps_done < total;
-    maybe_checkpoint(steps_done, stopping);
+    bool stopping = stop != 0.0f && steps_done < total;
+    if (maybe_checkpoint(steps_done, stopping) && !stopping && steps_done < total) {
+      // A save takes long: a stop asked for while it ran ends the run on it, not after one
+      // more step and one more save (a preemption's grace period is short).
+      stop = agreed_stop();
+      stopping = stop != 0.0f;
+    }
     if (stopping) {
-      const bool interrupted = stop[0] == 2.0f;
+      const bool interrupted = stop == 2.0f;
       progress_.finish();
       say(std::string("mantissa: ") +
           (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)") +

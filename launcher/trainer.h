@@ -77,8 +77,12 @@ class Trainer {
   // file or a Hugging Face model directory (launcher/hf_weights.h).
   void import_initial_weights();
   // Called after step `steps_done` completed: writes a checkpoint when it is due (every
-  // checkpoint.every_steps, and after the last step) or when `force`d by a stop request.
-  void maybe_checkpoint(int64_t steps_done, bool force);
+  // checkpoint.every_steps, and after the last step) or when `force`d by a stop request;
+  // whether it wrote one.
+  bool maybe_checkpoint(int64_t steps_done, bool force);
+  // What every rank agrees on, a signal having reached any of them: 0 go on, 1 stop, 2 stop
+  // as interrupted (SIGINT, whose exit code wins). Collective.
+  float agreed_stop();
   void save_checkpoint(int64_t steps_done);
   // The buffers a checkpoint holds, as this rank keeps them: the masters of the parameter
   // store and the moments of the range the optimizer owns (whole without ZeRO, the shard

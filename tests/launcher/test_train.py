@@ -305,6 +305,38 @@ class Training(lu.TempDirTest):
                 self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
                 self.assertIn("interrupted (SIGINT)", stderr)
 
+    def test_a_stop_during_a_save_ends_the_run_on_it(self):
+        # A stop asked for while a checkpoint is written ends the run on that checkpoint, not
+        # after one more step and one more save. The rank is caught inside a save: paused
+        # (SIGSTOP) once a temporary step directory is there, and, if it still is, sent SIGTERM
+        # and resumed. A large embedding makes each save take a while; keep 0 prunes nothing.
+        name = "mid_save"
+        process = self.start(*self.train_args(
+            name, "run.steps=2000", "checkpoint.every_steps=1", "checkpoint.keep=0",
+            "model.gpt2.vocab_size=65536", inject_rank=0))
+        checkpoints = os.path.join(self.run_dir(name), "checkpoints")
+        saving = None
+        try:
+            deadline = time.monotonic() + 60
+            while saving is None and time.monotonic() < deadline and process.poll() is None:
+                names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+                unfinished = [n for n in names if n.endswith(".tmp")]
+                if not unfinished:
+                    continue
+                process.send_signal(signal.SIGSTOP)
+                if os.path.exists(os.path.join(checkpoints, unfinished[0])):
+                    saving = int(unfinished[0][len("step_"):-len(".tmp")])
+                    process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGCONT)
+            self.assertIsNotNone(saving, "no save caught in progress within 60 s")
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn(f"stopped after step {saving}/2000 with a checkpoint", stderr)
+        self.assertEqual(len(lu.read_log(self.run_dir(name), 0)), saving)
+
     def stop_through_wrapper(self, name, sig, ready, mpirun_args=(), env=None):
         """A 2000-step run of 2 ranks through deploy/mantissa-mpirun, in a session of its own
         (as a terminal's foreground group), sent `sig` as a group once ready(process, run dir)
