@@ -153,7 +153,7 @@ std::string no_checkpoint_reason(const std::string& dir) {
   std::sort(unfinished.begin(), unfinished.end());
   return "holds only " +
          std::string(unfinished.size() == 1 ? "an unfinished save (" : "unfinished saves (") +
-         core::join(unfinished, ", ") + "), which a run stopped while saving leaves";
+         core::join(unfinished, ", ") + "), which a run killed while saving leaves";
 }
 
 BufferSlice whole_masters(train::ParameterStore& params) {

@@ -141,7 +141,7 @@ BufferSlice whole_masters(train::ParameterStore& params);
 
 // Why `dir`, where Checkpointer found no checkpoint, holds none, to follow "<dir> " in a
 // message: "does not exist", "is empty", "holds only an unfinished save (step_00000002.tmp),
-// which a run stopped while saving leaves", or "holds no step_<8 digits> directory".
+// which a run killed while saving leaves", or "holds no step_<8 digits> directory".
 std::string no_checkpoint_reason(const std::string& dir);
 
 // An intact checkpoint whose parameter layout is not the model's (another model config). It

@@ -78,7 +78,8 @@ class StagedOutput {
   // The same for any other file.
   void write_file(const std::string& name, std::string_view bytes);
   // Renames every file into place, then removes the shards a replaced output held that this
-  // one does not rewrite (a stale train_000007.bin would still match the training glob), all
+  // one does not rewrite (a stale train_000007.bin would still match the training glob) and
+  // the staged files an encode killed before its commit left, all
   // under train::kUnfinishedShardsMarker: a failure (or a crash) on the way leaves the marker,
   // and training refuses the directory until an encode finishes there.
   void commit();

@@ -297,7 +297,8 @@ bool Trainer::restore() {
   }();
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
-            "there is no checkpoint in " + checkpointer_->options().dir);
+            "there is no checkpoint: " + checkpointer_->options().dir + " " +
+                checkpoint::no_checkpoint_reason(checkpointer_->options().dir));
     return false;
   }
   if (config_.dist().zero_stage() == 0 && world_.size() > 1) {

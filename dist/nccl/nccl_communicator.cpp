@@ -111,7 +111,7 @@ class NcclComm {
                    "(dist.timeout_s); aborted it\n",
                    rank(), timeout_s_);
     }
-    ncclCommAbort(comm_);
+    abort();
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -160,7 +160,10 @@ class NcclComm {
   // Ends the communicator after a failure; nothing it has in flight is waited for.
   void abort() {
     if (comm_ == nullptr) return;
-    ncclCommAbort(comm_);
+    if (const ncclResult_t result = ncclCommAbort(comm_); result != ncclSuccess) {
+      std::fprintf(stderr, "mantissa: rank %d: ncclCommAbort failed: %s\n", rank(),
+                   ncclGetErrorString(result));
+    }
     comm_ = nullptr;
     aborted_at_ = Clock::now();
   }

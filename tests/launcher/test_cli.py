@@ -183,15 +183,15 @@ class ConfigErrors(lu.TempDirTest):
 
     def test_resume_required_without_checkpoint(self):
         self.assert_config_error(
-            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint in "
-            "{dir}/run/checkpoints",
+            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint: "
+            "{dir}/run/checkpoints does not exist",
             "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/run")
         # The run directory this failed start created is gone again.
         self.assertFalse(os.path.exists(os.path.join(self.dir, "run")))
         # So are the parents it created, here runs/ and runs/deep/.
         self.assert_config_error(
-            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint in "
-            "{dir}/runs/deep/run/checkpoints",
+            "mantissa: checkpoint.resume = REQUIRED: there is no checkpoint: "
+            "{dir}/runs/deep/run/checkpoints does not exist",
             "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/runs/deep/run")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "runs")))
 
@@ -291,7 +291,7 @@ class ConfigErrors(lu.TempDirTest):
         os.makedirs(os.path.join(self.dir, "runs", "c", "checkpoints", "step_00000002.tmp"))
         self.assert_config_error(
             'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints '
-            'holds only an unfinished save (step_00000002.tmp), which a run stopped while saving '
+            'holds only an unfinished save (step_00000002.tmp), which a run killed while saving '
             'leaves)', "--out", "w.safetensors", command="export")
 
     def test_export_when_the_checkpoints_cannot_be_listed(self):

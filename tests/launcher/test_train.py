@@ -309,10 +309,10 @@ class Training(lu.TempDirTest):
         # A stop asked for while a checkpoint is written ends the run on that checkpoint, not
         # after one more step and one more save. The rank is caught inside a save: paused
         # (SIGSTOP) once a temporary step directory is there, and, if it still is, sent SIGTERM
-        # and resumed. A large embedding makes each save take a while; keep 0 prunes nothing.
+        # and resumed. A large embedding makes each save take a while.
         name = "mid_save"
         process = self.start(*self.train_args(
-            name, "run.steps=2000", "checkpoint.every_steps=1", "checkpoint.keep=0",
+            name, "run.steps=2000", "checkpoint.every_steps=1",
             "model.gpt2.vocab_size=65536", inject_rank=0))
         checkpoints = os.path.join(self.run_dir(name), "checkpoints")
         saving = None
@@ -320,8 +320,9 @@ class Training(lu.TempDirTest):
             deadline = time.monotonic() + 60
             while saving is None and time.monotonic() < deadline and process.poll() is None:
                 names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
-                unfinished = [n for n in names if n.endswith(".tmp")]
+                unfinished = [n for n in names if n.startswith("step_") and n.endswith(".tmp")]
                 if not unfinished:
+                    time.sleep(0.005)
                     continue
                 process.send_signal(signal.SIGSTOP)
                 if os.path.exists(os.path.join(checkpoints, unfinished[0])):
