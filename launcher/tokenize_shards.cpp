@@ -154,9 +154,11 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   }
   if (!held.empty()) {
     std::sort(held.begin(), held.end());
+    const bool unfinished = fs::exists(dir_ + "/" + train::kUnfinishedShardsMarker, ec);
     throw core::ConfigError("output directory '" + dir_ + "' already holds token shards (" +
-                            held.front() + (held.size() > 1 ? ", ..." : "") +
-                            "); --force replaces them");
+                            held.front() + (held.size() > 1 ? ", ..." : "") + ")" +
+                            (unfinished ? ", from an encode that did not finish" : "") +
+                            "; --force replaces them");
   }
 }
 

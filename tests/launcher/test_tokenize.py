@@ -352,6 +352,11 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
                       "refuses: encode again with --force", result.stderr)
         marker = os.path.join(out_dir, ".mantissa-encode-unfinished")
         self.assertTrue(os.path.exists(marker))
+        result = self.tokenize("encode", "--tokenizer", tokenizer, "--input", LICENCE,
+                               "--out-dir", out_dir, "--shard-tokens", "2000")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("already holds token shards (tokenizer.model, ...), from an encode that "
+                      "did not finish; --force replaces them", result.stderr)
         shutil.rmtree(obstacle)  # what a crash would leave: a mix of shards, no obstacle
         config = self.write("own.pbtxt", f"""
 run {{ steps: 2 seed: 1 device: CPU dir: "{self.dir}/run" }}
