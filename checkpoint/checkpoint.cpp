@@ -114,6 +114,16 @@ std::vector<int64_t> list_checkpoints(const std::string& dir) {
   return steps;
 }
 
+// Removes the checkpoint directory `dir`. It is renamed first, to a name that is no checkpoint's
+// and that the next save's first phase clears, so that a crash part way leaves no partial
+// step_<N> to count as a (damaged) checkpoint against checkpoint.keep.
+void remove_checkpoint_dir(const std::string& dir) {
+  const std::string doomed = dir + ".removed.tmp";
+  fs::remove_all(doomed);
+  fs::rename(dir, doomed);
+  fs::remove_all(doomed);
+}
+
 void warn(int rank, const std::string& message) {
   // One write per line: ranks that share a stderr (threads in the tests, or ranks whose
   // output a launcher merges) must not interleave inside each other's lines.
@@ -348,7 +358,7 @@ std::string Checkpointer::save(const CheckpointState& state,
       // Left by an earlier attempt that reached this step: damaged (the load fell back past
       // it) or newer than the checkpoint a run was told to resume from.
       warn(group_.rank, "replacing checkpoint " + final_dir + ", left by an earlier attempt");
-      fs::remove_all(final_dir);
+      remove_checkpoint_dir(final_dir);
     }
     fs::rename(tmp_dir, final_dir);
     core::fsync_path(options_.dir);
@@ -360,9 +370,9 @@ std::string Checkpointer::save(const CheckpointState& state,
       if (step > state.step) {
         warn(group_.rank, "removing checkpoint " + dir + ": newer than the one just written " +
                               "(left by a run that resumed from an earlier step)");
-        fs::remove_all(dir);
+        remove_checkpoint_dir(dir);
       } else if (options_.keep > 0 && ++kept > options_.keep) {
-        fs::remove_all(dir);
+        remove_checkpoint_dir(dir);
       }
     }
   });

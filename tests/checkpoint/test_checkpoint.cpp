@@ -251,6 +251,7 @@ TEST_F(CheckpointTest, KeepsTheNewestAndReplacesNewerOnes) {
   for (int64_t step : {10, 20, 30, 40}) save(step, /*keep=*/2);
   EXPECT_FALSE(fs::exists(dir() + "/step_00000010"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000020"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000020.removed.tmp"));
   EXPECT_TRUE(fs::exists(dir() + "/step_00000030"));
   EXPECT_TRUE(fs::exists(dir() + "/step_00000040"));
   // A run resumed from step 30 saves step 35: step 40 belongs to the abandoned run.
@@ -278,6 +279,8 @@ TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
   // handled (damaged).
   fs::create_directories(dir() + "/step_00000020.tmp");
   write_file(dir() + "/step_00000020.tmp/rank_00000.bin", "partial");
+  // A removal (checkpoint.keep) that crashed part way leaves step_<N>.removed.tmp.
+  fs::create_directories(dir() + "/step_00000005.removed.tmp");
   fs::create_directories(dir() + "/step_00000030");
   Slices into = Slices::empty(0, kN);
   testing::internal::CaptureStderr();
@@ -287,6 +290,7 @@ TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
   EXPECT_TRUE(into.equals_step(10));
   save(15);
   EXPECT_FALSE(fs::exists(dir() + "/step_00000020.tmp"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000005.removed.tmp"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000030"));
 }
 
