@@ -24,9 +24,12 @@
 //
 // Memory per device, in bytes: FP32 masters and AdamW moments (ZeRO-1: a 1/N share each),
 // FP32 gradients (always whole), the compute copy, the reduce dtype's copy of the gradients,
-// FP8 weight copies, the activations backward keeps (counted from what each layer saves, plus
-// one layer's backward working set and the LM head's logit gradients), and a fixed
-// runtime allowance on GPUs (CUDA context, cuBLASLt workspace, NCCL buffers).
+// FP8 weight copies, the activations backward keeps (counted from what each layer saves,
+// the LM head's logit gradients among them), the larger of two passing peaks on top of them
+// (one layer's backward working set, and the FP32 logits that the loss reads while it writes
+// the logit gradients, in every mode but FP32, where it writes them in place), and a fixed
+// runtime allowance: on GPUs the CUDA context, cuBLASLt workspace and NCCL buffers; on CPUs
+// what a process of a tiny model holds (libraries, OpenBLAS's and OpenMP's buffers).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,8 @@ struct ModelCost {
   double fp8_saved_elements_per_token = 0;
   double fp32_saved_bytes_per_token = 0;
   double working_elements_per_token = 0;  // one layer's backward, compute dtype
+  // The LM head's logits per token (the padded vocabulary), FP32 whatever the mode.
+  double logit_elements_per_token = 0;
   // Attention's part of those, per layer and token: the probabilities P [B, H, T, T] that the
   // materialised attention keeps (H T elements; in the working set too), and for flash
   // attention (core/ops/flash_attention_switch.h) instead lse [B, H, T] (4 H bytes) and its
@@ -78,7 +83,7 @@ struct Cluster {
 struct MemoryEstimate {
   double masters = 0, optimizer = 0, gradients = 0, weights = 0, reduce = 0, fp8 = 0;
   double activations = 0;  // what forward keeps for backward, one micro-batch
-  double working = 0;      // one layer's backward on top of it
+  double working = 0;      // the passing peak on top of it: a layer's backward, or the logits
   double runtime = 0;
   double total() const {
     return masters + optimizer + gradients + weights + reduce + fp8 + activations + working +
