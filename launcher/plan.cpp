@@ -17,8 +17,8 @@ namespace mantissa::launcher {
 
 const char* const kPlanHelp =
     R"(usage: mantissa plan --config FILE.pbtxt --gpus N [--gpu NAME] [--gpus-per-node G]
-                     [--link-gbps B] [--tflops X] [--efficiency E] [--memory-gbps M]
-                     [--cores C]
+                     [--link-gbps B] [--node-gbps V] [--tflops X] [--efficiency E]
+                     [--memory-gbps M] [--cores C]
                      [--set path.to.field=value]...
 
 Projects a config's run on N devices from an analytic model (launcher/plan_model.h), without
@@ -38,6 +38,10 @@ options:
   --link-gbps B      each node's network, Gbit/s per direction, all its NICs together
                      (default: 8 x 200 for a100, 8 x 400 for h100 and h200; required for cpu
                      ranks on several nodes)
+  --node-gbps V      what a device sends to the rest of its node, GB/s per direction
+                     (default: NVLink's for GPUs; required for cpu ranks sharing a node, whose
+                     all-reduce goes through shared memory: an all-reduce of S bytes that took
+                     t seconds on N ranks of a node moved 2 (N-1)/N S / t)
   --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
                      one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
   --efficiency E     the step's FLOPs over its compute time, as a fraction of the peaks (default
@@ -111,11 +115,16 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
     d.efficiency = args.efficiency;
   }
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;
+  if (args.node_gbps > 0) d.node_gbps = args.node_gbps;
   if (args.memory_gbps > 0) d.memory_gbps = args.memory_gbps;
   if (args.cores > 0 && !cpu) throw core::ConfigError("--cores: for --gpu cpu only");
   cluster.ranks = args.gpus;
   cluster.per_node = std::min(args.per_node > 0 ? args.per_node : d.per_node, args.gpus);
   cluster.shared_cores = args.cores;
+  if (cluster.per_node > 1 && d.node_gbps <= 0)
+    throw core::ConfigError("--node-gbps: needed for " + std::string(d.name) +
+                            " ranks sharing a node (" + std::to_string(cluster.per_node) +
+                            " per node)");
   if (cluster.ranks > cluster.per_node && d.link_gbit <= 0)
     throw core::ConfigError("--link-gbps: needed for " + std::string(d.name) +
                             " ranks on several nodes (" + std::to_string(cluster.ranks) +
@@ -190,8 +199,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     }
     const std::string name = arg.substr(0, arg.find('='));
     static const char* const kOptions[] = {
-        "--config",    "--set",    "--gpus",       "--gpu",   "--gpus-per-node",
-        "--link-gbps", "--tflops", "--efficiency", "--cores", "--memory-gbps"};
+        "--config", "--set",        "--gpus",  "--gpu",         "--gpus-per-node", "--link-gbps",
+        "--tflops", "--efficiency", "--cores", "--memory-gbps", "--node-gbps"};
     bool known = false;
     for (const char* o : kOptions) known = known || name == o;
     if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
@@ -215,6 +224,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       out.per_node = positive_int(name, value);
     } else if (name == "--link-gbps") {
       out.link_gbps = positive(name, value);
+    } else if (name == "--node-gbps") {
+      out.node_gbps = positive(name, value);
     } else if (name == "--tflops") {
       out.tflops = positive(name, value);
     } else if (name == "--memory-gbps") {

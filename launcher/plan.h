@@ -19,6 +19,7 @@ struct PlanArgs {
   std::string gpu = "h100";
   int per_node = 0;        // 0: the device's node size
   double link_gbps = 0;    // 0: the device's network
+  double node_gbps = 0;    // 0: the device's link within its node
   double tflops = 0;       // 0: the device's peaks
   double efficiency = 0;   // 0: the device's default
   double memory_gbps = 0;  // 0: the device's

@@ -89,6 +89,16 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
                 self.assertTrue(0.8 < measured / planned < 1.2,
                                 f"planned {planned:.3f} GiB, measured peak {measured:.3f} GiB")
 
+    def test_cpu_ranks_sharing_a_node(self):
+        # Their all-reduce goes through shared memory, at the rate --node-gbps gives (it was
+        # projected as never ending: no default rate for CPUs).
+        args = ["--config", self.config("demo.pbtxt"), "--gpus", "2", "--gpu", "cpu", "--tflops",
+                "0.1", "--gpus-per-node", "2"]
+        slow, fast = (projection(self.plan(*args, "--node-gbps", g)) for g in ("1", "4"))
+        self.assertTrue(0 < fast["comm_s"] < slow["comm_s"], (slow, fast))
+        # 4x the rate: the bytes' time a quarter, the latency the same.
+        self.assertTrue(2 < slow["comm_s"] / fast["comm_s"] <= 4, (slow, fast))
+
     def test_docs_table_is_current(self):
         """docs/plan.md's projections are what scripts/plan-table.py prints today."""
         with open(os.path.join(lu.ARGS.source_dir, "docs", "plan.md")) as f:
@@ -103,7 +113,8 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
 
     def test_help(self):
         out = self.plan("--help")
-        for option in ("--gpus", "--gpu", "--gpus-per-node", "--link-gbps", "--tflops",
+        for option in ("--gpus", "--gpu", "--gpus-per-node", "--link-gbps", "--node-gbps",
+                       "--tflops",
                        "--efficiency", "--memory-gbps", "--cores", "--set"):
             self.assertIn(option, out)
 
@@ -119,6 +130,10 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
             (["--config", gpt2, "--gpus", "2", "--gpu", "cpu"], "--gpu cpu needs --tflops"),
             (["--config", gpt2, "--gpus", "2", "--gpu", "cpu", "--tflops", "1"],
              "--link-gbps: needed for cpu ranks on several nodes"),
+            (["--config", gpt2, "--gpus", "2", "--gpu", "cpu", "--tflops", "1",
+              "--gpus-per-node", "2"], "--node-gbps: needed for cpu ranks sharing a node"),
+            (["--config", gpt2, "--gpus", "8", "--node-gbps", "0"],
+             "--node-gbps 0: must be"),
             (["--config", gpt2, "--gpus", "8", "--cores", "2"], "--cores: for --gpu cpu only"),
             (["--config", gpt2, "--gpus", "8", "--efficiency", "4.5"], "--efficiency 4.5: must be in (0, 4]"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
