@@ -156,7 +156,9 @@ std::string no_checkpoint_reason(const std::string& dir) {
        entries.increment(ec)) {
     empty = false;
     const std::string name = entries->path().filename().string();
-    if (name.starts_with("step_") && name.ends_with(".tmp")) unfinished.push_back(name);
+    if (name.starts_with("step_") && name.ends_with(".tmp") && !name.ends_with(".removed.tmp")) {
+      unfinished.push_back(name);
+    }
   }
   if (empty) return "is empty";
   if (unfinished.empty()) return "holds no step_<8 digits> directory";

@@ -186,9 +186,15 @@ MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
   // count, in a tensor of their own (models/nn/lm_head.h); in FP32 it writes them in place.
   // The logits are gone before backward's working set comes.
   const double logits = a < 4.0 ? 4.0 * cost.logit_elements_per_token : 0.0;
-  m.working = tokens * std::max(a * working, logits);
+  // A CPU's BF16 GEMM kernels (AVX512-BF16, AMX) pack each operand whole into the calling
+  // thread's buffer, which keeps the size of the largest, the logit gradients of the LM head's
+  // backward (core/ops/cpu/cpu_gemm_bf16.cpp); counted on every CPU, so that the plan holds
+  // where they run (on AVX2-only CPUs it comes out that much above the peak).
+  const bool cpu = cluster.device.name == "cpu";
+  const double packed = cpu && a < 4.0 ? a * cost.logit_elements_per_token : 0.0;
+  m.working = tokens * (std::max(a * working, logits) + packed);
   // Measured on CPU: a tiny model's process peaks at about 0.23 GiB, one rank or two.
-  m.runtime = (cluster.device.name == "cpu" ? 0.25 : 1.0) * 1024.0 * 1024.0 * 1024.0;
+  m.runtime = (cpu ? 0.25 : 1.0) * 1024.0 * 1024.0 * 1024.0;
   return m;
 }
 

@@ -19,17 +19,18 @@
 //              its bytes in the reduce dtype cross the slowest link of the ring, plus a
 //              latency of 2 log2 N steps; what is still running when backward ends is exposed
 //              (everything, with dist.overlap false)
-// The slowest link: within a node the device's own (NVLink); across nodes each device's share
-// of its node's network.
+// The slowest link: within a node the device's own (NVLink; for CPU ranks sharing a node,
+// --node-gbps); across nodes each device's share of its node's network.
 //
 // Memory per device, in bytes: FP32 masters and AdamW moments (ZeRO-1: a 1/N share each),
 // FP32 gradients (always whole), the compute copy, the reduce dtype's copy of the gradients,
 // FP8 weight copies, the activations backward keeps (counted from what each layer saves,
 // the LM head's logit gradients among them), the larger of two passing peaks on top of them
 // (one layer's backward working set, and the FP32 logits that the loss reads while it writes
-// the logit gradients, in every mode but FP32, where it writes them in place), and a fixed
-// runtime allowance: on GPUs the CUDA context, cuBLASLt workspace and NCCL buffers; on CPUs
-// what a process of a tiny model holds (libraries, OpenBLAS's and OpenMP's buffers).
+// the logit gradients, in every mode but FP32, where it writes them in place), on CPUs outside
+// FP32 the BF16 GEMM kernels' kept copy of their largest operand (the logit gradients), and a
+// fixed runtime allowance: on GPUs the CUDA context, cuBLASLt workspace and NCCL buffers; on
+// CPUs what a process of a tiny model holds (libraries, OpenBLAS's and OpenMP's buffers).
 #pragma once
 
 #include <cstdint>

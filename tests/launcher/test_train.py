@@ -320,7 +320,7 @@ class Training(lu.TempDirTest):
             deadline = time.monotonic() + 60
             while saving is None and time.monotonic() < deadline and process.poll() is None:
                 names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
-                unfinished = [n for n in names if n.startswith("step_") and n.endswith(".tmp")]
+                unfinished = [n for n in names if re.fullmatch(r"step_\d+\.tmp", n)]
                 if not unfinished:
                     time.sleep(0.005)
                     continue
