@@ -15,6 +15,7 @@
 #include "core/dtype/dtype.h"
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/missing_directories.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
 
@@ -256,11 +257,7 @@ std::vector<fs::path> prepare_directories(const fs::path& dir, const fs::path& t
     MANTISSA_REQUIRE(!ec, kFailure,
                      "cannot remove the stale " << tmp.string() << ": " << ec.message());
   }
-  std::vector<fs::path> parents;
-  // symlink_status: a dangling symlink on the way is the user's, not a directory to remove.
-  for (fs::path p = tmp.parent_path(); !p.empty() && !fs::exists(fs::symlink_status(p, ec));
-       p = p.parent_path())
-    parents.push_back(p);
+  const std::vector<fs::path> parents = core::missing_directories(tmp.parent_path());
   fs::create_directories(tmp, ec);
   if (ec) {
     std::error_code ignored;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/missing_directories.h"
 #include "launcher/run_dir.h"
 #include "launcher/run_dir_lock.h"
 #include "metrics/run_log.h"
@@ -14,11 +15,8 @@ namespace fs = std::filesystem;
 RunDirCleanup::RunDirCleanup(std::string run_dir, bool responsible) : run_dir_(std::move(run_dir)) {
   std::error_code ec;
   remove_on_failure_ = responsible && !fs::exists(run_dir_, ec) && !ec;
-  if (!remove_on_failure_) return;
-  for (fs::path p = fs::absolute(run_dir_, ec).parent_path();
-       !ec && p != p.parent_path() && !fs::exists(p, ec) && !ec; p = p.parent_path()) {
-    missing_parents_.push_back(p.string());
-  }
+  if (remove_on_failure_)
+    missing_parents_ = core::missing_directories(fs::path(run_dir_).parent_path());
 }
 
 RunDirCleanup::~RunDirCleanup() {
@@ -30,7 +28,7 @@ RunDirCleanup::~RunDirCleanup() {
   fs::remove(run_checkpoints_dir(run_dir_), ec);
   fs::remove(fs::path(run_dir_) / metrics::kStepLogDir, ec);
   fs::remove(run_dir_, ec);
-  for (const std::string& parent : missing_parents_) fs::remove(parent, ec);
+  for (const fs::path& parent : missing_parents_) fs::remove(parent, ec);
 }
 
 }  // namespace mantissa::launcher

@@ -9,6 +9,7 @@
 // written there can be lost.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,7 @@ class RunDirCleanup {
 
  private:
   std::string run_dir_;
-  std::vector<std::string> missing_parents_;  // deepest first
+  std::vector<std::filesystem::path> missing_parents_;  // deepest first
   bool remove_on_failure_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/missing_directories.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {
@@ -126,14 +127,11 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   std::error_code ec;
   if (!fs::exists(dir_, ec)) {
     // Remember every directory this creates, so that a failure removes them again.
-    for (fs::path p = fs::absolute(dir_); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-      created_dirs_.push_back(p.string());
-      if (p == p.parent_path()) break;
-    }
+    created_dirs_ = core::missing_directories(dir_);
     fs::create_directories(dir_, ec);
     if (ec) {
       // Those made before the failure; no destructor runs after a constructor throws.
-      for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
+      for (const fs::path& created : created_dirs_) ::rmdir(created.c_str());
       core::throw_error_of_kind(core::path_error_kind(ec.value()),
                                 "cannot create output directory '" + dir_ + "': " + ec.message());
     }
@@ -166,7 +164,7 @@ StagedOutput::~StagedOutput() {
   if (committed_) return;
   for (const std::string& name : staged_) ::unlink((dir_ + "/" + staged_name(name)).c_str());
   // rmdir removes only empty directories: whatever else appeared there stays.
-  for (const std::string& created : created_dirs_) ::rmdir(created.c_str());
+  for (const fs::path& created : created_dirs_) ::rmdir(created.c_str());
 }
 
 void StagedOutput::write_shard(const std::string& name, const train::TokenSegment& tokens) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <string_view>
@@ -86,8 +87,8 @@ class StagedOutput {
 
  private:
   std::string dir_;
-  std::vector<std::string> created_dirs_;  // deepest first
-  std::vector<std::string> staged_;        // final names, in dir
+  std::vector<std::filesystem::path> created_dirs_;  // deepest first
+  std::vector<std::string> staged_;                  // final names, in dir
   bool committed_ = false;
 };
 

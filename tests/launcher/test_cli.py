@@ -194,6 +194,13 @@ class ConfigErrors(lu.TempDirTest):
             "{dir}/runs/deep/run/checkpoints does not exist",
             "--set", "checkpoint.resume=REQUIRED", "--set", f"run.dir={self.dir}/runs/deep/run")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "runs")))
+        # A dangling symlink on the way is the user's: the failed start leaves it.
+        os.symlink(os.path.join(self.dir, "nowhere"), os.path.join(self.dir, "link"))
+        result = self.mantissa("train", "--config", self.write("c.pbtxt", BASE), "--set",
+                               f"run.dir={self.dir}/link/run")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn(f'run.dir = "{self.dir}/link/run": cannot be created', result.stderr)
+        self.assertTrue(os.path.islink(os.path.join(self.dir, "link")))
 
     def test_init_from_errors(self):
         self.assert_config_error(

@@ -1,0 +1,51 @@
+// core::missing_directories: what creating a path would make, deepest first, never a name the
+// user already has (a dangling symlink included).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <vector>
+
+#include "core/missing_directories.h"
+
+namespace mantissa::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+class MissingDirectories : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::path(::testing::TempDir()) / "mantissa_test_missing_directories";
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST_F(MissingDirectories, AreThePathAndItsMissingAncestorsDeepestFirst) {
+  EXPECT_EQ(missing_directories(root_ / "a" / "b"),
+            (std::vector<fs::path>{root_ / "a" / "b", root_ / "a"}));
+  EXPECT_EQ(missing_directories(root_), std::vector<fs::path>{});
+  fs::create_directory(root_ / "a");
+  EXPECT_EQ(missing_directories(root_ / "a" / "b"), std::vector<fs::path>{root_ / "a" / "b"});
+}
+
+TEST_F(MissingDirectories, ARelativePathIsMadeAbsolute) {
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root_);
+  const std::vector<fs::path> missing = missing_directories("x/y");
+  fs::current_path(cwd);
+  EXPECT_EQ(missing, (std::vector<fs::path>{root_ / "x" / "y", root_ / "x"}));
+}
+
+TEST_F(MissingDirectories, ADanglingSymlinkIsTheUsersNotMissing) {
+  fs::create_symlink(root_ / "nowhere", root_ / "link");
+  ASSERT_FALSE(fs::exists(root_ / "link"));  // status() follows it: it reads as missing
+  EXPECT_EQ(missing_directories(root_ / "link" / "run"),
+            std::vector<fs::path>{root_ / "link" / "run"});
+  EXPECT_EQ(missing_directories(root_ / "link"), std::vector<fs::path>{});
+}
+
+}  // namespace
+}  // namespace mantissa::core
