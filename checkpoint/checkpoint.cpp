@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
@@ -22,6 +23,14 @@ namespace {
 
 constexpr const char* kManifestName = "manifest.pb";
 constexpr const char* kLatestName = "latest";
+// step_<N> is written as step_<N>.tmp and removed as step_<N>.removed.tmp: neither is a
+// checkpoint, and a save's first phase clears what a crash left of either.
+constexpr std::string_view kUnfinishedSuffix = ".tmp";
+constexpr std::string_view kRemovedSuffix = ".removed.tmp";
+
+bool is_left_by_a_crash(const std::string& name) {
+  return name.starts_with("step_") && name.ends_with(kUnfinishedSuffix);
+}
 
 // --- writing: every failure is a core::Error naming the path -------------------------------
 
@@ -118,7 +127,7 @@ std::vector<int64_t> list_checkpoints(const std::string& dir) {
 // and that the next save's first phase clears, so that a crash part way leaves no partial
 // step_<N> to count as a (damaged) checkpoint against checkpoint.keep.
 void remove_checkpoint_dir(const std::string& dir) {
-  const std::string doomed = dir + ".removed.tmp";
+  const std::string doomed = dir + std::string(kRemovedSuffix);
   fs::remove_all(doomed);
   fs::rename(dir, doomed);
   fs::remove_all(doomed);
@@ -156,7 +165,7 @@ std::string no_checkpoint_reason(const std::string& dir) {
        entries.increment(ec)) {
     empty = false;
     const std::string name = entries->path().filename().string();
-    if (name.starts_with("step_") && name.ends_with(".tmp") && !name.ends_with(".removed.tmp")) {
+    if (is_left_by_a_crash(name) && !name.ends_with(kRemovedSuffix)) {
       unfinished.push_back(name);
     }
   }
@@ -312,7 +321,7 @@ std::string Checkpointer::save(const CheckpointState& state,
   MANTISSA_CHECK(state.step >= 0, "checkpoint save: negative step " << state.step);
   const std::string name = checkpoint_dir_name(state.step);
   const std::string final_dir = options_.dir + "/" + name;
-  const std::string tmp_dir = final_dir + ".tmp";
+  const std::string tmp_dir = final_dir + std::string(kUnfinishedSuffix);
   const std::string what = "checkpoint save of " + final_dir;
 
   // 1. Rank 0 makes an empty temporary directory, clearing what a crashed save left behind.
@@ -321,7 +330,7 @@ std::string Checkpointer::save(const CheckpointState& state,
     fs::create_directories(options_.dir);
     for (const fs::directory_entry& entry : fs::directory_iterator(options_.dir)) {
       const std::string n = entry.path().filename().string();
-      if (n.starts_with("step_") && n.ends_with(".tmp")) fs::remove_all(entry.path());
+      if (is_left_by_a_crash(n)) fs::remove_all(entry.path());
     }
     fs::create_directory(tmp_dir);
   });
