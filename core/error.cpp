@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 namespace mantissa::core {
 
@@ -30,6 +31,18 @@ ErrorKind path_error_kind(int error) {
     case ENAMETOOLONG: return ErrorKind::kConfig;
     default: return ErrorKind::kFailure;
   }
+}
+
+std::string filesystem_error_text(const std::filesystem::filesystem_error& error) {
+  constexpr std::string_view kPrefix = "filesystem error: ";
+  const std::string_view what = error.what();
+  const std::string reason = ": " + error.code().message();
+  const size_t end = what.find(reason);
+  if (!what.starts_with(kPrefix) || end == std::string_view::npos) return std::string(what);
+  std::string text(what.substr(kPrefix.size(), end - kPrefix.size()));
+  if (!error.path1().empty()) text += " '" + error.path1().string() + "'";
+  if (!error.path2().empty()) text += " to '" + error.path2().string() + "'";
+  return text + reason;
 }
 
 }  // namespace mantissa::core

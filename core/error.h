@@ -14,6 +14,7 @@
 //     MANTISSA_REQUIRE(fd >= 0, kFailure, "cannot create '" << path << "': " << strerror(errno));
 #pragma once
 
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -72,6 +73,11 @@ class DivergedError : public Error {
 // for what the user must change (no permission, a read-only file system, something else in the
 // path's place), kFailure for what may pass on a retry (a full disk or quota, an I/O error).
 ErrorKind path_error_kind(int error);
+
+// A std::filesystem error worded as mantissa's own: libstdc++'s "filesystem error: cannot
+// rename: Permission denied [a] [b]" reads "cannot rename 'a' to 'b': Permission denied" (a
+// second path is the destination of a rename or copy). Any other form is left as what() has it.
+std::string filesystem_error_text(const std::filesystem::filesystem_error& error);
 
 }  // namespace mantissa::core
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "core/error.h"
@@ -25,7 +26,7 @@ inline constexpr int kExitDiverged = core::exit_code(core::ErrorKind::kDiverged)
 // How a command that failed ends: "mantissa: <message>" and kExitConfig for what the user must
 // change (a core::Error of kind kConfig), "mantissa: error: <message>" and the code of the
 // error's kind otherwise (kExitFailure for anything but a core::Error). `message` defaults to
-// the error's own.
+// the error's own (a std::filesystem error's in core::filesystem_error_text's words).
 inline int report_failure(const std::exception& e, const std::string& message) {
   const auto* error = dynamic_cast<const core::Error*>(&e);
   const core::ErrorKind kind = error ? error->kind() : core::ErrorKind::kFailure;
@@ -35,7 +36,8 @@ inline int report_failure(const std::exception& e, const std::string& message) {
   return core::exit_code(kind);
 }
 inline int report_failure(const std::exception& e) {
-  return report_failure(e, e.what());
+  const auto* fs_error = dynamic_cast<const std::filesystem::filesystem_error*>(&e);
+  return report_failure(e, fs_error ? core::filesystem_error_text(*fs_error) : e.what());
 }
 
 }  // namespace mantissa::launcher

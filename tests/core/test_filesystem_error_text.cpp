@@ -1,0 +1,66 @@
+// core::filesystem_error_text: std::filesystem's errors read as mantissa's own, with the paths
+// quoted where they belong and the reason last, from errors the library itself throws.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+
+#include "core/error.h"
+
+namespace mantissa::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FilesystemErrorText : public ::testing::Test {
+ protected:
+  FilesystemErrorText()
+      : dir_(fs::temp_directory_path() / ("mantissa_fs_error_" + std::to_string(::getpid()))) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(path("file")) << "in the way";
+  }
+  ~FilesystemErrorText() override { fs::remove_all(dir_); }
+  std::string path(const char* name) const { return (dir_ / name).string(); }
+
+  // The text of the filesystem_error that `call` throws.
+  template <typename Call>
+  static std::string text_of(Call call) {
+    try {
+      call();
+    } catch (const fs::filesystem_error& e) {
+      return filesystem_error_text(e);
+    }
+    ADD_FAILURE() << "the call threw no filesystem_error";
+    return "";
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(FilesystemErrorText, NamesThePathAndThenTheReason) {
+  const std::string under_a_file = path("file") + "/checkpoints";
+  EXPECT_EQ(text_of([&] { fs::create_directories(under_a_file); }),
+            "cannot create directories '" + under_a_file +
+                "': " + std::make_error_code(std::errc::not_a_directory).message());
+}
+
+TEST_F(FilesystemErrorText, ARenameNamesWhereFromAndWhereTo) {
+  const std::string from = path("missing");
+  const std::string to = path("step_00000010");
+  EXPECT_EQ(text_of([&] { fs::rename(from, to); }),
+            "cannot rename '" + from + "' to '" + to +
+                "': " + std::make_error_code(std::errc::no_such_file_or_directory).message());
+}
+
+TEST_F(FilesystemErrorText, AnErrorWithoutPathsKeepsItsWords) {
+  const fs::filesystem_error e("cannot do it", std::make_error_code(std::errc::io_error));
+  EXPECT_EQ(filesystem_error_text(e),
+            "cannot do it: " + std::make_error_code(std::errc::io_error).message());
+}
+
+}  // namespace
+}  // namespace mantissa::core
