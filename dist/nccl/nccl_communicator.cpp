@@ -130,22 +130,28 @@ class NcclComm {
   // Polls until the communicator has no operation being enqueued (after a call that
   // answered ncclInProgress). Throws on an asynchronous error or a timeout.
   void wait_ready(const std::string& what) {
-    const auto ready = [&] {
-      ncclResult_t state = ncclSuccess;
-      MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(get(), &state), comm_, rank());
-      check_async(state, what);
-      return state == ncclSuccess;
-    };
-    poll_until(ready, timeout_s_, [&](double waited_s) { timed_out(what, waited_s); });
+    poll_until([&] { return async_ready(what); }, timeout_s_,
+               [&](double waited_s) { timed_out(what, waited_s); });
   }
 
-  // Throws when `state` (from ncclCommGetAsyncError) is an error.
-  void check_async(ncclResult_t state, const std::string& what) {
-    if (state == ncclSuccess || state == ncclInProgress) return;
+  // Whether the communicator has no operation being enqueued; throws on its asynchronous
+  // error. That error is the communicator's, not one call's: `what`, the call in progress when
+  // it was seen, may be its cause or may not (an earlier collective still in flight may be).
+  bool async_ready(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(get(), &state), comm_, rank());
+    check_result(state, "the communicator reported an error during " + what +
+                            " (its cause may be an earlier collective still in flight)");
+    return state == ncclSuccess;
+  }
+
+  // Throws when `result` is an error, `what` saying what failed; aborts the communicator first.
+  void check_result(ncclResult_t result, const std::string& what) {
+    if (result == ncclSuccess || result == ncclInProgress) return;
     const std::string detail = ncclGetLastError(comm_);
     abort();
-    MANTISSA_FAIL("NCCL " << what << " failed on rank " << rank() << ": "
-                          << ncclGetErrorString(state) << " (" << detail << ")");
+    MANTISSA_FAIL("NCCL on rank " << rank() << ": " << what << ": " << ncclGetErrorString(result)
+                                  << " (" << detail << ")");
   }
 
   // The job's on_timeout comes first: it names the silent ranks and ends the job, and
@@ -231,9 +237,7 @@ class NcclRequest final : public Request {
  protected:
   bool poll() override {
     if (done_) return true;
-    ncclResult_t state = ncclSuccess;
-    MANTISSA_NCCL_CHECK(ncclCommGetAsyncError(comm_.get(), &state), comm_.get(), comm_.rank());
-    comm_.check_async(state, what_);
+    comm_.async_ready(what_);
     const cudaError_t query = cudaEventQuery(done_event_.get());
     if (query == cudaErrorNotReady) return false;
     if (query != cudaSuccess) {
@@ -472,10 +476,10 @@ class NcclCommunicator final : public Communicator {
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
 
-    // A failed ncclGroupEnd aborts the communicator too (check_async), for the same reason.
+    // A failed ncclGroupEnd aborts the communicator too (check_result), for the same reason.
     void end(const char* op) {
       open_ = false;
-      owner_.comm_->check_async(ncclGroupEnd(), std::string("ncclGroupEnd of ") + op);
+      owner_.comm_->check_result(ncclGroupEnd(), std::string("ncclGroupEnd of ") + op + " failed");
       owner_.comm_->wait_ready(op);
     }
 
