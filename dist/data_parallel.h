@@ -85,13 +85,14 @@ class DataParallel : public train::GradientSync {
   // keep all masters, or under ZeRO-1 exactly this rank's shard (MasterShard{rank, size}).
   // Under ZeRO-1 it keeps only this rank's shard of the masters afterwards.
   // The communicator is MPI's or NCCL's as config.backend and the device say, NCCL's
-  // bootstrapped over MPI (dist/make_data_parallel.cpp, in mantissa_dist).
+  // bootstrapped over MPI (dist/make_data_parallel.cpp, in mantissa_dist). A job of one rank
+  // keeps its gradients in FP32, whatever config.grad_reduce_dtype and accumulate_fp32 say.
   static std::unique_ptr<DataParallel> create(World& world, core::Backend& backend,
                                               train::ParameterStore& params,
                                               const DistConfig& config);
-  // The same over a communicator the caller made (config.backend is not consulted): needs
-  // no MPI, e.g. NCCL at world size 1 (mantissa_dist_core). `comm`'s device must be the
-  // backend's.
+  // The same over a communicator the caller made (config.backend is not consulted; the reduce
+  // dtype is used as given, at any size): needs no MPI, e.g. NCCL at world size 1
+  // (mantissa_dist_core). `comm`'s device must be the backend's.
   static std::unique_ptr<DataParallel> create(core::Backend& backend, train::ParameterStore& params,
                                               const DistConfig& config,
                                               std::unique_ptr<Communicator> comm);

@@ -48,7 +48,14 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
     comm = make_nccl_communicator(nccl_job_over_mpi(world, config.timeout_s), backend,
                                   config.timeout_s);
   }
-  return create(backend, params, config, std::move(comm));
+  // A job of one rank has nothing to reduce: a round trip through a reduced dtype would only
+  // round its gradients, and hold a second copy of them.
+  DistConfig job_config = config;
+  if (world.size() == 1) {
+    job_config.grad_reduce_dtype = core::DType::kF32;
+    job_config.accumulate_fp32 = false;
+  }
+  return create(backend, params, job_config, std::move(comm));
 }
 
 }  // namespace mantissa::dist

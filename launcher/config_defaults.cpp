@@ -26,6 +26,7 @@ int64_t default_ffn_hidden(int64_t n_embd) {
 // the table reads like a config file. The defaults that depend on other fields are applied in
 // apply_defaults itself: precision.loss_scale.mode (DYNAMIC for FP16, NONE otherwise),
 // precision.fp8.grad_format and power_of_two_scales (from the recipe),
+// dist.grad_reduce_dtype (FP32 for precision.mode FP32, BF16 otherwise),
 // model.llama.n_kv_head (n_head) and ffn_hidden (from n_embd), run.eval_every (on when the
 // data has a validation set) and run.dir (runs/<config file name>).
 
@@ -82,7 +83,6 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"precision.fp8.margin", "0"},
     {"precision.fp8.allow_recipe_change", "false"},
     {"dist.backend", "AUTO"},
-    {"dist.grad_reduce_dtype", "BF16"},
     {"dist.accumulate_fp32", "false"},
     {"dist.bucket_mb", "25"},
     {"dist.overlap", "true"},
@@ -141,6 +141,14 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
   if (!fp8.has_power_of_two_scales()) {
     fp8.set_power_of_two_scales(fp8.recipe() == Config::Precision::Fp8::MXFP8);
   }
+  // An FP32 run reduces in FP32, as PyTorch DDP reduces in the parameters' dtype: rounding
+  // its gradients to BF16 would make it what it was chosen not to be.
+  Config::Dist& dist = *config.mutable_dist();
+  if (!dist.has_grad_reduce_dtype()) {
+    dist.set_grad_reduce_dtype(config.precision().mode() == Config::Precision::FP32
+                                   ? Config::Dist::FP32
+                                   : Config::Dist::BF16);
+  }
   if (config.model().has_llama()) {
     Config::Model::Llama& llama = *config.mutable_model()->mutable_llama();
     if (!llama.has_n_kv_head()) llama.set_n_kv_head(llama.n_head());
@@ -163,6 +171,7 @@ std::string describe_defaults() {
   out += "  precision.loss_scale.mode = DYNAMIC for FP16, NONE otherwise\n";
   out += "  precision.fp8.grad_format = E5M2 for DELAYED and CURRENT, E4M3 otherwise\n";
   out += "  precision.fp8.power_of_two_scales = true for MXFP8, false otherwise\n";
+  out += "  dist.grad_reduce_dtype = FP32 for precision.mode FP32, BF16 otherwise\n";
   out += "  model.llama.n_kv_head = model.llama.n_head\n";
   out += "  model.llama.ffn_hidden = 8/3 model.llama.n_embd rounded up to a multiple of 64\n";
   out += "  run.eval_every = 100 when the data has a validation set, else 0\n";

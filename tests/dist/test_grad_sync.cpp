@@ -200,6 +200,30 @@ TEST_F(GradSync, Fp8BucketsOfTinyGradientsStayFinite) {
   }
 }
 
+// A job of one rank (run by dist_grad_sync_np1 alone) has nothing to reduce: whatever the
+// reduce dtype, accumulate_fp32 and ZeRO stage, its gradients stay as backward left them, bit
+// for bit. They went through the reduce dtype and back (BF16 by default) and were rounded.
+TEST_F(GradSync, ASingleRankKeepsItsGradientsExactly) {
+  ASSERT_EQ(n, 1) << "run on one rank";
+  const DType dtypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2};
+  for (DType d : dtypes) {
+    for (int zero : {0, 1}) {
+      for (bool accumulate : {false, true}) {
+        const SyncCase c{d, accumulate, zero, true};
+        train::ParameterStore params = make_sync_store(*backend);
+        auto dp = DataParallel::create(testing::world(), *backend, params, config(c));
+        fill_gradients(params, me);
+        const float* g = params.grads().data_as<float>();
+        const std::vector<float> before(g, g + params.flat_numel());
+        for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
+        EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+        EXPECT_EQ(std::memcmp(before.data(), g, before.size() * sizeof(float)), 0)
+            << describe(c) << ": the gradients changed";
+      }
+    }
+  }
+}
+
 TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
   for (DType d : {DType::kBF16, DType::kE4M3}) {
     std::vector<float> results[2];

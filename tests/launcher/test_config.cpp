@@ -209,6 +209,22 @@ TEST(ConfigDefaults, LlamaDerivesKvHeadsAndFfnWidth) {
   EXPECT_EQ(set.model().llama().rope_theta(), 10000.0);
 }
 
+// An FP32 run reduces its gradients in FP32, the reduced-precision modes in BF16; a reduce
+// dtype the config sets is kept.
+TEST(ConfigDefaults, TheReduceDtypeFollowsThePrecisionMode) {
+  using Dist = TrainConfig::Dist;
+  EXPECT_EQ(defaulted({"precision.mode=FP32"}).dist().grad_reduce_dtype(), Dist::FP32);
+  for (const char* mode : {"BF16", "FP16", "FP8_HYBRID"}) {
+    EXPECT_EQ(defaulted({std::string("precision.mode=") + mode}).dist().grad_reduce_dtype(),
+              Dist::BF16)
+        << mode;
+  }
+  EXPECT_EQ(defaulted({}).dist().grad_reduce_dtype(), Dist::BF16);
+  EXPECT_EQ(
+      defaulted({"precision.mode=FP32", "dist.grad_reduce_dtype=BF16"}).dist().grad_reduce_dtype(),
+      Dist::BF16);
+}
+
 TEST(ConfigValidate, DefaultsAreValid) {
   EXPECT_EQ(validation_error({}), "");
   EXPECT_EQ(validation_error({"model.llama={}"}), "");
