@@ -15,15 +15,21 @@
 namespace mantissa::launcher {
 
 // The value of the option args[i]: what follows its '=', else the next argument (i then
-// moves past it). An option with neither throws core::ConfigError "<name> needs a value"
-// followed by `usage` (e.g. " (see mantissa train --help)").
+// moves past it), unless that is another option ("--..."): `--run --max-new-tokens 3` is a
+// forgotten value, not a run directory named "--max-new-tokens". An option without a value
+// throws core::ConfigError "<name> needs a value" followed by `usage` (e.g. " (see mantissa
+// train --help)"); a value that starts with "--" is written "<name>=<value>".
 inline std::string option_value(const std::vector<std::string>& args, size_t& i,
                                 const std::string& usage) {
   const std::string& arg = args[i];
   const size_t eq = arg.find('=');
   if (eq != std::string::npos) return arg.substr(eq + 1);
-  if (i + 1 < args.size()) return args[++i];
-  throw core::ConfigError(arg + " needs a value" + usage);
+  if (i + 1 < args.size() && !args[i + 1].starts_with("--")) return args[++i];
+  const std::string found = i + 1 < args.size()
+                                ? ", but the next argument is the option '" + args[i + 1] +
+                                      "' (write " + arg + "=VALUE for a value starting with --)"
+                                : "";
+  throw core::ConfigError(arg + " needs a value" + found + usage);
 }
 
 // An option's value as a whole number of type T: the decimal digits alone (an optional '-' for

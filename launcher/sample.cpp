@@ -36,7 +36,8 @@ namespace {
 
 constexpr const char* kHelp =
     R"(usage: mantissa sample --run DIR [--step N] [--prompt TEXT] [--max-new-tokens N]
-                       [--temperature T] [--top-k K] [--seed S] [--device AUTO|CPU|CUDA]
+                       [--temperature T] [--top-k K] [--top-p P] [--seed S]
+                       [--device AUTO|CPU|CUDA]
 
 Generates text with the GPT-2 or Llama model of a `mantissa train` run. Reads DIR/config.pbtxt (the
 run's effective config), loads the FP32 weights of the newest intact checkpoint in
@@ -51,7 +52,12 @@ options:
   --max-new-tokens N  tokens to generate (default 256)
   --temperature T     the logits are divided by T before the softmax: below 1 sharpens, above
                       1 flattens; 0 is greedy, always the most likely token (default 1)
-  --top-k K           draw among the K most likely tokens only; 0: among all (default 0)
+  --top-k K           draw among the K most likely tokens only (exactly K: the lower ids
+                      among equally likely ones); 0: among all (default 0)
+  --top-p P           draw among the fewest most likely tokens whose probabilities (at the
+                      temperature, after --top-k) sum to at least P, the one that reaches P
+                      included: nucleus sampling, as Hugging Face's top_p; 1: among all
+                      (default 1)
   --seed S            seed of the draws: the same seed, checkpoint, prompt, options and device
                       give the same text (default 1)
   --device D          AUTO (a GPU when one is visible; the default), CPU or CUDA
@@ -76,8 +82,8 @@ exit codes:
   0  done
   1  runtime failure: no checkpoint is intact, a file cannot be read (I/O), mantissa-tokenize
      fails
-  2  bad command line or input: an unknown option, a temperature or top-k below 0, a file or
-     directory it may not access (permissions), a run
+  2  bad command line or input: an unknown option, a temperature or top-k below 0, a top-p
+     outside (0, 1], a file or directory it may not access (permissions), a run
      directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
      tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8
      for a tokenizer (bytes take any prompt), a config that the checkpoint does not fit, a
@@ -258,7 +264,7 @@ int run_sample(const SampleArgs& args) {
                 " pieces of the tokenizer " + *tokenizer_path + " (not the run's tokenizer?)");
   }
   // Check the sampling options before the (possibly long) load.
-  const models::SamplingOptions options{args.temperature, args.top_k, args.seed};
+  const models::SamplingOptions options{args.temperature, args.top_k, args.seed, args.top_p};
   models::TokenSampler sampler(options);
 
   std::string device_name;
@@ -286,12 +292,12 @@ int run_sample(const SampleArgs& args) {
   const std::string codec = tokenizer ? "tokenizer " + *tokenizer_path : "bytes";
   std::fprintf(stderr,
                "mantissa: sampling from %s (step %lld) on %s: a prompt of %zu token%s%s, %lld new, "
-               "temperature %s, top-k %lld, seed %llu; %s\n",
+               "temperature %s, top-k %lld, top-p %s, seed %llu; %s\n",
                checkpoint_dir.c_str(), static_cast<long long>(step), device_name.c_str(),
                prompt.size(), prompt.size() == 1 ? "" : "s", cut.c_str(),
                static_cast<long long>(args.max_new_tokens), format_number(args.temperature).c_str(),
-               static_cast<long long>(args.top_k), static_cast<unsigned long long>(args.seed),
-               codec.c_str());
+               static_cast<long long>(args.top_k), format_number(args.top_p).c_str(),
+               static_cast<unsigned long long>(args.seed), codec.c_str());
 
   std::unique_ptr<models::Decoder> decoder;
   if (auto* llama = dynamic_cast<models::Llama*>(model.get())) {
@@ -326,8 +332,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
     const std::string& arg = args[i];
     const std::string name = arg.substr(0, arg.find('='));
     static const char* const kOptions[] = {
-        "--run",         "--step",  "--prompt", "--max-new-tokens",
-        "--temperature", "--top-k", "--seed",   "--device"};
+        "--run",   "--step",  "--prompt", "--max-new-tokens", "--temperature",
+        "--top-k", "--top-p", "--seed",   "--device"};
     if (std::find(std::begin(kOptions), std::end(kOptions), name) == std::end(kOptions)) {
       throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
     }
@@ -344,6 +350,13 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       out.top_k = parse_integer<int64_t>(name, value, 0);
     } else if (name == "--seed") {
       out.seed = parse_integer<uint64_t>(name, value, 0);
+    } else if (name == "--top-p") {
+      const std::optional<double> top_p = finite_number(value);
+      if (!top_p) bad_value(name, "'" + value + "'", "takes a number");
+      out.top_p = *top_p;
+      if (!(out.top_p > 0.0 && out.top_p <= 1.0)) {
+        bad_value(name, value, "must lie in (0, 1] (1 draws among all tokens)");
+      }
     } else if (name == "--temperature") {
       const std::optional<double> temperature = finite_number(value);
       if (!temperature) bad_value(name, "'" + value + "'", "takes a number");

@@ -20,6 +20,7 @@ struct SampleArgs {
   int64_t max_new_tokens = 256;
   double temperature = 1.0;
   int64_t top_k = 0;
+  double top_p = 1.0;
   uint64_t seed = 1;
   std::string device = "AUTO";  // AUTO, CPU or CUDA
 };

@@ -13,6 +13,8 @@ TokenSampler::TokenSampler(const SamplingOptions& options) : options_(options) {
   MANTISSA_CHECK(std::isfinite(options.temperature) && options.temperature >= 0.0,
                  "sampling: the temperature must be finite and >= 0, got " << options.temperature);
   MANTISSA_CHECK(options.top_k >= 0, "sampling: top_k must be >= 0, got " << options.top_k);
+  MANTISSA_CHECK(options.top_p > 0.0 && options.top_p <= 1.0,
+                 "sampling: top_p must lie in (0, 1], got " << options.top_p);
 }
 
 int32_t TokenSampler::next(std::span<const float> logits) {
@@ -36,10 +38,13 @@ int32_t TokenSampler::next(std::span<const float> logits) {
 
   candidates_.resize(static_cast<size_t>(n));
   std::iota(candidates_.begin(), candidates_.end(), 0);
+  const bool nucleus = options_.top_p < 1.0;
   if (options_.top_k > 0 && options_.top_k < n) {
     const auto k = static_cast<ptrdiff_t>(options_.top_k);
     std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), before);
     candidates_.resize(static_cast<size_t>(k));
+  } else if (nucleus) {
+    std::sort(candidates_.begin(), candidates_.end(), before);
   }
   // softmax(z / T) over the candidates, unnormalised: exp((z - max) / T) in [0, 1], in double.
   float max_logit = logits[static_cast<size_t>(candidates_[0])];
@@ -51,6 +56,17 @@ int32_t TokenSampler::next(std::span<const float> logits) {
     const double z = logits[static_cast<size_t>(candidates_[j])];
     weights_[j] = std::exp((z - max_logit) / options_.temperature);
     total += weights_[j];
+  }
+  if (nucleus) {
+    // The candidates are most likely first: keep the shortest prefix that reaches top_p of the
+    // probability. Its weights' sum is the new total.
+    const double needed = options_.top_p * total;
+    double kept = 0.0;
+    size_t count = 0;
+    while (count < candidates_.size() && kept < needed) kept += weights_[count++];
+    candidates_.resize(count);
+    weights_.resize(count);
+    total = kept;
   }
   // u uniform in (0, 1), from 32 random bits; the first candidate whose cumulative weight
   // passes u * total is the draw (the most likely one always has weight 1, so total >= 1).

@@ -1,6 +1,7 @@
 // Choosing the next token from a language model's logits: greedy, or a draw from the softmax
 // at a temperature, optionally over the k most likely tokens only (nanoGPT's and llm.c's
-// options).
+// options) and over the most likely tokens that make up a share p of the probability only
+// (nucleus sampling, Hugging Face's top_p), top-k first, as Hugging Face applies them.
 //
 // Draws come from core's counter-based random_u32(seed, draw number), so a seed gives the
 // same tokens for the same logits on every machine and run, whatever else uses random numbers.
@@ -16,13 +17,18 @@ struct SamplingOptions {
   // The logits are divided by it before the softmax: below 1 sharpens, above 1 flattens; 0
   // means greedy (the most likely token, the lowest id among equals), which draws nothing.
   double temperature = 1.0;
-  int64_t top_k = 0;  // draw among the k most likely tokens only; 0: among all
+  // Draw among the k most likely tokens only (exactly k: the lower ids among equals); 0: all.
+  int64_t top_k = 0;
   uint64_t seed = 0;
+  // In (0, 1]: draw among the fewest most likely tokens (after top_k) whose probabilities sum
+  // to at least top_p, the one that reaches it included; 1: all.
+  double top_p = 1.0;
 };
 
 class TokenSampler {
  public:
-  // Throws core::Error for a temperature below 0 or not finite, or a negative top_k.
+  // Throws core::Error for a temperature below 0 or not finite, a negative top_k, or a top_p
+  // outside (0, 1].
   explicit TokenSampler(const SamplingOptions& options);
 
   // The next token, an index into `logits` (host memory, at least one). A NaN logit is an
@@ -31,9 +37,10 @@ class TokenSampler {
 
  private:
   SamplingOptions options_;
-  uint64_t draws_ = 0;               // random numbers used so far
-  std::vector<int32_t> candidates_;  // scratch: the ids drawn from, most likely first for top-k
-  std::vector<double> weights_;      // scratch: their unnormalised probabilities
+  uint64_t draws_ = 0;  // random numbers used so far
+  // Scratch: the ids drawn from, in id order, or most likely first for top_k and top_p.
+  std::vector<int32_t> candidates_;
+  std::vector<double> weights_;  // scratch: their unnormalised probabilities
 };
 
 }  // namespace mantissa::models

@@ -428,6 +428,11 @@ TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
   EXPECT_EQ(args_error({"--config", "a", "--bogus"}),
             "unknown argument '--bogus' (see mantissa train --help)");
   EXPECT_EQ(args_error({"--config"}), "--config needs a value (see mantissa train --help)");
+  // A forgotten value: the next option is not taken for it.
+  EXPECT_EQ(args_error({"--config", "--set", "run.steps=5"}),
+            "--config needs a value, but the next argument is the option '--set' (write "
+            "--config=VALUE for a value starting with --) (see mantissa train --help)");
+  EXPECT_EQ(parse_train_args("train", {"--config=--odd.pbtxt"}).config_path, "--odd.pbtxt");
   EXPECT_EQ(args_error({"--config", "a", "--progress", "fancy"}),
             "--progress takes auto, live or lines, got 'fancy' (see mantissa train --help)");
 }

@@ -1,12 +1,14 @@
 """`mantissa sample` end to end, through the real executables:
  - on a tiny run trained on the synthetic corpus (bytes): a seed gives the same text twice,
    other seeds give other text, temperature 0 is greedy (the same text whatever the seed),
-   top-k 1 is greedy too; the text starts with the prompt; a prompt longer than seq_len and
-   generation far past seq_len (the window slides) work; --step picks a checkpoint;
+   top-k 1 and a tiny top-p are greedy too; the text starts with the prompt; a prompt longer
+   than seq_len and generation far past seq_len (the window slides) work; --step picks a
+   checkpoint;
  - bad input exits 2 with one line that names it: no --run, a directory without config.pbtxt,
-   a run without a checkpoint, a step that was not saved, a temperature or top-k below 0, an
-   unknown option, a missing tokenizer file (data.tokenizer, or tokenizer.model beside the
-   shards), --device CUDA without a GPU;
+   a run without a checkpoint, a step that was not saved, a temperature or top-k below 0, a
+   top-p outside (0, 1], an option where a value belongs, an unknown option, a missing
+   tokenizer file (data.tokenizer, or tokenizer.model beside the shards), --device CUDA
+   without a GPU;
  - the help lists the options and exit codes, and `mantissa --help` lists the command;
  - the whole chain on a licence text every Debian machine has: `mantissa tokenize train` and
    `encode` with a validation split, 2 ranks under mpirun with evaluation (the validation loss
@@ -80,6 +82,9 @@ class TinyRun(unittest.TestCase):
         self.assertEqual(greedy, self.text("--temperature", "0", "--seed", "2",
                                            "--max-new-tokens", "60"))
         self.assertEqual(greedy, self.text("--top-k", "1", "--seed", "3", "--max-new-tokens", "60"))
+        # So is a top-p so small that the most likely token alone reaches it.
+        self.assertEqual(greedy, self.text("--top-p", "1e-9", "--seed", "4",
+                                           "--max-new-tokens", "60"))
         # An empty prompt starts from a newline, which is not printed.
         self.assertEqual(len(greedy), 61)
 
@@ -140,6 +145,10 @@ class TinyRun(unittest.TestCase):
         self.assertIn("needs --run DIR", self.bad(run=False))
         self.assertIn("--temperature -0.5: must be >= 0", self.bad("--temperature", "-0.5"))
         self.assertIn("--top-k -1: must be >= 0", self.bad("--top-k", "-1"))
+        self.assertIn("--top-p 0: must lie in (0, 1]", self.bad("--top-p", "0"))
+        self.assertIn("--top-p 1.5: must lie in (0, 1]", self.bad("--top-p", "1.5"))
+        self.assertIn("--run needs a value, but the next argument is the option '--seed'",
+                      self.bad("--run", "--seed", "3", run=False))
         self.assertIn("unknown argument '--topk'", self.bad("--topk", "3"))
         self.assertIn("--max-new-tokens 'many': takes an integer",
                       self.bad("--max-new-tokens", "many"))

@@ -9,7 +9,8 @@
 //    same, and its full forward's logits are the model's own (Llama::logits);
 //  - generate(): greedy tokens equal those of re-running the full forward over the same
 //    context, also after the window slides past seq_len; a seed repeats its tokens;
-//  - TokenSampler: greedy, ties, top-k, the softmax distribution at a temperature, seeds, and
+//  - TokenSampler: greedy, ties, top-k, top-p, the softmax distribution at a temperature, seeds,
+//  and
 //    the options and logits it refuses.
 #include <gtest/gtest.h>
 
@@ -412,6 +413,50 @@ TEST(TokenSampler, TopKDrawsAmongTheKMostLikely) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(all.next(logits), none.next(logits));
 }
 
+// Nucleus sampling: the fewest most likely tokens whose probabilities reach top_p, the one
+// that reaches it included, drawn in proportion to their probabilities. Probabilities 0.4,
+// 0.3, 0.2, 0.1 (tokens 2, 0, 3, 1): top_p 0.65 keeps tokens 2 and 0 (0.7 reaches it), 0.75
+// keeps 2, 0 and 3, and top_k 2 first leaves 2 and 0 (renormalised 4/7 and 3/7), of which
+// top_p 0.5 keeps token 2 alone.
+TEST(TokenSampler, TopPDrawsAmongTheFewestMostLikelyThatReachIt) {
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.1f), std::log(0.4f),
+                                     std::log(0.2f)};
+  const auto frequencies = [&](const SamplingOptions& options) {
+    TokenSampler sampler(options);
+    std::vector<double> counts(logits.size());
+    const int draws = 40000;
+    for (int i = 0; i < draws; ++i) ++counts[static_cast<size_t>(sampler.next(logits))];
+    for (double& c : counts) c /= draws;
+    return counts;
+  };
+  const auto expect_near = [](const std::vector<double>& got, const std::vector<double>& want) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      // Five standard deviations of a frequency over 40000 draws; an excluded token never.
+      const double tolerance = want[i] == 0.0 ? 0.0 : 5.0 * std::sqrt(0.25 / 40000);
+      EXPECT_NEAR(got[i], want[i], tolerance) << "token " << i;
+    }
+  };
+  {
+    SCOPED_TRACE("top_p 0.65");
+    expect_near(frequencies({1.0, 0, 5, 0.65}), {3.0 / 7, 0.0, 4.0 / 7, 0.0});
+  }
+  {
+    SCOPED_TRACE("top_p 0.75");
+    expect_near(frequencies({1.0, 0, 5, 0.75}), {3.0 / 9, 0.0, 4.0 / 9, 2.0 / 9});
+  }
+  {
+    SCOPED_TRACE("top_k 2, then top_p 0.5");
+    expect_near(frequencies({1.0, 2, 5, 0.5}), {0.0, 0.0, 1.0, 0.0});
+  }
+  // A tiny top_p keeps the most likely token alone: greedy.
+  TokenSampler tiny(SamplingOptions{1.0, 0, 5, 1e-9});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(tiny.next(logits), 2);
+  // top_p 1 is every token, as without it: the same draws.
+  TokenSampler one(SamplingOptions{1.0, 0, 5, 1.0});
+  TokenSampler plain(SamplingOptions{1.0, 0, 5});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(one.next(logits), plain.next(logits));
+}
+
 TEST(TokenSampler, SeedsRepeatAndDiffer) {
   std::vector<float> logits(50);
   for (size_t i = 0; i < logits.size(); ++i) logits[i] = normal(3, static_cast<int64_t>(i), 1.0f);
@@ -433,6 +478,9 @@ TEST(TokenSampler, RefusesBadOptionsAndLogits) {
       "temperature must be finite and >= 0");
   expect_error([] { TokenSampler(SamplingOptions{INFINITY, 0, 1}); }, "temperature");
   expect_error([] { TokenSampler(SamplingOptions{1.0, -1, 1}); }, "top_k must be >= 0, got -1");
+  expect_error([] { TokenSampler(SamplingOptions{1.0, 0, 1, 0.0}); }, "top_p must lie in (0, 1]");
+  expect_error([] { TokenSampler(SamplingOptions{1.0, 0, 1, 1.5}); }, "top_p must lie in (0, 1]");
+  expect_error([] { TokenSampler(SamplingOptions{1.0, 0, 1, NAN}); }, "top_p must lie in (0, 1]");
   TokenSampler sampler(SamplingOptions{1.0, 0, 1});
   expect_error([&] { sampler.next(std::vector<float>{0.0f, NAN}); }, "logit 1 is ");
   expect_error([&] { sampler.next(std::vector<float>{}); }, "no logits");
