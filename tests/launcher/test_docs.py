@@ -132,7 +132,7 @@ printf '%s\\n' "$*" >"$STUB_DIR/launcher.args"
 printf '%s\\n' "$OMP_NUM_THREADS" >"$STUB_DIR/launcher.omp"
 trap 'exit "$STUB_EXIT"' USR1
 # A rank's first line, after its handlers are set; deploy/mantissa-mpirun holds USR1 back until
-# one comes (or 5 s have passed: STUB_QUIET, output it does not see).
+# one comes (or, where Open MPI's output_filename is set, 5 s have passed: STUB_QUIET).
 [ -n "${STUB_QUIET:-}" ] || echo "mantissa: stand-in started" >&2
 touch "$STUB_DIR/launcher.started"
 if [ "$STUB_WAIT" = 1 ]; then
@@ -221,11 +221,12 @@ class SlurmScripts(unittest.TestCase):
                                               f"preemption may be requeued:\n{self.output}")
 
     def test_a_preemption_reaches_ranks_whose_output_mpirun_keeps(self):
-        # mpirun --output-filename: no rank line passes the wrapper, which sends USR1 once
-        # mpirun has run 5 s.
+        # Open MPI's output_filename set in the environment (as mpirun --output-filename): no
+        # rank line passes the wrapper, which sends USR1 once mpirun has run 5 s.
         script, launcher = "mantissa-multinode.sbatch", "mpirun"
         status = self.run_script(script, launcher, 0, True, SLURM_CPUS_PER_TASK="1",
-                                 STUB_QUIET="1")
+                                 STUB_QUIET="1",
+                                 OMPI_MCA_orte_output_filename=os.path.join(self.dir, "out"))
         self.assertEqual(status, 0, self.output)
         self.assertEqual(self.stub_file("scontrol.calls"), "requeue 42\n", self.output)
 
