@@ -38,36 +38,42 @@ int32_t TokenSampler::next(std::span<const float> logits) {
 
   candidates_.resize(static_cast<size_t>(n));
   std::iota(candidates_.begin(), candidates_.end(), 0);
-  const bool nucleus = options_.top_p < 1.0;
+  size_t sorted = 0;  // candidates_[0, sorted) are the most likely, in order
   if (options_.top_k > 0 && options_.top_k < n) {
     const auto k = static_cast<ptrdiff_t>(options_.top_k);
     std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), before);
     candidates_.resize(static_cast<size_t>(k));
-  } else if (nucleus) {
-    std::sort(candidates_.begin(), candidates_.end(), before);
+    sorted = candidates_.size();
   }
   // softmax(z / T) over the candidates, unnormalised: exp((z - max) / T) in [0, 1], in double.
-  float max_logit = logits[static_cast<size_t>(candidates_[0])];
-  for (const int32_t c : candidates_)
-    max_logit = std::max(max_logit, logits[static_cast<size_t>(c)]);
+  // The most likely token is among the candidates, so max is the largest logit.
+  const double max_logit = *std::max_element(logits.begin(), logits.end());
+  const auto weight = [&](int32_t id) {
+    return std::exp((logits[static_cast<size_t>(id)] - max_logit) / options_.temperature);
+  };
+  if (options_.top_p < 1.0) {
+    // The shortest run of most likely candidates that reaches top_p of the probability. It is
+    // usually far shorter than the vocabulary, so the candidates are ordered a prefix at a
+    // time, twice as long each time it falls short, instead of all of them.
+    double all = 0.0;
+    for (const int32_t c : candidates_) all += weight(c);
+    const double needed = options_.top_p * all;
+    double reached = 0.0;
+    size_t count = 0;
+    for (;;) {
+      while (count < sorted && reached < needed) reached += weight(candidates_[count++]);
+      if (reached >= needed || count == candidates_.size()) break;
+      const size_t longer = std::min(candidates_.size(), std::max<size_t>(64, 2 * sorted));
+      std::partial_sort(candidates_.begin() + static_cast<ptrdiff_t>(sorted),
+                        candidates_.begin() + static_cast<ptrdiff_t>(longer), candidates_.end(),
+                        before);
+      sorted = longer;
+    }
+    candidates_.resize(count);
+  }
   weights_.resize(candidates_.size());
   double total = 0.0;
-  for (size_t j = 0; j < candidates_.size(); ++j) {
-    const double z = logits[static_cast<size_t>(candidates_[j])];
-    weights_[j] = std::exp((z - max_logit) / options_.temperature);
-    total += weights_[j];
-  }
-  if (nucleus) {
-    // The candidates are most likely first: keep the shortest prefix that reaches top_p of the
-    // probability. Its weights' sum is the new total.
-    const double needed = options_.top_p * total;
-    double kept = 0.0;
-    size_t count = 0;
-    while (count < candidates_.size() && kept < needed) kept += weights_[count++];
-    candidates_.resize(count);
-    weights_.resize(count);
-    total = kept;
-  }
+  for (size_t j = 0; j < candidates_.size(); ++j) total += weights_[j] = weight(candidates_[j]);
   // u uniform in (0, 1), from 32 random bits; the first candidate whose cumulative weight
   // passes u * total is the draw (the most likely one always has weight 1, so total >= 1).
   const double u =

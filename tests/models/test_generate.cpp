@@ -448,6 +448,19 @@ TEST(TokenSampler, TopPDrawsAmongTheFewestMostLikelyThatReachIt) {
     SCOPED_TRACE("top_k 2, then top_p 0.5");
     expect_near(frequencies({1.0, 2, 5, 0.5}), {0.0, 0.0, 1.0, 0.0});
   }
+  // Among 1000 equally likely tokens, top_p 0.5 keeps the 500 of the lowest ids, found a
+  // prefix at a time (64, 128, 256, 512), and draws them all alike.
+  {
+    const std::vector<float> equal(1000, 0.25f);
+    TokenSampler half(SamplingOptions{1.0, 0, 7, 0.5});
+    std::vector<int> counts(2);
+    for (int i = 0; i < 20000; ++i) ++counts[half.next(equal) < 250 ? 0 : 1];
+    EXPECT_NEAR(counts[0], 10000, 5.0 * std::sqrt(5000.0)) << "ids below 250";
+    TokenSampler again(SamplingOptions{1.0, 0, 8, 0.5});
+    int highest = 0;
+    for (int i = 0; i < 20000; ++i) highest = std::max(highest, again.next(equal));
+    EXPECT_EQ(highest, 499);
+  }
   // A tiny top_p keeps the most likely token alone: greedy.
   TokenSampler tiny(SamplingOptions{1.0, 0, 5, 1e-9});
   for (int i = 0; i < 20; ++i) EXPECT_EQ(tiny.next(logits), 2);
