@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
+#include "tests/common/scratch_dir.h"
 
 namespace fs = std::filesystem;
 using namespace mantissa;
@@ -25,24 +26,6 @@ using checkpoint::CheckpointState;
 using checkpoint::crc32c;
 
 namespace {
-
-// A fresh directory under the test's temporary directory, removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = (fs::temp_directory_path() /
-             ("mantissa_ckpt_" + std::string(info->name()) + "_" + std::to_string(::getpid())))
-                .string();
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -135,7 +118,7 @@ struct Slices {
 class CheckpointTest : public ::testing::Test {
  protected:
   std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
-  TempDir tmp;
+  tests::ScratchDir tmp{"mantissa_ckpt"};
   std::string dir() const { return tmp.path() + "/ckpt"; }
   checkpoint::CheckpointOptions options(int keep = 3) const {
     // Small entries, so that buffers are split into several pieces with their own CRCs.

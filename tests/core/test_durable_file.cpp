@@ -1,6 +1,5 @@
 // core::write_file_atomically: the file holds its old or its new content, never a part.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -9,6 +8,7 @@
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "tests/common/scratch_dir.h"
 
 namespace mantissa::core {
 namespace {
@@ -17,13 +17,7 @@ namespace fs = std::filesystem;
 
 class WriteFileAtomically : public ::testing::Test {
  protected:
-  WriteFileAtomically()
-      : dir_(fs::temp_directory_path() / ("mantissa_durable_" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~WriteFileAtomically() override { fs::remove_all(dir_); }
-  std::string path(const char* name) const { return (dir_ / name).string(); }
+  std::string path(const char* name) const { return dir_.file(name); }
   static std::string read(const std::string& path) {
     std::ifstream in(path);
     std::stringstream text;
@@ -32,7 +26,7 @@ class WriteFileAtomically : public ::testing::Test {
   }
 
  private:
-  fs::path dir_;
+  tests::ScratchDir dir_{"mantissa_durable"};
 };
 
 TEST_F(WriteFileAtomically, ReplacesTheContent) {

@@ -1,7 +1,6 @@
 // core::filesystem_error_text: std::filesystem's errors read as mantissa's own, with the paths
 // quoted where they belong and the reason last, from errors the library itself throws.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -9,6 +8,7 @@
 #include <system_error>
 
 #include "core/error.h"
+#include "tests/common/scratch_dir.h"
 
 namespace mantissa::core {
 namespace {
@@ -17,14 +17,8 @@ namespace fs = std::filesystem;
 
 class FilesystemErrorText : public ::testing::Test {
  protected:
-  FilesystemErrorText()
-      : dir_(fs::temp_directory_path() / ("mantissa_fs_error_" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    std::ofstream(path("file")) << "in the way";
-  }
-  ~FilesystemErrorText() override { fs::remove_all(dir_); }
-  std::string path(const char* name) const { return (dir_ / name).string(); }
+  FilesystemErrorText() { std::ofstream(path("file")) << "in the way"; }
+  std::string path(const char* name) const { return dir_.file(name); }
 
   // The text of the filesystem_error that `call` throws.
   template <typename Call>
@@ -38,7 +32,7 @@ class FilesystemErrorText : public ::testing::Test {
     return "";
   }
 
-  fs::path dir_;
+  tests::ScratchDir dir_{"mantissa_fs_error"};
 };
 
 TEST_F(FilesystemErrorText, NamesThePathAndThenTheReason) {

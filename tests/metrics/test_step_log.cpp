@@ -2,7 +2,6 @@
 // move, in order, to rank<R>.rolled_back.jsonl (metrics/run_log.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "metrics/run_log.h"
+#include "tests/common/scratch_dir.h"
 
 namespace mantissa::metrics {
 namespace {
@@ -18,27 +18,22 @@ namespace fs = std::filesystem;
 
 class StepLogStart : public ::testing::Test {
  protected:
-  StepLogStart()
-      : dir_(fs::temp_directory_path() / ("mantissa_step_log_" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_ / "log");
-  }
-  ~StepLogStart() override { fs::remove_all(dir_); }
+  StepLogStart() { fs::create_directories(dir_.file("log")); }
 
   void write(const std::string& name, const std::vector<std::string>& lines) {
-    std::ofstream out(dir_ / "log" / name);
+    std::ofstream out(dir_.file("log/" + name));
     for (const std::string& line : lines) out << line << "\n";
   }
   std::vector<std::string> read(const std::string& name) {
-    std::ifstream in(dir_ / "log" / name);
+    std::ifstream in(dir_.file("log/" + name));
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
     return lines;
   }
-  std::string run_dir() const { return dir_.string(); }
+  std::string run_dir() const { return dir_.path(); }
 
  private:
-  fs::path dir_;
+  tests::ScratchDir dir_{"mantissa_step_log"};
 };
 
 std::string line(int step, const char* tag) {
