@@ -116,7 +116,9 @@ void LossScaler::set_state(const LossScalerState& state) {
   }
   // kDynamic carries the scale on, inside this run's [min, max]; kStatic and kNone keep the
   // scale the config says (a run may switch modes when it resumes, e.g. FP16 to BF16). The
-  // counters carry over.
+  // counters carry over, inside this run's intervals: clean steps past a shorter
+  // growth_interval grow the scale at the next clean step (update() grows it when the count
+  // reaches the interval, which a count already past it never would again).
   const float scale = config_.mode == LossScaleMode::kDynamic
                           ? std::clamp(state.scale, static_cast<float>(config_.min),
                                        static_cast<float>(config_.max))
@@ -124,6 +126,8 @@ void LossScaler::set_state(const LossScalerState& state) {
   state_ = state;
   state_.scale = scale;
   state_.dynamic = config_.mode == LossScaleMode::kDynamic;
+  state_.growth_tracker = std::min(state_.growth_tracker, config_.growth_interval - 1);
+  state_.hysteresis_tracker = std::min(state_.hysteresis_tracker, config_.hysteresis);
 }
 
 }  // namespace mantissa::core

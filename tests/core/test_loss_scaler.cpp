@@ -270,6 +270,32 @@ TEST(LossScaler, DynamicRestoreClampsTheScaleIntoItsRange) {
   EXPECT_EQ(scaler.scale(), 1.0f);
 }
 
+// A run resumed with a shorter growth_interval or a smaller hysteresis: clean steps counted
+// past the new interval grow the scale at the next clean step (a count of 5 against an
+// interval of 3 had frozen it until the next overflow), and no more overflows are tolerated
+// than the new hysteresis allows.
+TEST(LossScaler, DynamicRestoreFitsTheCountersIntoShorterIntervals) {
+  LossScalerConfig longer = small_dynamic();
+  longer.growth_interval = 10;
+  longer.hysteresis = 4;
+  LossScaler before(longer);
+  for (int i = 0; i < 5; ++i) before.update(false);
+  LossScalerState s = before.state();
+  s.hysteresis_tracker = 4;
+  ASSERT_EQ(s.growth_tracker, 5);
+
+  LossScaler resumed(small_dynamic());  // growth_interval 3, hysteresis 2
+  resumed.set_state(s);
+  EXPECT_EQ(resumed.state().growth_tracker, 2);
+  EXPECT_EQ(resumed.state().hysteresis_tracker, 2);
+  resumed.update(false);
+  EXPECT_EQ(resumed.scale(), 16.0f);  // grown from 8 at the first clean step
+  resumed.update(false);
+  resumed.update(false);
+  resumed.update(false);
+  EXPECT_EQ(resumed.scale(), 32.0f);  // and every 3 clean steps after it
+}
+
 // A BF16 run (kNone, scale 1) resumed in FP16: the fixed scale says nothing about the
 // gradients' range, so the dynamic scale starts where a fresh run starts.
 TEST(LossScaler, DynamicRestoreAfterAFixedScaleStartsAfresh) {
