@@ -58,6 +58,28 @@ std::string data_source(const TrainConfig::Data& data) {
   return "synthetic tokens";
 }
 
+// Weights that fit the model's shapes may still mean something else: other heads split every
+// attention layer's projections differently, and another norm epsilon changes every norm.
+// Only a Llama's context may change on resume: its seq_len (no weight depends on it) and the
+// RoPE base that long-context training raises with it. The checkpoint's model, or a
+// core::ConfigError naming what differs (every rank alike: all read the same checkpoint).
+void require_the_trained_model(const checkpoint::CheckpointState& state, const TrainConfig& config,
+                               const std::string& dir) {
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  if (!recorded) return;
+  std::vector<std::string> changed = model_differences(*recorded, config);
+  std::erase_if(changed, [](const std::string& c) {
+    return c.starts_with("model.llama.seq_len ") || c.starts_with("model.llama.rope_theta ");
+  });
+  if (changed.empty()) return;
+  throw core::ConfigError(
+      "checkpoint step " + std::to_string(state.step) + " in " + dir +
+      " was trained with another model config (checkpoint -> this config: " +
+      core::join(changed, ", ") +
+      "): its weights would compute something else; resume with the model config it was "
+      "trained with, or start in another run.dir");
+}
+
 // Without ZeRO every rank holds the same replica of masters and moments, and checkpoints split
 // it evenly: rank r of N saves, and at a resume reads, elements [n r / N, n (r + 1) / N) of
 // each buffer (Megatron's fully parallel save and load), so the ranks share the file system's
@@ -301,6 +323,7 @@ bool Trainer::restore() {
                 checkpoint::no_checkpoint_reason(checkpointer_->options().dir));
     return false;
   }
+  require_the_trained_model(*state, config_, checkpointer_->options().dir);
   if (config_.dist().zero_stage() == 0 && world_.size() > 1) {
     // Each rank read its 1/N of the replica; the other parts come from the ranks that read
     // them, over the interconnect rather than the file system.
@@ -356,15 +379,28 @@ void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
       // Checkpoints older than the recorded recipe had a per-tensor one.
       const std::string& saved = state.fp8.recipe;
       const bool changed = saved.empty() ? core::is_block_recipe(recipe) : saved != now;
+      // The same recipe with another precision.fp8.grad_format: the gradients' scales (fitted
+      // to one format's range) do not carry over either.
+      const std::optional<std::string> reformatted =
+          changed ? std::nullopt : fp8->registry().format_change(state.fp8);
+      const bool allowed = config_.precision().fp8().allow_recipe_change();
+      const std::string afresh =
+          "set precision.fp8.allow_recipe_change=true to resume with fresh FP8 scaling state";
       if (changed) {
-        require(config_.precision().fp8().allow_recipe_change(), "precision.fp8.recipe", now,
+        require(allowed, "precision.fp8.recipe", now,
                 "differs from the recipe of the checkpoint to resume (" +
-                    (saved.empty() ? std::string("DELAYED or CURRENT") : saved) +
-                    "); set precision.fp8.allow_recipe_change=true to resume with fresh FP8 "
-                    "scaling state");
+                    (saved.empty() ? std::string("DELAYED or CURRENT") : saved) + "); " + afresh);
         say("mantissa: FP8 recipe " + now + " replaces the checkpoint's " +
             (saved.empty() ? std::string("per-tensor recipe") : saved) +
             ": FP8 scaling state starts afresh");
+      } else if (reformatted) {
+        const std::string format =
+            TrainConfig::Precision::Fp8::Format_Name(config_.precision().fp8().grad_format());
+        require(allowed, "precision.fp8.grad_format", format,
+                "differs from the format of the checkpoint to resume (" + *reformatted + "); " +
+                    afresh);
+        say("mantissa: FP8 gradient format " + format + " replaces the checkpoint's (" +
+            *reformatted + "): FP8 scaling state starts afresh");
       } else {
         fp8->registry().set_state(state.fp8);
         fp8->upload_scales(*backend_);

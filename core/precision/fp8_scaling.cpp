@@ -133,6 +133,19 @@ void Fp8ScalingRegistry::update(std::span<const float> amaxes) {
   }
 }
 
+std::optional<std::string> Fp8ScalingRegistry::format_change(const Fp8ScalingState& state) const {
+  if (state.tensors.size() != state_.tensors.size()) return std::nullopt;
+  for (size_t i = 0; i < state.tensors.size(); ++i) {
+    const Fp8TensorState& was = state.tensors[i];
+    const Fp8TensorState& is = state_.tensors[i];
+    if (was.name != is.name) return std::nullopt;
+    if (was.format != is.format) {
+      return "'" + is.name + "' was " + dtype_name(was.format) + ", is " + dtype_name(is.format);
+    }
+  }
+  return std::nullopt;
+}
+
 void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
   MANTISSA_CHECK(
       state.recipe.empty() || state.recipe == state_.recipe,

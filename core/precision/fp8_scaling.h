@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -137,6 +138,10 @@ class Fp8ScalingRegistry {
   // formats, order) with histories of history_len() entries, under this recipe (an empty
   // recipe, from an older checkpoint, is taken for this one).
   void set_state(const Fp8ScalingState& state);
+  // The first registered tensor whose format differs from the same tensor's in `state` (a
+  // checkpoint saved with another precision.fp8.grad_format), as "'<name>' was <format>, is
+  // <format>"; nullopt when every format matches or the tensors are not the same ones.
+  std::optional<std::string> format_change(const Fp8ScalingState& state) const;
   // Entries of each tensor's amax history: amax_history_len, or 1 for the block recipes.
   int32_t history_len() const { return history_len_; }
 

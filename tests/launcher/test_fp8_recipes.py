@@ -2,7 +2,8 @@
  - each block recipe trains a tiny GPT on the CPU;
  - checkpoints record the recipe: a resume with another recipe stops with exit code 2 naming
    precision.fp8.recipe and both recipes, unless precision.fp8.allow_recipe_change=true, which
-   resumes (same step) with fresh FP8 scaling state; the same recipe resumes silently;
+   resumes (same step) with fresh FP8 scaling state; the same recipe resumes silently; another
+   precision.fp8.grad_format likewise;
  - shapes a recipe's blocks do not fit are refused before training (exit code 2).
 """
 
@@ -55,6 +56,22 @@ class Fp8Recipes(lu.TempDirTest):
         same = self.train("run", "precision.fp8.recipe=ROWWISE", steps=12)
         self.assertEqual(same.returncode, 0, same.stderr)
         self.assertNotIn("replaces", same.stderr)
+
+    def test_resume_with_another_gradient_format_needs_permission(self):
+        # The same recipe with another precision.fp8.grad_format: refused the same way (it was
+        # an internal error, exit 1), and with permission the scaling state starts afresh.
+        first = self.train("format", steps=6)
+        self.assertEqual(first.returncode, 0, first.stderr)
+        refused = self.train("format", "precision.fp8.grad_format=E4M3")
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn("precision.fp8.grad_format = E4M3: differs from the format of the "
+                      "checkpoint to resume (", refused.stderr)
+        self.assertIn("was e5m2, is e4m3", refused.stderr)
+        self.assertIn("precision.fp8.allow_recipe_change=true", refused.stderr)
+        allowed = self.train("format", "precision.fp8.grad_format=E4M3",
+                             "precision.fp8.allow_recipe_change=true", steps=9)
+        self.assertEqual(allowed.returncode, 0, allowed.stderr)
+        self.assertIn("FP8 gradient format E4M3 replaces the checkpoint's", allowed.stderr)
 
     def test_shapes_that_break_the_blocks_are_refused(self):
         result = self.train("bad", "precision.fp8.recipe=BLOCKWISE", "model.gpt2.n_embd=96",
