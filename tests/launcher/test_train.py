@@ -637,6 +637,19 @@ class Training(lu.TempDirTest):
         self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
                                                      "step_00000040")))
 
+    def test_checkpoint_of_other_heads_is_a_config_error(self):
+        # Other heads fit every weight's shape and split the attention differently: the
+        # checkpoint's weights would compute something else. It was resumed without a word.
+        result = self.mantissa(*self.train_args("heads", "run.steps=20"), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.mantissa(*self.train_args("heads", "model.gpt2.n_head=4"), ranks=RANKS)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("checkpoint step 20 in " + os.path.join(self.run_dir("heads"), "checkpoints")
+                      + " was trained with another model config (checkpoint -> this config: "
+                      "model.gpt2.n_head 2 -> 4)", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.run_dir("heads"), "checkpoints",
+                                                     "step_00000040")))
+
     def test_resume_never_over_checkpoints_stops_every_rank(self):
         # The ranks list the checkpoints together (a collective) and all stop with exit 2;
         # ranks that list different ones: test_checkpoint's RanksThatListDifferentCheckpoints.
