@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <iomanip>
+#include <sstream>
 #include <utility>
 
 #include "core/device_peaks.h"
@@ -439,6 +441,21 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
       recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
   if (!changed.empty()) {
     say("mantissa: settings changed since the checkpoint: " + core::join(changed, ", "));
+  }
+  // The schedule spans run.steps: a longer run (or other optimizer settings) moves the rate the
+  // next step takes, which the list above does not show.
+  if (recorded) {
+    const double was = core::LrSchedule(lr_schedule_config(*recorded)).at(state.step);
+    const double is = schedule_->at(state.step);
+    if (was != is) {
+      const auto rate = [](double lr) {
+        std::ostringstream text;
+        text << std::setprecision(3) << lr;
+        return text.str();
+      };
+      say("mantissa: note: the learning rate of step " + std::to_string(state.step + 1) + " is " +
+          rate(is) + " under this config's schedule (" + rate(was) + " under the checkpoint's)");
+    }
   }
   // On another number of ranks, the same micro-batches make another global batch; the
   // settings above are per rank, so no difference lists it.

@@ -203,6 +203,10 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: note: the global batch changes from 8 to 4 sequences per step",
                       result.stderr)
+        # run.steps 2 -> 3 stretches the cosine: step 3 takes lr_min + (lr - lr_min) / 4
+        # (0.003 peak, 0.1 floor) where the checkpoint's schedule had ended at lr_min.
+        self.assertIn("mantissa: note: the learning rate of step 3 is 0.000975 under this "
+                      "config's schedule (0.0003 under the checkpoint's)", result.stderr)
 
     def test_ranks_free_to_share_cpus_divide_them(self):
         # Two ranks that mpirun does not bind may both run on every CPU of this machine: without
