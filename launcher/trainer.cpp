@@ -189,6 +189,14 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
         ", and the validation set holds " + std::to_string(evaluator_->tokens()) +
         " tokens in whole windows of seq_len + 1: each evaluation reads those");
   }
+  // Allowed (a user's choice), but never FP16's default: a config written out by an earlier
+  // BF16 run (run.dir/config.pbtxt lists loss_scale.mode NONE) and resumed in FP16 gets it.
+  if (config_.precision().mode() == TrainConfig::Precision::FP16 &&
+      config_.precision().loss_scale().mode() == TrainConfig::Precision::LossScale::NONE) {
+    say("mantissa: warning: precision.mode FP16 with precision.loss_scale.mode NONE: gradients "
+        "smaller than about 6e-8 (FP16's smallest subnormal) are lost and above 65504 "
+        "overflow; DYNAMIC, FP16's default, scales them into its range");
+  }
   const TrainConfig::Optimizer& optimizer = config_.optimizer();
   if (optimizer.warmup_steps() > config_.run().steps()) {
     say("mantissa: note: optimizer.warmup_steps " + std::to_string(optimizer.warmup_steps()) +

@@ -641,6 +641,19 @@ class Training(lu.TempDirTest):
         self.assertFalse(os.path.exists(os.path.join(self.run_dir("other"), "checkpoints",
                                                      "step_00000040")))
 
+    def test_fp16_without_loss_scaling_is_warned_of(self):
+        # Allowed, but not FP16's default: a run.dir/config.pbtxt of a BF16 run lists
+        # loss_scale.mode NONE, and resumed with --set precision.mode=FP16 it keeps it.
+        result = self.mantissa(*self.train_args("fp16", "run.steps=8", "precision.mode=FP16",
+                                                "precision.loss_scale.mode=NONE", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: warning: precision.mode FP16 with precision.loss_scale.mode "
+                      "NONE: gradients smaller than about 6e-8", result.stderr)
+        result = self.mantissa(*self.train_args("fp16_default", "run.steps=8",
+                                                "precision.mode=FP16", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("loss_scale.mode NONE", result.stderr)
+
     def test_checkpoint_of_other_heads_is_a_config_error(self):
         # Other heads fit every weight's shape and split the attention differently: the
         # checkpoint's weights would compute something else. It was resumed without a word.
