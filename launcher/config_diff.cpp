@@ -2,6 +2,8 @@
 
 #include <google/protobuf/text_format.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/strings.h"
 #include "launcher/config.h"
@@ -77,6 +79,24 @@ std::vector<std::string> model_differences(const TrainConfig& before, const Trai
     if (d.starts_with("model.") && !d.starts_with("model.init_from ")) out.push_back(std::move(d));
   }
   return out;
+}
+
+void require_recorded_model(const std::string& config_text, int64_t step, const std::string& dir,
+                            const TrainConfig& config,
+                            std::initializer_list<std::string_view> may_change,
+                            const std::string& advice) {
+  const std::optional<TrainConfig> recorded = recorded_config(config_text);
+  if (!recorded) return;
+  std::vector<std::string> changed = model_differences(*recorded, config);
+  std::erase_if(changed, [&](const std::string& c) {
+    return std::any_of(may_change.begin(), may_change.end(), [&](std::string_view path) {
+      return c.starts_with(path) && c.size() > path.size() && c[path.size()] == ' ';
+    });
+  });
+  if (changed.empty()) return;
+  throw core::ConfigError("checkpoint step " + std::to_string(step) + " in " + dir +
+                          " was trained with another model config (checkpoint -> this config: " +
+                          core::join(changed, ", ") + "): " + advice);
 }
 
 std::string model_change_note(const std::string& checkpoint_config_text,

@@ -4,8 +4,11 @@
 // learning rate), but the run's own record should say so.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config.pb.h"
@@ -21,6 +24,17 @@ std::vector<std::string> config_differences(const TrainConfig& before, const Tra
 // model.init_from (which only starts a run). What a checkpoint's weights mean depends on them,
 // also where no tensor shape does (heads, RoPE base, norm epsilon).
 std::vector<std::string> model_differences(const TrainConfig& before, const TrainConfig& after);
+
+// Throws core::ConfigError when the model config a checkpoint recorded (`config_text`, of step
+// `step` in `dir`) differs from `config`'s in any field but those `may_change` (paths such as
+// "model.llama.seq_len"): "checkpoint step <step> in <dir> was trained with another model
+// config (checkpoint -> this config: <differences>): <advice>". Weights that fit the model's
+// shapes may still mean something else (other heads, another norm epsilon). Nothing when the
+// text no longer parses.
+void require_recorded_model(const std::string& config_text, int64_t step, const std::string& dir,
+                            const TrainConfig& config,
+                            std::initializer_list<std::string_view> may_change,
+                            const std::string& advice);
 
 // For a checkpoint whose parameters do not fit the model (checkpoint::CheckpointMisfit):
 // "; its model config differs: model.gpt2.n_layer 2 -> 3" from the config text it recorded,

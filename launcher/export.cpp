@@ -19,23 +19,13 @@
 namespace mantissa::launcher {
 namespace {
 
-// The weights fitting the model's shapes is not enough: heads, the RoPE base or the norm
-// epsilon change what they compute without changing a shape, and --format hf writes them into
-// config.json. The model is the one the checkpoint trained.
+// The model is the one the checkpoint trained: --format hf writes heads, the RoPE base and the
+// norm epsilon into config.json. Except a Llama's seq_len, which changes no weight and only
+// config.json's max_position_embeddings: a longer context is the user's call.
 void require_model_of(const checkpoint::CheckpointState& state, const TrainConfig& config,
                       const std::string& dir) {
-  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
-  if (!recorded) return;
-  // Except a Llama's seq_len, which changes no weight and only config.json's
-  // max_position_embeddings: a longer context is the user's call.
-  std::vector<std::string> changed = model_differences(*recorded, config);
-  std::erase_if(changed,
-                [](const std::string& c) { return c.starts_with("model.llama.seq_len "); });
-  if (changed.empty()) return;
-  throw core::ConfigError("checkpoint step " + std::to_string(state.step) + " in " + dir +
-                          " was trained with another model config (checkpoint -> this config: " +
-                          core::join(changed, ", ") +
-                          "): export the model it trained, with the checkpoint's values");
+  require_recorded_model(state.config_text, state.step, dir, config, {"model.llama.seq_len"},
+                         "export the model it trained, with the checkpoint's values");
 }
 
 }  // namespace

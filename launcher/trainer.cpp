@@ -60,28 +60,6 @@ std::string data_source(const TrainConfig::Data& data) {
   return "synthetic tokens";
 }
 
-// Weights that fit the model's shapes may still mean something else: other heads split every
-// attention layer's projections differently, and another norm epsilon changes every norm.
-// Only a Llama's context may change on resume: its seq_len (no weight depends on it) and the
-// RoPE base that long-context training raises with it. The checkpoint's model, or a
-// core::ConfigError naming what differs (every rank alike: all read the same checkpoint).
-void require_the_trained_model(const checkpoint::CheckpointState& state, const TrainConfig& config,
-                               const std::string& dir) {
-  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
-  if (!recorded) return;
-  std::vector<std::string> changed = model_differences(*recorded, config);
-  std::erase_if(changed, [](const std::string& c) {
-    return c.starts_with("model.llama.seq_len ") || c.starts_with("model.llama.rope_theta ");
-  });
-  if (changed.empty()) return;
-  throw core::ConfigError(
-      "checkpoint step " + std::to_string(state.step) + " in " + dir +
-      " was trained with another model config (checkpoint -> this config: " +
-      core::join(changed, ", ") +
-      "): its weights would compute something else; resume with the model config it was "
-      "trained with, or start in another run.dir");
-}
-
 // Without ZeRO every rank holds the same replica of masters and moments, and checkpoints split
 // it evenly: rank r of N saves, and at a resume reads, elements [n r / N, n (r + 1) / N) of
 // each buffer (Megatron's fully parallel save and load), so the ranks share the file system's
@@ -333,7 +311,13 @@ bool Trainer::restore() {
                 checkpoint::no_checkpoint_reason(checkpointer_->options().dir));
     return false;
   }
-  require_the_trained_model(*state, config_, checkpointer_->options().dir);
+  // Only a Llama's context may change on resume: its seq_len (no weight depends on it) and the
+  // RoPE base that long-context training raises with it. Every rank alike: all read the same
+  // checkpoint.
+  require_recorded_model(state->config_text, state->step, checkpointer_->options().dir, config_,
+                         {"model.llama.seq_len", "model.llama.rope_theta"},
+                         "its weights would compute something else; resume with the model config "
+                         "it was trained with, or start in another run.dir");
   if (config_.dist().zero_stage() == 0 && world_.size() > 1) {
     // Each rank read its 1/N of the replica; the other parts come from the ranks that read
     // them, over the interconnect rather than the file system.

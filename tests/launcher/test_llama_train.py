@@ -3,7 +3,8 @@ the gradient sync treat Llama exactly as they treat GPT-2:
  - BF16, FP16 (dynamic loss scale), FP8_HYBRID and BF16 with ZeRO-1 all learn, and the ranks
    agree on the mean loss, the loss scale and the gradient norm at every step;
  - ZeRO-1 follows the same trajectory as plain data parallelism (FP32: losses within 1e-5);
- - a run stopped by SIGUSR1 and restarted resumes to exactly the losses of an uninterrupted one.
+ - a run stopped by SIGUSR1 and restarted resumes to exactly the losses of an uninterrupted one;
+ - a resume may lengthen the context (seq_len, rope_theta), not change the heads.
 """
 
 import math
@@ -98,6 +99,23 @@ class LlamaTraining(lu.TempDirTest):
         for a, b in zip(resumed, full[0]):
             for key in ("mean_loss", "loss_scale", "grad_norm"):
                 self.assertEqual(a[key], b[key], f"step {a['step']}: {key}")
+
+    def test_a_longer_context_resumes_and_other_heads_do_not(self):
+        # A Llama's seq_len and RoPE base may change on resume (long-context training raises
+        # both); other heads fit every weight's shape but would compute something else.
+        self.train("context", "run.steps=10")
+        config = self.write("llama.pbtxt", TINY_LLAMA)
+        base = ["train", "--config", config, "--progress", "lines", "--set",
+                f"run.dir={os.path.join(self.dir, 'context')}"]
+        longer = self.mantissa(*base, "--set", "run.steps=20", "--set", "model.llama.seq_len=128",
+                               "--set", "model.llama.rope_theta=500000")
+        self.assertEqual(longer.returncode, 0, longer.stderr)
+        self.assertIn("resumed from", longer.stderr)
+        heads = self.mantissa(*base, "--set", "run.steps=30", "--set", "model.llama.n_head=2",
+                              "--set", "model.llama.n_kv_head=1")
+        self.assertEqual(heads.returncode, 2, heads.stderr)
+        self.assertIn("(checkpoint -> this config: model.llama.n_head 4 -> 2, "
+                      "model.llama.n_kv_head 2 -> 1)", heads.stderr)
 
 
 if __name__ == "__main__":
