@@ -39,18 +39,25 @@ class Fp8Recipes(lu.TempDirTest):
             self.assertEqual(len(log), 12)
             self.assertLess(log[-1]["loss"], log[0]["loss"], recipe)
 
+    def resume_needs_permission(self, name, change, refusal, note):
+        """Resumes run `name` with the setting `change`: refused (exit 2, with `refusal`) until
+        precision.fp8.allow_recipe_change=true, which resumes with `note`. Returns that run."""
+        refused = self.train(name, change)
+        self.assertEqual(refused.returncode, 2, refused.stderr)
+        self.assertIn(refusal, refused.stderr)
+        self.assertIn("precision.fp8.allow_recipe_change=true", refused.stderr)
+        allowed = self.train(name, change, "precision.fp8.allow_recipe_change=true", steps=9)
+        self.assertEqual(allowed.returncode, 0, allowed.stderr)
+        self.assertIn(note, allowed.stderr)
+        return allowed
+
     def test_resume_with_another_recipe_needs_permission(self):
         first = self.train("run", "precision.fp8.recipe=DELAYED", steps=6)
         self.assertEqual(first.returncode, 0, first.stderr)
-        refused = self.train("run", "precision.fp8.recipe=ROWWISE")
-        self.assertEqual(refused.returncode, 2, refused.stderr)
-        self.assertIn("precision.fp8.recipe = ROWWISE: differs from the recipe of the "
-                      "checkpoint to resume (DELAYED)", refused.stderr)
-        self.assertIn("precision.fp8.allow_recipe_change=true", refused.stderr)
-        allowed = self.train("run", "precision.fp8.recipe=ROWWISE",
-                             "precision.fp8.allow_recipe_change=true", steps=9)
-        self.assertEqual(allowed.returncode, 0, allowed.stderr)
-        self.assertIn("FP8 recipe ROWWISE replaces the checkpoint's DELAYED", allowed.stderr)
+        allowed = self.resume_needs_permission(
+            "run", "precision.fp8.recipe=ROWWISE",
+            "precision.fp8.recipe = ROWWISE: differs from the recipe of the checkpoint to resume "
+            "(DELAYED)", "FP8 recipe ROWWISE replaces the checkpoint's DELAYED")
         self.assertIn("resumed from", allowed.stderr)
         # The checkpoint written since records ROWWISE: resuming with it needs nothing more.
         same = self.train("run", "precision.fp8.recipe=ROWWISE", steps=12)
@@ -62,16 +69,11 @@ class Fp8Recipes(lu.TempDirTest):
         # an internal error, exit 1), and with permission the scaling state starts afresh.
         first = self.train("format", steps=6)
         self.assertEqual(first.returncode, 0, first.stderr)
-        refused = self.train("format", "precision.fp8.grad_format=E4M3")
-        self.assertEqual(refused.returncode, 2, refused.stderr)
-        self.assertIn("precision.fp8.grad_format = E4M3: differs from the format of the "
-                      "checkpoint to resume (", refused.stderr)
-        self.assertIn("was e5m2, is e4m3", refused.stderr)
-        self.assertIn("precision.fp8.allow_recipe_change=true", refused.stderr)
-        allowed = self.train("format", "precision.fp8.grad_format=E4M3",
-                             "precision.fp8.allow_recipe_change=true", steps=9)
-        self.assertEqual(allowed.returncode, 0, allowed.stderr)
-        self.assertIn("FP8 gradient format E4M3 replaces the checkpoint's", allowed.stderr)
+        self.resume_needs_permission(
+            "format", "precision.fp8.grad_format=E4M3",
+            "precision.fp8.grad_format = E4M3: differs from the format of the checkpoint to "
+            "resume ('h.0.attn.c_attn.grad_output' was e5m2, is e4m3)",
+            "FP8 gradient format E4M3 replaces the checkpoint's")
 
     def test_shapes_that_break_the_blocks_are_refused(self):
         result = self.train("bad", "precision.fp8.recipe=BLOCKWISE", "model.gpt2.n_embd=96",
