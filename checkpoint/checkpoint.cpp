@@ -252,7 +252,7 @@ void Checkpointer::collective(const std::string& what, const std::function<void(
     error = e.what();
     kind = e.kind();
   } catch (const fs::filesystem_error& e) {
-    error = core::filesystem_error_text(e);
+    error = core::error_text(e);
     kind = core::path_error_kind(e.code().value());
   } catch (const std::exception& e) {
     error = e.what();

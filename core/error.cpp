@@ -45,4 +45,9 @@ std::string filesystem_error_text(const std::filesystem::filesystem_error& error
   return text + reason;
 }
 
+std::string error_text(const std::exception& error) {
+  const auto* fs_error = dynamic_cast<const std::filesystem::filesystem_error*>(&error);
+  return fs_error ? filesystem_error_text(*fs_error) : error.what();
+}
+
 }  // namespace mantissa::core

@@ -78,6 +78,8 @@ ErrorKind path_error_kind(int error);
 // rename: Permission denied [a] [b]" reads "cannot rename 'a' to 'b': Permission denied" (a
 // second path is the destination of a rename or copy). Any other form is left as what() has it.
 std::string filesystem_error_text(const std::filesystem::filesystem_error& error);
+// What an exception says: filesystem_error_text for a std::filesystem error, what() otherwise.
+std::string error_text(const std::exception& error);
 
 }  // namespace mantissa::core
 

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <string>
 
 #include "core/error.h"
@@ -26,7 +25,7 @@ inline constexpr int kExitDiverged = core::exit_code(core::ErrorKind::kDiverged)
 // How a command that failed ends: "mantissa: <message>" and kExitConfig for what the user must
 // change (a core::Error of kind kConfig), "mantissa: error: <message>" and the code of the
 // error's kind otherwise (kExitFailure for anything but a core::Error). `message` defaults to
-// the error's own (a std::filesystem error's in core::filesystem_error_text's words).
+// the error's own (core::error_text).
 inline int report_failure(const std::exception& e, const std::string& message) {
   const auto* error = dynamic_cast<const core::Error*>(&e);
   const core::ErrorKind kind = error ? error->kind() : core::ErrorKind::kFailure;
@@ -36,8 +35,7 @@ inline int report_failure(const std::exception& e, const std::string& message) {
   return core::exit_code(kind);
 }
 inline int report_failure(const std::exception& e) {
-  const auto* fs_error = dynamic_cast<const std::filesystem::filesystem_error*>(&e);
-  return report_failure(e, fs_error ? core::filesystem_error_text(*fs_error) : e.what());
+  return report_failure(e, core::error_text(e));
 }
 
 }  // namespace mantissa::launcher

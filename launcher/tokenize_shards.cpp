@@ -225,13 +225,10 @@ void StagedOutput::commit() {
   } catch (const std::exception& e) {
     // A core::Error keeps its kind; the directory listing's filesystem_error is a failure.
     const auto* error = dynamic_cast<const core::Error*>(&e);
-    const auto* listing_error = dynamic_cast<const fs::filesystem_error*>(&e);
-    core::throw_error_of_kind(
-        error ? error->kind() : core::ErrorKind::kFailure,
-        (listing_error ? core::filesystem_error_text(*listing_error) : std::string(e.what())) +
-            "; '" + dir_ +
-            "' now holds an unfinished set of shards, which training "
-            "refuses: encode again with --force");
+    core::throw_error_of_kind(error ? error->kind() : core::ErrorKind::kFailure,
+                              core::error_text(e) + "; '" + dir_ +
+                                  "' now holds an unfinished set of shards, which training "
+                                  "refuses: encode again with --force");
   }
   MANTISSA_REQUIRE(::unlink(marker.c_str()) == 0, kFailure,
                    "cannot remove '" << marker << "': " << errno_text());

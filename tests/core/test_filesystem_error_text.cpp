@@ -1,9 +1,10 @@
-// core::filesystem_error_text: std::filesystem's errors read as mantissa's own, with the paths
-// quoted where they belong and the reason last, from errors the library itself throws.
+// core::filesystem_error_text and error_text: std::filesystem's errors read as mantissa's own, with
+// the paths quoted where they belong and the reason last, from errors the library itself throws.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -54,6 +55,21 @@ TEST_F(FilesystemErrorText, AnErrorWithoutPathsKeepsItsWords) {
   const fs::filesystem_error e("cannot do it", std::make_error_code(std::errc::io_error));
   EXPECT_EQ(filesystem_error_text(e),
             "cannot do it: " + std::make_error_code(std::errc::io_error).message());
+}
+
+// error_text words a std::filesystem error so, any other exception as it is.
+TEST_F(FilesystemErrorText, ErrorTextRewordsOnlyFilesystemErrors) {
+  const std::string from = path("missing");
+  try {
+    fs::rename(from, path("to"));
+    FAIL() << "renamed a missing file";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(error_text(e),
+              "cannot rename '" + from + "' to '" + path("to") +
+                  "': " + std::make_error_code(std::errc::no_such_file_or_directory).message());
+  }
+  EXPECT_EQ(error_text(std::runtime_error("filesystem error: not one")),
+            "filesystem error: not one");
 }
 
 }  // namespace
