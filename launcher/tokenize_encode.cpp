@@ -76,24 +76,19 @@ void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
 // Encodes every chunk on `threads` threads and hands each chunk's tokens to `consume(chunk,
 // tokens)` on the calling thread, in chunk order, as soon as the chunks before it are done.
 // The threads stay at most 4 chunks each ahead of `consume`, so that memory holds a few chunks'
-// tokens, not the stream's. A chunk that is not valid UTF-8 stops the work after it
-// (the earlier ones still run and are consumed); its index is returned, or chunks.size() when
-// all were valid. (The text is valid UTF-8 exactly when every chunk is: chunks end between
-// characters.)
+// tokens, not the stream's.
 template <typename Consume>
-size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
-                     const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
+void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
+                   const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
   const size_t chunks_ahead = static_cast<size_t>(4 * threads);
   size_t total_bytes = 0;
   for (const MappedText& file : files) total_bytes += file.text().size();
 
   // All under `mutex`: the chunks encoded and waiting, the next one to take and to consume.
-  enum class State : uint8_t { kPending, kEncoded, kInvalid };
-  std::vector<State> state(chunks.size(), State::kPending);
+  std::vector<bool> encoded(chunks.size(), false);
   std::vector<std::vector<uint32_t>> results(chunks.size());
   size_t next = 0;
   size_t consumed = 0;
-  size_t first_invalid = chunks.size();
   size_t bytes_done = 0;
   size_t tokens_done = 0;
   int running = threads;
@@ -105,30 +100,26 @@ size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& 
     std::unique_lock lock(mutex);
     while (true) {
       changed.wait(
-          lock, [&] { return failure || next >= first_invalid || next < consumed + chunks_ahead; });
-      if (failure || next >= first_invalid) break;
+          lock, [&] { return failure || next == chunks.size() || next < consumed + chunks_ahead; });
+      if (failure || next == chunks.size()) break;
       const size_t i = next++;
       lock.unlock();
       const Chunk& c = chunks[i];
       const std::string_view text = files[c.file].text().substr(c.begin, c.end - c.begin);
-      const bool valid = first_invalid_utf8(text) == text.size();
       std::vector<uint32_t> tokens;
       std::exception_ptr error;
       try {
-        if (valid) encode_in_pieces(tokenizer, text, tokens);
+        encode_in_pieces(tokenizer, text, tokens);
       } catch (...) {
         error = std::current_exception();
       }
       lock.lock();
       if (error) {
         if (!failure) failure = error;
-      } else if (valid) {
-        state[i] = State::kEncoded;
+      } else {
+        encoded[i] = true;
         results[i] = std::move(tokens);
         bytes_done += text.size();
-      } else {
-        state[i] = State::kInvalid;
-        first_invalid = std::min(first_invalid, i);
       }
       changed.notify_all();
     }
@@ -143,7 +134,7 @@ size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& 
     std::unique_lock lock(mutex);
     auto last_report = std::chrono::steady_clock::now();
     while (!failure) {
-      if (consumed < chunks.size() && state[consumed] == State::kEncoded) {
+      if (consumed < chunks.size() && encoded[consumed]) {
         const std::vector<uint32_t> tokens = std::move(results[consumed]);
         lock.unlock();
         try {
@@ -175,7 +166,6 @@ size_t encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& 
   }
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
-  return first_invalid;
 }
 
 // 0.1 as "0.1", not std::to_string's "0.100000".
@@ -222,12 +212,9 @@ void encode_to_shards(const EncodeOptions& options) {
                             "character's up to 4 byte tokens stay in one shard)");
   }
   const Tokenizer tokenizer(options.tokenizer);
-  std::vector<MappedText> files;
+  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
   size_t bytes = 0;
-  for (const std::string& path : options.inputs) {
-    files.emplace_back(path);
-    bytes += files.back().text().size();
-  }
+  for (const MappedText& file : files) bytes += file.text().size();
   StagedOutput out(options.out_dir, options.force);
 
   // One stream, in the shards' width: each file is a document, and llm.c puts the end-of-text
@@ -236,17 +223,11 @@ void encode_to_shards(const EncodeOptions& options) {
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();
-  const size_t invalid = encode_chunks(tokenizer, files, chunks, threads,
-                                       [&](size_t chunk, const std::vector<uint32_t>& tokens) {
-                                         if (chunks[chunk].begin == 0)
-                                           spill.append(std::span(&eot, 1));
-                                         spill.append(tokens);
-                                       });
-  if (invalid < chunks.size()) {
-    // The first invalid byte of that file, found from its start.
-    const MappedText& file = files[chunks[invalid].file];
-    throw_invalid_utf8(file.path(), file.text(), first_invalid_utf8(file.text()));
-  }
+  encode_chunks(tokenizer, files, chunks, threads,
+                [&](size_t chunk, const std::vector<uint32_t>& tokens) {
+                  if (chunks[chunk].begin == 0) spill.append(std::span(&eot, 1));
+                  spill.append(tokens);
+                });
   const train::TokenSegment stream = spill.map();
   const int64_t total = stream.size();
 

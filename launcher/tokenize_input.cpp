@@ -11,11 +11,19 @@
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "core/cpu_affinity.h"
 #include "core/error.h"
 
 namespace mantissa::launcher {
+
+namespace {
+
+// About a few seconds of reading from disk.
+constexpr size_t kAnnouncedCheckBytes = size_t{1} << 30;
+
+}  // namespace
 
 MappedText::MappedText(std::string path) : path_(std::move(path)) {
   // O_NONBLOCK: a named pipe is refused below instead of blocking the open until a writer
@@ -66,6 +74,7 @@ int usable_cores() {
 }
 
 std::string format_bytes(double bytes) {
+  if (bytes == 1) return "1 byte";
   const char* units[] = {"bytes", "kB", "MB", "GB", "TB"};
   int unit = 0;
   while (bytes >= 1000 && unit < 4) {
@@ -132,11 +141,27 @@ size_t first_invalid_utf8(std::string_view text) {
   return n;
 }
 
-void throw_invalid_utf8(const std::string& path, std::string_view file_text, size_t offset) {
-  char byte[8];
-  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(file_text[offset]));
-  throw core::ConfigError("input '" + path + "' is not valid UTF-8: byte " + byte + " at offset " +
-                          std::to_string(offset));
+std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
+  std::vector<MappedText> files;
+  size_t bytes = 0;
+  for (const std::string& path : paths) {
+    files.emplace_back(path);
+    bytes += files.back().text().size();
+  }
+  if (bytes >= kAnnouncedCheckBytes) {
+    std::fprintf(stderr, "mantissa: checking %s of text in %zu file%s for invalid UTF-8\n",
+                 format_bytes(bytes).c_str(), files.size(), files.size() == 1 ? "" : "s");
+  }
+  for (const MappedText& file : files) {
+    const std::string_view text = file.text();
+    const size_t offset = first_invalid_utf8(text);
+    if (offset == text.size()) continue;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[offset]));
+    throw core::ConfigError("input '" + file.path() + "' is not valid UTF-8: byte " + byte +
+                            " at offset " + std::to_string(offset));
+  }
+  return files;
 }
 
 }  // namespace mantissa::launcher

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mantissa::launcher {
 
@@ -41,9 +42,11 @@ std::string format_bytes(double bytes);
 // U+DFFF), nothing above U+10FFFF, no sequence cut short.
 size_t first_invalid_utf8(std::string_view text);
 
-// Throws core::ConfigError "input 'PATH' is not valid UTF-8: byte 0xNN at offset N" for the
-// invalid sequence that starts at `offset` of the file `path`.
-[[noreturn]] void throw_invalid_utf8(const std::string& path, std::string_view file_text,
-                                     size_t offset);
+// Maps every input, then checks that each is valid UTF-8, before any work on them begins (a
+// corpus with a bad file fails in the time a read takes, not hours into encoding). Throws
+// core::ConfigError naming the first file that cannot be mapped, or that is not valid UTF-8:
+// "input 'PATH' is not valid UTF-8: byte 0xNN at offset N". Says on stderr what it checks when
+// that is more than a few seconds' reading.
+std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths);
 
 }  // namespace mantissa::launcher

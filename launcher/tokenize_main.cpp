@@ -42,8 +42,10 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         reads the text in blocks of whole lines of up to 4096 bytes (newlines included, so
         pieces such as "\n\n" are learned) and holds what it reads in memory, several times
         over: past --sample-bytes, it reads blocks spread evenly over the inputs, with gaps
-        between them, the same blocks on every run. It prints one line when done, nothing
-        before.
+        between them, the same blocks on every run. SentencePiece trains on 16 threads
+        whatever the cores, so the model is the same on every machine. It prints one line
+        when done and nothing before, except a line when it checks more than 1 GB of inputs
+        for invalid UTF-8 (encode the same).
   --input FILE...     text files (one or more, after one --input or several)
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
                       come first, then one per character of the text (those making up 99.95%
@@ -105,11 +107,12 @@ then train on the shards:
 
 exit codes:
   0  done
-  1  runtime failure (a file that cannot be written)
+  1  runtime failure (a full disk, an I/O error)
   2  bad command line or input: a vocab size outside 260..1048576, a sample size below
      4096, an input that is missing, unreadable, empty or not valid UTF-8 (named, with the
      byte offset), an --out or --out-dir that already holds a model or shards (without
-     --force), a tokenizer that cannot be loaded or does not decode exactly, a shard that is
+     --force) or where no file can be created (no permission, a read-only file system;
+     both found before any work), a tokenizer that cannot be loaded or does not decode exactly, a shard that is
      malformed or holds an id past the vocabulary, a text SentencePiece cannot train the
      vocab size on
 )";

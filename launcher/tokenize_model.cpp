@@ -45,6 +45,13 @@ std::string read_model_file(const std::string& path) {
 
 }  // namespace
 
+std::string sentencepiece_reason(std::string_view message) {
+  const size_t bracket = message.rfind("] ");
+  if (bracket != std::string_view::npos) message.remove_prefix(bracket + 2);
+  while (!message.empty() && message.back() == ' ') message.remove_suffix(1);
+  return std::string(message);
+}
+
 Tokenizer::Tokenizer(const std::string& path) : Tokenizer(path, read_model_file(path)) {}
 
 Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
@@ -53,8 +60,9 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
       processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   const sentencepiece::util::Status status = processor_->LoadFromSerializedProto(model_bytes_);
   if (!status.ok()) {
-    throw core::ConfigError("tokenizer '" + path_ +
-                            "' is not a SentencePiece model: " + status.ToString());
+    const std::string reason = sentencepiece_reason(status.error_message());
+    throw core::ConfigError("tokenizer '" + path_ + "' is not a SentencePiece model" +
+                            (reason.empty() ? " (it does not parse as one)" : ": " + reason));
   }
   vocab_size_ = processor_->GetPieceSize();
   if (vocab_size_ > train::kMaxVocab) {

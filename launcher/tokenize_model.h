@@ -19,6 +19,11 @@ namespace mantissa::launcher {
 // decodes every U+2581 back to a space.
 inline constexpr std::string_view kSpaceSymbol = "\xE2\x96\x81";
 
+// What went wrong, from a SentencePiece error message: "Internal: ./src/trainer_interface.cc(660)
+// [(condition)] What went wrong." gives "What went wrong."; empty when the message holds only
+// the source location and the failed condition.
+std::string sentencepiece_reason(std::string_view message);
+
 class Tokenizer {
  public:
   // Loads the model file at `path`. Throws core::ConfigError naming it when it cannot be read or

@@ -87,8 +87,11 @@ TokenSpill::TokenSpill(const std::string& dir, int token_bytes)
   MANTISSA_CHECK(token_bytes == 2 || token_bytes == 4,
                  "token spill: " << token_bytes << "-byte tokens (2 or 4)");
   fd_ = ::mkostemp(path_.data(), O_CLOEXEC);
-  MANTISSA_REQUIRE(fd_ >= 0, kFailure,
-                   "cannot create a temporary file in '" << dir << "': " << errno_text());
+  if (fd_ < 0) {
+    const int error = errno;
+    core::throw_error_of_kind(core::path_error_kind(error), "cannot create a temporary file in '" +
+                                                                dir + "': " + std::strerror(error));
+  }
   ::unlink(path_.c_str());
 }
 

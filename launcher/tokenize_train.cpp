@@ -31,6 +31,8 @@ namespace {
 // ones). It gets blocks of whole lines, each line with its newline, so that it can learn pieces
 // such as "\n\n" or ".\n"; a line longer than a block is cut at character boundaries.
 constexpr size_t kBlockBytes = kMinSampleBytes;
+// SentencePiece's default.
+constexpr int kTrainThreads = 16;
 
 // The first byte of a character at or after `pos` in valid UTF-8 `text` (or its end).
 size_t character_start(std::string_view text, size_t pos) {
@@ -151,15 +153,12 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("--out '" + options.out + "': directory '" + parent.string() +
                             "' does not exist");
   }
-  std::vector<MappedText> files;
+  // Found now, not after training: the file written first is write_file_atomically's `out`.tmp
+  // (left unfinished, the probe removes it again).
+  { const core::DurableFile probe(options.out + ".tmp"); }
+  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
   size_t bytes = 0;
-  for (const std::string& path : options.inputs) {
-    files.emplace_back(path);
-    const std::string_view text = files.back().text();
-    const size_t bad = first_invalid_utf8(text);
-    if (bad != text.size()) throw_invalid_utf8(path, text, bad);
-    bytes += text.size();
-  }
+  for (const MappedText& file : files) bytes += file.text().size();
 
   const std::unordered_map<std::string, std::string> settings = {
       {"model_type", options.model_type},
@@ -179,7 +178,11 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
       // Runs of spaces (indentation) may become pieces of their own.
       {"allow_whitespace_only_pieces", "true"},
       {"max_sentence_length", std::to_string(kBlockBytes)},
-      {"num_threads", std::to_string(usable_cores())},
+      // A fixed count, not the machine's cores: unigram training sums each thread's share of
+      // the expected counts in its own total, so the pieces and scores depend on the count
+      // (the OS shares the threads over however many cores there are), and the model records
+      // the count.
+      {"num_threads", std::to_string(kTrainThreads)},
   };
   sentencepiece::logging::SetMinLogLevel(2);
   TextBlocks blocks(files, static_cast<size_t>(options.sample_bytes));
@@ -187,11 +190,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   const sentencepiece::util::Status status =
       sentencepiece::SentencePieceTrainer::Train(settings, &blocks, &model);
   if (!status.ok()) {
-    // "Internal: ./src/trainer_interface.cc(660) [(condition)] What went wrong." keeps only
-    // what went wrong.
-    std::string reason = status.error_message();
-    const size_t bracket = reason.rfind("] ");
-    if (bracket != std::string::npos) reason.erase(0, bracket + 2);
+    std::string reason = sentencepiece_reason(status.error_message());
     // "Vocabulary size is smaller than required_chars. 260 vs 335. Increase vocab_size or
     // decrease character_coverage with --character_coverage option." names an option this
     // command does not have: say what the number means instead.
@@ -200,7 +199,11 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
                     &have, &need) == 2) {
       reason = "it needs at least " + std::to_string(need) +
                " pieces (3 special, 256 bytes and one per character making up 99.95% of the "
-               "text): raise --vocab-size";
+               "text): " +
+               (need <= train::kMaxVocab
+                    ? "raise --vocab-size"
+                    : "the text has too many different characters for the " +
+                          std::to_string(train::kMaxVocab) + " pieces a model may have");
     }
     throw core::ConfigError("cannot train a " + std::to_string(options.vocab_size) + "-piece " +
                             options.model_type + " tokenizer on this text: " + reason);
@@ -214,9 +217,10 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
       blocks.bytes() < bytes ? " sampled evenly from " + format_bytes(bytes) : "";
   std::fprintf(stderr,
                "mantissa: wrote %s: a %d-piece %s tokenizer, trained on %s%s of text in %.1f s on "
-               "%d cores\n",
+               "%d core%s\n",
                options.out.c_str(), tokenizer.vocab_size(), options.model_type.c_str(),
-               format_bytes(blocks.bytes()).c_str(), sampled.c_str(), seconds, usable_cores());
+               format_bytes(blocks.bytes()).c_str(), sampled.c_str(), seconds, usable_cores(),
+               usable_cores() == 1 ? "" : "s");
 }
 
 }  // namespace mantissa::launcher

@@ -263,10 +263,30 @@ TEST_F(TokenizerTest, RefusesModelsThatDoNotDecodeExactly) {
   expect_config_error([&] { Tokenizer("default.model", model); },
                       "tokenizer 'default.model' does not give text back exactly");
   expect_config_error([&] { Tokenizer("junk.model", "not a model"); },
-                      "tokenizer 'junk.model' is not a SentencePiece model");
+                      "tokenizer 'junk.model' is not a SentencePiece model (it does not parse "
+                      "as one)");
   expect_config_error([&] { Tokenizer((*dir_ / "missing.model").string()); },
                       "missing.model': No such file or directory");
   expect_config_error([&] { Tokenizer(dir_->string()); }, "' is not a regular file");
+}
+
+TEST(SentencepieceReason, KeepsWhatWentWrongWithoutTheSourceLocation) {
+  EXPECT_EQ(
+      sentencepiece_reason("Internal: ./src/trainer_interface.cc(660) [(a) <= (b)] Vocabulary "
+                           "size too high (300). Please set it to a value <= 261."),
+      "Vocabulary size too high (300). Please set it to a value <= 261.");
+  EXPECT_EQ(sentencepiece_reason("Internal: ./src/sentencepiece_processor.cc(232) "
+                                 "[model_proto->ParseFromArray(serialized.data(), "
+                                 "serialized.size())] "),
+            "");
+  EXPECT_EQ(sentencepiece_reason("Not found: unknown field name"), "Not found: unknown field name");
+}
+
+TEST(FormatBytes, NamesTheUnit) {
+  EXPECT_EQ(format_bytes(1), "1 byte");
+  EXPECT_EQ(format_bytes(999), "999 bytes");
+  EXPECT_EQ(format_bytes(35100), "35.1 kB");
+  EXPECT_EQ(format_bytes(1.2e9), "1.2 GB");
 }
 
 TEST(MappedText, RefusesMissingEmptyAndNonRegularFiles) {

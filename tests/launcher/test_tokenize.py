@@ -8,9 +8,11 @@
    count; an end-of-text token before each file) and `mantissa train` reads them (2 CPU steps);
    a tokenizer of 66,000 pieces gets Llama-3 shards (uint32, size 1024 + 4 * count) that
    decode exactly and train;
- - the tokens do not depend on the number of threads (1 core against all of them);
+ - neither the tokens nor a trained tokenizer depend on the number of threads (1 core against
+   all of them);
  - every bad input (a vocab above 2^20, an empty, missing or non-regular input, invalid UTF-8,
-   an output that already holds shards or a model) exits 2 with one line that names it, and
+   an output that already holds shards or a model, or that cannot be written, which is found
+   before any work) exits 2 with one line that names it, and
    leaves no file behind; --force replaces an output, stale shards included, and a
    replacement stopped halfway leaves a marker that training refuses.
 (tests/launcher/test_tokenize.cpp tests the pieces, and that models which do not decode
@@ -291,6 +293,25 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
+    def test_training_does_not_depend_on_the_thread_count(self):
+        # Unigram training sums expected counts per thread; the model records the count.
+        every = os.sched_getaffinity(0)
+        for model_type in ("unigram", "bpe"):
+            models = []
+            for cores in ({min(every)}, every):
+                out = os.path.join(self.dir, f"{model_type}{len(cores)}.model")
+                result = subprocess.run(
+                    [lu.binary(), "tokenize", "train", "--input", LICENCE, "--vocab-size", "600",
+                     "--model-type", model_type, "--out", out],
+                    preexec_fn=lambda: os.sched_setaffinity(0, cores), capture_output=True,
+                    text=True, timeout=240)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn(f" on {len(cores)} core{'' if len(cores) == 1 else 's'}\n",
+                              result.stderr)
+                with open(out, "rb") as f:
+                    models.append(f.read())
+            self.assertEqual(models[0], models[1], model_type)
+
     def test_training_samples_text_past_sample_bytes_evenly(self):
         # 1.2 MB of licence, then 1.2 MB of a word the licence never has. A sample of 200 kB
         # taken from the start would never see that word; one spread evenly learns it.
@@ -507,10 +528,22 @@ class BadInput(lu.TempDirTest):
         self.assert_refused("mantissa: output directory '{dir}/tok.model' exists and is not a "
                             "directory", *self.encode_args(LICENCE, out="tok.model"))
 
+    def test_outputs_that_cannot_be_written_are_refused_before_any_work(self):
+        # sysfs takes no new files. The vocab size is too small for the text: training would
+        # fail on it, so the output's error shows that nothing was trained first.
+        reason = "(Permission denied|Read-only file system)"
+        self.assert_refused(
+            re.compile(f"^mantissa: cannot create '/sys/tok.model.tmp': {reason}$"),
+            "train", "--input", LICENCE, "--vocab-size", "261", "--out", "/sys/tok.model")
+        self.tokenizer()
+        self.assert_refused(
+            re.compile(f"^mantissa: cannot create a temporary file in '/sys': {reason}$"),
+            "encode", "--tokenizer", "{dir}/tok.model", "--input", LICENCE, "--out-dir", "/sys")
+
     def test_bad_tokenizers_shards_and_options(self):
         junk = self.write("junk.model", "not a model")
-        self.assert_refused(re.compile(f"^mantissa: tokenizer '{junk}' is not a SentencePiece "
-                                       "model: "),
+        self.assert_refused(f"mantissa: tokenizer '{junk}' is not a SentencePiece model (it does "
+                            "not parse as one)",
                             "encode", "--tokenizer", junk, "--out-dir", "{dir}/out", "--input",
                             LICENCE)
         tokenizer = self.tokenizer()
