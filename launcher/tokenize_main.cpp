@@ -1,11 +1,14 @@
 // mantissa-tokenize: `mantissa tokenize train|encode|decode` and, for `mantissa sample`,
 // `info|ids|text`, in an executable of its own (launcher/tokenize.h says why). Parses the
 // command line and maps errors to exit codes.
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +50,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         when done and nothing before, except a line when it checks more than 1 GB of inputs
         for invalid UTF-8 (encode the same).
   --input FILE...     text files (one or more, after one --input or several)
+  --input-list LIST   a file naming input files, one path per line (empty lines skipped), for
+                      more files than a command line holds (`find corpus -name '*.txt' |
+                      sort > LIST`); its files come where it stands among the --input files
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
                       come first, then one per character of the text (those making up 99.95%
                       of it), so a text of many characters needs more; shards store ids as
@@ -71,7 +77,7 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
         needs room for twice the shards while encode runs.
   --tokenizer FILE    a model from `mantissa tokenize train` (another SentencePiece model is
                       refused unless it gives text back exactly)
-  --input FILE...     text files, as for train
+  --input FILE...     text files, as for train (--input-list LIST too)
   --out-dir DIR       created when missing
   --val-fraction F    the tail of the stream held out as val shards (default 0.1; 0: none)
   --shard-tokens N    tokens per shard at most, at least 4 (default 100000000: 200 MB)
@@ -80,7 +86,7 @@ decode  prints the text of the shards on stdout, read in the order given as one 
         end-of-text tokens print nothing, so decoding DIR/train_*.bin then DIR/val_*.bin
         gives back the encoded files, concatenated.
   --tokenizer FILE    the model the shards were encoded with
-  --input SHARD...    shards (one or more)
+  --input SHARD...    shards (one or more; --input-list LIST as for train)
 
 info    prints "vocab_size N" and "eot E" (the end-of-text id), one per line.
 ids     reads UTF-8 text on stdin to its end and prints its token ids on one line, decimal,
@@ -110,11 +116,11 @@ exit codes:
   1  runtime failure (a full disk, an I/O error)
   2  bad command line or input: a vocab size outside 260..1048576, a sample size below
      4096, an input that is missing, unreadable, empty or not valid UTF-8 (named, with the
-     byte offset), an --out or --out-dir that already holds a model or shards (without
-     --force) or where no file can be created (no permission, a read-only file system;
-     both found before any work), a tokenizer that cannot be loaded or does not decode exactly, a shard that is
-     malformed or holds an id past the vocabulary, a text SentencePiece cannot train the
-     vocab size on
+     byte offset), an --input-list that cannot be read or names no file, an --out or
+     --out-dir that already holds a model or shards (without --force) or where no file can
+     be created (no permission, a read-only file system; both found before any work), a
+     tokenizer that cannot be loaded or does not decode exactly, a shard that is malformed
+     or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on
 )";
 
 struct Args {
@@ -152,8 +158,24 @@ bool takes_no_files(const std::string& subcommand) {
   return subcommand == "info" || subcommand == "ids" || subcommand == "text";
 }
 
+// The paths a --input-list file names, one per line, in its order; empty lines are skipped.
+std::vector<std::string> read_input_list(const std::string& list) {
+  std::ifstream in(list);
+  if (!in) {
+    throw core::ConfigError("cannot read --input-list '" + list + "': " + std::strerror(errno));
+  }
+  std::vector<std::string> paths;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) paths.push_back(line);
+  }
+  if (in.bad()) throw core::ConfigError("cannot read --input-list '" + list + "'");
+  if (paths.empty()) throw core::ConfigError("--input-list '" + list + "' names no file");
+  return paths;
+}
+
 bool allowed(const std::string& subcommand, const std::string& name) {
-  if (name == "--input") return !takes_no_files(subcommand);
+  if (name == "--input" || name == "--input-list") return !takes_no_files(subcommand);
   if (subcommand == "train") {
     return name == "--vocab-size" || name == "--out" || name == "--model-type" ||
            name == "--sample-bytes" || name == "--force";
@@ -213,6 +235,9 @@ Args parse(const std::vector<std::string>& argv) {
     const std::string value = option_value(argv, i, kUsage);
     if (name == "--input") {
       args.inputs.push_back(value);
+    } else if (name == "--input-list") {
+      const std::vector<std::string> listed = read_input_list(value);
+      args.inputs.insert(args.inputs.end(), listed.begin(), listed.end());
     } else if (name == "--tokenizer") {
       args.tokenizer = value;
     } else if (name == "--out") {
@@ -233,7 +258,9 @@ Args parse(const std::vector<std::string>& argv) {
       throw core::ConfigError("--model-type takes bpe or unigram, got '" + value + "'" + kUsage);
     }
   }
-  if (!takes_no_files(args.subcommand)) require(!args.inputs.empty(), "--input FILE...", args);
+  if (!takes_no_files(args.subcommand)) {
+    require(!args.inputs.empty(), "--input FILE... (or --input-list LIST)", args);
+  }
   if (args.subcommand == "train") {
     require(args.vocab_size.has_value(), "--vocab-size N", args);
     require(!args.out.empty(), "--out FILE", args);

@@ -293,6 +293,31 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
+    def test_an_input_list_stands_for_its_files_where_it_is_given(self):
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        first = self.write("first.txt", "the first file\n")
+        second = self.write("second.txt", "the second file, with spaces in its name\n")
+        spaced = self.write("with space.txt", "and a third\n")
+        listing = self.write("list.txt", f"{second}\n\n{spaced}\r\n")
+
+        def contents(out_dir):
+            found = {}
+            for name in sorted(os.listdir(out_dir)):
+                with open(os.path.join(out_dir, name), "rb") as f:
+                    found[name] = f.read()
+            return found
+
+        given = self.encode(tokenizer, [first, second, spaced], "given", "--val-fraction", "0")
+        listed = self.encode(tokenizer, [first], "listed", "--input-list", listing,
+                             "--val-fraction", "0")
+        self.assertEqual(contents(listed), contents(given))
+        shard_list = self.write("shards.txt", "\n".join(self.shards(listed, "train")))
+        result = subprocess.run([lu.binary(), "tokenize", "decode", "--tokenizer", tokenizer,
+                                 "--input-list", shard_list], capture_output=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout, b"the first file\nthe second file, with spaces in its "
+                                        b"name\nand a third\n")
+
     def test_training_does_not_depend_on_the_thread_count(self):
         # Unigram training sums expected counts per thread; the model records the count.
         every = os.sched_getaffinity(0)
@@ -497,6 +522,14 @@ class BadInput(lu.TempDirTest):
                 self.assert_refused(f"mantissa: input '{fifo}' is not a regular file (a pipe "
                                     "or a device: write the text to a file first)", *command,
                                     fifo)
+
+    def test_input_lists_that_cannot_be_read_or_name_no_file(self):
+        missing = os.path.join(self.dir, "missing.txt")
+        blank = self.write("blank.txt", "\n\n")
+        command = ("train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input-list")
+        self.assert_refused(f"mantissa: cannot read --input-list '{missing}': No such file or "
+                            "directory", *command, missing)
+        self.assert_refused(f"mantissa: --input-list '{blank}' names no file", *command, blank)
 
     def test_invalid_utf8_names_the_file_and_the_offset(self):
         self.tokenizer()
