@@ -1,7 +1,7 @@
-// What a resumed run changed against the config its checkpoint was trained with, for the line
-// the Trainer prints on resume ("settings changed since the checkpoint: optimizer.adamw.lr
-// 0.003 -> 0.001, ..."): changing settings on resume is allowed (a longer run, a lower
-// learning rate), but the run's own record should say so.
+// What a resumed run changed against the config its checkpoint was trained with, for what the
+// Trainer prints on resume ("settings changed since the checkpoint: optimizer.adamw.lr 0.003 ->
+// 0.001", one change to a line when there are more): changing settings on resume is allowed (a
+// longer run, a lower learning rate), but the run's own record should say so.
 #pragma once
 
 #include <cstdint>

@@ -429,10 +429,25 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
         std::to_string(state.seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
   }
-  const std::vector<std::string> changed =
+  std::vector<std::string> changed =
       recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
-  if (!changed.empty()) {
-    say("mantissa: settings changed since the checkpoint: " + core::join(changed, ", "));
+  // Settings a resumed run has no use for: saying so spares a user the guess.
+  const core::LossScaleMode scaling = scaler_->config().mode;
+  const bool scale_goes_on = scaling == core::LossScaleMode::kDynamic && state.loss_scaler.dynamic;
+  for (std::string& change : changed) {
+    if (change.starts_with("model.init_from ")) {
+      change += " (no effect: it only starts a run)";
+    } else if (change.starts_with("precision.loss_scale.init ")) {
+      if (scale_goes_on) change += " (no effect: the dynamic scale goes on from the checkpoint's)";
+      if (scaling == core::LossScaleMode::kNone) change += " (no effect: loss_scale.mode is NONE)";
+    }
+  }
+  // One change on the line itself, more one to a line.
+  if (changed.size() == 1) {
+    say("mantissa: settings changed since the checkpoint: " + changed.front());
+  } else if (!changed.empty()) {
+    say("mantissa: settings changed since the checkpoint (checkpoint -> this run):\n  " +
+        core::join(changed, "\n  "));
   }
   // The schedule spans run.steps: a longer run (or other optimizer settings) moves the rate the
   // next step takes, which the list above does not show.

@@ -161,23 +161,12 @@ void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
                                                 << dtype_name(got.format) << "), the model has '"
                                                 << want.name << "' (" << dtype_name(want.format)
                                                 << ")");
-    // A checkpoint saved with another precision.fp8.amax_history_len: the config to fix.
-    MANTISSA_REQUIRE(
-        got.amax_history.size() == want.amax_history.size(), kConfig,
-        (is_block_recipe(config_.recipe)
-             ? "fp8 scaling state: tensor '" + got.name + "' has an amax history of " +
-                   std::to_string(got.amax_history.size()) + " entries, recipe " +
-                   fp8_recipe_name(config_.recipe) + " keeps " +
-                   std::to_string(want.amax_history.size())
-             : "precision.fp8.amax_history_len = " + std::to_string(want.amax_history.size()) +
-                   ": the checkpoint to resume was saved with " +
-                   std::to_string(got.amax_history.size()) + " (tensor '" + got.name +
-                   "'): resume with precision.fp8.amax_history_len=" +
-                   std::to_string(got.amax_history.size()) + ", or start in another run.dir"));
-    MANTISSA_CHECK(got.history_next >= 0 && got.history_next < history_len_,
+    MANTISSA_CHECK(got.amax_history.empty() ||
+                       (got.history_next >= 0 &&
+                        got.history_next < static_cast<int32_t>(got.amax_history.size())),
                    "fp8 scaling state: tensor '" << got.name << "' has history position "
                                                  << got.history_next << " outside [0, "
-                                                 << history_len_ << ")");
+                                                 << got.amax_history.size() << ")");
     MANTISSA_CHECK(std::isfinite(got.scale) && got.scale > 0.0f,
                    "fp8 scaling state: tensor '" << got.name << "' has scale " << got.scale
                                                  << ", expected finite and > 0");
@@ -185,6 +174,20 @@ void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
   const std::string recipe = state_.recipe;
   state_ = state;
   state_.recipe = recipe;
+  for (Fp8TensorState& t : state_.tensors) fit_history(t, history_len_);
+}
+
+void fit_history(Fp8TensorState& tensor, int32_t len) {
+  const auto saved = static_cast<int32_t>(tensor.amax_history.size());
+  if (saved == len) return;
+  // Newest first: the k-th newest sits k slots before the next one to write.
+  const int32_t kept = std::min(saved, len);
+  std::vector<float> history(len, 0.0f);
+  for (int32_t k = 0; k < kept; ++k) {
+    history[kept - 1 - k] = tensor.amax_history[(tensor.history_next - 1 - k + 2 * saved) % saved];
+  }
+  tensor.amax_history = std::move(history);
+  tensor.history_next = kept % len;
 }
 
 }  // namespace mantissa::core

@@ -115,6 +115,11 @@ struct Fp8ScalingState {
   bool operator==(const Fp8ScalingState&) const = default;
 };
 
+// Fits a tensor's amax history to `len` entries: its newest min(saved, len) entries, oldest
+// first from slot 0, the rest 0 (no data), history_next after the newest. A MAX history then
+// takes the maximum over what was kept, as it would have over that many steps.
+void fit_history(Fp8TensorState& tensor, int32_t len);
+
 class Fp8ScalingRegistry {
  public:
   // Validates the config (validate above). Block recipes keep a history of one entry.
@@ -135,8 +140,9 @@ class Fp8ScalingRegistry {
   const Fp8ScalingConfig& config() const { return config_; }
   const Fp8ScalingState& state() const { return state_; }
   // Restores a checkpointed state; it must describe the registered tensors (same names,
-  // formats, order) with histories of history_len() entries, under this recipe (an empty
-  // recipe, from an older checkpoint, is taken for this one).
+  // formats, order) under this recipe (an empty recipe, from an older checkpoint, is taken for
+  // this one). Histories of another length (a resume that changed amax_history_len) are fitted
+  // to history_len() by fit_history.
   void set_state(const Fp8ScalingState& state);
   // The first registered tensor whose format differs from the same tensor's in `state` (a
   // checkpoint saved with another precision.fp8.grad_format), as "'<name>' was <format>, is

@@ -489,25 +489,26 @@ class Fp8Scaling(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(len(lu.read_log(f"{self.dir}/run", 0)), 4)
 
-    def test_resume_with_another_amax_history_len_is_a_config_error(self):
-        """A checkpoint's amax histories have its precision.fp8.amax_history_len entries: a
-        resume with another length is refused (exit 2, one line naming the field)."""
+    def test_resume_with_another_amax_history_len_keeps_the_newest_amaxes(self):
+        """A resume may change precision.fp8.amax_history_len (the histories keep their newest
+        entries; core's test checks which), and says so; a loss scale to start from is marked as
+        of no use to a resumed run, and several changes are listed one to a line."""
         path = self.write("c.pbtxt", BASE)
-        result = self.mantissa("train", "--config", path, "--set", "precision.mode=FP8_HYBRID",
-                               "--set", "precision.fp8.amax_history_len=16", "--set", "run.steps=2")
+        dynamic = ("--set", "precision.mode=FP8_HYBRID", "--set",
+                   "precision.loss_scale.mode=DYNAMIC")
+        result = self.mantissa("train", "--config", path, *dynamic, "--set",
+                               "precision.fp8.amax_history_len=16", "--set", "run.steps=2")
         self.assertEqual(result.returncode, 0, result.stderr)
-        result = self.mantissa("train", "--config", path, "--set", "precision.mode=FP8_HYBRID",
-                               "--set", "precision.fp8.amax_history_len=8")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
-            "mantissa: precision.fp8.amax_history_len = 8: the checkpoint to resume was saved "
-            "with 16 (tensor 'fc.input'): resume with precision.fp8.amax_history_len=16, or "
-            "start in another run.dir"])
-        self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 2)
-        # With the length it was saved with, it resumes.
-        result = self.mantissa("train", "--config", path, "--set", "precision.mode=FP8_HYBRID",
-                               "--set", "precision.fp8.amax_history_len=16")
+        result = self.mantissa("train", "--config", path, *dynamic, "--set",
+                               "precision.fp8.amax_history_len=8", "--set",
+                               "precision.loss_scale.init=1024")
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(
+            "mantissa: settings changed since the checkpoint (checkpoint -> this run):\n"
+            "  run.steps 2 -> 4\n"
+            "  precision.loss_scale.init 65536 -> 1024 (no effect: the dynamic scale goes on from "
+            "the checkpoint's)\n"
+            "  precision.fp8.amax_history_len 16 -> 8\n", result.stderr)
         self.assertEqual(len(lu.read_log(os.path.join(self.dir, "runs", "c"), 0)), 4)
 
 

@@ -192,15 +192,22 @@ class Training(lu.TempDirTest):
         # TINY_GPT: 4 sequences per rank per step; saved by 2 ranks, resumed on 1.
         config = self.write("tiny.pbtxt", lu.TINY_GPT)
 
-        def train(steps, ranks):
+        def train(steps, ranks, *sets):
             return self.mantissa("train", "--config", config, "--set",
                                  f"run.dir={self.run_dir('batch')}", "--set", f"run.steps={steps}",
-                                 "--set", "optimizer.warmup_steps=0", ranks=ranks)
+                                 "--set", "optimizer.warmup_steps=0", *sets, ranks=ranks)
 
         result = train(2, 2)
         self.assertEqual(result.returncode, 0, result.stderr)
-        result = train(3, 0)
+        # A weights file to start from is of no use to a resumed run: not read (this one is no
+        # llm.c file), and said to have no effect.
+        weights = self.write("weights.bin", "not read")
+        result = train(3, 0, "--set", f"model.init_from={weights}")
         self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: settings changed since the checkpoint (checkpoint -> this run):\n"
+                      "  run.steps 2 -> 3\n"
+                      f"  model.init_from \"\" -> \"{weights}\" (no effect: it only starts a run)\n",
+                      result.stderr)
         self.assertIn("mantissa: note: the global batch changes from 8 to 4 sequences per step",
                       result.stderr)
         # run.steps 2 -> 3 stretches the cosine: step 3 takes lr_min + (lr - lr_min) / 4
