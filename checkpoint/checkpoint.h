@@ -118,6 +118,7 @@ struct CheckpointState {
   core::Fp8ScalingState fp8;  // empty without FP8
   train::DataCursor data;
   uint64_t data_fingerprint = 0;  // train::Corpus::fingerprint() of the training data; 0: unknown
+  uint32_t tokenizer_crc32c = 0;  // CRC32C of the run's tokenizer model file; 0: none or unknown
   std::string config_text;        // the effective TrainConfig, protobuf text format
   std::string written_by;         // the build that saved it, "mantissa 0.2.0 (commit ...)"
   double saved_unix_time = 0;     // when its save began; 0: unknown (an older checkpoint)

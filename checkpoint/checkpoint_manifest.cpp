@@ -132,6 +132,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   if (!state.fp8.tensors.empty()) p.set_fp8_recipe(state.fp8.recipe);
   p.set_data_next_window(state.data.next_window);
   p.set_data_fingerprint(state.data_fingerprint);
+  p.set_tokenizer_crc32c(state.tokenizer_crc32c);
   p.set_config_text(state.config_text);
   p.set_written_by(state.written_by);
   p.set_saved_unix_time(state.saved_unix_time);
@@ -218,6 +219,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   s.fp8.recipe = p.fp8_recipe();
   s.data.next_window = p.data_next_window();
   s.data_fingerprint = p.data_fingerprint();
+  s.tokenizer_crc32c = p.tokenizer_crc32c();
   s.config_text = p.config_text();
   s.written_by = p.written_by();
   s.saved_unix_time = p.saved_unix_time();

@@ -2,15 +2,19 @@
 
 #include <omp.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 #include <utility>
 
+#include "checkpoint/crc32c.h"
 #include "core/device_peaks.h"
 #include "core/durable_file.h"
 #include "core/error.h"
@@ -51,6 +55,20 @@ const char* model_name(const TrainConfig::Model& model) {
   if (model.has_mlp()) return "MLP";
   if (model.has_llama()) return "Llama";
   return "GPT-2";
+}
+
+// The CRC32C of a file's bytes (the run's tokenizer model, as a checkpoint records it).
+uint32_t file_crc32c(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  MANTISSA_REQUIRE(in, kConfig,
+                   "cannot read the tokenizer '" << path << "': " << std::strerror(errno));
+  uint32_t crc = 0;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    crc = checkpoint::crc32c(buffer, static_cast<size_t>(in.gcount()), crc);
+  }
+  MANTISSA_REQUIRE(!in.bad(), kFailure, "cannot read the tokenizer '" << path << "'");
+  return crc;
 }
 
 // Where a run's training tokens come from, as a warning names it.
@@ -240,6 +258,13 @@ void Trainer::build_data() {
     }
   }
   data_fingerprint_ = corpus.fingerprint();
+  // What the token ids mean: a checkpoint records the tokenizer, so that a resume with another
+  // one is told (rank 0 alone reports and writes the manifest).
+  if (world_.rank() == 0) {
+    if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+      tokenizer_crc32c_ = file_crc32c(*path);
+    }
+  }
   train::DataLoaderConfig loader;
   loader.seq_len = dims.seq_len;
   loader.micro_batch = data.micro_batch_size();
@@ -424,6 +449,11 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
     say("mantissa: the checkpoint was trained on " + trained_on + ", this run reads " + reads +
         ": the same tokens, so the data stream continues");
   }
+  if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
+      state.tokenizer_crc32c != tokenizer_crc32c_) {
+    say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
+        *run_tokenizer_file(config_) + ": the same token ids stand for other text from here on");
+  }
   if (seed_changed) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +
         std::to_string(state.seed) + ", this run has " + std::to_string(config_.run().seed()) +
@@ -569,6 +599,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
   state.data = loader_->cursor();
   state.data_fingerprint = data_fingerprint_;
+  state.tokenizer_crc32c = tokenizer_crc32c_;
   state.config_text = to_text(config_);
   state.written_by = build_name();
   state.saved_unix_time = metrics::unix_time_now();

@@ -293,6 +293,32 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
+    def test_a_resume_on_another_tokenizers_shards_warns(self):
+        # The checkpoint records the tokenizer; re-encoded by the same one, the shards resume
+        # quietly; by another, the ids mean other text, whatever the data warning says.
+        first = self.train_tokenizer([LICENCE], 600, "first.model")
+        second = self.train_tokenizer([LICENCE], 700, "second.model")
+        out_dir = self.encode(first, [LICENCE], "shards")
+        config = self.write("run.pbtxt", f"""
+run {{ steps: 1 seed: 1 device: CPU dir: "{self.dir}/run" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+precision {{ mode: FP32 }}
+""")
+
+        def resume(steps):
+            result = self.mantissa("train", "--config", config, "--set", f"run.steps={steps}")
+            self.assertEqual(result.returncode, 0, result.stderr)
+            return result.stderr
+
+        resume(1)
+        self.encode(first, [LICENCE], "shards", "--force")
+        self.assertNotIn("warning", resume(2))
+        self.encode(second, [LICENCE], "shards", "--force")
+        self.assertIn(f"mantissa: warning: the checkpoint was trained with another tokenizer than "
+                      f"{out_dir}/tokenizer.model: the same token ids stand for other text from "
+                      "here on\n", resume(3))
+
     def test_an_input_list_stands_for_its_files_where_it_is_given(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
         first = self.write("first.txt", "the first file\n")
