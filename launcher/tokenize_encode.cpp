@@ -212,14 +212,15 @@ void encode_to_shards(const EncodeOptions& options) {
                             "character's up to 4 byte tokens stay in one shard)");
   }
   const Tokenizer tokenizer(options.tokenizer);
-  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
-  size_t bytes = 0;
-  for (const MappedText& file : files) bytes += file.text().size();
+  // The output first (a directory holding shards, or one where no file can be created, is
+  // refused at once), then the inputs, all read before any is encoded.
   StagedOutput out(options.out_dir, options.force);
-
   // One stream, in the shards' width: each file is a document, and llm.c puts the end-of-text
   // token before each.
   TokenSpill spill(out.dir(), train::shard_token_bytes(tokenizer.vocab_size()));
+  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
+  size_t bytes = 0;
+  for (const MappedText& file : files) bytes += file.text().size();
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();

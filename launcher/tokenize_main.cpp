@@ -32,6 +32,7 @@ constexpr const char* kHelp =
                                 [--val-fraction F] [--shard-tokens N] [--force]
        mantissa tokenize decode --tokenizer TOK.model --input SHARD...
        mantissa tokenize info|ids|text --tokenizer TOK.model
+       (train, encode and decode take --input-list LIST as well as, or instead of, --input)
 
 Turns UTF-8 text into llm.c token shards for data.token_shards, and back, with a SentencePiece
 tokenizer whose decoding is exact: decode(encode(text)) is the text, byte for byte, for any
@@ -47,12 +48,13 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         over: past --sample-bytes, it reads blocks spread evenly over the inputs, with gaps
         between them, the same blocks on every run. SentencePiece trains on 16 threads
         whatever the cores, so the model is the same on every machine. It prints one line
-        when done and nothing before, except a line when it checks more than 1 GB of inputs
+        when done and nothing before, except a line when it checks more than 1 GiB of inputs
         for invalid UTF-8 (encode the same).
   --input FILE...     text files (one or more, after one --input or several)
-  --input-list LIST   a file naming input files, one path per line (empty lines skipped), for
-                      more files than a command line holds (`find corpus -name '*.txt' |
-                      sort > LIST`); its files come where it stands among the --input files
+  --input-list LIST   a file naming input files, one path per line (empty lines skipped, a
+                      relative path taken from the current directory), for more files than a
+                      command line holds (`find corpus -name '*.txt' | sort > LIST`); its
+                      files come where it stands among the --input files
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
                       come first, then one per character of the text (those making up 99.95%
                       of it), so a text of many characters needs more; shards store ids as
@@ -162,7 +164,8 @@ bool takes_no_files(const std::string& subcommand) {
 std::vector<std::string> read_input_list(const std::string& list) {
   std::ifstream in(list);
   if (!in) {
-    throw core::ConfigError("cannot read --input-list '" + list + "': " + std::strerror(errno));
+    const int error = errno;
+    throw core::ConfigError("cannot read --input-list '" + list + "': " + std::strerror(error));
   }
   std::vector<std::string> paths;
   for (std::string line; std::getline(in, line);) {

@@ -1,11 +1,16 @@
 #include "launcher/tokenize_train.h"
 
+#include <fcntl.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <unordered_map>
 
@@ -122,6 +127,21 @@ class TextBlocks : public sentencepiece::SentenceIterator {
   bool done_ = false;
 };
 
+// Throws, now rather than after training, when no file can be created in `dir`, where `out` goes:
+// creates a file of a new name there (never one that exists) and removes it.
+void require_can_create_files(const std::string& out, const std::string& dir) {
+  std::string probe = dir + "/.mantissa-probe-XXXXXX";
+  const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    core::throw_error_of_kind(
+        core::path_error_kind(error),
+        "--out '" + out + "': cannot create a file in '" + dir + "': " + std::strerror(error));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 }  // namespace
 
 void train_tokenizer(const TokenizerTrainOptions& options) {
@@ -153,9 +173,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("--out '" + options.out + "': directory '" + parent.string() +
                             "' does not exist");
   }
-  // Found now, not after training: the file written first is write_file_atomically's `out`.tmp
-  // (left unfinished, the probe removes it again).
-  { const core::DurableFile probe(options.out + ".tmp"); }
+  require_can_create_files(options.out, parent.empty() ? "." : parent.string());
   const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
   size_t bytes = 0;
   for (const MappedText& file : files) bytes += file.text().size();

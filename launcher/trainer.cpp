@@ -60,8 +60,9 @@ const char* model_name(const TrainConfig::Model& model) {
 // The CRC32C of a file's bytes (the run's tokenizer model, as a checkpoint records it).
 uint32_t file_crc32c(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
+  const int error = errno;
   MANTISSA_REQUIRE(in, kConfig,
-                   "cannot read the tokenizer '" << path << "': " << std::strerror(errno));
+                   "cannot read the tokenizer '" << path << "': " << std::strerror(error));
   uint32_t crc = 0;
   char buffer[1 << 16];
   while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
@@ -262,6 +263,7 @@ void Trainer::build_data() {
   // one is told (rank 0 alone reports and writes the manifest).
   if (world_.rank() == 0) {
     if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+      tokenizer_file_ = *path;
       tokenizer_crc32c_ = file_crc32c(*path);
     }
   }
@@ -452,7 +454,7 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
       state.tokenizer_crc32c != tokenizer_crc32c_) {
     say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
-        *run_tokenizer_file(config_) + ": the same token ids stand for other text from here on");
+        tokenizer_file_ + ": the same token ids stand for other text from here on");
   }
   if (seed_changed) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +

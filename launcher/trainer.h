@@ -113,7 +113,8 @@ class Trainer {
   std::unique_ptr<train::LanguageModel> model_;
   std::unique_ptr<train::DataLoader> loader_;
   uint64_t data_fingerprint_ = 0;  // train::Corpus::fingerprint() of the training corpus
-  uint32_t tokenizer_crc32c_ = 0;  // rank 0's: CRC32C of run_tokenizer_file; 0 without one
+  std::string tokenizer_file_;     // rank 0's: run_tokenizer_file, empty without one
+  uint32_t tokenizer_crc32c_ = 0;  // rank 0's: CRC32C of tokenizer_file_; 0 without one
   std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;

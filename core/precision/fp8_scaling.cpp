@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config_check.h"
 #include "core/error.h"
@@ -171,13 +173,14 @@ void Fp8ScalingRegistry::set_state(const Fp8ScalingState& state) {
                    "fp8 scaling state: tensor '" << got.name << "' has scale " << got.scale
                                                  << ", expected finite and > 0");
   }
-  const std::string recipe = state_.recipe;
-  state_ = state;
-  state_.recipe = recipe;
-  for (Fp8TensorState& t : state_.tensors) fit_history(t, history_len_);
+  Fp8ScalingState restored = state;
+  restored.recipe = state_.recipe;
+  for (Fp8TensorState& t : restored.tensors) fit_history(t, history_len_);
+  state_ = std::move(restored);
 }
 
 void fit_history(Fp8TensorState& tensor, int32_t len) {
+  MANTISSA_CHECK(len >= 1, "fit_history: a history of " << len << " entries");
   const auto saved = static_cast<int32_t>(tensor.amax_history.size());
   if (saved == len) return;
   // Newest first: the k-th newest sits k slots before the next one to write.

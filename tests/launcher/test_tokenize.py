@@ -347,6 +347,8 @@ precision {{ mode: FP32 }}
     def test_training_does_not_depend_on_the_thread_count(self):
         # Unigram training sums expected counts per thread; the model records the count.
         every = os.sched_getaffinity(0)
+        if len(every) < 2:
+            self.skipTest("one CPU: no other thread count to train with")
         for model_type in ("unigram", "bpe"):
             models = []
             for cores in ({min(every)}, every):
@@ -592,7 +594,8 @@ class BadInput(lu.TempDirTest):
         # fail on it, so the output's error shows that nothing was trained first.
         reason = "(Permission denied|Read-only file system)"
         self.assert_refused(
-            re.compile(f"^mantissa: cannot create '/sys/tok.model.tmp': {reason}$"),
+            re.compile(f"^mantissa: --out '/sys/tok.model': cannot create a file in '/sys': "
+                       f"{reason}$"),
             "train", "--input", LICENCE, "--vocab-size", "261", "--out", "/sys/tok.model")
         self.tokenizer()
         self.assert_refused(
