@@ -639,6 +639,7 @@ int Trainer::run() {
   if (start_step_ >= total) {
     say("mantissa: nothing to train: the run resumed at step " + std::to_string(start_step_) +
         " and run.steps is " + std::to_string(total) + "; raise run.steps to train further");
+    metrics_->record_finished();
     return kExitOk;
   }
 
@@ -710,12 +711,14 @@ int Trainer::run() {
           (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)") +
           ": stopped after step " + step_of(steps_done, total) +
           " with a checkpoint; run the same command to continue");
+      metrics_->record_finished();
       return interrupted ? kExitInterrupted : kExitOk;
     }
   }
   progress_.finish();
   say("mantissa: done, " + std::to_string(total) + " steps, " + std::to_string(tokens_total_) +
       " tokens");
+  metrics_->record_finished();
   return kExitOk;
 }
 

@@ -13,6 +13,8 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -42,6 +44,29 @@ const Histogram::BucketBoundaries kAllreduceBuckets = {
 const Histogram::BucketBoundaries kCheckpointBuckets = {0.01, 0.05, 0.1, 0.5, 1,   5,
                                                         10,   30,   60,  120, 300, 600};
 
+// A rank's gauge that appears when first set: before it, a 0 would read as a value (a loss
+// scale of 0 is a collapsed one, a loss of 0 a perfect model, a checkpoint of step 0 a save).
+class LateGauge {
+ public:
+  LateGauge(prometheus::Family<Gauge>& family, Labels labels)
+      : family_(&family), labels_(std::move(labels)) {}
+  bool shown() const { return gauge_ != nullptr; }
+  void set(double value) {
+    if (gauge_ == nullptr) gauge_ = &family_->Add(labels_);
+    gauge_->Set(value);
+  }
+
+ private:
+  prometheus::Family<Gauge>* family_;
+  Labels labels_;
+  Gauge* gauge_ = nullptr;
+};
+
+prometheus::Family<Gauge>& gauge_family(prometheus::Registry& registry, const std::string& name,
+                                        const std::string& help) {
+  return BuildGauge().Name(name).Help(help).Register(registry);
+}
+
 }  // namespace
 
 struct Metrics::State {
@@ -49,31 +74,24 @@ struct Metrics::State {
   Labels rank_labels;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
 
-  Gauge* loss_scale = nullptr;
+  // The last step's values appear with the first step.
+  std::optional<LateGauge> loss_scale, loss, grad_norm, learning_rate, mfu;
   Counter* overflow_steps = nullptr;
   Counter* steps = nullptr;
   Counter* tokens = nullptr;
-  Gauge* loss = nullptr;
-  Gauge* grad_norm = nullptr;
-  Gauge* learning_rate = nullptr;
   Gauge* step = nullptr;
-  Gauge* mfu = nullptr;
+  Gauge* run_finished = nullptr;
   Histogram* step_seconds = nullptr;
   Histogram* allreduce_seconds = nullptr;
   Counter* allreduce_bytes = nullptr;
   prometheus::Family<Gauge>* fp8_amax_family = nullptr;
   prometheus::Family<Gauge>* fp8_scale_family = nullptr;
   std::map<std::string, std::pair<Gauge*, Gauge*>, std::less<>> fp8;  // tensor → amax, scale
-  prometheus::Family<Gauge>* last_checkpoint_step_family = nullptr;
-  prometheus::Family<Gauge>* last_checkpoint_time_family = nullptr;
-  Gauge* last_checkpoint_step = nullptr;
-  Gauge* last_checkpoint_time = nullptr;
+  // The newest checkpoint appears with the first written or resumed from.
+  std::optional<LateGauge> last_checkpoint_step, last_checkpoint_time;
   Histogram* checkpoint_seconds = nullptr;
-  // The held-out loss appears with the first evaluation (a 0 before it would read as a loss).
-  prometheus::Family<Gauge>* val_loss_family = nullptr;
-  prometheus::Family<Gauge>* val_loss_rises_family = nullptr;
-  Gauge* val_loss = nullptr;
-  Gauge* val_loss_rises = nullptr;
+  // The held-out loss appears with the first evaluation.
+  std::optional<LateGauge> val_loss, val_loss_rises;
   double last_val_loss = 0;
   int rises = 0;  // evaluations in a row whose loss rose above the one before
 
@@ -151,8 +169,7 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
         .Add(labels)
         .Set(1);
   }
-  s.loss_scale =
-      &BuildGauge().Name("mantissa_loss_scale").Help("Current loss scale").Register(reg).Add(r);
+  s.loss_scale.emplace(gauge_family(reg, "mantissa_loss_scale", "Loss scale of the last step"), r);
   if (s.options.loss_scale_min > 0) {
     BuildGauge()
         .Name("mantissa_loss_scale_min")
@@ -187,23 +204,24 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Help("Tokens this rank trained on")
                   .Register(reg)
                   .Add(r);
-  s.loss = &BuildGauge().Name("mantissa_loss").Help("Loss of the last step").Register(reg).Add(r);
-  s.grad_norm = &BuildGauge()
-                     .Name("mantissa_grad_norm")
-                     .Help("Global gradient norm of the last step (unscaled)")
-                     .Register(reg)
-                     .Add(r);
-  s.learning_rate = &BuildGauge()
-                         .Name("mantissa_learning_rate")
-                         .Help("Learning rate of the last step")
-                         .Register(reg)
-                         .Add(r);
+  s.run_finished =
+      &BuildGauge()
+           .Name("mantissa_run_finished")
+           .Help(
+               "1 once the run has ended by itself (done, or stopped with a checkpoint to "
+               "continue from), else 0")
+           .Register(reg)
+           .Add(r);
+  s.loss.emplace(gauge_family(reg, "mantissa_loss", "Loss of the last step"), r);
+  s.grad_norm.emplace(gauge_family(reg, "mantissa_grad_norm",
+                                   "Global gradient norm (unscaled) of the last step not skipped"),
+                      r);
+  s.learning_rate.emplace(
+      gauge_family(reg, "mantissa_learning_rate", "Learning rate of the last step"), r);
   if (s.options.peak_flops > 0 && s.options.flops_per_token > 0) {
-    s.mfu = &BuildGauge()
-                 .Name("mantissa_mfu_ratio")
-                 .Help("Model FLOPs utilisation of the last step (0..1)")
-                 .Register(reg)
-                 .Add(r);
+    s.mfu.emplace(
+        gauge_family(reg, "mantissa_mfu_ratio", "Model FLOPs utilisation of the last step (0..1)"),
+        r);
   }
   s.step_seconds = &BuildHistogram()
                         .Name("mantissa_step_seconds")
@@ -212,7 +230,10 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                         .Add(r, kStepBuckets);
   s.allreduce_seconds = &BuildHistogram()
                              .Name("mantissa_allreduce_seconds")
-                             .Help("Time spent in gradient all-reduce per step")
+                             .Help(
+                                 "Time a step waited on its collectives (the gradient "
+                                 "all-reduce where backward does not hide it, and the step's "
+                                 "scalar all-reduces)")
                              .Register(reg)
                              .Add(r, kAllreduceBuckets);
   s.allreduce_bytes = &BuildCounter()
@@ -222,28 +243,24 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                            .Add(r);
   s.fp8_amax_family = &BuildGauge()
                            .Name("mantissa_fp8_amax")
-                           .Help("Amax behind the tensor's current FP8 scale")
+                           .Help("Amax of the tensor at the last step")
                            .Register(reg);
   s.fp8_scale_family = &BuildGauge()
                             .Name("mantissa_fp8_scale")
                             .Help("Current FP8 scale of the tensor")
                             .Register(reg);
-  s.val_loss_family = &BuildGauge()
-                           .Name("mantissa_val_loss")
-                           .Help("Loss on the held-out validation set at the last evaluation")
-                           .Register(reg);
-  s.val_loss_rises_family = &BuildGauge()
-                                 .Name("mantissa_val_loss_rises")
-                                 .Help("Evaluations in a row whose validation loss rose")
-                                 .Register(reg);
-  s.last_checkpoint_step_family = &BuildGauge()
-                                       .Name("mantissa_last_checkpoint_step")
-                                       .Help("Step of the newest checkpoint written")
-                                       .Register(reg);
-  s.last_checkpoint_time_family = &BuildGauge()
-                                       .Name("mantissa_last_checkpoint_timestamp_seconds")
-                                       .Help("Unix time the save of the newest checkpoint began")
-                                       .Register(reg);
+  s.val_loss.emplace(gauge_family(reg, "mantissa_val_loss",
+                                  "Loss on the held-out validation set at the last evaluation"),
+                     r);
+  s.val_loss_rises.emplace(gauge_family(reg, "mantissa_val_loss_rises",
+                                        "Evaluations in a row whose validation loss rose"),
+                           r);
+  s.last_checkpoint_step.emplace(
+      gauge_family(reg, "mantissa_last_checkpoint_step", "Step of the newest checkpoint written"),
+      r);
+  s.last_checkpoint_time.emplace(gauge_family(reg, "mantissa_last_checkpoint_timestamp_seconds",
+                                              "Unix time the save of the newest checkpoint began"),
+                                 r);
   s.checkpoint_seconds = &BuildHistogram()
                               .Name("mantissa_checkpoint_seconds")
                               .Help("Time to write one checkpoint")
@@ -299,30 +316,26 @@ void Metrics::finish() {
 void Metrics::record_step(const StepRecord& record) {
   State& s = *state_;
   const train::StepReport& report = record.report;
-  s.loss_scale->Set(report.loss_scale);
+  s.loss_scale->set(report.loss_scale);
   if (report.skipped) s.overflow_steps->Increment();
   s.steps->Increment();
   s.step->Set(static_cast<double>(report.step + 1));
   s.tokens->Increment(static_cast<double>(report.tokens));
-  s.loss->Set(report.loss);
-  s.grad_norm->Set(report.grad_norm);
-  s.learning_rate->Set(report.lr);
-  if (s.mfu != nullptr && record.step_seconds > 0) {
-    s.mfu->Set(record.tokens_per_s() * s.options.flops_per_token / s.options.peak_flops);
+  s.loss->set(report.loss);
+  // A skipped step's gradients were not finite: its norm says nothing.
+  if (!report.skipped) s.grad_norm->set(report.grad_norm);
+  s.learning_rate->set(report.lr);
+  if (s.mfu && record.step_seconds > 0) {
+    s.mfu->set(record.tokens_per_s() * s.options.flops_per_token / s.options.peak_flops);
   }
   s.step_seconds->Observe(record.step_seconds);
   s.allreduce_seconds->Observe(record.allreduce_seconds);
   s.allreduce_bytes->Increment(static_cast<double>(record.allreduce_bytes));
   if (record.val_loss) {
-    if (s.val_loss == nullptr) {
-      s.val_loss = &s.val_loss_family->Add(s.rank_labels);
-      s.val_loss_rises = &s.val_loss_rises_family->Add(s.rank_labels);
-    } else {
-      s.rises = *record.val_loss > s.last_val_loss ? s.rises + 1 : 0;
-    }
+    if (s.val_loss->shown()) s.rises = *record.val_loss > s.last_val_loss ? s.rises + 1 : 0;
     s.last_val_loss = *record.val_loss;
-    s.val_loss->Set(*record.val_loss);
-    s.val_loss_rises->Set(s.rises);
+    s.val_loss->set(*record.val_loss);
+    s.val_loss_rises->set(s.rises);
   }
   for (const Fp8TensorStat& stat : record.fp8) {
     auto it = s.fp8.find(stat.tensor);
@@ -349,18 +362,9 @@ void Metrics::record_step(const StepRecord& record) {
   }
 }
 
-// The newest checkpoint's gauges, added with the first (before it, absent: a 0 would read as
-// a step and a time).
 void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) {
-  if (last_checkpoint_step == nullptr) {
-    last_checkpoint_step = &last_checkpoint_step_family->Add(rank_labels);
-  }
-  last_checkpoint_step->Set(static_cast<double>(step));
-  if (saved_unix_time <= 0) return;
-  if (last_checkpoint_time == nullptr) {
-    last_checkpoint_time = &last_checkpoint_time_family->Add(rank_labels);
-  }
-  last_checkpoint_time->Set(saved_unix_time);
+  last_checkpoint_step->set(static_cast<double>(step));
+  if (saved_unix_time > 0) last_checkpoint_time->set(saved_unix_time);
 }
 
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
@@ -371,6 +375,10 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
   state_->step->Set(static_cast<double>(step));
   state_->show_checkpoint(step, saved_unix_time);
+}
+
+void Metrics::record_finished() {
+  state_->run_finished->Set(1);
 }
 
 int Metrics::listening_port() const {

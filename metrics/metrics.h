@@ -7,31 +7,36 @@
 // with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
 // carries a `rank` label.
 //
-//   mantissa_loss_scale                      gauge      current dynamic loss scale
+//   mantissa_loss_scale                      gauge      loss scale of the last step
 //   mantissa_loss_scale_min                  gauge      the scaler's floor (only when dynamic)
 //   mantissa_overflow_steps_total            counter    steps skipped for non-finite gradients
 //   mantissa_steps_total                     counter    optimizer steps taken (skipped included)
 //   mantissa_tokens_total                    counter    tokens this rank trained on
 //   mantissa_loss                            gauge      loss of the last step
-//   mantissa_grad_norm                       gauge      global gradient norm of the last step
+//   mantissa_grad_norm                       gauge      gradient norm of the last step not skipped
 //   mantissa_learning_rate                   gauge      learning rate of the last step
 //   mantissa_mfu_ratio                       gauge      model FLOPs utilisation, 0..1
 //   mantissa_step_seconds                    histogram  wall time of a step
-//   mantissa_allreduce_seconds               histogram  time spent in gradient all-reduce
+//   mantissa_allreduce_seconds               histogram  time a step waited on collectives
 //   mantissa_allreduce_bytes_total           counter    bytes this rank sent to all-reduce
-//   mantissa_fp8_amax{tensor}                gauge      amax used for the tensor's FP8 scale
+//   mantissa_fp8_amax{tensor}                gauge      the tensor's amax at the last step
 //   mantissa_fp8_scale{tensor}               gauge      the tensor's FP8 scale
 //   mantissa_val_loss                        gauge      held-out loss at the last evaluation
 //   mantissa_val_loss_rises                  gauge      evaluations in a row whose loss rose
 //   mantissa_last_checkpoint_step            gauge      step of the newest checkpoint written
 //   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time it was written
 //   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
+//   mantissa_run_finished                    gauge      1 once the run ended by itself, else 0
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
-// increase() treat that as a counter reset. The checkpoint gauges appear with the first
+// increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
+// norm, learning rate, MFU) appear with the first step, the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation, the FP8 gauges with the first
-// step that reports the tensor, MFU once both the
-// peak and the FLOPs per token are known.
+// step that reports the tensor; MFU only where both the peak and the FLOPs per token are
+// known. The all-reduce time is what the step waited: where backward hides the gradient
+// all-reduce, bytes over that time are no link bandwidth. Under DELAYED the FP8 scale follows
+// the amax history's maximum, not the last amax: amax x scale / fp8_max is the part of the
+// format's range the step used.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +93,10 @@ class Metrics {
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
   // its save began (0: unknown, left unexported). Sets mantissa_step to that step too.
   void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
+  // The run ended by itself (all steps done, or stopped with a checkpoint to continue from):
+  // mantissa_run_finished 1, so that the alerts take a finished job's last values, which a
+  // Pushgateway keeps, for no stall.
+  void record_finished();
 
   // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.
   // Call it before exiting the process by a path that skips destructors.

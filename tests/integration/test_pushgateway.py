@@ -81,6 +81,12 @@ def main():
                     if not any(n == name and l.get("rank") == rank and
                                l.get("job") == labels["job"] for n, l, _ in samples):
                         harness.fail(f"rank {rank}: {name} was not pushed")
+                # The run ended by itself: the alerts take its kept values for no stall.
+                finished = [v for n, l, v in samples if n == "mantissa_run_finished" and
+                            l.get("rank") == rank and l.get("job") == labels["job"]]
+                if finished != [1.0]:
+                    harness.fail(f"rank {rank}: pushed mantissa_run_finished {finished}, "
+                                 "expected [1.0] after the run's end")
             # A second job pushing to the same gateway under a metrics.job of its own keeps
             # groups of its own: the first job's are still there, unchanged.
             other_steps = 7

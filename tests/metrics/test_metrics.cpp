@@ -131,11 +131,16 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   Metrics metrics(options);
   ASSERT_EQ(metrics.listening_port(), options.port);
 
-  // Before any checkpoint or step the checkpoint gauges are absent but the counters exist at 0,
-  // so that increase() sees the first overflow.
+  // Before any checkpoint or step the checkpoint and last-step gauges are absent (a 0 would
+  // read as a collapsed loss scale, a perfect loss) but the counters exist at 0, so that
+  // increase() sees the first overflow.
   auto before = parse_exposition(http(options.port, "GET", "/metrics").second);
   EXPECT_EQ(sample(before, R"(mantissa_overflow_steps_total{rank="3"})"), 0.0);
-  EXPECT_FALSE(sample(before, R"(mantissa_last_checkpoint_step{rank="3"})"));
+  EXPECT_EQ(sample(before, R"(mantissa_run_finished{rank="3"})"), 0.0);
+  for (const char* name : {"mantissa_last_checkpoint_step", "mantissa_loss_scale", "mantissa_loss",
+                           "mantissa_grad_norm", "mantissa_learning_rate", "mantissa_mfu_ratio"}) {
+    EXPECT_FALSE(sample(before, std::string(name) + R"({rank="3"})")) << name;
+  }
 
   metrics.record_step(step_record(1, false));
   metrics.record_step(step_record(2, true));
@@ -193,6 +198,27 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
     EXPECT_NE(http(options.port, method, "/metrics").first, 200) << method;
   }
   EXPECT_EQ(ours(parse_exposition(http(options.port, "GET", "/metrics").second)), ours(s));
+}
+
+// A skipped step's gradient norm (of non-finite gradients) is not shown: the gauge keeps the
+// last finite one. A run that ends by itself says so.
+TEST(Metrics, SkippedStepsKeepTheGradientNormAndTheEndIsShown) {
+  MetricsOptions options;
+  options.port = free_port();
+  Metrics metrics(options);
+  const auto scrape = [&](const std::string& name) {
+    return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
+                  name + R"({rank="0"})");
+  };
+  metrics.record_step(step_record(3, false));
+  StepRecord skipped = step_record(4, true);
+  skipped.report.grad_norm = 0;
+  metrics.record_step(skipped);
+  EXPECT_EQ(scrape("mantissa_grad_norm"), 0.75);
+  EXPECT_EQ(scrape("mantissa_loss_scale"), 32768.0);
+  EXPECT_EQ(scrape("mantissa_run_finished"), 0.0);
+  metrics.record_finished();
+  EXPECT_EQ(scrape("mantissa_run_finished"), 1.0);
 }
 
 // After a resume the checkpoint gauges show the checkpoint resumed from until the run saves
