@@ -5,6 +5,7 @@
 // adds the rest of the config path ("precision.loss_scale.min = 0: must be > 0").
 #pragma once
 
+#include <cfloat>
 #include <charconv>
 #include <cmath>
 #include <concepts>
@@ -54,6 +55,16 @@ template <std::floating_point T>
 void non_negative(std::string_view path, T value) {
   require(std::isfinite(value) && value >= 0, path, format_number(value),
           std::isfinite(value) ? "must be >= 0" : "must be a finite number >= 0");
+}
+
+// For a value the code keeps as a float, after the value's own rule: 0, or a magnitude among
+// the normal floats (a smaller one would round to 0 or lose its precision, a larger one to inf).
+inline void fits_float(std::string_view path, double value) {
+  const double magnitude = std::fabs(value);
+  require(magnitude == 0 || (magnitude >= FLT_MIN && magnitude <= FLT_MAX), path,
+          format_number(value),
+          "is kept as a float: its magnitude must lie in [" + format_number(FLT_MIN) + ", " +
+              format_number(FLT_MAX) + "]");
 }
 
 // [0, 1) when `max_open`, else [0, 1] (NaN fails).

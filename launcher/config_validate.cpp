@@ -34,6 +34,7 @@ namespace {
 
 using Config = TrainConfig;
 using core::at_least;
+using core::fits_float;
 using core::in_range;
 using core::in_unit_range;
 using core::non_negative;
@@ -142,6 +143,7 @@ void validate_llama(const Config::Model::Llama& m) {
           format_number(m.rope_theta()), "must be finite and > 1");
   require(std::isfinite(m.norm_eps()) && m.norm_eps() > 0.0, "model.llama.norm_eps",
           format_number(m.norm_eps()), "must be finite and > 0");
+  fits_float("model.llama.norm_eps", m.norm_eps());
 }
 
 ModelShape validate_model(const Config::Model& model) {
@@ -185,16 +187,24 @@ ModelShape validate_model(const Config::Model& model) {
 
 void validate_data(const Config::Data& data, const ModelShape& model, DataFiles files) {
   if (data.has_synthetic()) {
-    require(data.synthetic().n_tokens() > model.seq_len, "data.synthetic.n_tokens",
-            std::to_string(data.synthetic().n_tokens()),
-            "must be > " + model.prefix + ".seq_len = " + std::to_string(model.seq_len));
+    // Generated in memory, as text and then tokens: 2^31 tokens take about 6 GB.
+    constexpr int64_t kMaxSyntheticTokens = int64_t{1} << 31;
+    const auto synthetic_tokens = [&](const char* field, int64_t n, bool none_allowed) {
+      require((none_allowed && n == 0) || (n > model.seq_len && n <= kMaxSyntheticTokens), field,
+              std::to_string(n),
+              std::string(none_allowed ? "must be 0 (none) or " : "must ") + "lie in [" +
+                  model.prefix + ".seq_len + 1 = " + std::to_string(model.seq_len + 1) + ", " +
+                  std::to_string(kMaxSyntheticTokens) +
+                  "] (a window of seq_len + 1 tokens at least; generated in memory)");
+    };
+    synthetic_tokens("data.synthetic.n_tokens", data.synthetic().n_tokens(), false);
+    synthetic_tokens("data.synthetic.val_tokens", data.synthetic().val_tokens(), true);
   }
   if (!data.has_token_shards()) {
     const char* source = data.has_text_file() ? "data.text_file" : "data.synthetic";
     require(model.vocab_size >= 256, model.prefix + ".vocab_size", std::to_string(model.vocab_size),
             std::string("must be >= 256, the byte vocabulary of ") + source);
   }
-  if (data.has_synthetic()) at_least("data.synthetic.val_tokens", data.synthetic().val_tokens(), 0);
   if (data.has_text_file()) {
     in_unit_range("data.text_file.val_fraction", data.text_file().val_fraction(), true);
   }
@@ -287,6 +297,7 @@ void validate_optimizer(const TrainConfig& config) {
                  {"lr_schedule.min_lr_ratio", "optimizer.min_lr_ratio"}});
   check_options([&] { core::validate(adamw_config(config)); }, {{"adamw", "optimizer.adamw"}});
   non_negative("optimizer.grad_clip", config.optimizer().grad_clip());
+  fits_float("optimizer.grad_clip", config.optimizer().grad_clip());
 }
 
 // Every field is checked, also those the chosen mode ignores (the modules' rule).

@@ -290,22 +290,23 @@ std::string plan_report(const PlanArgs& args) {
       "time per step (the config's row):\n"
       "  compute     %9.4f s  (%.4g TFLOP per rank at %g TFLOP/s, efficiency %.2f)\n"
       "  memory      %9.4f s  (%.3g GB per rank: AdamW, gradient zeroing, reduce casts)\n"
-      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %d bucket%s)\n"
+      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %lld bucket%s)\n"
       "  exposed     %9.4f s  after overlap with backward\n"
       "  step        %9.4f s  %s tokens/s, MFU %.3f\n",
       step.compute_s,
       cost.flops_per_token * static_cast<double>(step.tokens / cluster.ranks) / 1e12,
       config.precision().mode() == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops,
       d.efficiency, step.memory_s, step.memory_bytes / 1e9, step.comm_s, step.gradient_bytes / kGiB,
-      step.buckets, step.buckets == 1 ? "" : "s", step.exposed_s, step.step_s(),
-      si(step.tokens_per_s()).c_str(), step.mfu);
+      static_cast<long long>(step.buckets), step.buckets == 1 ? "" : "s", step.exposed_s,
+      step.step_s(), si(step.tokens_per_s()).c_str(), step.mfu);
   out += lines;
   std::snprintf(
       lines, sizeof lines,
       "projection: ranks=%d step_s=%.6g compute_s=%.6g memory_s=%.6g comm_s=%.6g "
-      "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%d memory_bytes=%.6g\n",
+      "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%lld memory_bytes=%.6g\n",
       cluster.ranks, step.step_s(), step.compute_s, step.memory_s, step.comm_s, step.exposed_s,
-      step.tokens_per_s(), step.mfu, memory.total() / kGiB, step.buckets, step.memory_bytes);
+      step.tokens_per_s(), step.mfu, memory.total() / kGiB, static_cast<long long>(step.buckets),
+      step.memory_bytes);
   out += lines;
   return out;
 }

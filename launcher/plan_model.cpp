@@ -239,7 +239,7 @@ StepEstimate estimate_step(const TrainConfig& config, const ModelCost& cost,
   // The buckets, in the order they are reduced: from the last parameters on, each
   // dist.bucket_mb of FP32 gradients, the remainder in the last.
   const double cap = std::max(1.0, std::floor(dist.bucket_mb() * 1024.0 * 1024.0 / 4.0));
-  s.buckets = static_cast<int>(std::ceil(p / cap));
+  s.buckets = static_cast<int64_t>(std::ceil(p / cap));
   const double bandwidth = rank_bandwidth(cluster);
   const double latency = 2.0 * std::ceil(std::log2(n)) * d.latency_us * 1e-6;
   const double ring = 2.0 * (n - 1.0) / n;

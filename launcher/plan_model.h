@@ -95,7 +95,7 @@ struct MemoryEstimate {
 struct StepEstimate {
   double compute_s = 0, memory_s = 0, comm_s = 0, exposed_s = 0;
   double memory_bytes = 0;  // moved by the memory-bound passes, per rank
-  int buckets = 0;
+  int64_t buckets = 0;
   double gradient_bytes = 0;  // one rank's gradients in the reduce dtype
   double step_s() const { return compute_s + memory_s + exposed_s; }
   int64_t tokens = 0;  // per step, all ranks

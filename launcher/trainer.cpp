@@ -241,17 +241,6 @@ void Trainer::build_data() {
     corpus = train::Corpus::token_shards(data.token_shards().pattern(), vocab);
     const std::string& val_pattern = data.token_shards().val_pattern();
     if (!val_pattern.empty()) validation = train::Corpus::token_shards(val_pattern, vocab);
-    // A model smaller than the tokenizer the shards were encoded with would stop at the first
-    // batch holding a token past it, maybe hours in. Rank 0 asks mantissa-tokenize (one process
-    // for the job, not one per rank); its error ends every rank. After the shards' own checks:
-    // the tokenizer beside an unfinished encode may not be theirs.
-    const std::optional<std::string> path = run_tokenizer_file(config_);
-    if (world_.rank() == 0 && path) {
-      const TokenizerClient tokenizer(*path);
-      require(tokenizer.vocab_size() <= vocab, dims.prefix + ".vocab_size", std::to_string(vocab),
-              "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
-                  " pieces of the tokenizer " + *path + " (the shards' tokenizer)");
-    }
   } else {
     corpus = train::Corpus::synthetic(seed, data.synthetic().n_tokens());
     if (data.synthetic().val_tokens() > 0) {
@@ -259,10 +248,22 @@ void Trainer::build_data() {
     }
   }
   data_fingerprint_ = corpus.fingerprint();
-  // What the token ids mean: a checkpoint records the tokenizer, so that a resume with another
-  // one is told (rank 0 alone reports and writes the manifest).
+  // The run's tokenizer (data.tokenizer, or the shards'), which sample and export use: one that
+  // is no exact SentencePiece model, or has more pieces than the model has ids (which would
+  // stop training at the first batch holding a token past them, maybe hours in), is refused
+  // now. Rank 0 asks mantissa-tokenize (one process for the job, not one per rank); its error
+  // ends every rank. After the shards' own checks: the tokenizer beside an unfinished encode
+  // may not be theirs. A checkpoint records what the token ids mean (the tokenizer's CRC), so
+  // that a resume with another one is told (rank 0 alone reports and writes the manifest).
   if (world_.rank() == 0) {
     if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
+      const TokenizerClient tokenizer(*path);
+      const std::string source =
+          data.tokenizer().empty() ? "the shards' tokenizer" : "data.tokenizer";
+      require(tokenizer.vocab_size() <= dims.vocab_size, dims.prefix + ".vocab_size",
+              std::to_string(dims.vocab_size),
+              "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
+                  " pieces of the tokenizer " + *path + " (" + source + ")");
       tokenizer_file_ = *path;
       tokenizer_crc32c_ = file_crc32c(*path);
     }
@@ -689,6 +690,15 @@ int Trainer::run() {
       progress_.finish();
       say("mantissa: training diverged at step " + step_of(step + 1, total) +
           ": the loss is not finite (" + std::to_string(mean_loss) +
+          ") — lower optimizer.adamw.lr, or check the data");
+      return kExitDiverged;
+    }
+    // Evaluated after the step's update: the weights it left (the last step's, which no later
+    // training loss would show) are not finite.
+    if (record.val_loss && !std::isfinite(*record.val_loss)) {
+      progress_.finish();
+      say("mantissa: training diverged at step " + step_of(step + 1, total) +
+          ": the validation loss after it is not finite (" + std::to_string(*record.val_loss) +
           ") — lower optimizer.adamw.lr, or check the data");
       return kExitDiverged;
     }

@@ -70,10 +70,8 @@ std::vector<int64_t> split_aligned(int64_t n, int parts) {
 int ParameterStore::add(ParameterSpec spec) {
   MANTISSA_CHECK(!masters_.defined(),
                  "ParameterStore::add(" << spec.name << "): parameters are already allocated");
-  for (const Parameter& p : params_) {
-    MANTISSA_CHECK(p.spec.name != spec.name,
-                   "ParameterStore::add: duplicate parameter name " << spec.name);
-  }
+  MANTISSA_CHECK(names_.insert(spec.name).second,
+                 "ParameterStore::add: duplicate parameter name " << spec.name);
   Parameter p;
   p.offset = flat_numel_;
   p.spec = std::move(spec);

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -121,6 +122,7 @@ class ParameterStore {
   void set_range(core::Backend& backend, const core::Tensor& values, int64_t begin);
 
   std::vector<Parameter> params_;
+  std::unordered_set<std::string> names_;  // of params_, for add's check in O(1)
   int64_t flat_numel_ = 0;
   int64_t masters_begin_ = 0;
   core::Tensor masters_, grads_, compute_;

@@ -11,6 +11,7 @@ namespace mantissa::core {
 void validate(const LrScheduleConfig& config) {
   at_least("lr_schedule.total_steps", config.total_steps, 1);
   non_negative("lr_schedule.lr", config.lr);
+  fits_float("lr_schedule.lr", config.lr);
   at_least("lr_schedule.warmup_steps", config.warmup_steps, 0);
   in_unit_range("lr_schedule.min_lr_ratio", config.min_lr_ratio, false);
 }

@@ -22,9 +22,11 @@ void validate(const LossScalerConfig& c) {
   // The scale is kept as a float (what the loss is multiplied by), so its bounds must be floats.
   const double float_max = std::numeric_limits<float>::max();
   positive("loss_scale.min", c.min);
+  fits_float("loss_scale.min", c.min);
   require(c.max >= c.min && c.max <= float_max, "loss_scale.max", format_number(c.max),
           "must lie in [min = " + format_number(c.min) + ", " + format_number(float_max) + "]");
   positive("loss_scale.init", c.init);
+  fits_float("loss_scale.init", c.init);
   if (c.mode == LossScaleMode::kDynamic) {
     require(c.init >= c.min && c.init <= c.max, "loss_scale.init", format_number(c.init),
             "must lie in [min, max] = [" + format_number(c.min) + ", " + format_number(c.max) +

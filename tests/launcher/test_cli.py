@@ -579,6 +579,26 @@ class Version(lu.TempDirTest):
 
 
 class RunOutcomes(lu.TempDirTest):
+    def test_weights_the_last_step_breaks_end_as_diverged(self):
+        # No later training loss shows what the last update did; the evaluation after it does,
+        # and nothing is saved.
+        path = self.write("c.pbtxt", BASE)
+        result = self.mantissa("train", "--config", path, "--set", "run.steps=1", "--set",
+                               "optimizer.adamw.lr=1e30")
+        self.assertEqual(result.returncode, 4, result.stderr)
+        self.assertIn("mantissa: training diverged at step 1/1: the validation loss after it is "
+                      "not finite (nan)", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "runs", "c", "checkpoints")))
+
+    def test_a_tokenizer_that_is_no_model_is_refused_whatever_the_data(self):
+        # Byte-level text trains without it, but sample and export would use it.
+        path = self.write("c.pbtxt", BASE)
+        passwd = self.write("passwd", "root:x:0:0:root:/root:/bin/bash\n")
+        result = self.mantissa("train", "--config", path, "--set", f"data.tokenizer={passwd}")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines()[-1], f"mantissa: tokenizer '{passwd}' is not "
+                         "a SentencePiece model (it does not parse as one)")
+
     def test_a_warmup_longer_than_the_run_trains_with_a_note(self):
         # A short trial of a config written for a longer run (the demo warms up for 20 steps).
         path = self.write("c.pbtxt", BASE)

@@ -260,6 +260,20 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"optimizer.min_lr_ratio=1.5"}, "optimizer.min_lr_ratio = 1.5: must lie in [0, 1]"},
       {{"optimizer.grad_clip=-1"}, "optimizer.grad_clip = -1: must be >= 0"},
       {{"precision.loss_scale.min=0"}, "precision.loss_scale.min = 0: must be > 0"},
+      // Values kept as floats: one that would round to 0 (a grad_clip of 0 turns clipping off),
+      // to a subnormal (whose reciprocal, the unscaling factor, is inf) or to inf is refused.
+      {{"optimizer.grad_clip=1e-50"},
+       "optimizer.grad_clip = 1e-50: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
+      {{"optimizer.adamw.lr=1e39"},
+       "optimizer.adamw.lr = 1e+39: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
+      {{"precision.loss_scale.mode=STATIC", "precision.loss_scale.init=1e-40"},
+       "precision.loss_scale.init = 1e-40: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
+      {{"model.llama={norm_eps: 1e39}"},
+       "model.llama.norm_eps = 1e+39: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
       {{"precision.fp8.margin=101"}, "precision.fp8.margin = 101: must lie in [0, 100]"},
       {{"dist.consistency_check_every=-1"}, "dist.consistency_check_every = -1: must be >= 0"},
       {{"model.gpt2.n_embd=100", "model.gpt2.n_head=3"},
@@ -280,7 +294,14 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"model.gpt2.n_layer=100000"}, "model.gpt2.n_layer = 100000: must lie in [1, 65536]"},
       {{"model.llama={n_head: 8192}"}, "model.llama.n_head = 8192: must lie in [1, 4096]"},
       {{"data.synthetic.n_tokens=100"},
-       "data.synthetic.n_tokens = 100: must be > model.gpt2.seq_len = 256"},
+       "data.synthetic.n_tokens = 100: must lie in [model.gpt2.seq_len + 1 = 257, 2147483648] (a "
+       "window of seq_len + 1 tokens at least; generated in memory)"},
+      {{"data.synthetic.n_tokens=9223372036854775807"},
+       "data.synthetic.n_tokens = 9223372036854775807: must lie in [model.gpt2.seq_len + 1 = "
+       "257, 2147483648] (a window of seq_len + 1 tokens at least; generated in memory)"},
+      {{"data.synthetic.val_tokens=1"},
+       "data.synthetic.val_tokens = 1: must be 0 (none) or lie in [model.gpt2.seq_len + 1 = 257, "
+       "2147483648] (a window of seq_len + 1 tokens at least; generated in memory)"},
       {{"data.text_file.path=/nonexistent/corpus.txt"},
        "data.text_file.path = \"/nonexistent/corpus.txt\": cannot be read: No such file or "
        "directory"},

@@ -87,10 +87,16 @@ Corpus Corpus::text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   MANTISSA_REQUIRE(in, kConfig,
                    "text file '" << path << "': cannot open: " << std::strerror(errno));
-  const std::vector<char> bytes{std::istreambuf_iterator<char>(in),
-                                std::istreambuf_iterator<char>()};
+  std::vector<char> bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    // libstdc++'s filebuf throws a failed read(2) as its own text; errno still says why.
+    in.setstate(std::ios::badbit);
+  }
+  const int error = errno;
   MANTISSA_REQUIRE(!in.bad(), kConfig,
-                   "text file '" << path << "': read failed: " << std::strerror(errno));
+                   "text file '" << path << "': read failed: " << std::strerror(error));
   MANTISSA_REQUIRE(!bytes.empty(), kConfig, "text file '" << path << "' is empty");
 
   // Bytes go through unsigned char: a signed char would turn 0x80..0xFF into negative tokens.
