@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -39,8 +40,22 @@ using core::in_range;
 using core::in_unit_range;
 using core::non_negative;
 
+// A string value in a message: in quotes, with a newline or another control character written
+// as an escape, so that the message stays one line.
 std::string quoted(const std::string& s) {
-  return "\"" + s + "\"";
+  std::string text = "\"";
+  for (const char c : s) {
+    if (static_cast<unsigned char>(c) >= ' ') {
+      text += c;
+    } else if (c == '\n') {
+      text += "\\n";
+    } else {
+      char escape[8];
+      std::snprintf(escape, sizeof escape, "\\x%02x", static_cast<unsigned char>(c));
+      text += escape;
+    }
+  }
+  return text + "\"";
 }
 
 // Upper bounds on sizes, far beyond any model trained today, that keep every size the model

@@ -15,7 +15,8 @@ struct PushgatewayUrl {
 };
 
 // "http[s]://host[:port][/]" → {"http[s]://host", "port"}. A path is refused:
-// prometheus::Gateway appends its own.
+// prometheus::Gateway appends its own; so are spaces and control characters, and a port
+// outside [1, 65535].
 inline PushgatewayUrl parse_pushgateway_url(const std::string& url) {
   const auto refused = [](std::string problem) {
     return PushgatewayUrl{"", "", std::move(problem)};
@@ -26,6 +27,9 @@ inline PushgatewayUrl parse_pushgateway_url(const std::string& url) {
     return refused("must start with http:// or https://");
   }
   std::string rest = url.substr(scheme.size());
+  for (const char c : rest) {
+    if (static_cast<unsigned char>(c) <= ' ') return refused("must hold no spaces or controls");
+  }
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   if (rest.empty() || rest.find('/') != std::string::npos) {
     return refused("must be " + scheme + "host[:port], without a path");
@@ -38,6 +42,9 @@ inline PushgatewayUrl parse_pushgateway_url(const std::string& url) {
   const std::string port = rest.substr(colon + 1);
   if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos) {
     return refused("has a port that is not a number");
+  }
+  if (port.size() > 5 || std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    return refused("has a port outside [1, 65535]");
   }
   return {scheme + rest.substr(0, colon), port, ""};
 }

@@ -31,9 +31,6 @@ void validate(const LossScalerConfig& c) {
     require(c.init >= c.min && c.init <= c.max, "loss_scale.init", format_number(c.init),
             "must lie in [min, max] = [" + format_number(c.min) + ", " + format_number(c.max) +
                 "] for a DYNAMIC loss scale");
-  } else {
-    require(c.init <= float_max, "loss_scale.init", format_number(c.init),
-            "must be a finite float");
   }
   require(std::isfinite(c.growth_factor) && c.growth_factor > 1.0, "loss_scale.growth_factor",
           format_number(c.growth_factor), "must be > 1");

@@ -313,6 +313,12 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"dist.timeout_s=-1"}, "dist.timeout_s = -1: must be > 0"},
       {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
       {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
+      // A control character in a value is escaped: the message stays one line.
+      {{"metrics.job=a\nb"},
+       "metrics.job = \"a\\nb\": must be a name of letters, digits and _ . : - (the "
+       "Pushgateway's job label)"},
+      {{"metrics.pushgateway_url=http://a b:9091"},
+       "metrics.pushgateway_url = \"http://a b:9091\": must hold no spaces or controls"},
       {{"metrics.pushgateway_url=localhost:9091"},
        "metrics.pushgateway_url = \"localhost:9091\": must start with http:// or https://"},
       {{"metrics.pushgateway_url=http://gateway:9091/metrics"},

@@ -290,6 +290,10 @@ TEST(Metrics, BadPushgatewayUrlNamesTheField) {
       {"ftp://host:9091", "must start with http:// or https://"},
       {"host:9091", "must start with http:// or https://"},
       {"http://host:port", "has a port that is not a number"},
+      {"http://127.0.0.1:99999", "has a port outside [1, 65535]"},
+      {"http://host:0", "has a port outside [1, 65535]"},
+      {"http://a b:9091", "must hold no spaces or controls"},
+      {"http://gateway\n:9091", "must hold no spaces or controls"},
       {"https://host:9091/extra/path", "must be https://host[:port], without a path"}};
   for (const auto& [url, problem] : cases) {
     MetricsOptions options;
