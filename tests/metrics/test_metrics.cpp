@@ -91,16 +91,18 @@ StepRecord step_record(std::int64_t step, bool overflow) {
   return r;
 }
 
+// The value of `name`{rank="0"} that the exporter on `port` serves now.
+std::optional<double> rank0_sample(int port, const std::string& name) {
+  return sample(parse_exposition(http(port, "GET", "/metrics").second), name + R"({rank="0"})");
+}
+
 // The validation gauges appear with the first evaluation (a 0 before it would read as a
 // loss), and mantissa_val_loss_rises counts the evaluations in a row whose loss rose.
 TEST(Metrics, ValidationLossAndItsRisesInARow) {
   MetricsOptions options;
   options.port = free_port();
   Metrics metrics(options);
-  const auto scrape = [&](const std::string& name) {
-    return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
-                  name + "{rank=\"0\"}");
-  };
+  const auto scrape = [&](const std::string& name) { return rank0_sample(options.port, name); };
   metrics.record_step(step_record(1, false));
   EXPECT_FALSE(scrape("mantissa_val_loss"));
   EXPECT_FALSE(scrape("mantissa_val_loss_rises"));
@@ -206,10 +208,7 @@ TEST(Metrics, SkippedStepsKeepTheGradientNormAndTheEndIsShown) {
   MetricsOptions options;
   options.port = free_port();
   Metrics metrics(options);
-  const auto scrape = [&](const std::string& name) {
-    return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
-                  name + R"({rank="0"})");
-  };
+  const auto scrape = [&](const std::string& name) { return rank0_sample(options.port, name); };
   metrics.record_step(step_record(3, false));
   StepRecord skipped = step_record(4, true);
   skipped.report.grad_norm = 0;
@@ -228,10 +227,7 @@ TEST(Metrics, ResumedCheckpointShowsUntilTheNextSave) {
     MetricsOptions options;
     options.port = free_port();
     Metrics metrics(options);
-    const auto scrape = [&](const std::string& name) {
-      return sample(parse_exposition(http(options.port, "GET", "/metrics").second),
-                    name + R"({rank="0"})");
-    };
+    const auto scrape = [&](const std::string& name) { return rank0_sample(options.port, name); };
     metrics.record_resumed_checkpoint(50, saved_at);
     EXPECT_EQ(scrape("mantissa_last_checkpoint_step"), 50.0);
     EXPECT_EQ(scrape("mantissa_step"), 50.0);
