@@ -81,8 +81,7 @@ template <typename Consume>
 void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
                    const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
   const size_t chunks_ahead = static_cast<size_t>(4 * threads);
-  size_t total_bytes = 0;
-  for (const MappedText& file : files) total_bytes += file.text().size();
+  const size_t bytes_in_all = total_bytes(files);
 
   // All under `mutex`: the chunks encoded and waiting, the next one to take and to consume.
   std::vector<bool> encoded(chunks.size(), false);
@@ -157,8 +156,8 @@ void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& fi
         last_report = now;
         const double seconds = std::chrono::duration<double>(now - start).count();
         std::fprintf(stderr, "mantissa: encoded %s of %s (%.0f%%), %s/s, %zu tokens\n",
-                     format_bytes(bytes_done).c_str(), format_bytes(total_bytes).c_str(),
-                     100.0 * bytes_done / total_bytes, format_bytes(bytes_done / seconds).c_str(),
+                     format_bytes(bytes_done).c_str(), format_bytes(bytes_in_all).c_str(),
+                     100.0 * bytes_done / bytes_in_all, format_bytes(bytes_done / seconds).c_str(),
                      tokens_done);
       }
     }
@@ -219,8 +218,6 @@ void encode_to_shards(const EncodeOptions& options) {
   // token before each.
   TokenSpill spill(out.dir(), train::shard_token_bytes(tokenizer.vocab_size()));
   const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
-  size_t bytes = 0;
-  for (const MappedText& file : files) bytes += file.text().size();
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();
@@ -258,8 +255,8 @@ void encode_to_shards(const EncodeOptions& options) {
                "from %s of text in %.1f s on %d thread%s; vocab %d, end of text %u\n",
                out.dir().c_str(), static_cast<long long>(total), static_cast<long long>(cut),
                train_shards, train_shards == 1 ? "" : "s", static_cast<long long>(total - cut),
-               val_shards, format_bytes(bytes).c_str(), seconds, threads, threads == 1 ? "" : "s",
-               tokenizer.vocab_size(), eot);
+               val_shards, format_bytes(total_bytes(files)).c_str(), seconds, threads,
+               threads == 1 ? "" : "s", tokenizer.vocab_size(), eot);
 }
 
 }  // namespace mantissa::launcher

@@ -141,13 +141,16 @@ size_t first_invalid_utf8(std::string_view text) {
   return n;
 }
 
+size_t total_bytes(const std::vector<MappedText>& files) {
+  size_t bytes = 0;
+  for (const MappedText& file : files) bytes += file.text().size();
+  return bytes;
+}
+
 std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
   std::vector<MappedText> files;
-  size_t bytes = 0;
-  for (const std::string& path : paths) {
-    files.emplace_back(path);
-    bytes += files.back().text().size();
-  }
+  for (const std::string& path : paths) files.emplace_back(path);
+  const size_t bytes = total_bytes(files);
   if (bytes >= kAnnouncedCheckBytes) {
     std::fprintf(stderr, "mantissa: checking %s of text in %zu file%s for invalid UTF-8\n",
                  format_bytes(bytes).c_str(), files.size(), files.size() == 1 ? "" : "s");

@@ -34,6 +34,9 @@ class MappedText {
 // The cores this process may run on (its CPU affinity, which Slurm or taskset may narrow).
 int usable_cores();
 
+// The bytes of all `files` together.
+size_t total_bytes(const std::vector<MappedText>& files);
+
 // "35.1 kB", "1.2 GB": a size for messages.
 std::string format_bytes(double bytes);
 

@@ -50,8 +50,7 @@ class TextBlocks : public sentencepiece::SentenceIterator {
   // Every block of the files, or, when they hold more than `sample_bytes`, blocks with gaps
   // between them in proportion, so that about sample_bytes are handed out, spread evenly.
   TextBlocks(const std::vector<MappedText>& files, size_t sample_bytes) : files_(files) {
-    size_t total = 0;
-    for (const MappedText& file : files) total += file.text().size();
+    const size_t total = total_bytes(files);
     if (total > sample_bytes) {
       gap_per_byte_ = static_cast<double>(total - sample_bytes) / static_cast<double>(sample_bytes);
     }
@@ -175,8 +174,6 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   }
   require_can_create_files(options.out, parent.empty() ? "." : parent.string());
   const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
-  size_t bytes = 0;
-  for (const MappedText& file : files) bytes += file.text().size();
 
   const std::unordered_map<std::string, std::string> settings = {
       {"model_type", options.model_type},
@@ -231,6 +228,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   core::write_file_atomically(options.out, model);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const size_t bytes = total_bytes(files);
   const std::string sampled =
       blocks.bytes() < bytes ? " sampled evenly from " + format_bytes(bytes) : "";
   std::fprintf(stderr,

@@ -162,19 +162,13 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
   if (!s.options.build_labels.empty()) {
     Labels labels = r;
     labels.insert(s.options.build_labels.begin(), s.options.build_labels.end());
-    BuildGauge()
-        .Name("mantissa_build_info")
-        .Help("Always 1; its labels name the build this rank runs")
-        .Register(reg)
+    gauge_family(reg, "mantissa_build_info", "Always 1; its labels name the build this rank runs")
         .Add(labels)
         .Set(1);
   }
   s.loss_scale.emplace(gauge_family(reg, "mantissa_loss_scale", "Loss scale of the last step"), r);
   if (s.options.loss_scale_min > 0) {
-    BuildGauge()
-        .Name("mantissa_loss_scale_min")
-        .Help("Floor of the dynamic loss scale")
-        .Register(reg)
+    gauge_family(reg, "mantissa_loss_scale_min", "Floor of the dynamic loss scale")
         .Add(r)
         .Set(s.options.loss_scale_min);
   }
@@ -188,15 +182,10 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                  .Help("Optimizer steps taken, skipped ones included")
                  .Register(reg)
                  .Add(r);
-  s.step = &BuildGauge()
-                .Name("mantissa_step")
-                .Help("Steps the run has done, those before a resume included")
-                .Register(reg)
-                .Add(r);
-  BuildGauge()
-      .Name("mantissa_run_steps")
-      .Help("Steps the run is configured to do (run.steps)")
-      .Register(reg)
+  s.step =
+      &gauge_family(reg, "mantissa_step", "Steps the run has done, those before a resume included")
+           .Add(r);
+  gauge_family(reg, "mantissa_run_steps", "Steps the run is configured to do (run.steps)")
       .Add(r)
       .Set(static_cast<double>(s.options.run_steps));
   s.tokens = &BuildCounter()
@@ -205,12 +194,9 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Register(reg)
                   .Add(r);
   s.run_finished =
-      &BuildGauge()
-           .Name("mantissa_run_finished")
-           .Help(
-               "1 once the run has ended by itself (done, or stopped with a checkpoint to "
-               "continue from), else 0")
-           .Register(reg)
+      &gauge_family(reg, "mantissa_run_finished",
+                    "1 once the run has ended by itself (done, or stopped with a checkpoint to "
+                    "continue from), else 0")
            .Add(r);
   s.loss.emplace(gauge_family(reg, "mantissa_loss", "Loss of the last step"), r);
   s.grad_norm.emplace(gauge_family(reg, "mantissa_grad_norm",
@@ -241,14 +227,9 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                            .Help("Bytes this rank contributed to gradient all-reduce")
                            .Register(reg)
                            .Add(r);
-  s.fp8_amax_family = &BuildGauge()
-                           .Name("mantissa_fp8_amax")
-                           .Help("Amax of the tensor at the last step")
-                           .Register(reg);
-  s.fp8_scale_family = &BuildGauge()
-                            .Name("mantissa_fp8_scale")
-                            .Help("Current FP8 scale of the tensor")
-                            .Register(reg);
+  s.fp8_amax_family =
+      &gauge_family(reg, "mantissa_fp8_amax", "Amax of the tensor at the last step");
+  s.fp8_scale_family = &gauge_family(reg, "mantissa_fp8_scale", "Current FP8 scale of the tensor");
   s.val_loss.emplace(gauge_family(reg, "mantissa_val_loss",
                                   "Loss on the held-out validation set at the last evaluation"),
                      r);
