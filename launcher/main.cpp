@@ -58,7 +58,8 @@ output, in run.dir (default runs/<config file name>):
 
 signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
 to all) stops every rank at the same step after a checkpoint is written; the exit code is then
-0. SIGINT (Ctrl-C) does the same with exit code 130; a second Ctrl-C ends the process at once,
+0. One that comes during the start ends the run before its first step, with nothing to save.
+SIGINT (Ctrl-C) does the same with exit code 130; a second Ctrl-C ends the process at once,
 without a checkpoint. mpirun itself answers Ctrl-C or SIGTERM by killing the ranks one second
 later, before most checkpoints are written: send it SIGUSR1, or launch through
 deploy/mantissa-mpirun, which turns Ctrl-C into SIGUSR1.
@@ -90,7 +91,8 @@ environment (MPI runs):
                             other value is a config error
 
 exit codes:
-  0  all steps done, or stopped by SIGUSR1/SIGTERM/SIGHUP after writing a checkpoint
+  0  all steps done, or stopped by SIGUSR1/SIGTERM/SIGHUP after writing a checkpoint (or
+     during the start, before the first step)
   1  runtime failure (I/O, a full disk, communication, a checkpoint that cannot be written
      or read)
   2  bad command line or config, including data files and devices it names, a checkpoint in

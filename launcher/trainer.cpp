@@ -47,6 +47,15 @@ std::string step_of(int64_t number, int64_t total) {
   return std::to_string(number) + "/" + std::to_string(total);
 }
 
+// The agreed stop (see Trainer::agreed_stop): 2 for SIGINT, 1 for the other stop signals.
+std::string stop_cause(float stop) {
+  return stop == 2.0f ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
+}
+
+int stop_exit_code(float stop) {
+  return stop == 2.0f ? kExitInterrupted : kExitOk;
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -644,6 +653,20 @@ int Trainer::run() {
     return kExitOk;
   }
 
+  // A stop that came during the setup (a preemption while shards or a checkpoint loaded) ends
+  // the run before its first step: a step and a save would only spend the grace period, and
+  // nothing has changed since the newest checkpoint.
+  if (const float stop = agreed_stop(); stop != 0.0f) {
+    progress_.finish();
+    say("mantissa: " + stop_cause(stop) + " during the start: stopped before step " +
+        step_of(start_step_ + 1, total) +
+        (start_step_ > 0 ? "; the checkpoint of step " + std::to_string(start_step_) +
+                               " stays the newest; run the same command to continue"
+                         : "; no checkpoint yet: the same command starts the run afresh"));
+    metrics_->record_finished();
+    return stop_exit_code(stop);
+  }
+
   for (int64_t step = start_step_; step < total; ++step) {
     const Clock::time_point start = Clock::now();
     const int64_t syncs_before = backend_->host_syncs();
@@ -715,14 +738,11 @@ int Trainer::run() {
       stopping = stop != 0.0f;
     }
     if (stopping) {
-      const bool interrupted = stop == 2.0f;
       progress_.finish();
-      say(std::string("mantissa: ") +
-          (interrupted ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)") +
-          ": stopped after step " + step_of(steps_done, total) +
-          " with a checkpoint; run the same command to continue");
+      say("mantissa: " + stop_cause(stop) + ": stopped after step " +
+          step_of(steps_done, total) + " with a checkpoint; run the same command to continue");
       metrics_->record_finished();
-      return interrupted ? kExitInterrupted : kExitOk;
+      return stop_exit_code(stop);
     }
   }
   progress_.finish();

@@ -8,7 +8,8 @@
    same weights, as `mantissa export` stitches them from the shards of the last checkpoint);
  - a 2-rank checkpoint resumes on one rank (twice the micro-batch) close to the 2-rank run, and
    a 2-rank ZeRO-1 checkpoint (sharded masters and moments) on one rank and on four;
- - SIGTERM stops a single rank the same way;
+ - SIGTERM stops a single rank the same way; a stop during the start (the run held in its
+   first print) ends it before its first step, nothing saved;
  - model.init_from starts a run from an llm.c GPT-2 file, and `mantissa export` writes the
    weights of its checkpoint as safetensors, the same bytes; `mantissa export --format hf`
    writes a GPT-2's and a Llama's weights as a Hugging Face directory, which model.init_from
@@ -21,6 +22,7 @@
 """
 
 import array
+import fcntl
 import glob
 import json
 import math
@@ -33,12 +35,22 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.request
 
 import launcher_util as lu
 
 RANKS = 2
+
+
+def waiting_in(pid):
+    """The kernel function a process sleeps in (/proc/PID/wchan), "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
 
 
 class Training(lu.TempDirTest):
@@ -315,6 +327,61 @@ class Training(lu.TempDirTest):
             if sig == signal.SIGINT:
                 self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
                 self.assertIn("interrupted (SIGINT)", stderr)
+
+    def start_held_at_its_start(self, args):
+        """Starts mantissa alone with its stdout a full pipe: the effective config, printed after
+        the signal handlers are set and before the setup, holds the run there. Returns (process,
+        the pipe's read end) once the kernel shows it waiting in the pipe's write."""
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)
+        os.write(write_end, b"#" * fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ))
+        process = subprocess.Popen([lu.binary(), *args], cwd=self.dir, env=lu.environment(),
+                                   text=True, stdout=write_end, stderr=subprocess.PIPE)
+        os.close(write_end)
+        deadline = time.monotonic() + 60
+        while "pipe_write" not in waiting_in(process.pid):
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise AssertionError(f"the run was not seen writing its stdout (exit "
+                                     f"{process.poll()}, /proc wchan {waiting_in(process.pid)!r})")
+            time.sleep(0.01)
+        return process, read_end
+
+    def test_a_stop_during_the_start_ends_the_run_before_its_first_step(self):
+        # A preemption while the data or a checkpoint loads: no step and no save, which would
+        # only spend the grace period. Fresh (SIGTERM, exit 0: no checkpoint) and resumed from
+        # step 20 (SIGINT, exit 130: that checkpoint stays the newest, the log unchanged).
+        first = self.mantissa(*self.train_args("resumed", "run.steps=20", inject_rank=0))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        for name, sig, code, words in (
+                ("fresh", signal.SIGTERM, 0,
+                 "stop requested (SIGUSR1/SIGTERM/SIGHUP) during the start: stopped before step "
+                 "1/2000; no checkpoint yet"),
+                ("resumed", signal.SIGINT, 130,
+                 "interrupted (SIGINT) during the start: stopped before step 21/2000; the "
+                 "checkpoint of step 20 stays the newest")):
+            process, stdout = self.start_held_at_its_start(
+                self.train_args(name, "run.steps=2000", inject_rank=0))
+            try:
+                process.send_signal(sig)
+                with os.fdopen(stdout, "rb") as pipe:
+                    reader = threading.Thread(target=pipe.read)
+                    reader.start()
+                    _, stderr = process.communicate(timeout=120)
+                    reader.join()
+            finally:
+                if process.poll() is None:
+                    process.kill()
+            self.assertEqual(process.returncode, code, stderr)
+            self.assertIn(words, stderr)
+            run = self.run_dir(name)
+            latest = os.path.join(run, "checkpoints", "latest")
+            if name == "fresh":
+                self.assertFalse(os.path.exists(latest))
+            else:
+                with open(latest) as f:
+                    self.assertEqual(f.read().strip(), "step_00000020")
+                self.assertEqual(len(lu.read_log(run, 0)), 20)
 
     def test_a_stop_during_a_save_ends_the_run_on_it(self):
         # A stop asked for while a checkpoint is written ends the run on that checkpoint, not
