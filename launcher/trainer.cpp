@@ -739,8 +739,8 @@ int Trainer::run() {
     }
     if (stopping) {
       progress_.finish();
-      say("mantissa: " + stop_cause(stop) + ": stopped after step " +
-          step_of(steps_done, total) + " with a checkpoint; run the same command to continue");
+      say("mantissa: " + stop_cause(stop) + ": stopped after step " + step_of(steps_done, total) +
+          " with a checkpoint; run the same command to continue");
       metrics_->record_finished();
       return stop_exit_code(stop);
     }
