@@ -366,6 +366,11 @@ void validate(const TrainConfig& config, DataFiles files) {
   const Config::Run& run = config.run();
   at_least("run.log_every", run.log_every(), 1);
   require(!run.dir().empty(), "run.dir", quoted(run.dir()), "must name a directory");
+  const std::filesystem::path run_dir = std::filesystem::path(run.dir()).lexically_normal();
+  require(!run_dir.has_root_directory() || !run_dir.relative_path().empty(), "run.dir",
+          quoted(run.dir()),
+          "is the file system's root: name a directory of the run's own (an unset variable "
+          "before a slash, as in run.dir=$DIR/, gives this)");
 
   const ModelShape model = validate_model(config.model());
   validate_data(config.data(), model, files);

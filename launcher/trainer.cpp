@@ -112,7 +112,10 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   std::error_code ec;
   std::filesystem::create_directories(run_dir_, ec);
   if (ec) {
-    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+    // Missing here is a parent that cannot hold directories (/proc): only the config can fix it.
+    const core::ErrorKind kind =
+        ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
+    core::throw_error_of_kind(kind,
                               "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
   }
   if (world.rank() == 0) run_dir_lock_.emplace(run_dir_);

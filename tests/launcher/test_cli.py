@@ -267,6 +267,11 @@ class ConfigErrors(lu.TempDirTest):
         with open(os.path.join(run_dir, ".lock")) as f:
             self.assertEqual(f.read(), "", "a finished run leaves no holder's pid behind")
 
+    def test_run_dir_that_cannot_be_created(self):
+        # /proc holds no directories of ours (mkdir: ENOENT): a config to fix, exit 2.
+        self.assert_config_error('mantissa: run.dir = "/proc/mantissa-run": cannot be created: '
+                                 "No such file or directory", "--set", "run.dir=/proc/mantissa-run")
+
     def test_run_dir_lock_file_that_cannot_be_opened(self):
         # A run.dir this user may not write to refuses the lock file; the tests run as root,
         # whom a read-only mode does not stop, so a directory in the lock file's place stands in.

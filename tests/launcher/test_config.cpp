@@ -306,6 +306,9 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "data.text_file.path = \"/nonexistent/corpus.txt\": cannot be read: No such file or "
        "directory"},
       {{"data.text_file.path=/"}, "data.text_file.path = \"/\": is a directory, not a file"},
+      {{"run.dir=/tmp/.."},
+       "run.dir = \"/tmp/..\": is the file system's root: name a directory of the run's own (an "
+       "unset variable before a slash, as in run.dir=$DIR/, gives this)"},
       {{"data.token_shards.pattern=/nonexistent/*.bin"},
        "data.token_shards.pattern = \"/nonexistent/*.bin\": matches no file"},
       {{"dist.zero_stage=2"}, "dist.zero_stage = 2: must lie in [0, 1]"},
