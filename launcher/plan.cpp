@@ -45,7 +45,7 @@ options:
   --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
                      one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
   --efficiency E     the step's FLOPs over its compute time, as a fraction of the peaks (default
-                     0.5; at most 4: a CPU whose BF16 dot products outrun its FP32 FMA peak
+                     0.5; 0.01 to 4: a CPU whose BF16 dot products outrun its FP32 FMA peak
                      exceeds 1). For a cluster, calibrate it on a measured run:
                      bench/bench_scaling.sh does
   --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
@@ -73,19 +73,21 @@ int positive_int(const std::string& option, const std::string& value) {
   return *v;
 }
 
-double positive(const std::string& option, const std::string& value) {
-  const std::optional<double> v = finite_number(value);
-  if (!v || *v <= 0) {
-    throw core::ConfigError(option + " " + value +
-                            ": must be a number > 0 (see mantissa plan --help)");
-  }
-  return *v;
-}
-
 std::string format(const char* fmt, double a) {
   char buf[64];
   std::snprintf(buf, sizeof buf, fmt, a);
   return buf;
+}
+
+// Bounded by what any device or network is, so that a typo (a missing exponent's sign) is
+// told rather than planned: 1e-300 TFLOP/s would print a step of 290 digits.
+double number_in(const std::string& option, const std::string& value, double lo, double hi) {
+  const std::optional<double> v = finite_number(value);
+  if (!v || *v < lo || *v > hi) {
+    throw core::ConfigError(option + " " + value + ": must be a number in [" + format("%g", lo) +
+                            ", " + format("%g", hi) + "] (see mantissa plan --help)");
+  }
+  return *v;
 }
 
 // 1234567 -> "1.23M"; below 10,000 as it is.
@@ -108,12 +110,7 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
   if (args.tflops > 0) d.bf16_tflops = d.fp8_tflops = d.fp32_tflops = args.tflops;
   if (cpu && args.tflops <= 0)
     throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
-  if (args.efficiency > 0) {
-    if (args.efficiency > 4)
-      throw core::ConfigError("--efficiency " + format("%g", args.efficiency) +
-                              ": must be in (0, 4]");
-    d.efficiency = args.efficiency;
-  }
+  if (args.efficiency > 0) d.efficiency = args.efficiency;
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;
   if (args.node_gbps > 0) d.node_gbps = args.node_gbps;
   if (args.memory_gbps > 0) d.memory_gbps = args.memory_gbps;
@@ -223,15 +220,15 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     } else if (name == "--gpus-per-node") {
       out.per_node = positive_int(name, value);
     } else if (name == "--link-gbps") {
-      out.link_gbps = positive(name, value);
+      out.link_gbps = number_in(name, value, 1e-3, 1e6);
     } else if (name == "--node-gbps") {
-      out.node_gbps = positive(name, value);
+      out.node_gbps = number_in(name, value, 1e-3, 1e6);
     } else if (name == "--tflops") {
-      out.tflops = positive(name, value);
+      out.tflops = number_in(name, value, 1e-3, 1e6);
     } else if (name == "--memory-gbps") {
-      out.memory_gbps = positive(name, value);
+      out.memory_gbps = number_in(name, value, 1e-3, 1e6);
     } else if (name == "--efficiency") {
-      out.efficiency = positive(name, value);
+      out.efficiency = number_in(name, value, 0.01, 4);
     } else {
       out.cores = positive_int(name, value);
     }
