@@ -7,7 +7,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <ios>
+#include <iterator>
 #include <utility>
 
 #include "core/error.h"
@@ -37,10 +38,19 @@ std::string read_model_file(const std::string& path) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw core::ConfigError("cannot read tokenizer '" + path + "': " + std::strerror(errno));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  if (in.bad()) throw core::ConfigError("cannot read tokenizer '" + path + "'");
-  return bytes.str();
+  std::string bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    // libstdc++'s filebuf throws a failed read(2) as its own text; errno still says why.
+    in.setstate(std::ios::badbit);
+  }
+  const int error = errno;
+  if (in.bad()) {
+    throw core::ConfigError("cannot read tokenizer '" + path + "': " + std::strerror(error));
+  }
+  if (bytes.empty()) throw core::ConfigError("tokenizer '" + path + "' is empty");
+  return bytes;
 }
 
 }  // namespace

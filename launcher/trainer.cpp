@@ -269,9 +269,15 @@ void Trainer::build_data() {
   // that a resume with another one is told (rank 0 alone reports and writes the manifest).
   if (world_.rank() == 0) {
     if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
-      const TokenizerClient tokenizer(*path);
       const std::string source =
           data.tokenizer().empty() ? "the shards' tokenizer" : "data.tokenizer";
+      const TokenizerClient tokenizer = [&] {
+        try {
+          return TokenizerClient(*path);
+        } catch (const core::ConfigError& e) {
+          throw core::ConfigError(source + ": " + e.what());
+        }
+      }();
       require(tokenizer.vocab_size() <= dims.vocab_size, dims.prefix + ".vocab_size",
               std::to_string(dims.vocab_size),
               "is smaller than the " + std::to_string(tokenizer.vocab_size()) +

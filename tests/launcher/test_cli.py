@@ -601,7 +601,7 @@ class RunOutcomes(lu.TempDirTest):
         passwd = self.write("passwd", "root:x:0:0:root:/root:/bin/bash\n")
         result = self.mantissa("train", "--config", path, "--set", f"data.tokenizer={passwd}")
         self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines()[-1], f"mantissa: tokenizer '{passwd}' is not "
+        self.assertEqual(result.stderr.splitlines()[-1], f"mantissa: data.tokenizer: tokenizer '{passwd}' is not "
                          "a SentencePiece model (it does not parse as one)")
 
     def test_a_warmup_longer_than_the_run_trains_with_a_note(self):

@@ -268,6 +268,12 @@ TEST_F(TokenizerTest, RefusesModelsThatDoNotDecodeExactly) {
   expect_config_error([&] { Tokenizer((*dir_ / "missing.model").string()); },
                       "missing.model': No such file or directory");
   expect_config_error([&] { Tokenizer(dir_->string()); }, "' is not a regular file");
+  const std::string empty = (*dir_ / "empty.model").string();
+  std::ofstream{empty};
+  expect_config_error([&] { Tokenizer{empty}; }, "tokenizer '" + empty + "' is empty");
+  // A read that fails (a regular file of /proc that refuses it) says why.
+  expect_config_error([&] { Tokenizer{"/proc/self/mem"}; },
+                      "cannot read tokenizer '/proc/self/mem': Input/output error");
 }
 
 TEST(SentencepieceReason, KeepsWhatWentWrongWithoutTheSourceLocation) {
