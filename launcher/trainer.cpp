@@ -165,7 +165,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     dp_->broadcast_parameters();
   }
 
-  build_metrics();
+  const std::string mfu_peak_note = build_metrics();
   // Until this run saves, the newest checkpoint is the one it resumed from: the dashboard's
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
@@ -215,6 +215,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // On the CPU, which code paths ran decides the figures (and, for BF16 operands, the last
   // bits): say so, so that runs on different machines can be compared.
   if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
+  say(mfu_peak_note);
   run_dir_cleanup_.keep();
 }
 
@@ -301,7 +302,7 @@ void Trainer::build_data() {
   }
 }
 
-void Trainer::build_metrics() {
+std::string Trainer::build_metrics() {
   const TrainConfig::Metrics& m = config_.metrics();
   metrics::MetricsOptions options;
   options.bind_address = m.bind_address();
@@ -311,10 +312,35 @@ void Trainer::build_metrics() {
   options.pushgateway_url = m.pushgateway_url();
   options.job = m.job();
   options.push_every = static_cast<int>(m.push_every());
-  options.peak_flops = m.peak_tflops() > 0.0 ? m.peak_tflops() * 1e12
-                       : device_.cuda        ? core::gpu_bf16_peak_flops(device_.name)
-                                             : core::cpu_nominal_peak_flops(omp_get_max_threads());
   options.flops_per_token = model_->flops_per_token();
+  // The peak behind MFU, returned to be said at the start: a CPU's is nominal, and no figure
+  // reads without it.
+  char peak_note[256];
+  if (m.peak_tflops() > 0.0) {
+    options.peak_flops = m.peak_tflops() * 1e12;
+    std::snprintf(peak_note, sizeof peak_note,
+                  "mantissa: MFU against %g TFLOP/s per rank (metrics.peak_tflops)",
+                  m.peak_tflops());
+  } else if (device_.cuda) {
+    options.peak_flops = core::gpu_bf16_peak_flops(device_.name);
+    if (options.peak_flops > 0) {
+      std::snprintf(peak_note, sizeof peak_note,
+                    "mantissa: MFU against %g TFLOP/s per rank (the %s's dense BF16 peak)",
+                    options.peak_flops / 1e12, device_.name.c_str());
+    } else {
+      std::snprintf(peak_note, sizeof peak_note,
+                    "mantissa: MFU not reported: no peak known for the %s (set "
+                    "metrics.peak_tflops)",
+                    device_.name.c_str());
+    }
+  } else {
+    const int threads = omp_get_max_threads();
+    options.peak_flops = core::cpu_nominal_peak_flops(threads);
+    std::snprintf(peak_note, sizeof peak_note,
+                  "mantissa: MFU against %g GFLOP/s per rank, a nominal %g per CPU thread x %d "
+                  "(metrics.peak_tflops sets a measured one, e.g. build/bin/fma_peak's)",
+                  options.peak_flops / 1e9, core::cpu_nominal_peak_flops(1) / 1e9, threads);
+  }
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.run_steps = config_.run().steps();
   options.loss_scale_min =
@@ -322,6 +348,7 @@ void Trainer::build_metrics() {
   // Its errors name the fields, with their kind: a busy port is a failure (exit 1: a later
   // start may find it free), a malformed address or URL a config error.
   metrics_ = std::make_unique<metrics::Metrics>(std::move(options));
+  return peak_note;
 }
 
 bool Trainer::restore() {

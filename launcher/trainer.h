@@ -62,7 +62,9 @@ class Trainer {
   // Held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
   // after the last step); collective.
   std::optional<double> maybe_evaluate(int64_t steps_done);
-  void build_metrics();
+  // The exporter (and pusher) of this rank's metrics; returns the start line that names the
+  // peak MFU is measured against.
+  std::string build_metrics();
   // precision.fp8.recipe's scale modes on this device (exit 2 where it lacks them).
   void check_fp8_recipe_support() const;
   // Resumes from the newest intact checkpoint; false when there is none (or resume is NEVER).

@@ -208,6 +208,10 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
     s.mfu.emplace(
         gauge_family(reg, "mantissa_mfu_ratio", "Model FLOPs utilisation of the last step (0..1)"),
         r);
+    gauge_family(reg, "mantissa_peak_flops",
+                 "Peak FLOP/s of one rank that mantissa_mfu_ratio is measured against")
+        .Add(r)
+        .Set(s.options.peak_flops);
   }
   s.step_seconds = &BuildHistogram()
                         .Name("mantissa_step_seconds")

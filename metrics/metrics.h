@@ -64,8 +64,9 @@ struct MetricsOptions {
   std::string job = "mantissa";
   std::string pushgateway_url;
   int push_every = 0;
-  // MFU = tokens/s × flops_per_token / peak_flops, per rank (one device per rank).
-  // 0 in either leaves mantissa_mfu_ratio unexported.
+  // MFU = tokens/s × flops_per_token / peak_flops, per rank (one device per rank); the peak is
+  // exported too (mantissa_peak_flops), to read the ratio by. 0 in either leaves both
+  // unexported.
   double peak_flops = 0;
   double flops_per_token = 0;
   // The loss scaler's floor; exported as mantissa_loss_scale_min so the "loss scale

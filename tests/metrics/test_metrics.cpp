@@ -139,6 +139,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   auto before = parse_exposition(http(options.port, "GET", "/metrics").second);
   EXPECT_EQ(sample(before, R"(mantissa_overflow_steps_total{rank="3"})"), 0.0);
   EXPECT_EQ(sample(before, R"(mantissa_run_finished{rank="3"})"), 0.0);
+  EXPECT_EQ(sample(before, R"(mantissa_peak_flops{rank="3"})"), 1e12);
   for (const char* name : {"mantissa_last_checkpoint_step", "mantissa_loss_scale", "mantissa_loss",
                            "mantissa_grad_norm", "mantissa_learning_rate", "mantissa_mfu_ratio"}) {
     EXPECT_FALSE(sample(before, std::string(name) + R"({rank="3"})")) << name;
