@@ -120,9 +120,14 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
       config.grad_reduce_dtype = path.dtype;
       config.accumulate_fp32 = path.accumulate_fp32;
       auto dp = dist::DataParallel::create(world, *backend, params, config);
+      // Each step's non-finite check too, read back as the training step does.
+      core::Tensor check = core::Tensor::empty(core::Shape{1}, core::DType::kF32);
+      core::Tensor host_check = core::Tensor::empty(core::Shape{1}, core::DType::kF32);
       const double ours = median_seconds(repeats, refill, [&] {
         for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-        dp->finish(params.grads());
+        dp->finish(params.grads(), check);
+        backend->copy(check, host_check);
+        backend->synchronize();
       });
       if (world.rank() == 0) {
         std::printf("%4d MiB  %-28s %9.4f s  %6.2f GB/s  %.2fx\n", mib, path.name, ours,

@@ -104,7 +104,7 @@ void BucketedGradSync::grad_ready(int param) {
   advance();
 }
 
-bool BucketedGradSync::finish(Tensor& grads) {
+void BucketedGradSync::finish(Tensor& grads, Tensor& check) {
   comm_.open_step();
   MANTISSA_CHECK(grads.data() == params_.grads().data() && grads.numel() == params_.flat_numel(),
                  "DataParallel::finish: expects the parameter store's flat gradients, got "
@@ -122,7 +122,10 @@ bool BucketedGradSync::finish(Tensor& grads) {
       advance();
     }
   }
-  const bool nonfinite = read_nonfinite_flags();
+  // One check of every bucket's, on the device: F32 buckets flag 1 for a non-finite value (0
+  // otherwise), the others hold their amax, non-finite then. Reading each bucket's before its
+  // collective would stall the host, and with it the GPU, once per bucket.
+  backend_.amax(found_, check);
   for (Bucket& b : buckets_) {
     b.stage = Stage::kWaiting;
     b.params_ready = 0;
@@ -131,26 +134,16 @@ bool BucketedGradSync::finish(Tensor& grads) {
   next_ = 0;
   comm_.add_seconds(std::chrono::duration<double>(Clock::now() - start).count());
   comm_.close_step();
-  return nonfinite;
+}
+
+bool BucketedGradSync::saw_nonfinite(float check) const {
+  return fp32() ? check != 0.0f : !std::isfinite(check);
 }
 
 std::vector<std::pair<int64_t, int64_t>> BucketedGradSync::buckets() const {
   std::vector<std::pair<int64_t, int64_t>> out;
   for (const Bucket& b : buckets_) out.emplace_back(b.begin, b.end);
   return out;
-}
-
-// Reading each bucket's check before its collective would stall the host, and with it the GPU,
-// once per bucket.
-bool BucketedGradSync::read_nonfinite_flags() {
-  std::vector<float> flags(buckets_.size());
-  Tensor host = Tensor::wrap(flags.data(), Shape{static_cast<int64_t>(flags.size())}, DType::kF32);
-  backend_.copy(found_, host);
-  backend_.synchronize();
-  // F32: unscale_check_finite's flag (1 = found); otherwise the bucket's amax (from the
-  // cast, or for FP8 from start_amax).
-  return std::any_of(flags.begin(), flags.end(),
-                     [&](float f) { return fp32() ? f != 0.0f : !std::isfinite(f); });
 }
 
 void BucketedGradSync::build_buckets() {

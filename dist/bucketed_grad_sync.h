@@ -43,7 +43,8 @@ class BucketedGradSync final : public train::GradientSync {
                    StepComm& comm, std::vector<int64_t> shard_offsets);
 
   void grad_ready(int param) override;
-  bool finish(core::Tensor& grads) override;
+  void finish(core::Tensor& grads, core::Tensor& check) override;
+  bool saw_nonfinite(float check) const override;
   void max_across_ranks(std::vector<float>& values) override { comm_.max_across_ranks(values); }
   double sum_across_ranks(double value) override { return comm_.sum_across_ranks(value); }
 
@@ -82,10 +83,6 @@ class BucketedGradSync final : public train::GradientSync {
     core::Tensor amax_comm;  // FP8: F32 [1] on the communicator's device
     core::Tensor q, w;       // F32 [1] on the backend's device: pre-scale and widening scale
   };
-
-  // The buckets' device-side non-finite checks, read in one copy once every reduction is
-  // issued.
-  bool read_nonfinite_flags();
 
   void build_buckets();
   void build_order();

@@ -29,7 +29,8 @@ class DataParallelImpl final : public DataParallel {
 
   // --- GradientSync -------------------------------------------------------------------
   void grad_ready(int param) override { sync_.grad_ready(param); }
-  bool finish(core::Tensor& grads) override { return sync_.finish(grads); }
+  void finish(core::Tensor& grads, core::Tensor& check) override { sync_.finish(grads, check); }
+  bool saw_nonfinite(float check) const override { return sync_.saw_nonfinite(check); }
   void max_across_ranks(std::vector<float>& values) override { sync_.max_across_ranks(values); }
   double sum_across_ranks(double value) override { return sync_.sum_across_ranks(value); }
 

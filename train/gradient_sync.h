@@ -20,10 +20,14 @@ class GradientSync {
   // are now complete may start, overlapping the rest of backward.
   virtual void grad_ready(int param) = 0;
   // Waits for every reduction; afterwards `grads` holds the average over ranks on the range
-  // this rank's optimizer owns (all of it, or its ZeRO-1 shard). Returns whether this rank saw
-  // a non-finite gradient before any reduced-precision cast (a saturating FP8 cast would turn
-  // an inf into a finite value, and under ZeRO-1 a rank never sees most of the reduced sums).
-  virtual bool finish(core::Tensor& grads) = 0;
+  // this rank's optimizer owns (all of it, or its ZeRO-1 shard), and `check` (an F32 scalar on
+  // the backend's device) this rank's check of its gradients before any reduced-precision cast
+  // (a saturating FP8 cast would turn an inf into a finite value, and under ZeRO-1 a rank never
+  // sees most of the reduced sums). The check stays on the device: the step reads it back with
+  // its own scalars, at its one host synchronisation, and asks saw_nonfinite().
+  virtual void finish(core::Tensor& grads, core::Tensor& check) = 0;
+  // Whether `check`, finish()'s check read back, says this rank saw a non-finite gradient.
+  virtual bool saw_nonfinite(float check) const = 0;
   // Elementwise maximum over ranks, in place (overflow flags, FP8 amaxes).
   virtual void max_across_ranks(std::vector<float>& values) = 0;
   // Sum over ranks, bit-identical on every rank (the squared gradient norm of ZeRO-1 shards,

@@ -40,9 +40,10 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   for (const Batch& b : micro_batches) tokens += b.batch_size * b.seq_len;
   const float dloss =
       static_cast<float>(static_cast<double>(scaler_.scale()) / static_cast<double>(tokens));
-  // Every token's loss goes to the host with the step's other scalars, at their one
-  // synchronisation below.
-  Tensor host_losses = Tensor::empty(Shape{tokens}, DType::kF32);
+  // Every token's loss stays on the device until it goes to the host with the step's other
+  // scalars, at their one synchronisation below (a copy into host memory per micro-batch would
+  // make the host wait for each forward).
+  Tensor losses_all = Tensor::empty(Shape{tokens}, DType::kF32, backend_.device());
   int64_t copied = 0;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     const Batch& mb = micro_batches[i];
@@ -50,7 +51,7 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
     if (sync && last) ctx.grad_ready = [sync](int param) { sync->grad_ready(param); };
     const BatchTensors device_batch = upload(mb, backend_);
     const Tensor losses = model_.forward(ctx, device_batch, dloss);
-    Tensor slot = host_losses.view(copied, Shape{losses.numel()});
+    Tensor slot = losses_all.view(copied, Shape{losses.numel()});
     backend_.copy(losses, slot);
     copied += losses.numel();
     model_.backward(ctx);
@@ -65,26 +66,31 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   MANTISSA_CHECK(sync || !sharded, "TrainingStep::run: the optimizer owns only ["
                                        << begin << ", " << end << ") of " << params.flat_numel()
                                        << " parameters, which needs a GradientSync");
-  Tensor& grads = params.grads();
-  const bool nonfinite_before_sync = sync ? sync->finish(grads) : false;
-  Tensor owned = grads.view(begin, Shape{end - begin});
-  if (before_check) before_check(owned, step);
-
   // Everything the host decides on is read back at one host synchronisation: the token
-  // losses, the non-finite flag, the first non-finite index and the squared gradient norm share one
-  // 16-byte device buffer (F32 found, F32 norm^2, I64 first index at byte 8), copied with one copy,
-  // and the FP8 amaxes (final since backward) are copied before the same synchronize(). The norm is
-  // therefore summed before the skip decision; a skipped step ignores it (it may be inf).
-  Tensor scalars = Tensor::empty(Shape{4}, DType::kF32, backend_.device());
+  // losses, and one 20-byte device buffer of the non-finite flag, the squared gradient norm,
+  // the first non-finite index and the gradient sync's check (F32 found, F32 norm^2, I64 first
+  // index at byte 8, F32 sync check at byte 16), copied with one copy each; the FP8 amaxes
+  // (final since backward) are copied before the same synchronize(). The norm is therefore
+  // summed before the skip decision; a skipped step ignores it (it may be inf).
+  Tensor scalars = Tensor::empty(Shape{5}, DType::kF32, backend_.device());
   Tensor found = scalars.view(0, Shape{1});
   Tensor norm_sq = scalars.view(1, Shape{1});
   Tensor first = Tensor::wrap(static_cast<char*>(scalars.data()) + 8, Shape{1}, DType::kI64,
                               backend_.device());
+  Tensor sync_check = scalars.view(4, Shape{1});  // written by the sync; unread without one
+
+  Tensor& grads = params.grads();
+  if (sync) sync->finish(grads, sync_check);
+  Tensor owned = grads.view(begin, Shape{end - begin});
+  if (before_check) before_check(owned, step);
+
   backend_.fill(found, 0.0f);
   backend_.fill(norm_sq, 0.0f);
   backend_.unscale_check_finite(owned, scaler_.inv_scale(), found, &first);
   backend_.sum_squares(owned, norm_sq);
-  Tensor host_scalars = Tensor::empty(Shape{4}, DType::kF32);
+  Tensor host_losses = Tensor::empty(Shape{tokens}, DType::kF32);
+  backend_.copy(losses_all, host_losses);
+  Tensor host_scalars = Tensor::empty(Shape{5}, DType::kF32);
   backend_.copy(scalars, host_scalars);
   Fp8Operands* fp8 = model_.fp8_operands();
   // read_amaxes() copies and synchronises once, which also completes host_scalars.
@@ -100,6 +106,7 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
     const int param = params.find_by_flat_index(begin + first_index);
     report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
   }
+  const bool nonfinite_before_sync = sync && sync->saw_nonfinite(host[4]);
   std::vector<float> flag{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f};
   if (sync) sync->max_across_ranks(flag);
 

@@ -27,6 +27,17 @@ inline train::ParameterStore make_sync_store(core::Backend& backend) {
   return params;
 }
 
+// finish(), its check read back at one synchronisation as the training step reads it: whether
+// this rank saw a non-finite gradient.
+inline bool finish_saw_nonfinite(DataParallel& dp, core::Backend& backend, core::Tensor& grads) {
+  core::Tensor check = core::Tensor::empty(core::Shape{1}, core::DType::kF32, backend.device());
+  dp.finish(grads, check);
+  core::Tensor host = core::Tensor::empty(core::Shape{1}, core::DType::kF32);
+  backend.copy(check, host);
+  backend.synchronize();
+  return dp.saw_nonfinite(host.data_as<float>()[0]);
+}
+
 struct SyncCase {
   core::DType dtype;
   bool accumulate_fp32;

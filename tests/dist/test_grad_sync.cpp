@@ -38,6 +38,7 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 using testing::describe;
+using testing::finish_saw_nonfinite;
 using testing::make_sync_store;
 using testing::sync_config;
 using testing::SyncCase;
@@ -108,7 +109,7 @@ class GradSync : public ::testing::Test {
     fill_gradients(params, me, shift);
     // Backward reports parameters last to first.
     for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-    EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+    EXPECT_FALSE(finish_saw_nonfinite(*dp, *backend, params.grads())) << describe(c);
 
     const float* g = params.grads().data_as<float>();
     const double u = testing::unit_roundoff(c.dtype), s = testing::half_min_subnormal(c.dtype);
@@ -216,7 +217,7 @@ TEST_F(GradSync, ASingleRankKeepsItsGradientsExactly) {
         const float* g = params.grads().data_as<float>();
         const std::vector<float> before(g, g + params.flat_numel());
         for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-        EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+        EXPECT_FALSE(finish_saw_nonfinite(*dp, *backend, params.grads())) << describe(c);
         EXPECT_EQ(std::memcmp(before.data(), g, before.size() * sizeof(float)), 0)
             << describe(c) << ": the gradients changed";
       }
@@ -234,7 +235,7 @@ TEST_F(GradSync, OverlapChangesNoBitAndEveryRankGetsTheSameBits) {
       fill_gradients(params, me);
       // Out of order and with one parameter never reported: finish() must cope.
       for (int i : {7, 6, 4, 5, 2, 3, 1}) dp->grad_ready(i);
-      dp->finish(params.grads());
+      finish_saw_nonfinite(*dp, *backend, params.grads());
       const float* g = params.grads().data_as<float>();
       results[overlap].assign(g, g + params.flat_numel());
       // Same bits everywhere: every rank's copy equals rank 0's.
@@ -260,7 +261,7 @@ TEST_F(GradSync, OverlapStartsABucketAsSoonAsItsParametersAreReady) {
     }
     // Bytes are counted when a collective is posted: before finish() only with overlap.
     EXPECT_EQ(dp->last_step_comm_bytes() > 0, overlap) << (overlap ? "overlap" : "no overlap");
-    dp->finish(params.grads());
+    finish_saw_nonfinite(*dp, *backend, params.grads());
   }
 }
 
@@ -276,7 +277,7 @@ TEST_F(GradSync, NonFiniteIsFlaggedBeforeTheCastOnlyWhereItHappened) {
         const int64_t where = params[3].offset + 100;
         if (me == culprit) params.grads().data_as<float>()[where] = bad;
         for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-        const bool flagged = dp->finish(params.grads());
+        const bool flagged = finish_saw_nonfinite(*dp, *backend, params.grads());
         EXPECT_EQ(flagged, me == culprit) << reduce_dtype_name(d) << " zero" << zero << " " << bad;
         std::vector<float> flag{flagged ? 1.0f : 0.0f};
         dp->max_across_ranks(flag);
@@ -306,7 +307,7 @@ TEST_F(GradSync, ANonFiniteStepStillGivesEveryRankTheSameBits) {
         fill_gradients(params, me);
         if (me == culprit) params.grads().data_as<float>()[params[3].offset + 100] = bad;
         for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-        dp->finish(params.grads());
+        finish_saw_nonfinite(*dp, *backend, params.grads());
         const float* g = params.grads().data_as<float>();
         Tensor copy = Tensor::empty(Shape{params.flat_numel()}, DType::kF32);
         std::memcpy(copy.data(), g, copy.nbytes());

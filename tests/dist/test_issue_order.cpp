@@ -29,6 +29,7 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 using testing::describe;
+using testing::finish_saw_nonfinite;
 using testing::make_sync_store;
 using testing::sync_config;
 using testing::SyncCase;
@@ -156,7 +157,7 @@ class IssueOrder : public ::testing::Test {
         if (me == step % n) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         dp->grad_ready(i);
       }
-      EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+      EXPECT_FALSE(finish_saw_nonfinite(*dp, *backend, params.grads())) << describe(c);
     }
     // The recorder must have seen every collective of every bucket: an amax (FP8), the
     // reduction, and the all-gather (accumulate_fp32 under ZeRO-0).

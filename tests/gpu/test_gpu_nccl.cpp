@@ -55,6 +55,7 @@ using core::DType;
 using core::Shape;
 using core::Tensor;
 using testing::describe;
+using testing::finish_saw_nonfinite;
 using testing::make_sync_store;
 using testing::sync_config;
 using testing::SyncCase;
@@ -300,7 +301,7 @@ class GpuGradSync : public GpuNccl {
     gpu->copy(host, params.grads());
     // Backward reports parameters last to first.
     for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-    EXPECT_FALSE(dp->finish(params.grads())) << describe(c);
+    EXPECT_FALSE(finish_saw_nonfinite(*dp, *gpu, params.grads())) << describe(c);
     const Tensor got = to_host(params.grads());
 
     for (const auto& [begin, end] : dp->buckets()) expected_bucket(c, g, begin, end);
@@ -360,11 +361,13 @@ TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
       planted = bad;
       gpu->copy(host, params.grads());
       for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-      EXPECT_TRUE(dp->finish(params.grads())) << describe(c) << " with " << bad;
+      EXPECT_TRUE(finish_saw_nonfinite(*dp, *gpu, params.grads()))
+          << describe(c) << " with " << bad;
       planted = clean;
       gpu->copy(host, params.grads());
       for (int i = params.size() - 1; i >= 0; --i) dp->grad_ready(i);
-      EXPECT_FALSE(dp->finish(params.grads())) << describe(c) << " after " << bad;
+      EXPECT_FALSE(finish_saw_nonfinite(*dp, *gpu, params.grads()))
+          << describe(c) << " after " << bad;
     }
   }
 }

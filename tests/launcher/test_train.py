@@ -121,22 +121,26 @@ class Training(lu.TempDirTest):
         # On 4 ranks each reads a quarter, across the 2-rank parts, and the ranks all-gather.
         self.resume_on_other_world_size("full", logs, 4)
 
-    def test_fp8_reduce_waits_for_the_host_no_more_than_bf16(self):
-        """FP8 gradient reduction derives each bucket's shared scale on the device (its amax
-        goes to the collective and comes back without a host read): its steps synchronise with
-        the host as often as BF16 reduction's, however many buckets."""
+    def test_a_step_waits_for_the_host_once(self):
+        """A whole step of 2 ranks, gradient sync included, synchronises with the host once
+        (issue 13's budget: 1 for BF16, 2 for FP8), however many buckets: FP8 gradient reduction
+        derives each bucket's shared scale on the device (its amax goes to the collective and
+        comes back without a host read), and the buckets' non-finite checks come back with the
+        step's own scalars. The first step is left out (it may build caches)."""
         config = self.write("tiny.pbtxt", lu.TINY_GPT)
-        syncs = {}
-        for reduce in ("BF16", "FP8_E4M3"):
-            run = self.run_dir(reduce)
+        for mode, reduce, budget in (("BF16", "BF16", 1), ("BF16", "FP8_E4M3", 1),
+                                     ("FP8_HYBRID", "FP8_E4M3", 2)):
+            run = self.run_dir(f"{mode}_{reduce}")
             result = self.mantissa("train", "--config", config, "--set", f"run.dir={run}",
                                    "--set", "run.steps=8", "--set", "optimizer.warmup_steps=2",
                                    "--set", "checkpoint.every_steps=0",
+                                   "--set", f"precision.mode={mode}",
                                    "--set", f"dist.grad_reduce_dtype={reduce}",
                                    "--set", "dist.bucket_mb=0.05", ranks=RANKS)
             self.assertEqual(result.returncode, 0, result.stderr)
-            syncs[reduce] = [e["host_syncs"] for e in lu.read_log(run, 0)][1:]
-        self.assertEqual(syncs["FP8_E4M3"], syncs["BF16"])
+            for rank in range(RANKS):
+                syncs = [e["host_syncs"] for e in lu.read_log(run, rank)][1:]
+                self.assertLessEqual(max(syncs), budget, f"{mode}, {reduce} reduce: {syncs}")
 
     def interrupt_and_resume(self, name, uninterrupted, *sets):
         """Runs train_args(name, *sets) under mpirun, stops it with SIGUSR1 sent to rank 1
