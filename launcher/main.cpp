@@ -53,8 +53,8 @@ output, in run.dir (default runs/<config file name>):
                       (after a crash) move to log/rank<R>.rolled_back.jsonl
   checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
                       (checkpoint.resume; NEVER refuses a run.dir that holds checkpoints)
-  .lock               held by rank 0 while the run goes on: a second run on the same
-                      run.dir stops with exit code 2
+  .lock               locked (flock) by rank 0 while the run goes on: a second run on the
+                      same run.dir stops with exit code 2; the empty file stays
 
 signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
 to all) stops every rank at the same step after a checkpoint is written; the exit code is then
@@ -82,6 +82,13 @@ environment (CPU runs):
                             (several times slower there; the last bits of FP32 sums may
                             differ)
   The MANTISSA_CPU_* switches take 0 or 1 (the default); any other value is a config error.
+
+environment (attention):
+  MANTISSA_FLASH_ATTENTION  unset: flash attention on a GPU that has kernels for the dtype and
+                            head size, the kept [B, H, T, T] probabilities elsewhere; 0: never
+                            flash; 1: flash in training (on the CPU as plain loops, about 5x
+                            slower, to save memory; a GPU without a kernel for the shape stops
+                            with the reason); any other value is a config error
 
 environment (MPI runs):
   MANTISSA_MPI_PROGRESS_THREAD=0

@@ -16,6 +16,7 @@
 //   mantissa_grad_norm                       gauge      gradient norm of the last step not skipped
 //   mantissa_learning_rate                   gauge      learning rate of the last step
 //   mantissa_mfu_ratio                       gauge      model FLOPs utilisation, 0..1
+//   mantissa_peak_flops                      gauge      the peak FLOP/s MFU is measured against
 //   mantissa_step_seconds                    histogram  wall time of a step
 //   mantissa_allreduce_seconds               histogram  time a step waited on collectives
 //   mantissa_allreduce_bytes_total           counter    bytes this rank sent to all-reduce
@@ -27,16 +28,19 @@
 //   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time it was written
 //   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
 //   mantissa_run_finished                    gauge      1 once the run ended by itself, else 0
+//   mantissa_step                            gauge      steps done, those before a resume too
+//   mantissa_run_steps                       gauge      run.steps
+//   mantissa_build_info{<build labels>}      gauge      always 1 (only with build labels)
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
 // increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
 // norm, learning rate, MFU) appear with the first step, the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation, the FP8 gauges with the first
-// step that reports the tensor; MFU only where both the peak and the FLOPs per token are
-// known. The all-reduce time is what the step waited: where backward hides the gradient
-// all-reduce, bytes over that time are no link bandwidth. Under DELAYED the FP8 scale follows
-// the amax history's maximum, not the last amax: amax x scale / fp8_max is the part of the
-// format's range the step used.
+// step that reports the tensor; MFU and the peak only where both the peak and the FLOPs per
+// token are known; the loss scale's floor only under a dynamic loss scale. The all-reduce time is
+// what the step waited: where backward hides the gradient all-reduce, bytes over that time are no
+// link bandwidth. Under DELAYED the FP8 scale follows the amax history's maximum, not the last
+// amax: amax x scale / fp8_max is the part of the format's range the step used.
 #pragma once
 
 #include <cstdint>

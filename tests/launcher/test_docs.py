@@ -220,6 +220,44 @@ class SlurmScripts(unittest.TestCase):
                             self.assertIsNone(calls, f"exit {code}, preempted={preempt}: only a "
                                               f"preemption may be requeued:\n{self.output}")
 
+    def test_ranks_stopped_short_of_run_steps_are_requeued(self):
+        # A USR1 that reached the ranks without passing through the script (`scancel
+        # --signal=USR1` signals the job's steps): exit 0 short of run.steps, which the run
+        # directory tells. A stop during the first start leaves no checkpoint at all.
+        # The script reads the run directory back from `mantissa config`: the real binary.
+        config = os.path.join(self.dir, "tiny.pbtxt")
+        with open(config, "w") as f:
+            f.write(lu.TINY_GPT)
+        run = os.path.join(self.dir, "run")
+        os.makedirs(os.path.join(run, "checkpoints"))
+        with open(os.path.join(run, "config.pbtxt"), "w") as f:
+            f.write("run {\n  steps: 100\n}\n")
+        latest = os.path.join(run, "checkpoints", "latest")
+        for launcher in ("srun", "mpirun"):
+            for newest, requeued in ((None, True), ("step_00000050", True),
+                                     ("step_00000100", False)):
+                with self.subTest(launcher=launcher, newest=newest):
+                    if newest:
+                        with open(latest, "w") as f:
+                            f.write(newest + "\n")
+                    elif os.path.exists(latest):
+                        os.remove(latest)
+                    status = self.run_script("mantissa-multinode.sbatch", launcher, 0,
+                                             MANTISSA=lu.binary(), MANTISSA_CONFIG=config)
+                    self.assertEqual(status, 0, self.output)
+                    self.assertEqual(self.stub_file("scontrol.calls"),
+                                     "requeue 42\n" if requeued else None, self.output)
+
+    def test_mantissa_mpirun_has_its_own_help(self):
+        # Before it looks for mpirun: the help of a wrapper whose mpirun is missing still shows.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        for flag in ("-h", "--help"):
+            result = subprocess.run([wrapper, flag], capture_output=True, text=True,
+                                    env={**os.environ, "MPIRUN": "/nonexistent/mpirun"})
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertTrue(result.stdout.startswith("usage: mantissa-mpirun"), result.stdout)
+            self.assertIn("MANTISSA_ABORT_GRACE_S", result.stdout)
+
     def test_a_preemption_reaches_ranks_whose_output_mpirun_keeps(self):
         # Open MPI's output_filename set in the environment (as mpirun --output-filename): no
         # rank line passes the wrapper, which sends USR1 once mpirun has run 5 s.
