@@ -18,10 +18,10 @@ class DataParallelImpl final : public DataParallel {
   // The ZeRO-1 shard is cut before the buckets are allocated, so that the masters of the other
   // shards are freed first.
   DataParallelImpl(core::Backend& backend, train::ParameterStore& params, const DistConfig& config,
-                   std::unique_ptr<Communicator> comm)
+                   std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator> host_scalars)
       : backend_(backend),
         params_(params),
-        comm_(backend, std::move(comm)),
+        comm_(backend, std::move(comm), std::move(host_scalars)),
         zero1_(config.zero_stage == 1 ? std::make_unique<Zero1Shard>(backend, params, comm_)
                                       : nullptr),
         sync_(backend, params, config, comm_, zero1_ ? zero1_->offsets() : std::vector<int64_t>{}) {
@@ -74,7 +74,8 @@ class DataParallelImpl final : public DataParallel {
 std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
                                                    train::ParameterStore& params,
                                                    const DistConfig& config,
-                                                   std::unique_ptr<Communicator> comm) {
+                                                   std::unique_ptr<Communicator> comm,
+                                                   std::unique_ptr<Communicator> host_scalars) {
   validate(config);
   MANTISSA_CHECK(params.flat_numel() > 0 && params.masters().defined(),
                  "DataParallel::create: the parameter store is not allocated");
@@ -83,7 +84,8 @@ std::unique_ptr<DataParallel> DataParallel::create(core::Backend& backend,
   MANTISSA_CHECK(
       comm != nullptr && comm->device() == backend.device(),
       "DataParallel::create: the communicator's buffers must live on " << backend.device().str());
-  return std::make_unique<DataParallelImpl>(backend, params, config, std::move(comm));
+  return std::make_unique<DataParallelImpl>(backend, params, config, std::move(comm),
+                                            std::move(host_scalars));
 }
 
 }  // namespace mantissa::dist

@@ -92,10 +92,13 @@ class DataParallel : public train::GradientSync {
                                               const DistConfig& config);
   // The same over a communicator the caller made (config.backend is not consulted; the reduce
   // dtype is used as given, at any size): needs no MPI, e.g. NCCL at world size 1
-  // (mantissa_dist_core). `comm`'s device must be the backend's.
+  // (mantissa_dist_core). `comm`'s device must be the backend's. `host_scalars`, a host
+  // communicator of the same ranks where `comm` is a device's, carries the scalar collectives
+  // (create over a World gives NCCL one over MPI), which on the device would each wait for it.
   static std::unique_ptr<DataParallel> create(core::Backend& backend, train::ParameterStore& params,
                                               const DistConfig& config,
-                                              std::unique_ptr<Communicator> comm);
+                                              std::unique_ptr<Communicator> comm,
+                                              std::unique_ptr<Communicator> host_scalars = nullptr);
 
   // Makes every rank's weights the same. ZeRO-0: every rank's masters (and compute copy)
   // become rank 0's. ZeRO-1, where each master lives on one rank only: every rank rounds its

@@ -38,6 +38,7 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
   CommBackend kind = config.backend;
   if (kind == CommBackend::kAuto) kind = on_gpu ? CommBackend::kNCCL : CommBackend::kMPI;
   std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Communicator> host_scalars;
   if (kind == CommBackend::kMPI) {
     MANTISSA_CHECK(!on_gpu, "dist.backend MPI reduces host buffers, but the model is on "
                                 << backend.device().str() << "; use NCCL (or AUTO)");
@@ -47,6 +48,7 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
                                << backend.device().str() << "; use MPI (or AUTO)");
     comm = make_nccl_communicator(nccl_job_over_mpi(world, config.timeout_s), backend,
                                   config.timeout_s);
+    host_scalars = make_mpi_communicator(world, config.timeout_s);
   }
   // A job of one rank has nothing to reduce: a round trip through a reduced dtype would only
   // round its gradients, and hold a second copy of them.
@@ -55,7 +57,7 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
     job_config.grad_reduce_dtype = core::DType::kF32;
     job_config.accumulate_fp32 = false;
   }
-  return create(backend, params, job_config, std::move(comm));
+  return create(backend, params, job_config, std::move(comm), std::move(host_scalars));
 }
 
 }  // namespace mantissa::dist

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
+
 namespace mantissa::dist {
 
 using core::DType;
@@ -11,8 +13,14 @@ using core::Shape;
 using core::Tensor;
 using Clock = std::chrono::steady_clock;
 
-StepComm::StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl)
-    : backend_(backend), ctrl_(std::move(ctrl)) {}
+StepComm::StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl,
+                   std::unique_ptr<Communicator> host_scalars)
+    : backend_(backend), ctrl_(std::move(ctrl)), host_scalars_(std::move(host_scalars)) {
+  MANTISSA_CHECK(!host_scalars_ ||
+                     (host_scalars_->device().is_cpu() && host_scalars_->size() == ctrl_->size() &&
+                      host_scalars_->rank() == ctrl_->rank()),
+                 "StepComm: the scalars' communicator must be a host one of the same ranks");
+}
 
 void StepComm::open_step() {
   if (step_open_) return;
@@ -29,8 +37,12 @@ void StepComm::timed_wait(RequestPtr request, size_t bytes) {
 }
 
 Tensor StepComm::on_comm_device(const Tensor& host) {
-  if (ctrl_->device().is_cpu()) return host;
-  Tensor buf = Tensor::empty(host.shape(), host.dtype(), ctrl_->device());
+  return copy_to(ctrl_->device(), host);
+}
+
+Tensor StepComm::copy_to(core::Device device, const Tensor& host) {
+  if (device.is_cpu()) return host;
+  Tensor buf = Tensor::empty(host.shape(), host.dtype(), device);
   backend_.copy(host, buf);
   backend_.synchronize();
   return buf;
@@ -48,15 +60,16 @@ void StepComm::max_across_ranks(std::vector<float>& values) {
   for (float& v : values) v = std::isnan(v) ? INFINITY : v;
   Tensor host =
       Tensor::wrap(values.data(), Shape{static_cast<int64_t>(values.size())}, DType::kF32);
-  Tensor buf = on_comm_device(host);
-  timed_wait(ctrl_->all_reduce(buf, ReduceOp::kMax), buf.nbytes());
+  Communicator& comm = scalars();
+  Tensor buf = copy_to(comm.device(), host);
+  timed_wait(comm.all_reduce(buf, ReduceOp::kMax), buf.nbytes());
   from_comm_device(buf, host);
 }
 
 double StepComm::sum_across_ranks(double value) {
   // Gather every rank's value and add them in rank order, so that every rank holds the same
   // bits (an all-reduce may combine in a rank-dependent order).
-  const int n = ctrl_->size();
+  const int n = size();
   int64_t bits;
   std::memcpy(&bits, &value, sizeof bits);
   std::vector<int64_t> all(static_cast<size_t>(n));
@@ -71,12 +84,13 @@ double StepComm::sum_across_ranks(double value) {
 }
 
 void StepComm::all_gather_host(const int64_t* mine, int64_t* all) {
-  const int n = ctrl_->size();
+  Communicator& comm = scalars();
+  const int n = comm.size();
   Tensor host = Tensor::wrap(all, Shape{n}, DType::kI64);
-  all[ctrl_->rank()] = *mine;
-  Tensor buf = on_comm_device(host);
-  Tensor slot = buf.view(ctrl_->rank(), Shape{1});
-  timed_wait(ctrl_->all_gather(slot, buf, std::vector<int64_t>(static_cast<size_t>(n), 1)),
+  all[comm.rank()] = *mine;
+  Tensor buf = copy_to(comm.device(), host);
+  Tensor slot = buf.view(comm.rank(), Shape{1});
+  timed_wait(comm.all_gather(slot, buf, std::vector<int64_t>(static_cast<size_t>(n), 1)),
              sizeof(int64_t));
   from_comm_device(buf, host);
 }

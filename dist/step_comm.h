@@ -3,7 +3,10 @@
 //
 // The control communicator carries the blocking collectives outside the gradient pipeline: the
 // scalar ones of a step (max_across_ranks, sum_across_ranks), the start-up broadcast, the
-// ZeRO-1 all-gather of the compute copy and the consistency check. It is used only while no
+// ZeRO-1 all-gather of the compute copy and the consistency check. The scalar ones go through
+// a host communicator instead where one is given (MPI beside NCCL): their values live on the
+// host, and a device communicator would cost two waits for the GPU per collective (the copy
+// there and back), several per step. It is used only while no
 // collective of the pipeline is in flight (before the first grad_ready of a step, after
 // finish()); the pipeline posts on duplicates of it (dist/bucketed_grad_sync.cpp).
 //
@@ -27,8 +30,10 @@ namespace mantissa::dist {
 
 class StepComm {
  public:
-  // `ctrl`'s device must be the backend's (DataParallel::create checks it).
-  StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl);
+  // `ctrl`'s device must be the backend's (DataParallel::create checks it); `host_scalars`, when
+  // not null, is a host communicator of the same ranks for the scalar collectives.
+  StepComm(core::Backend& backend, std::unique_ptr<Communicator> ctrl,
+           std::unique_ptr<Communicator> host_scalars);
 
   Communicator& ctrl() { return *ctrl_; }
   int rank() const { return ctrl_->rank(); }
@@ -59,9 +64,14 @@ class StepComm {
  private:
   // all[r] = rank r's *mine, on every rank.
   void all_gather_host(const int64_t* mine, int64_t* all);
+  // Where the scalar collectives go: the host communicator, else ctrl_.
+  Communicator& scalars() { return host_scalars_ ? *host_scalars_ : *ctrl_; }
+  // `host` itself on the host, else a copy of it on `device`.
+  core::Tensor copy_to(core::Device device, const core::Tensor& host);
 
   core::Backend& backend_;
   std::unique_ptr<Communicator> ctrl_;
+  std::unique_ptr<Communicator> host_scalars_;
   bool step_open_ = false;
   double seconds_ = 0.0;
   int64_t bytes_ = 0;

@@ -214,5 +214,31 @@ TEST_F(IssueOrder, EveryRankIssuesThePipelineInTheSameOrderWhateverItsTiming) {
   }
 }
 
+// Where a host communicator is given beside the control one (MPI beside NCCL), the step's
+// scalar collectives go through it, so that none waits for a device; the gradient pipeline
+// and the start-up broadcast stay on the control communicator's duplicates.
+TEST_F(IssueOrder, ScalarCollectivesGoThroughTheHostCommunicatorWhereOneIsGiven) {
+  auto pipeline = std::make_shared<Log>();
+  auto scalars = std::make_shared<Log>();
+  train::ParameterStore params = make_sync_store(*backend);
+  DistConfig config;
+  config.timeout_s = kTimeout;
+  auto dp = DataParallel::create(*backend, params, config,
+                                 std::make_unique<RecordingCommunicator>(
+                                     make_mpi_communicator(testing::world(), kTimeout), pipeline),
+                                 std::make_unique<RecordingCommunicator>(
+                                     make_mpi_communicator(testing::world(), kTimeout), scalars));
+  dp->broadcast_parameters();
+  const size_t before = pipeline->calls.size();
+  std::vector<float> flags{static_cast<float>(me), 0.5f};
+  dp->max_across_ranks(flags);
+  EXPECT_EQ(flags, (std::vector<float>{static_cast<float>(n - 1), 0.5f}));
+  EXPECT_EQ(dp->sum_across_ranks(1.0), static_cast<double>(n));
+  EXPECT_EQ(pipeline->calls.size(), before) << "a scalar collective went to the control one";
+  ASSERT_EQ(scalars->calls.size(), 2u);
+  EXPECT_EQ(scalars->calls[0].kind, Kind::kAllReduce);
+  EXPECT_EQ(scalars->calls[1].kind, Kind::kAllGather);
+}
+
 }  // namespace
 }  // namespace mantissa::dist
