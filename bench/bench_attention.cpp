@@ -1,10 +1,10 @@
 // Causal self-attention, forward and backward, timed on each backend next to an anchor
 // measured in the same run. Figures only: nothing here passes or fails on time.
 //
-//   bench_attention cpu [B T C H] [repeats]   default: the reference config's attention
-//                                             (B 8, T 256, C 384, H 6), 9 repeats
-//   bench_attention gpu [B T C H] [repeats]   default: GPT-2 124M's (B 16, T 1024, C 768,
-//                                             H 12), 20 repeats; "no CUDA device" without one
+//   bench_attention [cpu [B T C H [repeats]]]   default: the reference config's attention
+//                                               (B 8, T 256, C 384, H 6), 9 repeats
+//   bench_attention gpu [B T C H [repeats]]     default: GPT-2 124M's (B 16, T 1024, C 768,
+//                                               H 12), 20 repeats; "no CUDA device" without one
 //
 // CPU: the composed routine (core/ops/attention.h: split_heads, batched gemm, causal softmax,
 // merge_heads) and flash attention (the CPU's reference loops, which a CPU run uses only with
@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -218,21 +217,15 @@ int run_gpu(const Shape4& s, int repeats) {
 
 static int benchmark_main(int argc, char** argv) {
   using namespace mantissa::core;
-  const std::string where = argc > 1 ? argv[1] : "cpu";
-  const bool gpu = where == "gpu";
-  if (!gpu && where != "cpu") {
-    std::fprintf(stderr, "usage: bench_attention cpu|gpu [B T C H] [repeats]\n");
-    return 2;
-  }
-  Shape4 s = gpu ? Shape4{16, 1024, 768, 12} : Shape4{8, 256, 384, 6};
-  if (argc >= 6) {
-    s = {std::atoll(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), std::atoll(argv[5])};
-  }
-  const int repeats = argc >= 7 ? std::atoi(argv[6]) : (gpu ? 20 : 9);
-  if (s.B <= 0 || s.T <= 0 || s.H <= 0 || s.C <= 0 || s.C % s.H != 0 || repeats <= 0) {
-    std::fprintf(stderr, "bench_attention: B, T, C, H and repeats must be positive, H divide C\n");
-    return 2;
-  }
+  const mantissa::bench::Arguments args(
+      argc, argv, "bench_attention [cpu|gpu [B T C H [repeats]]] (each >= 1, C a multiple of H)");
+  args.expect_count_in({0, 1, 5, 6});
+  const bool gpu = args.word(1, "cpu", {"cpu", "gpu"}) == "gpu";
+  const Shape4 fallback = gpu ? Shape4{16, 1024, 768, 12} : Shape4{8, 256, 384, 6};
+  const Shape4 s = {args.whole<int64_t>(2, fallback.B, 1), args.whole<int64_t>(3, fallback.T, 1),
+                    args.whole<int64_t>(4, fallback.C, 1), args.whole<int64_t>(5, fallback.H, 1)};
+  const int repeats = args.whole<int>(6, gpu ? 20 : 9, 1);
+  if (s.C % s.H != 0) args.fail();
   return gpu ? run_gpu(s, repeats) : run_cpu(s, repeats);
 }
 

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -55,14 +54,12 @@ double median_seconds(const std::function<void(int run)>& body) {
 }  // namespace
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
-  const double millions = argc > 1 ? std::atof(argv[1]) : 64.0;
-  if (!(millions > 0.0 && millions <= 4096.0) || argc > 3 || (argc > 2 && argv[2][0] == '\0')) {
-    if (world.rank() == 0) {
-      std::fprintf(stderr, "usage: bench_checkpoint [M parameters in (0, 4096]] [directory]\n");
-    }
-    return 2;
-  }
-  const std::string base = argc > 2 ? argv[2] : "bench_checkpoint.tmp";
+  const bench::Arguments args(argc, argv,
+                              "bench_checkpoint [M parameters in (0, 4096]] [directory]");
+  args.expect_at_most(2);
+  const double millions = args.number(1, 64.0, 0.0, 4096.0);
+  const std::string base = args.count() >= 2 ? argv[2] : "bench_checkpoint.tmp";
+  if (millions == 0.0 || base.empty()) args.fail();
   // The directory is removed afterwards: one that exists (a user's) is refused, on every rank
   // alike, before any rank writes.
   int exists = std::filesystem::exists(base) ? 1 : 0;

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -29,11 +28,9 @@ using mantissa::bench::seconds_of;
 constexpr int kRepeats = 7;
 
 int benchmark_main(int argc, char** argv) {
-  const long mib = argc > 1 ? std::atol(argv[1]) : 256;
-  if (mib < 1) {
-    std::fprintf(stderr, "usage: bench_checksum [MiB >= 1]\n");
-    return 2;
-  }
+  const mantissa::bench::Arguments args(argc, argv, "bench_checksum [MiB >= 1]");
+  args.expect_at_most(1);
+  const long mib = args.whole<long>(1, 256, 1);
   const size_t bytes = static_cast<size_t>(mib) << 20;
   std::vector<unsigned char> data(bytes), copy(bytes);
   std::mt19937_64 rng(1);

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -87,11 +86,9 @@ void report(const std::string& name, size_t bytes_moved, const Timing& t) {
 }  // namespace
 
 static int benchmark_main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 24;
-  if (n < 1) {
-    std::fprintf(stderr, "usage: bench_cpu_convert [elements >= 1]\n");
-    return 2;
-  }
+  const mantissa::bench::Arguments args(argc, argv, "bench_cpu_convert [elements >= 1]");
+  args.expect_at_most(1);
+  const int64_t n = args.whole<int64_t>(1, int64_t{1} << 24, 1);
   std::printf("bench_cpu_convert: %lld elements, %d OpenMP threads\n", static_cast<long long>(n),
               omp_get_max_threads());
   std::printf("%s\n", mantissa::core::cpu_paths_description().c_str());

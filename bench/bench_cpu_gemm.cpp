@@ -28,7 +28,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <map>
 #include <random>
@@ -169,12 +168,11 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
 
 // bench_cpu_gemm [tokens per micro-batch, default 2048] [seconds per timed block, default 0.2]
 static int benchmark_main(int argc, char** argv) {
-  const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 2048;
-  const double min_seconds = argc > 2 ? std::atof(argv[2]) : 0.2;
-  if (tokens < 1 || min_seconds < 0) {
-    std::fprintf(stderr, "usage: bench_cpu_gemm [tokens >= 1] [seconds per block >= 0]\n");
-    return 2;
-  }
+  const mantissa::bench::Arguments args(argc, argv,
+                                        "bench_cpu_gemm [tokens >= 1] [seconds per block >= 0]");
+  args.expect_at_most(2);
+  const int64_t tokens = args.whole<int64_t>(1, 2048, 1);
+  const double min_seconds = args.number(2, 0.2, 0.0);
   // OpenBLAS's thread count as it started, before the backend makes it single-threaded.
   const int blas_threads = openblas_get_num_threads();
 

@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -25,10 +24,14 @@
 using namespace mantissa;
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "sync";
-  const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
-  const std::string precision = argc > 3 ? argv[3] : "bf16";
-  const std::string reduce = argc > 4 ? argv[4] : "BF16";
+  const bench::Arguments args(argc, argv,
+                              "bench_dist_train [sync|nosync] [steps >= 1] [bf16|fp32|fp8] "
+                              "[FP32|BF16|FP8_E4M3|FP8_E5M2]");
+  args.expect_at_most(4);
+  const std::string mode = args.word(1, "sync", {"sync", "nosync"});
+  const int64_t steps = args.whole<int64_t>(2, 6, 1);
+  const std::string precision = args.word(3, "bf16", {"bf16", "fp32", "fp8"});
+  const std::string reduce = args.word(4, "BF16", {"FP32", "BF16", "FP8_E4M3", "FP8_E5M2"});
   core::DType reduce_dtype = core::DType::kBF16;
   if (reduce == "FP32")
     reduce_dtype = core::DType::kF32;
@@ -36,16 +39,6 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
     reduce_dtype = core::DType::kE4M3;
   else if (reduce == "FP8_E5M2")
     reduce_dtype = core::DType::kE5M2;
-  const bool known_reduce =
-      reduce == "FP32" || reduce == "BF16" || reduce == "FP8_E4M3" || reduce == "FP8_E5M2";
-  if ((mode != "sync" && mode != "nosync") || steps < 1 || !known_reduce ||
-      (precision != "bf16" && precision != "fp32" && precision != "fp8")) {
-    if (world.rank() == 0)
-      std::fprintf(stderr,
-                   "usage: bench_dist_train [sync|nosync] [steps >= 1] [bf16|fp32|fp8] "
-                   "[FP32|BF16|FP8_E4M3|FP8_E5M2]\n");
-    return 2;
-  }
   const core::PrecisionPolicy policy =
       core::PrecisionPolicy::from_mode(precision == "fp32"  ? core::PrecisionMode::kFP32
                                        : precision == "fp8" ? core::PrecisionMode::kFP8Hybrid

@@ -18,7 +18,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <vector>
@@ -210,17 +209,16 @@ void print_quantize_speed(core::Backend& be, int64_t tokens, int64_t d, int repe
 }  // namespace
 
 static int benchmark_main(int argc, char** argv) {
-  const int64_t tokens = argc > 2 ? std::atoll(argv[1]) : 2048;
-  const int64_t d = argc > 2 ? std::atoll(argv[2]) : 384;
-  const int repeats = argc > 3 ? std::atoi(argv[3]) : 7;
+  const mantissa::bench::Arguments args(
+      argc, argv,
+      "bench_fp8_recipes [tokens (a multiple of 16) n_embd (a multiple of 32) [repeats >= 1]]");
+  args.expect_count_in({0, 2, 3});
+  const int64_t tokens = args.whole<int64_t>(1, 2048, 16);
+  const int64_t d = args.whole<int64_t>(2, 384, 32);
+  const int repeats = args.whole<int>(3, 7, 1);
   // The GEMMs' contractions: n_embd (MXFP8's 32-element blocks) and tokens (the weight
   // gradients, whose FP8 rows are 16-byte aligned).
-  if (tokens < 16 || tokens % 16 != 0 || d < 32 || d % 32 != 0 || repeats < 1) {
-    std::fprintf(stderr,
-                 "usage: bench_fp8_recipes [tokens (a multiple of 16) n_embd (a multiple of 32) "
-                 "[repeats >= 1]]\n");
-    return 2;
-  }
+  if (tokens % 16 != 0 || d % 32 != 0) args.fail();
   std::printf("%s\n", core::cpu_paths_description().c_str());
   std::printf("GEMMs of GPT-2 n_embd %lld, %lld tokens per micro-batch, %d OpenMP threads\n",
               static_cast<long long>(d), static_cast<long long>(tokens), omp_get_max_threads());

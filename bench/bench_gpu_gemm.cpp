@@ -2,7 +2,7 @@
 // GPT-2 shapes, the FP8 recipes' block-scaled GEMMs next to per-tensor FP8, plus
 // device-to-device copy bandwidth as the anchor for memory-bound kernels.
 //
-//   bench_gpu_gemm [repetitions]
+//   bench_gpu_gemm [repetitions >= 1]
 //
 // Each figure is the median of `repetitions` (default 20) timed calls, after warm-up, timed
 // with CUDA events on the backend's stream. Targets on an H200: BF16 >= 700 TFLOP/s, FP8 at
@@ -10,7 +10,6 @@
 // that fails (no cuBLASLt algorithm for it, say) prints "failed" in its cell and its error
 // after the table; the others are still measured, and the exit status is 1.
 #include <cstdio>
-#include <cstdlib>
 
 #include "bench/bench_main.h"
 #include "bench/bench_timing.h"
@@ -278,17 +277,15 @@ int run(int repetitions) {
 #endif
 
 int main(int argc, char** argv) {
-  if (!mantissa::core::cuda_device_available()) {
+  return mantissa::bench::exit_status_of("bench_gpu_gemm", [&] {
+    // Read in every build, so that a wrong command line is refused alike with a GPU or without.
+    const mantissa::bench::Arguments args(argc, argv, "bench_gpu_gemm [repetitions >= 1]");
+    args.expect_at_most(1);
+    [[maybe_unused]] const int repetitions = args.whole<int>(1, 20, 1);
+#if defined(MANTISSA_WITH_CUDA)
+    if (mantissa::core::cuda_device_available()) return mantissa::core::run(repetitions);
+#endif
     std::printf("no CUDA device\n");
     return 0;
-  }
-#if defined(MANTISSA_WITH_CUDA)
-  const int repetitions = argc > 1 ? std::max(1, std::atoi(argv[1])) : 20;
-  return mantissa::bench::exit_status_of("bench_gpu_gemm",
-                                         [&] { return mantissa::core::run(repetitions); });
-#else
-  (void)argc;
-  (void)argv;
-  return 0;
-#endif
+  });
 }

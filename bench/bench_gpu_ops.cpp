@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -189,14 +188,14 @@ int run(int64_t n) {
 }  // namespace mantissa::core
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : int64_t{1} << 26;
-  if (n < 768) {  // at least one LayerNorm row
-    std::fprintf(stderr, "usage: bench_gpu_ops [elements >= 768]\n");
-    return 2;
-  }
-  if (!mantissa::core::cuda_device_available()) {
-    std::printf("no CUDA device\n");
-    return 0;
-  }
-  return mantissa::bench::exit_status_of("bench_gpu_ops", [&] { return mantissa::core::run(n); });
+  return mantissa::bench::exit_status_of("bench_gpu_ops", [&] {
+    const mantissa::bench::Arguments args(argc, argv, "bench_gpu_ops [elements >= 768]");
+    args.expect_at_most(1);
+    const int64_t n = args.whole<int64_t>(1, int64_t{1} << 26, 768);  // one LayerNorm row
+    if (!mantissa::core::cuda_device_available()) {
+      std::printf("no CUDA device\n");
+      return 0;
+    }
+    return mantissa::core::run(n);
+  });
 }

@@ -166,23 +166,20 @@ int run(int64_t steps, int64_t micro_batch) {
 }  // namespace
 }  // namespace mantissa
 
+#endif
+
 int main(int argc, char** argv) {
   using namespace mantissa;
-  if (!core::cuda_device_available()) {
+  return bench::exit_status_of("bench_gpu_train", [&] {
+    // Read in every build, so that a wrong command line is refused alike with a GPU or without.
+    const bench::Arguments args(argc, argv, "bench_gpu_train [steps >= 1] [micro_batch >= 1]");
+    args.expect_at_most(2);
+    [[maybe_unused]] const int64_t steps = args.whole<int64_t>(1, 10, 1);
+    [[maybe_unused]] const int64_t micro_batch = args.whole<int64_t>(2, 16, 1);
+#if defined(MANTISSA_WITH_CUDA)
+    if (core::cuda_device_available()) return run(steps, micro_batch);
+#endif
     std::printf("no CUDA device\n");
     return 0;
-  }
-  const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 10;
-  const int64_t micro_batch = argc > 2 ? std::atoll(argv[2]) : 16;
-  if (steps < 1 || micro_batch < 1) {
-    std::fprintf(stderr, "usage: bench_gpu_train [steps >= 1] [micro_batch >= 1]\n");
-    return 2;
-  }
-  return bench::exit_status_of("bench_gpu_train", [&] { return run(steps, micro_batch); });
+  });
 }
-#else
-int main() {
-  std::printf("no CUDA device\n");
-  return 0;
-}
-#endif

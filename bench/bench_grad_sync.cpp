@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -55,14 +54,9 @@ struct Path {
 }  // namespace
 
 static int benchmark_main(dist::World& world, int argc, char** argv) {
+  const bench::Arguments args(argc, argv, "bench_grad_sync [MiB >= 1]...");
   std::vector<int> sizes_mib;
-  for (int i = 1; i < argc; ++i) {
-    sizes_mib.push_back(std::atoi(argv[i]));
-    if (sizes_mib.back() < 1) {
-      if (world.rank() == 0) std::fprintf(stderr, "usage: bench_grad_sync [MiB >= 1]...\n");
-      return 2;
-    }
-  }
+  for (int i = 1; i <= args.count(); ++i) sizes_mib.push_back(args.whole<int>(i, 0, 1));
   if (sizes_mib.empty()) sizes_mib = {1, 16, 128};
   auto backend = core::make_cpu_backend();
   const Path paths[] = {{"ours FP32", core::DType::kF32, false},

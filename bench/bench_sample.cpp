@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,18 +74,17 @@ double step_seconds(models::GPT2Decoder& decoder, int64_t length) {
 }  // namespace
 
 static int benchmark_main(int argc, char** argv) {
-  auto arg = [&](int i, int64_t fallback) {
-    return argc > i ? std::strtoll(argv[i], nullptr, 10) : fallback;
-  };
-  const models::GPT2Config config{arg(1, 6), arg(2, 6), arg(3, 384), arg(4, 256), arg(5, 256)};
-  const int64_t new_tokens = arg(6, 320);
-  if (new_tokens < 1) {
-    std::fprintf(stderr,
-                 "usage: bench_sample [n_layer n_head n_embd seq_len vocab new_tokens >= 1 "
-                 "[cpu|cuda]]\n");
-    return 2;
-  }
-  const bool cuda = argc > 7 && std::string(argv[7]) == "cuda";
+  const bench::Arguments args(argc, argv,
+                              "bench_sample [n_layer n_head n_embd seq_len vocab new_tokens "
+                              "[cpu|cuda]] (each >= 1, n_embd a multiple of n_head, vocab >= 3)");
+  args.expect_count_in({0, 6, 7});
+  // vocab >= 3: the prompt is token 1, and step_seconds appends token 2.
+  const models::GPT2Config config{args.whole<int64_t>(1, 6, 1), args.whole<int64_t>(2, 6, 1),
+                                  args.whole<int64_t>(3, 384, 1), args.whole<int64_t>(4, 256, 1),
+                                  args.whole<int64_t>(5, 256, 3)};
+  const int64_t new_tokens = args.whole<int64_t>(6, 320, 1);
+  if (config.n_embd % config.n_head != 0) args.fail();
+  const bool cuda = args.word(7, "cpu", {"cpu", "cuda"}) == "cuda";
   std::unique_ptr<core::Backend> backend =
       cuda ? core::make_cuda_backend(0) : core::make_cpu_backend();
   const std::string device =

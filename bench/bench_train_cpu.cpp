@@ -11,7 +11,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -27,23 +26,14 @@
 using namespace mantissa;
 
 static int benchmark_main(int argc, char** argv) {
-  const std::string precision = argc > 1 ? argv[1] : "bf16";
-  const int64_t steps = argc > 2 ? std::atoll(argv[2]) : 6;
-  core::PrecisionMode mode = core::PrecisionMode::kBF16;
-  bool known = true;
-  if (precision == "fp32") {
-    mode = core::PrecisionMode::kFP32;
-  } else if (precision == "fp16") {
-    mode = core::PrecisionMode::kFP16;
-  } else if (precision == "fp8") {
-    mode = core::PrecisionMode::kFP8Hybrid;
-  } else if (precision != "bf16") {
-    known = false;
-  }
-  if (!known || steps < 1) {
-    std::fprintf(stderr, "usage: bench_train_cpu [fp32|bf16|fp16|fp8] [steps >= 1]\n");
-    return 2;
-  }
+  const bench::Arguments args(argc, argv, "bench_train_cpu [fp32|bf16|fp16|fp8] [steps >= 1]");
+  args.expect_at_most(2);
+  const std::string precision = args.word(1, "bf16", {"fp32", "bf16", "fp16", "fp8"});
+  const int64_t steps = args.whole<int64_t>(2, 6, 1);
+  const core::PrecisionMode mode = precision == "fp32"   ? core::PrecisionMode::kFP32
+                                   : precision == "fp16" ? core::PrecisionMode::kFP16
+                                   : precision == "fp8"  ? core::PrecisionMode::kFP8Hybrid
+                                                         : core::PrecisionMode::kBF16;
 
   std::printf("%s\n", core::cpu_paths_description().c_str());
   const bench::FmaPeak peak = bench::measure_fma_peak();

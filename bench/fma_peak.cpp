@@ -8,8 +8,9 @@
 
 #include "bench/bench_main.h"
 
-int main() {
-  return mantissa::bench::exit_status_of("fma_peak", [] {
+int main(int argc, char** argv) {
+  return mantissa::bench::exit_status_of("fma_peak", [&] {
+    mantissa::bench::Arguments(argc, argv, "fma_peak").expect_at_most(0);
     const mantissa::bench::FmaPeak peak = mantissa::bench::measure_fma_peak();
     std::printf("fma_peak_gflops=%.1f lanes=%d threads=%d\n", peak.gflops, peak.lanes,
                 peak.threads);
