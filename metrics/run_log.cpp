@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -22,6 +23,9 @@
 namespace mantissa::metrics {
 
 namespace {
+
+// The steps whose median time the ETA counts with (odd: one middle step).
+constexpr size_t kEtaWindow = 31;
 
 // Shortest text that reads back as the same double, so logs compare bit for bit across runs
 // (a resumed run against an uninterrupted one); JSON has no inf or NaN, so those are null.
@@ -286,19 +290,23 @@ ProgressLine::ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_e
 
 void ProgressLine::update(const StepRecord& record, int world_size) {
   const train::StepReport& r = record.report;
-  // An average that follows speed changes but is not thrown by one slow step (the first one
-  // includes warm-up); it seeds from the first step so the ETA is there from the start.
-  step_seconds_ema_ = step_seconds_ema_ == 0.0
-                          ? record.step_seconds
-                          : 0.9 * step_seconds_ema_ + 0.1 * record.step_seconds;
+  // The ETA counts the remaining steps at the median time of the last kEtaWindow: a stall (a
+  // slow file system, a peer's checkpoint) or the first step's warm-up does not move it, as it
+  // moved a running mean (one 60 s stall among 0.4 s steps multiplied it by 16 for dozens of
+  // steps), while a lasting change of speed shows within half the window.
+  recent_step_seconds_.push_back(record.step_seconds);
+  if (recent_step_seconds_.size() > kEtaWindow) recent_step_seconds_.pop_front();
+  std::vector<double> sorted(recent_step_seconds_.begin(), recent_step_seconds_.end());
+  const auto middle = sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2);
+  std::nth_element(sorted.begin(), middle, sorted.end());
   const int64_t done = r.step + 1;
   char line[256];
-  std::snprintf(
-      line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
-      static_cast<long long>(done), static_cast<long long>(total_steps_), record.mean_loss,
-      static_cast<double>(r.loss_scale), r.lr,
-      format_rate(record.tokens_per_s() * world_size).c_str(),
-      format_duration(step_seconds_ema_ * static_cast<double>(total_steps_ - done)).c_str());
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
+                static_cast<long long>(done), static_cast<long long>(total_steps_),
+                record.mean_loss, static_cast<double>(r.loss_scale), r.lr,
+                format_rate(record.tokens_per_s() * world_size).c_str(),
+                format_duration(*middle * static_cast<double>(total_steps_ - done)).c_str());
   std::string text = line;
   if (record.val_loss) {
     std::snprintf(line, sizeof line, " | val loss %.4f", *record.val_loss);

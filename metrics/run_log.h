@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <string>
 
 #include "metrics/step_record.h"
@@ -80,8 +81,8 @@ class ProgressLine {
   int64_t total_steps_;
   int64_t log_every_;
   std::FILE* out_;
-  bool line_open_ = false;  // a live line is on screen without its newline
-  double step_seconds_ema_ = 0.0;
+  bool line_open_ = false;                  // a live line is on screen without its newline
+  std::deque<double> recent_step_seconds_;  // the last steps' times, oldest first (the ETA's)
 };
 
 }  // namespace mantissa::metrics

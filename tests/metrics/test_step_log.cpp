@@ -1,8 +1,9 @@
 // The step log's one-line-per-step rule at a start: which lines stay in rank<R>.jsonl and which
-// move, in order, to rank<R>.rolled_back.jsonl (metrics/run_log.h).
+// move, in order, to rank<R>.rolled_back.jsonl; and the progress line's ETA (metrics/run_log.h).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -115,6 +116,39 @@ TEST_F(StepLogStart, LogsOfRanksBeyondTheWorldAreRolledBackToo) {
   EXPECT_EQ(read("rank2.rolled_back.jsonl"),
             (std::vector<std::string>{line(1, "a"), line(2, "a")}));
   EXPECT_EQ(read("rank1.jsonl").size(), 3u) << "rank 1's log is rank 1's to move";
+}
+
+// The progress line's ETA after each of `seconds` (steps of 1000), one line a step.
+std::vector<std::string> etas(const std::vector<double>& seconds) {
+  std::FILE* out = std::tmpfile();
+  ProgressLine progress(ProgressMode::kLines, 1000, 1, out);
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    StepRecord record;
+    record.report.step = static_cast<int64_t>(i);
+    record.report.tokens = 1024;
+    record.step_seconds = seconds[i];
+    progress.update(record, 1);
+  }
+  std::rewind(out);
+  std::vector<std::string> found;
+  for (char line[512]; std::fgets(line, sizeof line, out);) {
+    const std::string text = line;
+    const size_t at = text.find("ETA ");
+    found.push_back(at == std::string::npos ? "" : text.substr(at + 4, text.find('\n') - at - 4));
+  }
+  std::fclose(out);
+  return found;
+}
+
+TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
+  std::vector<double> seconds(10, 1.0);
+  seconds.push_back(100.0);                // step 11 stalls
+  seconds.insert(seconds.end(), 20, 2.0);  // then the steps take twice as long
+  const std::vector<std::string> eta = etas(seconds);
+  ASSERT_EQ(eta.size(), seconds.size());
+  EXPECT_EQ(eta[9], "16m30s");   // 990 steps of 1 s
+  EXPECT_EQ(eta[10], "16m29s");  // the stall: still 1 s a step
+  EXPECT_EQ(eta[30], "32m18s");  // 969 steps of 2 s, the new speed the median of the window
 }
 
 }  // namespace
