@@ -33,7 +33,8 @@ void Zero1Shard::gather_compute_copy() {
   Tensor& compute = params_.compute();
   const size_t me = static_cast<size_t>(comm_.rank());
   Tensor mine = compute.view(offsets_[me], Shape{counts_[me]});
-  backend_.synchronize();  // the optimizer's writes to my shard are complete
+  // No synchronize first: a communicator orders its collective after the backend's queued work
+  // (the optimizer's writes to my shard), as every collective of the gradient pipeline relies on.
   comm_.timed_wait(comm_.ctrl().all_gather(mine, compute, counts_), mine.nbytes());
 }
 
