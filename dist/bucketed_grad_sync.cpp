@@ -93,7 +93,7 @@ BucketedGradSync::BucketedGradSync(core::Backend& backend, train::ParameterStore
 
 void BucketedGradSync::grad_ready(int param) {
   comm_.open_step();
-  if (!config_.overlap) return;
+  if (!config_.overlap || alone_in_fp32()) return;
   MANTISSA_CHECK(param >= 0 && param < params_.size(),
                  "DataParallel::grad_ready: parameter " << param << " out of range");
   Bucket& b = buckets_[static_cast<size_t>(bucket_of_param_[static_cast<size_t>(param)])];
@@ -109,6 +109,11 @@ void BucketedGradSync::finish(Tensor& grads, Tensor& check) {
   MANTISSA_CHECK(grads.data() == params_.grads().data() && grads.numel() == params_.flat_numel(),
                  "DataParallel::finish: expects the parameter store's flat gradients, got "
                      << grads.describe());
+  if (alone_in_fp32()) {
+    backend_.fill(check, 0.0f);  // no cast to hide a non-finite value: the step's check sees it
+    comm_.close_step();
+    return;
+  }
   const auto start = Clock::now();
   for (Bucket& b : buckets_) b.params_ready = b.params_total;  // unreported ones too
   advance();
@@ -206,7 +211,7 @@ void BucketedGradSync::build_buckets() {
       b.recv = Tensor::empty(Shape{n * b.mine}, dtype, device);
       b.sum = Tensor::empty(Shape{b.mine}, DType::kF32, device);
       if (!fp32()) b.scratch = Tensor::empty(Shape{b.mine}, DType::kF32, device);
-    } else if (config_.zero_stage == 1) {
+    } else if (config_.zero_stage == 1 && !alone_in_fp32()) {
       b.recv = Tensor::empty(Shape{b.mine}, dtype, device);
     }
     if (fp8()) b.amax_comm = Tensor::empty(Shape{1}, DType::kF32, comm_.ctrl().device());
@@ -236,16 +241,20 @@ void BucketedGradSync::build_order() {
 // previous bucket's has completed, and its all-gather only after the previous bucket's: one
 // large collective per stage in flight. (Several concurrent 25 MiB collectives interleave
 // their fragments and run far slower than the same ones in turn; this still overlaps each
-// reduction with the rest of backward.)
+// reduction with the rest of backward.) A communicator that runs its collectives in order
+// (NCCL's stream) keeps one in flight by itself: there a reduction starts as soon as its
+// bucket is ready, without the host seeing the previous one complete, which on a GPU it would
+// only see once the GPU had caught up with the host, after backward.
 bool BucketedGradSync::can_issue(const Slot& slot) const {
   const Bucket& b = buckets_[slot.bucket];
   switch (slot.stage) {
     case Stage::kAmax: return b.params_ready == b.params_total;
     case Stage::kReduce:
       return b.params_ready == b.params_total && (!fp8() || completed(b, Stage::kAmax)) &&
-             previous_completed(slot.bucket, Stage::kReduce);
+             (reduce_comm_->runs_in_order() || previous_completed(slot.bucket, Stage::kReduce));
     case Stage::kGather:
-      return completed(b, Stage::kReduce) && previous_completed(slot.bucket, Stage::kGather);
+      return completed(b, Stage::kReduce) &&
+             (gather_comm_->runs_in_order() || previous_completed(slot.bucket, Stage::kGather));
     case Stage::kWaiting:
     case Stage::kDone: break;  // not collectives
   }

@@ -104,6 +104,10 @@ class BucketedGradSync final : public train::GradientSync {
 
   bool fp8() const { return core::is_fp8(config_.grad_reduce_dtype); }
   bool fp32() const { return config_.grad_reduce_dtype == core::DType::kF32; }
+  // One rank reducing in FP32: its gradients are their own average, and no collective, receive
+  // buffer or pass over them is needed (on one GPU each bucket would wait for the host). In
+  // another dtype a rank alone still rounds through it, as configured.
+  bool alone_in_fp32() const { return comm_.size() == 1 && fp32(); }
 
   core::Backend& backend_;
   train::ParameterStore& params_;

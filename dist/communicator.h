@@ -69,6 +69,10 @@ class Communicator {
   virtual core::Device device() const = 0;
   // A communicator over the same ranks whose collectives are ordered independently.
   virtual std::unique_ptr<Communicator> duplicate() = 0;
+  // Whether its collectives run one after another in the order they were started (NCCL's, on
+  // the communicator's stream), so that starting one before the previous has completed neither
+  // waits nor competes with it. MPI's progress concurrently.
+  virtual bool runs_in_order() const = 0;
 
   // In place: buf = op over ranks of buf. Floating dtypes; kMax also for I32/I64.
   virtual RequestPtr all_reduce(core::Tensor& buf, ReduceOp op) = 0;

@@ -77,16 +77,8 @@ void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterS
       static_cast<int64_t>(checksum(state.fp8_scales.data(), state.fp8_scales.size() * 4)),
       state.optimizer_steps,
       static_cast<int64_t>(checksum(host.data(), host.nbytes()))};
-  std::vector<int64_t> all(kNumFields * static_cast<size_t>(n));
-  Tensor all_host = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::kI64);
-  std::copy(record.begin(), record.end(),
-            all.begin() + static_cast<int64_t>(kNumFields) * comm.rank());
-  Tensor buf = comm.on_comm_device(all_host);
-  Tensor mine = buf.view(static_cast<int64_t>(kNumFields) * comm.rank(), Shape{kNumFields});
-  comm.timed_wait(
-      comm.ctrl().all_gather(mine, buf, std::vector<int64_t>(static_cast<size_t>(n), kNumFields)),
-      mine.nbytes());
-  comm.from_comm_device(buf, all_host);
+  // The host's words go over the host communicator where there is one (MPI beside NCCL).
+  const std::vector<int64_t> all = comm.all_gather_host(record);
 
   // Every rank holds the same table, so every rank reaches the same verdict and message.
   std::ostringstream message;

@@ -1,5 +1,6 @@
 #include "dist/step_comm.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -36,10 +37,6 @@ void StepComm::timed_wait(RequestPtr request, size_t bytes) {
   bytes_ += static_cast<int64_t>(bytes);
 }
 
-Tensor StepComm::on_comm_device(const Tensor& host) {
-  return copy_to(ctrl_->device(), host);
-}
-
 Tensor StepComm::copy_to(core::Device device, const Tensor& host) {
   if (device.is_cpu()) return host;
   Tensor buf = Tensor::empty(host.shape(), host.dtype(), device);
@@ -48,7 +45,7 @@ Tensor StepComm::copy_to(core::Device device, const Tensor& host) {
   return buf;
 }
 
-void StepComm::from_comm_device(const Tensor& buf, Tensor& host) {
+void StepComm::copy_back(const Tensor& buf, Tensor& host) {
   if (buf.data() == host.data()) return;
   backend_.copy(buf, host);
   backend_.synchronize();
@@ -63,19 +60,16 @@ void StepComm::max_across_ranks(std::vector<float>& values) {
   Communicator& comm = scalars();
   Tensor buf = copy_to(comm.device(), host);
   timed_wait(comm.all_reduce(buf, ReduceOp::kMax), buf.nbytes());
-  from_comm_device(buf, host);
+  copy_back(buf, host);
 }
 
 double StepComm::sum_across_ranks(double value) {
   // Gather every rank's value and add them in rank order, so that every rank holds the same
   // bits (an all-reduce may combine in a rank-dependent order).
-  const int n = size();
   int64_t bits;
   std::memcpy(&bits, &value, sizeof bits);
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  all_gather_host(&bits, all.data());
   double sum = 0.0;
-  for (int64_t b : all) {
+  for (int64_t b : all_gather_host(std::span<const int64_t>(&bits, 1))) {
     double v;
     std::memcpy(&v, &b, sizeof v);
     sum += v;
@@ -83,16 +77,19 @@ double StepComm::sum_across_ranks(double value) {
   return sum;
 }
 
-void StepComm::all_gather_host(const int64_t* mine, int64_t* all) {
+std::vector<int64_t> StepComm::all_gather_host(std::span<const int64_t> mine) {
   Communicator& comm = scalars();
-  const int n = comm.size();
-  Tensor host = Tensor::wrap(all, Shape{n}, DType::kI64);
-  all[comm.rank()] = *mine;
+  const int64_t words = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> all(static_cast<size_t>(words * comm.size()));
+  std::copy(mine.begin(), mine.end(), all.begin() + words * comm.rank());
+  Tensor host = Tensor::wrap(all.data(), Shape{static_cast<int64_t>(all.size())}, DType::kI64);
   Tensor buf = copy_to(comm.device(), host);
-  Tensor slot = buf.view(comm.rank(), Shape{1});
-  timed_wait(comm.all_gather(slot, buf, std::vector<int64_t>(static_cast<size_t>(n), 1)),
-             sizeof(int64_t));
-  from_comm_device(buf, host);
+  Tensor slot = buf.view(words * comm.rank(), Shape{words});
+  timed_wait(
+      comm.all_gather(slot, buf, std::vector<int64_t>(static_cast<size_t>(comm.size()), words)),
+      mine.size_bytes());
+  copy_back(buf, host);
+  return all;
 }
 
 }  // namespace mantissa::dist

@@ -3,10 +3,10 @@
 //
 // The control communicator carries the blocking collectives outside the gradient pipeline: the
 // scalar ones of a step (max_across_ranks, sum_across_ranks), the start-up broadcast, the
-// ZeRO-1 all-gather of the compute copy and the consistency check. The scalar ones go through
-// a host communicator instead where one is given (MPI beside NCCL): their values live on the
-// host, and a device communicator would cost two waits for the GPU per collective (the copy
-// there and back), several per step. It is used only while no
+// ZeRO-1 all-gather of the compute copy and the consistency check. Those of host values (the
+// scalar ones, the consistency check's words) go through a host communicator instead where one
+// is given (MPI beside NCCL): a device communicator would cost two waits for the GPU per
+// collective (the copy there and back), several per step. It is used only while no
 // collective of the pipeline is in flight (before the first grad_ready of a step, after
 // finish()); the pipeline posts on duplicates of it (dist/bucketed_grad_sync.cpp).
 //
@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/ops/backend.h"
@@ -50,24 +51,20 @@ class StepComm {
   // Waits for `request`, counting its time and `bytes`.
   void timed_wait(RequestPtr request, size_t bytes);
 
-  // `host` itself for a host communicator, else a copy of it on the communicator's device.
-  core::Tensor on_comm_device(const core::Tensor& host);
-  // Copies `buf` (from on_comm_device) back into `host`, unless it is `host`.
-  void from_comm_device(const core::Tensor& buf, core::Tensor& host);
-
   // train::GradientSync's scalar collectives.
   // Elementwise maximum over ranks, in place; a NaN anywhere becomes +inf.
   void max_across_ranks(std::vector<float>& values);
   // Sum over ranks in rank order: the same bits on every rank.
   double sum_across_ranks(double value);
+  // Every rank's `mine` (each rank the same number of words), rank after rank, on every rank.
+  std::vector<int64_t> all_gather_host(std::span<const int64_t> mine);
 
  private:
-  // all[r] = rank r's *mine, on every rank.
-  void all_gather_host(const int64_t* mine, int64_t* all);
   // Where the scalar collectives go: the host communicator, else ctrl_.
   Communicator& scalars() { return host_scalars_ ? *host_scalars_ : *ctrl_; }
-  // `host` itself on the host, else a copy of it on `device`.
+  // `host` itself on the host, else a copy of it on `device`; and back.
   core::Tensor copy_to(core::Device device, const core::Tensor& host);
+  void copy_back(const core::Tensor& buf, core::Tensor& host);
 
   core::Backend& backend_;
   std::unique_ptr<Communicator> ctrl_;

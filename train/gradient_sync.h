@@ -24,7 +24,9 @@ class GradientSync {
   // the backend's device) this rank's check of its gradients before any reduced-precision cast
   // (a saturating FP8 cast would turn an inf into a finite value, and under ZeRO-1 a rank never
   // sees most of the reduced sums). The check stays on the device: the step reads it back with
-  // its own scalars, at its one host synchronisation, and asks saw_nonfinite().
+  // its own scalars, at its one host synchronisation, and asks saw_nonfinite(). Where nothing is
+  // reduced or cast (one rank in FP32) it reports nothing: the step's own check of the
+  // gradients sees everything there.
   virtual void finish(core::Tensor& grads, core::Tensor& check) = 0;
   // Whether `check`, finish()'s check read back, says this rank saw a non-finite gradient.
   virtual bool saw_nonfinite(float check) const = 0;

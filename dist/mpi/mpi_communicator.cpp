@@ -258,6 +258,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   core::Device device() const override { return core::Device::cpu(); }
+  bool runs_in_order() const override { return false; }
 
   std::unique_ptr<Communicator> duplicate() override {
     return std::make_unique<MpiCommunicator>(world_, timeout_s_, max_piece_bytes_, comm_.get(),

@@ -276,6 +276,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return comm_->rank(); }
   int size() const override { return size_; }
   core::Device device() const override { return backend_.device(); }
+  bool runs_in_order() const override { return true; }
 
   std::unique_ptr<Communicator> duplicate() override {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

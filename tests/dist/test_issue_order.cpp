@@ -83,14 +83,22 @@ std::string describe(const Call& c) {
 // Records every collective, then forwards it to `inner`.
 class RecordingCommunicator final : public Communicator {
  public:
-  RecordingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<Log> log)
-      : inner_(std::move(inner)), log_(std::move(log)), id_(log_->communicators++) {}
+  // `in_order`: reports runs_in_order() as NCCL's communicators do, so that the pipeline
+  // starts a bucket's collective before the previous one has completed (MPI, underneath, lets
+  // them progress together).
+  RecordingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<Log> log,
+                        bool in_order = false)
+      : inner_(std::move(inner)),
+        log_(std::move(log)),
+        id_(log_->communicators++),
+        in_order_(in_order) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   core::Device device() const override { return inner_->device(); }
+  bool runs_in_order() const override { return in_order_; }
   std::unique_ptr<Communicator> duplicate() override {
-    return std::make_unique<RecordingCommunicator>(inner_->duplicate(), log_);
+    return std::make_unique<RecordingCommunicator>(inner_->duplicate(), log_, in_order_);
   }
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
@@ -129,6 +137,7 @@ class RecordingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> inner_;
   std::shared_ptr<Log> log_;
   int64_t id_;
+  bool in_order_;
 };
 
 class IssueOrder : public ::testing::Test {
@@ -140,24 +149,42 @@ class IssueOrder : public ::testing::Test {
   }
 
   // Runs `steps` steps of gradient sync, rank (step % n) sleeping before every grad_ready;
-  // returns the collectives this rank issued.
-  std::vector<Call> run_steps(const SyncCase& c, int steps) {
+  // returns the collectives this rank issued. `in_order`: over communicators that report running
+  // their collectives in order, as NCCL's do.
+  std::vector<Call> run_steps(const SyncCase& c, int steps, bool in_order) {
     auto log = std::make_shared<Log>();
     train::ParameterStore params = make_sync_store(*backend);
     DistConfig config;
     config.timeout_s = kTimeout;
     config = sync_config(c, config);
-    auto dp = DataParallel::create(*backend, params, config,
-                                   std::make_unique<RecordingCommunicator>(
-                                       make_mpi_communicator(testing::world(), kTimeout), log));
+    auto dp =
+        DataParallel::create(*backend, params, config,
+                             std::make_unique<RecordingCommunicator>(
+                                 make_mpi_communicator(testing::world(), kTimeout), log, in_order));
     const size_t buckets = dp->buckets().size();
     for (int step = 0; step < steps; ++step) {
       backend->fill(params.grads(), 0.001f * static_cast<float>(me + step + 1));
+      const size_t issued_before = log->calls.size();
       for (int i = params.size() - 1; i >= 0; --i) {
         if (me == step % n) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         dp->grad_ready(i);
       }
+      if (in_order && !core::is_fp8(c.dtype) && !c.accumulate_fp32) {
+        // Every bucket is ready, and none waits for the previous one to complete (whose
+        // completion needs the slow rank): every reduction has started before finish().
+        EXPECT_EQ(log->calls.size() - issued_before, buckets) << describe(c);
+      }
       EXPECT_FALSE(finish_saw_nonfinite(*dp, *backend, params.grads())) << describe(c);
+      if (c.zero_stage == 0) {
+        // Every bucket averaged: 0.001 (step + 1 + r) over the ranks r, within the rounding of
+        // the reduce dtype (each value once, then each of the n - 1 additions).
+        const double mean = 0.001 * (step + 1 + 0.5 * (n - 1));
+        const double bound = (2.0 * n - 1.0) * testing::unit_roundoff(c.dtype) * mean;
+        const float* g = params.grads().data_as<float>();
+        for (int64_t i = 0; i < params.flat_numel(); i += 97) {
+          EXPECT_NEAR(g[i], mean, bound) << describe(c) << " element " << i;
+        }
+      }
     }
     // The recorder must have seen every collective of every bucket: an amax (FP8), the
     // reduction, and the all-gather (accumulate_fp32 under ZeRO-0).
@@ -207,8 +234,11 @@ TEST_F(IssueOrder, EveryRankIssuesThePipelineInTheSameOrderWhateverItsTiming) {
   for (DType d : {DType::kF32, DType::kBF16, DType::kE4M3}) {
     for (bool accumulate : {false, true}) {
       for (int zero : {0, 1}) {
-        const SyncCase c{d, accumulate, zero};
-        expect_same_on_every_rank(run_steps(c, 3), describe(c));
+        for (bool in_order : {false, true}) {
+          const SyncCase c{d, accumulate, zero};
+          expect_same_on_every_rank(run_steps(c, 3, in_order),
+                                    describe(c) + (in_order ? " in order" : ""));
+        }
       }
     }
   }
