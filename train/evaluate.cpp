@@ -9,6 +9,10 @@
 
 namespace mantissa::train {
 
+using core::DType;
+using core::Shape;
+using core::Tensor;
+
 namespace {
 
 // Whole windows of seq_len + 1 tokens, laid end to end with a stride of seq_len, in a segment.
@@ -58,16 +62,27 @@ void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>&
 double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
                                  const core::PrecisionPolicy& policy) const {
   StepContext ctx{backend, policy, model.fp8_operands(), {}};
-  double sum = 0.0;
+  // Every token's loss stays on the device until one copy after the last micro-batch: a read
+  // per micro-batch would make the host wait for each forward.
+  const int64_t tokens = (end_window_ - first_window_) * seq_len_;
+  if (tokens == 0) return 0.0;
+  Tensor losses = Tensor::empty(Shape{tokens}, DType::kF32, backend.device());
   Batch batch;
   batch.seq_len = seq_len_;
   for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
     batch.batch_size = std::min(micro_batch_, end_window_ - first);
     read_windows(first, batch.batch_size, batch.tokens, batch.targets);
     // dloss_per_token 0: the forward keeps nothing for a backward pass.
-    const double mean = mean_loss(backend, model.forward(ctx, upload(batch, backend), 0.0f));
-    sum += mean * static_cast<double>(batch.batch_size * seq_len_);
+    const Tensor batch_losses = model.forward(ctx, upload(batch, backend), 0.0f);
+    Tensor slot = losses.view((first - first_window_) * seq_len_, Shape{batch_losses.numel()});
+    backend.copy(batch_losses, slot);
   }
+  Tensor host = Tensor::empty(Shape{tokens}, DType::kF32);
+  backend.copy(losses, host);
+  backend.synchronize();
+  const float* loss = host.data_as<float>();
+  double sum = 0.0;
+  for (int64_t i = 0; i < tokens; ++i) sum += loss[i];
   return sum;
 }
 
