@@ -98,6 +98,11 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   MANTISSA_CUDA_CHECK(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_index));
   compute_capability_ = major * 10 + minor;
+  cudaDeviceProp props{};
+  MANTISSA_CUDA_CHECK(cudaGetDeviceProperties(&props, device_index));
+  description_ = "cuda:" + std::to_string(device_index) + " (" + props.name +
+                 ", compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+                 ")";
   MANTISSA_CUDA_CHECK(
       cudaDeviceGetAttribute(&multiprocessor_count_, cudaDevAttrMultiProcessorCount, device_index));
   MANTISSA_CUDA_CHECK(cudaDeviceGetAttribute(

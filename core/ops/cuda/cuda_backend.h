@@ -104,6 +104,9 @@ class CudaBackend final : public Backend {
 
  private:
   int device_index_;
+  // "cuda:N (name, compute capability X.Y)", for messages: cudaGetDeviceProperties takes
+  // milliseconds, too long to call per op.
+  std::string description_;
   int compute_capability_ = 0;
   int multiprocessor_count_ = 0;
   // Shared memory a block may have with the opt-in attribute (above the default 48 KB): the

@@ -52,16 +52,6 @@ constexpr uint32_t kMaxAlignment = 256;
 // ---------------------------------------------------------------------------------------
 // What the GPU checks beyond gemm_checks.h: FP8's compute capability and alignment.
 
-std::string device_description(int index) {
-  cudaDeviceProp props{};
-  if (cudaGetDeviceProperties(&props, index) != cudaSuccess) {
-    cudaGetLastError();
-    return "cuda:" + std::to_string(index);
-  }
-  return "cuda:" + std::to_string(index) + " (" + props.name + ", compute capability " +
-         std::to_string(props.major) + "." + std::to_string(props.minor) + ")";
-}
-
 bool aligned16(const void* pointer) {
   return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
 }
@@ -486,7 +476,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
                    kOp << ": FP8 operands A " << a.describe() << " and B " << b.describe()
                        << " need FP8 tensor cores (compute capability 8.9 or newer: Ada, "
                           "Hopper), which "
-                       << device_description(device_index_) << " does not have");
+                       << description_ << " does not have");
     check_fp8_alignment(a, b, c, copy_a, copy_b);
   }
 
@@ -573,8 +563,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   } catch (const Error& e) {
     MANTISSA_FAIL(kOp << ": A " << a.describe() << (p.trans_a ? " (transposed)" : "") << " x B "
                       << b.describe() << (p.trans_b ? " (transposed)" : "") << " -> C "
-                      << c.describe() << " on " << device_description(device_index_) << ": "
-                      << e.what());
+                      << c.describe() << " on " << description_ << ": " << e.what());
   }
 }
 
@@ -583,8 +572,8 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
 // 128x128 scales, 12.8 or newer for MXFP8's 1x32 E8M0 scales.
 std::string CudaBackend::unsupported_scale_modes(ScaleMode a, ScaleMode b) const {
   if (const char* rule = scale_mode_pair_rule(a, b)) return rule;
-  const std::string device = device_description(device_index_);
-  if (std::string rule = gpu_scale_mode_rule(a, b, compute_capability_, device); !rule.empty()) {
+  if (std::string rule = gpu_scale_mode_rule(a, b, compute_capability_, description_);
+      !rule.empty()) {
     return rule;
   }
   const size_t version = cublasLtGetVersion();
