@@ -106,18 +106,16 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
     const int param = params.find_by_flat_index(begin + first_index);
     report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
   }
+  // The overflow flag and the FP8 amaxes, MAX-reduced over the ranks in one collective: element
+  // 0 the flag, then the amaxes (a MAX drops NaN, every comparison with it being false: it
+  // goes as inf).
   const bool nonfinite_before_sync = sync && sync->saw_nonfinite(host[4]);
-  std::vector<float> flag{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f};
-  if (sync) sync->max_across_ranks(flag);
+  std::vector<float> maxima{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f};
+  for (float a : amaxes) maxima.push_back(std::isnan(a) ? INFINITY : a);
+  if (sync) sync->max_across_ranks(maxima);
+  if (fp8) fp8->update_scales(backend_, std::vector<float>(maxima.begin() + 1, maxima.end()));
 
-  if (fp8) {
-    // A MAX reduction drops NaN (every comparison with it is false): report it as inf.
-    for (float& a : amaxes) a = std::isnan(a) ? INFINITY : a;
-    if (sync) sync->max_across_ranks(amaxes);
-    fp8->update_scales(backend_, amaxes);
-  }
-
-  report.skipped = scaler_.update(flag[0] != 0.0f);
+  report.skipped = scaler_.update(maxima[0] != 0.0f);
   if (report.skipped) return report;
 
   double sum_squares = static_cast<double>(host[1]);
