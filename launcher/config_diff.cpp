@@ -99,13 +99,17 @@ void require_recorded_model(const std::string& config_text, int64_t step, const 
                           core::join(changed, ", ") + "): " + advice);
 }
 
-std::string model_change_note(const std::string& checkpoint_config_text,
-                              const TrainConfig& config) {
-  if (checkpoint_config_text.empty()) return "";
-  const std::optional<TrainConfig> recorded = recorded_config(checkpoint_config_text);
-  if (!recorded) return "";
+std::string misfit_explanation(const std::string& checkpoint_config_text, const TrainConfig& config,
+                               const std::string& advice) {
+  const std::optional<TrainConfig> recorded =
+      checkpoint_config_text.empty() ? std::nullopt : recorded_config(checkpoint_config_text);
+  if (!recorded) return " (" + advice + ")";
   const std::string list = core::join(model_differences(*recorded, config), ", ");
-  return list.empty() ? "" : "; its model config differs: " + list;
+  if (!list.empty()) return "; its model config differs: " + list + " (" + advice + ")";
+  // The one layout change so far: GPT-2's token embedding padded to whole 128-row tiles.
+  return "; its model config is this run's, so an earlier build of mantissa laid the parameters "
+         "out (GPT-2 vocabularies are padded to a multiple of 128 rows since 2026-12-01): the "
+         "build that wrote the checkpoint can still resume or export it";
 }
 
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {

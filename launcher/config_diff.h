@@ -36,10 +36,13 @@ void require_recorded_model(const std::string& config_text, int64_t step, const 
                             std::initializer_list<std::string_view> may_change,
                             const std::string& advice);
 
-// For a checkpoint whose parameters do not fit the model (checkpoint::CheckpointMisfit):
-// "; its model config differs: model.gpt2.n_layer 2 -> 3" from the config text it recorded,
-// or "" when that text does not parse or shows no model difference.
-std::string model_change_note(const std::string& checkpoint_config_text, const TrainConfig& config);
+// What follows a checkpoint::CheckpointMisfit's message (a checkpoint whose parameters do not
+// fit the model), from the config text it recorded: "; its model config differs:
+// model.gpt2.n_layer 2 -> 3 (<advice>)"; where the recorded model config is this run's, that
+// an earlier build laid the parameters out otherwise (the config cannot fix that); " (<advice>)"
+// where the text does not parse.
+std::string misfit_explanation(const std::string& checkpoint_config_text, const TrainConfig& config,
+                               const std::string& advice);
 
 // The config a checkpoint recorded (CheckpointState::config_text); nothing when that text no
 // longer parses (a checkpoint from an older version), which leaves nothing to compare.

@@ -82,8 +82,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
       return checkpointer.load_latest(checkpoint::parameter_layout(params),
                                       {checkpoint::whole_masters(params)});
     } catch (const checkpoint::CheckpointMisfit& e) {
-      throw core::ConfigError(e.what() + model_change_note(e.config_text(), config) +
-                              " (export with the model config it was trained with)");
+      throw core::ConfigError(
+          e.what() + misfit_explanation(e.config_text(), config,
+                                        "export with the model config it was trained with"));
     }
   }();
   require(

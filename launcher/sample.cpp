@@ -144,9 +144,9 @@ std::pair<std::string, int64_t> load_weights(const SampleArgs& args, const Train
     state = args.step ? checkpointer.load_step(*args.step, layout, slices)
                       : checkpointer.load_latest(layout, slices);
   } catch (const checkpoint::CheckpointMisfit& e) {
-    throw core::ConfigError(e.what() + model_change_note(e.config_text(), config) +
-                            " (the run's config.pbtxt describes another model than this "
-                            "checkpoint's)");
+    throw core::ConfigError(e.what() + misfit_explanation(e.config_text(), config,
+                                                          "the run's config.pbtxt describes "
+                                                          "another model than this checkpoint's"));
   }
   if (args.step) {
     if (!state) {

@@ -373,9 +373,10 @@ bool Trainer::restore() {
     try {
       return checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
     } catch (const checkpoint::CheckpointMisfit& e) {
-      throw core::ConfigError(e.what() + model_change_note(e.config_text(), config_) +
-                              " (resume with the model config it was trained with, or start in "
-                              "another run.dir)");
+      throw core::ConfigError(e.what() +
+                              misfit_explanation(e.config_text(), config_,
+                                                 "resume with the model config it was trained "
+                                                 "with, or start in another run.dir"));
     }
   }();
   if (!state) {
@@ -443,8 +444,14 @@ void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
     if (!state.fp8.tensors.empty()) {
       const core::Fp8Recipe recipe = fp8->config().recipe;
       const std::string now = core::fp8_recipe_name(recipe);
-      // Checkpoints older than the recorded recipe had a per-tensor one.
-      const std::string& saved = state.fp8.recipe;
+      // Checkpoints older than the recorded recipe had a per-tensor one, which the config they
+      // recorded names (DELAYED and CURRENT keep different state too).
+      std::string saved = state.fp8.recipe;
+      if (saved.empty()) {
+        if (const std::optional<TrainConfig> recorded = recorded_config(state.config_text)) {
+          saved = TrainConfig::Precision::Fp8::Recipe_Name(recorded->precision().fp8().recipe());
+        }
+      }
       const bool changed = saved.empty() ? core::is_block_recipe(recipe) : saved != now;
       // The same recipe with another precision.fp8.grad_format: the gradients' scales (fitted
       // to one format's range) do not carry over either.
@@ -496,6 +503,9 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   } else if (!trained_on.empty() && trained_on != reads) {
     say("mantissa: the checkpoint was trained on " + trained_on + ", this run reads " + reads +
         ": the same tokens, so the data stream continues");
+  } else if (state.data_fingerprint == 0 && !config_.data().has_synthetic()) {
+    say("mantissa: note: the checkpoint predates the record of its training tokens (an earlier "
+        "build saved it): data changed under the same path would not be noticed");
   }
   if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
       state.tokenizer_crc32c != tokenizer_crc32c_) {

@@ -81,6 +81,21 @@ TEST(ConfigDifferences, NamesEachChangedValue) {
                                       "debug.inject_nonfinite_steps [] -> [3, 5]"}));
 }
 
+// After a checkpoint that does not fit the model: the model fields that differ, with the
+// advice; the same model config is an earlier build's layout, which no config fixes.
+TEST(ConfigDifferences, MisfitExplanationTellsAnotherModelFromAnotherLayout) {
+  TrainConfig saved = parse_config_text("model { gpt2 { n_layer: 2 } } data { synthetic {} }", "t");
+  apply_defaults(saved, "t");
+  TrainConfig deeper = saved;
+  deeper.mutable_model()->mutable_gpt2()->set_n_layer(3);
+  EXPECT_EQ(misfit_explanation(to_text(saved), deeper, "advice"),
+            "; its model config differs: model.gpt2.n_layer 2 -> 3 (advice)");
+  EXPECT_EQ(misfit_explanation(to_text(saved), saved, "advice").substr(0, 79),
+            "; its model config is this run's, so an earlier build of mantissa laid the para");
+  EXPECT_EQ(misfit_explanation("", saved, "advice"), " (advice)");
+  EXPECT_EQ(misfit_explanation("not { a config", saved, "advice"), " (advice)");
+}
+
 TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {
   TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
   apply_override(c, "model.gpt2.n_layer=3");
