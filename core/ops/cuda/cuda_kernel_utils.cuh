@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <mutex>
+#include <set>
+#include <tuple>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
@@ -131,11 +134,22 @@ inline int grid_size(int64_t work, int block, int multiprocessor_count) {
 }
 
 // Lets `kernel` be launched with `bytes` of dynamic shared memory, past the default 48 KiB up
-// to the device's opt-in limit (which the caller checks).
+// to the device's opt-in limit (which the caller checks). Set once per kernel, device and
+// size: a step repeats the same few launches dozens of times per micro-batch, and each
+// cudaFuncSetAttribute costs the host microseconds.
 template <class Kernel>
 void allow_shared_bytes(Kernel kernel, size_t bytes) {
+  static std::mutex mutex;
+  static std::set<std::tuple<int, const void*, size_t>> allowed;
+  int device = 0;
+  MANTISSA_CUDA_CHECK(cudaGetDevice(&device));
+  const std::tuple<int, const void*, size_t> key{device, reinterpret_cast<const void*>(kernel),
+                                                 bytes};
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (allowed.contains(key)) return;
   MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
+  allowed.insert(key);
 }
 
 // The first global thread index and the stride of a grid-stride loop.
