@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string_view>
 
 #include "checkpoint/checkpoint_manifest.h"
@@ -90,6 +91,40 @@ void read_range(const std::string& path, uint64_t offset, size_t size, char* out
     size -= static_cast<size_t>(n);
   }
   ::close(fd);
+}
+
+// `count` flat elements of a checkpoint's buffer, from element `src`, that load into the model's
+// from element `dst`.
+struct Segment {
+  int64_t dst = 0;
+  int64_t src = 0;
+  int64_t count = 0;
+};
+
+// How a checkpoint whose parameters are laid out as `saved` loads into a model laid out as
+// `model`, where the two differ: only as a checkpoint from before vocabularies were padded to
+// whole 128-row tiles (GPT-2's, before 2026-12-01) differs, the same parameters with embedding
+// tables of fewer rows. One segment a parameter; what none covers (the padding rows, the gaps
+// that align the parameters) loads as zero, as the padding of a fresh model is. Nothing when
+// the layouts differ in any other way.
+std::optional<std::vector<Segment>> padding_segments(const std::vector<ParameterLayout>& saved,
+                                                     const std::vector<ParameterLayout>& model) {
+  if (saved.size() != model.size()) return std::nullopt;
+  std::vector<Segment> segments;
+  for (size_t i = 0; i < saved.size(); ++i) {
+    const core::Shape& a = saved[i].shape;
+    const core::Shape& b = model[i].shape;
+    if (saved[i].name != model[i].name || a.rank() != b.rank() || a.rank() == 0) {
+      return std::nullopt;
+    }
+    for (int d = 1; d < a.rank(); ++d) {
+      if (a[d] != b[d]) return std::nullopt;
+    }
+    const bool padded = a[0] % 128 != 0 && b[0] == (a[0] + 127) / 128 * 128;
+    if (a[0] != b[0] && !padded) return std::nullopt;
+    segments.push_back({model[i].offset, saved[i].offset, a.numel()});
+  }
+  return segments;
 }
 
 // The steps of the step_<digits> directories in `dir`, newest first. Temporary directories
@@ -396,7 +431,15 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
   const std::string manifest_path = dir + "/" + kManifestName;
   const Manifest m = decode_manifest(read_whole_file(manifest_path), manifest_path);
 
+  // Empty: the checkpoint's buffers load element for element.
+  std::vector<Segment> remap;
   if (m.state.parameters != layout) {
+    if (std::optional<std::vector<Segment>> padding =
+            padding_segments(m.state.parameters, layout)) {
+      remap = std::move(*padding);
+    }
+  }
+  if (m.state.parameters != layout && remap.empty()) {
     std::string difference = "a different number of parameters (" +
                              std::to_string(m.state.parameters.size()) + " saved, " +
                              std::to_string(layout.size()) + " in the model)";
@@ -432,41 +475,65 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
                      dir << " has no buffer '" << slice.name << "' (saved by another setup?)");
     const TensorEntry& first = (*found)[0];
     const core::DType dtype = from_proto_dtype(first.dtype(), dir);
-    MANTISSA_REQUIRE(first.shape(0) == slice.global_numel && dtype == data.dtype(), kConfig,
+    const int64_t saved_numel =
+        remap.empty() ? slice.global_numel : remap.back().src + remap.back().count;
+    MANTISSA_REQUIRE(first.shape(0) >= saved_numel &&
+                         (!remap.empty() || first.shape(0) == saved_numel) && dtype == data.dtype(),
+                     kConfig,
                      dir << ": buffer '" << slice.name << "' is " << core::dtype_name(dtype) << "["
                          << first.shape(0) << "], the run expects "
-                         << core::dtype_name(data.dtype()) << "[" << slice.global_numel << "]");
+                         << core::dtype_name(data.dtype()) << "[" << saved_numel << "]");
     const int64_t begin = slice.begin;
     const int64_t end = slice.begin + data.numel();
     MANTISSA_CHECK(begin >= 0 && end <= slice.global_numel,
                    "checkpoint load: slice '" << slice.name << "' [" << begin << ", " << end
                                               << ") outside its buffer");
+    const std::vector<Segment> segments =
+        remap.empty() ? std::vector<Segment>{{0, 0, slice.global_numel}} : remap;
+    if (!remap.empty()) {
+      core::Tensor all = data;
+      if (all.device().is_cpu()) {
+        std::memset(all.data(), 0, all.nbytes());
+      } else {
+        MANTISSA_CHECK(backend_, "checkpoint: " << all.describe() << " needs a backend to fill it");
+        backend_->fill(all, 0.0f);
+      }
+    }
     const size_t element_size = core::dtype_size(dtype);
     for (const TensorEntry& e : *found) {
-      const int64_t lo = std::max(begin, e.element_begin());
-      const int64_t hi = std::min(end, e.element_begin() + e.element_count());
-      if (lo >= hi) continue;
-      // The whole entry is read, since its CRC covers all of it.
-      const std::string path = dir + "/" + e.file();
-      staging.resize(e.byte_length());
-      read_range(path, e.byte_offset(), e.byte_length(), staging.data());
-      const uint32_t crc = crc32c(staging.data(), staging.size());
-      if (crc != e.crc32c()) {
-        char hex[64];
-        std::snprintf(hex, sizeof hex, "stored 0x%08x, computed 0x%08x", e.crc32c(), crc);
-        throw CheckpointDamaged(path + ": buffer '" + e.name() + "' elements [" +
-                                std::to_string(e.element_begin()) + ", " +
-                                std::to_string(e.element_begin() + e.element_count()) +
-                                "): CRC32C mismatch (" + hex + ")");
-      }
-      const char* src = staging.data() + (lo - e.element_begin()) * element_size;
-      core::Tensor dst = data.view(lo - begin, core::Shape{hi - lo});
-      if (dst.device().is_cpu()) {
-        std::memcpy(dst.data(), src, dst.nbytes());
-      } else {
-        MANTISSA_CHECK(backend_, "checkpoint: " << dst.describe() << " needs a backend to fill it");
-        backend_->copy(core::Tensor::wrap(const_cast<char*>(src), dst.shape(), dtype), dst);
-        backend_->synchronize();  // staging is reused by the next entry
+      const int64_t e_begin = e.element_begin();
+      const int64_t e_end = e_begin + e.element_count();
+      bool read = false;
+      for (const Segment& s : segments) {
+        // The segment's elements in this entry whose destinations lie in [begin, end).
+        const int64_t lo = std::max({e_begin, s.src, s.src + (begin - s.dst)});
+        const int64_t hi = std::min({e_end, s.src + s.count, s.src + (end - s.dst)});
+        if (lo >= hi) continue;
+        if (!read) {
+          // The whole entry is read once, since its CRC covers all of it.
+          const std::string path = dir + "/" + e.file();
+          staging.resize(e.byte_length());
+          read_range(path, e.byte_offset(), e.byte_length(), staging.data());
+          const uint32_t crc = crc32c(staging.data(), staging.size());
+          if (crc != e.crc32c()) {
+            char hex[64];
+            std::snprintf(hex, sizeof hex, "stored 0x%08x, computed 0x%08x", e.crc32c(), crc);
+            throw CheckpointDamaged(path + ": buffer '" + e.name() + "' elements [" +
+                                    std::to_string(e_begin) + ", " + std::to_string(e_end) +
+                                    "): CRC32C mismatch (" + hex + ")");
+          }
+          read = true;
+        }
+        const char* src = staging.data() + (lo - e_begin) * element_size;
+        core::Tensor dst = data.view(s.dst + (lo - s.src) - begin, core::Shape{hi - lo});
+        if (dst.device().is_cpu()) {
+          std::memcpy(dst.data(), src, dst.nbytes());
+        } else {
+          MANTISSA_CHECK(backend_,
+                         "checkpoint: " << dst.describe() << " needs a backend to fill it");
+          backend_->copy(core::Tensor::wrap(const_cast<char*>(src), dst.shape(), dtype), dst);
+          backend_->synchronize();  // staging is reused by the next entry
+        }
       }
     }
   }

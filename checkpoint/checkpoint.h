@@ -194,8 +194,10 @@ class Checkpointer {
   // checkpoints in `dir`, when checkpoints exist but none is intact, when a file of the one
   // being loaded could not be read (CheckpointUnreadable: an I/O error, not damage), or when
   // the newest intact one does not fit: its parameter layout differs from `layout`
-  // (CheckpointMisfit), or a slice's buffer is missing or has another size. After a throw the
-  // slices' contents are unspecified.
+  // (CheckpointMisfit), or a slice's buffer is missing or has another size. A checkpoint from
+  // before vocabularies were padded to whole 128-row tiles fits: its embedding rows load into
+  // the first rows, the padding rows as zero. After a throw the slices' contents are
+  // unspecified.
   std::optional<CheckpointState> load_latest(const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices);
 

@@ -106,10 +106,8 @@ std::string misfit_explanation(const std::string& checkpoint_config_text, const 
   if (!recorded) return " (" + advice + ")";
   const std::string list = core::join(model_differences(*recorded, config), ", ");
   if (!list.empty()) return "; its model config differs: " + list + " (" + advice + ")";
-  // The one layout change so far: GPT-2's token embedding padded to whole 128-row tiles.
-  return "; its model config is this run's, so an earlier build of mantissa laid the parameters "
-         "out (GPT-2 vocabularies are padded to a multiple of 128 rows since 2026-12-01): the "
-         "build that wrote the checkpoint can still resume or export it";
+  return "; its model config is this run's, so another build of mantissa laid the parameters "
+         "out otherwise: the build that wrote the checkpoint can still resume or export it";
 }
 
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {

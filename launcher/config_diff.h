@@ -39,8 +39,8 @@ void require_recorded_model(const std::string& config_text, int64_t step, const 
 // What follows a checkpoint::CheckpointMisfit's message (a checkpoint whose parameters do not
 // fit the model), from the config text it recorded: "; its model config differs:
 // model.gpt2.n_layer 2 -> 3 (<advice>)"; where the recorded model config is this run's, that
-// an earlier build laid the parameters out otherwise (the config cannot fix that); " (<advice>)"
-// where the text does not parse.
+// another build laid the parameters out otherwise (no config fixes that); " (<advice>)" where
+// the text does not parse.
 std::string misfit_explanation(const std::string& checkpoint_config_text, const TrainConfig& config,
                                const std::string& advice);
 

@@ -428,6 +428,43 @@ TEST_F(CheckpointTest, AnotherModelIsAnErrorNotAFallback) {
   }
 }
 
+// A checkpoint from before vocabularies were padded to whole 128-row tiles (GPT-2's, before
+// 2026-12-01) loads into the padded model: each parameter's saved elements into its place, the
+// padding rows and the alignment gaps as zero, into one rank's slices or two. An embedding of
+// other rows than padding gives is another model still.
+TEST_F(CheckpointTest, AnEmbeddingSavedBeforeVocabularyPaddingLoadsIntoThePaddedModel) {
+  save(10);  // wte [10, 4] at 0 and h.0.ln_1.weight [4] at 128, in buffers of kN
+  const std::vector<checkpoint::ParameterLayout> padded = {
+      {"wte", core::Shape{128, 4}, 0}, {"h.0.ln_1.weight", core::Shape{4}, 512}};
+  constexpr int64_t kPadded = 600;
+  checkpoint::Checkpointer ckpt(options(), {}, *backend);
+  for (const std::vector<int64_t>& cuts :
+       {std::vector<int64_t>{0, kPadded}, std::vector<int64_t>{0, 250, kPadded}}) {
+    std::vector<std::vector<float>> got(std::size(kBuffers), std::vector<float>(kPadded, -1.0f));
+    for (size_t part = 0; part + 1 < cuts.size(); ++part) {
+      std::vector<checkpoint::BufferSlice> slices;
+      for (size_t i = 0; i < std::size(kBuffers); ++i) {
+        slices.push_back(
+            {kBuffers[i], kPadded, cuts[part],
+             core::Tensor::wrap(got[i].data() + cuts[part],
+                                core::Shape{cuts[part + 1] - cuts[part]}, core::DType::kF32)});
+      }
+      ASSERT_TRUE(ckpt.load_latest(padded, slices).has_value());
+    }
+    for (size_t i = 0; i < std::size(kBuffers); ++i) {
+      const std::vector<float> saved = values(kBuffers[i], 10, kN);
+      std::vector<float> expected(kPadded, 0.0f);
+      std::copy(saved.begin(), saved.begin() + 40, expected.begin());
+      std::copy(saved.begin() + 128, saved.begin() + 132, expected.begin() + 512);
+      EXPECT_EQ(got[i], expected) << kBuffers[i] << " in " << cuts.size() - 1 << " slices";
+    }
+  }
+  std::vector<checkpoint::ParameterLayout> grown = make_state(0).parameters;
+  grown[0].shape = core::Shape{20, 4};
+  Slices into = Slices::empty(0, kN);
+  EXPECT_THROW(ckpt.load_latest(grown, into.slices), checkpoint::CheckpointMisfit);
+}
+
 // A save that cannot write says what failed and why, once: no source location from the
 // collective that rethrows it. A file in the way of its directory (ENOTDIR) is for the user to
 // move, a config error (exit 2) as core::path_error_kind has it, which std::filesystem's errors
