@@ -106,7 +106,9 @@ struct Segment {
 // whole 128-row tiles (GPT-2's, before 2026-12-01) differs, the same parameters with embedding
 // tables of fewer rows. One segment a parameter; what none covers (the padding rows, the gaps
 // that align the parameters) loads as zero, as the padding of a fresh model is. Nothing when
-// the layouts differ in any other way.
+// the parameters differ otherwise (their offsets may: they follow the rows). A first dimension
+// rounded up to 128 rows is taken for padding wherever it is: the callers then check the
+// model config the checkpoint recorded (a wpe of 1000 -> 1024 positions is another seq_len).
 std::optional<std::vector<Segment>> padding_segments(const std::vector<ParameterLayout>& saved,
                                                      const std::vector<ParameterLayout>& model) {
   if (saved.size() != model.size()) return std::nullopt;

@@ -42,8 +42,9 @@
 // each only after all those before it: when the next one cannot start yet, nothing after it
 // starts either, and the rank goes back to backward and tries again at the next grad_ready
 // (or in finish()).
-// The scalar collectives on the control communicator (comm_.ctrl()) run only outside the
-// pipeline (before grad_ready, after finish()), when none of its collectives is in flight.
+// The scalar collectives (on the control communicator, or on StepComm's host one beside NCCL)
+// run only outside the pipeline (before grad_ready, after finish()), when none of its
+// collectives is in flight.
 //
 // Progress. An MPI collective moves only inside MPI calls, so grad_ready() tests the
 // requests in flight as well as starting new ones.
@@ -207,7 +208,7 @@ void BucketedGradSync::build_buckets() {
     b.mine = b.counts[me];
     if (config_.zero_stage == 0 && !config_.accumulate_fp32) b.mine_offset = 0;
     const DType dtype = config_.grad_reduce_dtype;
-    if (config_.accumulate_fp32) {
+    if (config_.accumulate_fp32 && !alone_in_fp32()) {
       b.recv = Tensor::empty(Shape{n * b.mine}, dtype, device);
       b.sum = Tensor::empty(Shape{b.mine}, DType::kF32, device);
       if (!fp32()) b.scratch = Tensor::empty(Shape{b.mine}, DType::kF32, device);
@@ -296,7 +297,8 @@ void BucketedGradSync::start_amax(Bucket& b) {
   // MAX may drop a NaN (Open MPI does when the NaN comes from the last rank), but every rank
   // receives the same result, so the ranks still derive the same scales and the same sums
   // (test_grad_sync's ANonFiniteStepStillGivesEveryRankTheSameBits); the step is skipped
-  // anyway: finish() reads each rank's own check and MAX-reduces the verdict.
+  // anyway: finish() folds each rank's own check into the scalar the training step reads back
+  // and MAX-reduces.
   backend_.amax(b.grads, b.found);
   backend_.copy(b.found, b.amax_comm);
   b.request = amax_comm_->all_reduce(b.amax_comm, ReduceOp::kMax);
@@ -317,7 +319,7 @@ void BucketedGradSync::start_reduce(Bucket& b) {
   }
   core::CastParams cast;
   cast.scale = &b.q;
-  // The non-finite checks land in b.found, which finish() reads. The collective needs no
+  // The non-finite checks land in b.found, which finish() folds. The collective needs no
   // synchronize first: a communicator orders itself after the backend's queued work.
   if (fp32()) {
     // Pre-divide in place, fused with the non-finite check of the values before scaling.

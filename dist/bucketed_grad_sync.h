@@ -5,7 +5,7 @@
 // It is the train::GradientSync of a data-parallel step: grad_ready() starts the reductions of
 // the buckets backward has completed, finish() waits for the rest and leaves the average over
 // ranks in the FP32 gradients (all of them, or under ZeRO-1 this rank's shard), and the scalar
-// collectives run on the control communicator (dist/step_comm.h).
+// collectives run on StepComm's (dist/step_comm.h).
 #pragma once
 
 #include <cstdint>

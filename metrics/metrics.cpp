@@ -207,8 +207,8 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Add(r);
   s.run_finished =
       &gauge_family(reg, "mantissa_run_finished",
-                    "1 once the run has ended by itself (done, or stopped with a checkpoint to "
-                    "continue from), else 0")
+                    "1 once the run has ended by itself (done, or stopped by a signal, with a "
+                    "checkpoint or before its first step), else 0")
            .Add(r);
   s.loss.emplace(gauge_family(reg, "mantissa_loss", "Loss of the last step"), r);
   s.grad_norm.emplace(gauge_family(reg, "mantissa_grad_norm",

@@ -98,9 +98,9 @@ class Metrics {
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
   // its save began (0: unknown, left unexported). Sets mantissa_step to that step too.
   void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
-  // The run ended by itself (all steps done, or stopped with a checkpoint to continue from):
-  // mantissa_run_finished 1, so that the alerts take a finished job's last values, which a
-  // Pushgateway keeps, for no stall.
+  // The run ended by itself (all steps done, or stopped by a signal, with a checkpoint or before
+  // its first step): mantissa_run_finished 1, so that the alerts take a finished job's last
+  // values, which a Pushgateway keeps, for no stall.
   void record_finished();
 
   // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.

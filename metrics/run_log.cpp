@@ -297,7 +297,8 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   recent_step_seconds_.push_back(record.step_seconds);
   if (recent_step_seconds_.size() > kEtaWindow) recent_step_seconds_.pop_front();
   std::vector<double> sorted(recent_step_seconds_.begin(), recent_step_seconds_.end());
-  const auto middle = sorted.begin() + static_cast<std::ptrdiff_t>(sorted.size() / 2);
+  // The lower median: of two steps, the faster (the first includes the warm-up).
+  const auto middle = sorted.begin() + static_cast<std::ptrdiff_t>((sorted.size() - 1) / 2);
   std::nth_element(sorted.begin(), middle, sorted.end());
   const int64_t done = r.step + 1;
   char line[256];

@@ -345,8 +345,10 @@ TEST_F(GpuGradSync, Fp8BucketsOfTinyGradientsStayFinite) {
   }
 }
 
+// Every reduced dtype but F32: one rank alone in FP32 reduces nothing and casts nothing, and
+// leaves the check to the training step's own (BucketedGradSync::alone_in_fp32).
 TEST_F(GpuGradSync, NonFiniteGradientsRaiseTheFlagBeforeTheCast) {
-  for (const DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
+  for (const DType d : {DType::kBF16, DType::kF16, DType::kE4M3, DType::kE5M2}) {
     const SyncCase c{d, core::is_fp8(d) && !fp8_reductions(*gpu), 0};
     train::ParameterStore params = make_sync_store(*gpu);
     auto dp = data_parallel(params, c);

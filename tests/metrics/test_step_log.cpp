@@ -149,6 +149,8 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(eta[9], "16m30s");   // 990 steps of 1 s
   EXPECT_EQ(eta[10], "16m29s");  // the stall: still 1 s a step
   EXPECT_EQ(eta[30], "32m18s");  // 969 steps of 2 s, the new speed the median of the window
+  // The first step's warm-up is not the pace either: of two steps, the faster counts.
+  EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
 }
 
 }  // namespace

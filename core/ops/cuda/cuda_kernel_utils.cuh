@@ -8,9 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <mutex>
-#include <set>
-#include <tuple>
+#include <utility>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
@@ -134,22 +134,22 @@ inline int grid_size(int64_t work, int block, int multiprocessor_count) {
 }
 
 // Lets `kernel` be launched with `bytes` of dynamic shared memory, past the default 48 KiB up
-// to the device's opt-in limit (which the caller checks). Set once per kernel, device and
-// size: a step repeats the same few launches dozens of times per micro-batch, and each
-// cudaFuncSetAttribute costs the host microseconds.
+// to the device's opt-in limit (which the caller checks). The attribute is a maximum, which
+// every call replaces: it is raised only, to the largest size asked of the kernel on the device
+// so far, so that a step's dozens of launches per micro-batch do not each pay the host's
+// microseconds for it, and a smaller launch never lowers it below a larger one's.
 template <class Kernel>
 void allow_shared_bytes(Kernel kernel, size_t bytes) {
   static std::mutex mutex;
-  static std::set<std::tuple<int, const void*, size_t>> allowed;
+  static std::map<std::pair<int, const void*>, size_t> allowed;
   int device = 0;
   MANTISSA_CUDA_CHECK(cudaGetDevice(&device));
-  const std::tuple<int, const void*, size_t> key{device, reinterpret_cast<const void*>(kernel),
-                                                 bytes};
   const std::lock_guard<std::mutex> lock(mutex);
-  if (allowed.contains(key)) return;
+  size_t& largest = allowed[{device, reinterpret_cast<const void*>(kernel)}];
+  if (bytes <= largest) return;
   MANTISSA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(bytes)));
-  allowed.insert(key);
+  largest = bytes;
 }
 
 // The first global thread index and the stride of a grid-stride loop.
