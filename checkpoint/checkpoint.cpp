@@ -109,21 +109,20 @@ struct Segment {
 // the parameters differ otherwise (their offsets may: they follow the rows). A first dimension
 // rounded up to 128 rows is taken for padding wherever it is: the callers then check the
 // model config the checkpoint recorded (a wpe of 1000 -> 1024 positions is another seq_len).
-std::optional<std::vector<Segment>> padding_segments(const std::vector<ParameterLayout>& saved,
-                                                     const std::vector<ParameterLayout>& model) {
-  if (saved.size() != model.size()) return std::nullopt;
+// Empty when the layouts are not so related.
+std::vector<Segment> padding_segments(const std::vector<ParameterLayout>& saved,
+                                      const std::vector<ParameterLayout>& model) {
+  if (saved.size() != model.size()) return {};
   std::vector<Segment> segments;
   for (size_t i = 0; i < saved.size(); ++i) {
     const core::Shape& a = saved[i].shape;
     const core::Shape& b = model[i].shape;
-    if (saved[i].name != model[i].name || a.rank() != b.rank() || a.rank() == 0) {
-      return std::nullopt;
-    }
+    if (saved[i].name != model[i].name || a.rank() != b.rank() || a.rank() == 0) return {};
     for (int d = 1; d < a.rank(); ++d) {
-      if (a[d] != b[d]) return std::nullopt;
+      if (a[d] != b[d]) return {};
     }
     const bool padded = a[0] % 128 != 0 && b[0] == (a[0] + 127) / 128 * 128;
-    if (a[0] != b[0] && !padded) return std::nullopt;
+    if (a[0] != b[0] && !padded) return {};
     segments.push_back({model[i].offset, saved[i].offset, a.numel()});
   }
   return segments;
@@ -433,28 +432,25 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
   const std::string manifest_path = dir + "/" + kManifestName;
   const Manifest m = decode_manifest(read_whole_file(manifest_path), manifest_path);
 
-  // Empty: the checkpoint's buffers load element for element.
+  // Empty where the checkpoint's buffers load element for element.
   std::vector<Segment> remap;
   if (m.state.parameters != layout) {
-    if (std::optional<std::vector<Segment>> padding =
-            padding_segments(m.state.parameters, layout)) {
-      remap = std::move(*padding);
+    remap = padding_segments(m.state.parameters, layout);
+    if (remap.empty()) {
+      std::string difference = "a different number of parameters (" +
+                               std::to_string(m.state.parameters.size()) + " saved, " +
+                               std::to_string(layout.size()) + " in the model)";
+      for (size_t i = 0; i < std::min(layout.size(), m.state.parameters.size()); ++i) {
+        const ParameterLayout& a = m.state.parameters[i];
+        const ParameterLayout& b = layout[i];
+        if (a == b) continue;
+        difference = "parameter " + std::to_string(i) + " is " + a.name + " " + a.shape.str() +
+                     " at " + std::to_string(a.offset) + " in the checkpoint, " + b.name + " " +
+                     b.shape.str() + " at " + std::to_string(b.offset) + " in the model";
+        break;
+      }
+      throw CheckpointMisfit(dir + " does not fit this model: " + difference, m.state.config_text);
     }
-  }
-  if (m.state.parameters != layout && remap.empty()) {
-    std::string difference = "a different number of parameters (" +
-                             std::to_string(m.state.parameters.size()) + " saved, " +
-                             std::to_string(layout.size()) + " in the model)";
-    for (size_t i = 0; i < std::min(layout.size(), m.state.parameters.size()); ++i) {
-      const ParameterLayout& a = m.state.parameters[i];
-      const ParameterLayout& b = layout[i];
-      if (a == b) continue;
-      difference = "parameter " + std::to_string(i) + " is " + a.name + " " + a.shape.str() +
-                   " at " + std::to_string(a.offset) + " in the checkpoint, " + b.name + " " +
-                   b.shape.str() + " at " + std::to_string(b.offset) + " in the model";
-      break;
-    }
-    throw CheckpointMisfit(dir + " does not fit this model: " + difference, m.state.config_text);
   }
   // A truncated (or grown) file is found here even when this rank reads none of it.
   for (const auto& [file, size] : payload_files(m)) {
@@ -477,11 +473,11 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
                      dir << " has no buffer '" << slice.name << "' (saved by another setup?)");
     const TensorEntry& first = (*found)[0];
     const core::DType dtype = from_proto_dtype(first.dtype(), dir);
+    // The model's size, or, remapped, at least up to the last parameter's end.
     const int64_t saved_numel =
         remap.empty() ? slice.global_numel : remap.back().src + remap.back().count;
-    MANTISSA_REQUIRE(first.shape(0) >= saved_numel &&
-                         (!remap.empty() || first.shape(0) == saved_numel) && dtype == data.dtype(),
-                     kConfig,
+    const bool fits = remap.empty() ? first.shape(0) == saved_numel : first.shape(0) >= saved_numel;
+    MANTISSA_REQUIRE(fits && dtype == data.dtype(), kConfig,
                      dir << ": buffer '" << slice.name << "' is " << core::dtype_name(dtype) << "["
                          << first.shape(0) << "], the run expects "
                          << core::dtype_name(data.dtype()) << "[" << saved_numel << "]");
