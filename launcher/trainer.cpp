@@ -713,6 +713,17 @@ int Trainer::run() {
     return stop_exit_code(stop);
   }
 
+  // End the run as diverged at step `step` (0-based), saying why.
+  const auto diverged = [&](int64_t step, const std::string& why) {
+    progress_.finish();
+    say("mantissa: training diverged at step " + step_of(step + 1, total) + ": " + why);
+    return kExitDiverged;
+  };
+  const auto not_finite = [&](int64_t step, const char* what, double value) {
+    return diverged(step, std::string(what) + " is not finite (" + std::to_string(value) +
+                              ") — lower optimizer.adamw.lr, or check the data");
+  };
+
   for (int64_t step = start_step_; step < total; ++step) {
     const Clock::time_point start = Clock::now();
     const int64_t syncs_before = backend_->host_syncs();
@@ -726,9 +737,7 @@ int Trainer::run() {
     } catch (const core::DivergedError& e) {
       // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the
       // same step, so every rank can stop cleanly. Anything else ends the job.
-      progress_.finish();
-      say("mantissa: training diverged at step " + step_of(step + 1, total) + ": " + e.what());
-      return kExitDiverged;
+      return diverged(step, e.what());
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
     float stop = agreed_stop();
@@ -755,21 +764,11 @@ int Trainer::run() {
     if (world_.rank() == 0) progress_.update(record, world_size);
     metrics_->record_step(record);
 
-    if (!std::isfinite(mean_loss)) {
-      progress_.finish();
-      say("mantissa: training diverged at step " + step_of(step + 1, total) +
-          ": the loss is not finite (" + std::to_string(mean_loss) +
-          ") — lower optimizer.adamw.lr, or check the data");
-      return kExitDiverged;
-    }
+    if (!std::isfinite(mean_loss)) return not_finite(step, "the loss", mean_loss);
     // Evaluated after the step's update: the weights it left (the last step's, which no later
     // training loss would show) are not finite.
     if (record.val_loss && !std::isfinite(*record.val_loss)) {
-      progress_.finish();
-      say("mantissa: training diverged at step " + step_of(step + 1, total) +
-          ": the validation loss after it is not finite (" + std::to_string(*record.val_loss) +
-          ") — lower optimizer.adamw.lr, or check the data");
-      return kExitDiverged;
+      return not_finite(step, "the validation loss after it", *record.val_loss);
     }
 
     const int64_t steps_done = step + 1;
