@@ -14,7 +14,6 @@
 //   must not exist, and is removed afterwards)
 #include <mpi.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>

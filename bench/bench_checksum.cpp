@@ -9,7 +9,6 @@
 //
 // Usage: bench_checksum [MiB >= 1]   (default 256)
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>

@@ -11,7 +11,7 @@
 
 namespace mantissa::launcher {
 
-// The run finished all its steps, or it was asked to stop (SIGUSR1/SIGTERM) and every rank
+// The run finished all its steps, or it was asked to stop (SIGUSR1, SIGTERM or SIGHUP) and every rank
 // stopped at the same step after its checkpoint was written: requeue it to continue.
 inline constexpr int kExitOk = 0;
 // Stopped the same way by SIGINT (Ctrl-C), with the shell's code for an interrupted program, so

@@ -7,7 +7,6 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/ops/backend.h"
-#include "core/strings.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
 #include "launcher/config_translate.h"

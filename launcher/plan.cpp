@@ -1,6 +1,5 @@
 #include "launcher/plan.h"
 
-#include <cmath>
 #include <cstdio>
 #include <string>
 

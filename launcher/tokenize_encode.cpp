@@ -1,6 +1,5 @@
 #include "launcher/tokenize_encode.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>

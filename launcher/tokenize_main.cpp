@@ -2,8 +2,6 @@
 // `info|ids|text`, in an executable of its own (launcher/tokenize.h says why). Parses the
 // command line and maps errors to exit codes.
 #include <cerrno>
-#include <charconv>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

@@ -7,7 +7,6 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
-#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <iostream>

@@ -1,5 +1,4 @@
 #include <cstdlib>
-#include <new>
 
 #include "core/error.h"
 #include "core/tensor/allocator.h"

@@ -4,11 +4,9 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <climits>
 #include <cstring>
 #include <sstream>
-#include <thread>
 
 #include "core/dtype/dtype.h"
 #include "dist/mpi/mpi_check.h"

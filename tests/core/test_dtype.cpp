@@ -1,5 +1,6 @@
 // The scalar conversions of core/dtype/dtype.h against references written from the format
-// definitions alone (REFERENCE.md "Number formats"; CUDA's __nv_cvt_double_to_fp8):
+// definitions alone (the OCP 8-bit floating point specification, IEEE 754 binary16, bfloat16;
+// CUDA's __nv_cvt_double_to_fp8):
 //  - decoding: a sign/exponent/mantissa decoder in FP64 (std::ldexp), checked on every code;
 //  - encoding: the nearest representable value found by trying every code (ties to the even
 //    code), overflow handled by each format's saturation rule;
@@ -245,7 +246,8 @@ class Mismatches {
 
 // --- decoding --------------------------------------------------------------------------------
 
-// The reference decoder reproduces the table of REFERENCE.md, so it is the format we mean.
+// The reference decoder reproduces the formats' published tables (largest, smallest normal and
+// subnormal values), so it is the format we mean.
 TEST(Dtype, ReferenceDecoderMatchesFormatTable) {
   struct Row {
     RefFormat f;

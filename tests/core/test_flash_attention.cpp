@@ -14,7 +14,6 @@
 #include <random>
 #include <string>
 
-#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/flash_attention_switch.h"
 #include "tests/common/test_util.h"

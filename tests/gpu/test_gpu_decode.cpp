@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "core/ops/backend.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-import unittest
 
 import launcher_util as lu
 

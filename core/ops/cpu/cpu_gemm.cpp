@@ -26,11 +26,9 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <numeric>
 
-#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu/cpu_gemm_avx2.h"

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/error.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_quantize_runs.h"
 #include "core/ops/cpu/scratch_buffer.h"

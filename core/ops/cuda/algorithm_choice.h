@@ -14,7 +14,6 @@ class AlgorithmChoice {
  public:
   explicit AlgorithmChoice(int candidates) : count_(candidates), exhausted_(candidates <= 0) {}
 
-  int candidates() const { return count_; }
   // The candidate tried first: the one that ran last, 0 until one has.
   int preferred() const { return preferred_; }
   // True once every candidate has failed (or there were none).

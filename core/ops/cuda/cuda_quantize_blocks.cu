@@ -21,9 +21,6 @@
 // like the magnitudes with every NaN (made canonical) above inf.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <string>
-
 #include "core/error.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
