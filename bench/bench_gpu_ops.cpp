@@ -14,9 +14,9 @@
 #include <cstdio>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "bench/bench_main.h"
-#include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/block_scaling.h"
 
@@ -170,8 +170,13 @@ int run(int64_t n) {
   AdamWParams p;
   p.lr = 1e-4f;
   p.weight_decay = 0.1f;
+  const std::vector<ParamRange> whole = {{0, n, true}};
   report("adamw f32, bf16 grads + copy", 6.0 * f32 + 2.0 * half,
-         seconds_per_call(be, [&] { be.adamw(a32, b16, m, v, &c16, p); }), copy_gbps);
+         seconds_per_call(be, [&] { be.adamw(a32, b16, m, v, &c16, whole, p); }), copy_gbps);
+
+  // The consistency check's checksum of the masters: one read.
+  Tensor sum = Tensor::empty(Shape{1}, DType::kI64, dev);
+  report("checksum f32", f32, seconds_per_call(be, [&] { be.checksum(a32, sum); }), copy_gbps);
 
   Tensor found = tensor(DType::kF32, 0.0f, Shape{1});
   Tensor first = tensor(DType::kI64, 0.0f, Shape{1});

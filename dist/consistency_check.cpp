@@ -1,11 +1,11 @@
 #include "dist/consistency_check.h"
 
-#include <algorithm>
 #include <cstring>
 #include <sstream>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/ops/math/checksum.h"
 
 namespace mantissa::dist {
 namespace {
@@ -13,24 +13,6 @@ namespace {
 using core::DType;
 using core::Shape;
 using core::Tensor;
-
-// A 64-bit checksum of a buffer's bytes: the sum of a mixed function of each 8-byte word and
-// its position, so it parallelises, and a changed, swapped or moved word changes it.
-uint64_t checksum(const void* data, size_t nbytes) {
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  const int64_t words = static_cast<int64_t>(nbytes / 8);
-  uint64_t sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < words; ++i) {
-    uint64_t w;
-    std::memcpy(&w, bytes + 8 * i, 8);
-    sum += core::mix64(w ^ core::mix64(static_cast<uint64_t>(i) + 0x9e3779b97f4a7c15ULL));
-  }
-  for (size_t i = static_cast<size_t>(words) * 8; i < nbytes; ++i) {
-    sum += core::mix64(bytes[i] + (static_cast<uint64_t>(i) << 8));
-  }
-  return sum;
-}
 
 struct Field {
   const char* name;
@@ -59,24 +41,26 @@ void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterS
   const int n = comm.size();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &state.scaler.scale, sizeof scale_bits);
-  Tensor& replicated = zero1 ? params.compute() : params.masters();
-  Tensor host = replicated;
-  if (!replicated.device().is_cpu()) {
-    host = Tensor::empty(replicated.shape(), replicated.dtype());
-    backend.copy(replicated, host);
-  }
+  // The weights are summed where they live (on a GPU, 8 bytes cross to the host, not the
+  // whole buffer).
+  const Tensor& replicated = zero1 ? params.compute() : params.masters();
+  Tensor sum = Tensor::empty(Shape{1}, DType::kI64, backend.device());
+  backend.checksum(replicated, sum);
+  int64_t replica_checksum = 0;
+  Tensor host_sum = Tensor::wrap(&replica_checksum, Shape{1}, DType::kI64);
+  backend.copy(sum, host_sum);
   backend.synchronize();
-  std::vector<int64_t> record = {
-      state.step,
-      scale_bits,
-      state.scaler.growth_tracker,
-      state.scaler.hysteresis_tracker,
-      state.scaler.overflows_at_min,
-      state.scaler.overflow_steps_total,
-      static_cast<int64_t>(state.fp8_scales.size()),
-      static_cast<int64_t>(checksum(state.fp8_scales.data(), state.fp8_scales.size() * 4)),
-      state.optimizer_steps,
-      static_cast<int64_t>(checksum(host.data(), host.nbytes()))};
+  std::vector<int64_t> record = {state.step,
+                                 scale_bits,
+                                 state.scaler.growth_tracker,
+                                 state.scaler.hysteresis_tracker,
+                                 state.scaler.overflows_at_min,
+                                 state.scaler.overflow_steps_total,
+                                 static_cast<int64_t>(state.fp8_scales.size()),
+                                 static_cast<int64_t>(core::checksum_bytes(
+                                     state.fp8_scales.data(), state.fp8_scales.size() * 4)),
+                                 state.optimizer_steps,
+                                 replica_checksum};
   // The host's words go over the host communicator where there is one (MPI beside NCCL).
   const std::vector<int64_t> all = comm.all_gather_host(record);
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/dtype/dtype.h"
@@ -77,6 +78,15 @@ struct AdamWParams {
   float weight_decay = 0.0f;  // decoupled: param -= lr * weight_decay * param
   int64_t step = 1;           // 1-based, for bias correction
   float grad_scale = 1.0f;    // gradients are multiplied by this first (unscale, clip)
+};
+
+// Elements [offset, offset + numel) of the flat buffers adamw updates; weight_decay says
+// whether AdamWParams::weight_decay applies to them (GPT-2 decays matrices, not biases or
+// norms).
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  bool weight_decay = false;
 };
 
 class Backend {
@@ -301,9 +311,15 @@ class Backend {
   // --- optimizer and gradient checks ---------------------------------------------------
   // AdamW on FP32 masters with FP32 moments m, v; grads F32 (or BF16) multiplied by
   // grad_scale first. When compute_copy is non-null it receives the updated parameters
-  // rounded to its dtype in the same pass.
+  // rounded to its dtype in the same pass. All five are flat buffers of one shape, and only
+  // the elements of `ranges` are updated, each range with or without the weight decay: one
+  // call (one kernel launch on the GPU for up to 128 ranges) updates a whole model, where a
+  // call per parameter would launch one per tensor after the step's host sync. Ranges lie
+  // inside the buffers in increasing order of offset, without overlapping; empty ones are
+  // allowed.
   virtual void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
-                     Tensor* compute_copy, const AdamWParams& p) = 0;
+                     Tensor* compute_copy, std::span<const ParamRange> ranges,
+                     const AdamWParams& p) = 0;
   // out (F32 scalar) += sum of squares of x, accumulated in FP64 and rounded to FP32 once;
   // callers zero `out` first and call once per tensor for a global norm.
   virtual void sum_squares(const Tensor& x, Tensor& out) = 0;
@@ -313,6 +329,11 @@ class Backend {
   // smallest index of a non-finite element, or -1.
   virtual void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                                     Tensor* first_index) = 0;
+
+  // --- replica checks -------------------------------------------------------------------
+  // out (I64 scalar) = the checksum of x's bytes (core/ops/math/checksum.h), the same bits on
+  // both backends and any thread count. x of any dtype, its data 8-byte aligned.
+  virtual void checksum(const Tensor& x, Tensor& out) = 0;
 
  protected:
   int64_t host_syncs_ = 0;  // incremented by the implementations, see host_syncs()

@@ -717,7 +717,8 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid
 // F32, BF16 or F16: FP8 would need a scale, so FP8 compute copies are made with cast() and
 // are rejected here.
 AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
-                              const Tensor& v, const Tensor* compute_copy, const AdamWParams& p,
+                              const Tensor& v, const Tensor* compute_copy,
+                              std::span<const ParamRange> ranges, const AdamWParams& p,
                               Device device) {
   check_operand("adamw", "params", params, device, {DType::kF32});
   check_operand("adamw", "grads", grads, device, {DType::kF32, DType::kBF16});
@@ -734,6 +735,14 @@ AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const T
     check_operand("adamw", "compute_copy", *compute_copy, device,
                   {DType::kF32, DType::kBF16, DType::kF16});
     check_same_shape("adamw", "params", params, "compute_copy", *compute_copy);
+  }
+  int64_t covered_to = 0;  // the end of the previous range
+  for (const ParamRange& r : ranges) {
+    MANTISSA_CHECK(r.offset >= covered_to && r.numel >= 0 && r.numel <= params.numel() - r.offset,
+                   "adamw: range [" << r.offset << ", " << r.offset + r.numel
+                                    << ") is not inside params " << params.describe()
+                                    << " after the previous range, which ends at " << covered_to);
+    covered_to = r.offset + r.numel;
   }
   MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");
   MANTISSA_CHECK(p.beta1 >= 0.0f && p.beta1 < 1.0f,
@@ -771,6 +780,17 @@ void check_unscale_check_finite(const Tensor& x, float inv_scale, const Tensor& 
   }
   MANTISSA_CHECK(std::isfinite(inv_scale),
                  "unscale_check_finite: inv_scale " << inv_scale << " is not finite");
+}
+
+// x of any dtype on the device, 8-byte aligned (the GPU reads whole words); out an I64 scalar.
+void check_checksum(const Tensor& x, const Tensor& out, Device device) {
+  MANTISSA_CHECK(x.defined(), "checksum: operand x is an undefined tensor");
+  MANTISSA_CHECK(x.device() == device, "checksum: operand x " << x.describe()
+                                                              << " is not on the backend's device "
+                                                              << device.str());
+  MANTISSA_CHECK(reinterpret_cast<uintptr_t>(x.data()) % 8 == 0,
+                 "checksum: operand x " << x.describe() << " does not start on an 8-byte boundary");
+  check_scalar("checksum", "out", out, device, DType::kI64);
 }
 
 }  // namespace mantissa::core

@@ -169,12 +169,17 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid
 
 // --- optimizer and gradient checks -----------------------------------------------------------
 
-// The AdamWCoefficients the update (core/ops/math/adamw_update.h) uses, folded from p.
+// The AdamWCoefficients the update (core/ops/math/adamw_update.h) uses, folded from p; the
+// ranges inside params, in increasing order, not overlapping.
 AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
-                              const Tensor& v, const Tensor* compute_copy, const AdamWParams& p,
+                              const Tensor& v, const Tensor* compute_copy,
+                              std::span<const ParamRange> ranges, const AdamWParams& p,
                               Device device);
 void check_sum_squares(const Tensor& x, const Tensor& out, Device device);
 void check_unscale_check_finite(const Tensor& x, float inv_scale, const Tensor& found,
                                 const Tensor* first_index, Device device);
+
+// --- replica checks ----------------------------------------------------------------------------
+void check_checksum(const Tensor& x, const Tensor& out, Device device);
 
 }  // namespace mantissa::core

@@ -1,8 +1,9 @@
 // AdamW over FP32 master weights held in one flat buffer.
 //
-// The parameters are described as ranges of the flat buffer, each with its own weight-decay
-// flag (GPT-2 decays matrices, not biases or norms). Moments m and v are FP32 flat buffers
-// shaped like the masters; the compute copy is rewritten in the same pass as the update.
+// The parameters are described as ranges of the flat buffer (core::ParamRange), each with its
+// own weight-decay flag (GPT-2 decays matrices, not biases or norms); one backend call updates
+// them all. Moments m and v are FP32 flat buffers shaped like the masters; the compute copy is
+// rewritten in the same pass as the update.
 // Under ZeRO-1 the same class runs over one rank's shard: ranges are then clipped to it.
 #pragma once
 
@@ -26,15 +27,10 @@ struct AdamWConfig {
 // all finite.
 void validate(const AdamWConfig& config);
 
-struct ParamRange {
-  int64_t offset = 0;
-  int64_t numel = 0;
-  bool weight_decay = false;
-};
-
 class AdamW {
  public:
-  // Validates the config (validate above).
+  // Validates the config (validate above). The ranges lie inside the flat buffer in increasing
+  // order of offset, without overlapping (Backend::adamw checks them at each step).
   AdamW(Backend& backend, std::vector<ParamRange> ranges, int64_t flat_numel,
         const AdamWConfig& config);
 

@@ -1,7 +1,8 @@
 // The CPU backend's optimizer-side ops against FP64 references: AdamW over several steps
-// (bias correction, decoupled weight decay, grad_scale, BF16 gradients, compute copies),
-// sum_squares, and the fused unscale + non-finite check. Inputs are stored in their dtype
-// first and read back exactly; outputs are filled with NaN (or a sentinel) before each call.
+// (bias correction, decoupled weight decay, grad_scale, BF16 gradients, compute copies, ranges
+// of a flat buffer), sum_squares, and the fused unscale + non-finite check. Inputs are stored in
+// their dtype first and read back exactly; outputs are filled with NaN (or a sentinel) before each
+// call.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype/dtype.h"
@@ -25,6 +27,17 @@ constexpr int64_t kLarge = 50021;
 void fill_normal(Tensor& t, std::mt19937& rng, double sigma) {
   std::normal_distribution<double> dist(0.0, sigma);
   for (int64_t i = 0; i < t.numel(); ++i) set_value(t, i, static_cast<float>(dist(rng)));
+}
+
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.shape(), t.dtype());
+  std::memcpy(c.data(), t.data(), static_cast<size_t>(t.nbytes()));
+  return c;
+}
+
+// The whole of a flat buffer as one decayed range: adamw on a single tensor.
+std::vector<ParamRange> whole(const Tensor& t) {
+  return {ParamRange{0, t.numel(), true}};
 }
 
 class CpuOptim : public ::testing::Test {
@@ -143,7 +156,7 @@ TEST_F(CpuOptim, AdamWMatchesFp64OverSeveralSteps) {
       fill_normal(grads, rng, 0.1 / c.grad_scale);
       p.step = step;
       if (copy.defined()) poison(copy);
-      backend->adamw(params, grads, m, v, copy.defined() ? &copy : nullptr, p);
+      backend->adamw(params, grads, m, v, copy.defined() ? &copy : nullptr, whole(params), p);
       ref.step(values_of(grads), p);
       expect_close(params, ref.param, "params");
       expect_close(m, ref.m, "m");
@@ -170,7 +183,7 @@ TEST_F(CpuOptim, AdamWBiasCorrectionAtLateSteps) {
   p.weight_decay = 0.1f;
   for (int64_t step : {int64_t{10}, int64_t{10000}}) {
     p.step = step;
-    backend->adamw(params, grads, m, v, nullptr, p);
+    backend->adamw(params, grads, m, v, nullptr, whole(params), p);
     ref.step(values_of(grads), p);
     expect_close(params, ref.param, "params");
     expect_close(m, ref.m, "m");
@@ -203,7 +216,7 @@ TEST_F(CpuOptim, AdamWWithNonFiniteGradientPoisonsOnlyThoseElements) {
   p.step = 3;
   p.weight_decay = 0.1f;
   poison(copy);
-  backend->adamw(params, grads, m, v, &copy, p);
+  backend->adamw(params, grads, m, v, &copy, whole(params), p);
   ref.step(values_of(grads), p);
   expect_close(params, ref.param, "params");
   expect_close(m, ref.m, "m");
@@ -235,22 +248,96 @@ TEST_F(CpuOptim, AdamWRejectsBadOperands) {
   Tensor e4 = Tensor::empty(Shape{8}, DType::kE4M3);
   Tensor bf_9 = Tensor::empty(Shape{9}, DType::kBF16);
   AdamWParams p;
-  expect_error([&] { backend->adamw(bf, f32, m, v, nullptr, p); }, {"adamw", "params"});
-  expect_error([&] { backend->adamw(f32, f16, m, v, nullptr, p); }, {"adamw", "grads"});
-  expect_error([&] { backend->adamw(f32, f32_9, m, v, nullptr, p); }, {"adamw", "grads"});
-  expect_error([&] { backend->adamw(f32, f32, bf, v, nullptr, p); }, {"adamw", "m"});
-  expect_error([&] { backend->adamw(f32, f32, m, f32_9, nullptr, p); }, {"adamw", "v"});
-  expect_error([&] { backend->adamw(f32, f32, m, v, &e4, p); }, {"adamw", "compute_copy", "FP8"});
-  expect_error([&] { backend->adamw(f32, f32, m, v, &bf_9, p); }, {"adamw", "compute_copy"});
+  expect_error([&] { backend->adamw(bf, f32, m, v, nullptr, whole(bf), p); }, {"adamw", "params"});
+  expect_error([&] { backend->adamw(f32, f16, m, v, nullptr, whole(f32), p); }, {"adamw", "grads"});
+  expect_error([&] { backend->adamw(f32, f32_9, m, v, nullptr, whole(f32), p); },
+               {"adamw", "grads"});
+  expect_error([&] { backend->adamw(f32, f32, bf, v, nullptr, whole(f32), p); }, {"adamw", "m"});
+  expect_error([&] { backend->adamw(f32, f32, m, f32_9, nullptr, whole(f32), p); }, {"adamw", "v"});
+  expect_error([&] { backend->adamw(f32, f32, m, v, &e4, whole(f32), p); },
+               {"adamw", "compute_copy", "FP8"});
+  expect_error([&] { backend->adamw(f32, f32, m, v, &bf_9, whole(f32), p); },
+               {"adamw", "compute_copy"});
   AdamWParams step0;
   step0.step = 0;
-  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, step0); }, {"adamw", "step"});
+  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, whole(f32), step0); },
+               {"adamw", "step"});
   AdamWParams beta1;
   beta1.beta1 = 1.0f;
-  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, beta1); }, {"adamw", "beta1"});
+  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, whole(f32), beta1); },
+               {"adamw", "beta1"});
   AdamWParams beta2;
   beta2.beta2 = -0.1f;
-  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, beta2); }, {"adamw", "beta2"});
+  expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, whole(f32), beta2); },
+               {"adamw", "beta2"});
+}
+
+// One call over several ranges of flat buffers (how the optimizer updates a whole model)
+// updates each range exactly as a call on that range alone, with the weight decay where the
+// range asks for it and none elsewhere, and leaves every element outside the ranges as it was:
+// the gaps between ranges, an empty range, odd offsets and sizes, one range large enough to be
+// split among threads.
+TEST_F(CpuOptim, AdamWOverRangesUpdatesEachRangeAsAloneAndNothingElse) {
+  const std::vector<ParamRange> ranges = {{3, 5, true},
+                                          {8, 1000, false},
+                                          {1010, 0, true},
+                                          {1010, kLarge, true},
+                                          {kLarge + 1017, 77, false}};
+  const int64_t n = kLarge + 1017 + 77 + 9;
+  Tensor params = Tensor::empty(Shape{n}, DType::kF32);
+  Tensor m = Tensor::empty(Shape{n}, DType::kF32);
+  Tensor v = Tensor::empty(Shape{n}, DType::kF32);
+  Tensor grads = Tensor::empty(Shape{n}, DType::kBF16);
+  Tensor copy = Tensor::empty(Shape{n}, DType::kBF16);
+  fill_normal(params, rng, 1.0);
+  fill_normal(m, rng, 0.01);
+  fill_normal(grads, rng, 0.1);
+  for (int64_t i = 0; i < n; ++i) set_value(v, i, static_cast<float>(1e-4 * (1 + i % 5)));
+  poison(copy);
+  Tensor params_alone = copy_of(params), m_alone = copy_of(m), v_alone = copy_of(v);
+  Tensor copy_alone = copy_of(copy);
+  AdamWParams p;
+  p.lr = 1e-2f;
+  p.step = 4;
+  p.weight_decay = 0.5f;  // large enough that a range decayed by mistake differs in every bit
+
+  backend->adamw(params, grads, m, v, &copy, ranges, p);
+  for (const ParamRange& r : ranges) {
+    const Shape shape{r.numel};
+    Tensor pr = params_alone.view(r.offset, shape), mr = m_alone.view(r.offset, shape);
+    Tensor vr = v_alone.view(r.offset, shape), cr = copy_alone.view(r.offset, shape);
+    AdamWParams alone = p;
+    alone.weight_decay = r.weight_decay ? p.weight_decay : 0.0f;
+    backend->adamw(pr, grads.view(r.offset, shape), mr, vr, &cr, whole(pr), alone);
+  }
+  for (const auto& [got, want, what] :
+       {std::tuple{&params, &params_alone, "params"}, std::tuple{&m, &m_alone, "m"},
+        std::tuple{&v, &v_alone, "v"}, std::tuple{&copy, &copy_alone, "compute copy"}}) {
+    EXPECT_EQ(std::memcmp(got->data(), want->data(), static_cast<size_t>(got->nbytes())), 0)
+        << what << " differs from one call per range (the elements outside the ranges, or a "
+        << "range's weight decay)";
+  }
+  // The per-range calls above leave the gaps alone too; say directly that they kept their values.
+  EXPECT_TRUE(std::isnan(value_at(copy, 0)) && std::isnan(value_at(copy, 1009)) &&
+              std::isnan(value_at(copy, n - 1)));
+  EXPECT_FALSE(std::isnan(value_at(copy, 3)) || std::isnan(value_at(copy, 1010)));
+}
+
+TEST_F(CpuOptim, AdamWRejectsRangesOutsideOrOverlapping) {
+  Tensor f32 = Tensor::empty(Shape{8}, DType::kF32);
+  Tensor m = Tensor::empty(Shape{8}, DType::kF32);
+  Tensor v = Tensor::empty(Shape{8}, DType::kF32);
+  const AdamWParams p;
+  const std::vector<std::vector<ParamRange>> bad = {{{0, 5, true}, {4, 2, true}},  // overlapping
+                                                    {{5, 2, true}, {0, 2, true}},  // out of order
+                                                    {{6, 3, false}},               // past the end
+                                                    {{-1, 2, false}},   // before the start
+                                                    {{0, -1, false}}};  // negative size
+  for (const std::vector<ParamRange>& ranges : bad) {
+    SCOPED_TRACE("first range [" + std::to_string(ranges[0].offset) + ", +" +
+                 std::to_string(ranges[0].numel) + ")");
+    expect_error([&] { backend->adamw(f32, f32, m, v, nullptr, ranges, p); }, {"adamw", "range"});
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -28,7 +28,6 @@
 #include <functional>
 #include <memory>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -673,9 +672,10 @@ TEST(GpuOps, AdamWMatchesCpu) {
             p.weight_decay = 0.1f;
             p.step = step;
             p.grad_scale = 0.5f;
-            b.cpu->adamw(p_view, grads, m_view, v_view, copy_type < 0 ? nullptr : &c_view, p);
+            const std::vector<ParamRange> all = {{0, n, true}};
+            b.cpu->adamw(p_view, grads, m_view, v_view, copy_type < 0 ? nullptr : &c_view, all, p);
             b.gpu->adamw(p_dev_view, grads_dev, m_dev_view, v_dev_view,
-                         copy_type < 0 ? nullptr : &c_dev_view, p);
+                         copy_type < 0 ? nullptr : &c_dev_view, all, p);
           }
           expect_close(params, b.to_host(params_dev), what + " params");
           expect_close(m, b.to_host(m_dev), what + " m");
@@ -684,6 +684,68 @@ TEST(GpuOps, AdamWMatchesCpu) {
         }
       }
     }
+  }
+}
+
+// A model's update in one call: more ranges than one launch takes (the CUDA backend launches
+// once per 160), of random sizes from empty to several packs, at offsets that are and are not
+// 16-byte aligned, with and without decay, with gaps between them that neither backend may
+// touch (the copies start poisoned, so a gap written on either side fails the comparison).
+TEST(GpuOps, AdamWOverRangesMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(12);
+  std::vector<ParamRange> ranges;
+  int64_t end = 0;
+  for (int r = 0; r < 400; ++r) {
+    const int64_t gap = static_cast<int64_t>(rng() % 3);
+    const int64_t numel = r % 50 == 0 ? 20000 + static_cast<int64_t>(rng() % 9) : rng() % 300;
+    ranges.push_back({end + gap, numel, rng() % 2 == 0});
+    end += gap + numel;
+  }
+  const Shape shape{end + 5};
+  for (DType grad_type : {DType::kF32, DType::kBF16}) {
+    const std::string what =
+        describe_case({"adamw over 400 ranges", "grads", dtype_name(grad_type)});
+    Tensor params = random_tensor(shape, DType::kF32, rng);
+    Tensor m = random_tensor(shape, DType::kF32, rng, {0.01f});
+    Tensor v = random_tensor(shape, DType::kF32, rng, {1e-4f});
+    for (int64_t i = 0; i < v.numel(); ++i)
+      v.data_as<float>()[i] = std::fabs(v.data_as<float>()[i]);
+    auto [copy, copy_dev] = b.poisoned(shape, DType::kBF16);
+    Tensor params_dev = b.to_device(params), m_dev = b.to_device(m), v_dev = b.to_device(v);
+    for (int64_t step : {1, 2}) {
+      const Tensor grads = random_tensor(shape, grad_type, rng, {0.01f, 1.0f});
+      const Tensor grads_dev = b.to_device(grads);
+      AdamWParams p;
+      p.lr = 1e-3f;
+      p.weight_decay = 0.5f;
+      p.step = step;
+      b.cpu->adamw(params, grads, m, v, &copy, ranges, p);
+      b.gpu->adamw(params_dev, grads_dev, m_dev, v_dev, &copy_dev, ranges, p);
+    }
+    expect_close(params, b.to_host(params_dev), what + " params");
+    expect_close(m, b.to_host(m_dev), what + " m");
+    expect_close(v, b.to_host(v_dev), what + " v");
+    expect_close(copy, b.to_host(copy_dev), what + " compute copy");
+  }
+}
+
+// The consistency check compares checksums computed where the weights live: the GPU's must be
+// the CPU's bit for bit, at lengths with and without a tail of bytes past the last whole word
+// and at one larger than the grid (many words per thread).
+TEST(GpuOps, ChecksumMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  std::mt19937_64 rng(13);
+  for (int64_t n : {0, 1, 3, 4, 5, 1000, 5000001}) {
+    const Tensor x = random_tensor(Shape{n}, DType::kBF16, rng);
+    Tensor cpu_sum = i64_scalar(-1);
+    Tensor gpu_sum = b.to_device(i64_scalar(-1));
+    b.cpu->checksum(x, cpu_sum);
+    b.gpu->checksum(b.to_device(x), gpu_sum);
+    EXPECT_EQ(b.to_host(gpu_sum).data_as<int64_t>()[0], cpu_sum.data_as<int64_t>()[0])
+        << "checksum of bf16[" << n << "]";
   }
 }
 
@@ -922,7 +984,13 @@ TEST(GpuOps, BadCallsFailWithTheCpuMessage) {
        [&](Backend& be, const Move& mv) {
          Tensor p = mv(a), g = mv(a), m = mv(a), v = mv(a);
          Tensor copy = mv(Tensor::empty(Shape{4, 8}, DType::kE4M3));
-         be.adamw(p, g, m, v, &copy, AdamWParams{});
+         be.adamw(p, g, m, v, &copy, std::vector<ParamRange>{{0, 32, true}}, AdamWParams{});
+       }},
+      {"adamw overlapping ranges",
+       [&](Backend& be, const Move& mv) {
+         Tensor p = mv(a), g = mv(a), m = mv(a), v = mv(a);
+         const std::vector<ParamRange> ranges = {{0, 8, true}, {7, 8, false}};
+         be.adamw(p, g, m, v, nullptr, ranges, AdamWParams{});
        }},
       {"unscale inv_scale",
        [&](Backend& be, const Move& mv) {

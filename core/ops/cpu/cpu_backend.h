@@ -9,7 +9,7 @@
 // cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp, cpu_kv_heads.cpp (Llama-style decoders),
 // cpu_attention.cpp (fused), cpu_flash_attention.cpp, cpu_attention_primitives.cpp (the pieces
 // core/ops/attention.h composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
-// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks). The per-element math they
+// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks), cpu_checksum.cpp. The per-element math they
 // share with the CUDA backend is in core/ops/math/.
 #pragma once
 
@@ -84,10 +84,11 @@ class CpuBackend final : public Backend {
                              Tensor& losses, Tensor* dlogits, float grad_scale) override;
 
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
-             const AdamWParams& p) override;
+             std::span<const ParamRange> ranges, const AdamWParams& p) override;
   void sum_squares(const Tensor& x, Tensor& out) override;
   void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                             Tensor* first_index) override;
+  void checksum(const Tensor& x, Tensor& out) override;
 };
 
 }  // namespace mantissa::core

@@ -7,6 +7,7 @@
 // index in unscale_check_finite). Runs with different thread counts therefore agree bit for
 // bit, which the cross-rank consistency checks rely on.
 #include <algorithm>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -47,17 +48,31 @@ void adamw_elements(float* param, const G* grad, float* m, float* v, C* copy, in
   }
 }
 
+// adamw_elements over each range, with the weight decay where the range says so.
+template <class G, class C>
+void adamw_ranges(float* param, const G* grad, float* m, float* v, C* copy,
+                  std::span<const ParamRange> ranges, const AdamWCoefficients& k) {
+  for (const ParamRange& r : ranges) {
+    AdamWCoefficients range_k = k;
+    if (!r.weight_decay) range_k.weight_decay = 0.0f;
+    C* range_copy = nullptr;
+    if constexpr (!std::is_same_v<C, NoCopy>) range_copy = copy + r.offset;
+    adamw_elements(param + r.offset, grad + r.offset, m + r.offset, v + r.offset, range_copy,
+                   r.numel, range_k);
+  }
+}
+
 template <class G>
-void adamw_with_grad_type(float* param, const G* grad, float* m, float* v, Tensor* copy, int64_t n,
-                          const AdamWCoefficients& k) {
+void adamw_with_grad_type(float* param, const G* grad, float* m, float* v, Tensor* copy,
+                          std::span<const ParamRange> ranges, const AdamWCoefficients& k) {
   if (copy == nullptr) {
-    adamw_elements(param, grad, m, v, static_cast<NoCopy*>(nullptr), n, k);
+    adamw_ranges(param, grad, m, v, static_cast<NoCopy*>(nullptr), ranges, k);
     return;
   }
   switch (copy->dtype()) {
-    case DType::kF32: return adamw_elements(param, grad, m, v, copy->data_as<float>(), n, k);
-    case DType::kBF16: return adamw_elements(param, grad, m, v, copy->data_as<bf16>(), n, k);
-    case DType::kF16: return adamw_elements(param, grad, m, v, copy->data_as<fp16>(), n, k);
+    case DType::kF32: return adamw_ranges(param, grad, m, v, copy->data_as<float>(), ranges, k);
+    case DType::kBF16: return adamw_ranges(param, grad, m, v, copy->data_as<bf16>(), ranges, k);
+    case DType::kF16: return adamw_ranges(param, grad, m, v, copy->data_as<fp16>(), ranges, k);
     default: MANTISSA_FAIL("adamw: unreachable compute_copy dtype " << dtype_name(copy->dtype()));
   }
 }
@@ -128,15 +143,15 @@ int64_t unscale_elements(T* x, int64_t n, float inv_scale) {
 // AdamW on F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when
 // given, is F32, BF16 or F16 (FP8 compute copies need a scale and are made with cast()).
 void CpuBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
-                       Tensor* compute_copy, const AdamWParams& p) {
-  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, p, device());
-  const int64_t n = params.numel();
+                       Tensor* compute_copy, std::span<const ParamRange> ranges,
+                       const AdamWParams& p) {
+  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
   if (grads.dtype() == DType::kF32) {
     adamw_with_grad_type(params.data_as<float>(), grads.data_as<const float>(), m.data_as<float>(),
-                         v.data_as<float>(), compute_copy, n, k);
+                         v.data_as<float>(), compute_copy, ranges, k);
   } else {
     adamw_with_grad_type(params.data_as<float>(), grads.data_as<const bf16>(), m.data_as<float>(),
-                         v.data_as<float>(), compute_copy, n, k);
+                         v.data_as<float>(), compute_copy, ranges, k);
   }
 }
 

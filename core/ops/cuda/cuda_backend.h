@@ -8,7 +8,7 @@
 // cuda_layernorm.cu, cuda_rmsnorm.cu, cuda_rope.cu, cuda_swiglu.cu, cuda_kv_heads.cu (Llama-style
 // decoders), cuda_attention.cu (core/ops/attention.h's routine and its primitives),
 // cuda_flash_attention.cu, cuda_attention_decode.cu (over a KV cache), cuda_embedding.cu,
-// cuda_cross_entropy.cu, cuda_optim.cu.
+// cuda_cross_entropy.cu, cuda_fp8_scale.cu, cuda_optim.cu, cuda_checksum.cu.
 #pragma once
 
 #include <cublasLt.h>
@@ -97,10 +97,11 @@ class CudaBackend final : public Backend {
                              Tensor& losses, Tensor* dlogits, float grad_scale) override;
 
   void adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, Tensor* compute_copy,
-             const AdamWParams& p) override;
+             std::span<const ParamRange> ranges, const AdamWParams& p) override;
   void sum_squares(const Tensor& x, Tensor& out) override;
   void unscale_check_finite(Tensor& x, float inv_scale, Tensor& found,
                             Tensor* first_index) override;
+  void checksum(const Tensor& x, Tensor& out) override;
 
  private:
   int device_index_;

@@ -249,10 +249,10 @@ struct CublasLtGemm::Plan {
 bool CublasLtGemm::PlanKey::operator==(const PlanKey& o) const {
   return batch == o.batch && m == o.m && n == o.n && k == o.k && a_type == o.a_type &&
          b_type == o.b_type && d_type == o.d_type && trans_a == o.trans_a && trans_b == o.trans_b &&
-         fast_accumulate == o.fast_accumulate && scale_a == o.scale_a && scale_b == o.scale_b &&
-         scale_d == o.scale_d && amax_d == o.amax_d && scale_mode_a == o.scale_mode_a &&
-         scale_mode_b == o.scale_mode_b && align_a == o.align_a && align_b == o.align_b &&
-         align_d == o.align_d;
+         fast_accumulate == o.fast_accumulate && reads_c == o.reads_c && scale_a == o.scale_a &&
+         scale_b == o.scale_b && scale_d == o.scale_d && amax_d == o.amax_d &&
+         scale_mode_a == o.scale_mode_a && scale_mode_b == o.scale_mode_b && align_a == o.align_a &&
+         align_b == o.align_b && align_d == o.align_d;
 }
 
 size_t CublasLtGemm::PlanKeyHash::operator()(const PlanKey& key) const {
@@ -267,7 +267,7 @@ size_t CublasLtGemm::PlanKeyHash::operator()(const PlanKey& key) const {
   mix(static_cast<uint64_t>(key.a_type) | static_cast<uint64_t>(key.b_type) << 16 |
       static_cast<uint64_t>(key.d_type) << 32);
   mix(static_cast<uint64_t>(key.trans_a) | key.trans_b << 1 | key.fast_accumulate << 2 |
-      key.scale_a << 3 | key.scale_b << 4 | key.scale_d << 5 | key.amax_d << 6);
+      key.scale_a << 3 | key.scale_b << 4 | key.scale_d << 5 | key.amax_d << 6 | key.reads_c << 7);
   mix(static_cast<uint64_t>(static_cast<uint32_t>(key.scale_mode_a)) |
       static_cast<uint64_t>(static_cast<uint32_t>(key.scale_mode_b)) << 32);
   mix(static_cast<uint64_t>(key.align_a) | static_cast<uint64_t>(key.align_b) << 16 |
@@ -320,6 +320,7 @@ bool CublasLtGemm::try_matmul(const LtMatmul& p, cudaStream_t stream, std::strin
                     p.trans_a,
                     p.trans_b,
                     p.fast_accumulate,
+                    p.beta != 0.0f,
                     p.scale_a != nullptr,
                     p.scale_b != nullptr,
                     p.scale_d != nullptr,
@@ -541,20 +542,32 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   try {
     std::string failure;
     if (gemm_->try_matmul(lt, stream_, failure)) return;
-    // Some FP8-output problems (batched ones) may have no algorithm with AMAX_D. Then the
-    // product goes to FP32 scratch, and one cast takes the amax and rounds into C with the
-    // same scale: what the epilogue computes (max |value| before the scale, one saturating
-    // rounding of the FP32 result; the CPU backend does the same).
-    MANTISSA_CHECK(is_fp8(c.dtype()) && amax != nullptr, failure);
+    // Two kinds of problem may have no algorithm, and both are computed as a plain product
+    // into FP32 scratch followed by the epilogue's work in a kernel of ours:
+    //  - an FP8 output with AMAX_D (batched ones): one cast takes the amax and rounds into C
+    //    with the same scale, as the epilogue does (max |value| before the scale, one
+    //    saturating rounding of the FP32 result; the CPU backend does the same);
+    //  - an F32 C accumulated with block scales (a weight gradient, beta = 1), should no
+    //    algorithm for those modes read C: C = beta C, then C += the product, one FP32
+    //    rounding more than the epilogue's fused sum where beta is not 1.
+    const bool fp8_output = is_fp8(c.dtype()) && amax != nullptr;
+    const bool accumulates = block_scaled && p.beta != 0.0f && c.dtype() == DType::kF32;
+    MANTISSA_CHECK(fp8_output || accumulates, failure);
     Tensor wide = Tensor::empty(c.shape(), DType::kF32, here);
     LtMatmul f32 = lt;
     f32.d = wide.data();
     f32.d_type = CUDA_R_32F;
+    f32.beta = 0.0f;
     f32.scale_d = nullptr;
     f32.amax_d = nullptr;
     std::string wide_failure;
     MANTISSA_CHECK(gemm_->try_matmul(f32, stream_, wide_failure),
                    failure << "; nor into FP32 for the fallback: " << wide_failure);
+    if (accumulates) {
+      if (p.beta != 1.0f) scale_in_place<float>(c, p.beta, multiprocessor_count_, stream_);
+      add(wide, c, c);
+      return;
+    }
     CastParams narrow;
     narrow.scale = p.c_scale;
     narrow.amax = p.c_amax;

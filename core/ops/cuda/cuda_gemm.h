@@ -85,6 +85,7 @@ class CublasLtGemm {
     int64_t batch, m, n, k;
     int32_t a_type, b_type, d_type;
     bool trans_a, trans_b, fast_accumulate;
+    bool reads_c;  // beta != 0: an algorithm that runs D = AB may still refuse to read C
     bool scale_a, scale_b, scale_d, amax_d;
     int32_t scale_mode_a, scale_mode_b;
     uint32_t align_a, align_b, align_d;

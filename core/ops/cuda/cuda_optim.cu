@@ -7,6 +7,8 @@
 // depends only on the tensor and adds the per-block results in block order, and
 // unscale_check_finite combines its per-thread answers with an order-free operation (the
 // minimum index).
+#include <algorithm>
+#include <span>
 #include <type_traits>
 
 #include "core/ops/cuda/cuda_backend.h"
@@ -28,54 +30,103 @@ constexpr int kBlock = 256;
 // Stands for "no compute copy" in adamw_kernel.
 struct NoCopy {};
 
+// Ranges one launch updates: as many as fit the kernel's 4 KB parameter space with room for
+// the pointers and coefficients. A GPT-2 or Llama model of up to 12 or 16 layers has fewer
+// parameter tensors, so its whole update is one launch.
+constexpr int kRangesPerLaunch = 160;
+
+// Part of the flat buffers for one launch, passed by value in the kernel's parameters (no
+// table to upload): per range its offset and element count, whether every operand is 16-byte
+// aligned there (so it moves in packs), and its weight decay (0 where the range does not
+// decay).
+struct AdamWLaunchRanges {
+  int64_t offset[kRangesPerLaunch];
+  int64_t numel[kRangesPerLaunch];
+  float weight_decay[kRangesPerLaunch];
+  bool packed[kRangesPerLaunch];
+  int count;
+};
+static_assert(sizeof(AdamWLaunchRanges) + 5 * sizeof(void*) + sizeof(AdamWCoefficients) <= 4096,
+              "adamw_kernel's parameters must fit the 4 KB every CUDA version accepts");
+
 // adamw_update (core/ops/math/adamw_update.h, the CPU backend's formula) in one pass over
-// params, grads, m, v (and the compute copy, when C is a storage type rather than NoCopy):
-// the updated parameter is rounded into the copy while it is in registers, saving a second
-// pass over the parameters. K = 8 elements per pack, so every operand moves whole 16-byte
-// vectors (two for the F32 ones).
+// params, grads, m, v (and the compute copy, when C is a storage type rather than NoCopy),
+// range after range, each range spread over the whole grid: the updated parameter is rounded
+// into the copy while it is in registers, saving a second pass over the parameters. K = 8
+// elements per pack, so every operand moves whole 16-byte vectors (two for the F32 ones).
 template <class G, class C, int K>
 __global__ void adamw_kernel(float* __restrict__ params, const G* __restrict__ grads,
                              float* __restrict__ m, float* __restrict__ v, C* __restrict__ copy,
-                             int64_t n, int64_t n_packs, AdamWCoefficients k) {
+                             __grid_constant__ const AdamWLaunchRanges ranges,
+                             AdamWCoefficients k) {
   constexpr bool kHasCopy = !std::is_same_v<C, NoCopy>;
-  for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
-    const int64_t i = p * K;
-    Pack<float, K> param = load_pack<K>(params + i);
-    const Pack<G, K> grad = load_pack<K>(grads + i);
-    Pack<float, K> m_pack = load_pack<K>(m + i);
-    Pack<float, K> v_pack = load_pack<K>(v + i);
+  for (int r = 0; r < ranges.count; ++r) {
+    const int64_t base = ranges.offset[r];
+    const int64_t n = ranges.numel[r];
+    const int64_t n_packs = ranges.packed[r] ? n / K : 0;
+    k.weight_decay = ranges.weight_decay[r];
+    for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
+      const int64_t i = base + p * K;
+      Pack<float, K> param = load_pack<K>(params + i);
+      const Pack<G, K> grad = load_pack<K>(grads + i);
+      Pack<float, K> m_pack = load_pack<K>(m + i);
+      Pack<float, K> v_pack = load_pack<K>(v + i);
 #pragma unroll
-    for (int j = 0; j < K; ++j) {
-      param.v[j] = adamw_update(param.v[j], to_float(grad.v[j]), m_pack.v[j], v_pack.v[j], k);
-    }
-    store_pack<K>(params + i, param);
-    store_pack<K>(m + i, m_pack);
-    store_pack<K>(v + i, v_pack);
-    if constexpr (kHasCopy) {
-      Pack<C, K> rounded;
+      for (int j = 0; j < K; ++j) {
+        param.v[j] = adamw_update(param.v[j], to_float(grad.v[j]), m_pack.v[j], v_pack.v[j], k);
+      }
+      store_pack<K>(params + i, param);
+      store_pack<K>(m + i, m_pack);
+      store_pack<K>(v + i, v_pack);
+      if constexpr (kHasCopy) {
+        Pack<C, K> rounded;
 #pragma unroll
-      for (int j = 0; j < K; ++j) rounded.v[j] = round_to<C>(param.v[j]);
-      store_pack<K>(copy + i, rounded);
+        for (int j = 0; j < K; ++j) rounded.v[j] = round_to<C>(param.v[j]);
+        store_pack<K>(copy + i, rounded);
+      }
     }
-  }
-  for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
-    const float updated = adamw_update(params[i], to_float(grads[i]), m[i], v[i], k);
-    params[i] = updated;
-    if constexpr (kHasCopy) copy[i] = round_to<C>(updated);
+    for (int64_t i = base + n_packs * K + global_thread_index(); i < base + n; i += grid_stride()) {
+      const float updated = adamw_update(params[i], to_float(grads[i]), m[i], v[i], k);
+      params[i] = updated;
+      if constexpr (kHasCopy) copy[i] = round_to<C>(updated);
+    }
   }
 }
 
+// One launch per kRangesPerLaunch non-empty ranges, the grid sized for the largest range of
+// the launch (every range is spread over the whole grid).
 template <class G, class C>
 void launch_adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, C* copy,
-                  const AdamWCoefficients& k, int multiprocessor_count, cudaStream_t stream) {
+                  std::span<const ParamRange> ranges, const AdamWCoefficients& k,
+                  int multiprocessor_count, cudaStream_t stream) {
   constexpr int K = 8;
-  const int64_t n = params.numel();
-  const int64_t n_packs = pack_count<K>(n, {params.data(), grads.data(), m.data(), v.data(), copy});
-  adamw_kernel<G, C, K>
-      <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count), kBlock, 0, stream>>>(
-          params.data_as<float>(), grads.data_as<const G>(), m.data_as<float>(), v.data_as<float>(),
-          copy, n, n_packs, k);
-  MANTISSA_CUDA_CHECK_LAUNCH();
+  float* const param_data = params.data_as<float>();
+  const G* const grad_data = grads.data_as<const G>();
+  float* const m_data = m.data_as<float>();
+  float* const v_data = v.data_as<float>();
+  size_t next = 0;
+  while (next < ranges.size()) {
+    AdamWLaunchRanges launch{};
+    int64_t largest = 0;
+    for (; next < ranges.size() && launch.count < kRangesPerLaunch; ++next) {
+      const ParamRange& range = ranges[next];
+      if (range.numel == 0) continue;
+      const int64_t o = range.offset;
+      const int64_t n_packs =
+          pack_count<K>(range.numel, {param_data + o, grad_data + o, m_data + o, v_data + o,
+                                      copy == nullptr ? nullptr : copy + o});
+      const int i = launch.count++;
+      launch.offset[i] = o;
+      launch.numel[i] = range.numel;
+      launch.packed[i] = n_packs > 0;
+      launch.weight_decay[i] = range.weight_decay ? k.weight_decay : 0.0f;
+      largest = std::max(largest, n_packs > 0 ? n_packs : range.numel);
+    }
+    if (launch.count == 0) break;
+    adamw_kernel<G, C, K><<<grid_size(largest, kBlock, multiprocessor_count), kBlock, 0, stream>>>(
+        param_data, grad_data, m_data, v_data, copy, launch, k);
+    MANTISSA_CUDA_CHECK_LAUNCH();
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -170,19 +221,20 @@ __global__ void unscale_check_finite_kernel(T* __restrict__ x, int64_t n, int64_
 // AdamW on F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when
 // given, is F32, BF16 or F16 (FP8 compute copies need a scale and are made with cast()).
 void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
-                        Tensor* compute_copy, const AdamWParams& p) {
-  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, p, device());
-  if (params.numel() == 0) return;
+                        Tensor* compute_copy, std::span<const ParamRange> ranges,
+                        const AdamWParams& p) {
+  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
   dispatch_f32_bf16("adamw", grads.dtype(), [&](auto grad_tag) {
     using G = decltype(grad_tag);
     if (compute_copy == nullptr) {
-      launch_adamw<G, NoCopy>(params, grads, m, v, nullptr, k, multiprocessor_count_, stream_);
+      launch_adamw<G, NoCopy>(params, grads, m, v, nullptr, ranges, k, multiprocessor_count_,
+                              stream_);
       return;
     }
     dispatch_f32_bf16_f16("adamw", compute_copy->dtype(), [&](auto copy_tag) {
       using C = decltype(copy_tag);
-      launch_adamw<G, C>(params, grads, m, v, compute_copy->data_as<C>(), k, multiprocessor_count_,
-                         stream_);
+      launch_adamw<G, C>(params, grads, m, v, compute_copy->data_as<C>(), ranges, k,
+                         multiprocessor_count_, stream_);
     });
   });
 }
