@@ -127,6 +127,10 @@ void BucketedGradSync::finish(Tensor& grads, Tensor& check) {
       b.request->wait();
       advance();
     }
+    if (b.amax_request) {
+      b.amax_request->wait();
+      b.amax_request.reset();
+    }
   }
   // One check of every bucket's, on the device: F32 buckets flag 1 for a non-finite value (0
   // otherwise), the others hold their amax, non-finite then. Reading each bucket's before its
@@ -245,13 +249,16 @@ void BucketedGradSync::build_order() {
 // reduction with the rest of backward.) A communicator that runs its collectives in order
 // (NCCL's stream) keeps one in flight by itself: there a reduction starts as soon as its
 // bucket is ready, without the host seeing the previous one complete, which on a GPU it would
-// only see once the GPU had caught up with the host, after backward.
+// only see once the GPU had caught up with the host, after backward. For the same reason an FP8
+// reduction there starts while its amax is in flight: the backend's stream, which derives the
+// scales from the amax, waits for that collective on the GPU (Request::order_backend_after).
 bool BucketedGradSync::can_issue(const Slot& slot) const {
   const Bucket& b = buckets_[slot.bucket];
   switch (slot.stage) {
     case Stage::kAmax: return b.params_ready == b.params_total;
     case Stage::kReduce:
-      return b.params_ready == b.params_total && (!fp8() || completed(b, Stage::kAmax)) &&
+      return b.params_ready == b.params_total &&
+             (!fp8() || completed(b, Stage::kAmax) || amax_comm_->runs_in_order()) &&
              (reduce_comm_->runs_in_order() || previous_completed(slot.bucket, Stage::kReduce));
     case Stage::kGather:
       return completed(b, Stage::kReduce) &&
@@ -279,6 +286,7 @@ void BucketedGradSync::advance() {
     }
     moved = false;
     for (Bucket& b : buckets_) {
+      if (b.amax_request && b.amax_request->test()) b.amax_request.reset();
       if (!b.request || !b.request->test()) continue;
       b.request.reset();
       switch (b.stage) {
@@ -312,6 +320,10 @@ void BucketedGradSync::start_reduce(Bucket& b) {
   // (both derived on the device from the reduced amax).
   const ReduceScales scales = reduce_scales(config_.grad_reduce_dtype, n, 0.0f);
   if (fp8()) {
+    if (b.request) {  // the amax, in flight on a communicator that runs in order (can_issue)
+      b.request->order_backend_after();
+      b.amax_request = std::move(b.request);
+    }
     backend_.fp8_reduce_scales(b.amax_comm, core::fp8_max(config_.grad_reduce_dtype), n, b.q, b.w);
   } else {
     backend_.fill(b.q, scales.q);

@@ -66,6 +66,9 @@ class BucketedGradSync final : public train::GradientSync {
     int params_ready = 0;
     Stage stage = Stage::kWaiting;  // the last collective issued (kDone once all are complete)
     RequestPtr request;             // that collective, while in flight
+    // FP8 on a communicator that runs in order: the amax collective, still in flight when the
+    // reduction that reads it was issued (the backend was ordered after it), until it completes.
+    RequestPtr amax_request;
     // F32 [1] on the backend's device, a view of found_: this rank's non-finite check of the
     // bucket's gradients, before any cast.
     core::Tensor found;

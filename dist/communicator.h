@@ -45,6 +45,11 @@ class Request {
   bool test();
   // Returns when complete; ends the job after the communicator's timeout.
   void wait();
+  // Makes what the caller queues on the backend from now on run after the collective, so that
+  // it may read the results: a communicator on a device stream makes the backend's stream wait
+  // for the collective there (NCCL), without the host waiting; the others wait() here. The
+  // request still completes as before (test() or wait()).
+  virtual void order_backend_after() { wait(); }
 
   // Keeps `tensors` alive until completion (the communicators call it when they start one).
   void hold(std::vector<core::Tensor> tensors);

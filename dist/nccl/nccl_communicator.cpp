@@ -203,8 +203,13 @@ class NcclComm {
 // fired; NCCL's asynchronous errors are checked on every poll.
 class NcclRequest final : public Request {
  public:
-  NcclRequest(NcclComm& comm, cudaStream_t stream, double timeout_s, std::string what)
-      : comm_(comm), stream_(stream), timeout_s_(timeout_s), what_(std::move(what)) {}
+  NcclRequest(NcclComm& comm, cudaStream_t stream, cudaStream_t backend_stream, double timeout_s,
+              std::string what)
+      : comm_(comm),
+        stream_(stream),
+        backend_stream_(backend_stream),
+        timeout_s_(timeout_s),
+        what_(std::move(what)) {}
   // A request dropped while in flight (an exception unwinding a step) still owns buffers the
   // GPU is using: wait for it, and end the job rather than throw from a destructor.
   ~NcclRequest() override {
@@ -234,6 +239,11 @@ class NcclRequest final : public Request {
   }
   const std::string& what() const { return what_; }
 
+  // The backend's stream waits for the done event on the GPU; the host goes on.
+  void order_backend_after() override {
+    MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(backend_stream_, done_event_.get(), 0));
+  }
+
  protected:
   bool poll() override {
     if (done_) return true;
@@ -258,7 +268,8 @@ class NcclRequest final : public Request {
 
  private:
   NcclComm& comm_;
-  cudaStream_t stream_;  // the communicator's, which outlives its requests
+  cudaStream_t stream_;          // the communicator's, which outlives its requests
+  cudaStream_t backend_stream_;  // the backend's, which outlives them too
   double timeout_s_;
   std::string what_;
   core::CudaEvent done_event_{cudaEventDisableTiming};
@@ -445,7 +456,8 @@ class NcclCommunicator final : public Communicator {
                                      std::vector<Tensor> operands) {
     std::ostringstream what;
     what << op << " of " << buf.describe();
-    auto request = std::make_unique<NcclRequest>(*comm_, stream_.get(), timeout_s_, what.str());
+    auto request = std::make_unique<NcclRequest>(*comm_, stream_.get(), backend_.stream(),
+                                                 timeout_s_, what.str());
     request->hold(std::move(operands));
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
     MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
