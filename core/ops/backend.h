@@ -313,7 +313,7 @@ class Backend {
   // grad_scale first. When compute_copy is non-null it receives the updated parameters
   // rounded to its dtype in the same pass. All five are flat buffers of one shape, and only
   // the elements of `ranges` are updated, each range with or without the weight decay: one
-  // call (one kernel launch on the GPU for up to 128 ranges) updates a whole model, where a
+  // call (one kernel launch on the GPU per 160 ranges) updates a whole model, where a
   // call per parameter would launch one per tensor after the step's host sync. Ranges lie
   // inside the buffers in increasing order of offset, without overlapping; empty ones are
   // allowed.

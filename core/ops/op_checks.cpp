@@ -739,9 +739,10 @@ AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const T
   int64_t covered_to = 0;  // the end of the previous range
   for (const ParamRange& r : ranges) {
     MANTISSA_CHECK(r.offset >= covered_to && r.numel >= 0 && r.numel <= params.numel() - r.offset,
-                   "adamw: range [" << r.offset << ", " << r.offset + r.numel
-                                    << ") is not inside params " << params.describe()
-                                    << " after the previous range, which ends at " << covered_to);
+                   "adamw: the range of " << r.numel << " elements at offset " << r.offset
+                                          << " is not inside params " << params.describe()
+                                          << " after the previous range, which ends at "
+                                          << covered_to);
     covered_to = r.offset + r.numel;
   }
   MANTISSA_CHECK(p.step >= 1, "adamw: step " << p.step << " must be >= 1 (it is 1-based)");

@@ -704,30 +704,36 @@ TEST(GpuOps, AdamWOverRangesMatchesCpu) {
     end += gap + numel;
   }
   const Shape shape{end + 5};
+  // The compute copy: none (kI32 stands for it), or each dtype the op writes.
   for (DType grad_type : {DType::kF32, DType::kBF16}) {
-    const std::string what =
-        describe_case({"adamw over 400 ranges", "grads", dtype_name(grad_type)});
-    Tensor params = random_tensor(shape, DType::kF32, rng);
-    Tensor m = random_tensor(shape, DType::kF32, rng, {0.01f});
-    Tensor v = random_tensor(shape, DType::kF32, rng, {1e-4f});
-    for (int64_t i = 0; i < v.numel(); ++i)
-      v.data_as<float>()[i] = std::fabs(v.data_as<float>()[i]);
-    auto [copy, copy_dev] = b.poisoned(shape, DType::kBF16);
-    Tensor params_dev = b.to_device(params), m_dev = b.to_device(m), v_dev = b.to_device(v);
-    for (int64_t step : {1, 2}) {
-      const Tensor grads = random_tensor(shape, grad_type, rng, {0.01f, 1.0f});
-      const Tensor grads_dev = b.to_device(grads);
-      AdamWParams p;
-      p.lr = 1e-3f;
-      p.weight_decay = 0.5f;
-      p.step = step;
-      b.cpu->adamw(params, grads, m, v, &copy, ranges, p);
-      b.gpu->adamw(params_dev, grads_dev, m_dev, v_dev, &copy_dev, ranges, p);
+    for (DType copy_type : {DType::kI32, DType::kF32, DType::kBF16, DType::kF16}) {
+      const bool with_copy = copy_type != DType::kI32;
+      const std::string what =
+          describe_case({"adamw over 400 ranges", "grads", dtype_name(grad_type), "copy",
+                         with_copy ? dtype_name(copy_type) : "none"});
+      Tensor params = random_tensor(shape, DType::kF32, rng);
+      Tensor m = random_tensor(shape, DType::kF32, rng, {0.01f});
+      Tensor v = random_tensor(shape, DType::kF32, rng, {1e-4f});
+      for (int64_t i = 0; i < v.numel(); ++i)
+        v.data_as<float>()[i] = std::fabs(v.data_as<float>()[i]);
+      auto [copy, copy_dev] = b.poisoned(shape, with_copy ? copy_type : DType::kF32);
+      Tensor params_dev = b.to_device(params), m_dev = b.to_device(m), v_dev = b.to_device(v);
+      for (int64_t step : {1, 2}) {
+        const Tensor grads = random_tensor(shape, grad_type, rng, {0.01f, 1.0f});
+        const Tensor grads_dev = b.to_device(grads);
+        AdamWParams p;
+        p.lr = 1e-3f;
+        p.weight_decay = 0.5f;
+        p.step = step;
+        b.cpu->adamw(params, grads, m, v, with_copy ? &copy : nullptr, ranges, p);
+        b.gpu->adamw(params_dev, grads_dev, m_dev, v_dev, with_copy ? &copy_dev : nullptr, ranges,
+                     p);
+      }
+      expect_close(params, b.to_host(params_dev), what + " params");
+      expect_close(m, b.to_host(m_dev), what + " m");
+      expect_close(v, b.to_host(v_dev), what + " v");
+      if (with_copy) expect_close(copy, b.to_host(copy_dev), what + " compute copy");
     }
-    expect_close(params, b.to_host(params_dev), what + " params");
-    expect_close(m, b.to_host(m_dev), what + " m");
-    expect_close(v, b.to_host(v_dev), what + " v");
-    expect_close(copy, b.to_host(copy_dev), what + " compute copy");
   }
 }
 

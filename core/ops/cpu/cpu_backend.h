@@ -9,8 +9,8 @@
 // cpu_rmsnorm.cpp, cpu_rope.cpp, cpu_swiglu.cpp, cpu_kv_heads.cpp (Llama-style decoders),
 // cpu_attention.cpp (fused), cpu_flash_attention.cpp, cpu_attention_primitives.cpp (the pieces
 // core/ops/attention.h composes), cpu_attention_decode.cpp (over a KV cache), cpu_embedding.cpp,
-// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks), cpu_checksum.cpp. The per-element math they
-// share with the CUDA backend is in core/ops/math/.
+// cpu_cross_entropy.cpp, cpu_optim.cpp (AdamW, norms, non-finite checks), cpu_checksum.cpp. The
+// per-element math they share with the CUDA backend is in core/ops/math/.
 #pragma once
 
 #include "core/ops/backend.h"

@@ -548,8 +548,8 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
     //    with the same scale, as the epilogue does (max |value| before the scale, one
     //    saturating rounding of the FP32 result; the CPU backend does the same);
     //  - an F32 C accumulated with block scales (a weight gradient, beta = 1), should no
-    //    algorithm for those modes read C: C = beta C, then C += the product, one FP32
-    //    rounding more than the epilogue's fused sum where beta is not 1.
+    //    algorithm for those modes read C: C = beta C, then C += the product (rounded to FP32
+    //    first: one rounding more than the epilogue's fused sum where alpha or beta is not 1).
     const bool fp8_output = is_fp8(c.dtype()) && amax != nullptr;
     const bool accumulates = block_scaled && p.beta != 0.0f && c.dtype() == DType::kF32;
     MANTISSA_CHECK(fp8_output || accumulates, failure);
