@@ -13,6 +13,7 @@
 
 #include "bench/bench_main.h"
 #include "bench/bench_timing.h"
+#include "bench/random_operand.h"
 #include "core/ops/backend.h"
 
 #if defined(MANTISSA_WITH_CUDA)
@@ -30,6 +31,7 @@ namespace mantissa::core {
 namespace {
 
 using mantissa::bench::median;
+using mantissa::bench::random_operand;
 
 // Median milliseconds of one call of `op` queued on the backend's stream.
 double median_ms(CudaBackend& gpu, const std::function<void()>& op, int repetitions) {
@@ -49,28 +51,6 @@ double median_ms(CudaBackend& gpu, const std::function<void()>& op, int repetiti
     times.push_back(ms);
   }
   return median(times);
-}
-
-// Random values in [-1, 1) (FP8 codes in [-200, 200), with the matching scale) rounded into
-// `dtype` on the host: constant inputs would make the tensor cores look faster than they are,
-// since their power draw depends on how many bits toggle.
-Tensor random_tensor(CudaBackend& gpu, const Shape& shape, DType dtype, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, dtype);
-  uint64_t state = seed * 0x9e3779b97f4a7c15ULL + 1;
-  const float range = is_fp8(dtype) ? 200.0f : 1.0f;
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    const float u = static_cast<float>(state >> 40) * (2.0f / 16777216.0f) - 1.0f;
-    const float v = u * range;
-    switch (dtype) {
-      case DType::kBF16: host.data_as<bf16>()[i] = round_to<bf16>(v); break;
-      case DType::kE4M3: host.data_as<fp8_e4m3>()[i] = round_to<fp8_e4m3>(v); break;
-      default: host.data_as<float>()[i] = v; break;
-    }
-  }
-  Tensor dev = Tensor::empty(shape, dtype, gpu.device());
-  gpu.copy(host, dev);
-  return dev;
 }
 
 // The errors of the measurements that failed, each named by its shape and configuration.
@@ -174,8 +154,8 @@ void print_recipes(CudaBackend& gpu, int repetitions) {
   const BenchShape shapes[] = {{"8192^3", 8192, 8192, 8192}, {"gpt2 mlp fc", 8192, 3072, 768}};
   std::printf("\nFP8 recipes, e4m3 -> bf16, TFLOP/s and ratio to per-tensor scales\n");
   for (const BenchShape& s : shapes) {
-    const Tensor a = random_tensor(gpu, Shape{s.m, s.k}, DType::kE4M3, 5);
-    const Tensor b = random_tensor(gpu, Shape{s.n, s.k}, DType::kE4M3, 6);
+    const Tensor a = random_operand(gpu, Shape{s.m, s.k}, DType::kE4M3, 5);
+    const Tensor b = random_operand(gpu, Shape{s.n, s.k}, DType::kE4M3, 6);
     const double tensor = measured_or_zero(std::string(s.name) + " per-tensor", [&] {
       return gemm_tflops(gpu, a, b, {"e4m3->bf16", DType::kE4M3, DType::kBF16, false}, repetitions);
     });
@@ -242,13 +222,13 @@ int run(int repetitions) {
         std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k);
     std::printf("%-16s %20s", s.name, dims.c_str());
     // Operands per input dtype, shared by the configurations that read them.
-    const Tensor a_bf16 = random_tensor(gpu, Shape{s.m, s.k}, DType::kBF16, 1);
-    const Tensor b_bf16 = random_tensor(gpu, Shape{s.n, s.k}, DType::kBF16, 2);
+    const Tensor a_bf16 = random_operand(gpu, Shape{s.m, s.k}, DType::kBF16, 1);
+    const Tensor b_bf16 = random_operand(gpu, Shape{s.n, s.k}, DType::kBF16, 2);
     Tensor a_fp8;
     Tensor b_fp8;
     if (configs.size() > 1) {
-      a_fp8 = random_tensor(gpu, Shape{s.m, s.k}, DType::kE4M3, 3);
-      b_fp8 = random_tensor(gpu, Shape{s.n, s.k}, DType::kE4M3, 4);
+      a_fp8 = random_operand(gpu, Shape{s.m, s.k}, DType::kE4M3, 3);
+      b_fp8 = random_operand(gpu, Shape{s.n, s.k}, DType::kE4M3, 4);
     }
     std::vector<double> tflops;
     for (const Config& c : configs) {

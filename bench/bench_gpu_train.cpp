@@ -18,6 +18,7 @@
 #include <cstdlib>
 
 #include "bench/bench_main.h"
+#include "bench/random_operand.h"
 #include "core/ops/backend.h"
 
 #if defined(MANTISSA_WITH_CUDA)
@@ -40,14 +41,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr const char* kFlashSwitch = "MANTISSA_FLASH_ATTENTION";
 
-// TFLOP/s of a BF16 8192^3 GEMM on the backend: the median of 10 timed calls after 3 untimed.
+// TFLOP/s of a BF16 8192^3 GEMM of random operands (as bench_gpu_gemm's) on the backend: the
+// median of 10 timed calls after 3 untimed.
 double bf16_gemm_tflops(core::Backend& gpu) {
   constexpr int64_t n = 8192;
-  core::Tensor a = core::Tensor::empty(core::Shape{n, n}, core::DType::kBF16, gpu.device());
-  core::Tensor b = core::Tensor::empty(core::Shape{n, n}, core::DType::kBF16, gpu.device());
+  const core::Tensor a = bench::random_operand(gpu, core::Shape{n, n}, core::DType::kBF16, 1);
+  const core::Tensor b = bench::random_operand(gpu, core::Shape{n, n}, core::DType::kBF16, 2);
   core::Tensor c = core::Tensor::empty(core::Shape{n, n}, core::DType::kBF16, gpu.device());
-  gpu.fill(a, 0.01f);
-  gpu.fill(b, 0.02f);
   std::vector<double> seconds;
   for (int i = 0; i < 13; ++i) {
     gpu.synchronize();
