@@ -153,6 +153,11 @@ if [ "$stage" != build ] && [ "$testable" = 1 ]; then
       ;;
     esac
   done
+  # PyTorch's GEMM in the same run, the anchor of bench_gpu_gemm's 8192^3 row (where python3
+  # has PyTorch: on the lent machines it does).
+  if python3 -c "import torch" >/dev/null 2>&1; then
+    step torch_gpu_gemm timeout -k 10 "$bench_timeout" python3 bench/torch_gpu_gemm.py
+  fi
   # bench_attention's argument picks its GPU half (the attention op next to its GEMMs).
   for bench in bench_gpu_gemm bench_gpu_ops bench_attention bench_gpu_train; do
     args=()
@@ -176,6 +181,7 @@ note() {
   case $1 in
     ctest) grep -E "tests passed|tests failed" "$log" | tail -n 1 ;;
     bench_gpu_gemm) grep -E "^(no CUDA device|8192\^3)" "$log" | head -n 1 ;;
+    torch_gpu_gemm) tail -n 1 "$log" ;;
     bench_gpu_ops)
       # The copy anchor, and the slowest gradient-sync cast (pack or unpack) next to it.
       grep -E "^(no CUDA device|copy f32)" "$log" | sed -E 's/ +/ /g'
