@@ -74,6 +74,7 @@ std::unique_ptr<train::LanguageModel> tiny_model(Family family, core::Backend& b
 
 struct Trajectory {
   std::vector<train::StepReport> reports;
+  std::vector<int64_t> host_syncs;  // per step: the backend's waits for its device
   bool parameters_finite = true;
 };
 
@@ -97,7 +98,12 @@ Trajectory train(core::Backend& backend, Family family, PrecisionMode mode) {
   config.loss_scale.mode =
       mode == PrecisionMode::kFP16 ? core::LossScaleMode::kDynamic : core::LossScaleMode::kNone;
   Trajectory run;
-  run.reports = train::train_single_rank(*model, backend, policy, loader, config);
+  int64_t syncs = backend.host_syncs();
+  const auto count_syncs = [&](const train::StepReport&) {
+    run.host_syncs.push_back(backend.host_syncs() - syncs);
+    syncs = backend.host_syncs();
+  };
+  run.reports = train::train_single_rank(*model, backend, policy, loader, config, {}, count_syncs);
 
   core::Tensor& masters = model->parameters().masters();
   core::Tensor host = core::Tensor::empty(masters.shape(), masters.dtype());
@@ -183,6 +189,13 @@ TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
     EXPECT_EQ(g.loss_scale, c.loss_scale) << name << " step " << s;
   }
   std::printf("%s: largest relative loss difference %.2e (bound %.0e)\n", name.c_str(), worst, tol);
+  // #13's bound on the host's waits: one per step (the step's scalars and losses together), two
+  // for FP8 (its amaxes), on the GPU as on the CPU.
+  const int64_t most_syncs = mode == PrecisionMode::kFP8Hybrid ? 2 : 1;
+  for (size_t s = 0; s < gpu.host_syncs.size(); ++s) {
+    EXPECT_LE(gpu.host_syncs[s], most_syncs) << name << " step " << s << " waited for the GPU";
+    EXPECT_LE(cpu.host_syncs[s], most_syncs) << name << " step " << s << " on the CPU";
+  }
   for (const Trajectory* run : {&cpu, &gpu}) {
     EXPECT_LT(run->reports.back().loss, run->reports.front().loss - 0.5)
         << name << (run == &cpu ? " on the CPU" : " on the GPU") << " did not learn";
