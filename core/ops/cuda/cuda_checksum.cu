@@ -14,13 +14,6 @@ using namespace cuda_kernels;
 
 constexpr int kBlock = 256;
 
-__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  }
-  return v;
-}
-
 // Each thread sums its words' terms (and at most one tail byte), each block its threads', and
 // the blocks add theirs into *out: additions mod 2^64 in any order, so the result is exact.
 __global__ void checksum_kernel(const uint64_t* __restrict__ words, int64_t n_words,
@@ -32,7 +25,7 @@ __global__ void checksum_kernel(const uint64_t* __restrict__ words, int64_t n_wo
   }
   const int64_t t = global_thread_index();
   if (t < tail_bytes) sum += checksum_tail_byte(tail[t], static_cast<uint64_t>(n_words * 8 + t));
-  sum = block_reduce<unsigned long long, warp_sum_u64>(sum, 0ull);
+  sum = block_reduce<unsigned long long, warp_sum<unsigned long long>>(sum, 0ull);
   if (threadIdx.x == 0) atomicAdd(out, sum);
 }
 

@@ -60,8 +60,10 @@ int64_t pack_count(int64_t n, std::initializer_list<const void*> pointers) {
 // ---------------------------------------------------------------------------------------
 // Reductions. Every lane of the warp (every thread of the block) gets the result, and the
 // order of the additions depends only on the data layout, never on timing, so the results
-// are deterministic.
-__device__ __forceinline__ float warp_sum(float v) {
+// are deterministic. warp_sum serves every type __shfl_xor_sync moves (float, double, the
+// 64-bit integers of the checksum).
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
   }
@@ -101,7 +103,7 @@ __device__ __forceinline__ T block_reduce(T v, T identity) {
 }
 
 __device__ __forceinline__ float block_sum(float v) {
-  return block_reduce<float, warp_sum>(v, 0.0f);
+  return block_reduce<float, warp_sum<float>>(v, 0.0f);
 }
 __device__ __forceinline__ float block_max(float v) {
   return block_reduce<float, warp_max>(v, -INFINITY);

@@ -132,21 +132,14 @@ void launch_adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v, C* 
 // ---------------------------------------------------------------------------------------
 // sum_squares
 
-// Squares are accumulated in FP64, as on the CPU: the square of an FP32 value is exact there
-// (even where its FP32 square would fall into the subnormals and lose digits), and the result
-// is rounded to FP32 once.
-__device__ __forceinline__ double warp_sum_f64(double v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    v += __shfl_xor_sync(0xFFFFFFFFu, v, offset);
-  }
-  return v;
-}
-
 // At most this many blocks, each writing one partial sum: a grid that depends only on the
 // tensor (its element count and whether it is 16-byte aligned), never on the device, so the
 // order of the additions, hence the result, is the same on every GPU.
 constexpr int kSumSquaresBlocks = 1024;
 
+// Squares are accumulated in FP64, as on the CPU: the square of an FP32 value is exact there
+// (even where its FP32 square would fall into the subnormals and lose digits), and the result
+// is rounded to FP32 once.
 template <class T, int K>
 __global__ void sum_squares_partials_kernel(const T* __restrict__ x, int64_t n, int64_t n_packs,
                                             double* __restrict__ partials) {
@@ -163,7 +156,7 @@ __global__ void sum_squares_partials_kernel(const T* __restrict__ x, int64_t n, 
     const double xi = to_float(x[i]);
     sum += xi * xi;
   }
-  sum = block_reduce<double, warp_sum_f64>(sum, 0.0);
+  sum = block_reduce<double, warp_sum<double>>(sum, 0.0);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
@@ -172,7 +165,7 @@ __global__ void sum_squares_finish_kernel(const double* __restrict__ partials, i
                                           float* __restrict__ out) {
   double sum = 0.0;
   for (int i = threadIdx.x; i < n_partials; i += blockDim.x) sum += partials[i];
-  sum = block_reduce<double, warp_sum_f64>(sum, 0.0);
+  sum = block_reduce<double, warp_sum<double>>(sum, 0.0);
   if (threadIdx.x == 0) *out = static_cast<float>(static_cast<double>(*out) + sum);
 }
 
