@@ -19,8 +19,10 @@ each host). Jobs of 2 nodes x 1 task, each rank on its own host, TCP between the
      code 3 (Slurm keeps the job COMPLETING while node2 does not answer), no process of the job
      is left on node1 or the machine, node2's rank has ended too and the job's file_sd targets
      are gone; then node2's link comes
-     back, 2 ranks on node1 (srun -w node1) resume from the newest checkpoint and train on to
-     A's numbers, and Slurm finishes the job on node2, leaving nothing there.
+     back, 2 ranks on node1 (srun -w node1) resume from the newest checkpoint the cut left
+     behind and redo, bit for bit, the steps job D had logged after it (D trains past A's
+     last step while Prometheus finds it, so its own log is the reference), and Slurm finishes
+     the job on node2, leaving nothing there.
 Every run keeps a constant learning rate after warmup, so runs of different lengths take the
 same steps. The cluster and Slurm are stopped at the end whatever happened.
 """
@@ -239,14 +241,14 @@ def run(args, nodes, env, daemons, workdir, staged, config):
     compare("c", run_c, run_a, range(STEPS))
     harness.log("job c (mpirun inside the allocation) matched job a at every step on both ranks")
 
-    host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended, run_a)
+    host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended)
     print("PASS: 2-node Slurm jobs: Prometheus scraped both hosts via file_sd; USR1 to the steps "
           "checkpointed, requeued and resumed exactly; mpirun inside the allocation matched; a "
           "lost host ended the srun job with exit code 3 and its checkpoint resumed on node1",
           flush=True)
 
 
-def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended, run_a):
+def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, wait_ended):
     sd_dir = os.path.join(workdir, "file_sd")
     os.mkdir(sd_dir)
     prometheus = start_prometheus(daemons, workdir, sd_dir)
@@ -314,12 +316,24 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
         harness.fail(f"processes of job d are left: {left()}")
 
     # node2's link comes back (Slurm ends the job there meanwhile), and the newest checkpoint
-    # resumes on the surviving host, to job a's numbers.
+    # resumes on the surviving host and redoes the steps both ranks logged after it. A
+    # checkpoint written after the last step either rank logged (the cut came between it and
+    # the next step) would leave nothing to compare: it is removed, so the one before resumes.
     nodes.link("up", "node2")
     up = time.monotonic()
-    newest = max(int(m.group(1)) for n in os.listdir(os.path.join(run_d, "checkpoints"))
-                 if (m := re.fullmatch(r"step_(\d{8})", n)))
-    steps = min(max(cluster.exact_steps(run_d, 0)) + 20, STEPS)
+    logged = [cluster.exact_steps(run_d, rank) for rank in range(2)]
+    last = min(max(logged[0], default=-1), max(logged[1], default=-1))
+    checkpoints = os.path.join(run_d, "checkpoints")
+    saved = sorted(int(m.group(1)) for n in os.listdir(checkpoints)
+                   if (m := re.fullmatch(r"step_(\d{8})", n)))
+    for step in saved:
+        if step > last:
+            shutil.rmtree(os.path.join(checkpoints, f"step_{step:08d}"))
+    newest = max((step for step in saved if step <= last), default=None)
+    if newest is None:
+        harness.fail(f"job d saved no checkpoint at or before step {last}, the last both ranks "
+                     f"logged: checkpoints {saved}")
+    steps = last + 1
     argv = (["srun", "--mpi=pmix", "-w", "node1", "-N1", "-n2", "--cpus-per-task=1",
              "--cpu-bind=none", f"--chdir={workdir}", "--export=ALL,OMP_NUM_THREADS=1"] +
             harness.train_argv(staged, config, settings(run_d, steps, timeout_s=60, every=every)))
@@ -333,9 +347,14 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
     said = f"mantissa: resumed from {run_d}/checkpoints/step_{newest:08d} (saved by 2 ranks)"
     if said not in resumed.stdout + resumed.stderr:
         harness.fail(f"the resumption did not say '{said}'")
-    compare("d (resumed on node1)", run_d, run_a, range(newest, steps))
-    harness.log(f"job d's newest checkpoint (step {newest}) resumed on node1 with 2 ranks and "
-                f"matched job a at steps {newest}..{steps - 1}")
+    for rank in range(2):
+        redone = cluster.exact_steps(run_d, rank)
+        for step in range(newest, steps):
+            if redone.get(step) != logged[rank][step]:
+                harness.fail(f"job d resumed on node1, rank {rank} step {step}: "
+                             f"{redone.get(step)}, before the cut: {logged[rank][step]}")
+    harness.log(f"job d's checkpoint of step {newest} resumed on node1 with 2 ranks and redid "
+                f"steps {newest}..{steps - 1} as they were before the cut")
 
     # With node2 back, Slurm finishes the job there, and nothing of it is left on node2 either.
     harness.wait_until("job d to finish on node2", lambda: job_ended(job_d, env), timeout=90)
