@@ -12,7 +12,7 @@
 set -euo pipefail
 source_dir=$(cd "$(dirname "$0")/../.." && pwd)
 build_dir=${1:-$source_dir/build-fuzz}
-seconds=${FUZZ_SECONDS:-30}
+seconds=${FUZZ_SECONDS:-15}
 targets=${FUZZ_TARGETS:-config manifest token_shards safetensors}
 jobs=${JOBS:-$(nproc)}
 

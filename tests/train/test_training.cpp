@@ -88,19 +88,28 @@ double train_tiny(const ModelConfig& model_config, PrecisionMode mode, int64_t s
   return mean_of_last_tenth(reports);
 }
 
+constexpr int64_t kSteps = 200;
+
+// The FP32 run every other precision is held to, trained once per model (each Model has one
+// tiny config here) and shared by the tests that compare with it.
+template <class Model, class ModelConfig>
+double fp32_reference(const ModelConfig& model_config) {
+  static const double loss = train_tiny<Model>(model_config, PrecisionMode::kFP32, kSteps);
+  return loss;
+}
+
 // The mean losses of the last 10% of steps in each precision, printed and held to FP32's.
 template <class Model, class ModelConfig>
 void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& model_config) {
-  const int64_t steps = 200;
-  const double fp32 = train_tiny<Model>(model_config, PrecisionMode::kFP32, steps);
-  const double bf16 = train_tiny<Model>(model_config, PrecisionMode::kBF16, steps);
-  const double fp16 = train_tiny<Model>(model_config, PrecisionMode::kFP16, steps);
-  const double fp8 = train_tiny<Model>(model_config, PrecisionMode::kFP8Hybrid, steps);
+  const double fp32 = fp32_reference<Model>(model_config);
+  const double bf16 = train_tiny<Model>(model_config, PrecisionMode::kBF16, kSteps);
+  const double fp16 = train_tiny<Model>(model_config, PrecisionMode::kFP16, kSteps);
+  const double fp8 = train_tiny<Model>(model_config, PrecisionMode::kFP8Hybrid, kSteps);
   const auto rel = [fp32](double x) { return std::fabs(x - fp32) / fp32; };
   std::printf(
       "%s, mean loss of the last 10%% of %lld steps: FP32 %.4f, BF16 %.4f (%.2f%%), "
       "FP16 %.4f (%.2f%%), FP8_HYBRID %.4f (%.2f%%)\n",
-      name, static_cast<long long>(steps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16), fp8,
+      name, static_cast<long long>(kSteps), fp32, bf16, 100 * rel(bf16), fp16, 100 * rel(fp16), fp8,
       100 * rel(fp8));
   EXPECT_LE(rel(bf16), 0.01) << name;
   EXPECT_LE(rel(fp16), 0.01) << name;
@@ -113,16 +122,15 @@ void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& m
 // Flash attention (MANTISSA_FLASH_ATTENTION=1; on the CPU it runs only when asked) in place of
 // the materialised one: a BF16 run tracks FP32 as closely as the materialised BF16 run does.
 TEST(Training, FlashAttentionTracksFP32) {
-  const int64_t steps = 200;
-  const double gpt_fp32 = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kFP32, steps);
-  const double llama_fp32 = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kFP32, steps);
+  const double gpt_fp32 = fp32_reference<models::GPT2>(kTinyGPT);
+  const double llama_fp32 = fp32_reference<models::Llama>(tiny_llama());
   const core::ScopedEnv flash("MANTISSA_FLASH_ATTENTION", "1");
-  const double gpt_flash = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kBF16, steps);
-  const double llama_flash = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kBF16, steps);
+  const double gpt_flash = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kBF16, kSteps);
+  const double llama_flash = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kBF16, kSteps);
   std::printf(
       "mean loss of the last 10%% of %lld steps, BF16 with flash attention against FP32: GPT-2 "
       "%.4f vs %.4f, Llama %.4f vs %.4f\n",
-      static_cast<long long>(steps), gpt_flash, gpt_fp32, llama_flash, llama_fp32);
+      static_cast<long long>(kSteps), gpt_flash, gpt_fp32, llama_flash, llama_fp32);
   EXPECT_LE(std::fabs(gpt_flash - gpt_fp32) / gpt_fp32, 0.01);
   EXPECT_LE(std::fabs(llama_flash - llama_fp32) / llama_fp32, 0.01);
 }
