@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# kill -9 of one rank mid-run: the survivors must exit non-zero within timeout_s + SLACK
-# seconds of the kill, with our message naming the dead rank.
+# kill -9 of one rank mid-run: the survivors must end the job within timeout_s + SLACK seconds
+# of the kill, with our message naming the dead rank, and none may finish the run.
 #   kill_rank_test.sh MPIEXEC PROGRAM RANKS TIMEOUT_S
 #
 # By default mpirun itself kills the whole job the moment a rank dies of a signal (and prints
@@ -23,7 +23,10 @@ cat "$log"
 fail() { echo "kill_rank_test: FAILED: $*"; exit 1; }
 killed_at=$(sed -n 's/^test_kill_rank: rank 1 sends itself SIGKILL at \([0-9.]*\)$/\1/p' "$log")
 [ -n "$killed_at" ] || fail "rank 1 never killed itself"
-[ "$rc" -ne 0 ] || fail "mpirun exited 0"
+# mpirun's exit status is the killed rank's (137), whatever the survivors do; their own exit
+# code, 3 for a lost peer, is checked where a launcher reports it per rank (srun, in
+# tests/multinode/test_slurm_multinode.py). Open MPI's MPI_ABORT banner, which names it, is
+# sometimes lost ("ORTE_ERROR_LOG: Data unpack would read past end of buffer").
 grep -q "finished the run" "$log" && fail "a survivor finished the run"
 grep -Eq "^mantissa: rank [0-9]+: .*did not complete within .* rank\(s\) \[1\] did not answer" "$log" ||
   fail "no survivor named rank 1 as the rank that did not answer"

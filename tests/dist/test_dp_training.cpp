@@ -105,7 +105,11 @@ TrainingRun train_data_parallel(DType dtype, bool accumulate_fp32, int zero_stag
   return run;
 }
 
+// Over every step: both trajectories must have all kSteps of them.
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(b.size(), static_cast<size_t>(kSteps));
+  if (a.size() != b.size()) return INFINITY;
   double worst = 0.0;
   for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / b[i]);
   return worst;

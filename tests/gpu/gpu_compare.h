@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/ops/backend.h"
 #include "tests/common/test_util.h"
 
@@ -55,6 +56,27 @@ struct Backends {
     return t;
   }
 };
+
+// Whether the device runs FP8 GEMMs (FP8 tensor cores: compute capability 8.9 or newer), from a
+// 16x16 E4M3 product. A device without them must refuse it with the backend's message; any
+// other error fails the calling test, so that a broken FP8 GEMM is not mistaken for an old GPU.
+inline bool fp8_gemms_supported(Backend& gpu) {
+  Tensor a = Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
+  Tensor b = Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
+  Tensor c = Tensor::empty(Shape{16, 16}, DType::kF32, gpu.device());
+  gpu.fill(a, 1.0f);
+  gpu.fill(b, 1.0f);
+  GemmParams p;
+  p.trans_b = true;
+  try {
+    gpu.gemm(a, b, c, p);
+    gpu.synchronize();
+    return true;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FP8 tensor cores"), std::string::npos) << e.what();
+    return false;
+  }
+}
 
 // Random normal values times a magnitude drawn per element from `magnitudes`, stored in
 // `dtype` (rounded as dtype.h rounds).

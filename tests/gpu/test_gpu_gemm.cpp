@@ -26,6 +26,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "tests/gpu/gpu_compare.h"
 
 namespace mantissa::core {
 namespace {
@@ -253,25 +254,6 @@ double tolerance_for(DType in, DType out) {
   return in == DType::kF32 ? 1e-5 : 1e-4;
 }
 
-// FP8 GEMMs need FP8 tensor cores (compute capability 8.9+); elsewhere they must fail clearly.
-bool fp8_supported(Backend& gpu) {
-  Tensor a = Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
-  Tensor b = Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
-  Tensor c = Tensor::empty(Shape{16, 16}, DType::kF32, gpu.device());
-  gpu.fill(a, 1.0f);
-  gpu.fill(b, 1.0f);
-  GemmParams p;
-  p.trans_b = true;
-  try {
-    gpu.gemm(a, b, c, p);
-    gpu.synchronize();
-    return true;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("FP8 tensor cores"), std::string::npos) << e.what();
-    return false;
-  }
-}
-
 constexpr bool kTransposes[4][2] = {{false, false}, {false, true}, {true, false}, {true, true}};
 
 // ---------------------------------------------------------------------------------------
@@ -490,7 +472,8 @@ TEST(GpuGemm, StridedBatched) {
 TEST(GpuGemm, Fp8PairsAllTransposes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!fp8_supported(h.gpu())) GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu()))
+    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
   const DType pairs[][2] = {
       {DType::kE4M3, DType::kE4M3}, {DType::kE4M3, DType::kE5M2}, {DType::kE5M2, DType::kE4M3}};
   for (const auto& [da, db] : pairs) {
@@ -514,7 +497,8 @@ TEST(GpuGemm, Fp8PairsAllTransposes) {
 TEST(GpuGemm, Fp8Gpt2Shapes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!fp8_supported(h.gpu())) GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu()))
+    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
   for (const LinearShape& l : kGpt2Linears) {
     GemmCase forward;
     forward.m = l.tokens, forward.n = l.out, forward.k = l.in, forward.trans_b = true;
@@ -536,7 +520,8 @@ TEST(GpuGemm, Fp8Gpt2Shapes) {
 TEST(GpuGemm, Fp8OutputWithScaleAndAmax) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!fp8_supported(h.gpu())) GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu()))
+    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
   const DType combos[][3] = {{DType::kE4M3, DType::kE4M3, DType::kE4M3},
                              {DType::kE4M3, DType::kE5M2, DType::kE5M2},
                              {DType::kE5M2, DType::kE4M3, DType::kE4M3}};
@@ -604,7 +589,7 @@ TEST(GpuGemm, BadCallsAreErrors) {
   expect_gemm_error(*gpu, empty({8, 4}, DType::kBF16), empty({4, 8}, DType::kBF16), c, scaled,
                     "applies to FP8 tensors only");
 
-  if (!fp8_supported(*gpu)) return;
+  if (!gpu_test::fp8_gemms_supported(*gpu)) return;
   GemmParams tn;  // the layout FP8 kernels take directly
   tn.trans_b = true;
   Tensor c16 = empty({16, 16}, DType::kF32);

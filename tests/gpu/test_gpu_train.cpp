@@ -34,11 +34,11 @@
 #include <tuple>
 #include <vector>
 
-#include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
+#include "tests/gpu/gpu_compare.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
 #include "train/train_loop.h"
@@ -124,28 +124,6 @@ double tolerance(PrecisionMode mode) {
   }
 }
 
-// FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or newer): on an A100 the
-// FP8_HYBRID case is skipped, with the backend's own message.
-bool fp8_gemm_supported(core::Backend& gpu, std::string& why) {
-  using core::DType;
-  using core::Shape;
-  core::Tensor a = core::Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
-  core::Tensor b = core::Tensor::empty(Shape{16, 16}, DType::kE4M3, gpu.device());
-  core::Tensor c = core::Tensor::empty(Shape{16, 16}, DType::kF32, gpu.device());
-  gpu.fill(a, 1.0f);
-  gpu.fill(b, 1.0f);
-  core::GemmParams p;
-  p.trans_b = true;
-  try {
-    gpu.gemm(a, b, c, p);
-    gpu.synchronize();
-    return true;
-  } catch (const core::Error& e) {
-    why = e.what();
-    return false;
-  }
-}
-
 const char* family_name(Family family) {
   switch (family) {
     case Family::kGPT2: return "GPT2";
@@ -163,9 +141,17 @@ TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
   const std::string name = std::string(family_name(family)) + " " + core::precision_mode_name(mode);
   auto cpu_backend = core::make_cpu_backend();
   auto gpu_backend = core::make_cuda_backend(0);
-  std::string why;
-  if (mode == PrecisionMode::kFP8Hybrid && !fp8_gemm_supported(*gpu_backend, why)) {
-    GTEST_SKIP() << why;
+  // On an A100 (no FP8 tensor cores) the FP8_HYBRID cases are skipped.
+  if (mode == PrecisionMode::kFP8Hybrid && !core::gpu_test::fp8_gemms_supported(*gpu_backend)) {
+    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  }
+  // The flash family is there to run flash attention; without kernels for its heads it would
+  // only repeat the materialised path.
+  if (family == Family::kGPT2Flash) {
+    const core::DType dtype = core::PrecisionPolicy::from_mode(mode).compute_dtype;
+    const std::string unsupported = gpu_backend->unsupported_flash_attention(
+        dtype, kTinyFlashGPT.n_embd / kTinyFlashGPT.n_head);
+    ASSERT_TRUE(unsupported.empty()) << name << ": " << unsupported;
   }
   const Trajectory cpu = train(*cpu_backend, family, mode);
   const Trajectory gpu = train(*gpu_backend, family, mode);

@@ -143,6 +143,9 @@ def main():
 
             # The counters were scraped before the first overflow, at 0.
             first = query_range(url, "mantissa_steps_total", start, end)
+            if sorted(s["metric"].get("rank") for s in first) != ["0", "1"]:
+                harness.fail(f"mantissa_steps_total: series of ranks "
+                             f"{sorted(s['metric'].get('rank') for s in first)}, expected 0 and 1")
             for series in first:
                 steps = float(series["values"][0][1])
                 if steps >= INJECTED_STEPS[0]:
@@ -190,7 +193,8 @@ def main():
             totals = query_range(url, "max_over_time(mantissa_overflow_steps_total[10m])",
                                  end, end + 5)
             counted = {s["metric"]["rank"]: max(finite_values([s])) for s in totals}
-            if any(v != len(INJECTED_STEPS) for v in counted.values()):
+            if set(counted) != {"0", "1"} or any(v != len(INJECTED_STEPS)
+                                                 for v in counted.values()):
                 harness.fail(f"overflow counters {counted}, expected {len(INJECTED_STEPS)} "
                              "on each rank")
 

@@ -207,6 +207,15 @@ def main():
             if wait_completed("a", job_a).get("Restarts") != "0":
                 harness.fail("job a was restarted")
             wait_completed("b", job_b)
+            # The second start resumed from the checkpoint the stop wrote (a start from step 0
+            # would log the same steps again, and the comparison below would not notice).
+            with open(os.path.join(workdir, "b.out")) as f:
+                output_b = f.read()
+            resumed = (rf"^mantissa: resumed from \S*/step_{stopped_at + 1:08d} "
+                       r"\(saved by 2 ranks\)$")
+            if not re.search(resumed, output_b, re.M):
+                harness.fail(f"job b's second start did not resume from the checkpoint of step "
+                             f"{stopped_at + 1} (no line matching {resumed!r})")
             if os.path.exists(sd_file_b):
                 harness.fail(f"job b left its file_sd targets behind: {sd_file_b}")
             if not 0 <= stopped_at < STEPS - 1:

@@ -96,7 +96,10 @@ class Evaluation(lu.TempDirTest):
     def test_resume_continues_the_curve(self):
         self.train("whole", ranks=2)
         self.train("parts", "run.steps=20", ranks=2)
-        self.train("parts", ranks=2)  # resumes from the step-20 checkpoint
+        resumed = self.train("parts", ranks=2)
+        checkpoint = os.path.join(self.dir, "parts", "checkpoints", "step_00000020")
+        self.assertIn(f"mantissa: resumed from {checkpoint} (saved by 2 ranks)",
+                      resumed.stdout + resumed.stderr)
         whole, parts = self.val_losses("whole"), self.val_losses("parts")
         self.assertEqual(parts, whole)
         steps = [e["step"] for e in lu.read_log(os.path.join(self.dir, "parts"), 0)

@@ -42,6 +42,7 @@ class LlamaTraining(lu.TempDirTest):
     def assert_learns_and_ranks_agree(self, logs, what):
         r0, r1 = logs
         self.assertEqual([e["step"] for e in r0], list(range(40)), what)
+        self.assertEqual([e["step"] for e in r1], list(range(40)), what)
         for a, b in zip(r0, r1):
             for key in ("mean_loss", "loss_scale", "overflow", "grad_norm"):
                 self.assertEqual(a[key], b[key], f"{what} step {a['step']}: {key}")
@@ -69,6 +70,8 @@ class LlamaTraining(lu.TempDirTest):
         fp32 = ("precision.mode=FP32", "optimizer.adamw.lr=0.001")
         plain = self.train("plain", *fp32)
         zero1 = self.train("zero1", *fp32, "dist.zero_stage=1")
+        self.assertEqual([e["step"] for e in plain[0]], list(range(40)))
+        self.assertEqual([e["step"] for e in zero1[0]], list(range(40)))
         for a, b in zip(plain[0], zero1[0]):
             self.assertAlmostEqual(a["mean_loss"], b["mean_loss"], delta=1e-5 * a["mean_loss"],
                                    msg=f"step {a['step']}")

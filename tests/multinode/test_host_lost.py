@@ -204,6 +204,9 @@ def main():
                        os.path.join(workdir, "reference.out"), "the uninterrupted run on node1")
             reference = cluster.exact_steps(reference_dir, 0)
             resumed = cluster.exact_steps(run_dir, 0)
+            if sorted(reference) != list(range(steps)):
+                harness.fail(f"the uninterrupted run logged steps {sorted(reference)}, "
+                             f"expected 0..{steps - 1}")
             for step in range(steps):
                 got = resumed.get(step) if step >= newest else cut_log.get(step)
                 if step < newest and got is None:

@@ -109,6 +109,9 @@ scrape_configs:
 def compare(name, run_dir, reference_dir, steps):
     for rank in range(2):
         got, want = cluster.exact_steps(run_dir, rank), cluster.exact_steps(reference_dir, rank)
+        if sorted(want) != list(steps):
+            harness.fail(f"job A rank {rank} logged steps {sorted(want)}, expected "
+                         f"{steps.start}..{steps.stop - 1}")
         for step in steps:
             if got.get(step) != want.get(step):
                 harness.fail(f"job {name} rank {rank} step {step}: {got.get(step)}, the "
