@@ -10,6 +10,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/read_file.h"
 
 namespace mantissa::checkpoint {
 namespace {
@@ -200,13 +201,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& p
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  std::error_code ec;
-  MANTISSA_REQUIRE(!std::filesystem::is_directory(path, ec), kConfig,
-                   "safetensors '" << path << "': a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  MANTISSA_REQUIRE(in, kConfig, "safetensors '" << path << "': cannot open");
-  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  return parse_safetensors(bytes, path);
+  return parse_safetensors(core::read_whole_file(path, "safetensors"), path);
 }
 
 }  // namespace mantissa::checkpoint

@@ -2,13 +2,10 @@
 // effective config printed back out.
 #include <google/protobuf/text_format.h>
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <string_view>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "launcher/config.h"
 #include "launcher/config_fields.h"
 
@@ -21,17 +18,7 @@ TrainConfig parse_config_text(std::string_view text, const std::string& source) 
 }
 
 TrainConfig load_config_file(const std::string& path) {
-  // A directory opens, and reads as an empty file, whose config would be all defaults.
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw core::ConfigError(path + ": cannot open config: it is a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw core::ConfigError(path + ": cannot open config: " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw core::ConfigError(path + ": cannot read config: " + std::strerror(errno));
-  return parse_config_text(text.str(), path);
+  return parse_config_text(core::read_whole_file(path, "config"), path);
 }
 
 std::optional<OverrideNote> apply_override(TrainConfig& config, std::string_view assignment) {

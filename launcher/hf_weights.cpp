@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/missing_directories.h"
+#include "core/read_file.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
 
@@ -54,9 +54,7 @@ bool same_json(const Value& a, const Value& b) {
 
 // The JSON object in the file `path` (config.json, the shards' index).
 google::protobuf::Struct read_json_object(const std::string& path) {
-  std::ifstream in(path);
-  MANTISSA_REQUIRE(in, kConfig, "'" << path << "': cannot be read");
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::string text = core::read_whole_file(path, "JSON file");
   google::protobuf::Struct object;
   const auto status = google::protobuf::util::JsonStringToMessage(text, &object);
   MANTISSA_REQUIRE(status.ok() && text.find('{') != std::string::npos, kConfig,

@@ -2,16 +2,11 @@
 
 #include <sentencepiece_processor.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <ios>
-#include <iterator>
 #include <utility>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {
@@ -30,25 +25,7 @@ constexpr std::string_view kProbe =
     "\xF0\x9F\x98\x80 \xE2\x96\x81 \0 end "sv;
 
 std::string read_model_file(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (ec) throw core::ConfigError("cannot read tokenizer '" + path + "': " + ec.message());
-  if (!std::filesystem::is_regular_file(status)) {
-    throw core::ConfigError("tokenizer '" + path + "' is not a regular file");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw core::ConfigError("cannot read tokenizer '" + path + "': " + std::strerror(errno));
-  std::string bytes;
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::ios_base::failure&) {
-    // libstdc++'s filebuf throws a failed read(2) as its own text; errno still says why.
-    in.setstate(std::ios::badbit);
-  }
-  const int error = errno;
-  if (in.bad()) {
-    throw core::ConfigError("cannot read tokenizer '" + path + "': " + std::strerror(error));
-  }
+  std::string bytes = core::read_whole_file(path, "tokenizer");
   if (bytes.empty()) throw core::ConfigError("tokenizer '" + path + "' is empty");
   return bytes;
 }

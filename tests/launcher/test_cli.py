@@ -121,7 +121,7 @@ class ConfigErrors(lu.TempDirTest):
         result = self.mantissa("train", "--config", "missing.pbtxt")
         self.assertEqual(result.returncode, 2)
         self.assertEqual(result.stderr.splitlines(),
-                         ["mantissa: missing.pbtxt: cannot open config: No such file or directory"])
+                         ["mantissa: config 'missing.pbtxt': cannot open: No such file or directory"])
 
     def test_missing_text_file(self):
         self.assert_config_error(

@@ -54,13 +54,13 @@ TEST(ConfigParse, ReportsFileLineAndColumn) {
 
 TEST(ConfigParse, MissingFileIsNamed) {
   const std::string e = error_of([] { load_config_file("/nonexistent/c.pbtxt"); });
-  EXPECT_EQ(e, "/nonexistent/c.pbtxt: cannot open config: No such file or directory");
+  EXPECT_EQ(e, "config '/nonexistent/c.pbtxt': cannot open: No such file or directory");
 }
 
 // A directory opens and reads as empty: it must not pass for a config of all defaults.
 TEST(ConfigParse, DirectoryIsRefused) {
   EXPECT_EQ(error_of([] { load_config_file("/tmp"); }),
-            "/tmp: cannot open config: it is a directory");
+            "config '/tmp': is a directory, not a file");
 }
 
 // What a resume reports as changed: each differing value with its path, in field order; a

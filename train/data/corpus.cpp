@@ -1,15 +1,12 @@
 #include "train/data/corpus.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <iterator>
 #include <sstream>
 #include <utility>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "train/data/synthetic.h"
 
 namespace mantissa::train {
@@ -84,19 +81,7 @@ Corpus Corpus::synthetic_validation(uint64_t seed, int64_t n_tokens) {
 }
 
 Corpus Corpus::text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MANTISSA_REQUIRE(in, kConfig,
-                   "text file '" << path << "': cannot open: " << std::strerror(errno));
-  std::vector<char> bytes;
-  try {
-    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  } catch (const std::ios_base::failure&) {
-    // libstdc++'s filebuf throws a failed read(2) as its own text; errno still says why.
-    in.setstate(std::ios::badbit);
-  }
-  const int error = errno;
-  MANTISSA_REQUIRE(!in.bad(), kConfig,
-                   "text file '" << path << "': read failed: " << std::strerror(error));
+  const std::string bytes = core::read_whole_file(path, "text file");
   MANTISSA_REQUIRE(!bytes.empty(), kConfig, "text file '" << path << "' is empty");
 
   // Bytes go through unsigned char: a signed char would turn 0x80..0xFF into negative tokens.
