@@ -139,6 +139,12 @@ inline double half_ulp(DType d, double y) {
   return std::ldexp(1.0, e - g.man_bits - 1);
 }
 
+// The larger of a running worst error and a new one, a NaN error (a NaN result, or an element
+// left poisoned) counting as infinite: std::max(worst, NaN) would keep `worst` and let it pass.
+inline double worse_error(double worst, double error) {
+  return std::isnan(error) ? INFINITY : std::max(worst, error);
+}
+
 // ---------------------------------------------------------------------------------------
 // Running ops.
 

@@ -193,7 +193,7 @@ TEST(AttentionPrimitives, CausalSoftmaxLongRowsStayNearFp64) {
   double worst = 0.0;
   for (int64_t r = 0; r < T; ++r) {
     for (int64_t j = 0; j <= r; ++j) {
-      worst = std::max(worst, std::fabs(got[r * T + j] - ref[r * T + j]) / ref[r * T + j]);
+      worst = worse_error(worst, std::fabs(got[r * T + j] - ref[r * T + j]) / ref[r * T + j]);
     }
   }
   EXPECT_LT(worst, 5e-7) << "largest relative error of a probability";

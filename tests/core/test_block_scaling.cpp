@@ -178,7 +178,7 @@ void check_codes_against_enumeration(uint32_t seed) {
       if (got != want) {
         const double got_error = std::fabs(to_float(Code{got}) - q);
         const double want_error = std::fabs(to_float(Code{want}) - q);
-        if (got_error > want_error * (1.0 + 1e-6) + 1e-300 && ++mismatches <= 5) {
+        if (!(got_error <= want_error * (1.0 + 1e-6) + 1e-300) && ++mismatches <= 5) {
           ADD_FAILURE() << "x " << x << " s " << s << ": code " << int(got) << ", nearest "
                         << int(want);
         }

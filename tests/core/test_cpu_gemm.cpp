@@ -211,7 +211,7 @@ void run_case(const Case& cs, uint32_t seed) {
       ADD_FAILURE() << "element " << e << ": got " << got << ", expected " << expected << " (bound "
                     << bound << ")";
     }
-    max_err = std::max(max_err, std::isnan(err) ? INFINITY : err);
+    max_err = worse_error(max_err, err);
     max_ref = std::max(max_ref, std::fabs(expected));
   }
   EXPECT_EQ(failures, 0);

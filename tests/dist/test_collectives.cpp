@@ -109,7 +109,7 @@ class Collectives : public ::testing::TestWithParam<int64_t> {
         magnitude += std::fabs(x);
       }
       const double bound = gamma * magnitude + k * testing::half_min_subnormal(d);
-      if (std::fabs(got[static_cast<size_t>(i)] - exact) > bound && ++bad <= 3) {
+      if (!(std::fabs(got[static_cast<size_t>(i)] - exact) <= bound) && ++bad <= 3) {
         ADD_FAILURE() << core::dtype_name(d) << " element " << first + i << ": got "
                       << got[static_cast<size_t>(i)] << ", FP64 sum " << exact << ", bound "
                       << bound;

@@ -20,6 +20,7 @@
 
 #include "dist/data_parallel.h"
 #include "models/gpt2/gpt2.h"
+#include "tests/common/test_util.h"
 #include "tests/dist/dist_test.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
@@ -111,7 +112,8 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
   EXPECT_EQ(b.size(), static_cast<size_t>(kSteps));
   if (a.size() != b.size()) return INFINITY;
   double worst = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / b[i]);
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = core::worse_error(worst, std::fabs(a[i] - b[i]) / b[i]);
   return worst;
 }
 

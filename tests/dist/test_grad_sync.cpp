@@ -18,6 +18,7 @@
 // memory of ZeRO-1 is tested in test_zero1_memory.cpp (on 1, 2 and 4 ranks).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -117,7 +118,18 @@ class GradSync : public ::testing::Test {
     const double gamma = k * u / (1.0 - k * u);
     double err2 = 0.0, ref2 = 0.0;
     int bad = 0;
+    int64_t checked = 0;
     const auto buckets = dp->buckets();
+    // The buckets tile the flat buffer (in some order), so that the loop below reaches every
+    // element this rank owns.
+    auto tiles = buckets;
+    std::sort(tiles.begin(), tiles.end());
+    int64_t next = 0;
+    for (const auto& [bucket_begin, bucket_end] : tiles) {
+      EXPECT_EQ(bucket_begin, next) << describe(c) << ": the buckets leave a gap or overlap";
+      next = bucket_end;
+    }
+    EXPECT_EQ(next, params.flat_numel()) << describe(c);
     for (const auto& [bucket_begin, bucket_end] : buckets) {
       // The shared FP8 scale of this bucket: amax over ranks and elements.
       double amax = 0.0;
@@ -132,6 +144,7 @@ class GradSync : public ::testing::Test {
       const int64_t lo = std::max(bucket_begin, optimizer->owned_begin());
       const int64_t hi = std::min(bucket_end, optimizer->owned_end());
       for (int64_t i = lo; i < hi; ++i) {
+        ++checked;
         if (params.find_by_flat_index(i) < 0) {
           EXPECT_EQ(g[i], 0.0f) << "padding element " << i << " changed";
           continue;
@@ -152,6 +165,8 @@ class GradSync : public ::testing::Test {
       }
     }
     EXPECT_EQ(bad, 0) << describe(c);
+    EXPECT_GT(optimizer->owned_end(), optimizer->owned_begin()) << describe(c);
+    EXPECT_EQ(checked, optimizer->owned_end() - optimizer->owned_begin()) << describe(c);
     return std::sqrt(err2 / ref2);
   }
 

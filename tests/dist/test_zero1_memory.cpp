@@ -41,10 +41,12 @@ DistConfig dist_config(int zero_stage) {
 struct RankBytes {
   int64_t masters = 0;
   int64_t moments = 0;
+  int64_t owned_begin = 0;  // the flat range whose masters and moments they are
+  int64_t owned_end = 0;
 };
 
-// Masters and moments this rank holds after training `model` (on `backend`) for `steps`
-// steps with a DataParallel of `zero_stage`.
+// Masters and moments this rank holds (and the range they cover) after training `model` (on
+// `backend`) for `steps` steps with a DataParallel of `zero_stage`.
 RankBytes bytes_after_training(models::GPT2& model, core::Backend& backend, int zero_stage,
                                int64_t steps) {
   World& world = testing::world();
@@ -70,7 +72,8 @@ RankBytes bytes_after_training(models::GPT2& model, core::Backend& backend, int 
   state.step = steps;
   state.optimizer_steps = optimizer->steps_taken();
   dp->check_consistency(state);  // the compute copies agree after the gathers
-  return {static_cast<int64_t>(params.masters().nbytes()), optimizer->state_bytes()};
+  return {static_cast<int64_t>(params.masters().nbytes()), optimizer->state_bytes(),
+          optimizer->owned_begin(), optimizer->owned_end()};
 }
 
 TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
@@ -89,11 +92,19 @@ TEST(Zero1Memory, MastersAndMomentsShrinkAsOneOverN) {
   EXPECT_EQ(zero0.moments, 8 * flat);
   EXPECT_LE(zero1.masters, 4 * shard_limit);
   EXPECT_EQ(zero1.moments, 2 * zero1.masters);
-  // Together the ranks hold every master and moment exactly once.
+  // Together the ranks hold every master and moment exactly once: their ranges follow one
+  // another, in rank order, from 0 to the end of the flat buffer.
   std::vector<RankBytes> all(static_cast<size_t>(n));
-  MPI_Allgather(&zero1, 2, MPI_INT64_T, all.data(), 2, MPI_INT64_T, MPI_COMM_WORLD);
-  int64_t total = 0;
-  for (const RankBytes& r : all) total += r.masters + r.moments;
+  MPI_Allgather(&zero1, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, MPI_COMM_WORLD);
+  int64_t total = 0, next = 0;
+  for (int r = 0; r < n; ++r) {
+    const RankBytes& b = all[static_cast<size_t>(r)];
+    total += b.masters + b.moments;
+    EXPECT_EQ(b.owned_begin, next) << "rank " << r << "'s shard";
+    EXPECT_EQ(b.masters, 4 * (b.owned_end - b.owned_begin)) << "rank " << r;
+    next = b.owned_end;
+  }
+  EXPECT_EQ(next, flat);
   EXPECT_EQ(total, 12 * flat);
 
   if (world.rank() == 0) {

@@ -161,8 +161,10 @@ TEST_F(HfWeights, Gpt2RoundTripIsExact) {
   const checkpoint::SafetensorsFile file = checkpoint::read_safetensors(dir + "/model.safetensors");
   EXPECT_EQ(file.metadata.at("format"), "pt");
   // Conv1D's [in, out]: c_attn.weight is our [3C, C] transposed.
+  bool found = false;
   for (const auto& t : file.tensors) {
     if (t.name != "transformer.h.1.attn.c_attn.weight") continue;
+    found = true;
     ASSERT_EQ(t.shape, (std::vector<int64_t>{8, 24}));
     const float* ours = nullptr;
     for (const train::Parameter& p : a.parameters().all())
@@ -172,11 +174,18 @@ TEST_F(HfWeights, Gpt2RoundTripIsExact) {
     for (int in = 0; in < 8; ++in)
       for (int out = 0; out < 24; ++out) ASSERT_EQ(theirs[in * 24 + out], ours[out * 8 + in]);
   }
+  EXPECT_TRUE(found) << "no transformer.h.1.attn.c_attn.weight in the export";
 
   // Into a BF16 model: the same masters, the compute copy their rounding.
   models::GPT2 c(kGpt2, *backend_, core::PrecisionPolicy::from_mode(core::PrecisionMode::kBF16), 3);
   EXPECT_EQ(import_error(dir, c), "");
   EXPECT_EQ(masters(a), masters(c));
+  const std::vector<float> imported = masters(c);
+  const auto* compute = c.parameters().compute().data_as<core::bf16>();
+  ASSERT_EQ(c.parameters().compute().numel(), static_cast<int64_t>(imported.size()));
+  for (size_t i = 0; i < imported.size(); ++i) {
+    ASSERT_EQ(compute[i].bits, core::round_to<core::bf16>(imported[i]).bits) << "element " << i;
+  }
 }
 
 TEST_F(HfWeights, LlamaRoundTripIsExact) {

@@ -30,6 +30,7 @@
 #include "models/llama/llama.h"
 #include "models/llama/llama_decoder.h"
 #include "models/sampling.h"
+#include "tests/common/test_util.h"
 
 namespace mantissa::models {
 namespace {
@@ -65,7 +66,7 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
   EXPECT_EQ(a.size(), b.size());
   double diff = 0.0, scale = 1.0;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    diff = core::worse_error(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
   return diff / scale;
