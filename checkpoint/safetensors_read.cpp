@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 
 #include "checkpoint/safetensors.h"
@@ -152,11 +151,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t fil
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
-  std::error_code ec;
-  MANTISSA_REQUIRE(!std::filesystem::is_directory(path, ec), kConfig,
-                   "safetensors '" << path << "': a directory, not a file");
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  MANTISSA_REQUIRE(in, kConfig, "safetensors '" << path << "': cannot open");
+  std::ifstream in = core::open_for_reading(path, "safetensors");
+  in.seekg(0, std::ios::end);
   const auto file_size = static_cast<uint64_t>(in.tellg());
   std::string prefix(std::min<uint64_t>(file_size, 8), '\0');
   in.seekg(0);

@@ -3,13 +3,17 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #include "core/error.h"
 
 namespace mantissa::core {
 namespace {
+
+[[noreturn]] void fail(ErrorKind kind, std::string_view what, const std::string& path,
+                       const std::string& reason) {
+  throw_error_of_kind(kind, std::string(what) + " '" + path + "': " + reason);
+}
 
 // A file the user named and is not there is theirs to fix (path_error_kind leaves ENOENT a
 // failure: a writer's missing directory may be made by a retry); the rest as path_error_kind.
@@ -19,19 +23,26 @@ ErrorKind read_error_kind(int error) {
 
 }  // namespace
 
-std::string read_whole_file(const std::string& path, std::string_view what) {
-  const auto fail = [&](ErrorKind kind, const std::string& reason) {
-    throw_error_of_kind(kind, std::string(what) + " '" + path + "': " + reason);
-  };
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    fail(ErrorKind::kConfig, "is a directory, not a file");
+std::ifstream open_for_reading(const std::string& path, std::string_view what) {
+  std::error_code ec;  // where status fails (a missing file), opening says why
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (!ec && std::filesystem::is_directory(status)) {
+    fail(ErrorKind::kConfig, what, path, "is a directory, not a file");
+  }
+  if (!ec && !std::filesystem::is_regular_file(status)) {
+    fail(ErrorKind::kConfig, what, path,
+         "is not a regular file (a pipe or a device: write it to a file first)");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
-    fail(read_error_kind(error), std::string("cannot open: ") + std::strerror(error));
+    fail(read_error_kind(error), what, path, std::string("cannot open: ") + std::strerror(error));
   }
+  return in;
+}
+
+std::string read_whole_file(const std::string& path, std::string_view what) {
+  std::ifstream in = open_for_reading(path, what);
   std::string bytes;
   try {
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -40,7 +51,9 @@ std::string read_whole_file(const std::string& path, std::string_view what) {
     in.setstate(std::ios::badbit);
   }
   const int error = errno;
-  if (in.bad()) fail(read_error_kind(error), std::string("read failed: ") + std::strerror(error));
+  if (in.bad()) {
+    fail(read_error_kind(error), what, path, std::string("read failed: ") + std::strerror(error));
+  }
   return bytes;
 }
 

@@ -1,17 +1,25 @@
-// Reading a whole file a user names (a config, a tokenizer model, a text corpus, a JSON or
-// safetensors file) into memory, with one set of errors for every such reader.
+// Reading a file a user names (a config, a tokenizer model, a text corpus, a JSON or
+// safetensors file), with one set of errors for every such reader.
 #pragma once
 
+#include <fstream>
 #include <string>
 #include <string_view>
 
 namespace mantissa::core {
 
-// The bytes of `path`; an empty file gives "" (whether that is wrong is the caller's to say).
-// Throws core::Error "<what> '<path>': <reason>": "is a directory, not a file" (a directory
-// opens and reads as empty), "cannot open: <errno text>" or "read failed: <errno text>"; a
-// config error where the user must fix something (a missing file, no permission: what
-// core::path_error_kind counts so, and ENOENT), a failure where a retry may pass (EIO).
+// `path` opened for reading (binary). Throws core::Error "<what> '<path>': <reason>":
+//  - "is a directory, not a file" (a directory opens, and libstdc++ reads it as empty or
+//    fails at the first read);
+//  - "is not a regular file (a pipe or a device: ...)" (/dev/zero would be read for ever);
+//  - "cannot open: <errno text>": a config error where the user must fix something (a
+//    missing file, no permission: ENOENT and what core::path_error_kind counts so), a
+//    failure where a retry may pass.
+std::ifstream open_for_reading(const std::string& path, std::string_view what);
+
+// The bytes of `path`, opened as open_for_reading does; an empty file gives "" (whether that is
+// wrong is the caller's to say). A failed read throws "<what> '<path>': read failed: <errno
+// text>", a failure (exit 1) for an I/O error.
 std::string read_whole_file(const std::string& path, std::string_view what);
 
 }  // namespace mantissa::core

@@ -26,9 +26,11 @@ std::string sentencepiece_reason(std::string_view message);
 
 class Tokenizer {
  public:
-  // Loads the model file at `path`. Throws core::ConfigError naming it when it cannot be read or
-  // parsed, has more than train::kMaxVocab pieces or no end-of-text piece (</s>), or does not give
-  // back a probe text exactly (a model that normalises text, or one without byte fallback).
+  // Loads the model file at `path`. Throws core::ConfigError naming it when it is missing, not a
+  // regular file, empty or unparsable, has more than train::kMaxVocab pieces or no end-of-text
+  // piece (</s>), or does not give back a probe text exactly (a model that normalises text, or
+  // one without byte fallback); a read that fails (an I/O error) is a failure
+  // (core::read_whole_file).
   explicit Tokenizer(const std::string& path);
   // The same from a model already in memory (`path` names it in messages).
   Tokenizer(const std::string& path, std::string model_bytes);

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -19,6 +18,7 @@
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
+#include "core/read_file.h"
 #include "core/strings.h"
 #include "launcher/build_info.h"
 #include "launcher/config.h"
@@ -68,16 +68,13 @@ const char* model_name(const TrainConfig::Model& model) {
 
 // The CRC32C of a file's bytes (the run's tokenizer model, as a checkpoint records it).
 uint32_t file_crc32c(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  const int error = errno;
-  MANTISSA_REQUIRE(in, kConfig,
-                   "cannot read the tokenizer '" << path << "': " << std::strerror(error));
+  std::ifstream in = core::open_for_reading(path, "tokenizer");
   uint32_t crc = 0;
   char buffer[1 << 16];
   while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
     crc = checkpoint::crc32c(buffer, static_cast<size_t>(in.gcount()), crc);
   }
-  MANTISSA_REQUIRE(!in.bad(), kFailure, "cannot read the tokenizer '" << path << "'");
+  MANTISSA_REQUIRE(!in.bad(), kFailure, "tokenizer '" << path << "': read failed");
   return crc;
 }
 

@@ -10,7 +10,7 @@ set -eu
 describe=$1
 shift
 switched=$("$describe")
-plain=$(env -u MANTISSA_CPU_BF16_GEMM -u MANTISSA_CPU_AVX512_CONVERT -u MANTISSA_CPU_AMX "$describe")
+plain=$(unset MANTISSA_CPU_BF16_GEMM MANTISSA_CPU_AVX512_CONVERT MANTISSA_CPU_AMX && "$describe")
 if [ "$switched" = "$plain" ]; then
   echo "skipped: this CPU takes the same paths with these switches as without them ($plain)"
   exit 77

@@ -78,6 +78,13 @@ inline bool fp8_gemms_supported(Backend& gpu) {
   }
 }
 
+// Whether a reason unsupported_flash_attention gives is the device's shared memory per block
+// (an sm_86 or sm_89 GPU keeps the materialised attention): the one reason a flash test may
+// skip for.
+inline bool lacks_flash_shared_memory(const std::string& unsupported) {
+  return unsupported.find("bytes of shared memory per block") != std::string::npos;
+}
+
 // Random normal values times a magnitude drawn per element from `magnitudes`, stored in
 // `dtype` (rounded as dtype.h rounds).
 inline Tensor random_tensor(const Shape& shape, DType dtype, std::mt19937_64& rng,

@@ -69,6 +69,7 @@ TEST(GpuFlashAttention, MatchesTheCpuBackend) {
   Backends b;
   std::mt19937_64 rng(31);
   int compared = 0;
+  std::string not_run;
   // D = 64 and 128; T past two tiles, exactly one, a single position; GPT-2 124M's heads.
   for (const FlashCase& c :
        {FlashCase{2, 130, 128, 2}, FlashCase{1, 200, 256, 2}, FlashCase{1, 64, 64, 1},
@@ -82,6 +83,7 @@ TEST(GpuFlashAttention, MatchesTheCpuBackend) {
       const std::string unsupported = b.gpu->unsupported_flash_attention(dtype, c.C / c.H);
       if (!unsupported.empty()) {
         std::printf("%s: not run: %s\n", what.c_str(), unsupported.c_str());
+        not_run = unsupported;
         continue;
       }
       const Outputs cpu = run_flash(b, *b.cpu, qkv, dout, c);
@@ -92,8 +94,9 @@ TEST(GpuFlashAttention, MatchesTheCpuBackend) {
       ++compared;
     }
   }
-  // Every device the CUDA build targets (sm_80 on) runs heads of 64.
-  EXPECT_GT(compared, 0) << "no case ran on this device";
+  // An A100 and Hopper run heads of 64; a GPU with less shared memory per block none.
+  if (compared == 0 && lacks_flash_shared_memory(not_run)) GTEST_SKIP() << not_run;
+  EXPECT_GT(compared, 0) << "no case ran on this device: " << not_run;
 }
 
 // The GPU's materialised attention (cuBLASLt products, [B, H, T, T] probabilities) is an

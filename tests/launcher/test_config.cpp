@@ -57,10 +57,17 @@ TEST(ConfigParse, MissingFileIsNamed) {
   EXPECT_EQ(e, "config '/nonexistent/c.pbtxt': cannot open: No such file or directory");
 }
 
-// A directory opens and reads as empty: it must not pass for a config of all defaults.
+// A directory opens (and may read as empty): it must not pass for a config of all defaults.
 TEST(ConfigParse, DirectoryIsRefused) {
   EXPECT_EQ(error_of([] { load_config_file("/tmp"); }),
             "config '/tmp': is a directory, not a file");
+}
+
+// A device would be read for ever (/dev/zero) or as nothing (/dev/null).
+TEST(ConfigParse, DeviceIsRefused) {
+  EXPECT_EQ(error_of([] { load_config_file("/dev/null"); }),
+            "config '/dev/null': is not a regular file (a pipe or a device: write it to a file "
+            "first)");
 }
 
 // What a resume reports as changed: each differing value with its path, in field order; a

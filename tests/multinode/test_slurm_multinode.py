@@ -19,8 +19,8 @@ each host). Jobs of 2 nodes x 1 task, each rank on its own host, TCP between the
      code 3 (Slurm keeps the job COMPLETING while node2 does not answer), no process of the job
      is left on node1 or the machine, node2's rank has ended too and the job's file_sd targets
      are gone; then node2's link comes
-     back, 2 ranks on node1 (srun -w node1) resume from the newest checkpoint the cut left
-     behind and redo, bit for bit, the steps job D had logged after it (D trains past A's
+     back, 2 ranks on node1 (srun -w node1) resume from the newest checkpoint at or before the
+     last step both ranks logged and redo, bit for bit, the steps job D had logged after it (D trains past A's
      last step while Prometheus finds it, so its own log is the reference), and Slurm finishes
      the job on node2, leaving nothing there.
 Every run keeps a constant learning rate after warmup, so runs of different lengths take the
@@ -353,9 +353,10 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
     for rank in range(2):
         redone = cluster.exact_steps(run_d, rank)
         for step in range(newest, steps):
-            if redone.get(step) != logged[rank][step]:
+            before = logged[rank].get(step)
+            if before is None or redone.get(step) != before:
                 harness.fail(f"job d resumed on node1, rank {rank} step {step}: "
-                             f"{redone.get(step)}, before the cut: {logged[rank][step]}")
+                             f"{redone.get(step)}, before the cut: {before}")
     harness.log(f"job d's checkpoint of step {newest} resumed on node1 with 2 ranks and redid "
                 f"steps {newest}..{steps - 1} as they were before the cut")
 

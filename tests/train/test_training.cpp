@@ -90,18 +90,22 @@ double train_tiny(const ModelConfig& model_config, PrecisionMode mode, int64_t s
 
 constexpr int64_t kSteps = 200;
 
-// The FP32 run every other precision is held to, trained once per model (each Model has one
-// tiny config here) and shared by the tests that compare with it.
-template <class Model, class ModelConfig>
-double fp32_reference(const ModelConfig& model_config) {
-  static const double loss = train_tiny<Model>(model_config, PrecisionMode::kFP32, kSteps);
+// The FP32 runs every other precision is held to, trained once each and shared by the tests
+// that compare with them.
+double gpt2_fp32_reference() {
+  static const double loss = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kFP32, kSteps);
+  return loss;
+}
+double llama_fp32_reference() {
+  static const double loss = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kFP32, kSteps);
   return loss;
 }
 
-// The mean losses of the last 10% of steps in each precision, printed and held to FP32's.
+// The mean losses of the last 10% of steps in each precision, printed and held to FP32's
+// (`fp32`, the same model and config trained in FP32).
 template <class Model, class ModelConfig>
-void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& model_config) {
-  const double fp32 = fp32_reference<Model>(model_config);
+void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& model_config,
+                                          double fp32) {
   const double bf16 = train_tiny<Model>(model_config, PrecisionMode::kBF16, kSteps);
   const double fp16 = train_tiny<Model>(model_config, PrecisionMode::kFP16, kSteps);
   const double fp8 = train_tiny<Model>(model_config, PrecisionMode::kFP8Hybrid, kSteps);
@@ -122,8 +126,8 @@ void expect_reduced_precision_tracks_fp32(const char* name, const ModelConfig& m
 // Flash attention (MANTISSA_FLASH_ATTENTION=1; on the CPU it runs only when asked) in place of
 // the materialised one: a BF16 run tracks FP32 as closely as the materialised BF16 run does.
 TEST(Training, FlashAttentionTracksFP32) {
-  const double gpt_fp32 = fp32_reference<models::GPT2>(kTinyGPT);
-  const double llama_fp32 = fp32_reference<models::Llama>(tiny_llama());
+  const double gpt_fp32 = gpt2_fp32_reference();
+  const double llama_fp32 = llama_fp32_reference();
   const core::ScopedEnv flash("MANTISSA_FLASH_ATTENTION", "1");
   const double gpt_flash = train_tiny<models::GPT2>(kTinyGPT, PrecisionMode::kBF16, kSteps);
   const double llama_flash = train_tiny<models::Llama>(tiny_llama(), PrecisionMode::kBF16, kSteps);
@@ -136,11 +140,12 @@ TEST(Training, FlashAttentionTracksFP32) {
 }
 
 TEST(Training, ReducedPrecisionTracksFP32) {
-  expect_reduced_precision_tracks_fp32<models::GPT2>("GPT-2", kTinyGPT);
+  expect_reduced_precision_tracks_fp32<models::GPT2>("GPT-2", kTinyGPT, gpt2_fp32_reference());
 }
 
 TEST(Training, LlamaReducedPrecisionTracksFP32) {
-  expect_reduced_precision_tracks_fp32<models::Llama>("Llama", tiny_llama());
+  expect_reduced_precision_tracks_fp32<models::Llama>("Llama", tiny_llama(),
+                                                      llama_fp32_reference());
 }
 
 // FP8_HYBRID covers the seven block linears of Llama (q, k, v as one fused projection, o,
