@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <sstream>
 #include <utility>
@@ -68,14 +67,8 @@ const char* model_name(const TrainConfig::Model& model) {
 
 // The CRC32C of a file's bytes (the run's tokenizer model, as a checkpoint records it).
 uint32_t file_crc32c(const std::string& path) {
-  std::ifstream in = core::open_for_reading(path, "tokenizer");
-  uint32_t crc = 0;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
-    crc = checkpoint::crc32c(buffer, static_cast<size_t>(in.gcount()), crc);
-  }
-  MANTISSA_REQUIRE(!in.bad(), kFailure, "tokenizer '" << path << "': read failed");
-  return crc;
+  const std::string bytes = core::read_whole_file(path, "tokenizer");
+  return checkpoint::crc32c(bytes.data(), bytes.size());
 }
 
 // Where a run's training tokens come from, as a warning names it.
