@@ -324,7 +324,8 @@ INSTANTIATE_TEST_SUITE_P(MaxPieceBytes, Collectives, ::testing::Values(kMpiMaxPi
 // position; a piece landing at a wrong offset shows in either. Its own ctest entry runs it
 // with 2 ranks (3.2 GB peak each, measured); the others leave it out.
 TEST(LargeCount, AllReduceAndAllGatherPast2To31Elements) {
-  auto comm = make_mpi_communicator(testing::world(), kTimeout);
+  // Each collective moves gigabytes: seconds alone, more beside other tests.
+  auto comm = make_mpi_communicator(testing::world(), 5 * kTimeout);
   const int64_t count = (int64_t{1} << 31) + 7;
   const int64_t piece = kMpiMaxPieceBytes;
   const std::vector<int64_t> marked = {0, piece - 1, piece, 2 * piece - 1, 2 * piece, count - 1};
