@@ -11,15 +11,14 @@
 
 namespace mantissa::launcher {
 
-// The run finished all its steps, or it was asked to stop (SIGUSR1, SIGTERM or SIGHUP) and every rank
-// stopped at the same step after its checkpoint was written: requeue it to continue.
+// The run finished all its steps, or it was asked to stop (SIGUSR1, SIGTERM or SIGHUP) and every
+// rank stopped at the same step after its checkpoint was written: requeue it to continue.
 inline constexpr int kExitOk = 0;
 // Stopped the same way by SIGINT (Ctrl-C), with the shell's code for an interrupted program, so
 // that a script running `mantissa train && next` does not go on as if the run were done.
 inline constexpr int kExitInterrupted = 130;
 inline constexpr int kExitFailure = core::exit_code(core::ErrorKind::kFailure);
 inline constexpr int kExitConfig = core::exit_code(core::ErrorKind::kConfig);
-inline constexpr int kExitPeerLost = core::exit_code(core::ErrorKind::kPeerLost);
 inline constexpr int kExitDiverged = core::exit_code(core::ErrorKind::kDiverged);
 
 // How a command that failed ends: "mantissa: <message>" and kExitConfig for what the user must

@@ -57,6 +57,9 @@ struct Backends {
   }
 };
 
+// What a test skipped for want of FP8 GEMMs (fp8_gemms_supported below) says.
+inline constexpr const char* kNoFp8TensorCores = "FP8 needs compute capability 8.9 or newer";
+
 // Whether the device runs FP8 GEMMs (FP8 tensor cores: compute capability 8.9 or newer), from a
 // 16x16 E4M3 product. A device without them must refuse it with the backend's message; any
 // other error fails the calling test, so that a broken FP8 GEMM is not mistaken for an old GPU.

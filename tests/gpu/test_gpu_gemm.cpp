@@ -472,8 +472,7 @@ TEST(GpuGemm, StridedBatched) {
 TEST(GpuGemm, Fp8PairsAllTransposes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!gpu_test::fp8_gemms_supported(h.gpu()))
-    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu())) GTEST_SKIP() << gpu_test::kNoFp8TensorCores;
   const DType pairs[][2] = {
       {DType::kE4M3, DType::kE4M3}, {DType::kE4M3, DType::kE5M2}, {DType::kE5M2, DType::kE4M3}};
   for (const auto& [da, db] : pairs) {
@@ -497,8 +496,7 @@ TEST(GpuGemm, Fp8PairsAllTransposes) {
 TEST(GpuGemm, Fp8Gpt2Shapes) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!gpu_test::fp8_gemms_supported(h.gpu()))
-    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu())) GTEST_SKIP() << gpu_test::kNoFp8TensorCores;
   for (const LinearShape& l : kGpt2Linears) {
     GemmCase forward;
     forward.m = l.tokens, forward.n = l.out, forward.k = l.in, forward.trans_b = true;
@@ -520,8 +518,7 @@ TEST(GpuGemm, Fp8Gpt2Shapes) {
 TEST(GpuGemm, Fp8OutputWithScaleAndAmax) {
   if (!mantissa::core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   GemmHarness h;
-  if (!gpu_test::fp8_gemms_supported(h.gpu()))
-    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+  if (!gpu_test::fp8_gemms_supported(h.gpu())) GTEST_SKIP() << gpu_test::kNoFp8TensorCores;
   const DType combos[][3] = {{DType::kE4M3, DType::kE4M3, DType::kE4M3},
                              {DType::kE4M3, DType::kE5M2, DType::kE5M2},
                              {DType::kE5M2, DType::kE4M3, DType::kE4M3}};

@@ -143,7 +143,7 @@ TEST_P(GpuTrain, LossTrajectoryMatchesTheCpuBackend) {
   auto gpu_backend = core::make_cuda_backend(0);
   // On an A100 (no FP8 tensor cores) the FP8_HYBRID cases are skipped.
   if (mode == PrecisionMode::kFP8Hybrid && !core::gpu_test::fp8_gemms_supported(*gpu_backend)) {
-    GTEST_SKIP() << "FP8 needs compute capability 8.9 or newer";
+    GTEST_SKIP() << core::gpu_test::kNoFp8TensorCores;
   }
   // The flash family is there to run flash attention; without kernels for its heads it would
   // only repeat the materialised path (skipped on a GPU whose blocks lack the shared memory).
