@@ -126,8 +126,9 @@ config: every --set applied and every default filled in; with --get PATH only th
 value, for scripts (a string as it is, without quotes or escapes: --get run.dir is the run
 directory train uses). Exit code 0 when it is valid, 2 (with one line saying why) when it is
 not. Left to `train` are the checks that need the ranks, the
-device or the data's contents: the data files must exist, but their headers and token ids
-(against the vocabulary size) are read when train loads them.
+device or the data's contents: the data files must exist, but their headers, token ids
+(against the vocabulary size) and the tokenizer's piece count (against it too) are read when
+train loads them.
 )";
 
 constexpr const char* kExportHelp =

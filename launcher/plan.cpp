@@ -273,7 +273,8 @@ std::string plan_report(const PlanArgs& args) {
   out += "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +
          std::to_string(model_shape(config.model()).seq_len) + " tokens x " +
          std::to_string(config.data().grad_accum_steps()) +
-         " micro-batches per rank = " + si(static_cast<double>(step.tokens)) + " tokens (" +
+         (config.data().grad_accum_steps() == 1 ? " micro-batch" : " micro-batches") +
+         " per rank = " + si(static_cast<double>(step.tokens)) + " tokens (" +
          mode_name(config.precision().mode()) + ", " +
          TrainConfig::Dist::ReduceDtype_Name(dist.grad_reduce_dtype()) + " reduce, ZeRO-" +
          std::to_string(dist.zero_stage()) + ", overlap " + (dist.overlap() ? "on" : "off") +

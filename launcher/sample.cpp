@@ -113,17 +113,25 @@ T parse_integer(const std::string& name, const std::string& value, T minimum) {
 // Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
 // core::ConfigError naming the file the config names that is missing, or the shards whose
 // tokenizer is not beside them.
+// The paths in a run's config are taken from the current directory, as `mantissa train` took
+// them: a relative one is found only where the run was started.
+std::string where_to_look(const fs::path& path) {
+  return path.is_relative() ? " (a path relative to the directory mantissa train ran in: run "
+                              "mantissa sample from there)"
+                            : "";
+}
+
 std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   require(data.tokenizer().empty() || fs::is_regular_file(data.tokenizer()), "data.tokenizer",
-          "\"" + data.tokenizer() + "\"", "no such file (the run's config names it)");
+          "\"" + data.tokenizer() + "\"",
+          "no such file, named by the run's config" + where_to_look(data.tokenizer()));
   const std::optional<std::string> found = run_tokenizer_file(config);
+  const fs::path beside =
+      fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile;
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
-          "has no tokenizer beside it: " +
-              (fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile)
-                  .string() +
-              " is missing (set data.tokenizer to the model the shards were encoded with)");
+          "has no tokenizer beside it: " + beside.string() + " is missing" + where_to_look(beside));
   return found;
 }
 
@@ -240,6 +248,11 @@ std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, st
 int run_sample(const SampleArgs& args) {
   validate_environment();
   const fs::path config_path = run_config_file(args.run_dir);
+  if (!fs::is_directory(args.run_dir)) {
+    bad_input("--run", args.run_dir,
+              fs::exists(args.run_dir) ? "is not a directory (--run takes a run.dir)"
+                                       : "no such directory");
+  }
   if (!fs::is_regular_file(config_path)) {
     bad_input("--run", args.run_dir,
               "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");

@@ -1,17 +1,16 @@
 // mantissa-tokenize: `mantissa tokenize train|encode|decode` and, for `mantissa sample`,
 // `info|ids|text`, in an executable of its own (launcher/tokenize.h says why). Parses the
 // command line and maps errors to exit codes.
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
-#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/read_file.h"
 #include "launcher/exit_codes.h"
 #include "launcher/option_value.h"
 #include "launcher/tokenize_decode.h"
@@ -160,17 +159,12 @@ bool takes_no_files(const std::string& subcommand) {
 
 // The paths a --input-list file names, one per line, in its order; empty lines are skipped.
 std::vector<std::string> read_input_list(const std::string& list) {
-  std::ifstream in(list);
-  if (!in) {
-    const int error = errno;
-    throw core::ConfigError("cannot read --input-list '" + list + "': " + std::strerror(error));
-  }
+  std::istringstream in(core::read_whole_file(list, "--input-list"));
   std::vector<std::string> paths;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!line.empty()) paths.push_back(line);
   }
-  if (in.bad()) throw core::ConfigError("cannot read --input-list '" + list + "'");
   if (paths.empty()) throw core::ConfigError("--input-list '" + list + "' names no file");
   return paths;
 }

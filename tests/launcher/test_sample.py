@@ -156,7 +156,12 @@ class TinyRun(unittest.TestCase):
         self.assertIn("the steps saved: 20, 40, 60", self.bad("--step", "30"))
         self.assertIn("--device 'TPU': takes AUTO, CPU or CUDA", self.bad("--device", "TPU"))
         nowhere = os.path.join(self.dir, "nowhere")
-        self.assertIn("has no config.pbtxt", self.bad("--run", nowhere, run=False))
+        self.assertIn(f"--run {nowhere}: no such directory", self.bad("--run", nowhere, run=False))
+        config = os.path.join(self.run_dir, "config.pbtxt")
+        self.assertIn(f"--run {config}: is not a directory (--run takes a run.dir)",
+                      self.bad("--run", config, run=False))
+        self.assertIn(f"--run {self.dir}: has no config.pbtxt",
+                      self.bad("--run", self.dir, run=False))
 
     def test_a_bad_cpu_switch_exits_2_naming_it(self):
         result = subprocess.run([lu.binary(), "sample", "--run", self.run_dir],
@@ -211,6 +216,17 @@ data {{ token_shards {{ pattern: "{shards}/train_*.bin" }} }}
 """)
         stderr = self.bad("--run", run, run=False)
         self.assertIn(os.path.join(shards, "tokenizer.model") + " is missing", stderr)
+        self.assertNotIn("relative", stderr)
+        # A relative path is taken from the current directory, as train took it: the message
+        # says so, and where to run sample from.
+        with open(os.path.join(run, "config.pbtxt"), "w") as f:
+            f.write("""
+model { gpt2 { n_layer: 2 n_head: 2 n_embd: 64 seq_len: 64 vocab_size: 512 } }
+data { token_shards { pattern: "not_here/train_*.bin" } }
+""")
+        stderr = self.bad("--run", run, run=False)
+        self.assertIn("not_here/tokenizer.model is missing (a path relative to the directory "
+                      "mantissa train ran in: run mantissa sample from there)", stderr)
 
     def test_help_tells_the_options_and_exit_codes(self):
         result = subprocess.run([lu.binary(), "sample", "--help"], capture_output=True, text=True,

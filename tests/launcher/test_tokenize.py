@@ -557,8 +557,10 @@ class BadInput(lu.TempDirTest):
         missing = os.path.join(self.dir, "missing.txt")
         blank = self.write("blank.txt", "\n\n")
         command = ("train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input-list")
-        self.assert_refused(f"mantissa: cannot read --input-list '{missing}': No such file or "
+        self.assert_refused(f"mantissa: --input-list '{missing}': cannot open: No such file or "
                             "directory", *command, missing)
+        self.assert_refused(f"mantissa: --input-list '{self.dir}': is a directory, not a file",
+                            *command, self.dir)
         self.assert_refused(f"mantissa: --input-list '{blank}' names no file", *command, blank)
 
     def test_invalid_utf8_names_the_file_and_the_offset(self):
