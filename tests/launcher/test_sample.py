@@ -9,6 +9,8 @@
    top-p outside (0, 1], an option where a value belongs, an unknown option, a missing
    tokenizer file (data.tokenizer, or tokenizer.model beside the shards), --device CUDA
    without a GPU;
+ - its OpenMP threads sleep while they wait (OMP_WAIT_POLICY=passive) unless the user set a
+   policy;
  - the help lists the options and exit codes, and `mantissa --help` lists the command;
  - the whole chain on a licence text every Debian machine has: `mantissa tokenize train` and
    `encode` with a validation split, 2 ranks under mpirun with evaluation (the validation loss
@@ -125,6 +127,30 @@ class TinyRun(unittest.TestCase):
             process.kill()
             process.wait(timeout=60)
         self.assertTrue(shown.startswith(b"the red fox"), shown)
+
+    def environ_while_generating(self, **env):
+        """The environment `mantissa sample` runs with once it generates (read from /proc while
+        it prints), started with lu.environment() less OMP_WAIT_POLICY, plus `env`."""
+        environment = lu.environment(**env)
+        if "OMP_WAIT_POLICY" not in env:
+            environment.pop("OMP_WAIT_POLICY", None)
+        process = subprocess.Popen(
+            [lu.binary(), "sample", "--run", self.run_dir, "--max-new-tokens", "100000000"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment)
+        try:
+            ready, _, _ = select.select([process.stdout], [], [], 60)
+            self.assertTrue(ready and process.stdout.read1(4096), "no text after 60 s")
+            with open(f"/proc/{process.pid}/environ", "rb") as f:
+                return f.read().split(b"\0")
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+
+    def test_openmp_threads_sleep_while_they_wait_unless_told_otherwise(self):
+        self.assertIn(b"OMP_WAIT_POLICY=passive", self.environ_while_generating())
+        told = self.environ_while_generating(OMP_WAIT_POLICY="active")
+        self.assertIn(b"OMP_WAIT_POLICY=active", told)
+        self.assertNotIn(b"OMP_WAIT_POLICY=passive", told)
 
     def test_step_picks_a_checkpoint(self):
         newest = self.sample("--max-new-tokens", "5").stderr.decode()
