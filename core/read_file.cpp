@@ -23,13 +23,14 @@ ErrorKind read_error_kind(int error) {
 
 }  // namespace
 
-std::ifstream open_for_reading(const std::string& path, std::string_view what) {
+std::ifstream open_for_reading(const std::string& path, std::string_view what, NamedPipe pipe) {
   std::error_code ec;  // where status fails (a missing file), opening says why
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
   if (!ec && std::filesystem::is_directory(status)) {
     fail(ErrorKind::kConfig, what, path, "is a directory, not a file");
   }
-  if (!ec && !std::filesystem::is_regular_file(status)) {
+  const bool pipe_taken = pipe == NamedPipe::kReadOnce && std::filesystem::is_fifo(status);
+  if (!ec && !std::filesystem::is_regular_file(status) && !pipe_taken) {
     fail(ErrorKind::kConfig, what, path,
          "is not a regular file (a pipe or a device: write it to a file first)");
   }

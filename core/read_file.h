@@ -8,14 +8,20 @@
 
 namespace mantissa::core {
 
+// Whether open_for_reading takes a named pipe (a shell's `<(find ...)`): only a reader that
+// reads its input once, to the end, can (a pipe cannot be opened twice or read again).
+enum class NamedPipe { kRefused, kReadOnce };
+
 // `path` opened for reading (binary). Throws core::Error "<what> '<path>': <reason>":
 //  - "is a directory, not a file" (a directory opens, and libstdc++ reads it as empty or
 //    fails at the first read);
-//  - "is not a regular file (a pipe or a device: ...)" (/dev/zero would be read for ever);
+//  - "is not a regular file (a pipe or a device: ...)" (/dev/zero would be read for ever; a
+//    named pipe passes with NamedPipe::kReadOnce);
 //  - "cannot open: <errno text>": a config error where the user must fix something (a
 //    missing file, no permission: ENOENT and what core::path_error_kind counts so), a
 //    failure where a retry may pass.
-std::ifstream open_for_reading(const std::string& path, std::string_view what);
+std::ifstream open_for_reading(const std::string& path, std::string_view what,
+                               NamedPipe pipe = NamedPipe::kRefused);
 
 // The bytes of `path`, opened as open_for_reading does; an empty file gives "" (whether that is
 // wrong is the caller's to say). A failed read throws "<what> '<path>': read failed: <errno

@@ -80,19 +80,21 @@ the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama
   model's seq_len.
 
 threads: OMP_NUM_THREADS (default: every CPU). They sleep while they wait
-  (OMP_WAIT_POLICY=passive, unless you set another policy), because sampling often shares
-  the CPU with a training run: threads that spin wait for descheduled ones at every step.
+  (OMP_WAIT_POLICY=passive, unless you set a policy or thread binding: OMP_PROC_BIND,
+  OMP_PLACES, GOMP_CPU_AFFINITY), because sampling often shares the CPU with a training run:
+  threads that spin wait for descheduled ones at every step.
 
 exit codes:
   0  done
   1  runtime failure: no checkpoint is intact, a file cannot be read (I/O), mantissa-tokenize
      fails
   2  bad command line or input: an unknown option, a temperature or top-k below 0, a top-p
-     outside (0, 1], a file or directory it may not access (permissions), a run
-     directory without config.pbtxt or without a checkpoint, a step that has no checkpoint, a
-     tokenizer file that is missing (named) or refused, a prompt that is not valid UTF-8
-     for a tokenizer (bytes take any prompt), a config that the checkpoint does not fit, a
-     model other than GPT-2 or Llama, --device CUDA without a GPU
+     outside (0, 1], a file or directory it may not access (permissions), a --run that is
+     missing or not a directory, a run directory without config.pbtxt or without a
+     checkpoint, a step that has no checkpoint, a tokenizer file that is missing (named) or
+     refused, a prompt that is not valid UTF-8 for a tokenizer (bytes take any prompt), a
+     config that the checkpoint does not fit, a model other than GPT-2 or Llama, --device
+     CUDA without a GPU
 )";
 
 const std::string kUsage = " (see mantissa sample --help)";
@@ -117,9 +119,6 @@ T parse_integer(const std::string& name, const std::string& value, T minimum) {
   return *out;
 }
 
-// Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
-// core::ConfigError naming the file the config names that is missing, or the shards whose
-// tokenizer is not beside them.
 // The paths in a run's config are taken from the current directory, as `mantissa train` took
 // them: a relative one is found only where the run was started.
 std::string where_to_look(const fs::path& path) {
@@ -128,6 +127,9 @@ std::string where_to_look(const fs::path& path) {
                             : "";
 }
 
+// Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
+// core::ConfigError naming the file the config names that is missing, or the shards whose
+// tokenizer is not beside them.
 std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   require(data.tokenizer().empty() || fs::is_regular_file(data.tokenizer()), "data.tokenizer",
@@ -257,13 +259,22 @@ std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, st
 // regions: with libgomp's default, threads spin at every barrier, waiting region after region
 // for a thread the kernel has descheduled. GPT-2 124M on 2 cores, one kept busy by another
 // process: 5.1 tokens/s spinning, 9.5 sleeping (one thread: 9.0); on idle cores 15-16 either
-// way. libgomp reads OMP_WAIT_POLICY once, when it loads, so the process starts itself again
-// with the policy set; a policy the user set stays. Where /proc/self/exe cannot be executed,
-// sampling goes on with libgomp's default.
+// way. libgomp reads OMP_WAIT_POLICY once, when it loads, so the process starts its own
+// executable again with the policy set (by its path, so that ps and pgrep still see
+// "mantissa"). It does not when the user set a policy, or set thread binding: libgomp has
+// then pinned this thread to the first place already, and the new process would inherit that
+// one place's CPUs. Where the executable cannot be found or run, sampling goes on with
+// libgomp's default.
 void let_openmp_threads_sleep(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  for (const char* name : {"OMP_WAIT_POLICY", "OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"}) {
+    if (std::getenv(name) != nullptr) return;
+  }
+  std::error_code ec;
+  const fs::path executable = fs::read_symlink("/proc/self/exe", ec);
+  if (ec || !fs::is_regular_file(executable, ec)) return;  // gone (" (deleted)"): rebuilt
   if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
-  execv("/proc/self/exe", argv);
+  execv(executable.c_str(), argv);
+  unsetenv("OMP_WAIT_POLICY");
 }
 
 int run_sample(const SampleArgs& args) {

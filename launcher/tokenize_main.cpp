@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -50,8 +50,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
   --input FILE...     text files (one or more, after one --input or several)
   --input-list LIST   a file naming input files, one path per line (empty lines skipped, a
                       relative path taken from the current directory), for more files than a
-                      command line holds (`find corpus -name '*.txt' | sort > LIST`); its
-                      files come where it stands among the --input files
+                      command line holds (`find corpus -name '*.txt' | sort > LIST`, or a
+                      pipe: --input-list <(find ...)); its files come where it stands among
+                      the --input files
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
                       come first, then one per character of the text (those making up 99.95%
                       of it), so a text of many characters needs more; shards store ids as
@@ -158,13 +159,15 @@ bool takes_no_files(const std::string& subcommand) {
 }
 
 // The paths a --input-list file names, one per line, in its order; empty lines are skipped.
+// The list may be a pipe (`--input-list <(find corpus -name '*.txt')`): it is read once.
 std::vector<std::string> read_input_list(const std::string& list) {
-  std::istringstream in(core::read_whole_file(list, "--input-list"));
+  std::ifstream in = core::open_for_reading(list, "--input-list", core::NamedPipe::kReadOnce);
   std::vector<std::string> paths;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!line.empty()) paths.push_back(line);
   }
+  if (in.bad()) throw core::Error("--input-list '" + list + "': read failed");
   if (paths.empty()) throw core::ConfigError("--input-list '" + list + "' names no file");
   return paths;
 }

@@ -56,6 +56,11 @@ class Plan(lu.TempDirTest):
         self.assertIn("sharing 2 cores", out)
         self.assertIn("efficiency 0.40", out)
         self.assertGreater(projection(out)["comm_s"], 0)
+        self.assertIn(" tokens x 1 micro-batch per rank = ", out)
+        accumulated = self.plan("--config", self.config("demo.pbtxt"), "--gpus", "4", "--gpu",
+                                "cpu", "--tflops", "0.1", "--cores", "2", "--link-gbps", "1",
+                                "--set", "data.grad_accum_steps=3")
+        self.assertIn(" tokens x 3 micro-batches per rank = ", accumulated)
 
     def test_memory_is_what_a_cpu_run_takes_at_its_peak(self):
         # The peak resident memory of a real run (one rank, one thread) against the plan's

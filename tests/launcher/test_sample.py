@@ -128,29 +128,43 @@ class TinyRun(unittest.TestCase):
             process.wait(timeout=60)
         self.assertTrue(shown.startswith(b"the red fox"), shown)
 
-    def environ_while_generating(self, **env):
-        """The environment `mantissa sample` runs with once it generates (read from /proc while
-        it prints), started with lu.environment() less OMP_WAIT_POLICY, plus `env`."""
+    def running_process(self, **env):
+        """The environment and name of `mantissa sample` once it generates (read from /proc
+        while it prints), started with lu.environment() less OMP_WAIT_POLICY, plus `env`."""
         environment = lu.environment(**env)
         if "OMP_WAIT_POLICY" not in env:
             environment.pop("OMP_WAIT_POLICY", None)
-        process = subprocess.Popen(
-            [lu.binary(), "sample", "--run", self.run_dir, "--max-new-tokens", "100000000"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment)
-        try:
-            ready, _, _ = select.select([process.stdout], [], [], 60)
-            self.assertTrue(ready and process.stdout.read1(4096), "no text after 60 s")
-            with open(f"/proc/{process.pid}/environ", "rb") as f:
-                return f.read().split(b"\0")
-        finally:
-            process.kill()
-            process.wait(timeout=60)
+        with tempfile.TemporaryFile() as stderr:
+            process = subprocess.Popen(
+                [lu.binary(), "sample", "--run", self.run_dir, "--max-new-tokens", "100000000"],
+                stdout=subprocess.PIPE, stderr=stderr, env=environment)
+            try:
+                ready, _, _ = select.select([process.stdout], [], [], 60)
+                text = process.stdout.read1(4096) if ready else b""
+                if not text:
+                    stderr.seek(0)
+                    self.fail(f"no text after 60 s (ready: {bool(ready)}); stderr:\n"
+                              f"{stderr.read().decode()}")
+                with open(f"/proc/{process.pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+                with open(f"/proc/{process.pid}/comm") as f:
+                    name = f.read().strip()
+                return environ, name
+            finally:
+                process.kill()
+                process.wait(timeout=60)
 
     def test_openmp_threads_sleep_while_they_wait_unless_told_otherwise(self):
-        self.assertIn(b"OMP_WAIT_POLICY=passive", self.environ_while_generating())
-        told = self.environ_while_generating(OMP_WAIT_POLICY="active")
+        environ, name = self.running_process()
+        self.assertIn(b"OMP_WAIT_POLICY=passive", environ)
+        self.assertEqual(name, "mantissa")  # started again by its own path, not /proc/self/exe
+        told, _ = self.running_process(OMP_WAIT_POLICY="active")
         self.assertIn(b"OMP_WAIT_POLICY=active", told)
         self.assertNotIn(b"OMP_WAIT_POLICY=passive", told)
+        # With thread binding libgomp has pinned the thread to one place before main: a process
+        # started again would keep that place's CPUs only, so sample keeps its start.
+        bound, _ = self.running_process(OMP_PROC_BIND="true")
+        self.assertFalse([v for v in bound if v.startswith(b"OMP_WAIT_POLICY=")], bound)
 
     def test_step_picks_a_checkpoint(self):
         newest = self.sample("--max-new-tokens", "5").stderr.decode()
@@ -229,6 +243,12 @@ class TinyRun(unittest.TestCase):
         run = self.copy_run("with_tokenizer", [('tokenizer: ""', f'tokenizer: "{missing}"')])
         stderr = self.bad("--run", run, run=False)
         self.assertIn(f'data.tokenizer = "{missing}": no such file', stderr)
+        self.assertNotIn("relative", stderr)
+        run = self.copy_run("with_relative_tokenizer",
+                            [('tokenizer: ""', 'tokenizer: "not_here/tok.model"')])
+        self.assertIn('data.tokenizer = "not_here/tok.model": no such file, named by the run\'s '
+                      "config (a path relative to the directory mantissa train ran in: run "
+                      "mantissa sample from there)", self.bad("--run", run, run=False))
 
         # A run on token shards of vocab 512 without a tokenizer.model beside them (the error
         # comes before any checkpoint is read).

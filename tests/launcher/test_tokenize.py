@@ -345,6 +345,13 @@ precision {{ mode: FP32 }}
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout, b"the first file\nthe second file, with spaces in its "
                                         b"name\nand a third\n")
+        # The list may be a pipe, as a shell's process substitution makes it.
+        piped = subprocess.run(["bash", "-c", 'exec "$0" tokenize decode --tokenizer "$1" '
+                                              '--input-list <(cat "$2")',
+                                lu.binary(), tokenizer, shard_list],
+                               capture_output=True, timeout=120)
+        self.assertEqual(piped.returncode, 0, piped.stderr)
+        self.assertEqual(piped.stdout, result.stdout)
 
     def test_training_does_not_depend_on_the_thread_count(self):
         # Unigram training sums expected counts per thread; the model records the count.
