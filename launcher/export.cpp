@@ -53,6 +53,11 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   std::optional<models::HfLayout> layout;
   if (format == ExportFormat::kHf) layout = hf_layout_of(*model, "--format hf");
   std::error_code ec;
+  if (!layout && !std::filesystem::path(out).has_filename()) {
+    throw core::ConfigError("--out " + out +
+                            ": names a directory (it ends in '/'); a safetensors file is "
+                            "written, --format hf writes a directory");
+  }
   if (!layout && std::filesystem::is_directory(out, ec)) {
     throw core::ConfigError("--out " + out +
                             ": is a directory (a safetensors file is written; --format hf writes "

@@ -294,6 +294,9 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error(
             f"mantissa: --out {out}: directory '{self.dir}/missing' does not exist",
             "--out", out, command="export")
+        self.assert_config_error(
+            "mantissa: --out w.st/: names a directory (it ends in '/'); a safetensors file is "
+            "written, --format hf writes a directory", "--out", "w.st/", command="export")
 
     def test_export_without_a_checkpoint(self):
         self.assert_config_error(
