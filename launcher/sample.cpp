@@ -258,7 +258,7 @@ std::unique_ptr<core::Backend> make_sample_backend(const std::string& device, st
 // work (the training run whose checkpoints it reads), and a token is many small parallel
 // regions: with libgomp's default, threads spin at every barrier, waiting region after region
 // for a thread the kernel has descheduled. GPT-2 124M on 2 cores, one kept busy by another
-// process: 5.1 tokens/s spinning, 9.5 sleeping (one thread: 9.0); on idle cores 15-16 either
+// process: 5.0 tokens/s spinning, 8.1-8.9 sleeping (one thread: 8.5); on idle cores 15-16 either
 // way. libgomp reads OMP_WAIT_POLICY once, when it loads, so the process starts its own
 // executable again with the policy set (by its path, so that ps and pgrep still see
 // "mantissa"). It does not when the user set a policy, or set thread binding: libgomp has
