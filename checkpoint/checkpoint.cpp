@@ -234,10 +234,6 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group)
                  "checkpoint: " << group_.world_size << " ranks need a sum callback");
 }
 
-bool Checkpointer::has_checkpoint() const {
-  return !steps().empty();
-}
-
 std::optional<CheckpointState> Checkpointer::newest_manifest() const {
   for (const int64_t step : steps()) {
     const std::string path = options_.dir + "/" + checkpoint_dir_name(step) + "/" + kManifestName;

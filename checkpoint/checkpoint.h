@@ -208,8 +208,6 @@ class Checkpointer {
   std::optional<CheckpointState> load_step(int64_t step, const std::vector<ParameterLayout>& layout,
                                            const std::vector<BufferSlice>& slices);
 
-  // Whether `dir` holds any step_* checkpoint directory (complete or not yet verified).
-  bool has_checkpoint() const;
   // The steps of the step_* directories in `dir`, newest first (complete or not yet verified).
   std::vector<int64_t> steps() const;
   // What the newest checkpoint whose manifest verifies records, read without its payload (a

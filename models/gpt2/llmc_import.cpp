@@ -110,14 +110,6 @@ LlmcModelHeader read_llmc_header(const std::string& path) {
   return h;
 }
 
-models::GPT2Config llmc_gpt2_config(const LlmcModelHeader& h) {
-  return {.n_layer = h.num_layers,
-          .n_head = h.num_heads,
-          .n_embd = h.channels,
-          .seq_len = h.max_seq_len,
-          .vocab_size = h.vocab_size};
-}
-
 void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backend& backend) {
   const LlmcModelHeader h = read_llmc_header(path);
   const models::GPT2Config& c = model.config();

@@ -40,10 +40,6 @@ struct LlmcModelHeader {
 // the field that is wrong.
 LlmcModelHeader read_llmc_header(const std::string& path);
 
-// The GPT-2 config that holds the file's weights exactly (vocab_size: the unpadded vocab,
-// which the model pads itself).
-models::GPT2Config llmc_gpt2_config(const LlmcModelHeader& header);
-
 // Overwrites the model's FP32 masters (those the parameter store keeps: all, or a ZeRO-1
 // shard) and its whole compute copy with the file's weights. The
 // model must match the file: same n_layer, n_head and n_embd; vocab_size equal to the file's

@@ -203,7 +203,7 @@ TEST(SealedMessage, EveryFlippedByteIsDetected) {
 TEST_F(CheckpointTest, NoCheckpointLoadsNothing) {
   Slices into = Slices::empty(0, kN);
   checkpoint::Checkpointer ckpt(options(), {}, *backend);
-  EXPECT_FALSE(ckpt.has_checkpoint());
+  EXPECT_TRUE(ckpt.steps().empty());
   EXPECT_FALSE(ckpt.load_latest(make_state(0).parameters, into.slices).has_value());
 }
 
@@ -724,7 +724,7 @@ TEST_F(CheckpointTest, SlicesThatDoNotTileAreRefusedOnEveryRank) {
   });
   EXPECT_EQ(failures, 2);
   checkpoint::Checkpointer ckpt(options(), {}, *backend);
-  EXPECT_FALSE(ckpt.has_checkpoint());
+  EXPECT_TRUE(ckpt.steps().empty());
 }
 
 // A rank whose file system lists other checkpoints (a stale directory cache on one node) would

@@ -251,7 +251,7 @@ TEST(AttentionPrimitives, OnlineSoftmaxMatchesTwoPasses) {
     for (size_t c = 0; c * chunk < z.size(); ++c) {
       SoftmaxState piece{-INFINITY, 0.0f};
       for (size_t k = c * chunk; k < std::min(z.size(), (c + 1) * chunk); ++k) {
-        piece = softmax_add(piece, z[k]);
+        piece = softmax_merge(piece, {z[k], 1.0f});  // one term z is {z, 1}
       }
       lane[c % lanes] = softmax_merge(lane[c % lanes], piece);
     }

@@ -138,11 +138,11 @@ TEST(LlmcImport, Fp32Version3) {
   const models::LlmcModelHeader h = models::read_llmc_header(path);
   EXPECT_EQ(h.version, 3);
   EXPECT_EQ(h.padded_vocab_size, kVp);
-  const models::GPT2Config c = models::llmc_gpt2_config(h);
-  EXPECT_EQ(c.n_layer, kL);
-  EXPECT_EQ(c.vocab_size, kV);
+  EXPECT_EQ(h.num_layers, kL);
+  EXPECT_EQ(h.vocab_size, kV);
   auto backend = core::make_cpu_backend();
-  models::GPT2 model(c, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 1);
+  models::GPT2 model(kConfig, *backend,
+                     core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 1);
   models::import_llmc_gpt2(path, model, *backend);
   expect_imported(model);
   std::filesystem::remove(path);

@@ -48,10 +48,6 @@ MANTISSA_HD SoftmaxState softmax_merge(SoftmaxState a, SoftmaxState b) {
   return {m, a.sum * softmax_rescale(a.max, m) + b.sum * softmax_rescale(b.max, m)};
 }
 
-MANTISSA_HD SoftmaxState softmax_add(SoftmaxState s, float z) {
-  return softmax_merge(s, {z, 1.0f});
-}
-
 // The backward of a softmax row P given the upstream gradient dP: the Jacobian product
 //   dz_i = P_i (dP_i - sum_j P_j dP_j),
 // which is O(1) per element once the row's sum_j P_j dP_j is known.
