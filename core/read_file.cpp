@@ -42,8 +42,8 @@ std::ifstream open_for_reading(const std::string& path, std::string_view what, N
   return in;
 }
 
-std::string read_whole_file(const std::string& path, std::string_view what) {
-  std::ifstream in = open_for_reading(path, what);
+std::string read_whole_file(const std::string& path, std::string_view what, NamedPipe pipe) {
+  std::ifstream in = open_for_reading(path, what, pipe);
   std::string bytes;
   try {
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -26,6 +26,7 @@ std::ifstream open_for_reading(const std::string& path, std::string_view what,
 // The bytes of `path`, opened as open_for_reading does; an empty file gives "" (whether that is
 // wrong is the caller's to say). A failed read throws "<what> '<path>': read failed: <errno
 // text>", a failure (exit 1) for an I/O error.
-std::string read_whole_file(const std::string& path, std::string_view what);
+std::string read_whole_file(const std::string& path, std::string_view what,
+                            NamedPipe pipe = NamedPipe::kRefused);
 
 }  // namespace mantissa::core

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -161,13 +161,12 @@ bool takes_no_files(const std::string& subcommand) {
 // The paths a --input-list file names, one per line, in its order; empty lines are skipped.
 // The list may be a pipe (`--input-list <(find corpus -name '*.txt')`): it is read once.
 std::vector<std::string> read_input_list(const std::string& list) {
-  std::ifstream in = core::open_for_reading(list, "--input-list", core::NamedPipe::kReadOnce);
+  std::istringstream in(core::read_whole_file(list, "--input-list", core::NamedPipe::kReadOnce));
   std::vector<std::string> paths;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!line.empty()) paths.push_back(line);
   }
-  if (in.bad()) throw core::Error("--input-list '" + list + "': read failed");
   if (paths.empty()) throw core::ConfigError("--input-list '" + list + "' names no file");
   return paths;
 }

@@ -4,13 +4,13 @@
    top-k 1 and a tiny top-p are greedy too; the text starts with the prompt; a prompt longer
    than seq_len and generation far past seq_len (the window slides) work; --step picks a
    checkpoint;
- - bad input exits 2 with one line that names it: no --run, a directory without config.pbtxt,
-   a run without a checkpoint, a step that was not saved, a temperature or top-k below 0, a
-   top-p outside (0, 1], an option where a value belongs, an unknown option, a missing
-   tokenizer file (data.tokenizer, or tokenizer.model beside the shards), --device CUDA
-   without a GPU;
+ - bad input exits 2 with one line that names it: no --run, a --run that is missing or a file,
+   a directory without config.pbtxt, a run without a checkpoint, a step that was not saved, a
+   temperature or top-k below 0, a top-p outside (0, 1], an option where a value belongs, an
+   unknown option, a missing tokenizer file (data.tokenizer, or tokenizer.model beside the
+   shards; a relative path says where sample must run), --device CUDA without a GPU;
  - its OpenMP threads sleep while they wait (OMP_WAIT_POLICY=passive) unless the user set a
-   policy;
+   policy or thread binding, and the process keeps its name;
  - the help lists the options and exit codes, and `mantissa --help` lists the command;
  - the whole chain on a licence text every Debian machine has: `mantissa tokenize train` and
    `encode` with a validation split, 2 ranks under mpirun with evaluation (the validation loss
