@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "core/strings.h"
 #include "dist/mpi/mpi_check.h"
 #include "dist/mpi/mpi_comm_handle.h"
+#include "dist/poll_wait.h"
 
 namespace mantissa::dist {
 
@@ -112,6 +114,49 @@ World::World(int* argc, char*** argv) {
   for (int r = 0; r < size_; ++r)
     cpus_.emplace_back(all.begin() + offsets[r], all.begin() + offsets[r + 1]);
   probe_ = std::make_unique<Probe>();
+}
+
+namespace {
+
+// Waits for a non-blocking collective of the start-up; past timeout_s, ends the job naming the
+// ranks that do not answer, as the job's communicators do.
+void wait_at_start(const World& world, MPI_Request& request, const char* what, double timeout_s) {
+  poll_until(
+      [&] {
+        int done = 0;
+        MANTISSA_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      timeout_s, [&](double waited_s) { world.abort_on_timeout(what, waited_s); });
+}
+
+}  // namespace
+
+std::vector<std::string> World::all_gather(const std::string& mine, double timeout_s) const {
+  const int64_t my_length = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lengths(static_cast<size_t>(size_));
+  MPI_Request request = MPI_REQUEST_NULL;
+  MANTISSA_MPI_CHECK(MPI_Iallgather(&my_length, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T,
+                                    MPI_COMM_WORLD, &request));
+  wait_at_start(*this, request, "the start-up all-gather of the ranks' lengths", timeout_s);
+  // Every rank sees the same lengths, so all of them refuse alike.
+  std::vector<int> counts(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_));
+  int64_t total = 0;
+  for (int r = 0; r < size_; ++r) {
+    offsets[r] = static_cast<int>(total);
+    counts[r] = static_cast<int>(lengths[r]);
+    total += lengths[r];
+    MANTISSA_REQUIRE(total <= INT_MAX, kFailure,
+                     "World::all_gather: the ranks' strings come to more than MPI can count");
+  }
+  std::string all(static_cast<size_t>(total), '\0');
+  MANTISSA_MPI_CHECK(MPI_Iallgatherv(mine.data(), static_cast<int>(my_length), MPI_BYTE, all.data(),
+                                     counts.data(), offsets.data(), MPI_BYTE, MPI_COMM_WORLD,
+                                     &request));
+  wait_at_start(*this, request, "the start-up all-gather of the ranks' strings", timeout_s);
+  std::vector<std::string> by_rank;
+  for (int r = 0; r < size_; ++r) by_rank.push_back(all.substr(offsets[r], counts[r]));
+  return by_rank;
 }
 
 World::~World() {

@@ -32,6 +32,11 @@ class World {
   // of its host's unless mpirun, srun or OpenMP's places bound it); empty where unknown.
   const std::vector<int>& cpus_of(int rank) const { return cpus_.at(static_cast<size_t>(rank)); }
 
+  // Every rank's `mine`, by rank, on every rank: a collective of MPI_COMM_WORLD for the
+  // start-up, before the communicators of the job exist (up to 2 GiB from all ranks together).
+  // A rank that does not join within timeout_s ends the job as abort_on_timeout does.
+  std::vector<std::string> all_gather(const std::string& mine, double timeout_s) const;
+
   // Prints "mantissa: rank R: <message>" to stderr and ends the whole job with `exit_code`
   // (MPI_Abort), so no rank is left waiting for a peer that gave up.
   [[noreturn]] void abort(int exit_code, const std::string& message) const;

@@ -17,7 +17,7 @@ namespace {
 DeviceInfo cpu_device() {
   const int threads = omp_get_max_threads();
   return {false, 0, "CPU (" + std::to_string(threads) + (threads == 1 ? " thread)" : " threads)"),
-          0};
+          0, ""};
 }
 
 #ifdef MANTISSA_WITH_CUDA
@@ -34,7 +34,13 @@ DeviceInfo gpu_device(int local_rank) {
     cudaGetLastError();
     return {};
   }
-  return {true, index, props.name, props.major * 10 + props.minor};
+  // The address NCCL tells GPUs apart by ("00000000:3B:00.0").
+  char pci_address[64] = {};
+  if (cudaDeviceGetPCIBusId(pci_address, sizeof pci_address, index) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return {true, index, props.name, props.major * 10 + props.minor, pci_address};
 }
 #else
 DeviceInfo gpu_device(int) {

@@ -14,6 +14,7 @@ struct DeviceInfo {
   int index = 0;               // GPU = local rank modulo the visible devices
   std::string name;            // "CPU (2 threads)", or the GPU's name
   int compute_capability = 0;  // major * 10 + minor; 0 on the CPU
+  std::string pci_address;     // the GPU's (cudaDeviceGetPCIBusId: the same in every process)
 };
 
 // CPU when run.device is CPU, or AUTO without a visible GPU; otherwise GPU

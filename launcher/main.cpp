@@ -13,6 +13,7 @@
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
 #include "launcher/plan.h"
+#include "launcher/rank_agreement.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
 #include "launcher/tokenize.h"
@@ -28,7 +29,11 @@ Trains a model as the config describes. The same command runs alone (one rank), 
 `mpirun -np N` or under `srun`: every rank finds its place through MPI and computes on GPU
 number (local rank modulo the visible GPUs) when run.device is CUDA, or AUTO and a GPU is
 visible; on the CPU otherwise. On CPUs start ranks with `mpirun --bind-to none`: mpirun binds
-each of 2 or fewer ranks to one core, and unbound ranks divide the cores between them.
+each of 2 or fewer ranks to one core, and unbound ranks divide the cores between them. Before
+the model is built, the ranks check that they run one build with the same settings on one kind
+of device, each GPU rank on a GPU of its own, reading the same tokens (where the data,
+data.tokenizer and model.init_from lie, and metrics, may differ between hosts); a job that
+differs stops (exit 2).
 
 options:
   --config FILE     a TrainConfig in protobuf text format (proto/config.proto; configs/*.pbtxt)
@@ -167,7 +172,8 @@ void print_train_help() {
   std::fputs(describe_defaults().c_str(), stdout);
 }
 
-// Reports a config or command-line error once per job (rank 0; every rank finds the same one).
+// Reports an error found before the run once per job (rank 0, which every rank's verdict
+// reaches).
 void report_config_error(int rank, const std::string& message) {
   if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
 }
@@ -223,12 +229,34 @@ int train_command(int argc, char** argv) {
   dist::World world(&argc, &argv);
   TrainArgs parsed;
   TrainConfig config;
+  // Every rank reads its config itself (hosts may hold copies of their own), so the verdicts are
+  // gathered, each "<exit code> <message>" or empty: a config refused (or unreadable) on any rank
+  // ends every rank with the first refusing rank's code, none left waiting for one that has
+  // left, and rank 0 says why, naming the rank when its own config was fine.
+  std::string refused;
   try {
     parsed = parse_train_args("train", args);
     config = effective_config_noted(parsed, world.rank());
   } catch (const core::ConfigError& e) {
-    report_config_error(world.rank(), e.what());
-    return kExitConfig;
+    refused = std::to_string(kExitConfig) + " " + e.what();
+  } catch (const core::Error& e) {
+    refused = std::to_string(core::exit_code(e.kind())) + " error: " + e.what();
+  } catch (const std::exception& e) {
+    refused = std::to_string(kExitFailure) + " error: " + core::error_text(e);
+  }
+  // The wait for the others: this rank's dist.timeout_s, or its default.
+  TrainConfig timeouts = refused.empty() ? config : TrainConfig();
+  if (!refused.empty()) apply_defaults(timeouts, parsed.config_path);
+  const std::vector<std::string> verdicts = world.all_gather(refused, timeouts.dist().timeout_s());
+  const auto first_refused = std::find_if(verdicts.begin(), verdicts.end(),
+                                          [](const std::string& v) { return !v.empty(); });
+  if (first_refused != verdicts.end()) {
+    const auto rank = first_refused - verdicts.begin();
+    const size_t space = first_refused->find(' ');
+    const std::string message = first_refused->substr(space + 1);
+    report_config_error(world.rank(),
+                        rank == 0 ? message : "rank " + std::to_string(rank) + ": " + message);
+    return std::stoi(first_refused->substr(0, space));
   }
   if (world.rank() == 0) {
     std::printf("# effective config (%s)\n%s", parsed.config_path.c_str(), to_text(config).c_str());
@@ -237,7 +265,8 @@ int train_command(int argc, char** argv) {
 
   // A job of several ranks aborts on an error, even one found alike on every rank, so that no
   // rank is left waiting for one that failed alone (a port already taken on one node). One rank
-  // alone just reports it and exits, without MPI_Abort's banner.
+  // alone just reports it and exits, without MPI_Abort's banner; so does every rank of a job
+  // whose ranks disagree (RanksDisagree), which all of them find from the same table.
   const auto fail = [&](int exit_code, const std::string& message) {
     if (world.size() > 1) world.abort(exit_code, message);
     std::fprintf(stderr, "mantissa: %s\n", message.c_str());
@@ -246,6 +275,9 @@ int train_command(int argc, char** argv) {
   try {
     Trainer trainer(world, config, parsed.progress);
     return trainer.run();
+  } catch (const RanksDisagree& e) {
+    report_config_error(world.rank(), e.what());
+    return kExitConfig;
   } catch (const core::ConfigError& e) {
     return fail(kExitConfig, e.what());
   } catch (const core::Error& e) {

@@ -91,6 +91,18 @@ ReplicaPart replica_part(int64_t n, int rank, int size) {
   return {begin, n * (rank + 1) / size - begin};
 }
 
+void create_run_dir(const std::string& run_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(run_dir, ec);
+  if (ec) {
+    // Missing here is a parent that cannot hold directories (/proc): only the config can fix it.
+    const core::ErrorKind kind =
+        ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
+    core::throw_error_of_kind(kind,
+                              "run.dir = \"" + run_dir + "\": cannot be created: " + ec.message());
+  }
+}
+
 }  // namespace
 
 Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress)
@@ -99,16 +111,13 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       run_dir_(config.run().dir()),
       run_dir_cleanup_(run_dir_, world.rank() == 0),
       progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir_, ec);
-  if (ec) {
-    // Missing here is a parent that cannot hold directories (/proc): only the config can fix it.
-    const core::ErrorKind kind =
-        ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
-    core::throw_error_of_kind(kind,
-                              "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
+  // Rank 0 makes run.dir and locks it at once; the other ranks make it (on their hosts, where
+  // it is not shared) once the ranks agree, so that a start they refuse leaves no directory
+  // behind: rank 0's cleanup removes only one it made.
+  if (world.rank() == 0) {
+    create_run_dir(run_dir_);
+    run_dir_lock_.emplace(run_dir_);
   }
-  if (world.rank() == 0) run_dir_lock_.emplace(run_dir_);
 
   // The checks that need the world: the rest of the config was validated before.
   const TrainConfig::Debug& debug = config_.debug();
@@ -126,12 +135,17 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
   check_fp8_recipe_support();
+  build_data();
+  // Before the model (two ranks on one GPU might not both fit) and the communicators: a job
+  // whose ranks do not share what they must (launcher/rank_agreement.h) stops here, every rank
+  // with the same message.
+  require_ranks_agree(world, rank_start(), config_.dist().timeout_s());
+  if (world.rank() != 0) create_run_dir(run_dir_);
   // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
   const train::MasterShard shard = config_.dist().zero_stage() == 1
                                        ? train::MasterShard{world.rank(), world.size()}
                                        : train::MasterShard{};
   model_ = build_model(config_, *backend_, policy_, shard);
-  build_data();
 
   dp_ = dist::DataParallel::create(world, *backend_, model_->parameters(), dist_config(config_));
   optimizer_ = dp_->make_optimizer(adamw_config(config_));
@@ -250,7 +264,10 @@ void Trainer::build_data() {
       validation = train::Corpus::synthetic_validation(seed, data.synthetic().val_tokens());
     }
   }
-  data_fingerprint_ = corpus.fingerprint();
+  const auto identity = [](const train::Corpus& c) {
+    return CorpusIdentity{c.name(), c.num_tokens(), c.fingerprint()};
+  };
+  train_data_ = identity(corpus);
   // The run's tokenizer (data.tokenizer, or the shards'), which sample and export use: one that
   // is no exact SentencePiece model, or has more pieces than the model has ids (which would
   // stop training at the first batch holding a token past them, maybe hours in), is refused
@@ -286,6 +303,7 @@ void Trainer::build_data() {
   loader_ = std::make_unique<train::DataLoader>(
       std::make_shared<const train::Corpus>(std::move(corpus)), loader);
   if (config_.run().eval_every() > 0 && validation) {
+    validation_data_ = identity(*validation);
     evaluator_ = std::make_unique<train::Evaluator>(
         std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
         config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank());
@@ -480,8 +498,9 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
   const std::string trained_on = recorded ? data_source(recorded->data()) : "";
   const std::string reads = data_source(config_.data());
-  const bool same_tokens = state.data_fingerprint != 0 ? state.data_fingerprint == data_fingerprint_
-                                                       : trained_on.empty() || trained_on == reads;
+  const bool same_tokens = state.data_fingerprint != 0
+                               ? state.data_fingerprint == train_data_.fingerprint
+                               : trained_on.empty() || trained_on == reads;
   const bool seed_changed = state.seed != config_.run().seed();
   // Synthetic tokens are generated from the seed: the seed's warning below says it all.
   const bool regenerated = seed_changed && config_.data().has_synthetic() && trained_on == reads;
@@ -583,6 +602,19 @@ void Trainer::import_initial_weights() {
       (hf ? "Hugging Face model " : "llm.c model ") + path);
 }
 
+RankStart Trainer::rank_start() const {
+  RankStart start;
+  start.build = build_name();
+  start.cuda = device_.cuda;
+  start.device =
+      device_.cuda ? device_.name + " on cuda:" + std::to_string(device_.index) : device_.name;
+  start.pci_address = device_.pci_address;
+  start.train = train_data_;
+  start.validation = validation_data_;
+  start.settings = shared_settings_text(config_);
+  return start;
+}
+
 dist::ReplicaState Trainer::replica_state(int64_t steps_done) const {
   dist::ReplicaState state;
   state.step = steps_done;
@@ -646,7 +678,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.loss_scaler = scaler_->state();
   if (train::Fp8Operands* fp8 = model_->fp8_operands()) state.fp8 = fp8->registry().state();
   state.data = loader_->cursor();
-  state.data_fingerprint = data_fingerprint_;
+  state.data_fingerprint = train_data_.fingerprint;
   state.tokenizer_crc32c = tokenizer_crc32c_;
   state.config_text = to_text(config_);
   state.written_by = build_name();

@@ -1,12 +1,13 @@
 // The Trainer: one rank's part of a training run, wired from a validated TrainConfig.
 //
 // Construction builds, in this order (every rank runs the same code, see dist/data_parallel.h):
-// the device and backend, the model (same seed on every rank), the corpus and this rank's data
-// loader, data parallelism (gradient sync + the optimizer, ZeRO-1 sharded or not), the loss
-// scaler, LR schedule and training step (with fault injection from debug.*), the checkpointer
-// and the metrics exporter; then it resumes from <run.dir>/checkpoints when there is a
-// checkpoint (checkpoint.resume), or broadcasts rank 0's initial weights (random, or imported
-// from model.init_from).
+// the device and backend, the corpus and this rank's data loader, the check that every rank
+// shares the build, settings, kind of device and tokens and has a GPU of its own
+// (launcher/rank_agreement.h), the model (same seed on every rank), data parallelism (gradient
+// sync + the optimizer, ZeRO-1 sharded or not), the loss scaler, LR schedule and training step
+// (with fault injection from debug.*), the checkpointer and the metrics exporter; then it
+// resumes from <run.dir>/checkpoints when there is a checkpoint (checkpoint.resume), or
+// broadcasts rank 0's initial weights (random, or imported from model.init_from).
 //
 // run() trains to run.steps. After every step each rank logs its JSON line, rank 0 updates the
 // progress line, and all ranks agree, with one MAX all-reduce, on whether any of them received
@@ -31,6 +32,7 @@
 #include "dist/data_parallel.h"
 #include "dist/world.h"
 #include "launcher/device.h"
+#include "launcher/rank_agreement.h"
 #include "launcher/run_dir_cleanup.h"
 #include "launcher/run_dir_lock.h"
 #include "metrics/metrics.h"
@@ -100,6 +102,7 @@ class Trainer {
   // trainer.cpp).
   std::vector<checkpoint::BufferSlice> checkpoint_slices();
   dist::ReplicaState replica_state(int64_t steps_done) const;
+  RankStart rank_start() const;       // what this rank brings to require_ranks_agree
   void say(const std::string& line);  // rank 0 only, through the progress line
 
   dist::World& world_;
@@ -114,9 +117,10 @@ class Trainer {
   core::PrecisionPolicy policy_;
   std::unique_ptr<train::LanguageModel> model_;
   std::unique_ptr<train::DataLoader> loader_;
-  uint64_t data_fingerprint_ = 0;  // train::Corpus::fingerprint() of the training corpus
-  std::string tokenizer_file_;     // rank 0's: run_tokenizer_file, empty without one
-  uint32_t tokenizer_crc32c_ = 0;  // rank 0's: CRC32C of tokenizer_file_; 0 without one
+  CorpusIdentity train_data_;       // the training corpus's
+  CorpusIdentity validation_data_;  // the validation corpus's, when the run evaluates
+  std::string tokenizer_file_;      // rank 0's: run_tokenizer_file, empty without one
+  uint32_t tokenizer_crc32c_ = 0;   // rank 0's: CRC32C of tokenizer_file_; 0 without one
   std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;

@@ -15,6 +15,10 @@
    writes a GPT-2's and a Llama's weights as a Hugging Face directory, which model.init_from
    reads back unchanged;
  - a checkpoint saved by another model is refused with exit code 2 (a config error);
+ - ranks with other settings or other tokens (each its own program and working directory
+   under mpirun, as hosts with their own copies) stop at the start with exit code 2, naming
+   what differs, and so does a config refused on rank 1 alone; the same tokens at other paths
+   train;
  - llm.c's Llama-3 shards (uint32 tokens) train a vocabulary past 2^16, and a token past the
    vocabulary stops the run with exit code 2 naming the shard and the position;
  - the divergence guard: gradients non-finite at the minimum loss scale for
@@ -807,6 +811,61 @@ data { micro_batch_size: 2 }
                                         r"is not finite")
         log = lu.read_log(self.run_dir("nan"), 0)
         self.assertIsNone(log[-1]["mean_loss"])  # JSON has no NaN: written as null
+
+    def test_ranks_must_share_settings_and_tokens(self):
+        # mpirun's colon-separated programs, each in a working directory of its own, stand for
+        # hosts that each read their own copy of the config's relative data path.
+        config = self.write("text.pbtxt", lu.TINY_GPT.replace(
+            "synthetic { n_tokens: 262144 }", 'text_file { path: "corpus.txt" }'))
+        rng = random.Random(11)
+        text = "".join(rng.choice("abcdefgh \n") for _ in range(40000))
+        for host, name, corpus in (("a", "corpus.txt", text), ("b", "copy.txt", text),
+                                   ("c", "corpus.txt", text[::-1])):
+            os.makedirs(os.path.join(self.dir, host))
+            self.write(os.path.join(host, name), corpus)
+
+        def train(name, *ranks):
+            """One program per (working directory, --set options) in `ranks`."""
+            command = ["mpirun", "--oversubscribe", "-x", "OMP_NUM_THREADS"]
+            for i, (host, sets) in enumerate(ranks):
+                command += ([":"] if i else []) + [
+                    "-np", "1", "-wdir", os.path.join(self.dir, host), lu.binary(), "train",
+                    "--config", config, "--set", f"run.dir={self.run_dir(name)}",
+                    "--set", "run.steps=4"]
+                for s in sets:
+                    command += ["--set", s]
+            return subprocess.run(command, cwd=self.dir, env=lu.environment(), timeout=120,
+                                  capture_output=True, text=True)
+
+        # The same tokens under another name, other metrics: the run trains.
+        same = train("same", ("a", ["metrics.job=a"]),
+                     ("b", ["metrics.job=b", "data.text_file.path=copy.txt"]))
+        self.assertEqual(same.returncode, 0, same.stderr[-3000:])
+        self.assertEqual([e["step"] for e in lu.read_log(self.run_dir("same"), 1)], [0, 1, 2, 3])
+
+        tokens = train("tokens", ("a", []), ("c", []))
+        self.assertEqual(tokens.returncode, 2, tokens.stderr[-3000:])
+        self.assertRegex(tokens.stderr,
+                         r"the ranks read different training tokens: rank 0 \(host [^)]+\): "
+                         r"\d+ tokens \(fingerprint [0-9a-f]{16}\) from corpus.txt; rank 1 "
+                         r"\(host [^)]+\): \d+ tokens \(fingerprint [0-9a-f]{16}\) from "
+                         r"corpus.txt. Every rank must read the same corpus")
+        self.assertEqual(tokens.stderr.count("different training tokens"), 1, tokens.stderr)
+        self.assertNotIn("MPI_ABORT", tokens.stderr, "every rank ends alike, none aborts")
+        self.assertFalse(os.path.exists(self.run_dir("tokens")), "a failed start leaves nothing")
+
+        settings = train("settings", ("a", []), ("a", ["optimizer.adamw.lr=0.01"]))
+        self.assertEqual(settings.returncode, 2, settings.stderr[-3000:])
+        self.assertIn("(rank 0's -> rank 1's: optimizer.adamw.lr 0.003 -> 0.01). Every rank "
+                      "must run the same config", settings.stderr)
+
+        # A config refused on another rank than rank 0 (its host lacks the file) ends every
+        # rank, and rank 0 says why.
+        refused = train("refused", ("a", []), ("b", []))
+        self.assertEqual(refused.returncode, 2, refused.stderr[-3000:])
+        self.assertIn('mantissa: rank 1: data.text_file.path = "corpus.txt": cannot be read',
+                      refused.stderr)
+        self.assertNotIn("MPI_ABORT", refused.stderr)
 
 
 if __name__ == "__main__":
