@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Hosts with copies of their own: the ranks compare their tokens before they train.
+
+A cluster of 2 hosts (scripts/start-cluster.sh, 2 slots each) gives every host a /tmp of its
+own, as nodes' local disks are. The config names data at one path, /tmp/data/corpus.txt, and
+each host holds its own copy there:
+  - other text on node2 than on node1: every rank stops at the start with exit code 2, the
+    message naming ranks [0, 1] on node1 and ranks [2, 3] on node2 with their token counts and
+    fingerprints, no rank aborts (each finds the same difference), and run.dir is not made;
+  - the same text on both hosts: the 4 ranks train to the end.
+The cluster is stopped at the end, whatever happened, and nothing of it may be left.
+"""
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+
+import cluster
+from cluster import harness
+
+RUN_TIMEOUT_S = 90
+
+
+def put_on_host(nodes, host, source, path):
+    """Copies the shared file `source` to `path` on `host` (its own /tmp)."""
+    agent = os.path.join(nodes.state_dir, "cluster-rsh-agent")
+    copy = subprocess.run([agent, host, f"mkdir -p {os.path.dirname(path)} && cp {source} {path}"],
+                          env=nodes.env, capture_output=True, text=True, timeout=30)
+    if copy.returncode != 0:
+        harness.fail(f"cannot write {path} on {host}: {copy.stderr}")
+
+
+def train(nodes, binary, config, run_dir, out_path):
+    """4 ranks, 2 per host; returns the CompletedProcess (output in out_path)."""
+    settings = [s for s in harness.SMALL_RUN_SETTINGS if not s.startswith("data.")]
+    settings += ["data.micro_batch_size=2", "data.text_file.path=/tmp/data/corpus.txt",
+                 "run.steps=4", f"run.dir={run_dir}"]
+    argv = nodes.mpirun_argv(4, env=["OMP_NUM_THREADS=1"]) + harness.train_argv(binary, config,
+                                                                               settings)
+    harness.log(" ".join(argv))
+    with open(out_path, "w") as out:
+        try:
+            return subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=nodes.env,
+                                  timeout=min(RUN_TIMEOUT_S, harness.time_left()))
+        except subprocess.TimeoutExpired:
+            harness.fail(f"mpirun did not finish:\n{cluster.tail(out_path)}")
+
+
+def main():
+    args = harness.parse_args()
+    cluster.require_namespaces()
+    binary = harness.mantissa_binary(args.build_dir)
+    cluster.isolate_network(args.source_dir)
+
+    # Outside /tmp: every host has a /tmp of its own, the rest of the file system is shared.
+    os.makedirs("/var/tmp", exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="mantissa-multinode-", dir="/var/tmp")
+    ok = False
+    try:
+        config = harness.write_empty_config(workdir)
+        staged = os.path.join(workdir, "mantissa")
+        shutil.copy2(binary, staged)
+        rng = random.Random(17)
+        text = "".join(rng.choice("abcdefgh \n") for _ in range(40000))
+        texts = {}
+        for name, body in (("text", text), ("other", text[::-1])):
+            texts[name] = os.path.join(workdir, f"{name}.txt")
+            with open(texts[name], "w") as f:
+                f.write(body)
+        with cluster.Cluster(args.source_dir, os.path.join(workdir, "cluster"), 2) as nodes:
+            put_on_host(nodes, "node1", texts["text"], "/tmp/data/corpus.txt")
+            put_on_host(nodes, "node2", texts["other"], "/tmp/data/corpus.txt")
+            run_dir = os.path.join(workdir, "run")
+            out_path = os.path.join(workdir, "differ.out")
+            differ = train(nodes, staged, config, run_dir, out_path)
+            output = cluster.tail(out_path, 200)
+            if differ.returncode != 2:
+                harness.fail(f"other tokens on node2: exit {differ.returncode}, expected 2:\n{output}")
+            pattern = (r"the ranks read different training tokens: ranks \[0, 1\] \(host node1\): "
+                       r"(\d+) tokens \(fingerprint [0-9a-f]{16}\) from /tmp/data/corpus.txt; "
+                       r"ranks \[2, 3\] \(host node2\): (\d+) tokens \(fingerprint [0-9a-f]{16}\)")
+            found = re.search(pattern, output)
+            if not found or found.group(1) != found.group(2):
+                harness.fail(f"no message naming both hosts' tokens:\n{output}")
+            if "MPI_ABORT" in output:
+                harness.fail(f"a rank aborted; every rank should end alike:\n{output}")
+            if os.path.exists(run_dir):
+                harness.fail(f"the refused start left {run_dir}")
+            harness.log("other tokens on node2: refused at the start, naming both hosts")
+
+            put_on_host(nodes, "node2", texts["text"], "/tmp/data/corpus.txt")
+            same = train(nodes, staged, config, run_dir, os.path.join(workdir, "same.out"))
+            if same.returncode != 0:
+                harness.fail(f"the same tokens on both hosts: exit {same.returncode}:\n"
+                             f"{cluster.tail(os.path.join(workdir, 'same.out'))}")
+            for rank in range(4):
+                steps = sorted(cluster.exact_steps(run_dir, rank))
+                if steps != [0, 1, 2, 3]:
+                    harness.fail(f"rank {rank} logged steps {steps}, expected 0..3")
+            harness.log("the same tokens on both hosts: 4 steps trained")
+        ok = True
+    finally:
+        if ok and not args.keep:
+            subprocess.run(["rm", "-rf", workdir])
+        else:
+            harness.log(f"files kept in {workdir}")
+    print("PASS: hosts with other tokens are refused at the start; with the same, they train",
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
