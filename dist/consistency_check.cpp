@@ -37,7 +37,8 @@ constexpr const char* kZero1ReplicaField = "checksum of the compute copy";
 }  // namespace
 
 void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterStore& params,
-                       bool zero1, const ReplicaState& state) {
+                       bool zero1, const ReplicaState& state,
+                       const std::vector<std::string>& hosts_by_rank) {
   const int n = comm.size();
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &state.scaler.scale, sizeof scale_bits);
@@ -74,8 +75,15 @@ void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterS
     }
     if (differ.empty()) continue;
     const bool replica_field = f + 1 == kNumFields;
-    message << "; " << (zero1 && replica_field ? kZero1ReplicaField : kFields[f].name)
-            << ": rank 0 has ";
+    const auto rank_text = [&](int r) {
+      message << "rank " << r;
+      if (static_cast<size_t>(r) < hosts_by_rank.size()) {
+        message << " (host " << hosts_by_rank[static_cast<size_t>(r)] << ")";
+      }
+      message << " has ";
+    };
+    message << "; " << (zero1 && replica_field ? kZero1ReplicaField : kFields[f].name) << ": ";
+    rank_text(0);
     const auto print = [&](int64_t v) {
       if (kFields[f].hex) {
         message << "0x" << std::hex << static_cast<uint64_t>(v) << std::dec;
@@ -85,7 +93,8 @@ void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterS
     };
     print(reference);
     for (int r : differ) {
-      message << ", rank " << r << " has ";
+      message << ", ";
+      rank_text(r);
       print(all[static_cast<size_t>(r) * kNumFields + f]);
     }
   }

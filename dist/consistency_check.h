@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/precision/loss_scaler.h"
@@ -24,11 +25,15 @@ struct ReplicaState {
 };
 
 // Throws core::Error ("consistency check failed at step S: the replicas differ; <field>: rank
-// 0 has X, rank R has Y...") when any field differs. Collective, on the control communicator.
+// 0 (host a) has X, rank R (host b) has Y...") when any field differs; the hosts where
+// hosts_by_rank names them (empty: ranks alone). The ranks agreed on their build, settings and
+// tokens at the start (launcher/rank_agreement.h), so a difference points at a machine: the
+// hosts are what an operator takes out. Collective, on the control communicator.
 // The weights compared are the FP32 masters, or under ZeRO-1 (`zero1`), where each rank keeps a
 // different shard of the masters, the compute copy ("checksum of the compute copy"), which is
 // all-gathered from those shards and is the only whole copy of the weights.
 void check_consistency(StepComm& comm, core::Backend& backend, train::ParameterStore& params,
-                       bool zero1, const ReplicaState& state);
+                       bool zero1, const ReplicaState& state,
+                       const std::vector<std::string>& hosts_by_rank);
 
 }  // namespace mantissa::dist

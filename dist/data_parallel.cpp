@@ -47,7 +47,10 @@ class DataParallelImpl final : public DataParallel {
   }
 
   void check_consistency(const ReplicaState& state) override {
-    dist::check_consistency(comm_, backend_, params_, zero1_ != nullptr, state);
+    dist::check_consistency(comm_, backend_, params_, zero1_ != nullptr, state, hosts_by_rank_);
+  }
+  void set_rank_hosts(std::vector<std::string> hosts_by_rank) override {
+    hosts_by_rank_ = std::move(hosts_by_rank);
   }
 
   double last_step_comm_seconds() const override { return comm_.seconds(); }
@@ -67,6 +70,7 @@ class DataParallelImpl final : public DataParallel {
   StepComm comm_;
   std::unique_ptr<Zero1Shard> zero1_;  // ZeRO-1 only
   BucketedGradSync sync_;
+  std::vector<std::string> hosts_by_rank_;  // empty: messages name ranks alone
 };
 
 }  // namespace

@@ -62,6 +62,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,9 @@ class DataParallel : public train::GradientSync {
   // ZeRO-1 the masters are not replicated: the checksum covers the whole compute copy instead
   // ("checksum of the compute copy").
   virtual void check_consistency(const ReplicaState& state) = 0;
+  // The host of each rank, by rank, which check_consistency's message names beside the ranks
+  // (create over a World sets them).
+  virtual void set_rank_hosts(std::vector<std::string> hosts_by_rank) = 0;
 
   // Sum over ranks (mean loss, tokens), bit-identical on every rank.
   double sum_across_ranks(double value) override = 0;

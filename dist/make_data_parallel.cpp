@@ -57,7 +57,12 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
     job_config.grad_reduce_dtype = core::DType::kF32;
     job_config.accumulate_fp32 = false;
   }
-  return create(backend, params, job_config, std::move(comm), std::move(host_scalars));
+  std::unique_ptr<DataParallel> dp =
+      create(backend, params, job_config, std::move(comm), std::move(host_scalars));
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world.size(); ++r) hosts.push_back(world.host_of(r));
+  dp->set_rank_hosts(std::move(hosts));
+  return dp;
 }
 
 }  // namespace mantissa::dist

@@ -44,10 +44,10 @@ using testing::make_sync_store;
 using testing::sync_config;
 using testing::SyncCase;
 
-// prefix + number + suffix (GCC 12 warns falsely about "literal" + std::string).
-std::string text(const char* prefix, int64_t number, const char* suffix) {
+// How the consistency check names a rank's value: "rank R (host H) has".
+std::string rank_has(int rank) {
   std::ostringstream out;
-  out << prefix << number << suffix;
+  out << "rank " << rank << " (host " << testing::world().host_of(rank) << ") has";
   return out.str();
 }
 
@@ -404,9 +404,9 @@ TEST_F(GradSync, ConsistencyCheckUnderZero1CoversTheComputeCopy) {
     ADD_FAILURE() << "the consistency check missed a perturbed compute copy";
   } catch (const core::Error& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("checksum of the compute copy: rank 0 has"), std::string::npos)
+    EXPECT_NE(message.find("checksum of the compute copy: " + rank_has(0)), std::string::npos)
         << message;
-    EXPECT_NE(message.find(text("rank ", culprit, " has")), std::string::npos) << message;
+    EXPECT_NE(message.find(rank_has(culprit)), std::string::npos) << message;
   }
 }
 
@@ -437,17 +437,17 @@ TEST_F(GradSync, ConsistencyCheckNamesTheRankAndTheField) {
   float* masters = params.masters().data_as<float>();
   const float saved = masters[params[4].offset];
   if (me == culprit) masters[params[4].offset] = std::nextafter(saved, 1.0f);
-  expect_failure(state, "checksum of the FP32 masters", text("rank ", culprit, " has"));
+  expect_failure(state, "checksum of the FP32 masters", rank_has(culprit));
   masters[params[4].offset] = saved;
   dp->check_consistency(state);
 
   ReplicaState scaler = state;
   if (me == 1) scaler.scaler.growth_tracker = 3;
-  expect_failure(scaler, "loss-scaler growth_tracker", "rank 1 has 3");
+  expect_failure(scaler, "loss-scaler growth_tracker", rank_has(1) + " 3");
 
   ReplicaState fp8 = state;
   if (me == 0) fp8.fp8_scales[1] = 4.0f;
-  expect_failure(fp8, "checksum of the FP8 scales", "rank 1 has");
+  expect_failure(fp8, "checksum of the FP8 scales", rank_has(1));
 }
 
 // dist::validate's messages, as create() reports them: "dist.<field> = <value>: <rule>", the
