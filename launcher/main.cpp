@@ -32,8 +32,8 @@ visible; on the CPU otherwise. On CPUs start ranks with `mpirun --bind-to none`:
 each of 2 or fewer ranks to one core, and unbound ranks divide the cores between them. Before
 the model is built, the ranks check that they run one build with the same settings on one kind
 of device, each GPU rank on a GPU of its own, reading the same tokens (where the data,
-data.tokenizer and model.init_from lie, and metrics, may differ between hosts); a job that
-differs stops (exit 2).
+data.tokenizer and model.init_from lie, and metrics, may differ between hosts), into one
+run.dir that every rank sees (checkpoints are written there); a job that differs stops (exit 2).
 
 options:
   --config FILE     a TrainConfig in protobuf text format (proto/config.proto; configs/*.pbtxt)

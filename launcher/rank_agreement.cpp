@@ -1,12 +1,18 @@
 #include "launcher/rank_agreement.h"
 
+#include <unistd.h>
+
 #include <cinttypes>
 #include <cstdio>
+#include <filesystem>
 #include <map>
+#include <random>
 #include <stdexcept>
 #include <utility>
 
+#include "core/durable_file.h"
 #include "core/error.h"
+#include "core/read_file.h"
 #include "core/strings.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
@@ -58,13 +64,17 @@ uint64_t to_uint64(const std::string& text) {
 }
 
 // "rank 2 (host node2)", "ranks [2, 3] (hosts node2, node3)".
-std::string who(const std::vector<int>& ranks, const std::vector<RankStart>& starts) {
-  std::vector<std::string> hosts_by_rank;
-  for (const RankStart& s : starts) hosts_by_rank.push_back(s.host);
+std::string who(const std::vector<int>& ranks, const std::vector<std::string>& hosts_by_rank) {
   const std::string hosts = dist::format_hosts(ranks, hosts_by_rank);
   const bool one_host = hosts.find(", ") == std::string::npos;
   if (ranks.size() == 1) return "rank " + std::to_string(ranks[0]) + " (host " + hosts + ")";
   return "ranks " + dist::format_ranks(ranks) + (one_host ? " (host " : " (hosts ") + hosts + ")";
+}
+
+std::string who(const std::vector<int>& ranks, const std::vector<RankStart>& starts) {
+  std::vector<std::string> hosts_by_rank;
+  for (const RankStart& s : starts) hosts_by_rank.push_back(s.host);
+  return who(ranks, hosts_by_rank);
 }
 
 // The ranks grouped by `key`, the groups in the order of their first rank, each described as
@@ -236,6 +246,51 @@ void require_ranks_agree(const dist::World& world, const RankStart& mine, double
     starts.back().host = world.host_of(r);
   }
   require_agreement(starts);
+}
+
+void require_shared_run_dir(const dist::World& world, const std::string& run_dir,
+                            double timeout_s) {
+  if (world.size() == 1) return;
+  // A name no rank has looked up before, so that no cached "no such file" of a network file
+  // system hides it.
+  std::string name;
+  if (world.rank() == 0) {
+    std::random_device random;
+    char text[48];
+    std::snprintf(text, sizeof text, ".shared-%08x%08x-%ld", random(), random(),
+                  static_cast<long>(::getpid()));
+    name = text;
+    core::write_file_atomically(run_dir + "/" + name, name);
+  }
+  const std::string path = run_dir + "/" + world.all_gather(name, timeout_s)[0];
+  std::string unseen;  // why this rank does not read what rank 0 wrote; "" when it does
+  if (world.rank() != 0) {
+    try {
+      if (core::read_whole_file(path, "rank 0's file") != path.substr(run_dir.size() + 1)) {
+        unseen = "'" + path + "' holds other bytes";
+      }
+    } catch (const core::Error& e) {
+      unseen = e.what();
+    }
+  }
+  const std::vector<std::string> unseen_by_rank = world.all_gather(unseen, timeout_s);
+  if (world.rank() == 0) {
+    std::error_code ignored;  // a file left over says only that this check ran
+    std::filesystem::remove(path, ignored);
+  }
+  std::vector<int> blind;
+  std::vector<std::string> hosts_by_rank;
+  for (int r = 0; r < world.size(); ++r) {
+    if (!unseen_by_rank[static_cast<size_t>(r)].empty()) blind.push_back(r);
+    hosts_by_rank.push_back(world.host_of(r));
+  }
+  if (blind.empty()) return;
+  throw RanksDisagree("run.dir = \"" + run_dir +
+                      "\" is not one directory shared by every rank: " + who(blind, hosts_by_rank) +
+                      " cannot read the file " + who({0}, hosts_by_rank) + " wrote there (" +
+                      unseen_by_rank[static_cast<size_t>(blind[0])] +
+                      "). Every rank writes its part of each checkpoint into run.dir: put it on a "
+                      "file system that every host mounts");
 }
 
 }  // namespace mantissa::launcher

@@ -1,8 +1,8 @@
 // What the ranks of one job must share, compared once at start-up, before the communicators
 // are built: one build of mantissa, one kind of device, a GPU of its own for each GPU rank, the
-// same settings and the same tokens. Each rank describes itself (RankStart), the descriptions
-// are all-gathered, and every rank runs the same comparison, so all of them stop with the same
-// message (a config error, exit 2) naming the ranks, their hosts and what differs.
+// same settings, the same tokens, and one run directory. Each rank describes itself (RankStart),
+// the descriptions are all-gathered, and every rank runs the same comparison, so all of them stop
+// with the same message (a config error, exit 2) naming the ranks, their hosts and what differs.
 //
 // Without it such a job goes wrong later, and says less:
 //  - ranks on different devices (run.device AUTO where some ranks see no GPU) build NCCL on
@@ -72,6 +72,13 @@ RankStart decode_rank_start(const std::string& bytes);
 // (naming the fields, rank 0's value -> the other rank's; run.device among them), kind of device,
 // GPU, training tokens, validation tokens.
 void require_agreement(const std::vector<RankStart>& ranks);
+
+// Throws RanksDisagree on every rank when some rank cannot read a file rank 0 wrote into
+// run_dir (removed again): a run.dir on each host's own disk, which training would fill happily
+// until its first checkpoint, where the other ranks' parts cannot join rank 0's. Collective, as
+// require_ranks_agree; rank 0 must have made run_dir (the others need not: where it is shared,
+// it is there).
+void require_shared_run_dir(const dist::World& world, const std::string& run_dir, double timeout_s);
 
 // Gathers every rank's `mine` and calls require_agreement on every rank. Collective (a rank that
 // does not join within timeout_s ends the job, as World::abort_on_timeout does); returns at once

@@ -91,18 +91,6 @@ ReplicaPart replica_part(int64_t n, int rank, int size) {
   return {begin, n * (rank + 1) / size - begin};
 }
 
-void create_run_dir(const std::string& run_dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
-  if (ec) {
-    // Missing here is a parent that cannot hold directories (/proc): only the config can fix it.
-    const core::ErrorKind kind =
-        ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
-    core::throw_error_of_kind(kind,
-                              "run.dir = \"" + run_dir + "\": cannot be created: " + ec.message());
-  }
-}
-
 }  // namespace
 
 Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::ProgressMode progress)
@@ -111,11 +99,21 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       run_dir_(config.run().dir()),
       run_dir_cleanup_(run_dir_, world.rank() == 0),
       progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
-  // Rank 0 makes run.dir and locks it at once; the other ranks make it (on their hosts, where
-  // it is not shared) once the ranks agree, so that a start they refuse leaves no directory
-  // behind: rank 0's cleanup removes only one it made.
+  // Rank 0 makes run.dir and locks it; the other ranks use it once they have read a file rank
+  // 0 wrote there (require_shared_run_dir below). So a start they refuse leaves no directory
+  // behind (rank 0's cleanup removes the one it made), and no rank makes one of its own on a
+  // disk that is not shared.
   if (world.rank() == 0) {
-    create_run_dir(run_dir_);
+    std::error_code ec;
+    std::filesystem::create_directories(run_dir_, ec);
+    if (ec) {
+      // Missing here is a parent that cannot hold directories (/proc): only the config can fix
+      // it.
+      const core::ErrorKind kind =
+          ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
+      core::throw_error_of_kind(
+          kind, "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
+    }
     run_dir_lock_.emplace(run_dir_);
   }
 
@@ -140,7 +138,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // whose ranks do not share what they must (launcher/rank_agreement.h) stops here, every rank
   // with the same message.
   require_ranks_agree(world, rank_start(), config_.dist().timeout_s());
-  if (world.rank() != 0) create_run_dir(run_dir_);
+  require_shared_run_dir(world, run_dir_, config_.dist().timeout_s());
   // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
   const train::MasterShard shard = config_.dist().zero_stage() == 1
                                        ? train::MasterShard{world.rank(), world.size()}

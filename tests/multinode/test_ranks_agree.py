@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Hosts with copies of their own: the ranks compare their tokens before they train.
+"""Hosts with copies of their own: the ranks compare their tokens and their run directory
+before they train.
 
 A cluster of 2 hosts (scripts/start-cluster.sh, 2 slots each) gives every host a /tmp of its
 own, as nodes' local disks are. The config names data at one path, /tmp/data/corpus.txt, and
@@ -7,7 +8,11 @@ each host holds its own copy there:
   - other text on node2 than on node1: every rank stops at the start with exit code 2, the
     message naming ranks [0, 1] on node1 and ranks [2, 3] on node2 with their token counts and
     fingerprints, no rank aborts (each finds the same difference), and run.dir is not made;
-  - the same text on both hosts: the 4 ranks train to the end.
+  - the same text on both hosts: the 4 ranks train to the end, a checkpoint at the end, and
+    run.dir holds nothing of the start's check;
+  - the same, with run.dir in /tmp (each host's own): refused at the start with exit code 2,
+    naming ranks [2, 3] on node2 that cannot read what rank 0 wrote (before, training ran to
+    its first checkpoint and failed there with exit code 1).
 The cluster is stopped at the end, whatever happened, and nothing of it may be left.
 """
 
@@ -34,7 +39,8 @@ def put_on_host(nodes, host, source, path):
 
 
 def train(nodes, binary, config, run_dir, out_path):
-    """4 ranks, 2 per host; returns the CompletedProcess (output in out_path)."""
+    """4 ranks, 2 per host, a checkpoint at the end; returns the CompletedProcess (output in
+    out_path)."""
     settings = [s for s in harness.SMALL_RUN_SETTINGS if not s.startswith("data.")]
     settings += ["data.micro_batch_size=2", "data.text_file.path=/tmp/data/corpus.txt",
                  "run.steps=4", f"run.dir={run_dir}"]
@@ -100,15 +106,30 @@ def main():
                 steps = sorted(cluster.exact_steps(run_dir, rank))
                 if steps != [0, 1, 2, 3]:
                     harness.fail(f"rank {rank} logged steps {steps}, expected 0..3")
+            left = [n for n in os.listdir(run_dir) if n.startswith(".shared")]
+            if left:
+                harness.fail(f"the start's check left {left} in {run_dir}")
             harness.log("the same tokens on both hosts: 4 steps trained")
+
+            local_out = os.path.join(workdir, "local.out")
+            local = train(nodes, staged, config, "/tmp/run", local_out)
+            output = cluster.tail(local_out, 200)
+            if local.returncode != 2:
+                harness.fail(f"run.dir on each host's own /tmp: exit {local.returncode}, "
+                             f"expected 2:\n{output}")
+            expected = ('run.dir = "/tmp/run" is not one directory shared by every rank: ranks '
+                        '[2, 3] (host node2) cannot read the file rank 0 (host node1) wrote there')
+            if expected not in output or "MPI_ABORT" in output:
+                harness.fail(f"no message naming node2's ranks, or a rank aborted:\n{output}")
+            harness.log("run.dir on each host's own disk: refused at the start")
         ok = True
     finally:
         if ok and not args.keep:
             subprocess.run(["rm", "-rf", workdir])
         else:
             harness.log(f"files kept in {workdir}")
-    print("PASS: hosts with other tokens are refused at the start; with the same, they train",
-          flush=True)
+    print("PASS: hosts with other tokens, or a run.dir of their own, are refused at the start; "
+          "with the same tokens and a shared run.dir, they train", flush=True)
 
 
 if __name__ == "__main__":
