@@ -34,11 +34,12 @@ DeviceInfo gpu_device(int local_rank) {
     cudaGetLastError();
     return {};
   }
-  // The address NCCL tells GPUs apart by ("00000000:3B:00.0").
+  // The address NCCL tells GPUs apart by ("00000000:3B:00.0"); "" where the driver does not
+  // say (the ranks then cannot compare GPUs, and NCCL still refuses two on one).
   char pci_address[64] = {};
   if (cudaDeviceGetPCIBusId(pci_address, sizeof pci_address, index) != cudaSuccess) {
     cudaGetLastError();
-    return {};
+    pci_address[0] = '\0';
   }
   return {true, index, props.name, props.major * 10 + props.minor, pci_address};
 }

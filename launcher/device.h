@@ -15,6 +15,7 @@ struct DeviceInfo {
   std::string name;            // "CPU (2 threads)", or the GPU's name
   int compute_capability = 0;  // major * 10 + minor; 0 on the CPU
   std::string pci_address;     // the GPU's (cudaDeviceGetPCIBusId: the same in every process)
+                               // or "" where unknown
 };
 
 // CPU when run.device is CPU, or AUTO without a visible GPU; otherwise GPU

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <stdexcept>
+#include <string_view>
+#include <thread>
 #include <utility>
 
 #include "core/durable_file.h"
@@ -148,7 +151,9 @@ void require_own_gpus(const std::vector<RankStart>& starts) {
   std::map<std::pair<std::string, std::string>, std::vector<int>> ranks_of_gpu;
   for (size_t r = 0; r < starts.size(); ++r) {
     const RankStart& s = starts[r];
-    if (s.cuda) ranks_of_gpu[{s.host, s.pci_address}].push_back(static_cast<int>(r));
+    if (s.cuda && !s.pci_address.empty()) {
+      ranks_of_gpu[{s.host, s.pci_address}].push_back(static_cast<int>(r));
+    }
   }
   for (const auto& [gpu, ranks] : ranks_of_gpu) {
     if (ranks.size() < 2) continue;
@@ -251,33 +256,57 @@ void require_ranks_agree(const dist::World& world, const RankStart& mine, double
 void require_shared_run_dir(const dist::World& world, const std::string& run_dir,
                             double timeout_s) {
   if (world.size() == 1) return;
+  constexpr std::string_view kPrefix = ".shared-";
+  const std::filesystem::path dir = std::filesystem::absolute(run_dir);
+  // Rank 0's file, removed however this ends (a file left by a rank 0 that was killed goes at
+  // the next start: rank 0 holds run.dir's lock, so no other run is checking).
+  struct RemoveAtExit {
+    std::filesystem::path path;
+    ~RemoveAtExit() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove(path, ignored);
+    }
+  } written;
   // A name no rank has looked up before, so that no cached "no such file" of a network file
-  // system hides it.
-  std::string name;
+  // system hides it; rank 0 sends the file's whole path, for the message.
+  std::string rank0_file;
   if (world.rank() == 0) {
+    std::error_code ignored;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+      if (entry.path().filename().string().starts_with(kPrefix)) {
+        std::filesystem::remove(entry.path(), ignored);
+      }
+    }
     std::random_device random;
-    char text[48];
-    std::snprintf(text, sizeof text, ".shared-%08x%08x-%ld", random(), random(),
+    char name[48];
+    std::snprintf(name, sizeof name, "%s%08x%08x-%ld", kPrefix.data(), random(), random(),
                   static_cast<long>(::getpid()));
-    name = text;
-    core::write_file_atomically(run_dir + "/" + name, name);
+    written.path = dir / name;
+    core::write_file_atomically(written.path.string(), name);
+    rank0_file = written.path.string();
   }
-  const std::string path = run_dir + "/" + world.all_gather(name, timeout_s)[0];
+  rank0_file = world.all_gather(rank0_file, timeout_s)[0];
+  const std::string name = std::filesystem::path(rank0_file).filename().string();
   std::string unseen;  // why this rank does not read what rank 0 wrote; "" when it does
   if (world.rank() != 0) {
-    try {
-      if (core::read_whole_file(path, "rank 0's file") != path.substr(run_dir.size() + 1)) {
-        unseen = "'" + path + "' holds other bytes";
+    // A network file system may have cached that run.dir did not exist a moment ago: a few
+    // more tries, each after opening run.dir's parent, which makes the client look again.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      try {
+        unseen = core::read_whole_file((dir / name).string(), "rank 0's file") == name
+                     ? ""
+                     : "'" + (dir / name).string() + "' holds other bytes";
+      } catch (const core::Error& e) {
+        unseen = e.what();
       }
-    } catch (const core::Error& e) {
-      unseen = e.what();
+      if (unseen.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::error_code ignored;
+      std::filesystem::directory_iterator(dir.parent_path(), ignored);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   }
   const std::vector<std::string> unseen_by_rank = world.all_gather(unseen, timeout_s);
-  if (world.rank() == 0) {
-    std::error_code ignored;  // a file left over says only that this check ran
-    std::filesystem::remove(path, ignored);
-  }
   std::vector<int> blind;
   std::vector<std::string> hosts_by_rank;
   for (int r = 0; r < world.size(); ++r) {
@@ -287,7 +316,8 @@ void require_shared_run_dir(const dist::World& world, const std::string& run_dir
   if (blind.empty()) return;
   throw RanksDisagree("run.dir = \"" + run_dir +
                       "\" is not one directory shared by every rank: " + who(blind, hosts_by_rank) +
-                      " cannot read the file " + who({0}, hosts_by_rank) + " wrote there (" +
+                      " cannot read the file " + who({0}, hosts_by_rank) + " wrote there, " +
+                      rank0_file + " (rank " + std::to_string(blind[0]) + ": " +
                       unseen_by_rank[static_cast<size_t>(blind[0])] +
                       "). Every rank writes its part of each checkpoint into run.dir: put it on a "
                       "file system that every host mounts");

@@ -1,13 +1,14 @@
 // The Trainer: one rank's part of a training run, wired from a validated TrainConfig.
 //
 // Construction builds, in this order (every rank runs the same code, see dist/data_parallel.h):
-// the device and backend, the corpus and this rank's data loader, the check that every rank
-// shares the build, settings, kind of device and tokens and has a GPU of its own
-// (launcher/rank_agreement.h), the model (same seed on every rank), data parallelism (gradient
-// sync + the optimizer, ZeRO-1 sharded or not), the loss scaler, LR schedule and training step
-// (with fault injection from debug.*), the checkpointer and the metrics exporter; then it
-// resumes from <run.dir>/checkpoints when there is a checkpoint (checkpoint.resume), or
-// broadcasts rank 0's initial weights (random, or imported from model.init_from).
+// run.dir and its lock (rank 0), the device and backend, the corpus and this rank's data loader,
+// the checks that every rank shares the build, settings, kind of device and tokens, has a GPU
+// of its own and sees rank 0's run.dir (launcher/rank_agreement.h), the model (same seed on
+// every rank), data parallelism (gradient sync + the optimizer, ZeRO-1 sharded or not), the
+// loss scaler, LR schedule and training step (with fault injection from debug.*), the
+// checkpointer and the metrics exporter; then it resumes from <run.dir>/checkpoints when there
+// is a checkpoint (checkpoint.resume), or broadcasts rank 0's initial weights (random, or
+// imported from model.init_from).
 //
 // run() trains to run.steps. After every step each rank logs its JSON line, rank 0 updates the
 // progress line, and all ranks agree, with one MAX all-reduce, on whether any of them received

@@ -16,9 +16,9 @@
    reads back unchanged;
  - a checkpoint saved by another model is refused with exit code 2 (a config error);
  - ranks with other settings or other tokens (each its own program and working directory
-   under mpirun, as hosts with their own copies) stop at the start with exit code 2, naming
-   what differs, and so does a config refused on rank 1 alone; the same tokens at other paths
-   train;
+   under mpirun, as hosts with their own copies), or a relative run.dir that is another
+   directory for each, stop at the start with exit code 2, naming what differs, and so does a
+   config refused on rank 1 alone; the same tokens at other paths train;
  - llm.c's Llama-3 shards (uint32 tokens) train a vocabulary past 2^16, and a token past the
    vocabulary stops the run with exit code 2 naming the shard and the position;
  - the divergence guard: gradients non-finite at the minimum loss scale for
@@ -842,6 +842,8 @@ data { micro_batch_size: 2 }
                      ("b", ["metrics.job=b", "data.text_file.path=copy.txt"]))
         self.assertEqual(same.returncode, 0, same.stderr[-3000:])
         self.assertEqual([e["step"] for e in lu.read_log(self.run_dir("same"), 1)], [0, 1, 2, 3])
+        self.assertEqual([n for n in os.listdir(self.run_dir("same")) if n.startswith(".shared")],
+                         [], "the start's check leaves nothing in run.dir")
 
         tokens = train("tokens", ("a", []), ("c", []))
         self.assertEqual(tokens.returncode, 2, tokens.stderr[-3000:])
@@ -858,6 +860,20 @@ data { micro_batch_size: 2 }
         self.assertEqual(settings.returncode, 2, settings.stderr[-3000:])
         self.assertIn("(rank 0's -> rank 1's: optimizer.adamw.lr 0.003 -> 0.01). Every rank "
                       "must run the same config", settings.stderr)
+        self.assertNotIn("MPI_ABORT", settings.stderr)
+
+        # A relative run.dir, which each rank takes from its own working directory: two
+        # directories, which checkpoints could not join.
+        apart = train("apart", ("a", ["run.dir=run"]),
+                      ("b", ["run.dir=run", "data.text_file.path=copy.txt"]))
+        self.assertEqual(apart.returncode, 2, apart.stderr[-3000:])
+        self.assertIn('run.dir = "run" is not one directory shared by every rank: rank 1 (host ',
+                      apart.stderr)
+        self.assertIn(f"(rank 1: rank 0's file '{os.path.join(self.dir, 'b', 'run', '.shared-')}",
+                      apart.stderr)
+        self.assertNotIn("MPI_ABORT", apart.stderr)
+        for host in ("a", "b"):
+            self.assertFalse(os.path.exists(os.path.join(self.dir, host, "run")), host)
 
         # A config refused on another rank than rank 0 (its host lacks the file) ends every
         # rank, and rank 0 says why.
