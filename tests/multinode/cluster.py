@@ -12,12 +12,14 @@ sockets mpirun opens on all interfaces, then exist only there, unreachable from 
 real network.
 """
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402 (the integration tests' helpers: deadline, logs, train argv)
@@ -175,6 +177,29 @@ class Cluster:
         for e in env:
             argv += ["-x", e]
         return argv
+
+
+@contextlib.contextmanager
+def work_directory(args, prefix):
+    """`with work_directory(args, prefix) as (workdir, config, binary):` a test's directory,
+    outside /tmp (every host has a /tmp of its own, the rest of the file system is shared),
+    holding an empty config and a copy of the mantissa binary for the hosts to run (a build tree
+    in /tmp, as a CI clone may be, is out of their sight). Removed when the body succeeds, unless
+    --keep; otherwise kept, and named."""
+    os.makedirs("/var/tmp", exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix=prefix, dir="/var/tmp")
+    ok = False
+    try:
+        config = harness.write_empty_config(workdir)
+        binary = os.path.join(workdir, "mantissa")
+        shutil.copy2(harness.mantissa_binary(args.build_dir), binary)
+        yield workdir, config, binary
+        ok = True
+    finally:
+        if ok and not args.keep:
+            subprocess.run(["rm", "-rf", workdir])
+        else:
+            harness.log(f"files kept in {workdir}")
 
 
 def processes_mentioning(text):

@@ -19,9 +19,7 @@ The cluster is stopped at the end, whatever happened, and nothing of it may be l
 import os
 import random
 import re
-import shutil
 import subprocess
-import tempfile
 
 import cluster
 from cluster import harness
@@ -58,17 +56,8 @@ def train(nodes, binary, config, run_dir, out_path):
 def main():
     args = harness.parse_args()
     cluster.require_namespaces()
-    binary = harness.mantissa_binary(args.build_dir)
     cluster.isolate_network(args.source_dir)
-
-    # Outside /tmp: every host has a /tmp of its own, the rest of the file system is shared.
-    os.makedirs("/var/tmp", exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="mantissa-multinode-", dir="/var/tmp")
-    ok = False
-    try:
-        config = harness.write_empty_config(workdir)
-        staged = os.path.join(workdir, "mantissa")
-        shutil.copy2(binary, staged)
+    with cluster.work_directory(args, "mantissa-ranks-agree-") as (workdir, config, staged):
         rng = random.Random(17)
         text = "".join(rng.choice("abcdefgh \n") for _ in range(40000))
         texts = {}
@@ -122,12 +111,6 @@ def main():
             if expected not in output or "MPI_ABORT" in output:
                 harness.fail(f"no message naming node2's ranks, or a rank aborted:\n{output}")
             harness.log("run.dir on each host's own disk: refused at the start")
-        ok = True
-    finally:
-        if ok and not args.keep:
-            subprocess.run(["rm", "-rf", workdir])
-        else:
-            harness.log(f"files kept in {workdir}")
     print("PASS: hosts with other tokens, or a run.dir of their own, are refused at the start; "
           "with the same tokens and a shared run.dir, they train", flush=True)
 

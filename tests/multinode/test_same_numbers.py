@@ -15,9 +15,7 @@ and nothing of it may be left.
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 
 import cluster
@@ -95,20 +93,9 @@ def compare(mode, run_a, run_b):
 def main():
     args = harness.parse_args()
     cluster.require_namespaces()
-    binary = harness.mantissa_binary(args.build_dir)
     cluster.isolate_network(args.source_dir)
 
-    # Outside /tmp: every host has a /tmp of its own, the rest of the file system is shared.
-    os.makedirs("/var/tmp", exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="mantissa-multinode-", dir="/var/tmp")
-    ok = False
-    try:
-        config = harness.write_empty_config(workdir)
-        # The hosts see the shared file system but each its own /tmp, where a build tree (a CI
-        # clone) may live: the ranks run a copy of the binary from the work directory.
-        staged = os.path.join(workdir, "mantissa")
-        shutil.copy2(binary, staged)
-        binary = staged
+    with cluster.work_directory(args, "mantissa-multinode-") as (workdir, config, binary):
         with cluster.Cluster(args.source_dir, os.path.join(workdir, "cluster"), 2) as nodes:
             layouts = {
                 "2x2": (nodes.hostfile, {0: ("node1", 0), 1: ("node1", 1),
@@ -125,12 +112,6 @@ def main():
                         harness.fail(f"{layout} {mode}: ranks ran on (host, local rank) {hosts}, "
                                      f"expected {expected_hosts}")
                 compare(mode, run_dirs["2x2"], run_dirs["1x4"])
-        ok = True
-    finally:
-        if ok and not args.keep:
-            subprocess.run(["rm", "-rf", workdir])
-        else:
-            harness.log(f"files kept in {workdir}")
     print("PASS: same numbers on 2 hosts x 2 ranks as on 1 host x 4 ranks (FP32, BF16)", flush=True)
 
 

@@ -15,9 +15,7 @@ reduced-precision reduction gain on such links.
 """
 
 import os
-import shutil
 import subprocess
-import tempfile
 import time
 
 import cluster
@@ -62,16 +60,9 @@ def train(nodes, hostfile, argv_tail, out_path, what):
 def main():
     args = harness.parse_args()
     cluster.require_namespaces()
-    binary = harness.mantissa_binary(args.build_dir)
     cluster.isolate_network(args.source_dir)
 
-    os.makedirs("/var/tmp", exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="mantissa-slow-link-", dir="/var/tmp")
-    ok = False
-    try:
-        config = harness.write_empty_config(workdir)
-        staged = os.path.join(workdir, "mantissa")
-        shutil.copy2(binary, staged)
+    with cluster.work_directory(args, "mantissa-slow-link-") as (workdir, config, staged):
         with cluster.Cluster(args.source_dir, os.path.join(workdir, "cluster"), 2, slots=1) as nodes:
             one_host = nodes.write_hostfile("hostfile-node1", ["node1 slots=2"])
             references = {}
@@ -98,12 +89,6 @@ def main():
                                          f"the unshaped run on one host {want[step]}")
                 harness.log(f"{label}: 1 rank on each host over {RATE} links, {seconds:.1f} s, "
                             f"every step bit-identical to the unshaped run on one host")
-        ok = True
-    finally:
-        if ok and not args.keep:
-            subprocess.run(["rm", "-rf", workdir])
-        else:
-            harness.log(f"files kept in {workdir}")
     print(f"PASS: across {RATE} links, FP32, BF16 and FP8 reduction (and BF16 without overlap) "
           "gave the numbers of one host, bit for bit", flush=True)
 

@@ -34,7 +34,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 import cluster
@@ -125,16 +124,9 @@ def main():
                            "prometheus", "mpirun") if shutil.which(t) is None]
     if missing:
         cluster.skip(f"{', '.join(missing)} not installed (scripts/install-integration-deps.sh)")
-    binary = harness.mantissa_binary(args.build_dir)
     cluster.isolate_network(args.source_dir)
 
-    os.makedirs("/var/tmp", exist_ok=True)
-    workdir = tempfile.mkdtemp(prefix="mantissa-slurm-multinode-", dir="/var/tmp")
-    ok = False
-    try:
-        config = harness.write_empty_config(workdir)
-        staged = os.path.join(workdir, "mantissa")
-        shutil.copy2(binary, staged)
+    with cluster.work_directory(args, "mantissa-slurm-multinode-") as (workdir, config, staged):
         # The sbatch script's mpirun launcher looks for mantissa-mpirun beside the binary.
         shutil.copy2(os.path.join(args.source_dir, "deploy", "mantissa-mpirun"),
                      os.path.join(workdir, "mantissa-mpirun"))
@@ -154,12 +146,6 @@ def main():
                 daemons.stop_all()
                 subprocess.run([os.path.join(args.source_dir, "scripts", "stop-slurm.sh"),
                                 slurm_dir], env=dict(nodes.env, KEEP="0"), timeout=120)
-        ok = True
-    finally:
-        if ok and not args.keep:
-            subprocess.run(["rm", "-rf", workdir])
-        else:
-            harness.log(f"files kept in {workdir}")
 
 
 def run(args, nodes, env, daemons, workdir, staged, config):
