@@ -320,7 +320,10 @@ void require_shared_run_dir(const dist::World& world, const std::string& run_dir
                       rank0_file + " (rank " + std::to_string(blind[0]) + ": " +
                       unseen_by_rank[static_cast<size_t>(blind[0])] +
                       "). Every rank writes its part of each checkpoint into run.dir: put it on a "
-                      "file system that every host mounts");
+                      "file system that every host mounts" +
+                      (std::filesystem::path(run_dir).is_relative()
+                           ? " (a relative run.dir is taken from each rank's working directory)"
+                           : ""));
 }
 
 }  // namespace mantissa::launcher

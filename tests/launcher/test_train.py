@@ -871,6 +871,8 @@ data { micro_batch_size: 2 }
                       apart.stderr)
         self.assertIn(f"(rank 1: rank 0's file '{os.path.join(self.dir, 'b', 'run', '.shared-')}",
                       apart.stderr)
+        self.assertIn("(a relative run.dir is taken from each rank's working directory)",
+                      apart.stderr)
         self.assertNotIn("MPI_ABORT", apart.stderr)
         for host in ("a", "b"):
             self.assertFalse(os.path.exists(os.path.join(self.dir, host, "run")), host)
