@@ -6,11 +6,13 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "core/durable_file.h"
@@ -147,18 +149,21 @@ void require_same_settings(const std::vector<RankStart>& starts) {
       "data.tokenizer, model.init_from and the metrics section may differ between hosts");
 }
 
+// A GPU is its machine and its PCI address. The machine is the host name and the kernel's boot
+// id, as NCCL tells hosts apart: identical servers have their GPUs at the same addresses, and
+// containers on different servers may share a host name, but not a boot id.
 void require_own_gpus(const std::vector<RankStart>& starts) {
-  std::map<std::pair<std::string, std::string>, std::vector<int>> ranks_of_gpu;
+  std::map<std::tuple<std::string, std::string, std::string>, std::vector<int>> ranks_of_gpu;
   for (size_t r = 0; r < starts.size(); ++r) {
     const RankStart& s = starts[r];
     if (s.cuda && !s.pci_address.empty()) {
-      ranks_of_gpu[{s.host, s.pci_address}].push_back(static_cast<int>(r));
+      ranks_of_gpu[{s.host, s.boot_id, s.pci_address}].push_back(static_cast<int>(r));
     }
   }
   for (const auto& [gpu, ranks] : ranks_of_gpu) {
     if (ranks.size() < 2) continue;
     throw RanksDisagree(
-        who(ranks, starts) + " share one GPU, at PCI " + gpu.second + " (" +
+        who(ranks, starts) + " share one GPU, at PCI " + std::get<2>(gpu) + " (" +
         starts[static_cast<size_t>(ranks[0])].device +
         "): NCCL needs a GPU of its own for each rank. A rank takes its local rank modulo "
         "the GPUs it sees: start at most as many ranks on each host as it has GPUs (mpirun "
@@ -168,6 +173,13 @@ void require_own_gpus(const std::vector<RankStart>& starts) {
 }
 
 }  // namespace
+
+std::string kernel_boot_id() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
+}
 
 std::string shared_settings_text(const TrainConfig& config) {
   TrainConfig shared = config;
@@ -191,6 +203,7 @@ std::string encode_rank_start(const RankStart& start) {
   put(out, "cuda", start.cuda ? "1" : "0");
   put(out, "device", start.device);
   put(out, "pci_address", start.pci_address);
+  put(out, "boot_id", start.boot_id);
   for (const auto& [prefix, corpus] :
        {std::pair{"train", &start.train}, std::pair{"validation", &start.validation}}) {
     put(out, std::string(prefix) + ".name", corpus->name);
@@ -208,6 +221,7 @@ RankStart decode_rank_start(const std::string& bytes) {
   start.cuda = fields["cuda"] == "1";
   start.device = fields["device"];
   start.pci_address = fields["pci_address"];
+  start.boot_id = fields["boot_id"];
   for (const auto& [prefix, corpus] :
        {std::pair{"train", &start.train}, std::pair{"validation", &start.validation}}) {
     corpus->name = fields[std::string(prefix) + ".name"];

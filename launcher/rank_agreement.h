@@ -55,10 +55,15 @@ struct RankStart {
   bool cuda = false;
   std::string device;       // DeviceInfo::name, "on cuda:<index>" added for a GPU
   std::string pci_address;  // DeviceInfo::pci_address ("" on the CPU)
+  std::string boot_id;      // kernel_boot_id(): with the host, which machine the GPU is in
   CorpusIdentity train;
   CorpusIdentity validation;  // tokens 0 when the run evaluates nothing
   std::string settings;       // shared_settings_text(config)
 };
+
+// This machine's /proc/sys/kernel/random/boot_id ("" where unreadable): the same in every
+// container on it, another on each machine and after each boot.
+std::string kernel_boot_id();
 
 // The config as text, less what may differ between hosts (above).
 std::string shared_settings_text(const TrainConfig& config);

@@ -607,6 +607,7 @@ RankStart Trainer::rank_start() const {
   start.device =
       device_.cuda ? device_.name + " on cuda:" + std::to_string(device_.index) : device_.name;
   start.pci_address = device_.pci_address;
+  start.boot_id = kernel_boot_id();
   start.train = train_data_;
   start.validation = validation_data_;
   start.settings = shared_settings_text(config_);

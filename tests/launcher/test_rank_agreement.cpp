@@ -42,6 +42,7 @@ RankStart cpu_rank(const std::string& host) {
 
 RankStart gpu_rank(const std::string& host, int index) {
   RankStart s = cpu_rank(host);
+  s.boot_id = "boot of " + host;
   s.cuda = true;
   s.device = "NVIDIA H100 80GB HBM3 on cuda:" + std::to_string(index);
   s.pci_address = "0000:" + std::to_string(10 + index) + ":00.0";
@@ -59,6 +60,7 @@ TEST(RankStart, EncodesAndDecodesAnyBytes) {
   EXPECT_TRUE(back.cuda);
   EXPECT_EQ(back.device, s.device);
   EXPECT_EQ(back.pci_address, s.pci_address);
+  EXPECT_EQ(back.boot_id, s.boot_id);
   EXPECT_EQ(back.train.name, s.train.name);
   EXPECT_EQ(back.train.tokens, s.train.tokens);
   EXPECT_EQ(back.train.fingerprint, s.train.fingerprint);
@@ -121,6 +123,22 @@ TEST(RankAgreement, TwoRanksOnOneGpuAreNamed) {
   EXPECT_NE(e.find("mpirun --npernode"), std::string::npos) << e;
   for (RankStart& r : ranks) r.pci_address = "";
   EXPECT_EQ(error_of(ranks), "") << "GPUs whose address is unknown are not compared";
+}
+
+TEST(RankAgreement, ServersThatShareAHostNameAreToldApartByBootId) {
+  // Containers named alike on identical servers: the same host name and PCI addresses.
+  std::vector<RankStart> ranks = {gpu_rank("trainer", 0), gpu_rank("trainer", 0)};
+  ranks[0].boot_id = "b4d73d84-6d89-4b3d-a69c-f40554a9e9ef";
+  ranks[1].boot_id = "0e0c5b8a-58a4-4f7e-9d0d-2c3ad1f1a6b2";
+  EXPECT_EQ(error_of(ranks), "");
+  ranks[1].boot_id = ranks[0].boot_id;
+  EXPECT_NE(error_of(ranks).find("share one GPU"), std::string::npos);
+}
+
+TEST(RankAgreement, TheBootIdIsThisMachines) {
+  const std::string id = kernel_boot_id();
+  EXPECT_EQ(id.size(), 36u) << id;
+  EXPECT_EQ(id, kernel_boot_id());
 }
 
 TEST(RankAgreement, OtherSettingsAreNamedFieldByField) {
