@@ -59,9 +59,7 @@ std::unique_ptr<DataParallel> DataParallel::create(World& world, core::Backend& 
   }
   std::unique_ptr<DataParallel> dp =
       create(backend, params, job_config, std::move(comm), std::move(host_scalars));
-  std::vector<std::string> hosts;
-  for (int r = 0; r < world.size(); ++r) hosts.push_back(world.host_of(r));
-  dp->set_rank_hosts(std::move(hosts));
+  dp->set_rank_hosts(world.hosts());
   return dp;
 }
 

@@ -26,8 +26,10 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   int local_rank() const { return local_rank_; }
-  // The host rank `rank` runs on, as MPI_Get_processor_name reported it there.
+  // The host rank `rank` runs on, as MPI_Get_processor_name reported it there; every rank's,
+  // by rank.
   const std::string& host_of(int rank) const { return hosts_.at(static_cast<size_t>(rank)); }
+  const std::vector<std::string>& hosts() const { return hosts_; }
   // The CPUs rank `rank` may run on, in increasing order (core::process_cpus at start-up: all
   // of its host's unless mpirun, srun or OpenMP's places bound it); empty where unknown.
   const std::vector<int>& cpus_of(int rank) const { return cpus_.at(static_cast<size_t>(rank)); }

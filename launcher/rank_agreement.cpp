@@ -322,15 +322,13 @@ void require_shared_run_dir(const dist::World& world, const std::string& run_dir
   }
   const std::vector<std::string> unseen_by_rank = world.all_gather(unseen, timeout_s);
   std::vector<int> blind;
-  std::vector<std::string> hosts_by_rank;
   for (int r = 0; r < world.size(); ++r) {
     if (!unseen_by_rank[static_cast<size_t>(r)].empty()) blind.push_back(r);
-    hosts_by_rank.push_back(world.host_of(r));
   }
   if (blind.empty()) return;
   throw RanksDisagree("run.dir = \"" + run_dir +
-                      "\" is not one directory shared by every rank: " + who(blind, hosts_by_rank) +
-                      " cannot read the file " + who({0}, hosts_by_rank) + " wrote there, " +
+                      "\" is not one directory shared by every rank: " + who(blind, world.hosts()) +
+                      " cannot read the file " + who({0}, world.hosts()) + " wrote there, " +
                       rank0_file + " (rank " + std::to_string(blind[0]) + ": " +
                       unseen_by_rank[static_cast<size_t>(blind[0])] +
                       "). Every rank writes its part of each checkpoint into run.dir: put it on a "
