@@ -29,7 +29,8 @@ enum class ErrorKind {
   kFailure = 1,
   // A bad command line or configuration (including data files and devices it names, and a
   // checkpoint in its run directory that does not fit it): nothing was trained, except where a
-  // token shard holds a token past the vocabulary, which is found when a batch reads it.
+  // token shard holds a token past the vocabulary or is cut while the run reads it, which is
+  // found when a batch reads it.
   kConfig = 2,
   // A peer rank stopped answering within dist.timeout_s: the rank that noticed ends the job,
   // naming the silent ranks (dist::World::abort_on_timeout).

@@ -1,10 +1,14 @@
 // Data sources and the rank-aware loader: the synthetic corpus against its documented grammar,
-// text files, llm.c token shards (every malformed case), and batch slicing, resume and re-split.
+// text files, llm.c token shards (every malformed case, one cut while open, more than the open
+// files limit), and batch slicing, resume and re-split.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -352,6 +356,51 @@ TEST_F(DataFiles, MissingShardsNameThePattern) {
   const std::string missing = path("missing.bin");
   msg = error_of([&] { Corpus::token_shards(missing, 256); });
   EXPECT_NE(msg.find("'" + missing + "' matches no file"), std::string::npos) << msg;
+}
+
+// A shard is read as batches need it: one cut (or rewritten shorter) while a run holds it open
+// is an error naming the file and the byte, where a memory mapping would die of SIGBUS.
+TEST_F(DataFiles, ShardCutWhileOpenIsNamedWhenRead) {
+  const std::string shard = write_shard("cut.bin", iota_tokens(4000));
+  const Corpus corpus = Corpus::token_shards(shard, 65536);
+  const TokenSegment& segment = corpus.segments()[0];
+  std::vector<int32_t> window(17);
+  segment.read(3900, window, 65536);
+  EXPECT_EQ(window.front(), 3900);
+
+  fs::resize_file(shard, 1024 + 2 * 3000);
+  segment.read(2000, window, 65536);  // what is left still reads
+  EXPECT_EQ(window.front(), 2000);
+  const std::string msg = error_of([&] { segment.read(3900, window, 65536); });
+  EXPECT_NE(msg.find("token shard '" + shard +
+                     "' holds 7024 bytes, 9024 when the run opened it "
+                     "(a read at byte 8824 found its end): it was cut or rewritten while the run "
+                     "read it"),
+            std::string::npos)
+      << msg;
+}
+
+// One descriptor a shard stays open: the soft limit on open files is raised for them as far as
+// the hard limit allows, and past that the message names the limit (in a child process: the
+// limits are the process's).
+TEST_F(DataFiles, ShardsPastTheOpenFilesLimitNameIt) {
+  for (int i = 0; i < 40; ++i)
+    write_shard("many_" + std::to_string(100 + i) + ".bin", iota_tokens(8));
+  const auto load_under = [&](rlim_t soft, rlim_t hard) {
+    const rlimit limit{soft, hard};
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) std::_Exit(3);
+    try {
+      const Corpus corpus = Corpus::token_shards(path("many_*.bin"), 256);
+      std::fprintf(stderr, "loaded %zu shards\n", corpus.segments().size());
+      std::_Exit(0);
+    } catch (const core::ConfigError& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      std::_Exit(2);
+    }
+  };
+  EXPECT_EXIT(load_under(32, 4096), testing::ExitedWithCode(0), "loaded 40 shards");
+  EXPECT_EXIT(load_under(32, 32), testing::ExitedWithCode(2),
+              "the run holds its 40 shards open, a descriptor each, and may open 32 files");
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 #include "train/data/corpus.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
@@ -14,6 +16,18 @@ namespace mantissa::train {
 namespace {
 // Mixed into the run's seed for the synthetic validation corpus ("validate" in ASCII).
 constexpr uint64_t kValidationSeedSalt = 0x76616c6964617465ULL;
+
+// Token i of tokens stored `token_bytes` (2 or 4) wide, little-endian as on every supported CPU.
+uint32_t stored_id(const char* stored, size_t i, int token_bytes) {
+  if (token_bytes == 2) {
+    uint16_t id;
+    std::memcpy(&id, stored + 2 * i, 2);
+    return id;
+  }
+  uint32_t id;
+  std::memcpy(&id, stored + 4 * i, 4);
+  return id;
+}
 }  // namespace
 
 TokenSegment::TokenSegment(std::string name, std::span<const uint16_t> tokens)
@@ -28,40 +42,70 @@ TokenSegment::TokenSegment(std::string name, const void* data, int64_t size, int
                  "'" << name_ << "': tokens of " << token_bytes << " bytes (2 or 4)");
 }
 
+TokenSegment::TokenSegment(std::shared_ptr<const TokenFile> file, int64_t first_byte, int64_t size,
+                           int token_bytes)
+    : TokenSegment(file->path(), nullptr, size, token_bytes) {
+  file_ = std::move(file);
+  first_byte_ = first_byte;
+}
+
+const void* TokenSegment::data() const {
+  MANTISSA_CHECK(file_ == nullptr,
+                 "'" << name_ << "': a segment of a file has no tokens in memory");
+  return data_;
+}
+
 TokenSegment TokenSegment::subspan(int64_t offset, int64_t count) const {
   MANTISSA_CHECK(offset >= 0 && count >= 0 && offset + count <= size_,
                  "'" << name_ << "': tokens [" << offset << ", " << offset + count
                      << ") lie outside the segment's " << size_);
   TokenSegment view = *this;
-  view.data_ = static_cast<const char*>(data_) + offset * token_bytes_;
+  if (file_ == nullptr) view.data_ = static_cast<const char*>(data_) + offset * token_bytes_;
   view.size_ = count;
   view.position_ = position_ + offset;
   return view;
 }
 
-void TokenSegment::read(int64_t offset, std::span<int32_t> out, int64_t vocab_size) const {
-  const auto n = static_cast<int64_t>(out.size());
-  MANTISSA_CHECK(offset >= 0 && offset + n <= size_,
-                 "'" << name_ << "': tokens [" << offset << ", " << offset + n
+template <typename Use>
+void TokenSegment::with_stored(int64_t offset, int64_t count, Use&& use) const {
+  MANTISSA_CHECK(offset >= 0 && count >= 0 && offset + count <= size_,
+                 "'" << name_ << "': tokens [" << offset << ", " << offset + count
                      << ") lie outside the segment's " << size_);
-  auto widen = [&](const auto* tokens) {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t token = tokens[offset + i];
+  if (file_ == nullptr) {
+    use(static_cast<const char*>(data_) + offset * token_bytes_);
+    return;
+  }
+  std::vector<char> stored(static_cast<size_t>(count * token_bytes_));
+  file_->read(first_byte_ + (position_ + offset) * token_bytes_, stored);
+  use(stored.data());
+}
+
+void TokenSegment::read_ids(int64_t offset, std::span<uint32_t> out) const {
+  with_stored(offset, static_cast<int64_t>(out.size()), [&](const char* stored) {
+    for (size_t i = 0; i < out.size(); ++i) out[i] = stored_id(stored, i, token_bytes_);
+  });
+}
+
+uint32_t TokenSegment::at(int64_t i) const {
+  uint32_t id = 0;
+  read_ids(i, std::span<uint32_t>(&id, 1));
+  return id;
+}
+
+void TokenSegment::read(int64_t offset, std::span<int32_t> out, int64_t vocab_size) const {
+  with_stored(offset, static_cast<int64_t>(out.size()), [&](const char* stored) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint32_t token = stored_id(stored, i, token_bytes_);
       if (token >= vocab_size) {
         std::ostringstream message;
-        message << "'" << name_ << "': token " << token << " at position " << position_ + offset + i
-                << " is >= vocab_size " << vocab_size
-                << " (data written for a larger vocabulary, or corrupt)";
+        message << "'" << name_ << "': token " << token << " at position "
+                << position_ + offset + static_cast<int64_t>(i) << " is >= vocab_size "
+                << vocab_size << " (data written for a larger vocabulary, or corrupt)";
         throw core::ConfigError(message.str());
       }
       out[i] = static_cast<int32_t>(token);
     }
-  };
-  if (token_bytes_ == 2) {
-    widen(static_cast<const uint16_t*>(data_));
-  } else {
-    widen(static_cast<const uint32_t*>(data_));
-  }
+  });
 }
 
 Corpus Corpus::synthetic(uint64_t seed, int64_t n_tokens) {
@@ -120,9 +164,11 @@ uint64_t Corpus::fingerprint() const {
   const auto add = [&hash](uint64_t value) { hash = core::mix64(hash ^ value); };
   for (const TokenSegment& s : segments_) {
     add(static_cast<uint64_t>(s.size()));
-    const int64_t n = std::min(kFingerprintSample, s.size());
+    std::vector<uint32_t> sample(static_cast<size_t>(std::min(kFingerprintSample, s.size())));
+    const auto n = static_cast<int64_t>(sample.size());
     for (const int64_t first : {int64_t{0}, (s.size() - n) / 2, s.size() - n}) {
-      for (int64_t i = first; i < first + n; ++i) add(s.at(i));
+      s.read_ids(first, sample);
+      for (const uint32_t id : sample) add(id);
     }
   }
   return hash;

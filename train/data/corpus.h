@@ -2,9 +2,9 @@
 //
 // A Corpus is a list of segments, each a contiguous run of tokens (a text file, one token
 // shard, the synthetic buffer). Training windows never cross a segment boundary. Segments are
-// read-only views: shards stay memory-mapped (the page cache is shared by every rank on a node
-// instead of each rank holding a copy), other sources own a buffer. Copies of a Corpus share
-// the same memory.
+// read-only views: shards stay open and are read a window at a time (train/data/token_file.h:
+// the page cache is shared by every rank on a node instead of each rank holding a copy), other
+// sources own a buffer. Copies of a Corpus share the same memory and files.
 #pragma once
 
 #include <cstdint>
@@ -14,29 +14,35 @@
 #include <utility>
 #include <vector>
 
+#include "train/data/token_file.h"
+
 namespace mantissa::train {
 
 // A contiguous run of tokens as stored: 2 bytes each (GPT-2 llm.c shards, text files, the
-// synthetic corpus) or 4 (llm.c Llama-3 shards, for vocabularies past 65,536). A view: the
-// Corpus that made it keeps the memory alive.
+// synthetic corpus) or 4 (llm.c Llama-3 shards, for vocabularies past 65,536), in memory or in
+// a file. A view: the Corpus that made it keeps the memory alive; a file stays open while any
+// view of it does.
 class TokenSegment {
  public:
   TokenSegment(std::string name, std::span<const uint16_t> tokens);
   TokenSegment(std::string name, std::span<const uint32_t> tokens);
-  // `size` tokens of `token_bytes` (2 or 4) each at `data`, as a file or a mapping holds them.
+  // `size` tokens of `token_bytes` (2 or 4) each at `data`, as a file holds them.
   TokenSegment(std::string name, const void* data, int64_t size, int token_bytes);
+  // `size` tokens of `token_bytes` each in `file`, from byte `first_byte` on.
+  TokenSegment(std::shared_ptr<const TokenFile> file, int64_t first_byte, int64_t size,
+               int token_bytes);
 
   const std::string& name() const { return name_; }  // the file it came from, or "synthetic"
   int64_t size() const { return size_; }
   int token_bytes() const { return token_bytes_; }
-  const void* data() const { return data_; }
+  // The tokens of a segment in memory, as stored (a segment of a file has none: check.)
+  const void* data() const;
   // Tokens [offset, offset + count) of this view.
   TokenSegment subspan(int64_t offset, int64_t count) const;
+  // Tokens [offset, offset + out.size()) as stored, unchecked against any vocabulary.
+  void read_ids(int64_t offset, std::span<uint32_t> out) const;
   // Token i, unchecked against any vocabulary (i must lie in [0, size())).
-  uint32_t at(int64_t i) const {
-    return token_bytes_ == 2 ? static_cast<const uint16_t*>(data_)[i]
-                             : static_cast<const uint32_t*>(data_)[i];
-  }
+  uint32_t at(int64_t i) const;
 
   // Copies tokens [offset, offset + out.size()) into `out`, widened to int32. Token values are
   // checked here, as they are used, not when a corpus is opened: scanning a corpus of 10^11
@@ -46,8 +52,15 @@ class TokenSegment {
   void read(int64_t offset, std::span<int32_t> out, int64_t vocab_size) const;
 
  private:
+  // Passes the stored bytes of tokens [offset, offset + count) to `use`, from memory or read
+  // from the file into a buffer.
+  template <typename Use>
+  void with_stored(int64_t offset, int64_t count, Use&& use) const;
+
   std::string name_;
-  const void* data_ = nullptr;
+  const void* data_ = nullptr;             // in memory: token 0 of this view
+  std::shared_ptr<const TokenFile> file_;  // in a file: where token 0 of the file lies
+  int64_t first_byte_ = 0;
   int64_t size_ = 0;
   int token_bytes_ = 2;
   int64_t position_ = 0;  // where token 0 of this view lies in its file, for messages
@@ -121,7 +134,7 @@ class Corpus {
   std::string name_;
   int64_t vocab_size_ = 0;
   std::vector<TokenSegment> segments_;
-  std::vector<std::shared_ptr<const void>> storage_;  // keeps the segments' memory alive
+  std::vector<std::shared_ptr<const void>> storage_;  // keeps in-memory segments' tokens alive
 };
 
 }  // namespace mantissa::train

@@ -1,10 +1,12 @@
-// Corpus::token_shards: llm.c token shards, memory-mapped, their headers validated on load.
+// Corpus::token_shards: llm.c token shards, held open and read a window at a time, their headers
+// validated on load.
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -50,41 +52,61 @@ std::vector<std::string> glob_sorted(const std::string& pattern) {
   return paths;
 }
 
-// Maps `path` read-only and checks everything but the token values: the header (magic and
-// version, of a GPT-2 or a Llama-3 shard) and that the size matches the token count. The
-// mapping is released when the returned segment's storage goes away.
-std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, int& token_bytes) {
+// The soft limit on open files (ulimit -n).
+rlim_t open_files_limit() {
+  rlimit limit{};
+  return getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 0;
+}
+
+// Every shard stays open for the run, one descriptor each. When the shards need more than the
+// soft limit on open files leaves (with room for MPI, NCCL and the rest), it is raised towards
+// the hard limit, as Go's runtime does at start; an open that still fails names the limit.
+void make_room_for_open_shards(size_t shards) {
+  constexpr rlim_t kOtherDescriptors = 1024;
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t wanted = static_cast<rlim_t>(shards) + kOtherDescriptors;
+  if (limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur >= wanted) return;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
+  setrlimit(RLIMIT_NOFILE, &limit);
+}
+
+// Opens `path` and checks everything but the token values: the header (magic and version, of a
+// GPT-2 or a Llama-3 shard) and that the size matches the token count.
+std::shared_ptr<const TokenFile> open_shard(const std::string& path, size_t shards, int64_t& count,
+                                            int& token_bytes) {
   // O_NONBLOCK: a named pipe is refused below instead of blocking the open until a writer
   // comes; a regular file reads the same with it.
   const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int open_errno = errno;
+  MANTISSA_REQUIRE(fd >= 0 || open_errno != EMFILE, kConfig,
+                   "token shard '" << path << "': cannot open: " << std::strerror(open_errno)
+                                   << " (the run holds its " << shards
+                                   << " shards open, a descriptor each, and may open "
+                                   << open_files_limit() << " files: raise ulimit -n (its hard "
+                                   << "limit) or write fewer, larger shards)");
   MANTISSA_REQUIRE(fd >= 0, kConfig,
-                   "token shard '" << path << "': cannot open: " << std::strerror(errno));
+                   "token shard '" << path << "': cannot open: " << std::strerror(open_errno));
   struct stat st {};
   const int stat_rc = fstat(fd, &st);
   const int stat_errno = errno;
-  const int64_t size = st.st_size;
   const bool regular = stat_rc == 0 && S_ISREG(st.st_mode);
-  void* data =
-      regular && size > 0 ? mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-  const int mmap_errno = errno;
-  close(fd);  // the mapping stays valid without the descriptor
+  if (!regular) close(fd);
   MANTISSA_REQUIRE(stat_rc == 0, kConfig,
                    "token shard '" << path << "': cannot stat: " << std::strerror(stat_errno));
   MANTISSA_REQUIRE(regular, kConfig, "token shard '" << path << "' is not a regular file");
+  const int64_t size = st.st_size;
+  auto file = std::make_shared<const TokenFile>(path, fd, size);
+
   MANTISSA_REQUIRE(
       size > 0, kConfig,
       "token shard '" << path << "' is empty (expected a " << kShardHeaderBytes << "-byte header)");
-  MANTISSA_REQUIRE(data != MAP_FAILED, kConfig,
-                   "token shard '" << path << "': cannot map: " << std::strerror(mmap_errno));
-  std::shared_ptr<const void> mapping(
-      data, [size](const void* p) { munmap(const_cast<void*>(p), static_cast<size_t>(size)); });
-
   MANTISSA_REQUIRE(size >= kShardHeaderBytes, kConfig,
                    "token shard '" << path << "' is truncated: " << size
                                    << " bytes, shorter than the " << kShardHeaderBytes
                                    << "-byte header");
   int32_t header[kShardHeaderInts];
-  std::memcpy(header, data, sizeof header);
+  file->read(0, std::span<char>(reinterpret_cast<char*>(header), sizeof header));
   const bool llama3 = header[0] == kLlama3ShardMagic;
   MANTISSA_REQUIRE(llama3 || header[0] == kShardMagic, kConfig,
                    "token shard '" << path << "': bad magic " << header[0] << " (expected "
@@ -106,7 +128,7 @@ std::shared_ptr<const void> map_shard(const std::string& path, int64_t& count, i
                                    << " (expected " << kShardHeaderBytes << " + " << token_bytes
                                    << "*" << count << " = " << expected
                                    << " bytes; truncated or corrupt)");
-  return mapping;
+  return file;
 }
 
 }  // namespace
@@ -120,13 +142,12 @@ Corpus Corpus::token_shards(const std::string& pattern, int64_t vocab_size) {
   corpus.vocab_size_ = vocab_size;
   const std::vector<std::string> paths = glob_sorted(pattern);
   refuse_unfinished_encodes(paths);
+  make_room_for_open_shards(paths.size());
   for (const std::string& path : paths) {
     int64_t count = 0;
     int token_bytes = 0;
-    std::shared_ptr<const void> mapping = map_shard(path, count, token_bytes);
-    const char* tokens = static_cast<const char*>(mapping.get()) + kShardHeaderBytes;
-    corpus.segments_.emplace_back(path, tokens, count, token_bytes);
-    corpus.storage_.push_back(std::move(mapping));
+    std::shared_ptr<const TokenFile> file = open_shard(path, paths.size(), count, token_bytes);
+    corpus.segments_.emplace_back(std::move(file), kShardHeaderBytes, count, token_bytes);
   }
   return corpus;
 }
