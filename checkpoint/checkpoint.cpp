@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string_view>
 
@@ -175,6 +176,20 @@ void warn(int rank, const std::string& message) {
   const std::string line = "mantissa: rank " + std::to_string(rank) + ": " + message + "\n";
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
+}
+
+// Removes what a save no longer needs (a checkpoint past checkpoint.keep, what a crashed save
+// or removal left behind) with `remove`. A failure is a warning, not the end of the run: the
+// checkpoint just written is complete and published, and a failure here repeats at every save
+// of a resumed run until someone acts (a file held open on NFS, whose removal leaves a .nfs*
+// file in the directory; a permission). What stays is counted and tried again at the next save.
+void remove_or_warn(int rank, const std::string& what, const std::function<void()>& remove) {
+  try {
+    remove();
+  } catch (const fs::filesystem_error& e) {
+    warn(rank, "could not remove " + what + ": " + core::filesystem_error_text(e) +
+                   "; the run goes on, the next save tries again");
+  }
 }
 
 }  // namespace
@@ -362,9 +377,13 @@ std::string Checkpointer::save(const CheckpointState& state,
     fs::create_directories(options_.dir);
     for (const fs::directory_entry& entry : fs::directory_iterator(options_.dir)) {
       const std::string n = entry.path().filename().string();
-      if (is_left_by_a_crash(n)) fs::remove_all(entry.path());
+      if (is_left_by_a_crash(n)) {
+        remove_or_warn(group_.rank, "what an earlier save left, " + entry.path().string(),
+                       [&] { fs::remove_all(entry.path()); });
+      }
     }
-    fs::create_directory(tmp_dir);
+    MANTISSA_REQUIRE(fs::create_directory(tmp_dir), kFailure,
+                     tmp_dir << " is left by an earlier save and cannot be removed");
   });
 
   // 2. Every rank writes its payload and its part of the index, both synced.
@@ -415,7 +434,10 @@ std::string Checkpointer::save(const CheckpointState& state,
                               "(left by a run that resumed from an earlier step)");
         remove_checkpoint_dir(dir);
       } else if (options_.keep > 0 && ++kept > options_.keep) {
-        remove_checkpoint_dir(dir);
+        remove_or_warn(
+            group_.rank,
+            "checkpoint " + dir + " (checkpoint.keep " + std::to_string(options_.keep) + ")",
+            [&] { remove_checkpoint_dir(dir); });
       }
     }
   });

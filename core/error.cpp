@@ -41,7 +41,10 @@ std::string filesystem_error_text(const std::filesystem::filesystem_error& error
   if (!what.starts_with(kPrefix) || end == std::string_view::npos) return std::string(what);
   std::string text(what.substr(kPrefix.size(), end - kPrefix.size()));
   if (!error.path1().empty()) text += " '" + error.path1().string() + "'";
-  if (!error.path2().empty()) text += " to '" + error.path2().string() + "'";
+  // A rename's or a copy's second path is where to; remove_all's is the entry it failed at.
+  const bool to = text.starts_with("cannot rename") || text.starts_with("cannot copy");
+  if (!error.path2().empty())
+    text += (to ? " to '" : " (at '") + error.path2().string() + (to ? "'" : "')");
   return text + reason;
 }
 

@@ -76,8 +76,10 @@ class DivergedError : public Error {
 ErrorKind path_error_kind(int error);
 
 // A std::filesystem error worded as mantissa's own: libstdc++'s "filesystem error: cannot
-// rename: Permission denied [a] [b]" reads "cannot rename 'a' to 'b': Permission denied" (a
-// second path is the destination of a rename or copy). Any other form is left as what() has it.
+// rename: Permission denied [a] [b]" reads "cannot rename 'a' to 'b': Permission denied" (the
+// second path of a rename or copy is its destination; of another operation, such as remove_all,
+// where it failed: "cannot remove all 'a' (at 'a/b'): ..."). Any other form is left as what()
+// has it.
 std::string filesystem_error_text(const std::filesystem::filesystem_error& error);
 // What an exception says: filesystem_error_text for a std::filesystem error, what() otherwise.
 std::string error_text(const std::exception& error);

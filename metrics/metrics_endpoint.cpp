@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,17 +15,22 @@
 namespace mantissa::metrics {
 namespace {
 
-// How often the serving thread looks at stopping_, and how long one client may take to send
-// its request: a scraper sends it at once, a stuck client must not hold the endpoint.
+// How often the serving thread looks at stopping_, how long one client may take to send its
+// request, and how long it may stop taking the answer: a scraper sends at once and reads as
+// it receives; a stuck client (a half-open connection, a process stopped mid-read) must not
+// hold the endpoint, nor the process's exit, which joins this thread.
 constexpr int kPollMs = 200;
 constexpr int kRequestTimeoutMs = 2000;
+constexpr int kSendStallSeconds = 5;
 constexpr size_t kMaxRequestBytes = 8192;
 
 void send_all(int fd, const std::string& data) {
+  const timeval stall{kSendStallSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof stall);
   size_t sent = 0;
   while (sent < data.size()) {
     const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the scraper went away; nothing to report to anyone
+    if (n <= 0) return;  // the scraper went away or stalled; nothing to report to anyone
     sent += static_cast<size_t>(n);
   }
 }

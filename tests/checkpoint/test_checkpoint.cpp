@@ -3,6 +3,7 @@
 // multi-rank saves and loads on another number of ranks (ranks simulated by threads sharing
 // one barrier).
 #include <gtest/gtest.h>
+#include <sys/fsuid.h>
 #include <unistd.h>
 
 #include <barrier>
@@ -469,6 +470,60 @@ TEST_F(CheckpointTest, AnEmbeddingSavedBeforeVocabularyPaddingLoadsIntoThePadded
 // collective that rethrows it. A file in the way of its directory (ENOTDIR) is for the user to
 // move, a config error (exit 2) as core::path_error_kind has it, which std::filesystem's errors
 // now follow too (they had all been failures).
+// A checkpoint past checkpoint.keep that cannot be removed (a file held open on NFS, whose
+// removal leaves a .nfs* file behind; a permission) is a warning: the run goes on saving, and
+// a later save removes it once it can. Here a directory of root's, read-only, sits in step 10,
+// and the saves run as user nobody (setfsuid: file access on this thread only; a user other
+// than root needs no switch, the read-only directory alone stops it).
+TEST_F(CheckpointTest, ACheckpointThatCannotBeRemovedIsAWarningNotTheEndOfTheRun) {
+  save(10, 2);
+  save(20, 2);
+  const std::string held = dir() + "/step_00000010/held";
+  fs::create_directory(held);
+  write_file(held + "/file", "held");
+  fs::permissions(held, static_cast<fs::perms>(0555));
+  const bool root = geteuid() == 0;
+  constexpr uid_t kNobody = 65534;
+  if (root) {
+    ASSERT_EQ(::chown(tmp.path().c_str(), kNobody, kNobody), 0);
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(tmp.path())) {
+      if (e.path().string().starts_with(held)) continue;
+      ASSERT_EQ(::chown(e.path().c_str(), kNobody, kNobody), 0) << e.path();
+    }
+  }
+  std::string err;
+  {
+    if (root) setfsuid(kNobody);
+    testing::internal::CaptureStderr();
+    save(30, 2);
+    save(40, 2);  // phase 1 finds what the removal of step 10 left, and cannot remove it either
+    err = testing::internal::GetCapturedStderr();
+    if (root) setfsuid(0);
+  }
+  EXPECT_EQ(read_file(dir() + "/latest"), "step_00000040\n");
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000030"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000020"));
+  const std::string removed = dir() + "/step_00000010.removed.tmp";
+  EXPECT_TRUE(fs::exists(removed + "/held/file"));
+  const std::string why = "cannot remove all '" + removed + "' (at '" + removed +
+                          "/held/file'): " + std::strerror(EACCES) +
+                          "; the run goes on, the next save tries again\n";
+  EXPECT_NE(err.find("mantissa: rank 0: could not remove checkpoint " + dir() +
+                     "/step_00000010 (checkpoint.keep 2): " + why),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("mantissa: rank 0: could not remove what an earlier save left, " + removed +
+                     ": " + why),
+            std::string::npos)
+      << err;
+
+  fs::permissions(removed + "/held", static_cast<fs::perms>(0755));
+  save(50, 2);
+  EXPECT_FALSE(fs::exists(removed));
+  Slices into = Slices::empty(0, kN);
+  EXPECT_EQ(load(into)->step, 50);
+}
+
 TEST_F(CheckpointTest, ASaveThatCannotWriteSaysWhy) {
   write_file(tmp.path() + "/file", "not a directory");
   checkpoint::CheckpointOptions o = options();

@@ -51,6 +51,19 @@ TEST_F(FilesystemErrorText, ARenameNamesWhereFromAndWhereTo) {
                 "': " + std::make_error_code(std::errc::no_such_file_or_directory).message());
 }
 
+// remove_all's second path is the entry it could not remove, not a destination. The error is
+// built here as libstdc++'s remove_all throws it for a file in a read-only directory
+// (test_checkpoint provokes the real one, as user nobody).
+TEST_F(FilesystemErrorText, ARemovalNamesWhereItFailed) {
+  const std::string dir = path("step_00000010.removed.tmp");
+  const std::string entry = dir + "/held/file";
+  const fs::filesystem_error e("cannot remove all", dir, entry,
+                               std::make_error_code(std::errc::permission_denied));
+  EXPECT_EQ(filesystem_error_text(e),
+            "cannot remove all '" + dir + "' (at '" + entry +
+                "'): " + std::make_error_code(std::errc::permission_denied).message());
+}
+
 TEST_F(FilesystemErrorText, AnErrorWithoutPathsKeepsItsWords) {
   const fs::filesystem_error e("cannot do it", std::make_error_code(std::errc::io_error));
   EXPECT_EQ(filesystem_error_text(e),

@@ -8,12 +8,14 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
 
 #include "core/error.h"
 #include "metrics/metrics.h"
+#include "metrics/metrics_endpoint.h"
 #include "metrics/pushgateway_url.h"
 
 namespace mantissa::metrics {
@@ -280,6 +282,28 @@ TEST(Metrics, BusyPortIsReportedWithTheAddress) {
   options.bind_address = "127.0.0.1";
   options.port = 65536;
   EXPECT_THROW(Metrics past(options), core::ConfigError);
+}
+
+// A client that asks and then stops reading (a half-open connection, a scraper stopped
+// mid-read) is dropped once the answer stalls, so later scrapes are answered and the endpoint
+// (which the process's exit waits for) stops. The body is far larger than the socket buffers.
+TEST(MetricsEndpoint, AClientThatStopsReadingDoesNotHoldIt) {
+  const std::string body(64 << 20, 'x');
+  auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [&] { return body; });
+  const int stalled = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
+  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(send(stalled, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+
+  const auto [status, answer] = http(endpoint->port(), "GET", "/metrics");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer.size(), body.size());
+  endpoint.reset();  // returns: the serving thread is not stuck in the stalled send
+  close(stalled);
 }
 
 TEST(Metrics, BadPushgatewayUrlNamesTheField) {
