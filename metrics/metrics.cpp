@@ -7,6 +7,7 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <iostream>
@@ -118,6 +119,8 @@ struct Metrics::State {
   bool push_pending = false;
   bool stopping = false;
   bool push_failing = false;  // only state changes are logged, not every failed push
+  std::condition_variable push_loop_ended;
+  bool pusher_done = false;
   std::int64_t steps_since_push = 0;
   bool finished = false;
 
@@ -125,6 +128,12 @@ struct Metrics::State {
   void push_once();
   void show_checkpoint(std::int64_t step, double saved_unix_time);
 };
+
+// How long the end of a run waits for its final push. The client sets no HTTP timeout, so a
+// Pushgateway that accepted the connection and never answers (hung, or a network that drops
+// an established connection's packets) would otherwise hold the process's exit, and with it
+// the job's GPUs and its requeue, until the job's time limit.
+constexpr auto kFinalPushWait = std::chrono::seconds(10);
 
 void Metrics::State::push_once() {
   // prometheus-cpp's PushAdd() sends PUT, which the Pushgateway treats as "replace every
@@ -159,7 +168,11 @@ void Metrics::State::push_loop() {
     lock.unlock();
     push_once();
     lock.lock();
-    if (last) return;
+    if (last) {
+      pusher_done = true;
+      push_loop_ended.notify_one();
+      return;
+    }
   }
 }
 
@@ -296,17 +309,28 @@ Metrics::~Metrics() {
 }
 
 void Metrics::finish() {
+  if (state_ == nullptr) return;  // left to a final push that did not finish
   State& s = *state_;
   if (s.finished) return;
   s.finished = true;
-  if (s.pusher.joinable()) {
-    {
-      std::lock_guard lock(s.push_mutex);
-      s.stopping = true;
-    }
-    s.push_wanted.notify_one();
+  if (!s.pusher.joinable()) return;
+  std::unique_lock lock(s.push_mutex);
+  s.stopping = true;
+  s.push_wanted.notify_one();
+  if (s.push_loop_ended.wait_for(lock, kFinalPushWait, [&s] { return s.pusher_done; })) {
+    lock.unlock();
     s.pusher.join();
+    return;
   }
+  lock.unlock();
+  std::cerr << "metrics: rank " << s.options.rank << ": the last push to "
+            << s.options.pushgateway_url << " has not finished after " << kFinalPushWait.count()
+            << " s; exiting without it\n";
+  // The push thread still uses the gateway and the registry: it and what it uses are left to
+  // the process's exit, which ends it (a State destroyed under it would be used after free).
+  s.endpoint.reset();
+  s.pusher.detach();
+  static_cast<void>(state_.release());
 }
 
 void Metrics::record_step(const StepRecord& record) {

@@ -103,7 +103,8 @@ class Metrics {
   // values, which a Pushgateway keeps, for no stall.
   void record_finished();
 
-  // Final push to the Pushgateway (waits for it) and stops the push thread; idempotent.
+  // Final push to the Pushgateway (waits for it, 10 s at most, then warns and leaves it to the
+  // process's exit) and stops the push thread; idempotent, and the end of this object's use.
   // Call it before exiting the process by a path that skips destructors.
   void finish();
 

@@ -350,6 +350,34 @@ TEST(Metrics, UnreachablePushgatewayNeverFailsTraining) {
   metrics.finish();  // idempotent
 }
 
+// A Pushgateway that accepts the connection and never answers (here a socket that listens and
+// never accepts): the end of the run gives up its final push after 10 s instead of waiting for
+// ever (the client sets no HTTP timeout).
+TEST(Metrics, AGatewayThatNeverAnswersDoesNotHoldTheExit) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 4), 0);
+  socklen_t length = sizeof addr;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  MetricsOptions options;
+  options.pushgateway_url = "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  options.push_every = 1;
+  testing::internal::CaptureStderr();
+  {
+    Metrics metrics(options);
+    metrics.record_step(step_record(1, false));
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("metrics: rank 0: the last push to " + options.pushgateway_url +
+                     " has not finished after 10 s; exiting without it"),
+            std::string::npos)
+      << err;
+  close(listener);  // resets the waiting connection: the push left behind ends
+}
+
 // Needs a real Pushgateway: tests/integration/test_pushgateway.py starts one on 127.0.0.1 and
 // runs this test with MANTISSA_TEST_PUSHGATEWAY_PORT set; a plain run of this binary skips it.
 TEST(Metrics, PushReplacesTheGroupOfJobAndRank) {

@@ -26,7 +26,7 @@ class TokenSegment {
  public:
   TokenSegment(std::string name, std::span<const uint16_t> tokens);
   TokenSegment(std::string name, std::span<const uint32_t> tokens);
-  // `size` tokens of `token_bytes` (2 or 4) each at `data`, as a file holds them.
+  // `size` tokens of `token_bytes` (2 or 4) each at `data`, little-endian as files store them.
   TokenSegment(std::string name, const void* data, int64_t size, int token_bytes);
   // `size` tokens of `token_bytes` each in `file`, from byte `first_byte` on.
   TokenSegment(std::shared_ptr<const TokenFile> file, int64_t first_byte, int64_t size,
@@ -35,7 +35,7 @@ class TokenSegment {
   const std::string& name() const { return name_; }  // the file it came from, or "synthetic"
   int64_t size() const { return size_; }
   int token_bytes() const { return token_bytes_; }
-  // The tokens of a segment in memory, as stored (a segment of a file has none: check.)
+  // The tokens as stored, of a segment in memory only (checked).
   const void* data() const;
   // Tokens [offset, offset + count) of this view.
   TokenSegment subspan(int64_t offset, int64_t count) const;
@@ -58,12 +58,12 @@ class TokenSegment {
   void with_stored(int64_t offset, int64_t count, Use&& use) const;
 
   std::string name_;
-  const void* data_ = nullptr;             // in memory: token 0 of this view
-  std::shared_ptr<const TokenFile> file_;  // in a file: where token 0 of the file lies
-  int64_t first_byte_ = 0;
+  const void* data_ = nullptr;             // a segment in memory: token 0 of this view
+  std::shared_ptr<const TokenFile> file_;  // a segment of a file: the file,
+  int64_t first_byte_ = 0;                 // and the byte where the file's token 0 lies
   int64_t size_ = 0;
   int token_bytes_ = 2;
-  int64_t position_ = 0;  // where token 0 of this view lies in its file, for messages
+  int64_t position_ = 0;  // token 0 of this view: its index in its file (reads, messages)
 };
 
 // llm.c token shard format: a header of 256 int32 (magic, version, token count, rest unused)
