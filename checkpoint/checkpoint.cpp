@@ -377,13 +377,15 @@ std::string Checkpointer::save(const CheckpointState& state,
     fs::create_directories(options_.dir);
     for (const fs::directory_entry& entry : fs::directory_iterator(options_.dir)) {
       const std::string n = entry.path().filename().string();
-      if (is_left_by_a_crash(n)) {
+      if (!is_left_by_a_crash(n)) continue;
+      if (entry.path() == tmp_dir) {
+        fs::remove_all(entry.path());  // this save's own directory must start empty
+      } else {
         remove_or_warn(group_.rank, "what an earlier save left, " + entry.path().string(),
                        [&] { fs::remove_all(entry.path()); });
       }
     }
-    MANTISSA_REQUIRE(fs::create_directory(tmp_dir), kFailure,
-                     tmp_dir << " is left by an earlier save and cannot be removed");
+    fs::create_directory(tmp_dir);
   });
 
   // 2. Every rank writes its payload and its part of the index, both synced.

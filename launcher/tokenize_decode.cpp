@@ -45,8 +45,10 @@ train::Corpus read_shard(const std::string& path, int vocab_size) {
 void decode_shards(const std::string& tokenizer_path, const std::vector<std::string>& inputs,
                    std::FILE* out) {
   const Tokenizer tokenizer(tokenizer_path);
-  std::vector<train::Corpus> shards;
-  for (const std::string& path : inputs) shards.push_back(read_shard(path, tokenizer.vocab_size()));
+  // Every shard's header is checked before any text is written; then each is opened again as
+  // it is decoded, so that one file is open at a time, however many shards (thousands held
+  // open would pass the limit on open files).
+  for (const std::string& path : inputs) read_shard(path, tokenizer.vocab_size());
 
   // Decodes `pending` up to the last token where a piece may start (all of it when `all`): a
   // character's byte tokens are decoded together, whichever shards they lie in.
@@ -63,7 +65,8 @@ void decode_shards(const std::string& tokenizer_path, const std::vector<std::str
     pending.erase(pending.begin(), pending.begin() + static_cast<ptrdiff_t>(n));
   };
   std::vector<int32_t> part;
-  for (const train::Corpus& shard : shards) {
+  for (const std::string& path : inputs) {
+    const train::Corpus shard = read_shard(path, tokenizer.vocab_size());
     for (const train::TokenSegment& segment : shard.segments()) {
       for (int64_t at = 0; at < segment.size(); at += static_cast<int64_t>(part.size())) {
         // read() checks every id against the tokenizer's vocabulary.

@@ -304,6 +304,11 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
   }
 }
 
+Metrics::State& Metrics::state() const {
+  MANTISSA_CHECK(state_ != nullptr, "metrics: used after finish() left its final push behind");
+  return *state_;
+}
+
 Metrics::~Metrics() {
   finish();
 }
@@ -334,7 +339,7 @@ void Metrics::finish() {
 }
 
 void Metrics::record_step(const StepRecord& record) {
-  State& s = *state_;
+  State& s = state();
   const train::StepReport& report = record.report;
   s.loss_scale->set(report.loss_scale);
   if (report.skipped) s.overflow_steps->Increment();
@@ -388,21 +393,21 @@ void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) 
 }
 
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
-  state_->show_checkpoint(step, saved_unix_time);
-  state_->checkpoint_seconds->Observe(seconds);
+  state().show_checkpoint(step, saved_unix_time);
+  state().checkpoint_seconds->Observe(seconds);
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
-  state_->step->Set(static_cast<double>(step));
-  state_->show_checkpoint(step, saved_unix_time);
+  state().step->Set(static_cast<double>(step));
+  state().show_checkpoint(step, saved_unix_time);
 }
 
 void Metrics::record_finished() {
-  state_->run_finished->Set(1);
+  state().run_finished->Set(1);
 }
 
 int Metrics::listening_port() const {
-  return state_->endpoint ? state_->endpoint->port() : 0;
+  return state().endpoint ? state().endpoint->port() : 0;
 }
 
 }  // namespace mantissa::metrics

@@ -113,6 +113,7 @@ class Metrics {
 
  private:
   struct State;
+  State& state() const;  // checked: finish() may have left it to a push that did not end
   std::unique_ptr<State> state_;
 };
 

@@ -398,9 +398,14 @@ TEST_F(DataFiles, ShardsPastTheOpenFilesLimitNameIt) {
       std::_Exit(2);
     }
   };
-  EXPECT_EXIT(load_under(32, 4096), testing::ExitedWithCode(0), "loaded 40 shards");
+  rlimit now{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &now), 0);
+  if (now.rlim_max != RLIM_INFINITY && now.rlim_max < 1024)
+    GTEST_SKIP() << "the hard limit on open files is " << now.rlim_max << ", under 1024";
+  EXPECT_EXIT(load_under(32, 1024), testing::ExitedWithCode(0), "loaded 40 shards");
   EXPECT_EXIT(load_under(32, 32), testing::ExitedWithCode(2),
-              "the run holds its 40 shards open, a descriptor each, and may open 32 files");
+              "a corpus of 40 shards is held open, a descriptor each, and the process may open "
+              "32 files");
 }
 
 // ---------------------------------------------------------------------------------------

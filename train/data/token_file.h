@@ -1,13 +1,13 @@
 // A token shard held open for reading: the corpus reads its windows with pread, not through a
 // memory mapping. The page cache is still shared by every rank on a node, and:
-//  - a shard truncated or rewritten in place while a run reads it, or a read that fails (EIO
-//    on a network file system), is an error naming the file and the byte, where a mapping
-//    gets SIGBUS and dies with no word of which file;
-//  - only the window's pages are read, where a fault in a mapping reads around it (random
-//    windows of the demo model from a cold 1 GB shard: 9 MiB read from disk in 30 s, against
-//    69 MiB mapped), and none stays counted in the process's resident memory, which with a
-//    mapped corpus climbs towards the corpus's size over a long run (130 MB in those 30 s;
-//    Slurm and monitoring count it as the job's memory).
+//  - a shard cut short while a run reads it (truncated, or rewritten shorter in place), or a
+//    read that fails (EIO on a network file system), is an error naming the file and the
+//    byte, where a mapping gets SIGBUS and dies with no word of which file;
+//  - a random window brings in little more than its own pages, where a fault in a mapping
+//    reads around it (random windows of the demo model from a cold 1 GB shard: 9 MiB read
+//    from disk in 30 s, against 69 MiB mapped), and none stays counted in the process's
+//    resident memory, which with a mapped corpus climbs towards the corpus's size over a long
+//    run (130 MB in those 30 s; Slurm and monitoring count it as the job's memory).
 #pragma once
 
 #include <cstdint>

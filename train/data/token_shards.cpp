@@ -81,10 +81,11 @@ std::shared_ptr<const TokenFile> open_shard(const std::string& path, size_t shar
   const int open_errno = errno;
   MANTISSA_REQUIRE(fd >= 0 || open_errno != EMFILE, kConfig,
                    "token shard '" << path << "': cannot open: " << std::strerror(open_errno)
-                                   << " (the run holds its " << shards
-                                   << " shards open, a descriptor each, and may open "
-                                   << open_files_limit() << " files: raise ulimit -n (its hard "
-                                   << "limit) or write fewer, larger shards)");
+                                   << " (a corpus of " << shards
+                                   << " shards is held open, a descriptor each, and the "
+                                   << "process may open " << open_files_limit()
+                                   << " files: raise ulimit -n (its hard limit) or write "
+                                   << "fewer, larger shards)");
   MANTISSA_REQUIRE(fd >= 0, kConfig,
                    "token shard '" << path << "': cannot open: " << std::strerror(open_errno));
   struct stat st {};
