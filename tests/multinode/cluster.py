@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import harness  # noqa: E402 (the integration tests' helpers: deadline, logs, train argv)
@@ -234,6 +235,20 @@ def exact_steps(run_dir, rank):
                 continue
             entries[e["step"]] = tuple(e[k] for k in EXACT_FIELDS)
     return entries
+
+
+def cut_node2_until_rank0_exits(nodes, run_dir, bound, label=""):
+    """Cuts node2's link in the middle of a run whose rank 0 is on node1 (logging the step rank
+    0 had reached, after `label`) and waits, at most `bound` seconds, until no mantissa process
+    is left on node1. Returns the time.monotonic() of the cut and the seconds rank 0 took to
+    exit after it."""
+    nodes.link("down", "node2")
+    cut = time.monotonic()
+    harness.log(f"{label}node2's link cut at step {max(exact_steps(run_dir, 0))}")
+    harness.wait_until(f"rank 0 on node1 to exit (bound {bound:.0f} s)",
+                       lambda: "mantissa" not in nodes.processes("node1").values(),
+                       timeout=bound, interval=0.2)
+    return cut, time.monotonic() - cut
 
 
 def tail(path, lines=40):

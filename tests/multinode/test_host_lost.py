@@ -117,16 +117,9 @@ def main():
                 harness.wait_until(f"step {CUT_AFTER_STEP} and a checkpoint", trained_a_while,
                                    timeout=90, interval=0.2)
 
-                nodes.link("down", "node2")
-                cut = time.monotonic()
-                harness.log(f"node2's link cut at step {max(cluster.exact_steps(run_dir, 0))}")
-
                 # The surviving rank: gone from node1 within the bound.
-                rank_bound = TIMEOUT_S + PROBE_GRACE_S + SLACK_S
-                harness.wait_until(f"rank 0 on node1 to exit (bound {rank_bound:.0f} s)",
-                                   lambda: "mantissa" not in nodes.processes("node1").values(),
-                                   timeout=rank_bound, interval=0.2)
-                rank_exit = time.monotonic() - cut
+                cut, rank_exit = cluster.cut_node2_until_rank0_exits(
+                    nodes, run_dir, TIMEOUT_S + PROBE_GRACE_S + SLACK_S)
                 harness.log(f"rank 0 exited {rank_exit:.1f} s after the cut")
 
                 launcher_bound = ABORT_GRACE_S + 5 + SLACK_S

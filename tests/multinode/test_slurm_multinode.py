@@ -268,14 +268,8 @@ def host_lost_under_srun(nodes, env, daemons, workdir, staged, config, submit, w
     harness.wait_until("job d to train a while",
                        lambda: running() and max(cluster.exact_steps(run_d, 0), default=-1) >= 3 * every + 10,
                        timeout=90, interval=0.2)
-    nodes.link("down", "node2")
-    cut = time.monotonic()
-    harness.log(f"job d: node2's link cut at step {max(cluster.exact_steps(run_d, 0))}")
-    bound = TIMEOUT_S + PROBE_GRACE_S + SLACK_S
-    harness.wait_until(f"rank 0 on node1 to exit (bound {bound:.0f} s)",
-                       lambda: "mantissa" not in nodes.processes("node1").values(),
-                       timeout=bound, interval=0.2)
-    rank_exit = time.monotonic() - cut
+    cut, rank_exit = cluster.cut_node2_until_rank0_exits(
+        nodes, run_d, TIMEOUT_S + PROBE_GRACE_S + SLACK_S, label="job d: ")
     info, output = wait_ended("d", job_d, timeout=120, completing=True)
     job_exit = time.monotonic() - cut
     harness.log(f"job d: rank 0 exited {rank_exit:.1f} s after the cut, the job ended "
