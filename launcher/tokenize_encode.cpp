@@ -225,6 +225,7 @@ void encode_to_shards(const EncodeOptions& options) {
                   if (chunks[chunk].begin == 0) spill.append(std::span(&eot, 1));
                   spill.append(tokens);
                 });
+  require_unchanged_inputs(files);
   const train::TokenSegment stream = spill.map();
   const int64_t total = stream.size();
 

@@ -56,6 +56,9 @@ MappedText::MappedText(std::string path) : path_(std::move(path)) {
   }
   data_ = static_cast<const char*>(data);
   size_ = static_cast<size_t>(st.st_size);
+  device_ = st.st_dev;
+  inode_ = st.st_ino;
+  modified_ = st.st_mtim;
   // Read front to back, once per pass.
   ::madvise(data, size_, MADV_SEQUENTIAL);
 }
@@ -63,10 +66,36 @@ MappedText::MappedText(std::string path) : path_(std::move(path)) {
 MappedText::MappedText(MappedText&& other) noexcept
     : path_(std::move(other.path_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      device_(other.device_),
+      inode_(other.inode_),
+      modified_(other.modified_) {}
 
 MappedText::~MappedText() {
   if (data_ != nullptr) ::munmap(const_cast<char*>(data_), size_);
+}
+
+std::string MappedText::change_since_mapped() const {
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0 || st.st_dev != device_ || st.st_ino != inode_) return "";
+  if (static_cast<size_t>(st.st_size) != size_) {
+    return "it holds " + std::to_string(st.st_size) + " bytes now, " + std::to_string(size_) +
+           " when it was opened";
+  }
+  if (st.st_mtim.tv_sec != modified_.tv_sec || st.st_mtim.tv_nsec != modified_.tv_nsec) {
+    return "it was modified after it was opened";
+  }
+  return "";
+}
+
+void require_unchanged_inputs(const std::vector<MappedText>& files) {
+  for (const MappedText& file : files) {
+    const std::string change = file.change_since_mapped();
+    if (change.empty()) continue;
+    throw core::ConfigError("input '" + file.path() + "' changed while it was read (" + change +
+                            "): it was still being written, or was rewritten in place; nothing "
+                            "was written: run again once the file is complete");
+  }
 }
 
 int usable_cores() {

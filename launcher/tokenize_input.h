@@ -2,6 +2,9 @@
 // non-empty and valid UTF-8, each failure naming the file (and for UTF-8 the byte offset).
 #pragma once
 
+#include <sys/types.h>
+#include <time.h>
+
 #include <cstddef>
 #include <string>
 #include <string_view>
@@ -10,7 +13,8 @@
 namespace mantissa::launcher {
 
 // A regular, non-empty file mapped read-only for the lifetime of the object (the page cache
-// holds it, so a corpus larger than memory still works).
+// holds it, so a corpus larger than memory still works). A file cut short while it is mapped
+// ends the process with SIGBUS at the first read past its new end, as any mapping does.
 class MappedText {
  public:
   // Throws core::ConfigError naming `path` when it cannot be opened or mapped, is not a
@@ -25,11 +29,25 @@ class MappedText {
   const std::string& path() const { return path_; }
   std::string_view text() const { return {data_, size_}; }
 
+  // What changed in the file since it was mapped, or "" when nothing did. A file appended to
+  // or rewritten in place (its size or modification time differ) may have been read part old,
+  // part new, or cut short at the size it had when mapped. A file replaced or removed under its
+  // name is not a change here: the mapping keeps the whole file as it was.
+  std::string change_since_mapped() const;
+
  private:
   std::string path_;
   const char* data_ = nullptr;
   size_t size_ = 0;
+  dev_t device_ = 0;
+  ino_t inode_ = 0;
+  timespec modified_{};
 };
+
+// Throws core::ConfigError naming the first of `files` that changed since it was mapped (see
+// MappedText::change_since_mapped): what was made from them would silently miss or mix text.
+// Run once all reading of them is done, before anything made from them is written.
+void require_unchanged_inputs(const std::vector<MappedText>& files);
 
 // The cores this process may run on (its CPU affinity, which Slurm or taskset may narrow).
 int usable_cores();

@@ -105,7 +105,9 @@ Options take `--opt value` or `--opt=value`. Files are written under temporary n
 and renamed into place when all are complete: a failure while writing leaves none of them
 behind (and an old set as it was). While encode renames a set into place, the file
 .mantissa-encode-unfinished marks the directory; a failure or crash then leaves it there, and
-training refuses the directory until an encode with --force finishes.
+training refuses the directory until an encode with --force finishes. An input appended to
+or rewritten in place while train or encode reads it (a download still running) stops the
+command with exit 2 before anything is written.
 
 then train on the shards:
   data { token_shards { pattern: "DIR/train_*.bin" } }
@@ -120,7 +122,8 @@ exit codes:
      --out-dir that already holds a model or shards (without --force) or where no file can
      be created (no permission, a read-only file system; both found before any work), a
      tokenizer that cannot be loaded or does not decode exactly, a shard that is malformed
-     or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on
+     or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on,
+     an input that changed while it was read
 )";
 
 struct Args {

@@ -223,6 +223,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("cannot train a " + std::to_string(options.vocab_size) + "-piece " +
                             options.model_type + " tokenizer on this text: " + reason);
   }
+  require_unchanged_inputs(files);
   // The model must be what encode accepts; this cannot fail with the settings above.
   const Tokenizer tokenizer(options.out, model);
   core::write_file_atomically(options.out, model);

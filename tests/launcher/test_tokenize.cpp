@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <sentencepiece_trainer.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/error.h"
 #include "launcher/tokenize_input.h"
@@ -311,6 +313,41 @@ TEST(MappedText, RefusesMissingEmptyAndNonRegularFiles) {
   expect_config_error([&] { MappedText((dir / "empty.txt").string()); },
                       "input '" + (dir / "empty.txt").string() + "' is empty");
   expect_config_error([&] { MappedText(dir.string()); }, "is not a regular file");
+  fs::remove_all(dir);
+}
+
+TEST(MappedText, SeesAFileAppendedToOrRewrittenInPlaceButNotOneReplaced) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_mapped_text_change";
+  fs::create_directories(dir);
+  const fs::path path = dir / "corpus.txt";
+  std::ofstream(path) << "first line\n";
+  const std::vector<MappedText> files = [&] {
+    std::vector<MappedText> mapped;
+    mapped.emplace_back(path.string());
+    return mapped;
+  }();
+  EXPECT_EQ(files[0].change_since_mapped(), "");
+  require_unchanged_inputs(files);
+
+  std::ofstream(path, std::ios::app) << "second line\n";
+  EXPECT_EQ(files[0].change_since_mapped(), "it holds 23 bytes now, 11 when it was opened");
+  expect_config_error([&] { require_unchanged_inputs(files); },
+                      "input '" + path.string() +
+                          "' changed while it was read (it holds 23 bytes now, 11 when it was "
+                          "opened): it was still being written, or was rewritten in place");
+
+  // The same size again, written in place: only the modification time tells (set apart from
+  // the mapping's, as a file system with coarse times could leave it equal).
+  fs::resize_file(path, 11);
+  fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(5));
+  EXPECT_EQ(files[0].change_since_mapped(), "it was modified after it was opened");
+
+  // Replaced under its name (a new file moved into place): the mapping keeps the old one whole.
+  std::ofstream(dir / "new.txt") << "another text entirely\n";
+  fs::rename(dir / "new.txt", path);
+  EXPECT_EQ(files[0].change_since_mapped(), "");
+  fs::remove(path);
+  EXPECT_EQ(files[0].change_since_mapped(), "");
   fs::remove_all(dir);
 }
 
