@@ -222,10 +222,12 @@ void encode_to_shards(const EncodeOptions& options) {
   const uint32_t eot = tokenizer.eot();
   encode_chunks(tokenizer, files, chunks, threads,
                 [&](size_t chunk, const std::vector<uint32_t>& tokens) {
-                  if (chunks[chunk].begin == 0) spill.append(std::span(&eot, 1));
+                  const Chunk& c = chunks[chunk];
+                  if (c.begin == 0) spill.append(std::span(&eot, 1));
                   spill.append(tokens);
+                  // The file's last chunk: it has been read for the last time.
+                  if (c.end == files[c.file].text().size()) require_unchanged_input(files[c.file]);
                 });
-  require_unchanged_inputs(files);
   const train::TokenSegment stream = spill.map();
   const int64_t total = stream.size();
 

@@ -1,6 +1,7 @@
 #include "launcher/tokenize_input.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -22,6 +23,55 @@ namespace {
 
 // About a few seconds of reading from disk.
 constexpr size_t kAnnouncedCheckBytes = size_t{1} << 30;
+
+std::string changed_message(const std::string& path, const std::string& change) {
+  return "input '" + path + "' changed while it was read (" + change +
+         "): it was still being written, or was rewritten in place; nothing was written: run "
+         "again once the file is complete";
+}
+
+// A read of a mapped file past the end it has now (it was cut short after it was mapped, e.g.
+// rewritten through `>`) raises SIGBUS at an address inside its mapping: the handler names the
+// file and exits as a ConfigError would (exit 2; the staged output's temporary files are
+// cleared by the next encode into that directory). Set once, before the handler is installed,
+// and never freed, since a signal may come at any time after; the handler only reads it and
+// calls async-signal-safe functions.
+struct InputMapping {
+  uintptr_t begin;
+  uintptr_t end;
+  std::string message;
+};
+const std::vector<InputMapping>* g_input_mappings = nullptr;
+
+void name_the_input_cut_short(int, siginfo_t* info, void*) {
+  const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (const InputMapping& mapping : *g_input_mappings) {
+    if (address >= mapping.begin && address < mapping.end) {
+      (void)!::write(STDERR_FILENO, mapping.message.data(), mapping.message.size());
+      ::_exit(core::exit_code(core::ErrorKind::kConfig));
+    }
+  }
+  // Not an input: the faulting read runs again and ends the process as SIGBUS does.
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+void name_inputs_cut_short(const std::vector<MappedText>& files) {
+  if (g_input_mappings != nullptr) return;
+  auto* mappings = new std::vector<InputMapping>();
+  for (const MappedText& file : files) {
+    const auto begin = reinterpret_cast<uintptr_t>(file.text().data());
+    mappings->push_back(
+        {begin, begin + file.text().size(),
+         "mantissa: " +
+             changed_message(file.path(), "it was cut short: a read past its end failed") + "\n"});
+  }
+  g_input_mappings = mappings;
+  struct sigaction action {};
+  action.sa_sigaction = name_the_input_cut_short;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGBUS, &action, nullptr);
+}
 
 }  // namespace
 
@@ -88,14 +138,9 @@ std::string MappedText::change_since_mapped() const {
   return "";
 }
 
-void require_unchanged_inputs(const std::vector<MappedText>& files) {
-  for (const MappedText& file : files) {
-    const std::string change = file.change_since_mapped();
-    if (change.empty()) continue;
-    throw core::ConfigError("input '" + file.path() + "' changed while it was read (" + change +
-                            "): it was still being written, or was rewritten in place; nothing "
-                            "was written: run again once the file is complete");
-  }
+void require_unchanged_input(const MappedText& file) {
+  const std::string change = file.change_since_mapped();
+  if (!change.empty()) throw core::ConfigError(changed_message(file.path(), change));
 }
 
 int usable_cores() {
@@ -179,6 +224,7 @@ size_t total_bytes(const std::vector<MappedText>& files) {
 std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
   std::vector<MappedText> files;
   for (const std::string& path : paths) files.emplace_back(path);
+  name_inputs_cut_short(files);
   const size_t bytes = total_bytes(files);
   if (bytes >= kAnnouncedCheckBytes) {
     std::fprintf(stderr, "mantissa: checking %s of text in %zu file%s for invalid UTF-8\n",
@@ -188,6 +234,8 @@ std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
     const std::string_view text = file.text();
     const size_t offset = first_invalid_utf8(text);
     if (offset == text.size()) continue;
+    // A file still being written may end inside a character: that is the change, not the text.
+    require_unchanged_input(file);
     char byte[8];
     std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[offset]));
     throw core::ConfigError("input '" + file.path() + "' is not valid UTF-8: byte " + byte +

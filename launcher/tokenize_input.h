@@ -13,8 +13,7 @@
 namespace mantissa::launcher {
 
 // A regular, non-empty file mapped read-only for the lifetime of the object (the page cache
-// holds it, so a corpus larger than memory still works). A file cut short while it is mapped
-// ends the process with SIGBUS at the first read past its new end, as any mapping does.
+// holds it, so a corpus larger than memory still works).
 class MappedText {
  public:
   // Throws core::ConfigError naming `path` when it cannot be opened or mapped, is not a
@@ -32,7 +31,9 @@ class MappedText {
   // What changed in the file since it was mapped, or "" when nothing did. A file appended to
   // or rewritten in place (its size or modification time differ) may have been read part old,
   // part new, or cut short at the size it had when mapped. A file replaced or removed under its
-  // name is not a change here: the mapping keeps the whole file as it was.
+  // name is not a change here: the mapping keeps the whole file as it was. Nor is a rewrite
+  // that keeps the size within the file system's time resolution (nanoseconds on ext4 and
+  // XFS, up to 2 s on others).
   std::string change_since_mapped() const;
 
  private:
@@ -44,10 +45,10 @@ class MappedText {
   timespec modified_{};
 };
 
-// Throws core::ConfigError naming the first of `files` that changed since it was mapped (see
-// MappedText::change_since_mapped): what was made from them would silently miss or mix text.
-// Run once all reading of them is done, before anything made from them is written.
-void require_unchanged_inputs(const std::vector<MappedText>& files);
+// Throws core::ConfigError naming `file` when it changed since it was mapped (see
+// MappedText::change_since_mapped): what was made from it would silently miss or mix text.
+// Run once all reading of it is done, before anything made from it is written.
+void require_unchanged_input(const MappedText& file);
 
 // The cores this process may run on (its CPU affinity, which Slurm or taskset may narrow).
 int usable_cores();
@@ -66,8 +67,10 @@ size_t first_invalid_utf8(std::string_view text);
 // Maps every input, then checks that each is valid UTF-8, before any work on them begins (a
 // corpus with a bad file fails in the time a read takes, not hours into encoding). Throws
 // core::ConfigError naming the first file that cannot be mapped, or that is not valid UTF-8:
-// "input 'PATH' is not valid UTF-8: byte 0xNN at offset N". Says on stderr what it checks when
-// that is more than a few seconds' reading.
+// "input 'PATH' is not valid UTF-8: byte 0xNN at offset N" (or, where it changed since it was
+// mapped, that it changed). Says on stderr what it checks when that is more than a few
+// seconds' reading. From then on, a read past the end of an input cut short after it was
+// mapped ends the process with exit 2 and a message naming the file, not with SIGBUS.
 std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths);
 
 }  // namespace mantissa::launcher

@@ -105,9 +105,10 @@ Options take `--opt value` or `--opt=value`. Files are written under temporary n
 and renamed into place when all are complete: a failure while writing leaves none of them
 behind (and an old set as it was). While encode renames a set into place, the file
 .mantissa-encode-unfinished marks the directory; a failure or crash then leaves it there, and
-training refuses the directory until an encode with --force finishes. An input appended to
-or rewritten in place while train or encode reads it (a download still running) stops the
-command with exit 2 before anything is written.
+training refuses the directory until an encode with --force finishes. An input appended to,
+cut short or rewritten in place while train or encode reads it (a download still running, a
+`>` onto it) stops the command with exit 2, naming it, before anything is written; a rewrite
+that keeps the size within the file system's time resolution is not seen.
 
 then train on the shards:
   data { token_shards { pattern: "DIR/train_*.bin" } }

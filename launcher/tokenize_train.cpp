@@ -204,6 +204,8 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   std::string model;
   const sentencepiece::util::Status status =
       sentencepiece::SentencePieceTrainer::Train(settings, &blocks, &model);
+  // Read for the last time: a text that changed meanwhile, not the text, is what failed.
+  for (const MappedText& file : files) require_unchanged_input(file);
   if (!status.ok()) {
     std::string reason = sentencepiece_reason(status.error_message());
     // "Vocabulary size is smaller than required_chars. 260 vs 335. Increase vocab_size or
@@ -223,7 +225,6 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("cannot train a " + std::to_string(options.vocab_size) + "-piece " +
                             options.model_type + " tokenizer on this text: " + reason);
   }
-  require_unchanged_inputs(files);
   // The model must be what encode accepts; this cannot fail with the settings above.
   const Tokenizer tokenizer(options.out, model);
   core::write_file_atomically(options.out, model);

@@ -130,6 +130,7 @@ class ExitCodeTables(unittest.TestCase):
 LAUNCHER_STUB = """#!/bin/bash
 printf '%s\\n' "$*" >"$STUB_DIR/launcher.args"
 printf '%s\\n' "$OMP_NUM_THREADS" >"$STUB_DIR/launcher.omp"
+printf '%s\\n' "${SLURM_PMIX_FENCE-unset}" >"$STUB_DIR/launcher.fence"
 trap 'exit "$STUB_EXIT"' USR1
 # A rank's first line, after its handlers are set; deploy/mantissa-mpirun holds USR1 back until
 # one comes (or, where Open MPI's output_filename is set, 5 s have passed: STUB_QUIET).
@@ -171,7 +172,8 @@ class SlurmScripts(unittest.TestCase):
     def run_script(self, script, launcher, exit_code, preempt=False, **slurm):
         """Runs the sbatch script as Slurm would (its SLURM_* variables); returns its exit
         code. With preempt, USR1 goes to the script once the launcher has started."""
-        for name in ("launcher.args", "launcher.omp", "launcher.started", "scontrol.calls"):
+        for name in ("launcher.args", "launcher.omp", "launcher.fence", "launcher.started",
+                     "scontrol.calls"):
             if os.path.exists(os.path.join(self.dir, name)):
                 os.remove(os.path.join(self.dir, name))
         env = {key: value for key, value in os.environ.items()
@@ -267,6 +269,18 @@ class SlurmScripts(unittest.TestCase):
                                  OMPI_MCA_orte_output_filename=os.path.join(self.dir, "out"))
         self.assertEqual(status, 0, self.output)
         self.assertEqual(self.stub_file("scontrol.calls"), "requeue 42\n", self.output)
+
+    def test_srun_holds_every_rank_in_mpi_init_until_all_are_there(self):
+        # Slurm's PMIx plugin ran MPI_Init's closing barrier over a tree that let ranks through
+        # early (deploy/README.md): the multi-node script's srun asks for the ring, unless the
+        # environment names a fence; mpirun does not use Slurm's PMIx plugin.
+        for launcher, given, expected in (("srun", None, "ring"), ("srun", "tree", "tree"),
+                                          ("mpirun", None, "unset")):
+            with self.subTest(launcher=launcher, given=given):
+                slurm = {"SLURM_PMIX_FENCE": given} if given else {}
+                status = self.run_script("mantissa-multinode.sbatch", launcher, 0, **slurm)
+                self.assertEqual(status, 0, self.output)
+                self.assertEqual(self.stub_file("launcher.fence"), expected + "\n", self.output)
 
     def test_threads_per_rank(self):
         # (SLURM_* settings, OMP_NUM_THREADS every rank must get)

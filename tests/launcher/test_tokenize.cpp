@@ -327,11 +327,11 @@ TEST(MappedText, SeesAFileAppendedToOrRewrittenInPlaceButNotOneReplaced) {
     return mapped;
   }();
   EXPECT_EQ(files[0].change_since_mapped(), "");
-  require_unchanged_inputs(files);
+  require_unchanged_input(files[0]);
 
   std::ofstream(path, std::ios::app) << "second line\n";
   EXPECT_EQ(files[0].change_since_mapped(), "it holds 23 bytes now, 11 when it was opened");
-  expect_config_error([&] { require_unchanged_inputs(files); },
+  expect_config_error([&] { require_unchanged_input(files[0]); },
                       "input '" + path.string() +
                           "' changed while it was read (it holds 23 bytes now, 11 when it was "
                           "opened): it was still being written, or was rewritten in place");
@@ -348,6 +348,26 @@ TEST(MappedText, SeesAFileAppendedToOrRewrittenInPlaceButNotOneReplaced) {
   EXPECT_EQ(files[0].change_since_mapped(), "");
   fs::remove(path);
   EXPECT_EQ(files[0].change_since_mapped(), "");
+  fs::remove_all(dir);
+}
+
+// A read past the end of an input cut short after it was mapped would raise SIGBUS; it ends
+// the process with exit 2 and the file's name instead.
+TEST(MappedTextDeathTest, AReadPastTheEndOfAnInputCutShortNamesIt) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_mapped_text_cut";
+  fs::create_directories(dir);
+  const fs::path path = dir / "cut.txt";
+  std::ofstream(path) << std::string(3 * 4096, 'a');
+  EXPECT_EXIT(
+      {
+        const std::vector<MappedText> files = map_utf8_inputs({path.string()});
+        fs::resize_file(path, 10);
+        const volatile char past_the_end = files[0].text()[2 * 4096];
+        std::exit(past_the_end == 'a' ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(2),
+      "mantissa: input '.*cut.txt' changed while it was read \\(it was cut short: a read past "
+      "its end failed\\)");
   fs::remove_all(dir);
 }
 

@@ -9,6 +9,7 @@
 // modex fence, so a definition here comes first; it then calls the library's own.
 #include <dlfcn.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,6 +28,11 @@ double realtime_seconds() {
 extern "C" int mca_pml_base_bsend_init(bool thread_multiple) {
   using Function = int (*)(bool);
   const auto library_own = reinterpret_cast<Function>(dlsym(RTLD_NEXT, "mca_pml_base_bsend_init"));
+  if (library_own == nullptr) {
+    std::fprintf(stderr, "hold_after_modex: no mca_pml_base_bsend_init after the shim: %s\n",
+                 dlerror());
+    std::abort();
+  }
   const char* rank = std::getenv("SLURM_PROCID");
   const char* hold = std::getenv("HOLD_AFTER_MODEX_S");
   if (rank != nullptr && std::strcmp(rank, "0") == 0 && hold != nullptr) {
@@ -34,7 +40,7 @@ extern "C" int mca_pml_base_bsend_init(bool thread_multiple) {
     const double seconds = std::atof(hold);
     timespec pause{static_cast<time_t>(seconds),
                    static_cast<long>((seconds - static_cast<time_t>(seconds)) * 1e9)};
-    while (nanosleep(&pause, &pause) != 0) {
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {
     }
     std::printf("rank 0 held from %.9f to %.9f\n", from, realtime_seconds());
     std::fflush(stdout);
