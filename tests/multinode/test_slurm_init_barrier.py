@@ -5,7 +5,7 @@ are there.
 MPI_Init ends with a barrier (a PMIx fence that carries no data). Slurm 22.05's PMIx plugin runs
 such fences over its tree collective unless told otherwise, and that tree let a rank on one node
 leave MPI_Init while a rank on another was still inside it; the first message between them then
-killed the late rank with SIGSEGV in Open MPI 4.1 (about 1 two-node launch in 160 on a busy
+killed the late rank with SIGSEGV in Open MPI 4.1 (about 1 two-node launch in 190 on a busy
 machine). The script sets SLURM_PMIX_FENCE=ring, which holds it (deploy/README.md).
 
 A cluster of 2 hosts (scripts/start-cluster.sh) gets Slurm across them (scripts/start-slurm.sh
