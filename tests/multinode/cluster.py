@@ -181,6 +181,39 @@ class Cluster:
 
 
 @contextlib.contextmanager
+def slurm(nodes):
+    """`with slurm(nodes) as slurm_dir:` Slurm across the cluster's hosts (scripts/start-slurm.sh
+    --hosts N: slurmctld on the machine, one slurmd inside each host), its state in the
+    cluster's directory, stopped at the end whatever happens."""
+    slurm_dir = os.path.join(nodes.state_dir, "slurm")
+    try:
+        started = subprocess.run(
+            [os.path.join(nodes.scripts, "start-slurm.sh"), "--hosts", str(nodes.hosts), slurm_dir],
+            env=nodes.env, capture_output=True, text=True, timeout=90)
+        if started.returncode != 0:
+            harness.fail(f"start-slurm.sh --hosts {nodes.hosts} failed:\n{started.stderr}")
+        harness.log(f"Slurm up: slurmctld on the machine, a slurmd on each of {nodes.hosts} hosts")
+        yield slurm_dir
+    finally:
+        subprocess.run([os.path.join(nodes.scripts, "stop-slurm.sh"), slurm_dir],
+                       env=dict(nodes.env, KEEP="0"), timeout=120)
+
+
+def slurm_job_env(nodes, slurm_dir, **settings):
+    """What sbatch passes to a job on the cluster: Open MPI's settings of the cluster (TCP on its
+    subnet), Slurm's config, root allowed, and `settings`; no OMP_NUM_THREADS (the scripts set
+    it) and no SLURM_PMIX_FENCE (the multi-node script chooses it)."""
+    env = {k: v for k, v in nodes.env.items() if k not in ("OMP_NUM_THREADS", "SLURM_PMIX_FENCE")}
+    with open(os.path.join(nodes.state_dir, "mpi.env")) as f:
+        for line in f.read().splitlines():
+            name, _, value = line.removeprefix("export ").partition("=")
+            env[name] = value
+    env.update(SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"), OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **settings)
+    return env
+
+
+@contextlib.contextmanager
 def work_directory(args, prefix):
     """`with work_directory(args, prefix) as (workdir, config, binary):` a test's directory,
     outside /tmp (every host has a /tmp of its own, the rest of the file system is shared),

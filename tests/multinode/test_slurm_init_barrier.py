@@ -62,35 +62,13 @@ def main():
             f.write(STAND_IN)
         os.chmod(stand_in, 0o755)
         state_dir = os.path.join(workdir, "cluster")
-        with cluster.Cluster(args.source_dir, state_dir, 2, slots=1) as nodes:
-            slurm_dir = os.path.join(nodes.state_dir, "slurm")
-            try:
-                started = subprocess.run(
-                    [os.path.join(args.source_dir, "scripts", "start-slurm.sh"), "--hosts", "2",
-                     slurm_dir], env=nodes.env, capture_output=True, text=True, timeout=90)
-                if started.returncode != 0:
-                    harness.fail(f"start-slurm.sh --hosts 2 failed:\n{started.stderr}")
-                env = job_env(nodes, slurm_dir, config, workdir, stand_in, probe, shim)
-                check_barrier(args, env, workdir)
-            finally:
-                subprocess.run([os.path.join(args.source_dir, "scripts", "stop-slurm.sh"),
-                                slurm_dir], env=dict(nodes.env, KEEP="0"), timeout=120)
-
-
-def job_env(nodes, slurm_dir, config, workdir, stand_in, probe, shim):
-    """The cluster's Open MPI settings (TCP on its subnet) and Slurm's config, as
-    test_slurm_multinode.py passes them, with MANTISSA naming the stand-in."""
-    env = {k: v for k, v in nodes.env.items()
-           if k not in ("OMP_NUM_THREADS", "SLURM_PMIX_FENCE")}
-    with open(os.path.join(nodes.state_dir, "mpi.env")) as f:
-        for line in f.read().splitlines():
-            name, _, value = line.removeprefix("export ").partition("=")
-            env[name] = value
-    env.update(SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", MANTISSA=stand_in, MANTISSA_CONFIG=config,
-               MANTISSA_METRICS_PORT="0", STAND_IN_RUN_DIR=os.path.join(workdir, "run"),
-               STAND_IN_PROBE=probe, STAND_IN_SHIM=shim, HOLD_AFTER_MODEX_S=str(HOLD_S))
-    return env
+        with cluster.Cluster(args.source_dir, state_dir, 2, slots=1) as nodes, \
+                cluster.slurm(nodes) as slurm_dir:
+            env = cluster.slurm_job_env(
+                nodes, slurm_dir, MANTISSA=stand_in, MANTISSA_CONFIG=config,
+                MANTISSA_METRICS_PORT="0", STAND_IN_RUN_DIR=os.path.join(workdir, "run"),
+                STAND_IN_PROBE=probe, STAND_IN_SHIM=shim, HOLD_AFTER_MODEX_S=str(HOLD_S))
+            check_barrier(args, env, workdir)
 
 
 def check_barrier(args, env, workdir):

@@ -68,19 +68,6 @@ def free_port_on(address):
         return s.getsockname()[1]
 
 
-def job_env(nodes, slurm_dir, staged, config):
-    """What sbatch passes to the jobs: Open MPI's settings of the cluster (TCP on its subnet),
-    Slurm's config, the binary and config; no OMP_NUM_THREADS (the script sets it)."""
-    env = {k: v for k, v in nodes.env.items() if k != "OMP_NUM_THREADS"}
-    for line in read(os.path.join(nodes.state_dir, "mpi.env")).splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        env[name] = value
-    env.update(SLURM_CONF=os.path.join(slurm_dir, "slurm.conf"), OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", MANTISSA=staged, MANTISSA_CONFIG=config,
-               MANTISSA_METRICS_PORT="0")
-    return env
-
-
 def start_prometheus(daemons, workdir, sd_dir):
     """Prometheus on the cluster's bridge address, scraping what the jobs' file_sd files name
     (deploy/prometheus/prometheus.yml's mantissa-slurm job, with intervals of a second)."""
@@ -130,22 +117,17 @@ def main():
         # The sbatch script's mpirun launcher looks for mantissa-mpirun beside the binary.
         shutil.copy2(os.path.join(args.source_dir, "deploy", "mantissa-mpirun"),
                      os.path.join(workdir, "mantissa-mpirun"))
-        with cluster.Cluster(args.source_dir, os.path.join(workdir, "cluster"), 2, slots=1) as nodes:
-            slurm_dir = os.path.join(nodes.state_dir, "slurm")
+        state_dir = os.path.join(workdir, "cluster")
+        with cluster.Cluster(args.source_dir, state_dir, 2, slots=1) as nodes, \
+                cluster.slurm(nodes) as slurm_dir:
             daemons = harness.Daemons(workdir)
             try:
-                started = subprocess.run(
-                    [os.path.join(args.source_dir, "scripts", "start-slurm.sh"), "--hosts", "2",
-                     slurm_dir], env=nodes.env, capture_output=True, text=True, timeout=90)
-                if started.returncode != 0:
-                    harness.fail(f"start-slurm.sh --hosts 2 failed:\n{started.stderr}")
-                harness.log("Slurm up: slurmctld on the machine, slurmd on node1 and node2")
-                env = job_env(nodes, slurm_dir, staged, config)
+                # The binary and config; no metrics port unless a job asks for one.
+                env = cluster.slurm_job_env(nodes, slurm_dir, MANTISSA=staged,
+                                            MANTISSA_CONFIG=config, MANTISSA_METRICS_PORT="0")
                 run(args, nodes, env, daemons, workdir, staged, config)
             finally:
                 daemons.stop_all()
-                subprocess.run([os.path.join(args.source_dir, "scripts", "stop-slurm.sh"),
-                                slurm_dir], env=dict(nodes.env, KEEP="0"), timeout=120)
 
 
 def run(args, nodes, env, daemons, workdir, staged, config):
