@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -33,19 +34,20 @@ std::string changed_message(const std::string& path, const std::string& change) 
 // A read of a mapped file past the end it has now (it was cut short after it was mapped, e.g.
 // rewritten through `>`) raises SIGBUS at an address inside its mapping: the handler names the
 // file and exits as a ConfigError would (exit 2; the staged output's temporary files are
-// cleared by the next encode into that directory). Set once, before the handler is installed,
-// and never freed, since a signal may come at any time after; the handler only reads it and
-// calls async-signal-safe functions.
+// cleared by the next encode into that directory). Each map_utf8_inputs publishes the mappings
+// of its inputs, complete, before it installs the handler, and none is ever freed, since a
+// signal may come at any time after; the handler only reads them and calls async-signal-safe
+// functions.
 struct InputMapping {
   uintptr_t begin;
   uintptr_t end;
   std::string message;
 };
-const std::vector<InputMapping>* g_input_mappings = nullptr;
+std::atomic<const std::vector<InputMapping>*> g_input_mappings{nullptr};
 
 void name_the_input_cut_short(int, siginfo_t* info, void*) {
   const auto address = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (const InputMapping& mapping : *g_input_mappings) {
+  for (const InputMapping& mapping : *g_input_mappings.load()) {
     if (address >= mapping.begin && address < mapping.end) {
       (void)!::write(STDERR_FILENO, mapping.message.data(), mapping.message.size());
       ::_exit(core::exit_code(core::ErrorKind::kConfig));
@@ -56,7 +58,6 @@ void name_the_input_cut_short(int, siginfo_t* info, void*) {
 }
 
 void name_inputs_cut_short(const std::vector<MappedText>& files) {
-  if (g_input_mappings != nullptr) return;
   auto* mappings = new std::vector<InputMapping>();
   for (const MappedText& file : files) {
     const auto begin = reinterpret_cast<uintptr_t>(file.text().data());
@@ -65,7 +66,8 @@ void name_inputs_cut_short(const std::vector<MappedText>& files) {
          "mantissa: " +
              changed_message(file.path(), "it was cut short: a read past its end failed") + "\n"});
   }
-  g_input_mappings = mappings;
+  // An earlier call's set stays allocated: the handler may be reading it.
+  g_input_mappings.store(mappings);
   struct sigaction action {};
   action.sa_sigaction = name_the_input_cut_short;
   action.sa_flags = SA_SIGINFO;

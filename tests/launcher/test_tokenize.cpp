@@ -352,14 +352,16 @@ TEST(MappedText, SeesAFileAppendedToOrRewrittenInPlaceButNotOneReplaced) {
 }
 
 // A read past the end of an input cut short after it was mapped would raise SIGBUS; it ends
-// the process with exit 2 and the file's name instead.
+// the process with exit 2 and the file's name instead, also for the inputs of a second call.
 TEST(MappedTextDeathTest, AReadPastTheEndOfAnInputCutShortNamesIt) {
   const fs::path dir = fs::path(::testing::TempDir()) / "mantissa_test_mapped_text_cut";
   fs::create_directories(dir);
   const fs::path path = dir / "cut.txt";
   std::ofstream(path) << std::string(3 * 4096, 'a');
+  std::ofstream(dir / "earlier.txt") << "an earlier call's input\n";
   EXPECT_EXIT(
       {
+        const std::vector<MappedText> earlier = map_utf8_inputs({(dir / "earlier.txt").string()});
         const std::vector<MappedText> files = map_utf8_inputs({path.string()});
         fs::resize_file(path, 10);
         const volatile char past_the_end = files[0].text()[2 * 4096];
