@@ -17,6 +17,8 @@
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
+#include "core/precision/block_scaling.h"
+#include "core/precision/fp8_scaling.h"
 #include "core/read_file.h"
 #include "core/strings.h"
 #include "launcher/build_info.h"
@@ -302,9 +304,16 @@ void Trainer::build_data() {
       std::make_shared<const train::Corpus>(std::move(corpus)), loader);
   if (config_.run().eval_every() > 0 && validation) {
     validation_data_ = identity(*validation);
+    // Block-scaled FP8 inputs take a multiple of a few rows (tokens); training's micro-batches
+    // are (config validation), evaluation's cut the validation windows to fit.
+    const int64_t token_multiple =
+        policy_.fp8_block_gemms ? core::scale_rows_multiple(core::fp8_scale_mode(
+                                      fp8_scaling_config(config_).recipe, core::Fp8Role::kInput))
+                                : 1;
     evaluator_ = std::make_unique<train::Evaluator>(
         std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
-        config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank());
+        config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank(),
+        token_multiple);
   }
 }
 

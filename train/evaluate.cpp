@@ -1,7 +1,9 @@
 #include "train/evaluate.h"
 
 #include <algorithm>
+#include <numeric>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -24,19 +26,27 @@ int64_t windows_in(const TokenSegment& segment, int64_t seq_len) {
 }  // namespace
 
 Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
-                     int64_t micro_batch, int world_size, int rank)
-    : corpus_(std::move(corpus)), seq_len_(seq_len), micro_batch_(micro_batch) {
+                     int64_t micro_batch, int world_size, int rank, int64_t token_multiple)
+    : corpus_(std::move(corpus)), seq_len_(seq_len) {
   int64_t available = 0;
   for (const TokenSegment& s : corpus_->segments()) available += windows_in(s, seq_len_);
-  if (available == 0) {
+  const std::string holds = "validation set " + corpus_->name() + ": " +
+                            std::to_string(corpus_->num_tokens()) + " tokens hold ";
+  const std::string of_tokens = " of seq_len + 1 = " + std::to_string(seq_len_ + 1) + " tokens";
+  if (available == 0) throw core::ConfigError(holds + "no whole window" + of_tokens);
+  // The fewest windows whose tokens are a multiple of token_multiple.
+  const int64_t group = token_multiple / std::gcd(seq_len_, token_multiple);
+  if (available < group) {
     throw core::ConfigError(
-        "validation set " + corpus_->name() + ": " + std::to_string(corpus_->num_tokens()) +
-        " tokens hold no whole window of seq_len + 1 = " + std::to_string(seq_len_ + 1) +
-        " tokens");
+        holds + std::to_string(available) + " whole window" + (available == 1 ? "" : "s") +
+        of_tokens + ", and this model evaluates them in groups of " + std::to_string(group) +
+        " (every forward pass takes a multiple of " + std::to_string(token_multiple) + " tokens)");
   }
-  windows_ = std::min(available, std::max<int64_t>(1, eval_tokens / seq_len_));
-  first_window_ = windows_ * rank / world_size;
-  end_window_ = windows_ * (rank + 1) / world_size;
+  const int64_t groups = std::min(available, std::max<int64_t>(1, eval_tokens / seq_len_)) / group;
+  windows_ = std::max<int64_t>(1, groups) * group;
+  first_window_ = windows_ / group * rank / world_size * group;
+  end_window_ = windows_ / group * (rank + 1) / world_size * group;
+  micro_batch_ = std::max<int64_t>(1, micro_batch / group) * group;
 }
 
 void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>& tokens,

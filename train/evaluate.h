@@ -7,6 +7,12 @@
 // of different runs compare. The windows are cut into one contiguous slice per rank; each rank
 // sums the losses of its tokens, and the caller adds the sums over ranks (one all-reduce) and
 // divides by tokens(): the same mean, within rounding, on any number of ranks.
+//
+// Some models take only a multiple of a few tokens per forward pass (token_multiple: 4 where
+// FP8 GEMMs scale their inputs in 1x128 tiles, cuBLASLt's rule for the rows of such operands).
+// The windows then go in groups whose tokens are such a multiple (2 windows of 6 tokens for 4),
+// and everything that cuts them (the count, the ranks' slices, the micro-batches) cuts whole
+// groups.
 #pragma once
 
 #include <cstdint>
@@ -21,12 +27,13 @@ namespace mantissa::train {
 
 class Evaluator {
  public:
-  // Throws core::ConfigError when the corpus holds no whole window of seq_len + 1 tokens.
+  // Throws core::ConfigError when the corpus holds no whole window of seq_len + 1 tokens, or
+  // fewer than one group of them.
   Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
-            int64_t micro_batch, int world_size, int rank);
+            int64_t micro_batch, int world_size, int rank, int64_t token_multiple = 1);
 
   // The sum over this rank's validation tokens of the model's loss (a forward pass only, in
-  // micro-batches of up to micro_batch windows).
+  // micro-batches of up to micro_batch windows, whole groups).
   double local_loss_sum(LanguageModel& model, core::Backend& backend,
                         const core::PrecisionPolicy& policy) const;
   // Validation tokens of one evaluation, all ranks together.
@@ -39,7 +46,7 @@ class Evaluator {
 
   std::shared_ptr<const Corpus> corpus_;
   int64_t seq_len_;
-  int64_t micro_batch_;
+  int64_t micro_batch_;       // whole groups
   int64_t windows_ = 0;       // all ranks together
   int64_t first_window_ = 0;  // this rank's slice [first_window_, end_window_)
   int64_t end_window_ = 0;

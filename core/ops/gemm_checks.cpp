@@ -139,11 +139,11 @@ void check_scale_tensor(const char* name, const Tensor* scale, ScaleMode mode, c
                  kOp << ": " << name << " " << scale->describe() << " holds " << scale->numel()
                      << " scales; operand " << operand << " read as [" << outer << ", " << k
                      << "] and scaled " << scale_mode_name(mode) << " needs " << count);
-  if (mode == ScaleMode::kVec128 || mode == ScaleMode::kBlock128) {
-    MANTISSA_CHECK(outer % 4 == 0, kOp << ": operand " << operand << " has " << outer
-                                       << " rows; scaled " << scale_mode_name(mode)
-                                       << " it needs a multiple of 4 (cuBLASLt's rule)");
-  }
+  const int64_t rows_multiple = scale_rows_multiple(mode);
+  MANTISSA_CHECK(outer % rows_multiple == 0, kOp << ": operand " << operand << " has " << outer
+                                                 << " rows; scaled " << scale_mode_name(mode)
+                                                 << " it needs a multiple of " << rows_multiple
+                                                 << " (cuBLASLt's rule)");
 }
 
 // Block-scaled FP8 operands: a pair cuBLASLt defines, 2-D, an F32 or BF16 output (cuBLASLt

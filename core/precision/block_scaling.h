@@ -99,6 +99,12 @@ MANTISSA_HD int64_t scale_block_rows(ScaleMode mode, int64_t outer) {
   }
 }
 
+// What an operand's row count must be a multiple of: 4 for kVec128 and kBlock128 (cuBLASLt's
+// rule for them), else 1.
+MANTISSA_HD int64_t scale_rows_multiple(ScaleMode mode) {
+  return mode == ScaleMode::kVec128 || mode == ScaleMode::kBlock128 ? 4 : 1;
+}
+
 // L: blocks along K.
 MANTISSA_HD int64_t scale_k_blocks(ScaleMode mode, int64_t k) {
   return scale_ceil_div(k, scale_block_k(mode, k));

@@ -4,7 +4,9 @@
 //  - the Evaluator's slices of the validation windows, summed over any number of ranks, give
 //    the single-rank sum (FP32), whatever the micro-batch; every evaluation of the same weights
 //    gives the same loss; and the windows are the corpus's first ones, laid end to end;
-//  - a validation set without one whole window is a config error naming it.
+//  - a model that takes a multiple of 4 tokens per forward pass (FP8 BLOCKWISE) is evaluated
+//    in whole groups of windows, on any number of ranks and micro-batch;
+//  - a validation set without one whole window (or group) is a config error naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/precision/fp8_scaling.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
 #include "train/evaluate.h"
@@ -84,6 +87,41 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
   }
 }
 
+// BLOCKWISE scales the inputs of its GEMMs in 1x128 tiles, whose rows (tokens) cuBLASLt takes
+// in multiples of 4 only; with seq_len 6 a forward takes an even number of windows. Ranks'
+// slices and the last micro-batch of odd sizes would each stop at the first GEMM.
+TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP8Hybrid);
+  core::Fp8ScalingConfig fp8;
+  fp8.recipe = core::Fp8Recipe::kBlockwise;
+  fp8.grad_format = core::DType::kE4M3;
+  const models::GPT2Config config{1, 2, 128, 6, 256};
+  models::GPT2 model(config, *be, policy, 7, fp8);
+  auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 500));
+  const int64_t eval_tokens = 27 * config.seq_len;  // 27 windows asked for: 26 evaluated
+
+  const Evaluator one(corpus, config.seq_len, eval_tokens, 4, 1, 0, 4);
+  EXPECT_EQ(one.tokens(), 26 * config.seq_len);
+  const double whole = one.local_loss_sum(model, *be, policy);
+  for (int world : {2, 3, 5}) {
+    for (int64_t micro_batch : {2, 4, 6}) {
+      double sum = 0.0;
+      for (int rank = 0; rank < world; ++rank) {
+        const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank, 4);
+        EXPECT_EQ(slice.tokens(), one.tokens());
+        sum += slice.local_loss_sum(model, *be, policy);
+      }
+      // Each token's loss is computed from the same quantised blocks wherever its window
+      // lands: only the last bits of the GEMMs' FP32 sums may differ.
+      EXPECT_NEAR(sum / whole, 1.0, 1e-6) << world << " ranks, micro-batch " << micro_batch;
+    }
+  }
+  // One window asked for: one group (two windows) is evaluated.
+  EXPECT_EQ(Evaluator(corpus, config.seq_len, config.seq_len, 4, 1, 0, 4).tokens(),
+            2 * config.seq_len);
+}
+
 TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
   auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 16));
   try {
@@ -92,6 +130,18 @@ TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
   } catch (const core::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("no whole window of seq_len + 1 = 17 tokens"),
               std::string::npos)
+        << e.what();
+  }
+  // 2 windows of 7 tokens, and a model that takes a multiple of 4 tokens: groups of 4 windows.
+  auto two_windows = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 15));
+  try {
+    Evaluator(two_windows, 7, 1024, 4, 1, 0, 4);
+    FAIL() << "expected a ConfigError";
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("15 tokens hold 2 whole windows of seq_len + 1 = 8 tokens, "
+                                   "and this model evaluates them in groups of 4"),
+        std::string::npos)
         << e.what();
   }
 }
