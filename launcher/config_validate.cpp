@@ -5,6 +5,7 @@
 // path to the field the module names. Everything else (run, model, data, checkpoint, metrics,
 // debug, and rules across sections) is checked here.
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
@@ -15,9 +16,12 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/config_check.h"
 #include "core/error.h"
@@ -111,28 +115,60 @@ void check_readable_file(std::string_view field, const std::string& path) {
   require(in.good(), field, quoted(path), std::string("cannot be read: ") + std::strerror(errno));
 }
 
-void check_glob(std::string_view field, const std::string& pattern) {
+// The files `pattern` matches (at least one, none a directory).
+std::vector<std::string> check_glob(std::string_view field, const std::string& pattern) {
   require(!pattern.empty(), field, quoted(pattern), "must be a glob of token shard files");
   glob_t matches{};
   // GLOB_MARK ends every directory it matches with '/': shards are files.
   const int rc = glob(pattern.c_str(), GLOB_MARK, nullptr, &matches);
+  std::vector<std::string> files;
   std::string directory;
   for (size_t i = 0; rc == 0 && i < matches.gl_pathc && directory.empty(); ++i) {
     const std::string match = matches.gl_pathv[i];
     if (match.ends_with('/')) directory = match;
+    files.push_back(match);
   }
   globfree(&matches);
   require(rc == 0, field, quoted(pattern), "matches no file");
   require(directory.empty(), field, quoted(pattern),
           "matches the directory " + directory + ": a glob of token shard files must match files");
+  return files;
+}
+
+// A validation shard that is also a training shard (`tokenize encode` writes train_*.bin and
+// val_*.bin side by side, and "dir/*.bin" takes both) would make val_loss the loss on trained
+// tokens. Compared as files (device and inode), so two spellings of one path are one file.
+void check_no_shared_shard(const std::vector<std::string>& train,
+                           const std::vector<std::string>& val, const Config::Data& data) {
+  const auto identity = [](const std::string& path) -> std::optional<std::pair<dev_t, ino_t>> {
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return std::nullopt;  // the corpus's checks report it
+    return std::pair{st.st_dev, st.st_ino};
+  };
+  std::set<std::pair<dev_t, ino_t>> train_files;
+  for (const std::string& path : train) {
+    if (const auto id = identity(path)) train_files.insert(*id);
+  }
+  for (const std::string& path : val) {
+    const auto id = identity(path);
+    require(!id || !train_files.contains(*id), "data.token_shards.val_pattern",
+            quoted(data.token_shards().val_pattern()),
+            "matches " + path +
+                ", which data.token_shards.pattern = " + quoted(data.token_shards().pattern()) +
+                " matches too: the run would be evaluated on tokens it trains on (tokenize "
+                "encode writes train_*.bin and val_*.bin: give each its own glob)");
+  }
 }
 
 void check_data_files(const Config::Data& data) {
   if (data.has_text_file()) check_readable_file("data.text_file.path", data.text_file().path());
   if (data.has_token_shards()) {
-    check_glob("data.token_shards.pattern", data.token_shards().pattern());
+    const std::vector<std::string> train =
+        check_glob("data.token_shards.pattern", data.token_shards().pattern());
     const std::string& val = data.token_shards().val_pattern();
-    if (!val.empty()) check_glob("data.token_shards.val_pattern", val);
+    if (!val.empty()) {
+      check_no_shared_shard(train, check_glob("data.token_shards.val_pattern", val), data);
+    }
   }
   if (!data.tokenizer().empty()) check_readable_file("data.tokenizer", data.tokenizer());
 }

@@ -140,6 +140,20 @@ class ConfigErrors(lu.TempDirTest):
             '{dir}/shards/train_000000.bin/: a glob of token shard files must match files',
             "--set", f"data.token_shards.pattern={self.dir}/shards/*.bin")
 
+    def test_validation_shards_that_are_training_shards(self):
+        # The files are not read: the globs are compared first. The second spelling of the
+        # directory ("shards/../shards") names the same file.
+        os.makedirs(os.path.join(self.dir, "shards"))
+        for name in ("train_000000.bin", "val_000000.bin"):
+            open(os.path.join(self.dir, "shards", name), "wb").close()
+        self.assert_config_error(
+            'mantissa: data.token_shards.val_pattern = "{dir}/shards/../shards/val_*.bin": matches '
+            '{dir}/shards/../shards/val_000000.bin, which data.token_shards.pattern = '
+            '"{dir}/shards/*.bin" matches too: the run would be evaluated on tokens it trains on '
+            '(tokenize encode writes train_*.bin and val_*.bin: give each its own glob)',
+            "--set", f'data.token_shards={{pattern: "{self.dir}/shards/*.bin" '
+                     f'val_pattern: "{self.dir}/shards/../shards/val_*.bin"}}')
+
     def test_malformed_token_shard(self):
         shard = os.path.join(self.dir, "bad_000.bin")
         with open(shard, "wb") as f:

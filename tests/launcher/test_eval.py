@@ -122,15 +122,17 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(run("off", "run.eval_every=0"), {})
         self.assertEqual(run("none", "data.synthetic.val_tokens=0", "run.eval_every=0"), {})
 
-        # Token shards: the same tokens as training and validation sets.
-        shard = os.path.join(self.dir, "tokens.bin")
+        # Token shards: the same tokens as training and validation sets, in two files (one file
+        # matched by both globs is refused: test_cli.py).
+        shard, val_shard = (os.path.join(self.dir, name) for name in ("tokens.bin", "val.bin"))
         count = 20000
-        with open(shard, "wb") as f:
-            header = [20240520, 1, count] + [0] * 253
-            f.write(b"".join(v.to_bytes(4, "little", signed=True) for v in header))
-            f.write(b"".join(((i * 7) % 256).to_bytes(2, "little") for i in range(count)))
+        for path in (shard, val_shard):
+            with open(path, "wb") as f:
+                header = [20240520, 1, count] + [0] * 253
+                f.write(b"".join(v.to_bytes(4, "little", signed=True) for v in header))
+                f.write(b"".join(((i * 7) % 256).to_bytes(2, "little") for i in range(count)))
         shards = run("shards", f"data.token_shards.pattern={shard}",
-                     f"data.token_shards.val_pattern={shard}")
+                     f"data.token_shards.val_pattern={val_shard}")
         self.assertEqual(sorted(shards), [3, 7])
 
     def test_bad_settings_name_the_field(self):
