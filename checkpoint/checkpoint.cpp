@@ -305,11 +305,23 @@ void Checkpointer::collective(const std::string& what, const std::function<void(
     error = e.what();
   }
   if (agree(error.empty())) return;
+  // The ranks that failed, for the others' messages (every rank takes part in the sums): which
+  // one, where only one did (a full disk or a failing mount on one node), else how many. Alone,
+  // this rank is the one that failed.
+  const bool failed = !error.empty();
+  std::string elsewhere;
+  if (group_.sum) {
+    const double count = group_.sum(failed ? 1.0 : 0.0);
+    const double rank_sum = group_.sum(failed ? group_.rank : 0.0);
+    elsewhere = count == 1.0 ? "failed on rank " + std::to_string(static_cast<int64_t>(rank_sum)) +
+                                   " (see its message)"
+                             : "failed on " + std::to_string(static_cast<int64_t>(count)) +
+                                   " ranks (see their messages)";
+  }
   // The phase's message, with nothing appended (a defect's message already ends with its
   // source location).
-  core::throw_error_of_kind(
-      agreed_kind(error.empty() ? std::nullopt : std::optional(kind)),
-      what + ": " + (error.empty() ? "failed on another rank (see its message)" : error));
+  core::throw_error_of_kind(agreed_kind(failed ? std::optional(kind) : std::nullopt),
+                            what + ": " + (failed ? error : elsewhere));
 }
 
 // The bytes of a contiguous tensor in host memory: the tensor itself on the host, else a copy
@@ -425,21 +437,25 @@ std::string Checkpointer::save(const CheckpointState& state,
       remove_checkpoint_dir(final_dir);
     }
     fs::rename(tmp_dir, final_dir);
+    damaged_steps_.erase(state.step);
     core::fsync_path(options_.dir);
     core::write_file_atomically(options_.dir + "/" + kLatestName, name + "\n");
 
+    // Newest first. A checkpoint the load fell back past takes no intact one's place: counted,
+    // it would push out the one the run resumed from, leaving one fewer to fall back to.
     int kept = 0;
     for (int64_t step : list_checkpoints(options_.dir)) {
       const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
+      const bool damaged = damaged_steps_.contains(step);
       if (step > state.step) {
         warn(group_.rank, "removing checkpoint " + dir + ": newer than the one just written " +
                               "(left by a run that resumed from an earlier step)");
         remove_checkpoint_dir(dir);
-      } else if (options_.keep > 0 && ++kept > options_.keep) {
-        remove_or_warn(
-            group_.rank,
-            "checkpoint " + dir + " (checkpoint.keep " + std::to_string(options_.keep) + ")",
-            [&] { remove_checkpoint_dir(dir); });
+      } else if (options_.keep > 0 && (damaged ? kept >= options_.keep : ++kept > options_.keep)) {
+        remove_or_warn(group_.rank,
+                       "checkpoint " + dir + (damaged ? " (damaged, " : " (") + "checkpoint.keep " +
+                           std::to_string(options_.keep) + ")",
+                       [&] { remove_checkpoint_dir(dir); });
       }
     }
   });
@@ -612,6 +628,7 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
     if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
       return state;
     }
+    damaged_steps_.insert(found[i]);
     const std::string next = i + 1 < found.size()
                                  ? "falling back to " + checkpoint_dir_name(found[i + 1])
                                  : "no older checkpoint left";

@@ -72,6 +72,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -160,7 +161,7 @@ class CheckpointMisfit : public core::ConfigError {
 
 struct CheckpointOptions {
   std::string dir;  // holds the step_* directories and `latest`
-  int keep = 3;     // complete checkpoints kept after a save; 0 keeps all
+  int keep = 3;     // intact checkpoints kept after a save; 0 keeps all
   // Payload pieces are at most this long, so a load stages at most this much host memory per
   // device tensor, and a CRC mismatch points at a small range.
   int64_t max_entry_bytes = int64_t{64} << 20;
@@ -185,7 +186,9 @@ class Checkpointer {
   // and returns its directory. Slices of one buffer must tile [0, global_numel) exactly across
   // ranks. Replaces a checkpoint of the same step, and removes checkpoints of later steps
   // (they belong to a run that was resumed from an earlier point, and would otherwise be
-  // resumed from next time).
+  // resumed from next time). Of the older ones it keeps options().keep intact ones: one that
+  // load_latest found damaged counts for none and goes when an intact one older than it goes
+  // (kept until then, for a look at what damaged it).
   std::string save(const CheckpointState& state, const std::vector<BufferSlice>& slices);
 
   // Collective. Loads the newest checkpoint that verifies completely: fills every slice and
@@ -250,6 +253,9 @@ class Checkpointer {
   CheckpointOptions options_;
   CheckpointGroup group_;
   core::Backend* backend_ = nullptr;
+  // Steps a load_latest of this object fell back past: a save's pruning does not count them
+  // toward `keep` (see save).
+  std::set<int64_t> damaged_steps_;
 };
 
 // "step_00000042".

@@ -293,6 +293,52 @@ TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   EXPECT_TRUE(into.equals_step(10));
 }
 
+// checkpoint.keep 2, step 5 damaged: the run resumes from step 4 and saves step 6. Counting
+// step 5 would remove step 4, and a step 6 damaged in turn would leave nothing to resume from.
+TEST_F(CheckpointTest, ADamagedCheckpointTakesNoIntactOnesPlace) {
+  save(4, 2);
+  save(5, 2);
+  const std::string payload = dir() + "/step_00000005/rank_00000.bin";
+  fs::resize_file(payload, fs::file_size(payload) - 1);
+  checkpoint::Checkpointer ckpt(options(2), {}, *backend);
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(ckpt.load_latest(make_state(0).parameters, into.slices)->step, 4);
+  testing::internal::GetCapturedStderr();
+
+  Slices s6(0, kN, 6);
+  ckpt.save(make_state(6), s6.slices);
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000004"));
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000005")) << "kept while an older intact one is";
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000006"));
+  // Two intact checkpoints newer than it: it goes with step 4.
+  Slices s8(0, kN, 8);
+  ckpt.save(make_state(8), s8.slices);
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000004"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000005"));
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000006"));
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000008"));
+}
+
+// A step found damaged and saved again is intact: it counts toward keep like any other.
+TEST_F(CheckpointTest, ADamagedCheckpointSavedAgainCountsAgain) {
+  for (int64_t step : {3, 4, 5}) save(step, /*keep=*/0);
+  for (const char* step : {"/step_00000004", "/step_00000005"})
+    fs::resize_file(dir() + step + "/rank_00000.bin", 1);
+  checkpoint::Checkpointer ckpt(options(1), {}, *backend);
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(ckpt.load_latest(make_state(0).parameters, into.slices)->step, 3);
+  testing::internal::GetCapturedStderr();
+  Slices s5(0, kN, 5);
+  testing::internal::CaptureStderr();
+  ckpt.save(make_state(5), s5.slices);
+  testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fs::exists(dir() + "/step_00000005"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000004"));
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000003"));
+}
+
 TEST_F(CheckpointTest, AListingThatFailsIsAnErrorNotAnEmptyDirectory) {
   // Taken for "no checkpoint", a failed listing would start the run afresh, and its first save
   // would remove every checkpoint as newer than its own. Here the directory is a file
@@ -713,8 +759,8 @@ TEST_F(CheckpointTest, Zero1ShardsResumeOnAnotherWorldSize) {
 
 // A save that fails on one rank for something a retry meets again (a directory where its
 // payload goes: a config error, exit 2) ends every rank with that kind. The other ranks had
-// ended with kFailure (exit 1, "failed on another rank"), so the job's exit code depended on
-// which rank ended it first.
+// ended with kFailure (exit 1), so the job's exit code depended on which rank ended it first;
+// their message names the rank that failed.
 TEST_F(CheckpointTest, ASaveFailingOnOneRankEndsEveryRankWithItsKind) {
   save(5);
   ThreadGroup saving(2);
@@ -744,7 +790,10 @@ TEST_F(CheckpointTest, ASaveFailingOnOneRankEndsEveryRankWithItsKind) {
   EXPECT_EQ(kinds[1], core::ErrorKind::kConfig) << messages[1];
   EXPECT_NE(messages[1].find("cannot create '" + obstacle + "'"), std::string::npos) << messages[1];
   EXPECT_EQ(kinds[0], core::ErrorKind::kConfig) << messages[0];
-  EXPECT_NE(messages[0].find("failed on another rank"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[0].find("checkpoint save of " + dir() +
+                             "/step_00000007: failed on rank 1 (see its message)"),
+            std::string::npos)
+      << messages[0];
   EXPECT_FALSE(fs::exists(dir() + "/step_00000007"));
 }
 
