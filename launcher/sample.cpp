@@ -367,8 +367,11 @@ int run_sample(const SampleArgs& args) {
 
 SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   SampleArgs out;
-  for (const std::string& arg : args) {
-    if (arg == "-h" || arg == "--help") out.help = true;
+  // Help wherever it stands as an option (even beside a bad one), not as an option's value:
+  // `--prompt -h` continues the text "-h". Every option takes a value.
+  for (size_t i = 0; i < args.size() && !out.help; ++i) {
+    out.help = args[i] == "-h" || args[i] == "--help";
+    if (args[i].starts_with("--") && args[i].find('=') == std::string::npos) ++i;
   }
   if (out.help) return out;
   for (size_t i = 0; i < args.size(); ++i) {

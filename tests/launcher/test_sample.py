@@ -1,6 +1,6 @@
 """`mantissa sample` end to end, through the real executables:
  - on a tiny run trained on the synthetic corpus (bytes): a seed gives the same text twice,
-   other seeds give other text, temperature 0 is greedy (the same text whatever the seed),
+   other seeds give other text, a prompt "-h" is text (not the help), temperature 0 is greedy (the same text whatever the seed),
    top-k 1 and a tiny top-p are greedy too; the text starts with the prompt; a prompt longer
    than seq_len and generation far past seq_len (the window slides) work; --step picks a
    checkpoint;
@@ -78,6 +78,12 @@ class TinyRun(unittest.TestCase):
                   for s in (8, 9)}
         self.assertNotIn(first, others)
         self.assertEqual(len(others), 2)
+
+    def test_a_prompt_that_reads_like_an_option(self):
+        # "-h" where a value belongs is the prompt, not a request for help.
+        text = self.text("--prompt", "-h", "--max-new-tokens", "5")
+        self.assertTrue(text.startswith(b"-h"), text)
+        self.assertEqual(len(text), len("-h") + 5 + 1)
 
     def test_temperature_zero_is_greedy(self):
         greedy = self.text("--temperature", "0", "--seed", "1", "--max-new-tokens", "60")
