@@ -135,6 +135,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
   check_fp8_recipe_support();
+  // The exporter opens before the long part of a start (data, the ranks' agreement, the model,
+  // the communicators, a checkpoint to load), so that a slow start is scraped, not seen down.
+  const std::string mfu_peak_note = build_metrics();
   build_data();
   // Before the model (two ranks on one GPU might not both fit) and the communicators: a job
   // whose ranks do not share what they must (launcher/rank_agreement.h) stops here, every rank
@@ -146,6 +149,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
                                        ? train::MasterShard{world.rank(), world.size()}
                                        : train::MasterShard{};
   model_ = build_model(config_, *backend_, policy_, shard);
+  metrics_->set_model_flops(model_->flops_per_token());
 
   dp_ = dist::DataParallel::create(world, *backend_, model_->parameters(), dist_config(config_));
   optimizer_ = dp_->make_optimizer(adamw_config(config_));
@@ -169,7 +173,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     dp_->broadcast_parameters();
   }
 
-  const std::string mfu_peak_note = build_metrics();
   // Until this run saves, the newest checkpoint is the one it resumed from: the dashboard's
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
@@ -327,7 +330,6 @@ std::string Trainer::build_metrics() {
   options.pushgateway_url = m.pushgateway_url();
   options.job = m.job();
   options.push_every = static_cast<int>(m.push_every());
-  options.flops_per_token = model_->flops_per_token();
   // The peak behind MFU, returned to be said at the start: a CPU's is nominal, and no figure
   // reads without it.
   char peak_note[256];

@@ -122,7 +122,9 @@ struct Metrics::State {
   std::condition_variable push_loop_ended;
   bool pusher_done = false;
   std::int64_t steps_since_push = 0;
+  bool reported = false;  // a step, a checkpoint or the run's end: something to push at the end
   bool finished = false;
+  double flops_per_token = 0;
 
   void push_loop();
   void push_once();
@@ -164,9 +166,10 @@ void Metrics::State::push_loop() {
   for (;;) {
     push_wanted.wait(lock, [this] { return push_pending || stopping; });
     const bool last = stopping;
+    const bool push = !last || reported;  // finish() took the lock after the last record
     push_pending = false;
     lock.unlock();
-    push_once();
+    if (push) push_once();
     lock.lock();
     if (last) {
       pusher_done = true;
@@ -228,15 +231,6 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                       r);
   s.learning_rate.emplace(
       gauge_family(reg, "mantissa_learning_rate", "Learning rate of the last step"), r);
-  if (s.options.peak_flops > 0 && s.options.flops_per_token > 0) {
-    s.mfu.emplace(
-        gauge_family(reg, "mantissa_mfu_ratio", "Model FLOPs utilisation of the last step (0..1)"),
-        r);
-    gauge_family(reg, "mantissa_peak_flops",
-                 "Peak FLOP/s of one rank that mantissa_mfu_ratio is measured against")
-        .Add(r)
-        .Set(s.options.peak_flops);
-  }
   s.step_seconds = &BuildHistogram()
                         .Name("mantissa_step_seconds")
                         .Help("Wall time of one optimizer step")
@@ -338,8 +332,22 @@ void Metrics::finish() {
   static_cast<void>(state_.release());
 }
 
+void Metrics::set_model_flops(double flops_per_token) {
+  State& s = state();
+  s.flops_per_token = flops_per_token;
+  if (s.mfu || s.options.peak_flops <= 0 || flops_per_token <= 0) return;
+  s.mfu.emplace(gauge_family(*s.registry, "mantissa_mfu_ratio",
+                             "Model FLOPs utilisation of the last step (0..1)"),
+                s.rank_labels);
+  gauge_family(*s.registry, "mantissa_peak_flops",
+               "Peak FLOP/s of one rank that mantissa_mfu_ratio is measured against")
+      .Add(s.rank_labels)
+      .Set(s.options.peak_flops);
+}
+
 void Metrics::record_step(const StepRecord& record) {
   State& s = state();
+  s.reported = true;
   const train::StepReport& report = record.report;
   s.loss_scale->set(report.loss_scale);
   if (report.skipped) s.overflow_steps->Increment();
@@ -351,7 +359,7 @@ void Metrics::record_step(const StepRecord& record) {
   if (!report.skipped) s.grad_norm->set(report.grad_norm);
   s.learning_rate->set(report.lr);
   if (s.mfu && record.step_seconds > 0) {
-    s.mfu->set(record.tokens_per_s() * s.options.flops_per_token / s.options.peak_flops);
+    s.mfu->set(record.tokens_per_s() * s.flops_per_token / s.options.peak_flops);
   }
   s.step_seconds->Observe(record.step_seconds);
   s.allreduce_seconds->Observe(record.allreduce_seconds);
@@ -393,16 +401,19 @@ void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) 
 }
 
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
+  state().reported = true;
   state().show_checkpoint(step, saved_unix_time);
   state().checkpoint_seconds->Observe(seconds);
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
+  state().reported = true;
   state().step->Set(static_cast<double>(step));
   state().show_checkpoint(step, saved_unix_time);
 }
 
 void Metrics::record_finished() {
+  state().reported = true;
   state().run_finished->Set(1);
 }
 

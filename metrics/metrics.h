@@ -37,10 +37,10 @@
 // norm, learning rate, MFU) appear with the first step, the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation, the FP8 gauges with the first
 // step that reports the tensor; MFU and the peak only where both the peak and the FLOPs per
-// token are known; the loss scale's floor only under a dynamic loss scale. The all-reduce time is
-// what the step waited: where backward hides the gradient all-reduce, bytes over that time are no
-// link bandwidth. Under DELAYED the FP8 scale follows the amax history's maximum, not the last
-// amax: amax x scale / fp8_max is the part of the format's range the step used.
+// token (set_model_flops) are known; the loss scale's floor only under a dynamic loss scale. The
+// all-reduce time is what the step waited: where backward hides the gradient all-reduce, bytes over
+// that time are no link bandwidth. Under DELAYED the FP8 scale follows the amax history's maximum,
+// not the last amax: amax x scale / fp8_max is the part of the format's range the step used.
 #pragma once
 
 #include <cstdint>
@@ -68,11 +68,10 @@ struct MetricsOptions {
   std::string job = "mantissa";
   std::string pushgateway_url;
   int push_every = 0;
-  // MFU = tokens/s × flops_per_token / peak_flops, per rank (one device per rank); the peak is
-  // exported too (mantissa_peak_flops), to read the ratio by. 0 in either leaves both
-  // unexported.
+  // MFU = tokens/s × flops_per_token (set_model_flops) / peak_flops, per rank (one device per
+  // rank); the peak is exported too (mantissa_peak_flops), to read the ratio by. 0 in either
+  // leaves both unexported.
   double peak_flops = 0;
-  double flops_per_token = 0;
   // The loss scaler's floor; exported as mantissa_loss_scale_min so the "loss scale
   // collapsed" alert can compare against it. 0 when the scale is not dynamic.
   double loss_scale_min = 0;
@@ -91,6 +90,11 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
+  // The model's FLOPs per token, for MFU: known once the model is built, which is late in a
+  // start (data, the ranks' agreement, the model), while the exporter opens early so that a
+  // long start is scraped rather than seen down.
+  void set_model_flops(double flops_per_token);
+
   void record_step(const StepRecord& record);
   // A checkpoint of `step` saved in `seconds` from `saved_unix_time` (when its save began, as
   // the checkpoint records it).
@@ -105,6 +109,8 @@ class Metrics {
 
   // Final push to the Pushgateway (waits for it, 10 s at most, then warns and leaves it to the
   // process's exit) and stops the push thread; idempotent, and the end of this object's use.
+  // A run that recorded nothing (it failed during its start) pushes nothing: its zeros would
+  // replace what an earlier attempt of the job left in the Pushgateway.
   // Call it before exiting the process by a path that skips destructors.
   void finish();
 

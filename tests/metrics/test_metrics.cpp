@@ -128,12 +128,17 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   options.port = free_port();
   options.rank = 3;
   options.peak_flops = 1e12;
-  options.flops_per_token = 1e6;
   options.loss_scale_min = 1;
   options.build_labels = {{"revision", "0af4188c1a2b"}, {"version", "0.2.0"}};
   options.run_steps = 100;
   Metrics metrics(options);
   ASSERT_EQ(metrics.listening_port(), options.port);
+
+  // During the start, before the model is built: the counters and the build, no peak yet.
+  auto starting = parse_exposition(http(options.port, "GET", "/metrics").second);
+  EXPECT_EQ(sample(starting, R"(mantissa_steps_total{rank="3"})"), 0.0);
+  EXPECT_FALSE(sample(starting, R"(mantissa_peak_flops{rank="3"})"));
+  metrics.set_model_flops(1e6);
 
   // Before any checkpoint or step the checkpoint and last-step gauges are absent (a 0 would
   // read as a collapsed loss scale, a perfect loss) but the counters exist at 0, so that
@@ -417,6 +422,11 @@ TEST(Metrics, PushReplacesTheGroupOfJobAndRank) {
   for (const auto& [key, value] : s) {
     EXPECT_EQ(key.find("mantissa_fp8_amax"), std::string::npos) << key;
   }
+  // A start that fails before its first step (it recorded nothing) pushes nothing: the group
+  // keeps the earlier run's values rather than zeros.
+  Metrics failed_start(options);
+  failed_start.finish();
+  EXPECT_EQ(sample(pushed(), "mantissa_steps_total" + group), 1.0);
 }
 
 }  // namespace
