@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -36,10 +38,24 @@ void write_all(int fd, const void* data, size_t size, const std::string& path) {
 
 DurableFile::DurableFile(std::string path)
     : path_(std::move(path)),
-      fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) {
+      fd_(::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644)) {
   if (fd_ < 0) {
     const int error = errno;
     throw_path_error("cannot create '" + path_ + "'", error);
+  }
+}
+
+DurableFile DurableFile::temporary_beside(const std::string& path) {
+  // The pid tells this process's names from others' on one host; O_EXCL settles the rest (the
+  // same pid on another host of a shared file system) by taking the next number.
+  static std::atomic<uint64_t> next{0};
+  const std::string prefix = path + "." + std::to_string(::getpid()) + "-";
+  for (int attempt = 0;; ++attempt) {
+    std::string name = prefix + std::to_string(next++) + ".tmp";
+    const int fd = ::open(name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd >= 0) return DurableFile(std::move(name), fd);
+    const int error = errno;
+    if (error != EEXIST || attempt == 99) throw_path_error("cannot create '" + name + "'", error);
   }
 }
 
@@ -85,9 +101,10 @@ void fsync_parent_directory(const std::string& path) {
 
 void write_file_atomically(const std::string& path,
                            const std::function<void(DurableFile&)>& write) {
-  const std::string temp = path + ".tmp";
+  std::string temp;
   {
-    DurableFile file(temp);
+    DurableFile file = DurableFile::temporary_beside(path);
+    temp = file.path();
     write(file);
     file.finish();
   }

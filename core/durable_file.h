@@ -6,16 +6,21 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace mantissa::core {
 
 // A file written for keeps: created (or truncated), written, then synced and closed by
 // finish(), so that its bytes are on disk before anyone is told it exists; removed again when
 // it is not finished (an error unwinds past it). Every failure throws core::Error "cannot
-// <create|write> '<path>': <reason>", of the kind core::path_error_kind gives it.
+// <create|write> '<path>': <reason>", of the kind core::path_error_kind gives it. A symbolic
+// link at `path` is refused (ELOOP), never written through.
 class DurableFile {
  public:
   explicit DurableFile(std::string path);
+  // A new file beside `path`, named `path`.<pid>-<n>.tmp and created exclusively: whatever
+  // is there already (a user's file, a link, another writer's temporary file) is left alone.
+  static DurableFile temporary_beside(const std::string& path);
   ~DurableFile();
   DurableFile(const DurableFile&) = delete;
   DurableFile& operator=(const DurableFile&) = delete;
@@ -25,6 +30,8 @@ class DurableFile {
   const std::string& path() const { return path_; }
 
  private:
+  DurableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+
   std::string path_;
   int fd_ = -1;
 };
@@ -39,10 +46,11 @@ void fsync_path(const std::string& path);
 // it or a file created there.
 void fsync_parent_directory(const std::string& path);
 
-// Replaces `path` with what `write` writes into the DurableFile it is given (`path`.tmp): synced,
-// renamed over `path`, and the directory synced, so that `path` holds either its old or its new
-// content. Throws core::Error naming the file and the reason, of the kind core::path_error_kind
-// gives it (the temporary file removed, `path` untouched).
+// Replaces `path` with what `write` writes into the DurableFile it is given (a temporary file
+// beside it, DurableFile::temporary_beside): synced, renamed over `path`, and the directory
+// synced, so that `path` holds either its old or its new content. Throws core::Error naming the
+// file and the reason, of the kind core::path_error_kind gives it (the temporary file removed,
+// `path` untouched).
 void write_file_atomically(const std::string& path, const std::function<void(DurableFile&)>& write);
 // The same, for content already in memory.
 void write_file_atomically(const std::string& path, std::string_view bytes);

@@ -241,13 +241,18 @@ std::vector<fs::path> prepare_directories(const fs::path& dir, const fs::path& t
                               ": exists and is not empty (remove it, or choose another directory)");
   }
   if (fs::exists(tmp, ec)) {
-    // Only what an export of ours leaves: our three files (and the weights' own .tmp).
-    const std::set<std::string> ours = {kHfWeightsFile, std::string(kHfWeightsFile) + ".tmp",
-                                        kHfConfigFile, std::string(kHfConfigFile) + ".tmp",
-                                        kHfTokenizerFile};
+    // Only what an export of ours leaves: our three files and their temporary files
+    // (core::DurableFile::temporary_beside: "<name>.<pid>-<n>.tmp").
+    const auto ours = [](const std::string& name) {
+      for (const std::string file : {kHfWeightsFile, kHfConfigFile, kHfTokenizerFile}) {
+        if (name == file) return true;
+        if (name.starts_with(file + ".") && name.ends_with(".tmp")) return true;
+      }
+      return false;
+    };
     bool stale = fs::is_directory(tmp, ec);
     for (const auto& entry : fs::directory_iterator(tmp, ec))
-      stale = stale && ours.contains(entry.path().filename().string());
+      stale = stale && ours(entry.path().filename().string());
     if (!stale)
       throw core::ConfigError("--out " + dir.string() + ": " + tmp.string() +
                               " exists and is not a directory left by an export (remove it)");

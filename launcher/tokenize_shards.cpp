@@ -204,17 +204,16 @@ void StagedOutput::commit() {
       rename_into_place(dir_ + "/" + staged_name(name), dir_ + "/" + name);
     }
     // What is left of an earlier set: its shards, and the staged files of an encode killed
-    // before its commit (this one's are all in place by now; earlier versions staged them
-    // without the leading '.').
+    // before its commit (this one's are all in place by now): hidden names that only staging
+    // makes. A visible "train_x.bin.tmp" or "tokenizer.model.tmp" is someone's own file.
     std::error_code ec;
     for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
       const std::string name = entry.path().filename().string();
       const bool old_shard =
           is_shard_name(name) && std::find(staged_.begin(), staged_.end(), name) == staged_.end();
-      const size_t dot = name.starts_with('.') ? 1 : 0;
       const bool left_staged =
-          name.ends_with(kTempSuffix) &&
-          is_output_name(name.substr(dot, name.size() - dot - std::strlen(kTempSuffix)));
+          name.starts_with('.') && name.ends_with(kTempSuffix) &&
+          is_output_name(name.substr(1, name.size() - 1 - std::strlen(kTempSuffix)));
       if (old_shard || left_staged) {
         MANTISSA_REQUIRE(
             ::unlink(entry.path().c_str()) == 0, kFailure,

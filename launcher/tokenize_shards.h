@@ -1,7 +1,7 @@
 // Writing the output of `mantissa tokenize`: llm.c token shards (the format and the reader are
 // in train/data/corpus.h) and the tokenizer model, such that a failure leaves nothing
-// half-written: every file is first written and fsynced under a temporary name (NAME.tmp) and
-// renamed into place only once all of them are complete.
+// half-written: every file is first written and fsynced under a hidden temporary name
+// (.NAME.tmp) and renamed into place only once all of them are complete.
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,14 @@
-// core::write_file_atomically: the file holds its old or its new content, never a part.
+// core::write_file_atomically: the file holds its old or its new content, never a part, and
+// nothing beside it (a user's file, a link) is touched.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "core/durable_file.h"
 #include "core/error.h"
@@ -33,7 +37,10 @@ TEST_F(WriteFileAtomically, ReplacesTheContent) {
   write_file_atomically(path("config.pbtxt"), "old\n");
   write_file_atomically(path("config.pbtxt"), "new\n");
   EXPECT_EQ(read(path("config.pbtxt")), "new\n");
-  EXPECT_FALSE(fs::exists(path("config.pbtxt.tmp")));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(path("config.pbtxt")).parent_path()))
+    names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"config.pbtxt"}) << "no temporary file left";
 }
 
 TEST_F(WriteFileAtomically, AnUnfinishedDurableFileIsRemoved) {
@@ -48,20 +55,60 @@ TEST_F(WriteFileAtomically, AnUnfinishedDurableFileIsRemoved) {
   EXPECT_FALSE(fs::exists(path("dropped")));
 }
 
-TEST_F(WriteFileAtomically, AFullDiskLeavesTheOldContentAndSaysWhy) {
-  // The temporary file leads to /dev/full, whose writes fail with ENOSPC.
-  write_file_atomically(path("config.pbtxt"), "old\n");
-  fs::create_symlink("/dev/full", path("config.pbtxt.tmp"));
+// What lies beside the file is not the writer's: a user's PATH.tmp, and links where the next
+// temporary names would go (a link would have been written through, as root, to its target).
+TEST_F(WriteFileAtomically, FilesAndLinksBesideItAreLeftAlone) {
+  std::ofstream(path("tok.model.tmp")) << "mine";
+  std::ofstream(path("target")) << "precious";
+  const std::string probe = DurableFile::temporary_beside(path("tok.model")).path();
+  // "<path>.<pid>-<n>.tmp": the next numbers follow n.
+  const size_t dash = probe.rfind('-');
+  const int n = std::stoi(probe.substr(dash + 1));
+  for (int k = n + 1; k <= n + 3; ++k) {
+    fs::create_symlink(path("target"), probe.substr(0, dash + 1) + std::to_string(k) + ".tmp");
+  }
+  write_file_atomically(path("tok.model"), "model");
+  EXPECT_EQ(read(path("tok.model")), "model");
+  EXPECT_EQ(read(path("tok.model.tmp")), "mine");
+  EXPECT_EQ(read(path("target")), "precious");
+  // A DurableFile refuses a link at its own path too.
   try {
-    write_file_atomically(path("config.pbtxt"), "new\n");
-    FAIL() << "written";
+    DurableFile through(probe.substr(0, dash + 1) + std::to_string(n + 1) + ".tmp");
+    FAIL() << "opened a link";
   } catch (const Error& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "cannot write '" + path("config.pbtxt.tmp") + "': No space left on device");
+    EXPECT_NE(std::string(e.what()).find("Too many levels of symbolic links"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(read(path("target")), "precious");
+}
+
+TEST_F(WriteFileAtomically, AFailedWriteLeavesTheOldContentAndSaysWhy) {
+  // A file size limit (RLIMIT_FSIZE; SIGXFSZ ignored) fails the write with EFBIG, as a full
+  // disk fails it with ENOSPC.
+  write_file_atomically(path("config.pbtxt"), "old\n");
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit limited = saved;
+  limited.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limited), 0);
+  std::string message;
+  try {
+    write_file_atomically(path("config.pbtxt"), std::string(8192, 'x'));
+  } catch (const Error& e) {
+    message = e.what();
     EXPECT_EQ(e.kind(), ErrorKind::kFailure);
   }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(message.starts_with("cannot write '" + path("config.pbtxt") + "."));
+  EXPECT_TRUE(message.ends_with(".tmp': File too large")) << message;
   EXPECT_EQ(read(path("config.pbtxt")), "old\n");
-  EXPECT_FALSE(fs::exists(fs::symlink_status(path("config.pbtxt.tmp"))));
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry :
+       fs::directory_iterator(fs::path(path("config.pbtxt")).parent_path()))
+    ++files;
+  EXPECT_EQ(files, 1) << "the temporary file is removed";
 }
 
 }  // namespace

@@ -463,6 +463,7 @@ TEST_F(HfWeights, ExportWritesWholeDirectoriesOnly) {
   // A crashed export's DIR.tmp is replaced; a DIR.tmp holding anything else is not touched.
   fs::create_directories(path("out.tmp"));
   write_text(path("out.tmp/config.json"), "{");
+  write_text(path("out.tmp/model.safetensors.4242-0.tmp"), "partial");
   export_model(a, "out");
   EXPECT_TRUE(fs::exists(path("out/config.json")));
   EXPECT_FALSE(fs::exists(path("out.tmp")));

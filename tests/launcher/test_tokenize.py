@@ -403,16 +403,17 @@ precision {{ mode: FP32 }}
         tokenizer = self.train_tokenizer([LICENCE], 600)
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
         self.assertGreater(len(self.shards(out_dir, "train")), 2)
-        # What an encode killed before its commit leaves goes too (also as earlier versions
-        # named it); a user's own file stays.
-        for name in (".train_000007.bin.tmp", ".tokenizer.model.tmp", "train_000008.bin.tmp",
-                     "notes.tmp"):
+        # What an encode killed before its commit leaves (hidden staged names) goes too; a
+        # user's own files stay, also those named like outputs with .tmp after them.
+        users = ("notes.tmp", "tokenizer.model.tmp", "val_notes.bin.tmp")
+        for name in (".train_000007.bin.tmp", ".tokenizer.model.tmp") + users:
             with open(os.path.join(out_dir, name), "wb") as f:
                 f.write(b"x")
         self.encode(tokenizer, [LICENCE], "shards", "--force")
-        os.remove(os.path.join(out_dir, "notes.tmp"))
         self.assertEqual(sorted(os.listdir(out_dir)),
-                         ["tokenizer.model", "train_000000.bin", "val_000000.bin"])
+                         sorted(["tokenizer.model", "train_000000.bin", "val_000000.bin", *users]))
+        for name in users:
+            os.remove(os.path.join(out_dir, name))
         self.train_tokenizer([LICENCE], 700, "tok.model", "--force")
         self.encode(tokenizer, [LICENCE], "none", "--val-fraction", "0")
         self.assertEqual(sorted(os.listdir(os.path.join(self.dir, "none"))),
