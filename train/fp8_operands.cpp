@@ -27,26 +27,33 @@ void Fp8Operands::allocate(core::Backend& backend, const core::Fp8ScalingConfig&
   scale_inv_ = Tensor::empty(shape, DType::kF32, backend.device());
   amax_ = Tensor::empty(shape, DType::kF32, backend.device());
   backend.fill(amax_, 0.0f);
+  use_amax_ = Tensor::empty(shape, DType::kF32, backend.device());
   for (int i = 0; i < size(); ++i) {
     scale_views_.push_back(scale_.view(i, Shape{1}));
     scale_inv_views_.push_back(scale_inv_.view(i, Shape{1}));
     amax_views_.push_back(amax_.view(i, Shape{1}));
+    use_amax_views_.push_back(use_amax_.view(i, Shape{1}));
   }
   upload_scales(backend);
 }
 
+void Fp8Operands::begin_step(core::Backend& backend) {
+  backend.fill(amax_, 0.0f);
+}
+
 void Fp8Operands::quantize(core::Backend& backend, int slot, const Tensor& src, Tensor& dst) {
-  Tensor& amax = amax_views_[slot];
   if (registry_->config().recipe == core::Fp8Recipe::kCurrent) {
     // This use's own amax and scale, on the device. A zero or non-finite amax keeps the scale
     // the slot had (the step's, or an earlier micro-batch's in this step).
-    backend.amax(src, amax);
-    backend.fp8_scale_from_amax(amax, core::fp8_max(formats_[slot]), registry_->config().margin,
-                                scale_views_[slot], scale_inv_views_[slot]);
+    backend.amax(src, use_amax_views_[slot]);
+    backend.fp8_scale_from_amax(use_amax_views_[slot], core::fp8_max(formats_[slot]),
+                                registry_->config().margin, scale_views_[slot],
+                                scale_inv_views_[slot]);
   }
   core::CastParams p;
   p.scale = &scale_views_[slot];
-  p.amax = &amax;
+  p.amax = &amax_views_[slot];
+  p.accumulate_amax = true;
   p.saturation = core::Saturation::kSatFinite;
   backend.cast(src, dst, p);
 }
@@ -73,6 +80,7 @@ core::Fp8Operand Fp8Operands::quantize_operand(core::Backend& backend, int slot,
   p.transpose = transpose;
   p.power_of_two = config().power_of_two;
   p.amax = &amax_views_[slot];
+  p.accumulate_amax = true;
   backend.quantize_blocks(src, op.codes, op.scale, p);
   return op;
 }

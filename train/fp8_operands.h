@@ -2,7 +2,8 @@
 //
 // Each operand (a Linear layer's input, weight or output gradient) has a slot holding its
 // quantize factor `scale`, the dequantize factor `scale_inv` = 1 / scale that the GEMM takes,
-// and the amax recorded when it was last quantized. The slots of all operands are three
+// and the largest amax of its uses since the step began (every micro-batch's: the step's amax,
+// as Transformer Engine records it). The slots of all operands are three
 // contiguous device arrays, so a step reads all amaxes with one copy (and data parallelism
 // MAX-reduces them in one collective) before the host-side scaling state (amax histories,
 // recipe) computes the next scales and uploads them with one copy.
@@ -35,14 +36,19 @@ class Fp8Operands {
   bool block_scaled() const { return core::is_block_recipe(config().recipe); }
   core::DType format(int slot) const { return formats_[slot]; }
 
-  // Per-tensor recipes: dst = round(src * scale) in the slot's format (saturating), recording
-  // max |src| in the slot. With the CURRENT recipe the scale is first derived from this
+  // A training step begins: the slots' amaxes start again from 0 (what uses outside steps,
+  // such as an evaluation, recorded does not count toward the step's).
+  void begin_step(core::Backend& backend);
+
+  // Per-tensor recipes: dst = round(src * scale) in the slot's format (saturating), adding
+  // max |src| to the slot's amax. With the CURRENT recipe the scale is first derived from this
   // tensor's own amax, on the device (Backend::fp8_scale_from_amax: no host round trip).
   void quantize(core::Backend& backend, int slot, const core::Tensor& src, core::Tensor& dst);
   const core::Tensor& scale_inv(int slot) const { return scale_inv_views_[slot]; }
 
   // Block recipes: src[rows, K] (or src[K, rows]^T with `transpose`) quantized in the slot's
-  // role's scale mode and format (Backend::quantize_blocks), recording max |src| in the slot.
+  // role's scale mode and format (Backend::quantize_blocks), adding max |src| to the slot's
+  // amax.
   core::Fp8Operand quantize_operand(core::Backend& backend, int slot, const core::Tensor& src,
                                     bool transpose = false);
 
@@ -62,7 +68,8 @@ class Fp8Operands {
   std::vector<core::DType> formats_;  // set by allocate()
   std::unique_ptr<core::Fp8ScalingRegistry> registry_;
   core::Tensor scale_, scale_inv_, amax_;  // F32 [size] on the device
-  std::vector<core::Tensor> scale_views_, scale_inv_views_, amax_views_;
+  core::Tensor use_amax_;                  // F32 [size]: CURRENT's amax of the use being quantized
+  std::vector<core::Tensor> scale_views_, scale_inv_views_, amax_views_, use_amax_views_;
 };
 
 }  // namespace mantissa::train

@@ -33,6 +33,7 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
 
   ParameterStore& params = model_.parameters();
   params.zero_grad(backend_);
+  if (Fp8Operands* fp8 = model_.fp8_operands()) fp8->begin_step(backend_);
   StepContext ctx{backend_, policy_, model_.fp8_operands(), {}, step};
 
   // d(mean loss)/d(token loss) = 1 / (all tokens of the step), times the loss scale.

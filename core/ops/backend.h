@@ -58,8 +58,9 @@ struct BlockQuantizeParams {
   // false: the operand's rows are src's rows (K runs along src's rows); true: they are src's
   // columns (codes = the quantised src^T, K-major either way).
   bool transpose = false;
-  bool power_of_two = false;  // power-of-two scales (always for kVec32Ue8m0)
-  Tensor* amax = nullptr;     // max |src| over the whole tensor (F32 scalar), when non-null
+  bool power_of_two = false;     // power-of-two scales (always for kVec32Ue8m0)
+  Tensor* amax = nullptr;        // max |src| over the whole tensor (F32 scalar), when non-null
+  bool accumulate_amax = false;  // amax = larger_amax(amax, max |src|) (core/precision/fp8_scale.h)
 };
 
 struct CastParams {
@@ -67,7 +68,8 @@ struct CastParams {
   Tensor* amax = nullptr;         // max |src| (before scaling), written when non-null
   Saturation saturation = Saturation::kSatFinite;
   Rounding rounding = Rounding::kNearest;
-  uint64_t seed = 0;  // stochastic rounding draws random_u32(seed, element index)
+  uint64_t seed = 0;             // stochastic rounding draws random_u32(seed, element index)
+  bool accumulate_amax = false;  // amax = larger_amax(amax, max |src|) (core/precision/fp8_scale.h)
 };
 
 struct AdamWParams {

@@ -12,6 +12,10 @@
 //   q = min(fp8_max / (N amax), 2^(126 - ceil(log2 N))), or 1/N when amax is 0 or not finite;
 //   w = 1 / (N q);
 // both in double, each rounded once (w from the rounded q).
+//
+// Amaxes combined (a step's micro-batches: Backend::cast's and quantize_blocks'
+// accumulate_amax): the larger, a NaN larger than any number, as ordering the bits of
+// non-negative floats orders them (the device's atomicMax on those bits does the same).
 #pragma once
 
 #include "core/dtype/dtype.h"
@@ -25,6 +29,11 @@ MANTISSA_HD float fp8_scale_for(float amax, float old_scale, float fp8_max, int 
   double headroom = 1.0;  // 2^margin, exactly (margin <= 100)
   for (int i = 0; i < margin; ++i) headroom *= 2.0;
   return static_cast<float>(static_cast<double>(fp8_max) / floored / headroom);
+}
+
+MANTISSA_HD float larger_amax(float a, float b) {
+  const uint32_t x = float_to_bits(a), y = float_to_bits(b);
+  return bits_to_float(x > y ? x : y);
 }
 
 MANTISSA_HD float fp8_scale_inverse(float scale) {

@@ -216,6 +216,30 @@ TEST(CpuQuantizeBlocks, NonFiniteBlocksKeepTheirSignal) {
   EXPECT_TRUE(std::isnan(q.amax));
 }
 
+// accumulate_amax: the larger of the held amax and this tensor's; a NaN stays.
+TEST(CpuQuantizeBlocks, AmaxAccumulates) {
+  auto be = make_cpu_backend();
+  Tensor codes = Tensor::empty(Shape{4, 128}, DType::kE4M3);
+  Tensor scales = Tensor::empty(Shape{scale_count(ScaleMode::kVec128, 4, 128)}, DType::kF32);
+  Tensor amax = f32_scalar(3.0f);
+  BlockQuantizeParams p;
+  p.amax = &amax;
+  p.accumulate_amax = true;
+  const auto quantize = [&](float peak) {
+    Tensor src = Tensor::empty(Shape{4, 128}, DType::kF32);
+    be->fill(src, 0.25f);
+    src.data_as<float>()[130] = peak;
+    be->quantize_blocks(src, codes, scales, p);
+    return amax.data_as<float>()[0];
+  };
+  EXPECT_EQ(quantize(-2.0f), 3.0f);
+  EXPECT_EQ(quantize(-7.0f), 7.0f);
+  EXPECT_TRUE(std::isnan(quantize(NAN)));
+  EXPECT_TRUE(std::isnan(quantize(1.0f)));
+  p.accumulate_amax = false;
+  EXPECT_EQ(quantize(1.0f), 1.0f);
+}
+
 TEST(CpuQuantizeBlocks, RefusesBadCalls) {
   auto be = make_cpu_backend();
   Tensor src = Tensor::empty(Shape{8, 256}, DType::kF32);

@@ -142,6 +142,30 @@ TEST_F(CpuElementwise, CastAmaxIsTakenBeforeScaling) {
   }
 }
 
+// accumulate_amax: the amax becomes the larger of the one it holds and this cast's, a NaN
+// larger than any number (a step's micro-batches, one amax for all of them).
+TEST_F(CpuElementwise, CastAmaxAccumulates) {
+  Tensor dst = Tensor::empty(Shape{2}, DType::kE4M3);
+  Tensor amax = f32_scalar(3.0f);
+  CastParams params;
+  params.amax = &amax;
+  params.accumulate_amax = true;
+  const auto cast = [&](float a, float b) {
+    Tensor src = Tensor::empty(Shape{2}, DType::kF32);
+    set_value(src, 0, a);
+    set_value(src, 1, b);
+    backend->cast(src, dst, params);
+    return scalar_of(amax);
+  };
+  EXPECT_EQ(cast(1.0f, -2.0f), 3.0f) << "smaller: the held amax stays";
+  EXPECT_EQ(cast(-5.0f, 0.5f), 5.0f) << "larger: it replaces the held one";
+  EXPECT_EQ(cast(INFINITY, 1.0f), INFINITY);
+  EXPECT_TRUE(std::isnan(cast(NAN, 1.0f)));
+  EXPECT_TRUE(std::isnan(cast(1.0f, 2.0f))) << "a NaN once held stays";
+  params.accumulate_amax = false;
+  EXPECT_EQ(cast(1.0f, 2.0f), 2.0f) << "without accumulate_amax: this cast's alone";
+}
+
 // A NaN anywhere (here in the last slice of a multi-slice array, and first) makes amax NaN,
 // for the direct F32 path and the sliced path alike.
 TEST_F(CpuElementwise, CastAmaxPropagatesNaN) {

@@ -5,10 +5,10 @@
 // patterns and non-finite values where the op must handle them), runs the op on both
 // backends from identical inputs (copied to the device with Backend::copy), and compares:
 //  - bit for bit where both backends do the same arithmetic in the same order: casts (every
-//    dtype pair, scales, saturation, stochastic rounding), amax, add_bias, bias_backward,
-//    add, GELU (core/ops/math/gelu.h, compiled for both), embeddings (forward and backward),
-//    unscale_check_finite (a NaN in an F32 result only as a NaN: the payloads differ between
-//    x86 and NVIDIA hardware);
+//    dtype pair, scales, saturation, stochastic rounding), amax (also accumulated), add_bias,
+//    bias_backward, add, GELU (core/ops/math/gelu.h, compiled for both), embeddings (forward
+//    and backward), unscale_check_finite (a NaN in an F32 result only as a NaN: the payloads
+//    differ between x86 and NVIDIA hardware);
 //  - within a relative tolerance elsewhere (reduction order, expf, FMA contraction):
 //    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)) with tol 1e-5 for F32 results, 2e-3 for F16
 //    and 1e-2 for BF16 (about two units in the last place), NaN only where the CPU has NaN;
@@ -33,6 +33,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/precision/block_scaling.h"
 #include "tests/common/test_util.h"
 #include "tests/gpu/gpu_compare.h"
 
@@ -106,6 +107,46 @@ TEST(GpuOps, CastMatchesCpuBitForBit) {
 
 // A view that starts one element into its buffer is not 16-byte aligned: the kernels must
 // notice and take their scalar loops.
+// accumulate_amax (a step's micro-batches): the device's atomicMax on the held amax's bits
+// gives the CPU's larger_amax, NaN included; quantize_blocks the same.
+TEST(GpuOps, AccumulatedAmaxMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  Backends b;
+  for (float held : {0.0f, 3.0f, INFINITY, NAN}) {
+    for (float peak : {2.0f, 5.0f, INFINITY, NAN}) {
+      const std::string what = "held " + std::to_string(held) + ", peak " + std::to_string(peak);
+      Tensor src = Tensor::empty(Shape{4, 128}, DType::kF32);
+      b.cpu->fill(src, 0.25f);
+      src.data_as<float>()[130] = peak;
+      const Tensor src_dev = b.to_device(src);
+      Tensor amax = f32_scalar(held);
+      Tensor amax_dev = b.to_device(amax);
+      auto [dst, dst_dev] = b.poisoned(Shape{4, 128}, DType::kE4M3);
+      CastParams cpu_cast;
+      cpu_cast.amax = &amax;
+      cpu_cast.accumulate_amax = true;
+      CastParams gpu_cast = cpu_cast;
+      gpu_cast.amax = &amax_dev;
+      b.cpu->cast(src, dst, cpu_cast);
+      b.gpu->cast(src_dev, dst_dev, gpu_cast);
+      expect_same_values(amax, b.to_host(amax_dev), what + " cast");
+
+      Tensor block_amax = f32_scalar(held);
+      Tensor block_amax_dev = b.to_device(block_amax);
+      auto [scales, scales_dev] =
+          b.poisoned(Shape{scale_count(ScaleMode::kVec128, 4, 128)}, DType::kF32);
+      BlockQuantizeParams cpu_blocks;
+      cpu_blocks.amax = &block_amax;
+      cpu_blocks.accumulate_amax = true;
+      BlockQuantizeParams gpu_blocks = cpu_blocks;
+      gpu_blocks.amax = &block_amax_dev;
+      b.cpu->quantize_blocks(src, dst, scales, cpu_blocks);
+      b.gpu->quantize_blocks(src_dev, dst_dev, scales_dev, gpu_blocks);
+      expect_same_values(block_amax, b.to_host(block_amax_dev), what + " quantize_blocks");
+    }
+  }
+}
+
 TEST(GpuOps, CastOfMisalignedViewsMatchesCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
   Backends b;

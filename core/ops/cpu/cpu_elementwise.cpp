@@ -21,6 +21,7 @@
 #include "core/ops/cpu/cpu_narrow_avx512.h"
 #include "core/ops/math/gelu.h"
 #include "core/ops/op_checks.h"
+#include "core/precision/fp8_scale.h"
 
 namespace mantissa::core {
 namespace {
@@ -242,7 +243,10 @@ void CpuBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params) 
   } else {
     amax = cast_through_f32(src, dst, options);
   }
-  if (params.amax != nullptr) params.amax->data_as<float>()[0] = amax;
+  if (params.amax != nullptr) {
+    float& out = params.amax->data_as<float>()[0];
+    out = params.accumulate_amax ? larger_amax(out, amax) : amax;
+  }
 }
 
 void CpuBackend::amax(const Tensor& x, Tensor& out) {

@@ -32,6 +32,7 @@
 #include "core/ops/cpu/cpu_quantize_runs.h"
 #include "core/ops/cpu/scratch_buffer.h"
 #include "core/ops/quantize_checks.h"
+#include "core/precision/fp8_scale.h"
 
 namespace mantissa::core {
 namespace {
@@ -264,7 +265,7 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
     std::fill_n(scales.data_as<float>(), scales.numel(), 1.0f);
   }
   if (d.outer == 0 || d.k == 0) {
-    if (p.amax != nullptr) *p.amax->data_as<float>() = 0.0f;
+    if (p.amax != nullptr && !p.accumulate_amax) *p.amax->data_as<float>() = 0.0f;
     return;
   }
 
@@ -293,7 +294,9 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
 
   if (p.amax != nullptr) {
     // A NaN anywhere reads back as the canonical NaN, as the CUDA kernel writes it.
-    *p.amax->data_as<float>() = bits_to_float(amax_bits > kInfBits ? 0x7FC00000u : amax_bits);
+    const float amax = bits_to_float(amax_bits > kInfBits ? 0x7FC00000u : amax_bits);
+    float& out = *p.amax->data_as<float>();
+    out = p.accumulate_amax ? larger_amax(out, amax) : amax;
   }
 }
 

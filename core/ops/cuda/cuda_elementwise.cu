@@ -226,7 +226,10 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params)
   uint32_t* amax_bits = nullptr;
   if (params.amax != nullptr) {
     amax_bits = params.amax->data_as<uint32_t>();
-    MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream_));  // +0.0f
+    // The kernels atomicMax into it: from +0.0f, or from the amax it holds.
+    if (!params.accumulate_amax) {
+      MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream_));
+    }
   }
   const int64_t n = src.numel();
   if (n == 0) return;

@@ -267,9 +267,12 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
                       kThreads, 0, stream_>>>(scales.data_as<float>(), scales.numel(), 1.0f);
     MANTISSA_CUDA_CHECK_LAUNCH();
   }
-  // The amax is accumulated as magnitude bits (an F32 +0 is the bits 0).
+  // The amax is accumulated as magnitude bits (an F32 +0 is the bits 0), from 0 or from the
+  // amax it holds.
   auto* amax = p.amax != nullptr ? static_cast<uint32_t*>(p.amax->data()) : nullptr;
-  if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream_));
+  if (amax != nullptr && !p.accumulate_amax) {
+    MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream_));
+  }
   if (d.outer == 0 || d.k == 0) return;
 
   cuda_kernels::dispatch_f32_bf16_f16(kOp, src.dtype(), [&](auto src_tag) {
