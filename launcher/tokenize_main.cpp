@@ -59,8 +59,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
                       uint16 up to 65536 pieces, as uint32 beyond. The model's vocab_size must
                       be at least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
-  --sample-bytes N    text to train on at most, at least 4096 (default 268435456: 256 MiB,
-                      which needs about 6 GB of memory; 20-25 bytes per byte of text)
+  --sample-bytes N    text to train on, at most N and one 4 KiB block; N at least 4096
+                      (default 268435456: 256 MiB, which needs about 6 GB of memory; 20-25
+                      bytes per byte of text)
   --out FILE          where the model goes
 
 encode  encodes the files on every core (the tokens do not depend on the thread count) and
