@@ -4,13 +4,17 @@
 // modules' own validate(), on the config's translation into them: this file only adds the config
 // path to the field the module names. Everything else (run, model, data, checkpoint, metrics,
 // debug, and rules across sections) is checked here.
+#include <arpa/inet.h>
 #include <glob.h>
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +41,7 @@ namespace mantissa::launcher {
 
 namespace {
 
+namespace pb = google::protobuf;
 using Config = TrainConfig;
 using core::at_least;
 using core::fits_float;
@@ -205,8 +210,13 @@ ModelShape validate_model(const Config::Model& model) {
     // it is read.
     require(!model.has_mlp(), "model.init_from", quoted(init),
             "is a Hugging Face model directory, which needs model.gpt2 or model.llama");
-    for (const char* file : {"model.safetensors", "config.json"})
-      check_readable_file("model.init_from", (std::filesystem::path(init) / file).string());
+    // The weights: model.safetensors, or else the index of its shards.
+    const std::filesystem::path dir(init);
+    const bool sharded = !std::filesystem::exists(dir / "model.safetensors", ec) &&
+                         std::filesystem::exists(dir / "model.safetensors.index.json", ec);
+    for (const char* file :
+         {sharded ? "model.safetensors.index.json" : "model.safetensors", "config.json"})
+      check_readable_file("model.init_from", (dir / file).string());
   } else if (!init.empty()) {
     require(model.has_gpt2(), "model.init_from", quoted(init),
             "needs model.gpt2 (llm.c model files hold GPT-2 weights; Llama weights come from a "
@@ -358,15 +368,49 @@ void validate_precision(const TrainConfig& config) {
   check_options([&] { core::validate(fp8_scaling_config(config)); }, {{"fp8", "precision.fp8"}});
 }
 
+// Proto3 enums are open: a config file's `mode: 7` parses, and would run as whatever the
+// translation's default branch makes of it (FP32 for precision.mode). Every enum field set
+// must hold a value its enum names (--set already refuses others).
+void validate_enum_values(const pb::Message& message, const std::string& prefix) {
+  const pb::Reflection& reflection = *message.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  reflection.ListFields(message, &fields);
+  for (const pb::FieldDescriptor* field : fields) {
+    const std::string path = prefix + field->name();
+    const int count = field->is_repeated() ? reflection.FieldSize(message, field) : 1;
+    for (int i = 0; i < count; ++i) {
+      const std::string where = field->is_repeated() ? path + "[" + std::to_string(i) + "]" : path;
+      if (field->type() == pb::FieldDescriptor::TYPE_MESSAGE) {
+        validate_enum_values(field->is_repeated() ? reflection.GetRepeatedMessage(message, field, i)
+                                                  : reflection.GetMessage(message, field),
+                             where + ".");
+      } else if (field->type() == pb::FieldDescriptor::TYPE_ENUM) {
+        const int value = field->is_repeated() ? reflection.GetRepeatedEnumValue(message, field, i)
+                                               : reflection.GetEnumValue(message, field);
+        const pb::EnumDescriptor& type = *field->enum_type();
+        std::string names;
+        for (int v = 0; v < type.value_count(); ++v)
+          names += (v > 0 ? ", " : "") + type.value(v)->name();
+        require(type.FindValueByNumber(value) != nullptr, where, std::to_string(value),
+                "is none of " + names);
+      }
+    }
+  }
+}
+
 void validate_metrics(const Config::Metrics& m) {
   require(!m.bind_address().empty(), "metrics.bind_address", quoted(m.bind_address()),
           "must be an address to listen on, e.g. 127.0.0.1 or 0.0.0.0");
   in_range("metrics.port", m.port(), 0, 65535);
+  in_addr address{};
+  require(m.port() == 0 || inet_pton(AF_INET, m.bind_address().c_str(), &address) == 1,
+          "metrics.bind_address", quoted(m.bind_address()),
+          "must be an IPv4 address to listen on, e.g. 127.0.0.1 or 0.0.0.0 (not a host name)");
   if (const std::string& url = m.pushgateway_url(); !url.empty()) {
     const std::string problem = metrics::parse_pushgateway_url(url).problem;
     require(problem.empty(), "metrics.pushgateway_url", quoted(url), problem);
   }
-  at_least("metrics.push_every", m.push_every(), 1);
+  in_range("metrics.push_every", m.push_every(), 1, INT32_MAX);
   non_negative("metrics.peak_tflops", m.peak_tflops());
   // One segment of the Pushgateway's URL path (/metrics/job/<job>/rank/<rank>).
   const std::string& job = m.job();
@@ -399,6 +443,7 @@ void validate_environment() {
 }
 
 void validate(const TrainConfig& config, DataFiles files) {
+  validate_enum_values(config, "");
   const Config::Run& run = config.run();
   at_least("run.log_every", run.log_every(), 1);
   require(!run.dir().empty(), "run.dir", quoted(run.dir()), "must name a directory");

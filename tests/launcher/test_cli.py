@@ -54,6 +54,32 @@ class ConfigErrors(lu.TempDirTest):
             'mantissa: {path}:1:23: Unknown enumeration value of "FP7" for field "mode".',
             config="precision { mode: FP7 }")
 
+    def test_enum_number_out_of_range_in_file(self):
+        # Proto3 parses any number for an enum; it ran as FP32 (the translation's default).
+        self.assert_config_error(
+            "mantissa: precision.mode = 7: is none of FP32, BF16, FP16, FP8_HYBRID",
+            config="precision { mode: 7 }")
+        self.assert_config_error(
+            "mantissa: dist.grad_reduce_dtype = 9: is none of " + ", ".join(
+                self.enum_names("ReduceDtype")), config="dist { grad_reduce_dtype: 9 }")
+
+    def enum_names(self, enum):
+        with open(os.path.join(lu.ARGS.source_dir, "proto", "config.proto")) as f:
+            text = f.read()
+        body = text[text.index(f"enum {enum} {{"):]
+        body = body[:body.index("}")]
+        return re.findall(r"^\s*(\w+) = \d+;", body, re.MULTILINE)
+
+    def test_metrics_settings_that_would_fail_at_start(self):
+        self.assert_config_error(
+            'mantissa: metrics.bind_address = "localhost": must be an IPv4 address to listen on, '
+            "e.g. 127.0.0.1 or 0.0.0.0 (not a host name)",
+            "--set", "metrics.port=19333", "--set", "metrics.bind_address=localhost",
+            command="config")
+        self.assert_config_error(
+            "mantissa: metrics.push_every = 4294967297: must lie in [1, 2147483647]",
+            "--set", "metrics.push_every=4294967297", command="config")
+
     def test_syntax_error_in_file(self):
         self.assert_config_error(re.compile(r"^mantissa: .*c\.pbtxt:2:\d+: "),
                                  config="run { steps: 4\n")

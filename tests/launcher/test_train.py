@@ -596,9 +596,9 @@ class Training(lu.TempDirTest):
                 self.assertEqual(exported(name), (shape, raw))
 
     def test_hugging_face_weights_out_and_back_in(self):
-        # Each family: a short run exported as a Hugging Face directory, and a run started from
-        # that directory at learning rate 0, hold the same weights: their safetensors exports
-        # carry the same bytes.
+        # Each family: a short run exported as a Hugging Face directory, and runs started from
+        # that directory and from a sharded copy of it at learning rate 0, hold the same
+        # weights: their safetensors exports carry the same bytes.
         families = {
             "gpt2": "model.gpt2={n_layer: 2, n_head: 2, n_embd: 64, seq_len: 64}",
             "llama": "model.llama={n_layer: 2, n_head: 4, n_kv_head: 2, n_embd: 64, "
@@ -614,6 +614,34 @@ class Training(lu.TempDirTest):
             header.pop("__metadata__")
             return {name: (e["shape"], data[8 + n + e["data_offsets"][0]:8 + n + e["data_offsets"][1]])
                     for name, e in header.items()}
+
+        def write_shards(hf, out):
+            # hf's model.safetensors cut in two shard files, with the index transformers writes.
+            os.makedirs(out)
+            shutil.copy(os.path.join(hf, "config.json"), out)
+            with open(os.path.join(hf, "model.safetensors"), "rb") as f:
+                data = f.read()
+            n = struct.unpack("<Q", data[:8])[0]
+            header = json.loads(data[8:8 + n])
+            metadata = header.pop("__metadata__")
+            names = sorted(header)
+            weight_map = {}
+            for i, part in enumerate((names[:len(names) // 2], names[len(names) // 2:])):
+                file = f"model-0000{i + 1}-of-00002.safetensors"
+                entries, blobs, offset = {"__metadata__": metadata}, [], 0
+                for name in part:
+                    begin, end = header[name]["data_offsets"]
+                    blobs.append(data[8 + n + begin:8 + n + end])
+                    entries[name] = dict(header[name], data_offsets=[offset, offset + end - begin])
+                    offset += end - begin
+                    weight_map[name] = file
+                text = json.dumps(entries).encode()
+                text += b" " * (-len(text) % 8)
+                with open(os.path.join(out, file), "wb") as f:
+                    f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+            with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {"total_size": len(data) - 8 - n},
+                           "weight_map": weight_map}, f)
 
         for family, model in families.items():
             with self.subTest(family):
@@ -684,15 +712,24 @@ class Training(lu.TempDirTest):
                 second, result = run("second", "run.steps=1", f"model.init_from={hf}",
                                      "optimizer.adamw.lr=0", "optimizer.warmup_steps=0")
                 self.assertIn(f"initial weights from the Hugging Face model {hf}", result.stderr)
+                # The same weights in two shards that model.safetensors.index.json lists, as
+                # transformers saves large models (no model.safetensors).
+                sharded = os.path.join(self.dir, family + "_sharded")
+                write_shards(hf, sharded)
+                third, result = run("third", "run.steps=1", f"model.init_from={sharded}",
+                                    "optimizer.adamw.lr=0", "optimizer.warmup_steps=0")
+                self.assertIn(f"initial weights from the Hugging Face model {sharded}",
+                              result.stderr)
                 exports = []
-                for config in (first, second):
+                for config in (first, second, third):
                     out = os.path.join(self.dir, f"{family}_{len(exports)}.safetensors")
                     result = self.mantissa("export", *config, "--out", out)
                     self.assertEqual(result.returncode, 0, result.stderr)
                     exports.append(tensors(out))
-                self.assertEqual(exports[0].keys(), exports[1].keys())
-                for name in exports[0]:
-                    self.assertEqual(exports[0][name], exports[1][name], name)
+                for other in exports[1:]:
+                    self.assertEqual(exports[0].keys(), other.keys())
+                    for name in exports[0]:
+                        self.assertEqual(exports[0][name], other[name], name)
 
         # The MLP has no Hugging Face layout.
         mlp = ["--config", tiny, "--set", "model.mlp={}", "--set",
