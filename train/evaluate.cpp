@@ -47,6 +47,12 @@ Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int6
   first_window_ = windows_ / group * rank / world_size * group;
   end_window_ = windows_ / group * (rank + 1) / world_size * group;
   micro_batch_ = std::max<int64_t>(1, micro_batch / group) * group;
+  // Each window of this rank's slice is read once now: a token past the vocabulary stops the
+  // start, not the first evaluation (eval_every steps in, maybe before any checkpoint).
+  std::vector<int32_t> tokens, targets;
+  for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
+    read_windows(first, std::min(micro_batch_, end_window_ - first), tokens, targets);
+  }
 }
 
 void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>& tokens,

@@ -28,7 +28,8 @@ namespace mantissa::train {
 class Evaluator {
  public:
   // Throws core::ConfigError when the corpus holds no whole window of seq_len + 1 tokens, or
-  // fewer than one group of them.
+  // fewer than one group of them, or when one of this rank's windows holds a token past the
+  // corpus's vocabulary (they are read once here).
   Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
             int64_t micro_batch, int world_size, int rank, int64_t token_multiple = 1);
 

@@ -22,6 +22,7 @@
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
 #include "train/data/synthetic.h"
+#include "train/evaluate.h"
 
 namespace mantissa::train {
 namespace {
@@ -224,6 +225,19 @@ TEST_F(DataFiles, TextFileErrorsNameTheFile) {
   const std::string empty = write_bytes("empty.txt", {});
   msg = error_of([&] { Corpus::text_file(empty); });
   EXPECT_NE(msg.find("'" + empty + "' is empty"), std::string::npos) << msg;
+}
+
+// A validation shard's token past the vocabulary stops the start (the Evaluator reads its
+// windows once): it stopped the first evaluation, eval_every steps in.
+TEST_F(DataFiles, AValidationTokenPastTheVocabularyStopsTheStart) {
+  std::vector<uint16_t> tokens(400, 7);
+  tokens[100] = 300;
+  const std::string shard = write_shard("val_000.bin", tokens);
+  auto corpus = std::make_shared<const Corpus>(Corpus::token_shards(shard, 256));
+  const std::string message = error_of([&] { Evaluator(corpus, 16, 16 * 20, 4, 1, 0); });
+  EXPECT_NE(message.find("'" + shard + "': token 300 at position 100 is >= vocab_size 256"),
+            std::string::npos)
+      << message;
 }
 
 TEST_F(DataFiles, ShardsLoadInSortedOrder) {
