@@ -620,26 +620,45 @@ std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
 
 std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<ParameterLayout>& layout,
                                                          const std::vector<BufferSlice>& slices) {
-  const std::vector<int64_t> found = agreed_steps();
-  if (found.empty()) return std::nullopt;
-  for (size_t i = 0; i < found.size(); ++i) {
-    const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
-    std::string damage;
-    if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
-      return state;
+  // A checkpoint that is gone once its load failed was removed while it was read (`mantissa
+  // export` or `sample` beside a run that saves and prunes, checkpoint.keep): no damage. The
+  // directory is listed again, a few times at most.
+  constexpr int kListings = 4;
+  for (int listing = 1;; ++listing) {
+    const std::vector<int64_t> found = agreed_steps();
+    if (found.empty()) return std::nullopt;
+    bool removed = false;
+    for (size_t i = 0; i < found.size() && !removed; ++i) {
+      const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
+      std::string damage;
+      if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
+        return state;
+      }
+      std::error_code ec;
+      if (listing < kListings && !agree(fs::exists(dir, ec))) {
+        if (group_.rank == 0) {
+          warn(group_.rank, "checkpoint " + dir +
+                                " was removed while it was read (by a run that saves and prunes "
+                                "checkpoints there?); looking again");
+        }
+        removed = true;
+        continue;
+      }
+      damaged_steps_.insert(found[i]);
+      const std::string next = i + 1 < found.size()
+                                   ? "falling back to " + checkpoint_dir_name(found[i + 1])
+                                   : "no older checkpoint left";
+      if (!damage.empty()) {
+        warn(group_.rank, "checkpoint " + dir + " is damaged, not loaded: " + damage + "; " + next);
+      } else if (group_.rank == 0) {
+        warn(group_.rank, "checkpoint " + dir + " is damaged on another rank, not loaded; " + next);
+      }
     }
-    damaged_steps_.insert(found[i]);
-    const std::string next = i + 1 < found.size()
-                                 ? "falling back to " + checkpoint_dir_name(found[i + 1])
-                                 : "no older checkpoint left";
-    if (!damage.empty()) {
-      warn(group_.rank, "checkpoint " + dir + " is damaged, not loaded: " + damage + "; " + next);
-    } else if (group_.rank == 0) {
-      warn(group_.rank, "checkpoint " + dir + " is damaged on another rank, not loaded; " + next);
+    if (!removed) {
+      throw core::Error("checkpoint load: no intact checkpoint in " + options_.dir + ": " +
+                        std::to_string(found.size()) + " found, each damaged (see above)");
     }
   }
-  throw core::Error("checkpoint load: no intact checkpoint in " + options_.dir + ": " +
-                    std::to_string(found.size()) + " found, each damaged (see above)");
 }
 
 std::optional<CheckpointState> Checkpointer::load_step(int64_t step,

@@ -193,9 +193,10 @@ class Checkpointer {
 
   // Collective. Loads the newest checkpoint that verifies completely: fills every slice and
   // returns its state (with `world_size` the world size at save time). Returns nullopt when
-  // `dir` holds no checkpoint at all. Throws core::Error when the ranks list different
-  // checkpoints in `dir`, when checkpoints exist but none is intact, when a file of the one
-  // being loaded could not be read (CheckpointUnreadable: an I/O error, not damage), or when
+  // `dir` holds no checkpoint at all. One that was removed while it was read (by a run saving
+  // there) is no damage: the directory is listed again. Throws core::Error when the ranks list
+  // different checkpoints in `dir`, when checkpoints exist but none is intact, when a file of the
+  // one being loaded could not be read (CheckpointUnreadable: an I/O error, not damage), or when
   // the newest intact one does not fit: its parameter layout differs from `layout`
   // (CheckpointMisfit), or a slice's buffer is missing or has another size. A checkpoint from
   // before vocabularies were padded to whole 128-row tiles fits: its embedding rows load into

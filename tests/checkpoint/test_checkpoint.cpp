@@ -339,6 +339,33 @@ TEST_F(CheckpointTest, ADamagedCheckpointSavedAgainCountsAgain) {
   EXPECT_FALSE(fs::exists(dir() + "/step_00000003"));
 }
 
+// `mantissa export` beside a run with checkpoint.keep 1: between the listing and the load the
+// run saves step 30 and removes step 20. That is no damage (it was called damaged, and with no
+// older checkpoint the export failed): the directory is listed again.
+TEST_F(CheckpointTest, ACheckpointRemovedWhileReadIsLookedForAgain) {
+  save(10, 1);
+  save(20, 1);
+  bool saved = false;
+  // Two ranks that agree; the first collective (the listing's) lets the run save.
+  checkpoint::CheckpointGroup racing{0, 2, [&](double value) {
+                                       if (!saved) {
+                                         saved = true;
+                                         save(30, 1);
+                                       }
+                                       return 2 * value;
+                                     }};
+  checkpoint::Checkpointer ckpt(options(1), racing, *backend);
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  const auto state = ckpt.load_latest(make_state(0).parameters, into.slices);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(state.has_value()) << err;
+  EXPECT_EQ(state->step, 30);
+  EXPECT_TRUE(into.equals_step(30));
+  EXPECT_NE(err.find("step_00000020 was removed while it was read"), std::string::npos) << err;
+  EXPECT_EQ(err.find("damaged"), std::string::npos) << err;
+}
+
 TEST_F(CheckpointTest, AListingThatFailsIsAnErrorNotAnEmptyDirectory) {
   // Taken for "no checkpoint", a failed listing would start the run afresh, and its first save
   // would remove every checkpoint as newer than its own. Here the directory is a file
