@@ -306,8 +306,11 @@ int run_sample(const SampleArgs& args) {
             "is smaller than the " + std::to_string(tokenizer->vocab_size()) +
                 " pieces of the tokenizer " + *tokenizer_path + " (not the run's tokenizer?)");
   }
-  // Check the sampling options before the (possibly long) load.
-  const models::SamplingOptions options{args.temperature, args.top_k, args.seed, args.top_p};
+  // Check the sampling options before the (possibly long) load. A tokenizer's <unk> and <s>
+  // are never drawn: no training text held them (SentencePiece prints <unk> as " \u2047 ").
+  const models::SamplingOptions options{
+      args.temperature, args.top_k, args.seed, args.top_p,
+      tokenizer ? tokenizer->never_encoded() : std::vector<int32_t>{}};
   models::TokenSampler sampler(options);
 
   std::string device_name;

@@ -114,10 +114,13 @@ std::string child_message(std::string err) {
 
 TokenizerClient::TokenizerClient(std::string model_path) : path_(std::move(model_path)) {
   std::istringstream info(run("info", "", ""));
-  std::string key_vocab, key_eot;
-  info >> key_vocab >> vocab_size_ >> key_eot >> eot_;
-  MANTISSA_CHECK(info && key_vocab == "vocab_size" && key_eot == "eot",
-                 "mantissa-tokenize info printed something unexpected for '" << path_ << "'");
+  std::string key_vocab, key_eot, key_never;
+  info >> key_vocab >> vocab_size_ >> key_eot >> eot_ >> key_never;
+  int32_t id = 0;
+  while (info >> id) never_encoded_.push_back(id);
+  MANTISSA_CHECK(
+      info.eof() && key_vocab == "vocab_size" && key_eot == "eot" && key_never == "never_encoded",
+      "mantissa-tokenize info printed something unexpected for '" << path_ << "'");
 }
 
 std::vector<int32_t> TokenizerClient::encode(const std::string& text) const {

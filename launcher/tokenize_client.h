@@ -20,6 +20,8 @@ class TokenizerClient {
   const std::string& path() const { return path_; }
   int64_t vocab_size() const { return vocab_size_; }
   int32_t eot() const { return eot_; }  // end of text, which starts every document
+  // Ids encoded text never holds (Tokenizer::never_encoded): <unk>, <s>.
+  const std::vector<int32_t>& never_encoded() const { return never_encoded_; }
 
   // The ids of UTF-8 `text`; core::ConfigError for text that is not valid UTF-8.
   std::vector<int32_t> encode(const std::string& text) const;
@@ -36,6 +38,7 @@ class TokenizerClient {
   std::string path_;
   int64_t vocab_size_ = 0;
   int32_t eot_ = 0;
+  std::vector<int32_t> never_encoded_;
 };
 
 }  // namespace mantissa::launcher

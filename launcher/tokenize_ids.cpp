@@ -33,8 +33,13 @@ void write_all(std::FILE* out, const std::string& data) {
 
 void print_tokenizer_info(const std::string& tokenizer_path, std::FILE* out) {
   const Tokenizer tokenizer(tokenizer_path);
-  write_all(out, "vocab_size " + std::to_string(tokenizer.vocab_size()) + "\neot " +
-                     std::to_string(tokenizer.eot()) + "\n");
+  std::string info = "vocab_size " + std::to_string(tokenizer.vocab_size()) + "\neot " +
+                     std::to_string(tokenizer.eot()) + "\nnever_encoded";
+  for (const uint32_t id : tokenizer.never_encoded()) {
+    info.push_back(' ');
+    info.append(std::to_string(id));
+  }
+  write_all(out, info + "\n");
 }
 
 void text_to_ids(const std::string& tokenizer_path, std::FILE* in, std::FILE* out) {

@@ -66,6 +66,9 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
 
   continuation_.assign(vocab_size_, false);
   for (int id = 0; id < vocab_size_; ++id) {
+    if (id != eos && (processor_->IsUnknown(id) || processor_->IsControl(id))) {
+      never_encoded_.push_back(static_cast<uint32_t>(id));
+    }
     unsigned byte = 0;
     if (processor_->IsByte(id) &&
         std::sscanf(processor_->IdToPiece(id).c_str(), "<0x%2X>", &byte) == 1) {

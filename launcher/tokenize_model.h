@@ -42,6 +42,9 @@ class Tokenizer {
   int vocab_size() const { return vocab_size_; }
   // End of text: the model's </s>, which llm.c's format puts before every document.
   uint32_t eot() const { return eot_; }
+  // The ids that encoded text never holds: <unk> (byte fallback encodes any text) and the
+  // control pieces other than end of text (<s>). Generated text should not hold them either.
+  const std::vector<uint32_t>& never_encoded() const { return never_encoded_; }
 
   // Appends the tokens of `text` (valid UTF-8) to `out`. Safe to call from several threads.
   void encode(std::string_view text, std::vector<uint32_t>& out) const;
@@ -60,6 +63,7 @@ class Tokenizer {
   uint32_t eot_ = 0;
   std::vector<uint32_t> space_symbol_bytes_;  // byte tokens of U+2581's UTF-8, E2 96 81
   std::vector<bool> continuation_;            // per token id
+  std::vector<uint32_t> never_encoded_;
 };
 
 }  // namespace mantissa::launcher

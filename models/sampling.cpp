@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
@@ -25,29 +24,38 @@ int32_t TokenSampler::next(std::span<const float> logits) {
         std::isfinite(logits[i]), kFailure,
         "sampling: logit " << i << " is " << logits[i] << " (the weights are not finite)");
   }
+  if (std::ssize(excluded_) != n) {
+    excluded_.assign(static_cast<size_t>(n), 0);
+    for (const int32_t id : options_.excluded) {
+      if (id >= 0 && id < n) excluded_[static_cast<size_t>(id)] = 1;
+    }
+  }
+  // The ids drawn from, in id order.
+  candidates_.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    if (!excluded_[static_cast<size_t>(i)]) candidates_.push_back(i);
+  }
+  MANTISSA_CHECK(!candidates_.empty(), "sampling: every one of the " << n << " ids is excluded");
   // A strict order, more likely first and the lower id among equals, so that neither argmax
   // nor top-k depends on how a sort treats ties.
   const auto before = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
   if (options_.temperature == 0.0) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; ++i) best = before(i, best) ? i : best;
-    return best;
+    return *std::min_element(candidates_.begin(), candidates_.end(), before);
   }
 
-  candidates_.resize(static_cast<size_t>(n));
-  std::iota(candidates_.begin(), candidates_.end(), 0);
   size_t sorted = 0;  // candidates_[0, sorted) are the most likely, in order
-  if (options_.top_k > 0 && options_.top_k < n) {
+  if (options_.top_k > 0 && options_.top_k < std::ssize(candidates_)) {
     const auto k = static_cast<ptrdiff_t>(options_.top_k);
     std::partial_sort(candidates_.begin(), candidates_.begin() + k, candidates_.end(), before);
     candidates_.resize(static_cast<size_t>(k));
     sorted = candidates_.size();
   }
-  // softmax(z / T) over the candidates, unnormalised: exp((z - max) / T) in [0, 1], in double.
-  // The most likely token is among the candidates, so max is the largest logit.
-  const double max_logit = *std::max_element(logits.begin(), logits.end());
+  // softmax(z / T) over the candidates, unnormalised: exp((z - max) / T) in [0, 1], in double,
+  // max the largest logit of a candidate (the most likely one is among them).
+  const double max_logit =
+      logits[*std::min_element(candidates_.begin(), candidates_.end(), before)];
   const auto weight = [&](int32_t id) {
     return std::exp((logits[static_cast<size_t>(id)] - max_logit) / options_.temperature);
   };

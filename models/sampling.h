@@ -23,6 +23,9 @@ struct SamplingOptions {
   // In (0, 1]: draw among the fewest most likely tokens (after top_k) whose probabilities sum
   // to at least top_p, the one that reaches it included; 1: all.
   double top_p = 1.0;
+  // Ids never drawn, whatever their logits (a tokenizer's <unk> and control pieces, which
+  // encoded text never holds); the rest are drawn from as if these were not there.
+  std::vector<int32_t> excluded{};
 };
 
 class TokenSampler {
@@ -31,8 +34,8 @@ class TokenSampler {
   // outside (0, 1].
   explicit TokenSampler(const SamplingOptions& options);
 
-  // The next token, an index into `logits` (host memory, at least one). A NaN logit is an
-  // error (core::Error): the checkpoint's weights are not usable.
+  // The next token, an index into `logits` (host memory, at least one id not excluded). A NaN
+  // logit is an error (core::Error): the checkpoint's weights are not usable.
   int32_t next(std::span<const float> logits);
 
  private:
@@ -41,6 +44,7 @@ class TokenSampler {
   // Scratch: the ids drawn from, in id order, or most likely first for top_k and top_p.
   std::vector<int32_t> candidates_;
   std::vector<double> weights_;  // scratch: their unnormalised probabilities
+  std::vector<char> excluded_;   // per id, for the vocabulary size of the last call
 };
 
 }  // namespace mantissa::models

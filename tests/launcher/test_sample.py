@@ -15,7 +15,7 @@
  - the whole chain on a licence text every Debian machine has: `mantissa tokenize train` and
    `encode` with a validation split, 2 ranks under mpirun with evaluation (the validation loss
    falls), then samples that continue a UTF-8 prompt with multi-byte characters, through the
-   tokenizer beside the shards and through data.tokenizer.
+   tokenizer beside the shards and through data.tokenizer, and never hold <unk>.
 """
 
 import os
@@ -350,6 +350,13 @@ checkpoint {{ every_steps: 30 }}
         greedy = run_sample("--run", run, "--temperature", "0", "--max-new-tokens", "40")
         self.assertEqual(greedy.returncode, 0, greedy.stderr.decode(errors="replace"))
         greedy.stdout.decode("utf-8")
+        # <unk> and <s> are never drawn, even from a nearly flat distribution (at temperature 5
+        # each of the 512 ids has about 1/512 a draw: over 2000 draws <unk>, which
+        # SentencePiece prints as " \u2047 ", would show about 4 times).
+        hot = run_sample("--run", run, "--temperature", "5", "--max-new-tokens", "2000",
+                         "--seed", "1")
+        self.assertEqual(hot.returncode, 0, hot.stderr.decode(errors="replace"))
+        self.assertNotIn("\u2047", hot.stdout.decode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ train::TokenSegment stream_of(const std::vector<uint32_t>& tokens) {
 TEST_F(TokenizerTest, IdsFollowSentencePiecesLayout) {
   EXPECT_EQ(tokenizer_->vocab_size(), 300);
   EXPECT_EQ(tokenizer_->eot(), 2);
+  // <unk> and <s>, which text never encodes to (sample never draws them); </s> is eot.
+  EXPECT_EQ(tokenizer_->never_encoded(), (std::vector<uint32_t>{0, 1}));
   // Byte 0xNN is id 3 + 0xNN: a lead byte may start a shard, a continuation byte may not.
   EXPECT_TRUE(tokenizer_->can_start_at(3 + 0xE2));
   EXPECT_FALSE(tokenizer_->can_start_at(3 + 0x96));

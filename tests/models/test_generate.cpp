@@ -9,9 +9,8 @@
 //    same, and its full forward's logits are the model's own (Llama::logits);
 //  - generate(): greedy tokens equal those of re-running the full forward over the same
 //    context, also after the window slides past seq_len; a seed repeats its tokens;
-//  - TokenSampler: greedy, ties, top-k, top-p, the softmax distribution at a temperature, seeds,
-//  and
-//    the options and logits it refuses.
+//  - TokenSampler: greedy, ties, top-k, top-p, excluded ids, the softmax distribution at a
+//    temperature, seeds, and the options and logits it refuses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -469,6 +468,30 @@ TEST(TokenSampler, TopPDrawsAmongTheFewestMostLikelyThatReachIt) {
   TokenSampler one(SamplingOptions{1.0, 0, 5, 1.0});
   TokenSampler plain(SamplingOptions{1.0, 0, 5});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(one.next(logits), plain.next(logits));
+}
+
+// Excluded ids are never drawn, greedy or not, however likely; the others keep their
+// distribution (here: uniform over ids 1 and 3 at equal logits).
+TEST(TokenSampler, ExcludedIdsAreNeverDrawn) {
+  const std::vector<float> logits = {9.0f, 1.0f, 8.0f, 1.0f};
+  TokenSampler greedy(SamplingOptions{0.0, 0, 1, 1.0, {0, 2}});
+  EXPECT_EQ(greedy.next(logits), 1);
+  for (int64_t top_k : {0, 1, 3}) {
+    TokenSampler sampler(SamplingOptions{1.0, top_k, 3, 1.0, {0, 2}});
+    int ones = 0;
+    for (int i = 0; i < 2000; ++i) {
+      const int32_t token = sampler.next(logits);
+      ASSERT_TRUE(token == 1 || token == 3) << token;
+      ones += token == 1;
+    }
+    if (top_k == 1) {
+      EXPECT_EQ(ones, 2000) << "top-k 1 is the lower id among equals";
+    } else {
+      EXPECT_NEAR(ones, 1000, 150) << "top_k " << top_k;
+    }
+  }
+  TokenSampler nothing_left(SamplingOptions{1.0, 0, 3, 1.0, {0, 1, 2, 3}});
+  EXPECT_THROW(nothing_left.next(logits), core::Error);
 }
 
 TEST(TokenSampler, SeedsRepeatAndDiffer) {
