@@ -62,9 +62,31 @@ google::protobuf::Struct read_json_object(const std::string& path) {
   return object;
 }
 
+// Transformers 5 writes RoPE's settings as one object, "rope_parameters": {"rope_type",
+// "rope_theta", ...}, in place of "rope_theta" and "rope_scaling": its theta is read as
+// rope_theta, and a rope_type other than "default" is a scaling, which is refused.
+void read_rope_parameters(google::protobuf::Struct& config, const std::string& path) {
+  const auto found = config.fields().find("rope_parameters");
+  if (found == config.fields().end() || found->second.kind_case() != Value::kStructValue) return;
+  const auto& parameters = found->second.struct_value().fields();
+  if (const auto type = parameters.find("rope_type"); type != parameters.end()) {
+    MANTISSA_REQUIRE(
+        type->second.kind_case() == Value::kStringValue && type->second.string_value() == "default",
+        kConfig,
+        "'" << path << "': rope_parameters.rope_type = " << json_text(type->second)
+            << ": a RoPE scaling, which mantissa's Llama does not have (\"default\" "
+               "only)");
+  }
+  const auto theta = parameters.find("rope_theta");
+  if (theta != parameters.end() && !config.fields().contains("rope_theta")) {
+    (*config.mutable_fields())["rope_theta"] = theta->second;
+  }
+}
+
 void check_config_json(const std::string& dir, const models::HfLayout& layout) {
   const std::string path = (fs::path(dir) / kHfConfigFile).string();
-  const google::protobuf::Struct config = read_json_object(path);
+  google::protobuf::Struct config = read_json_object(path);
+  read_rope_parameters(config, path);
   for (const models::HfConfigField& f : layout.config) {
     if (f.rule == models::HfConfigField::Rule::kWritten) continue;
     const auto found = config.fields().find(f.key);

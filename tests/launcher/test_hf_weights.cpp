@@ -439,6 +439,22 @@ TEST_F(HfWeights, LlamaConfigFields) {
   EXPECT_NE(error("attention_bias", "\"attention_bias\": true").find("attention_bias = true"),
             std::string::npos);
   EXPECT_EQ(error("head_dim", ""), "");
+  // Transformers 5's rope_parameters in place of rope_theta and rope_scaling.
+  write_text(config, good);
+  edit_config(dir, "rope_scaling", "");
+  const std::string without_scaling = read_text(config);
+  const auto v5 = [&](const std::string& parameters) {
+    write_text(config, without_scaling);
+    edit_config(dir, "rope_theta", "\"rope_parameters\": " + parameters);
+    return import_error(dir, b);
+  };
+  EXPECT_EQ(v5("{\"rope_type\": \"default\", \"rope_theta\": 500000.0}"), "");
+  EXPECT_NE(v5("{\"rope_type\": \"default\", \"rope_theta\": 10000.0}")
+                .find("rope_theta = 10000 disagrees with model.llama.rope_theta = 500000.0"),
+            std::string::npos);
+  EXPECT_NE(v5("{\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, \"factor\": 32.0}")
+                .find("rope_parameters.rope_type = \"llama3\": a RoPE scaling"),
+            std::string::npos);
 }
 
 TEST_F(HfWeights, ExportWritesWholeDirectoriesOnly) {
