@@ -26,7 +26,8 @@ stage, and the step's time as compute (the step's FLOPs at the device's peaks, t
 efficiency), the memory-bound passes (AdamW, gradient zeroing, the reduce casts), and the
 gradient all-reduce that backward does not hide (ring all-reduce of dist.bucket_mb buckets
 over the slowest link); then tokens/s and MFU. The last line, "projection: key=value ...",
-is for scripts.
+is for scripts (memory_gib the config's memory per device, device_gib the device's: 0 when
+not known).
 
 options:
   --config FILE      the run's config, as for mantissa train (its data files need not exist)
@@ -270,15 +271,15 @@ std::string plan_report(const PlanArgs& args) {
   if (cluster.shared_cores > 0)
     out += ", sharing " + std::to_string(cluster.shared_cores) + " cores";
   out += format(", efficiency %.2f\n", d.efficiency);
-  out += "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +
-         std::to_string(model_shape(config.model()).seq_len) + " tokens x " +
-         std::to_string(config.data().grad_accum_steps()) +
-         (config.data().grad_accum_steps() == 1 ? " micro-batch" : " micro-batches") +
-         " per rank = " + si(static_cast<double>(step.tokens)) + " tokens (" +
-         mode_name(config.precision().mode()) + ", " +
-         TrainConfig::Dist::ReduceDtype_Name(dist.grad_reduce_dtype()) + " reduce, ZeRO-" +
-         std::to_string(dist.zero_stage()) + ", overlap " + (dist.overlap() ? "on" : "off") +
-         ")\n\n";
+  out +=
+      "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +
+      std::to_string(model_shape(config.model()).seq_len) + " tokens x " +
+      std::to_string(config.data().grad_accum_steps()) +
+      (config.data().grad_accum_steps() == 1 ? " micro-batch" : " micro-batches") + " per rank x " +
+      std::to_string(cluster.ranks) + (cluster.ranks == 1 ? " rank" : " ranks") + " = " +
+      si(static_cast<double>(step.tokens)) + " tokens (" + mode_name(config.precision().mode()) +
+      ", " + TrainConfig::Dist::ReduceDtype_Name(dist.grad_reduce_dtype()) + " reduce, ZeRO-" +
+      std::to_string(dist.zero_stage()) + ", overlap " + (dist.overlap() ? "on" : "off") + ")\n\n";
   out += memory_table(config, cost, cluster) + "\n";
 
   char lines[1024];
@@ -300,10 +301,11 @@ std::string plan_report(const PlanArgs& args) {
   std::snprintf(
       lines, sizeof lines,
       "projection: ranks=%d step_s=%.6g compute_s=%.6g memory_s=%.6g comm_s=%.6g "
-      "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g buckets=%lld memory_bytes=%.6g\n",
+      "exposed_s=%.6g tokens_per_s=%.6g mfu=%.4f memory_gib=%.4g device_gib=%.4g buckets=%lld "
+      "memory_bytes=%.6g\n",
       cluster.ranks, step.step_s(), step.compute_s, step.memory_s, step.comm_s, step.exposed_s,
-      step.tokens_per_s(), step.mfu, memory.total() / kGiB, static_cast<long long>(step.buckets),
-      step.memory_bytes);
+      step.tokens_per_s(), step.mfu, memory.total() / kGiB, cluster.device.memory_gib,
+      static_cast<long long>(step.buckets), step.memory_bytes);
   out += lines;
   return out;
 }

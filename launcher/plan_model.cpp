@@ -234,35 +234,36 @@ StepEstimate estimate_step(const TrainConfig& config, const ModelCost& cost,
   if (d.memory_gbps > 0) s.memory_s = s.memory_bytes / (d.memory_gbps * 1e9 * share);
 
   s.gradient_bytes = r * p;
-  if (cluster.ranks == 1) return s;
-
-  // The buckets, in the order they are reduced: from the last parameters on, each
-  // dist.bucket_mb of FP32 gradients, the remainder in the last.
-  const double cap = std::max(1.0, std::floor(dist.bucket_mb() * 1024.0 * 1024.0 / 4.0));
-  s.buckets = static_cast<int64_t>(std::ceil(p / cap));
-  const double bandwidth = rank_bandwidth(cluster);
-  const double latency = 2.0 * std::ceil(std::log2(n)) * d.latency_us * 1e-6;
-  const double ring = 2.0 * (n - 1.0) / n;
-  // ZeRO-1 reduce-scatters the gradients (half a ring) in the sync and all-gathers the updated
-  // weights after the optimizer, where nothing hides it.
-  const bool zero1 = dist.zero_stage() == 1;
-  const double sync_factor = zero1 ? ring / 2.0 : ring;
-  const double backward_s = 2.0 / 3.0 * s.compute_s / static_cast<double>(accum);
-  double end = 0, done = 0;
-  for (int b = 0; b < s.buckets; ++b) {
-    const double elements = std::min(cap, p - done);
-    done += elements;
-    // FP8 buckets first agree on their amax (one more small all-reduce).
-    const double seconds = sync_factor * elements * r / bandwidth + (r == 1.0 ? 2 : 1) * latency;
-    const double ready = dist.overlap() ? backward_s * done / p : backward_s;
-    end = std::max(end, ready) + seconds;
-    s.comm_s += seconds;
-  }
-  s.exposed_s = std::max(0.0, end - backward_s);
-  if (zero1) {
-    const double gather = ring / 2.0 * p * a / bandwidth + latency;
-    s.comm_s += gather;
-    s.exposed_s += gather;
+  // Communication: with more than one rank.
+  if (cluster.ranks > 1) {
+    // The buckets, in the order they are reduced: from the last parameters on, each
+    // dist.bucket_mb of FP32 gradients, the remainder in the last.
+    const double cap = std::max(1.0, std::floor(dist.bucket_mb() * 1024.0 * 1024.0 / 4.0));
+    s.buckets = static_cast<int64_t>(std::ceil(p / cap));
+    const double bandwidth = rank_bandwidth(cluster);
+    const double latency = 2.0 * std::ceil(std::log2(n)) * d.latency_us * 1e-6;
+    const double ring = 2.0 * (n - 1.0) / n;
+    // ZeRO-1 reduce-scatters the gradients (half a ring) in the sync and all-gathers the updated
+    // weights after the optimizer, where nothing hides it.
+    const bool zero1 = dist.zero_stage() == 1;
+    const double sync_factor = zero1 ? ring / 2.0 : ring;
+    const double backward_s = 2.0 / 3.0 * s.compute_s / static_cast<double>(accum);
+    double end = 0, done = 0;
+    for (int b = 0; b < s.buckets; ++b) {
+      const double elements = std::min(cap, p - done);
+      done += elements;
+      // FP8 buckets first agree on their amax (one more small all-reduce).
+      const double seconds = sync_factor * elements * r / bandwidth + (r == 1.0 ? 2 : 1) * latency;
+      const double ready = dist.overlap() ? backward_s * done / p : backward_s;
+      end = std::max(end, ready) + seconds;
+      s.comm_s += seconds;
+    }
+    s.exposed_s = std::max(0.0, end - backward_s);
+    if (zero1) {
+      const double gather = ring / 2.0 * p * a / bandwidth + latency;
+      s.comm_s += gather;
+      s.exposed_s += gather;
+    }
   }
   const double peak = (d.bf16_tflops > 0 ? d.bf16_tflops : d.fp32_tflops) * 1e12;
   s.mfu = s.tokens_per_s() * cost.flops_per_token / (n * peak);

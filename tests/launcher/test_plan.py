@@ -47,7 +47,11 @@ class Plan(lu.TempDirTest):
         small, large = (projection(self.plan(*base, "--gpus", str(n))) for n in (8, 64))
         self.assertGreater(large["tokens_per_s"], 4 * small["tokens_per_s"])
         self.assertLess(large["memory_gib"], small["memory_gib"])  # the config uses ZeRO-1
-        self.assertEqual(projection(self.plan(*base, "--gpus", "1"))["exposed_s"], 0)
+        self.assertEqual(small["device_gib"], 80)
+        single = projection(self.plan(*base, "--gpus", "1"))
+        self.assertEqual(single["exposed_s"], 0)
+        # One rank has an MFU too (it printed 0).
+        self.assertAlmostEqual(single["mfu"] / small["mfu"], 1.0, delta=0.3)
 
     def test_cpu_ranks_of_the_test_cluster(self):
         out = self.plan("--config", self.config("demo.pbtxt"), "--gpus", "4", "--gpu", "cpu",
@@ -56,11 +60,11 @@ class Plan(lu.TempDirTest):
         self.assertIn("sharing 2 cores", out)
         self.assertIn("efficiency 0.40", out)
         self.assertGreater(projection(out)["comm_s"], 0)
-        self.assertIn(" tokens x 1 micro-batch per rank = ", out)
+        self.assertIn(" tokens x 1 micro-batch per rank x 4 ranks = ", out)
         accumulated = self.plan("--config", self.config("demo.pbtxt"), "--gpus", "4", "--gpu",
                                 "cpu", "--tflops", "0.1", "--cores", "2", "--link-gbps", "1",
                                 "--set", "data.grad_accum_steps=3")
-        self.assertIn(" tokens x 3 micro-batches per rank = ", accumulated)
+        self.assertIn(" tokens x 3 micro-batches per rank x 4 ranks = ", accumulated)
 
     def test_memory_is_what_a_cpu_run_takes_at_its_peak(self):
         # The peak resident memory of a real run (one rank, one thread) against the plan's
