@@ -55,7 +55,8 @@ output, in run.dir (default runs/<config file name>):
                       allreduce_seconds, host_syncs, time, skipped_param when a step was
                       skipped, and val_loss and eval_seconds on steps that evaluate
                       (run.eval_every); each step once: the lines of steps a resume redoes
-                      (after a crash) move to log/rank<R>.rolled_back.jsonl
+                      (after a crash) move to log/rank<R>.rolled_back.jsonl, with a line a
+                      crash cut short (not JSON); the log is synced before each checkpoint
   checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
                       (checkpoint.resume; NEVER refuses a run.dir that holds checkpoints)
   .lock               locked (flock) by rank 0 while the run goes on: a second run on the

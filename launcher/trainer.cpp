@@ -695,6 +695,9 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.saved_unix_time = metrics::unix_time_now();
   state.parameters = checkpoint::parameter_layout(params);
 
+  // The steps up to this checkpoint stay in the log whatever happens to the machine: a resume
+  // from it appends after them.
+  log_->sync();
   const std::string dir = checkpointer_->save(state, checkpoint_slices());
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);

@@ -239,6 +239,11 @@ StepLog::~StepLog() {
   std::fclose(file_);
 }
 
+void StepLog::sync() {
+  MANTISSA_REQUIRE(std::fflush(file_) == 0 && ::fsync(fileno(file_)) == 0, kFailure,
+                   "cannot write '" << path_ << "': " << std::strerror(errno));
+}
+
 void StepLog::write(const StepRecord& record) {
   const train::StepReport& r = record.report;
   const double now = unix_time_now();
@@ -316,7 +321,9 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
     text += " | skipped: non-finite gradients";
     if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
   }
-  const bool keep = done % log_every_ == 0 || done == 1 || done == total_steps_ || r.skipped ||
+  // The first step this process runs shows at once, also after a resume.
+  const bool first = recent_step_seconds_.size() == 1;
+  const bool keep = done % log_every_ == 0 || first || done == total_steps_ || r.skipped ||
                     record.val_loss.has_value();
   if (live_) {
     // \033[K clears what a longer previous line left on the right.

@@ -153,5 +153,24 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
 }
 
+// A run resumed at step 10 with log_every 5 shows its first step (11) at once: a requeued job
+// stayed silent until the next multiple of log_every (maybe 100 slow steps).
+TEST(ProgressLine, TheFirstStepOfAResumeShows) {
+  std::FILE* out = std::tmpfile();
+  ProgressLine progress(ProgressMode::kLines, 100, 5, out);
+  for (int64_t step = 10; step < 16; ++step) {
+    StepRecord record;
+    record.report.step = step;
+    record.step_seconds = 1.0;
+    progress.update(record, 1);
+  }
+  std::rewind(out);
+  std::vector<std::string> shown;
+  for (char line[512]; std::fgets(line, sizeof line, out);)
+    shown.push_back(std::string(line).substr(0, std::string(line).find(" |")));
+  std::fclose(out);
+  EXPECT_EQ(shown, (std::vector<std::string>{"step 11/100", "step 15/100"}));
+}
+
 }  // namespace
 }  // namespace mantissa::metrics
