@@ -102,7 +102,7 @@ class GradSync : public ::testing::Test {
 
   // Runs one reduction of the gradients times 2^shift; returns the RMS error (relative to the
   // RMS of the mean) on the range this rank owns, after checking every element against its
-  // bound.
+  // bound and the RMS error against what the roundings give.
   double reduce_and_check(const SyncCase& c, int shift = 0) {
     train::ParameterStore params = make_sync_store(*backend);
     auto dp = DataParallel::create(testing::world(), *backend, params, config(c));
@@ -167,7 +167,13 @@ class GradSync : public ::testing::Test {
     EXPECT_EQ(bad, 0) << describe(c);
     EXPECT_GT(optimizer->owned_end(), optimizer->owned_begin()) << describe(c);
     EXPECT_EQ(checked, optimizer->owned_end() - optimizer->owned_begin()) << describe(c);
-    return std::sqrt(err2 / ref2);
+    // The per-element bound is the worst case of 2n - 1 roundings (for FP8 on 4 ranks several
+    // times the mean); over thousands of elements the RMS error is that of 2n - 1 independent
+    // roundings of relative size up to u, about sqrt((2n - 1) / 3) u (measured: 0.5 to 0.7 u on
+    // 2 and 4 ranks). A rank lost, or a wrong divisor, is off by a good part of the mean.
+    const double rms = std::sqrt(err2 / ref2);
+    EXPECT_LE(rms, std::sqrt(k / 3.0) * u) << describe(c) << ": RMS relative error";
+    return rms;
   }
 
   std::unique_ptr<core::Backend> backend;

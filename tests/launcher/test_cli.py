@@ -656,6 +656,7 @@ class RunOutcomes(lu.TempDirTest):
                       "learning rate ramps for the whole run and never reaches "
                       "optimizer.adamw.lr\n", result.stderr)
         lrs = [entry["lr"] for entry in lu.read_log(os.path.join(self.dir, "runs", "c"), 0)]
+        self.assertEqual(len(lrs), 4)
         peak = float(re.search(r"(?m)^    lr: (\S+)$", self.mantissa(
             "config", "--config", path).stdout).group(1))
         for step, lr in enumerate(lrs):

@@ -109,9 +109,11 @@ class Evaluation(lu.TempDirTest):
     def test_other_sources_and_off(self):
         tiny = self.write("tiny.pbtxt", lu.TINY_GPT)
 
-        def run(name, *sets):
+        def run(name, *sets, eval_every=4):
             args = ["train", "--config", tiny, "--set", f"run.dir={os.path.join(self.dir, name)}",
-                    "--set", "run.steps=8", "--set", "run.eval_every=4"]
+                    "--set", "run.steps=8"]
+            if eval_every is not None:
+                args += ["--set", f"run.eval_every={eval_every}"]
             for s in sets:
                 args += ["--set", s]
             result = self.mantissa(*args)
@@ -120,7 +122,9 @@ class Evaluation(lu.TempDirTest):
 
         self.assertEqual(sorted(run("synthetic")), [3, 7])
         self.assertEqual(run("off", "run.eval_every=0"), {})
-        self.assertEqual(run("none", "data.synthetic.val_tokens=0", "run.eval_every=0"), {})
+        # No validation set and run.eval_every unset: its default is then 0, not 100 (which
+        # would be refused for want of a validation set).
+        self.assertEqual(run("none", "data.synthetic.val_tokens=0", eval_every=None), {})
 
         # Token shards: the same tokens as training and validation sets, in two files (one file
         # matched by both globs is refused: test_cli.py).

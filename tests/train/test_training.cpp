@@ -16,12 +16,14 @@
 #include <vector>
 
 #include "core/ops/backend.h"
+#include "core/precision/fp8_scaling.h"
 #include "models/gpt2/gpt2.h"
 #include "models/llama/llama.h"
 #include "models/mlp/mlp.h"
 #include "tests/common/test_util.h"
 #include "train/data/corpus.h"
 #include "train/data/data_loader.h"
+#include "train/fp8_operands.h"
 #include "train/train_loop.h"
 
 namespace mantissa::train {
@@ -156,6 +158,14 @@ TEST(Training, LlamaFp8QuantisesEveryBlockLinear) {
   models::Llama model(config, *be, PrecisionPolicy::from_mode(PrecisionMode::kFP8Hybrid), 1);
   ASSERT_NE(model.fp8_operands(), nullptr);
   EXPECT_EQ(model.fp8_operands()->size(), 4 * 3 * config.n_layer);
+  // A step quantises each of them: every operand has an amax.
+  DataLoader loader = make_loader(4, config.seq_len);
+  train_single_rank(model, *be, PrecisionPolicy::from_mode(PrecisionMode::kFP8Hybrid), loader,
+                    loop_config(1));
+  const core::Fp8ScalingRegistry& registry = model.fp8_operands()->registry();
+  for (int i = 0; i < registry.size(); ++i) {
+    EXPECT_GT(registry.newest_amax(i), 0.0f) << registry.tensor(i).name;
+  }
   models::Llama bf16(config, *be, PrecisionPolicy::from_mode(PrecisionMode::kBF16), 1);
   EXPECT_EQ(bf16.fp8_operands(), nullptr);
 }
