@@ -19,7 +19,10 @@
 #include "core/precision/fp8_scaling.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
+#include "train/data/data_loader.h"
 #include "train/evaluate.h"
+#include "train/language_model.h"
+#include "train/step_context.h"
 
 namespace mantissa::train {
 namespace {
@@ -71,6 +74,20 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
   EXPECT_EQ(one.local_loss_sum(model, *be, policy), whole) << "the same tokens every time";
   EXPECT_NEAR(whole / static_cast<double>(eval_tokens), std::log(256.0), 0.5)
       << "an untrained model is near uniform";
+  // The windows are the corpus's first 40, laid end to end: window w's inputs are tokens
+  // [w T, w T + T), its targets one further. One forward of all 40 gives the same sum.
+  const int64_t T = config.seq_len;
+  Batch first_windows{40, T, std::vector<int32_t>(40 * T), std::vector<int32_t>(40 * T)};
+  std::vector<int32_t> stream(40 * T + 1);
+  corpus->segments()[0].read(0, stream, corpus->vocab_size());
+  for (int64_t i = 0; i < 40 * T; ++i) {
+    first_windows.tokens[static_cast<size_t>(i)] = stream[static_cast<size_t>(i)];
+    first_windows.targets[static_cast<size_t>(i)] = stream[static_cast<size_t>(i + 1)];
+  }
+  StepContext ctx{*be, policy, nullptr, {}};
+  const double direct = mean_loss(*be, model.forward(ctx, upload(first_windows, *be), 0.0f)) *
+                        static_cast<double>(40 * T);
+  EXPECT_NEAR(direct / whole, 1.0, 1e-6);
   for (int world : {2, 3, 7}) {
     for (int64_t micro_batch : {1, 3, 8}) {
       double sum = 0.0;
