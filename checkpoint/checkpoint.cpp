@@ -628,7 +628,7 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
     const std::vector<int64_t> found = agreed_steps();
     if (found.empty()) return std::nullopt;
     bool removed = false;
-    for (size_t i = 0; i < found.size() && !removed; ++i) {
+    for (size_t i = 0; i < found.size(); ++i) {
       const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
       std::string damage;
       if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
@@ -642,7 +642,7 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
                                 "checkpoints there?); looking again");
         }
         removed = true;
-        continue;
+        break;
       }
       damaged_steps_.insert(found[i]);
       const std::string next = i + 1 < found.size()

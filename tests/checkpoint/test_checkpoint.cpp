@@ -135,6 +135,21 @@ class CheckpointTest : public ::testing::Test {
     checkpoint::Checkpointer ckpt(options(), {}, *backend);
     return ckpt.load_latest(make_state(0).parameters, into.slices);
   }
+  // The step `ckpt` loads (-1: none), and a save of `step` by it afterwards: one object, as in
+  // a run, with the warnings about damage kept off the test's output.
+  int64_t load_quietly(checkpoint::Checkpointer& ckpt) {
+    Slices into = Slices::empty(0, kN);
+    testing::internal::CaptureStderr();
+    const auto state = ckpt.load_latest(make_state(0).parameters, into.slices);
+    testing::internal::GetCapturedStderr();
+    return state ? state->step : -1;
+  }
+  void save_quietly(checkpoint::Checkpointer& ckpt, int64_t step) {
+    Slices s(0, kN, step);
+    testing::internal::CaptureStderr();
+    ckpt.save(make_state(step), s.slices);
+    testing::internal::GetCapturedStderr();
+  }
 };
 
 }  // namespace
@@ -301,19 +316,13 @@ TEST_F(CheckpointTest, ADamagedCheckpointTakesNoIntactOnesPlace) {
   const std::string payload = dir() + "/step_00000005/rank_00000.bin";
   fs::resize_file(payload, fs::file_size(payload) - 1);
   checkpoint::Checkpointer ckpt(options(2), {}, *backend);
-  Slices into = Slices::empty(0, kN);
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(ckpt.load_latest(make_state(0).parameters, into.slices)->step, 4);
-  testing::internal::GetCapturedStderr();
-
-  Slices s6(0, kN, 6);
-  ckpt.save(make_state(6), s6.slices);
+  EXPECT_EQ(load_quietly(ckpt), 4);
+  save_quietly(ckpt, 6);
   EXPECT_TRUE(fs::exists(dir() + "/step_00000004"));
   EXPECT_TRUE(fs::exists(dir() + "/step_00000005")) << "kept while an older intact one is";
   EXPECT_TRUE(fs::exists(dir() + "/step_00000006"));
   // Two intact checkpoints newer than it: it goes with step 4.
-  Slices s8(0, kN, 8);
-  ckpt.save(make_state(8), s8.slices);
+  save_quietly(ckpt, 8);
   EXPECT_FALSE(fs::exists(dir() + "/step_00000004"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000005"));
   EXPECT_TRUE(fs::exists(dir() + "/step_00000006"));
@@ -326,14 +335,8 @@ TEST_F(CheckpointTest, ADamagedCheckpointSavedAgainCountsAgain) {
   for (const char* step : {"/step_00000004", "/step_00000005"})
     fs::resize_file(dir() + step + "/rank_00000.bin", 1);
   checkpoint::Checkpointer ckpt(options(1), {}, *backend);
-  Slices into = Slices::empty(0, kN);
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(ckpt.load_latest(make_state(0).parameters, into.slices)->step, 3);
-  testing::internal::GetCapturedStderr();
-  Slices s5(0, kN, 5);
-  testing::internal::CaptureStderr();
-  ckpt.save(make_state(5), s5.slices);
-  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(load_quietly(ckpt), 3);
+  save_quietly(ckpt, 5);
   EXPECT_TRUE(fs::exists(dir() + "/step_00000005"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000004"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000003"));
