@@ -13,6 +13,12 @@ import struct
 import sys
 
 
+def require(condition, message):
+    # Not assert: python3 -O (or PYTHONOPTIMIZE) would drop the checks and pass every file.
+    if not condition:
+        sys.exit(f"check_safetensors: {message}")
+
+
 def read_with_library(path):
     from safetensors import safe_open  # noqa: raises ImportError when not installed
     tensors = {}
@@ -28,23 +34,23 @@ def read_by_definition(path):
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
-    assert n % 8 == 0, f"header length {n} is not a multiple of 8"
+    require(n % 8 == 0, f"header length {n} is not a multiple of 8")
     header = json.loads(data[8:8 + n].decode("utf-8"))
     body = data[8 + n:]
     metadata = header.pop("__metadata__", {})
     tensors, order, end = {}, [], 0
     for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-        assert info["dtype"] == "F32", f"{name}: dtype {info['dtype']}"
+        require(info["dtype"] == "F32", f"{name}: dtype {info['dtype']}")
         begin, stop = info["data_offsets"]
-        assert begin == end, f"{name}: data starts at {begin}, previous tensor ended at {end}"
+        require(begin == end, f"{name}: data starts at {begin}, previous tensor ended at {end}")
         count = 1
         for d in info["shape"]:
             count *= d
-        assert stop - begin == 4 * count, f"{name}: {stop - begin} bytes for {count} floats"
+        require(stop - begin == 4 * count, f"{name}: {stop - begin} bytes for {count} floats")
         tensors[name] = (info["shape"], list(struct.unpack(f"<{count}f", body[begin:stop])))
         order.append(name)
         end = stop
-    assert end == len(body), f"{len(body) - end} trailing data bytes"
+    require(end == len(body), f"{len(body) - end} trailing data bytes")
     return metadata, tensors, order
 
 
@@ -58,18 +64,18 @@ def main():
     except ImportError:
         metadata, tensors, order = read_by_definition(path)
         reader = "reader by definition (safetensors library not installed)"
-    assert metadata == expected["metadata"], f"metadata {metadata} != {expected['metadata']}"
+    require(metadata == expected["metadata"], f"metadata {metadata} != {expected['metadata']}")
     names = [t[0] for t in expected["tensors"]]
-    assert sorted(tensors) == sorted(names), f"tensors {sorted(tensors)} != {sorted(names)}"
+    require(sorted(tensors) == sorted(names), f"tensors {sorted(tensors)} != {sorted(names)}")
     if order is not None:
-        assert order == names, f"data order {order} != {names}"
+        require(order == names, f"data order {order} != {names}")
     for name, shape, values in expected["tensors"]:
         got_shape, got_values = tensors[name]
-        assert list(got_shape) == shape, f"{name}: shape {got_shape} != {shape}"
+        require(list(got_shape) == shape, f"{name}: shape {got_shape} != {shape}")
         # Both sides as float32 bit patterns: an exact comparison.
         want = struct.pack(f"<{len(values)}f", *values)
         got = struct.pack(f"<{len(got_values)}f", *got_values)
-        assert got == want, f"{name}: values differ"
+        require(got == want, f"{name}: values differ")
     print(f"check_safetensors: {len(names)} tensors match ({reader})")
 
 
