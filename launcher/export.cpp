@@ -13,6 +13,7 @@
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
 #include "launcher/run_dir.h"
+#include "launcher/tokenize_client.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {
@@ -106,6 +107,14 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
                    "the shards were encoded with (for llm.c's GPT-2 shards, transformers' gpt2 "
                    "tokenizer)\n",
                    out.c_str());
+    }
+    if (tokenizer) {
+      // transformers' generate() stops at eos_token_id, and without these keys it takes
+      // GPT2Config's 50256 or LlamaConfig's 1 and 2, ids of other vocabularies. The run's end of
+      // text begins every document it trained on (llm.c's format), so it is both.
+      const std::string eot = std::to_string(TokenizerClient(*tokenizer).eot());
+      for (const char* key : {"bos_token_id", "eos_token_id"})
+        layout->config.push_back({key, eot, models::HfConfigField::Rule::kWritten, "", "null"});
     }
     export_hf_directory(out, *layout, params, *backend, tokenizer, {{"mantissa_step", step}});
   } else {

@@ -21,6 +21,7 @@ exactly are refused.)
 
 import array
 import glob
+import json
 import os
 import random
 import re
@@ -174,12 +175,19 @@ precision {{ mode: FP32 }}
         self.assertNotIn("warning", result.stderr)
         with open(tokenizer, "rb") as a, open(os.path.join(hf, "tokenizer.model"), "rb") as b:
             self.assertEqual(a.read(), b.read())
+        # config.json names the end of text (id 2, </s>, in every model tokenize trains) for
+        # transformers' generate(); the export without a tokenizer leaves transformers' defaults.
+        with open(os.path.join(hf, "config.json")) as f:
+            hf_config = json.load(f)
+        self.assertEqual((hf_config["bos_token_id"], hf_config["eos_token_id"]), (2, 2))
         os.remove(os.path.join(out_dir, "tokenizer.model"))
         bare = os.path.join(self.dir, "hf_bare")
         result = self.mantissa("export", "--config", config, "--format", "hf", "--out", bare)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: warning: no tokenizer for this run", result.stderr)
         self.assertEqual(sorted(os.listdir(bare)), ["config.json", "model.safetensors"])
+        with open(os.path.join(bare, "config.json")) as f:
+            self.assertNotIn("eos_token_id", json.load(f))
 
     def test_utf8_round_trip_with_byte_tokens_at_shard_ends(self):
         def write(name, text):
