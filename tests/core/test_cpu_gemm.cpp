@@ -16,6 +16,7 @@
 //    F32, 1e-2 for BF16, 6e-2 for E4M3 and 0.125 for E5M2 (two mantissa bits: its half ulp
 //    is 2^-3 relative, no rounding can do better).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -521,6 +522,39 @@ TEST(CpuGemm, NanInCPropagatesOnlyWhenBetaReadsIt) {
       make_cpu_backend()->gemm(a, b, c, params);
       for (int64_t i = 0; i < c.numel(); ++i) {
         EXPECT_EQ(std::isnan(value_at(c, i)), beta != 0.0f && i == 9) << "C[" << i << "]";
+      }
+    }
+  }
+}
+
+// alpha = 0 does not read A and B (backend.h): C = beta * C, whatever NaN or inf they hold, at
+// every thread count. The shape is one that OpenBLAS's sgemm reads A for on 2 threads.
+TEST(CpuGemm, AlphaZeroReadsNeitherOperand) {
+  std::mt19937 rng(5);
+  const int64_t m = 64, n = 97, k = 255;
+  const int threads = omp_get_max_threads();
+  for (DType d : {DType::kF32, DType::kBF16}) {
+    for (float beta : {0.0f, -0.5f}) {
+      for (int t : {1, 2}) {
+        SCOPED_TRACE(std::string(dtype_name(d)) + " beta " + std::to_string(beta) + " threads " +
+                     std::to_string(t));
+        Tensor a = random_operand({k, m}, d, rng);
+        Tensor b = random_operand({n, k}, d, rng);
+        set_value(a, 3 * m + 7, NAN);
+        set_value(b, 5 * k + 11, INFINITY);
+        Tensor c = Tensor::empty({m, n}, DType::kF32);
+        for (int64_t i = 0; i < c.numel(); ++i) set_value(c, i, static_cast<float>(i % 13) - 6);
+        GemmParams params;
+        params.trans_a = true;
+        params.trans_b = true;
+        params.alpha = 0.0f;
+        params.beta = beta;
+        omp_set_num_threads(t);
+        make_cpu_backend()->gemm(a, b, c, params);
+        omp_set_num_threads(threads);
+        for (int64_t i = 0; i < c.numel(); ++i) {
+          ASSERT_EQ(value_at(c, i), beta * static_cast<float>(i % 13 - 6)) << "C[" << i << "]";
+        }
       }
     }
   }

@@ -19,8 +19,8 @@
 // scale c_scale applied and amax taken before it.
 //
 // BLAS conventions hold: with beta = 0 the old C is never read (garbage or NaN there is
-// simply overwritten), and with alpha = 0 the values of A and B do not matter (every kernel
-// takes that case itself, and ignores them).
+// simply overwritten), and with alpha = 0 the values of A and B do not matter (the AVX2
+// kernel takes that case, and ignores them).
 // fast_accumulate has no meaning here: the CPU always accumulates in full FP32.
 #include <cblas.h>
 #include <omp.h>
@@ -114,7 +114,9 @@ void CpuBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPar
   const float alpha = p.alpha * scale_value(p.a_scale) * scale_value(p.b_scale);
   const bool native_bf16 =
       alpha != 0.0f && bf16_gemm_enabled() && bf16_gemm_supports(a.dtype(), b.dtype());
-  const bool sgemm = !native_bf16 && a.dtype() == DType::kF32;
+  // OpenBLAS reads A and B at alpha = 0 in some of its kernels, so a NaN there reached C
+  // depending on the shape and the thread count; the AVX2 kernel never reads them then.
+  const bool sgemm = !native_bf16 && a.dtype() == DType::kF32 && alpha != 0.0f;
   // The native BF16 kernel and the AVX2 kernel write an FP32 or BF16 C themselves, rounding
   // as they store.
   if (!sgemm && (c.dtype() == DType::kF32 || c.dtype() == DType::kBF16)) {
