@@ -157,11 +157,12 @@ class Backend {
   virtual void add_bias(Tensor& x, const Tensor& bias) = 0;
   // dbias[C] += sum over rows of dout[N, C].
   virtual void bias_backward(const Tensor& dout, Tensor& dbias) = 0;
-  // out = a + b (residual connection); out may alias a or b.
+  // out = a + b (residual connection); out may be a or b, or disjoint from both.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
-  // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). out may be
+  // x, or disjoint from it.
   virtual void gelu_forward(const Tensor& x, Tensor& out) = 0;
-  // dx = dout * gelu'(x) (overwrites dx).
+  // dx = dout * gelu'(x) (overwrites dx; dx may be x or dout, or disjoint from both).
   virtual void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) = 0;
 
   // --- layers -------------------------------------------------------------------------
@@ -169,7 +170,7 @@ class Backend {
   // rstd[N] (F32) for the backward.
   virtual void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                  Tensor& out, Tensor& mean, Tensor& rstd) = 0;
-  // dx overwritten; dgamma, dbeta accumulated.
+  // dx overwritten (disjoint from dout and x); dgamma, dbeta accumulated.
   virtual void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& gamma,
                                   const Tensor& mean, const Tensor& rstd, Tensor& dx,
                                   Tensor& dgamma, Tensor& dbeta) = 0;

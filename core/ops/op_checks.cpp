@@ -152,6 +152,20 @@ void check_copy_sizes(const Tensor& src, const Tensor& dst) {
   if (src.data() != dst.data()) check_disjoint("copy", "dst", dst, "src", src);
 }
 
+namespace {
+
+// `out` is `in` itself (an op that reads each element before writing it in the same thread
+// may run in place on both backends) or shares no byte with it.
+void check_same_or_disjoint(const char* op, const char* out_name, const Tensor& out,
+                            const char* in_name, const Tensor& in) {
+  const bool same = out.data() == in.data() && out.nbytes() == in.nbytes();
+  MANTISSA_CHECK(same || !overlaps(out, in),
+                 op << ": " << out_name << " " << out.describe() << " overlaps " << in_name << " "
+                    << in.describe() << " partly; it must be exactly that tensor or disjoint");
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 // conversions and elementwise
 
@@ -228,6 +242,8 @@ void check_add(const Tensor& a, const Tensor& b, const Tensor& out, Device devic
   check_operand("add", "out", out, device, {a.dtype()});
   check_same_shape("add", "a", a, "b", b);
   check_same_shape("add", "a", a, "out", out);
+  check_same_or_disjoint("add", "out", out, "a", a);
+  check_same_or_disjoint("add", "out", out, "b", b);
 }
 
 // x and out of one dtype (F32, BF16 or F16) and shape.
@@ -235,6 +251,7 @@ void check_gelu_forward(const Tensor& x, const Tensor& out, Device device) {
   check_operand("gelu_forward", "x", x, device, {DType::kF32, DType::kBF16, DType::kF16});
   check_operand("gelu_forward", "out", out, device, {x.dtype()});
   check_same_shape("gelu_forward", "x", x, "out", out);
+  check_same_or_disjoint("gelu_forward", "out", out, "x", x);
 }
 
 // x, dout and dx of one dtype (F32, BF16 or F16) and shape.
@@ -244,6 +261,8 @@ void check_gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx, 
   check_operand("gelu_backward", "dx", dx, device, {x.dtype()});
   check_same_shape("gelu_backward", "x", x, "dout", dout);
   check_same_shape("gelu_backward", "x", x, "dx", dx);
+  check_same_or_disjoint("gelu_backward", "dx", dx, "x", x);
+  check_same_or_disjoint("gelu_backward", "dx", dx, "dout", dout);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -288,22 +307,11 @@ LayerNormDims check_layernorm_backward(const Tensor& dout, const Tensor& x, cons
   check_shape(op, "dbeta", dbeta, Shape{d.C});
   check_rows(op, "mean", mean, d.N, "mean", x);
   check_rows(op, "rstd", rstd, d.N, "rstd", x);
+  // dgamma and dbeta are summed from dout and x after dx is written.
+  check_disjoint(op, "dx", dx, "dout", dout);
+  check_disjoint(op, "dx", dx, "x", x);
   return d;
 }
-
-namespace {
-
-// `out` is `in` itself (an op that reads each element before writing it in the same thread
-// may run in place on both backends) or shares no byte with it.
-void check_same_or_disjoint(const char* op, const char* out_name, const Tensor& out,
-                            const char* in_name, const Tensor& in) {
-  const bool same = out.data() == in.data() && out.nbytes() == in.nbytes();
-  MANTISSA_CHECK(same || !overlaps(out, in),
-                 op << ": " << out_name << " " << out.describe() << " overlaps " << in_name << " "
-                    << in.describe() << " partly; it must be exactly that tensor or disjoint");
-}
-
-}  // namespace
 
 // x, out: F32, BF16 or F16 of one shape [..., C]; gamma[C] a parameter; rstd F32, one per
 // row; eps positive. out must not share memory with x (the backward needs x).

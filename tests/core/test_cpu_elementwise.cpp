@@ -877,5 +877,27 @@ TEST_F(CpuElementwise, GeluRejectsBadOperands) {
   expect_error([&] { backend->gelu_backward(f32, f32, f32_5); }, {"gelu_backward", "dx"});
 }
 
+// An output over its input shifted by an element would read values already overwritten (and
+// race on the GPU): refused, as cast refuses it. Exactly in place is allowed.
+TEST_F(CpuElementwise, AddAndGeluRefuseAnOutputThatPartlyOverlapsAnInput) {
+  Tensor buffer = Tensor::empty(Shape{65}, DType::kF32);
+  fill_uniform(buffer, rng, -1.0, 1.0);
+  Tensor head = buffer.view(0, Shape{64});
+  Tensor tail = buffer.view(1, Shape{64});
+  Tensor other = Tensor::empty(Shape{64}, DType::kF32);
+  fill_uniform(other, rng, -1.0, 1.0);
+  expect_error([&] { backend->add(head, other, tail); }, {"add", "out", "overlaps a", "partly"});
+  expect_error([&] { backend->add(other, head, tail); }, {"add", "out", "overlaps b", "partly"});
+  expect_error([&] { backend->gelu_forward(head, tail); },
+               {"gelu_forward", "out", "overlaps x", "partly"});
+  expect_error([&] { backend->gelu_backward(head, other, tail); },
+               {"gelu_backward", "dx", "overlaps x", "partly"});
+  expect_error([&] { backend->gelu_backward(other, head, tail); },
+               {"gelu_backward", "dx", "overlaps dout", "partly"});
+  backend->add(head, other, head);
+  backend->gelu_forward(head, head);
+  backend->gelu_backward(other, head, head);
+}
+
 }  // namespace
 }  // namespace mantissa::core

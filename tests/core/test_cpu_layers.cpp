@@ -836,6 +836,14 @@ TEST(CpuLayers, BadArgumentsThrowNamingTheOp) {
   Tensor dx = poisoned({4, C}, DType::kF32);
   expect_error([&] { be.layernorm_backward(x, x, gamma, mean, rstd, dx, bf16_grad, gamma); },
                {"layernorm_backward", "dgamma"});
+  // dgamma and dbeta are summed from dout and x after dx is written: dx over either of them
+  // would change those sums.
+  Tensor dout = make({4, C}, DType::kF32, Vec(4 * C, 0.5));
+  Tensor dgamma = make({C}, DType::kF32, Vec(C, 0.0)), dbeta = make({C}, DType::kF32, Vec(C, 0.0));
+  expect_error([&] { be.layernorm_backward(dout, x, gamma, mean, rstd, dout, dgamma, dbeta); },
+               {"layernorm_backward", "dx", "overlaps dout"});
+  expect_error([&] { be.layernorm_backward(dout, x, gamma, mean, rstd, x, dgamma, dbeta); },
+               {"layernorm_backward", "dx", "overlaps x"});
 
   const AttnShape s{1, 4, 8, 2};
   Tensor qkv = make(s.qkv(), DType::kF32, Vec(s.qkv().numel(), 0.5));
