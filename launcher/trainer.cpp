@@ -360,8 +360,11 @@ std::string Trainer::build_metrics() {
   }
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.run_steps = config_.run().steps();
-  options.loss_scale_min =
-      scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC ? scale.min() : 0.0;
+  // The floor as the scaler holds it, a float: the alert's `mantissa_loss_scale <=
+  // mantissa_loss_scale_min` never held at a floor of 0.1 exported as the double 0.1.
+  options.loss_scale_min = scale.mode() == TrainConfig::Precision::LossScale::DYNAMIC
+                               ? static_cast<float>(scale.min())
+                               : 0.0;
   // Its errors name the fields, with their kind: a busy port is a failure (exit 1: a later
   // start may find it free), a malformed address or URL a config error.
   metrics_ = std::make_unique<metrics::Metrics>(std::move(options));

@@ -495,13 +495,16 @@ class Training(lu.TempDirTest):
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
         # and save time) and the run's absolute step, not nothing.
-        result = self.mantissa(*self.train_args("resumed", "run.steps=10", inject_rank=0))
+        # A dynamic loss scale whose floor, 0.1, a float does not hold exactly.
+        scaling = ("precision.loss_scale.mode=DYNAMIC", "precision.loss_scale.min=0.1")
+        result = self.mantissa(*self.train_args("resumed", "run.steps=10", *scaling,
+                                                inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         run = self.run_dir("resumed")
-        process = self.start(*self.train_args("resumed", "run.steps=100000",
+        process = self.start(*self.train_args("resumed", "run.steps=100000", *scaling,
                                               "checkpoint.every_steps=0", f"metrics.port={port}",
                                               inject_rank=0))
         try:
@@ -520,6 +523,11 @@ class Training(lu.TempDirTest):
         self.assertEqual(values.get("mantissa_run_steps"), "100000")
         # Absolute: this process alone has done about 10 steps.
         self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
+        # The floor as the scaler holds it (a float), so that the collapse alert's
+        # `mantissa_loss_scale <= mantissa_loss_scale_min` holds at the floor: the text a scale
+        # at the floor would show (prometheus-cpp writes 16 significant digits), not 0.1.
+        float_min = struct.unpack("<f", struct.pack("<f", 0.1))[0]
+        self.assertEqual(values.get("mantissa_loss_scale_min"), f"{float_min:.16g}", text)
 
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory

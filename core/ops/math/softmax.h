@@ -56,9 +56,11 @@ MANTISSA_HD float softmax_backward(float p, float dp, float p_dot_dp) {
 }
 
 // The cross-entropy loss of a row from its softmax sums:
-//   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target].
+//   loss = logsumexp(z) - z[target] = (max - z[target]) + log(sum exp(z - max)).
+// max - z[target] first: two logits far from zero (1e6, whose FP32 ulp is 0.0625) differ
+// exactly, where max + log(sum) would round the loss to that ulp.
 MANTISSA_HD float cross_entropy_loss(float row_max, float exp_sum, float z_target) {
-  return row_max + logf(exp_sum) - z_target;
+  return (row_max - z_target) + logf(exp_sum);
 }
 
 // d loss / d z_i scaled by grad_scale, from the softmax probability p_i:
