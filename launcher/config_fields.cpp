@@ -203,9 +203,15 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       if (body.size() >= 2 && body.front() == '{' && body.back() == '}') {
         body = body.substr(1, body.size() - 2);
       }
+      // The body's fields are merged in: those it names are set, the others keep their values
+      // (as a field given twice in a config file), so --set 'model.gpt2={n_layer: 2}' leaves
+      // the file's n_embd as it is.
+      const std::unique_ptr<pb::Message> parsed(
+          pb::MessageFactory::generated_factory()->GetPrototype(field.message_type())->New());
+      parse_text(body, field.name() + " value", *parsed);
       pb::Message* target =
           add ? r.AddMessage(&message, &field) : r.MutableMessage(&message, &field);
-      parse_text(body, field.name() + " value", *target);
+      target->MergeFrom(*parsed);
       return;
     }
   }

@@ -89,7 +89,9 @@ decode  prints the text of the shards on stdout, read in the order given as one 
   --tokenizer FILE    the model the shards were encoded with
   --input SHARD...    shards (one or more; --input-list LIST as for train)
 
-info    prints "vocab_size N" and "eot E" (the end-of-text id), one per line.
+info    prints "vocab_size N", "eot E" (the end-of-text id) and "never_encoded I..." (the ids
+        that encoded text never holds, <unk> and <s>, which sampling never draws), one per
+        line.
 ids     reads UTF-8 text on stdin to its end and prints its token ids on one line, decimal,
         separated by spaces (no end-of-text token is added).
 text    reads token ids on stdin (decimal, separated by white space) and prints their text

@@ -440,6 +440,19 @@ class Overrides(lu.TempDirTest):
             f"mantissa: note: --set data.text_file.path={corpus} selects data.text_file in place "
             "of data.synthetic, whose settings are dropped"])
 
+    def test_a_message_body_keeps_the_fields_it_does_not_name(self):
+        # A body sets what it names, as a field given twice in a file does: the config's other
+        # settings of that message stay (they were reset to their defaults).
+        config = BASE.replace("model { mlp { n_embd: 32 hidden: 64 seq_len: 16 } }",
+                              "model { gpt2 { n_layer: 4 n_head: 4 n_embd: 128 seq_len: 32 } }")
+        self.assertNotEqual(config, BASE)
+        text = self.effective("model.gpt2={n_layer: 2}", "debug={inject_nonfinite_steps: 1}",
+                              "debug={inject_nonfinite_steps: 2}", config=config)
+        self.assertRegex(text, r"gpt2 \{\n    n_layer: 2\n    n_head: 4\n    n_embd: 128\n"
+                               r"    seq_len: 32\n")
+        self.assertEqual(re.findall(r"inject_nonfinite_steps: (\d+)", text), ["1", "2"])
+        self.assertEqual(self.stderr, "")
+
     def test_a_note_that_explains_an_error_comes_with_it(self):
         # Setting a field of another data source drops the synthetic one; the file it lacks is
         # the error, and the note, on the same line, says why it lacks one.

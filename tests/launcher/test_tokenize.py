@@ -175,6 +175,10 @@ precision {{ mode: FP32 }}
         self.assertNotIn("warning", result.stderr)
         with open(tokenizer, "rb") as a, open(os.path.join(hf, "tokenizer.model"), "rb") as b:
             self.assertEqual(a.read(), b.read())
+        # info, as its help says: ids 0 <unk>, 1 <s> and 2 </s> in every model tokenize trains.
+        info = self.mantissa("tokenize", "info", "--tokenizer", tokenizer)
+        self.assertEqual(info.returncode, 0, info.stderr)
+        self.assertEqual(info.stdout.splitlines(), ["vocab_size 1000", "eot 2", "never_encoded 0 1"])
         # config.json names the end of text (id 2, </s>, in every model tokenize trains) for
         # transformers' generate(); the export without a tokenizer leaves transformers' defaults.
         with open(os.path.join(hf, "config.json")) as f:
