@@ -221,9 +221,26 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
     return dir / ("rank" + std::to_string(r) + suffix);
   };
   // This rank's log, and those of ranks r + N, r + 2N, ... an earlier attempt on more ranks
-  // wrote, which no rank of this run appends to.
-  for (int r = rank; r == rank || std::filesystem::exists(log_of(r, ".jsonl"), ec);
-       r += world_size) {
+  // wrote, which no rank of this run appends to: all of them, with gaps (a rank of that
+  // attempt may have failed before it wrote its log).
+  std::vector<int> ranks{rank};
+  for (const std::filesystem::directory_entry& entry :
+       std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();  // rank<R>.jsonl
+    if (!name.starts_with("rank") || !name.ends_with(".jsonl") || name.size() <= 10) continue;
+    const std::string_view digits = std::string_view(name).substr(4, name.size() - 10);
+    int r = 0;
+    const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), r);
+    if (parsed == std::errc() && end == digits.data() + digits.size() && r > rank &&
+        (r - rank) % world_size == 0) {
+      ranks.push_back(r);
+    }
+  }
+  if (ec) {
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "cannot list log directory '" + dir.string() + "': " + ec.message());
+  }
+  for (int r : ranks) {
     move_redone_steps(log_of(r, ".jsonl"), log_of(r, ".rolled_back.jsonl"), first_step);
   }
   path_ = log_of(rank, ".jsonl").string();

@@ -118,6 +118,20 @@ TEST_F(StepLogStart, LogsOfRanksBeyondTheWorldAreRolledBackToo) {
   EXPECT_EQ(read("rank1.jsonl").size(), 3u) << "rank 1's log is rank 1's to move";
 }
 
+TEST_F(StepLogStart, LogsOfRanksBeyondAGapAreRolledBackToo) {
+  // An attempt on 6 ranks whose rank 2 never wrote its log, resumed on 2: rank 0 takes rank 4's.
+  for (const char* name : {"rank0.jsonl", "rank1.jsonl", "rank3.jsonl", "rank4.jsonl"}) {
+    write(name, {line(0, "a"), line(1, "a")});
+  }
+  write("rank4.rolled_back.jsonl", {line(5, "old")});
+  { StepLog log(run_dir(), 0, 2, 1); }
+  EXPECT_EQ(read("rank4.jsonl"), std::vector<std::string>{line(0, "a")});
+  EXPECT_EQ(read("rank4.rolled_back.jsonl"),
+            (std::vector<std::string>{line(5, "old"), line(1, "a")}));
+  EXPECT_EQ(read("rank3.jsonl").size(), 2u) << "rank 3's log is rank 1's to move";
+  EXPECT_FALSE(fs::exists(run_dir() + "/log/rank2.jsonl"));
+}
+
 // The progress line's ETA after each of `seconds` (steps of 1000), one line a step.
 std::vector<std::string> etas(const std::vector<double>& seconds) {
   std::FILE* out = std::tmpfile();
