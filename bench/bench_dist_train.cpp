@@ -48,6 +48,13 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
   const models::GPT2Config config{6, 6, 384, 256, 256};
   models::GPT2 model(config, *backend, policy, 0);
   const int64_t global_batch = 8;
+  // The ranks share the 8 sequences evenly, or tokens_per_s would count some never trained.
+  if (global_batch % world.size() != 0) {
+    throw bench::UsageError(
+        "bench_dist_train runs on 1, 2, 4 or 8 ranks (they share 8 "
+        "sequences per step), not " +
+        std::to_string(world.size()));
+  }
   train::DataLoaderConfig data;
   data.seq_len = config.seq_len;
   data.micro_batch = global_batch / world.size();

@@ -64,8 +64,11 @@ cluster_bench_train() {
     --set checkpoint.every_steps=0 --set "run.dir=$run" --set "run.steps=${bench_steps:-6}"
     $(cluster_bench_model "$hosts") "$@")
   head -n "$hosts" "$CLUSTER_DIR/hostfile" >"$bench_dir/hostfile-$hosts"
+  # The hosts' shells start from an empty environment (as ssh logins do): the CPU path switches
+  # go with the ranks explicitly, or the paths bench_cpu_paths printed would not be theirs.
   if ! mpirun --allow-run-as-root --hostfile "$bench_dir/hostfile-$hosts" -np "$hosts" \
     --bind-to none -x OMP_NUM_THREADS=1 -x MANTISSA_MPI_PROGRESS_THREAD \
+    -x MANTISSA_CPU_BF16_GEMM -x MANTISSA_CPU_AVX512_CONVERT -x MANTISSA_CPU_AMX \
     "$bench_dir/mantissa" train --config "$bench_dir/train.pbtxt" "${sets[@]}" \
     >"$run.out" 2>&1; then
     echo "$label: mantissa train failed:" >&2

@@ -94,6 +94,9 @@ def main():
     seeds = list(range(1, args.seeds + 1))
     with tempfile.TemporaryDirectory(prefix="fp8_recipes_") as workdir:
         text = corpus(workdir)
+        # The losses' last bits depend on the GEMM path (a native BF16 kernel flushes
+        # subnormals), so the paths the runs take are printed with them.
+        subprocess.run([os.path.join(args.build, "bin", "bench_cpu_paths")], check=True)
         print(f"GPT-2 {REFERENCE if args.reference else SMALL}, vocab 256, micro-batch 8, "
               f"{args.steps} steps, seeds {seeds}, text {os.path.getsize(text)} bytes "
               f"({LICENSES})", flush=True)
