@@ -29,10 +29,12 @@ RATE_INTERVAL = "5s"
 # rank ran 2 threads, 3 s once they took 1 each): it trains until Prometheus has scraped both
 # ranks' overflow counters at their final value SCRAPES_AFTER times, then is stopped with
 # SIGUSR1. The overflows come late enough that Prometheus has scraped the counters at 0 first
-# (increase() needs a sample from before the overflow; the test checks it did): steps of this
-# model take about 9 ms on a 2-core EPYC, 1000 steps 9 s, against a first scrape within 1-2 s.
+# (increase() needs a sample from before the overflow; the test checks it did), against a first
+# scrape within 1-2 s: at step 1000, or later where a short run of the same job shows steps
+# faster than 8 ms (about 9 ms on a 2-core EPYC, 3 ms on a 2-core Sapphire Rapids, whose
+# AMX tiles passed step 1000 before the first scrape).
 MODEL_SETTINGS = ["model.gpt2.n_embd=64", "model.gpt2.seq_len=64", "data.micro_batch_size=4"]
-INJECTED_STEPS = [1000, 1500]
+FIRST_OVERFLOW_SECONDS = 8
 SCRAPES_AFTER = 4
 MAX_STEPS = 1_000_000  # a bound only: the test stops the run
 
@@ -81,6 +83,24 @@ def finite_values(result):
             if math.isfinite(float(v))]
 
 
+def injected_steps(binary, workdir, settings):
+    """The two steps to inject overflows at: at least 1000 and 1500, and at least
+    FIRST_OVERFLOW_SECONDS and 1.5x that into the run at the speed of 200 steps of the same job."""
+    run_dir = os.path.join(workdir, "speed")
+    argv = harness.mpirun_prefix(2) + harness.train_argv(
+        binary, harness.write_empty_config(workdir),
+        settings + ["run.steps=200", f"run.dir={run_dir}", "checkpoint.every_steps=0"])
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        harness.fail(f"the speed run failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    seconds = sorted(e["step_seconds"] for e in harness.read_step_log(run_dir, 0).values())
+    median = seconds[len(seconds) // 2]
+    first = max(1000, int(round(FIRST_OVERFLOW_SECONDS / median, -2)))
+    harness.log(f"steps of {median * 1e3:.1f} ms: overflows injected at {first} and "
+                f"{first * 3 // 2}")
+    return [first, first * 3 // 2]
+
+
 def main():
     args = harness.parse_args()
     harness.require_tools("prometheus", "mpirun")
@@ -98,13 +118,14 @@ def main():
                 rule_files=[os.path.join(deploy, "prometheus", "alerts.yml")])
 
             run_dir = os.path.join(workdir, "run")
-            settings = harness.SMALL_RUN_SETTINGS + MODEL_SETTINGS + [
-                f"run.steps={MAX_STEPS}", f"run.dir={run_dir}",
-                "precision.mode=FP8_HYBRID", "checkpoint.every_steps=500",
+            job = harness.SMALL_RUN_SETTINGS + MODEL_SETTINGS + ["precision.mode=FP8_HYBRID"]
+            injected = injected_steps(binary, workdir, job)
+            settings = job + [
+                f"run.steps={MAX_STEPS}", f"run.dir={run_dir}", "checkpoint.every_steps=500",
                 "metrics.bind_address=127.0.0.1", f"metrics.port={base_port}",
                 "metrics.peak_tflops=0.1",
                 "debug.inject_nonfinite_rank=1",
-            ] + [f"debug.inject_nonfinite_steps={s}" for s in INJECTED_STEPS]
+            ] + [f"debug.inject_nonfinite_steps={s}" for s in injected]
             argv = harness.mpirun_prefix(2) + harness.train_argv(
                 binary, harness.write_empty_config(workdir), settings)
             harness.log("run: " + " ".join(argv))
@@ -117,14 +138,14 @@ def main():
             while True:
                 daemons.check_alive("mantissa", run)
                 if time.time() - start > limit:
-                    harness.fail(f"Prometheus did not see {len(INJECTED_STEPS)} overflows on "
+                    harness.fail(f"Prometheus did not see {len(injected)} overflows on "
                                  f"both ranks within {limit:.0f} s:\n" +
                                  daemons.log_tail("mantissa"))
                 counters = harness.http_json(f"{url}/api/v1/query",
                                              {"query": "mantissa_overflow_steps_total"})
                 seen = {c["metric"].get("rank"): float(c["value"][1])
                         for c in counters["data"]["result"]}
-                if seen == {"0": len(INJECTED_STEPS), "1": len(INJECTED_STEPS)}:
+                if seen == {"0": len(injected), "1": len(injected)}:
                     done_since = done_since or time.time()
                     if time.time() - done_since > SCRAPES_AFTER * SCRAPE_SECONDS:
                         break
@@ -148,10 +169,10 @@ def main():
                              f"{sorted(s['metric'].get('rank') for s in first)}, expected 0 and 1")
             for series in first:
                 steps = float(series["values"][0][1])
-                if steps >= INJECTED_STEPS[0]:
+                if steps >= injected[0]:
                     harness.fail(f"rank {series['metric'].get('rank')} was first scraped at "
                                  f"step {steps:.0f}, after the overflow at step "
-                                 f"{INJECTED_STEPS[0]}: increase() cannot see it; inject later")
+                                 f"{injected[0]}: increase() cannot see it; inject later")
 
             up = query_range(url, 'up{job="mantissa"}', start, end)
             scraped = {s["metric"]["instance"] for s in up
@@ -193,9 +214,9 @@ def main():
             totals = query_range(url, "max_over_time(mantissa_overflow_steps_total[10m])",
                                  end, end + 5)
             counted = {s["metric"]["rank"]: max(finite_values([s])) for s in totals}
-            if set(counted) != {"0", "1"} or any(v != len(INJECTED_STEPS)
+            if set(counted) != {"0", "1"} or any(v != len(injected)
                                                  for v in counted.values()):
-                harness.fail(f"overflow counters {counted}, expected {len(INJECTED_STEPS)} "
+                harness.fail(f"overflow counters {counted}, expected {len(injected)} "
                              "on each rank")
 
             unlabelled = query_range(url, '{__name__=~"mantissa_.*", rank=""}', start, end)
