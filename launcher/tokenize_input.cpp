@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -225,7 +226,16 @@ size_t total_bytes(const std::vector<MappedText>& files) {
 
 std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
   std::vector<MappedText> files;
-  for (const std::string& path : paths) files.emplace_back(path);
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;  // each file's first name
+  for (const std::string& path : paths) {
+    files.emplace_back(path);
+    const auto [first, is_new] = seen.emplace(files.back().identity(), path);
+    if (!is_new) {
+      throw core::ConfigError("input '" + path + "' is the same file as input '" + first->second +
+                              "': give each file once (its text would count "
+                              "twice)");
+    }
+  }
   name_inputs_cut_short(files);
   const size_t bytes = total_bytes(files);
   if (bytes >= kAnnouncedCheckBytes) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace mantissa::launcher {
@@ -35,6 +36,8 @@ class MappedText {
   // that keeps the size within the file system's time resolution (nanoseconds on ext4 and
   // XFS, up to 2 s on others).
   std::string change_since_mapped() const;
+  // The file whatever its name: device and inode.
+  std::pair<dev_t, ino_t> identity() const { return {device_, inode_}; }
 
  private:
   std::string path_;
@@ -66,7 +69,8 @@ size_t first_invalid_utf8(std::string_view text);
 
 // Maps every input, then checks that each is valid UTF-8, before any work on them begins (a
 // corpus with a bad file fails in the time a read takes, not hours into encoding). Throws
-// core::ConfigError naming the first file that cannot be mapped, or that is not valid UTF-8:
+// core::ConfigError naming the first file that cannot be mapped, that was given before (under
+// any name: its text would count twice), or that is not valid UTF-8:
 // "input 'PATH' is not valid UTF-8: byte 0xNN at offset N" (or, where it changed since it was
 // mapped, that it changed). Says on stderr what it checks when that is more than a few
 // seconds' reading. From then on, a read past the end of an input cut short after it was

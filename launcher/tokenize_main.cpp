@@ -47,7 +47,8 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         whatever the cores, so the model is the same on every machine. It prints one line
         when done and nothing before, except a line when it checks more than 1 GiB of inputs
         for invalid UTF-8 (encode the same).
-  --input FILE...     text files (one or more, after one --input or several)
+  --input FILE...     text files (one or more, after one --input or several; each file once,
+                      under any name)
   --input-list LIST   a file naming input files, one path per line (empty lines skipped, a
                       relative path taken from the current directory), for more files than a
                       command line holds (`find corpus -name '*.txt' | sort > LIST`, or a

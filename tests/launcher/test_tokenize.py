@@ -573,6 +573,19 @@ class BadInput(lu.TempDirTest):
                                     "or a device: write the text to a file first)", *command,
                                     fifo)
 
+    def test_a_file_given_twice(self):
+        # Under another name too (a hard link): its text would count twice.
+        self.tokenizer()
+        text = self.write("text.txt", "some text to read once\n" * 50)
+        other = os.path.join(self.dir, "other.txt")
+        os.link(text, other)
+        for command in (("train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input"),
+                        self.encode_args()):
+            with self.subTest(command[0]):
+                self.assert_refused(f"mantissa: input '{other}' is the same file as input "
+                                    f"'{text}': give each file once (its text would count "
+                                    "twice)", *command, text, LICENCE, other)
+
     def test_input_lists_that_cannot_be_read_or_name_no_file(self):
         missing = os.path.join(self.dir, "missing.txt")
         blank = self.write("blank.txt", "\n\n")
