@@ -16,6 +16,7 @@
 #include "dist/mpi/mpi_check.h"
 #include "dist/mpi/mpi_comm_handle.h"
 #include "dist/poll_wait.h"
+#include "dist/start_watchdog.h"
 
 namespace mantissa::dist {
 
@@ -80,6 +81,7 @@ World::World(int* argc, char*** argv) {
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
   // MPI_THREAD_MULTIPLE lets a thread of its own drive the progress of collectives while
   // this one computes (dist/mpi/mpi_progress.h); FUNNELED is all the rest needs.
+  const StartWatchdog watchdog(mpi_start_timeout_s());  // until every rank's host is known
   int provided = 0;
   MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   MANTISSA_REQUIRE(provided >= MPI_THREAD_FUNNELED, kFailure,

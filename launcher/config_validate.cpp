@@ -32,6 +32,7 @@
 #include "core/ops/cpu_switches.h"
 #include "core/ops/flash_attention_switch.h"
 #include "dist/progress_switch.h"
+#include "dist/start_watchdog.h"
 #include "launcher/config.h"
 #include "launcher/config_translate.h"
 #include "metrics/pushgateway_url.h"
@@ -437,6 +438,9 @@ void validate_environment() {
     core::check_cpu_switches();
     core::check_flash_attention_switch();
     dist::mpi_progress_thread_on();
+    dist::mpi_start_timeout_s();
+  } catch (const core::ConfigError&) {
+    throw;
   } catch (const core::Error& e) {
     throw core::ConfigError(std::string("environment: ") + e.what());
   }

@@ -206,6 +206,14 @@ class ConfigErrors(lu.TempDirTest):
             "mantissa: environment: MANTISSA_CPU_AVX512_CONVERT=off: must be 0 (off) or 1 (on, "
             "the default)", env=lu.environment(MANTISSA_CPU_AVX512_CONVERT="off"))
 
+    def test_mpi_start_timeout_that_is_no_number_of_seconds(self):
+        for value in ("soon", "-1", "nan", ""):
+            with self.subTest(value):
+                self.assert_config_error(
+                    f"mantissa: environment: MANTISSA_MPI_START_TIMEOUT_S={value}: must be a "
+                    "number of seconds >= 0 (0: no bound)",
+                    env=lu.environment(MANTISSA_MPI_START_TIMEOUT_S=value))
+
     def test_amx_switch_with_a_value_other_than_0_or_1(self):
         self.assert_config_error(
             "mantissa: environment: MANTISSA_CPU_AMX=no: must be 0 (off) or 1 (on, the default)",

@@ -492,6 +492,22 @@ class Training(lu.TempDirTest):
         self.assertLess(stopped, 2000)
         self.assertIn(f"stopped after step {stopped}/2000 with a checkpoint", stderr)
 
+    def test_a_rank_that_never_starts_ends_the_job_at_the_start_timeout(self):
+        # The second process of the job never calls MPI_Init: the first waited in it for ever.
+        # With a start timeout of 2 s it ends the job with exit code 3, saying why.
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        result = subprocess.run(
+            ["mpirun", "--oversubscribe", "-x", "MANTISSA_MPI_START_TIMEOUT_S", "-np", "1",
+             lu.binary(), "train", "--config", config, "--set", f"run.dir={self.run_dir('x')}",
+             ":", "-np", "1", "sleep", "120"],
+            cwd=self.dir, env=lu.environment(MANTISSA_MPI_START_TIMEOUT_S="2"), timeout=90,
+            capture_output=True, text=True)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertRegex(result.stderr, r"mantissa: rank 0 \(host [^)]+\): the MPI start "
+                         r"\(MPI_Init, and every rank's host gathered\) did not finish within "
+                         r"2 s \(MANTISSA_MPI_START_TIMEOUT_S\)")
+        self.assertFalse(os.path.exists(self.run_dir("x")), "nothing may be written")
+
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
         # and save time) and the run's absolute step, not nothing.

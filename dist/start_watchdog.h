@@ -1,0 +1,36 @@
+// A bound on the start of an MPI job. MPI_Init and the gathers that follow it wait for every
+// rank of the job, without a timeout of their own: a rank that never starts (a host whose
+// daemon did not come up, a process stopped before it joined) left the others waiting, silent,
+// until the scheduler's time limit. The watchdog ends this process once the start has taken
+// MANTISSA_MPI_START_TIMEOUT_S seconds (default 600; 0: no bound), saying so, with the exit
+// code of a lost peer; mpirun and srun then end the job.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace mantissa::dist {
+
+// MANTISSA_MPI_START_TIMEOUT_S: seconds, a number >= 0 (0: no bound); unset: 600. Anything
+// else throws core::ConfigError "environment: <VARIABLE>=<value>: ...". Readable without MPI,
+// so that `mantissa config` checks it too.
+double mpi_start_timeout_s();
+
+class StartWatchdog {
+ public:
+  // Starts the watch (no thread when timeout_s is 0).
+  explicit StartWatchdog(double timeout_s);
+  // The start is done: the watch ends.
+  ~StartWatchdog();
+  StartWatchdog(const StartWatchdog&) = delete;
+  StartWatchdog& operator=(const StartWatchdog&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_changed_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace mantissa::dist
