@@ -18,6 +18,8 @@ namespace {
 
 constexpr const char* kVariable = "MANTISSA_MPI_START_TIMEOUT_S";
 constexpr double kDefaultSeconds = 600.0;
+// Far above any start, and far below where a wait's deadline in nanoseconds would overflow.
+constexpr double kLargestSeconds = 1e9;
 
 // The rank the launcher gave this process, before MPI can say: Open MPI's, PMIx's or Slurm's.
 std::string launcher_rank() {
@@ -36,26 +38,29 @@ double mpi_start_timeout_s() {
   double seconds = -1.0;
   const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), seconds);
   if (value.empty() || error != std::errc() || end != value.data() + value.size() ||
-      !std::isfinite(seconds) || seconds < 0.0) {
+      !(seconds >= 0.0 && seconds <= kLargestSeconds)) {
     throw core::ConfigError("environment: " + std::string(kVariable) + "=" + std::string(value) +
-                            ": must be a number of seconds >= 0 (0: no bound)");
+                            ": must be a number of seconds from 0 (no bound) to 1e9");
   }
   return seconds;
 }
 
 StartWatchdog::StartWatchdog(double timeout_s) {
   if (timeout_s <= 0.0) return;
-  thread_ = std::thread([this, timeout_s] {
+  // The message is made now: MPI_Init may change the environment while the thread waits.
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  char message[512];
+  std::snprintf(message, sizeof message,
+                "mantissa: rank %s (host %s): the MPI start (MPI_Init, and every rank's host "
+                "gathered) did not finish within %g s (%s): a rank of the job did not start or "
+                "cannot reach the others\n",
+                launcher_rank().c_str(), host, timeout_s, kVariable);
+  thread_ = std::thread([this, timeout_s, text = std::string(message)] {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto limit = std::chrono::duration<double>(timeout_s);
     if (done_changed_.wait_for(lock, limit, [this] { return done_; })) return;
-    char host[256] = "?";
-    gethostname(host, sizeof host - 1);
-    std::fprintf(stderr,
-                 "mantissa: rank %s (host %s): the MPI start (MPI_Init, and every rank's host "
-                 "gathered) did not finish within %g s (%s): a rank of the job did not start or "
-                 "cannot reach the others\n",
-                 launcher_rank().c_str(), host, timeout_s, kVariable);
+    std::fputs(text.c_str(), stderr);
     std::fflush(stderr);
     std::_Exit(core::exit_code(core::ErrorKind::kPeerLost));
   });

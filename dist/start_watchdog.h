@@ -12,7 +12,7 @@
 
 namespace mantissa::dist {
 
-// MANTISSA_MPI_START_TIMEOUT_S: seconds, a number >= 0 (0: no bound); unset: 600. Anything
+// MANTISSA_MPI_START_TIMEOUT_S: seconds, a number in [0, 1e9] (0: no bound); unset: 600. Anything
 // else throws core::ConfigError "environment: <VARIABLE>=<value>: ...". Readable without MPI,
 // so that `mantissa config` checks it too.
 double mpi_start_timeout_s();

@@ -40,9 +40,10 @@ options:
   --set PATH=VALUE  override one field after the file is read, e.g. --set run.steps=100,
                     --set precision.mode=FP16, --set debug.inject_nonfinite_steps=5 (a repeated
                     field gets the value appended), --set 'model.mlp={hidden: 128}' (a message
-                    body sets the fields it names, the others keep their values, and selects a
-                    oneof member; a field of an unselected member selects it too, with a note
-                    naming the member it replaces); may be given many times, later ones win
+                    body sets the fields it names, appending to a repeated one, the others keep
+                    their values, and selects a oneof member; a field of an unselected member
+                    selects it too, with a note naming the member it replaces); may be given
+                    many times, later ones win
   --progress MODE   rank 0's progress line on stderr: auto (live when stderr is a terminal),
                     live (one line updated in place; use it under mpirun, whose ranks never
                     see a terminal), lines (a plain line every run.log_every steps)
@@ -106,7 +107,7 @@ environment (MPI runs):
                             seconds the MPI start (MPI_Init, every rank's host gathered) may
                             take before a rank gives up with exit code 3, saying so (a rank
                             of the job that never started left the others waiting); default
-                            600, 0: no bound
+                            600, 0: no bound, at most 1e9
 
 exit codes:
   0  all steps done, or stopped by SIGUSR1/SIGTERM/SIGHUP after writing a checkpoint (or

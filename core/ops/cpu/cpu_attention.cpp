@@ -1,7 +1,7 @@
 // Causal self-attention on the CPU as one fused kernel: the function of core/ops/attention.h's
 // composed routine (which the CUDA backend runs), computed per head in FP32 scratch, faster on
 // the CPU than the routine's batched GEMMs over full T x T matrices wherever those run on FP32
-// FMAs (bench_attention cpu; on AMX tiles the routine's BF16 GEMMs are about 1.15x faster than
+// FMAs (bench_attention cpu; on AMX tiles the routine's BF16 GEMMs are about 1.1x faster than
 // this kernel). The softmax pieces are core/ops/math/softmax.h's; operands are read
 // and written as cpu_layer_io.h describes.
 //

@@ -16,7 +16,7 @@ namespace mantissa::core {
 using namespace cpu_layer_io;
 
 // One row of logits per iteration, over its first valid_cols columns (the vocabulary):
-//   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target]
+//   loss = logsumexp(z) - z[target] = (max - z[target]) + log(sum exp(z - max))
 //   dz   = (softmax(z) - onehot(target)) * grad_scale
 // and dz = 0 for the padding columns past them, whatever they hold (they are never read, so
 // not even a NaN there reaches the loss). Each loop runs over the first valid_cols columns in

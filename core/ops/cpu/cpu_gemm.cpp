@@ -2,9 +2,9 @@
 //
 // The numerics are cuBLASLt's with CUBLAS_COMPUTE_32F: exact products summed in FP32.
 //  - BF16 and FP8 operands (every FP8 value is a BF16 value), on CPUs with AVX512-BF16: the
-//    native BF16 kernel of cpu_gemm_bf16.cpp, on AMX tiles where the CPU has them (3.2-3.9x
+//    native BF16 kernel of cpu_gemm_bf16.cpp, on AMX tiles where the CPU has them (5.2-5.3x
 //    sgemm on a Sapphire Rapids), else on VDPBF16PS (its speed follows the CPU's rate for that
-//    instruction: 0.65-0.68x sgemm on a Sapphire Rapids).
+//    instruction: 0.68x sgemm on a Sapphire Rapids).
 //  - Other BF16, F16 and FP8 operands (and all of them with MANTISSA_CPU_BF16_GEMM=0): the
 //    AVX2/FMA kernel of cpu_gemm_avx2.cpp, which widens them to FP32 (exactly: every BF16,
 //    F16 and FP8 value is an FP32 value) while it packs cache-sized blocks of them, so no

@@ -1,8 +1,8 @@
 // The AMX-BF16 tile kernel behind the native BF16 GEMM (cpu_gemm_bf16.cpp) on CPUs with
 // Advanced Matrix Extensions (Intel's P-core Xeons from Sapphire Rapids on). One TDPBF16PS
 // multiplies a 16 x 32 BF16 tile of A by a 32 x 16 BF16 tile of B into 16 x 16 FP32 sums: 8,192
-// multiply-adds, where VDPBF16PS does 32 (bench_cpu_gemm: 3.2-3.9x OpenBLAS sgemm on one core
-// of a Sapphire Rapids, where the VDPBF16PS kernel reaches 0.65-0.68x).
+// multiply-adds, where VDPBF16PS does 32 (bench_cpu_gemm: 5.2-5.3x OpenBLAS sgemm on one core
+// of a Sapphire Rapids, where the VDPBF16PS kernel reaches 0.68x).
 // Products of BF16 values are exact in FP32, the sums round to nearest even, BF16 subnormals
 // read as zero and subnormal sums flush to zero, as with VDPBF16PS; the order in which one
 // instruction adds its 32 products is the hardware's, so results may differ from the

@@ -3,7 +3,7 @@
 // VDPBF16PS does 32 multiply-adds per instruction, but CPUs issue it at different rates: on a
 // Sapphire Rapids it runs at half the FP32 FMA rate, so the kernel reaches only 0.68x OpenBLAS
 // sgemm there, while one AMX TDPBF16PS does 8,192 multiply-adds (cpu_gemm_amx.h). So GEMMs run
-// on AMX tiles where amx::enabled() (3.2-3.9x sgemm on that CPU, 1 thread, bench_cpu_gemm's
+// on AMX tiles where amx::enabled() (5.2-5.3x sgemm on that CPU, 1 thread, bench_cpu_gemm's
 // geometric means): strips of 32 rows packed in steps of 16 K pairs (amx::strip_offset), the same
 // panels, K padded with zero pairs; block-scaled ones sum each K-block on the tiles and fold it as
 // below. The rest of this comment is about the VDPBF16PS kernel.

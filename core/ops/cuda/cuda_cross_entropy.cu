@@ -15,7 +15,7 @@ namespace {
 using namespace cuda_kernels;
 
 // One block per row of logits[N, V], over its first valid_cols columns (the vocabulary):
-//   loss = logsumexp(z) - z[target] = max + log(sum exp(z - max)) - z[target]
+//   loss = logsumexp(z) - z[target] = (max - z[target]) + log(sum exp(z - max))
 //   dz   = (softmax(z) - onehot(target)) * grad_scale
 // and dz = 0 for the padding columns past them, which are never read. Thread i takes columns
 // i, i + blockDim, ... below valid_cols, the same as for a row with no padding, so the block
