@@ -93,12 +93,16 @@ void check_config_json(const std::string& dir, const models::HfLayout& layout) {
     MANTISSA_REQUIRE(
         found != config.fields().end() || !f.fallback.empty(), kConfig,
         "'" << path << "': no \"" << f.key << "\" field (" << layout.family << " needs it)");
-    const Value file =
-        found != config.fields().end() ? found->second : parse_json_value(f.fallback);
+    // Absent, or null where transformers has a default: the default.
+    const bool absent = found == config.fields().end();
+    const bool null =
+        !absent && found->second.kind_case() == Value::kNullValue && !f.fallback.empty();
+    const Value file = absent || null ? parse_json_value(f.fallback) : found->second;
     const Value ours = parse_json_value(f.value);
-    const std::string given =
-        f.key + " = " + json_text(file) +
-        (found == config.fields().end() ? " (absent: transformers' default)" : "");
+    const std::string given = f.key + " = " + json_text(file) +
+                              (absent ? " (absent: transformers' default)"
+                               : null ? " (null: transformers' default)"
+                                      : "");
     const std::string wanted = f.source.empty() ? "mantissa's " + layout.family + " has " + f.value
                                                 : f.source + " = " + f.value;
     if (f.rule == models::HfConfigField::Rule::kAtLeast) {
@@ -106,8 +110,9 @@ void check_config_json(const std::string& dir, const models::HfLayout& layout) {
           file.kind_case() == Value::kNumberValue && file.number_value() >= ours.number_value(),
           kConfig, "'" << path << "': " << given << " is below " << wanted);
     } else {
-      MANTISSA_REQUIRE(same_json(file, ours), kConfig,
-                       "'" << path << "': " << given << " disagrees with " << wanted);
+      MANTISSA_REQUIRE(
+          same_json(file, ours) || (!f.also.empty() && same_json(file, parse_json_value(f.also))),
+          kConfig, "'" << path << "': " << given << " disagrees with " << wanted);
     }
   }
 }

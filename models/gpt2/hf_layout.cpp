@@ -56,8 +56,8 @@ HfLayout gpt2_hf_layout(const GPT2Config& c) {
       {"n_embd", hf_json(c.n_embd), Rule::kEqual, "model.gpt2.n_embd", "768"},
       {"n_layer", hf_json(c.n_layer), Rule::kEqual, "model.gpt2.n_layer", "12"},
       {"n_head", hf_json(c.n_head), Rule::kEqual, "model.gpt2.n_head", "12"},
-      // null: 4 n_embd, our MLP's width.
-      {"n_inner", "null", Rule::kEqual, "", "null"},
+      // null: 4 n_embd, our MLP's width, which a config may also give as a number.
+      {"n_inner", "null", Rule::kEqual, "", "null", hf_json(4 * c.n_embd)},
       {"activation_function", hf_json_string("gelu_new"), Rule::kEqual, "", "\"gelu_new\""},
       {"layer_norm_epsilon", hf_json(core::kLayerNormEps), Rule::kEqual, "", "1e-05"},
       {"scale_attn_weights", "true", Rule::kEqual, "", "true"},

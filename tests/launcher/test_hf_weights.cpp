@@ -390,6 +390,13 @@ TEST_F(HfWeights, ConfigFieldsMustAgree) {
     edit_config(dir, key, "");
     EXPECT_EQ(import_error(dir, b), "") << key;
   }
+  // n_inner written out: 4 n_embd is what null means; another width is not our MLP.
+  write_text(config, good);
+  edit_config(dir, "n_inner", "\"n_inner\": " + std::to_string(4 * kGpt2.n_embd));
+  EXPECT_EQ(import_error(dir, b), "");
+  expect("n_inner", "\"n_inner\": " + std::to_string(2 * kGpt2.n_embd),
+         "n_inner = " + std::to_string(2 * kGpt2.n_embd) +
+             " disagrees with mantissa's GPT-2 has null");
   // Another tool's float text for the same value.
   write_text(config, good);
   edit_config(dir, "layer_norm_epsilon", "\"layer_norm_epsilon\": 9.999999747378752e-06");
@@ -429,6 +436,12 @@ TEST_F(HfWeights, LlamaConfigFields) {
                 .find("num_key_value_heads = 4 (absent: transformers' default) disagrees with "
                       "model.llama.n_kv_head = 2"),
             std::string::npos);
+  // null where transformers derives the value: as absent.
+  EXPECT_NE(error("num_key_value_heads", "\"num_key_value_heads\": null")
+                .find("num_key_value_heads = 4 (null: transformers' default) disagrees with "
+                      "model.llama.n_kv_head = 2"),
+            std::string::npos);
+  EXPECT_EQ(error("head_dim", "\"head_dim\": null"), "");
   // Absent: transformers' 1e-6, which is this model's.
   EXPECT_EQ(error("rms_norm_eps", ""), "");
   EXPECT_NE(error("rms_norm_eps", "\"rms_norm_eps\": 1e-05")
