@@ -4,6 +4,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -198,6 +199,7 @@ std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
   for (const WeightFile& file : files) {
     const std::string& path = file.path;
     for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
+      if (!layout.tied_copy.empty() && e.name == layout.tied_copy) continue;  // check_tied_copy
       std::string name = e.name;
       if (!layout.optional_prefix.empty() && !name.starts_with(layout.optional_prefix))
         name = layout.optional_prefix + name;
@@ -226,6 +228,30 @@ std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
                      "'" << source << "': tensor '" << t.name << "' is missing (" << layout.family
                          << " needs it for " << t.parameter << ")");
   return matched;
+}
+
+// A tied model's lm_head.weight that a file carries must be the embedding it ties to, byte for
+// byte: two different matrices cannot become one parameter.
+void check_tied_copy(const std::vector<WeightFile>& files,
+                     const std::vector<MatchedTensor>& matched, const models::HfLayout& layout) {
+  if (layout.tied_copy.empty()) return;
+  const auto to = std::find_if(matched.begin(), matched.end(), [&](const MatchedTensor& m) {
+    return m.tensor->name == layout.tied_to;
+  });
+  MANTISSA_CHECK(to != matched.end(), "Hugging Face layout: no tensor " << layout.tied_to);
+  for (const WeightFile& file : files) {
+    for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
+      if (e.name != layout.tied_copy) continue;
+      const bool same =
+          e.dtype == to->entry->dtype && e.shape == to->entry->shape &&
+          checkpoint::read_safetensors_data(file.path, file.header, e) ==
+              checkpoint::read_safetensors_data(to->file->path, to->file->header, *to->entry);
+      MANTISSA_REQUIRE(same, kConfig,
+                       "'" << file.path << "': tensor '" << e.name << "' differs from '"
+                           << to->entry->name << "', which this " << layout.family
+                           << " ties it to (tie_word_embeddings): one matrix serves both");
+    }
+  }
 }
 
 // Guards the copies against a table row that does not lie inside its parameter.
@@ -405,6 +431,7 @@ void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
   for (const std::string& path : listed.paths)
     files.push_back({path, checkpoint::read_safetensors_header(path)});
   const std::vector<MatchedTensor> matched = match_tensors(files, listed.source, layout);
+  check_tied_copy(files, matched, layout);
 
   const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
   std::map<const models::HfTensor*, const train::Parameter*> parameter;

@@ -62,6 +62,11 @@ struct HfLayout {
   // Tensors an import skips: non-parameter buffers that older checkpoints carry (GPT-2's
   // causal masks h.<i>.attn.bias, Llama's rotary inv_freq). Exact names.
   std::vector<std::string> ignored;
+  // Tied embeddings: the output projection some files still carry ("lm_head.weight", as the
+  // file names it) beside the token embedding it is a copy of (`tied_to`, as `tensors` names
+  // it). An import skips it when it holds the same bytes and refuses it otherwise. Empty:
+  // untied, where lm_head.weight is a tensor of its own.
+  std::string tied_copy, tied_to;
   // A prefix of every tensor name that files may also leave out: the Hub's GPT-2 checkpoints
   // name "h.0.ln_1.weight" what GPT2LMHeadModel.state_dict() calls
   // "transformer.h.0.ln_1.weight" (transformers loads either). Empty: none.

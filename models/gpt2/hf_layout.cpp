@@ -18,8 +18,10 @@ HfLayout gpt2_hf_layout(const GPT2Config& c) {
                    bool transpose) {
     layout.tensors.push_back({prefix + hf, ours, 0, rows, cols, transpose});
   };
-  // The token embedding without the padding rows.
+  // The token embedding without the padding rows, which the output projection shares.
   whole("wte.weight", "wte", c.vocab_size, C, false);
+  layout.tied_copy = "lm_head.weight";
+  layout.tied_to = prefix + "wte.weight";
   whole("wpe.weight", "wpe", c.seq_len, C, false);
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";

@@ -36,7 +36,12 @@ HfLayout llama_hf_layout(const LlamaConfig& c) {
     layout.ignored.push_back(hf + "self_attn.rotary_emb.inv_freq");
   }
   rows("model.norm.weight", "norm.weight", 0, C, 0);
-  if (!c.tie_embeddings) rows("lm_head.weight", "lm_head.weight", 0, c.vocab_size, C);
+  if (c.tie_embeddings) {
+    layout.tied_copy = "lm_head.weight";
+    layout.tied_to = "model.embed_tokens.weight";
+  } else {
+    rows("lm_head.weight", "lm_head.weight", 0, c.vocab_size, C);
+  }
 
   // Fallbacks are LlamaConfig's defaults (transformers' configuration_llama.py); those of
   // num_key_value_heads and head_dim are derived from the other fields, as there.

@@ -216,7 +216,7 @@ TEST_F(HfWeights, ReadsBf16AndTheHubsGpt2Names) {
   const std::string dir = export_model(a, "gpt2");
   const std::string weights = dir + "/model.safetensors";
   // The Hub's gpt2 file: no "transformer." prefix, the causal-mask buffers beside the weights,
-  // BF16 values.
+  // BF16 values,
   std::vector<RawTensor> hub;
   for (RawTensor& t : read_raw(weights)) {
     RawTensor bf16{t.name.substr(std::strlen("transformer.")), "BF16", t.shape, {}};
@@ -229,6 +229,9 @@ TEST_F(HfWeights, ReadsBf16AndTheHubsGpt2Names) {
     }
     hub.push_back(std::move(bf16));
   }
+  // and the tied output projection saved as a copy of the embedding, as some files carry it.
+  ASSERT_EQ(hub[0].name, "wte.weight");
+  hub.push_back({"lm_head.weight", hub[0].dtype, hub[0].shape, hub[0].data});
   hub.push_back({"h.0.attn.bias", "F32", {1, 1, 4, 4}, std::vector<char>(64)});
   hub.push_back({"h.1.attn.masked_bias", "F32", {}, std::vector<char>(4)});
   write_raw(weights, hub);
@@ -268,9 +271,13 @@ TEST_F(HfWeights, TensorProblemsAreNamed) {
            "(GPT2LMHeadModel)");
   }
   {
+    // The tied output projection, but not a copy of the embedding.
     auto t = good;
+    ASSERT_EQ(t[0].name, "transformer.wte.weight");
     t.push_back({"lm_head.weight", "F32", {10, 8}, std::vector<char>(320)});
-    expect(t, "tensor 'lm_head.weight' is not a parameter");
+    expect(t,
+           "tensor 'lm_head.weight' differs from 'transformer.wte.weight', which this GPT-2 "
+           "ties it to (tie_word_embeddings): one matrix serves both");
   }
   {
     auto t = good;
