@@ -646,7 +646,9 @@ bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   const bool due =
       force || steps_done == config_.run().steps() || (every > 0 && steps_done % every == 0);
   if (!due || steps_done == last_saved_step_) return false;
+  const Clock::time_point start = Clock::now();
   save_checkpoint(steps_done);
+  progress_.add_time_between_steps(seconds_since(start));
   return true;
 }
 

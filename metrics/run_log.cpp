@@ -314,8 +314,12 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   // The ETA counts the remaining steps at the median time of the last kEtaWindow: a stall (a
   // slow file system, a peer's checkpoint) or the first step's warm-up does not move it, as it
   // moved a running mean (one 60 s stall among 0.4 s steps multiplied it by 16 for dozens of
-  // steps), while a lasting change of speed shows within half the window.
+  // steps), while a lasting change of speed shows within half the window. To that it adds the
+  // evaluations' and checkpoints' time so far per step: they recur at fixed intervals, and an
+  // ETA without them came short by their share of the run.
   recent_step_seconds_.push_back(record.step_seconds);
+  ++steps_seen_;
+  between_steps_seconds_ += record.eval_seconds;
   if (recent_step_seconds_.size() > kEtaWindow) recent_step_seconds_.pop_front();
   std::vector<double> sorted(recent_step_seconds_.begin(), recent_step_seconds_.end());
   // The lower median: of two steps, the faster (the first includes the warm-up).
@@ -323,12 +327,14 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   std::nth_element(sorted.begin(), middle, sorted.end());
   const int64_t done = r.step + 1;
   char line[256];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
-                static_cast<long long>(done), static_cast<long long>(total_steps_),
-                record.mean_loss, static_cast<double>(r.loss_scale), r.lr,
-                format_rate(record.tokens_per_s() * world_size).c_str(),
-                format_duration(*middle * static_cast<double>(total_steps_ - done)).c_str());
+  std::snprintf(
+      line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
+      static_cast<long long>(done), static_cast<long long>(total_steps_), record.mean_loss,
+      static_cast<double>(r.loss_scale), r.lr,
+      format_rate(record.tokens_per_s() * world_size).c_str(),
+      format_duration((*middle + between_steps_seconds_ / static_cast<double>(steps_seen_)) *
+                      static_cast<double>(total_steps_ - done))
+          .c_str());
   std::string text = line;
   if (record.val_loss) {
     std::snprintf(line, sizeof line, " | val loss %.4f", *record.val_loss);

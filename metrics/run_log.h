@@ -74,6 +74,9 @@ class ProgressLine {
 
   // After each step (record.report.step is the 0-based index of the step just done).
   void update(const StepRecord& record, int world_size);
+  // Time the run spent between steps outside step_seconds and eval_seconds (a checkpoint
+  // save): the ETA spreads it, with the evaluations', over the steps this process has run.
+  void add_time_between_steps(double seconds) { between_steps_seconds_ += seconds; }
   // A line of its own (ends the live line first).
   void note(const std::string& text);
   // Ends a live line, so what follows starts on a fresh line.
@@ -86,6 +89,8 @@ class ProgressLine {
   std::FILE* out_;
   bool line_open_ = false;                  // a live line is on screen without its newline
   std::deque<double> recent_step_seconds_;  // the last steps' times, oldest first (the ETA's)
+  int64_t steps_seen_ = 0;                  // steps this process has run
+  double between_steps_seconds_ = 0;        // evaluations and checkpoints, in total
 };
 
 }  // namespace mantissa::metrics

@@ -167,6 +167,32 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
 }
 
+// Evaluations and checkpoints recur: the ETA adds their time so far per step run. Steps of 1 s,
+// an evaluation of 4 s after step 10 and a checkpoint of 6 s after step 20.
+TEST(ProgressLine, TheEtaCountsEvaluationsAndCheckpoints) {
+  std::FILE* out = std::tmpfile();
+  ProgressLine progress(ProgressMode::kLines, 1000, 1, out);
+  for (int64_t step = 0; step < 21; ++step) {
+    StepRecord record;
+    record.report.step = step;
+    record.step_seconds = 1.0;
+    if (step == 9) record.eval_seconds = 4.0;
+    progress.update(record, 1);
+    if (step == 19) progress.add_time_between_steps(6.0);
+  }
+  std::rewind(out);
+  std::vector<std::string> eta;
+  for (char line[512]; std::fgets(line, sizeof line, out);) {
+    const std::string text = line;
+    eta.push_back(text.substr(text.find("ETA ") + 4, text.find('\n') - text.find("ETA ") - 4));
+  }
+  std::fclose(out);
+  ASSERT_EQ(eta.size(), 21u);
+  EXPECT_EQ(eta[8], "16m31s");   // 991 steps of 1 s
+  EXPECT_EQ(eta[9], "23m06s");   // 990 steps of 1 s + 4 s / 10 steps
+  EXPECT_EQ(eta[20], "24m05s");  // 979 steps of 1 s + 10 s / 21 steps
+}
+
 // A run resumed at step 10 with log_every 5 shows its first step (11) at once: a requeued job
 // stayed silent until the next multiple of log_every (maybe 100 slow steps).
 TEST(ProgressLine, TheFirstStepOfAResumeShows) {
