@@ -94,10 +94,10 @@ void check_config_json(const std::string& dir, const models::HfLayout& layout) {
     MANTISSA_REQUIRE(
         found != config.fields().end() || !f.fallback.empty(), kConfig,
         "'" << path << "': no \"" << f.key << "\" field (" << layout.family << " needs it)");
-    // Absent, or null where transformers has a default: the default.
+    // Absent, or null where transformers derives the value: the default.
     const bool absent = found == config.fields().end();
     const bool null =
-        !absent && found->second.kind_case() == Value::kNullValue && !f.fallback.empty();
+        !absent && found->second.kind_case() == Value::kNullValue && f.null_is_fallback;
     const Value file = absent || null ? parse_json_value(f.fallback) : found->second;
     const Value ours = parse_json_value(f.value);
     const std::string given = f.key + " = " + json_text(file) +

@@ -46,12 +46,15 @@ struct HfConfigField {
   // The run config field it comes from ("model.gpt2.n_embd"), or empty when it is a constant
   // of mantissa's architecture (activation_function "gelu_new").
   std::string source;
-  // What transformers assumes when config.json lacks the key or holds null there (as for
-  // num_key_value_heads and head_dim, which it then derives); empty: the key is required.
+  // What transformers assumes when config.json lacks the key; empty: the key is required.
   std::string fallback;
   // Another value an import takes as this one: what `value` stands for, written out (GPT-2's
   // n_inner: null is 4 n_embd, and a config may say 3072); empty: none.
   std::string also{};
+  // A null in config.json means `fallback` too: transformers derives the value when it is None
+  // (Llama's num_key_value_heads and head_dim). Elsewhere it keeps None, which can mean
+  // something else (GPT-2's scale_attn_weights: null does not scale), so null is compared.
+  bool null_is_fallback = false;
 };
 
 struct HfLayout {

@@ -44,7 +44,8 @@ HfLayout llama_hf_layout(const LlamaConfig& c) {
   }
 
   // Fallbacks are LlamaConfig's defaults (transformers' configuration_llama.py); those of
-  // num_key_value_heads and head_dim are derived from the other fields, as there.
+  // num_key_value_heads and head_dim are derived from the other fields, as there, also when
+  // config.json gives them as null.
   layout.config = {
       {"architectures", "[\"LlamaForCausalLM\"]", Rule::kWritten, "", "null"},
       {"model_type", hf_json_string("llama"), Rule::kEqual, "", ""},
@@ -54,8 +55,9 @@ HfLayout llama_hf_layout(const LlamaConfig& c) {
       {"num_hidden_layers", hf_json(c.n_layer), Rule::kEqual, "model.llama.n_layer", "32"},
       {"num_attention_heads", hf_json(c.n_head), Rule::kEqual, "model.llama.n_head", "32"},
       {"num_key_value_heads", hf_json(c.n_kv_head), Rule::kEqual, "model.llama.n_kv_head",
-       hf_json(c.n_head)},
-      {"head_dim", hf_json(D), Rule::kEqual, "model.llama.n_embd / model.llama.n_head", hf_json(D)},
+       hf_json(c.n_head), "", true},
+      {"head_dim", hf_json(D), Rule::kEqual, "model.llama.n_embd / model.llama.n_head", hf_json(D),
+       "", true},
       {"max_position_embeddings", hf_json(c.seq_len), Rule::kAtLeast, "model.llama.seq_len",
        "2048"},
       {"rms_norm_eps", hf_json(c.norm_eps), Rule::kEqual, "model.llama.norm_eps", "1e-06"},

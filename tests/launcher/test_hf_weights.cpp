@@ -397,6 +397,10 @@ TEST_F(HfWeights, ConfigFieldsMustAgree) {
     edit_config(dir, key, "");
     EXPECT_EQ(import_error(dir, b), "") << key;
   }
+  // A null that transformers keeps as None, which is not its default: GPT-2 then does not
+  // scale the attention scores.
+  expect("scale_attn_weights", "\"scale_attn_weights\": null",
+         "scale_attn_weights = null disagrees with mantissa's GPT-2 has true");
   // n_inner written out: 4 n_embd is what null means; another width is not our MLP.
   write_text(config, good);
   edit_config(dir, "n_inner", "\"n_inner\": " + std::to_string(4 * kGpt2.n_embd));
