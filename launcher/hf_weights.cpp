@@ -199,7 +199,7 @@ std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
   for (const WeightFile& file : files) {
     const std::string& path = file.path;
     for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
-      if (!layout.tied_copy.empty() && e.name == layout.tied_copy) continue;  // check_tied_copy
+      if (!layout.tied_copy.empty() && e.name == layout.tied_copy) continue;  // check_tied_copies
       std::string name = e.name;
       if (!layout.optional_prefix.empty() && !name.starts_with(layout.optional_prefix))
         name = layout.optional_prefix + name;
@@ -230,25 +230,19 @@ std::vector<MatchedTensor> match_tensors(const std::vector<WeightFile>& files,
   return matched;
 }
 
-// A tied model's lm_head.weight that a file carries must be the embedding it ties to, byte for
-// byte: two different matrices cannot become one parameter.
-void check_tied_copy(const std::vector<WeightFile>& files,
-                     const std::vector<MatchedTensor>& matched, const models::HfLayout& layout) {
-  if (layout.tied_copy.empty()) return;
-  const auto to = std::find_if(matched.begin(), matched.end(), [&](const MatchedTensor& m) {
-    return m.tensor->name == layout.tied_to;
-  });
-  MANTISSA_CHECK(to != matched.end(), "Hugging Face layout: no tensor " << layout.tied_to);
+// A tied model's lm_head.weight that a file carries must be the embedding it ties to (`to`,
+// whose bytes the import has just read: `raw`), byte for byte: two different matrices cannot
+// become one parameter.
+void check_tied_copies(const std::vector<WeightFile>& files, const models::HfLayout& layout,
+                       const checkpoint::SafetensorsEntry& to, const std::vector<char>& raw) {
   for (const WeightFile& file : files) {
     for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
       if (e.name != layout.tied_copy) continue;
-      const bool same =
-          e.dtype == to->entry->dtype && e.shape == to->entry->shape &&
-          checkpoint::read_safetensors_data(file.path, file.header, e) ==
-              checkpoint::read_safetensors_data(to->file->path, to->file->header, *to->entry);
+      const bool same = e.dtype == to.dtype && e.shape == to.shape &&
+                        checkpoint::read_safetensors_data(file.path, file.header, e) == raw;
       MANTISSA_REQUIRE(same, kConfig,
-                       "'" << file.path << "': tensor '" << e.name << "' differs from '"
-                           << to->entry->name << "', which this " << layout.family
+                       "'" << file.path << "': tensor '" << e.name << "' differs from '" << to.name
+                           << "', which this " << layout.family
                            << " ties it to (tie_word_embeddings): one matrix serves both");
     }
   }
@@ -431,7 +425,6 @@ void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
   for (const std::string& path : listed.paths)
     files.push_back({path, checkpoint::read_safetensors_header(path)});
   const std::vector<MatchedTensor> matched = match_tensors(files, listed.source, layout);
-  check_tied_copy(files, matched, layout);
 
   const std::vector<const train::Parameter*> sources = parameters_of(layout, params);
   std::map<const models::HfTensor*, const train::Parameter*> parameter;
@@ -442,9 +435,12 @@ void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
   std::vector<float> masters(static_cast<size_t>(params.flat_numel()), 0.0f);
   std::vector<float> values;
   for (const MatchedTensor& m : matched) {
+    const std::vector<char> raw =
+        checkpoint::read_safetensors_data(m.file->path, m.file->header, *m.entry);
+    if (!layout.tied_to.empty() && m.tensor->name == layout.tied_to)
+      check_tied_copies(files, layout, *m.entry, raw);
     values.resize(static_cast<size_t>(m.tensor->numel()));
-    to_f32(checkpoint::read_safetensors_data(m.file->path, m.file->header, *m.entry),
-           m.entry->dtype, values.data());
+    to_f32(raw, m.entry->dtype, values.data());
     models::from_hf(*m.tensor, values.data(), masters.data() + parameter.at(m.tensor)->offset);
   }
   params.set_weights(backend, core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()},

@@ -646,9 +646,7 @@ bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   const bool due =
       force || steps_done == config_.run().steps() || (every > 0 && steps_done % every == 0);
   if (!due || steps_done == last_saved_step_) return false;
-  const Clock::time_point start = Clock::now();
   save_checkpoint(steps_done);
-  progress_.add_time_between_steps(seconds_since(start));
   return true;
 }
 
@@ -707,6 +705,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);
   metrics_->record_checkpoint(steps_done, seconds, state.saved_unix_time);
+  progress_.add_time_between_steps(seconds);
   char line[512];
   std::snprintf(line, sizeof line, "mantissa: checkpoint %s written in %.2f s", dir.c_str(),
                 seconds);

@@ -345,7 +345,7 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
     if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
   }
   // The first step this process runs shows at once, also after a resume.
-  const bool first = recent_step_seconds_.size() == 1;
+  const bool first = steps_seen_ == 1;
   const bool keep = done % log_every_ == 0 || first || done == total_steps_ || r.skipped ||
                     record.val_loss.has_value();
   if (live_) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -132,16 +133,27 @@ TEST_F(StepLogStart, LogsOfRanksBeyondAGapAreRolledBackToo) {
   EXPECT_FALSE(fs::exists(run_dir() + "/log/rank2.jsonl"));
 }
 
-// The progress line's ETA after each of `seconds` (steps of 1000), one line a step.
-std::vector<std::string> etas(const std::vector<double>& seconds) {
+// Time outside a step's step_seconds: its evaluation, and what follows it (a checkpoint save).
+struct AfterStep {
+  double eval_seconds = 0;
+  double between_seconds = 0;
+};
+
+// The progress line's ETA after each of `seconds` (steps of 1000), one line a step; `after`
+// gives some steps (by index) an evaluation or a save.
+std::vector<std::string> etas(const std::vector<double>& seconds,
+                              const std::map<size_t, AfterStep>& after = {}) {
   std::FILE* out = std::tmpfile();
   ProgressLine progress(ProgressMode::kLines, 1000, 1, out);
   for (size_t i = 0; i < seconds.size(); ++i) {
+    const auto extra = after.find(i);
     StepRecord record;
     record.report.step = static_cast<int64_t>(i);
     record.report.tokens = 1024;
     record.step_seconds = seconds[i];
+    if (extra != after.end()) record.eval_seconds = extra->second.eval_seconds;
     progress.update(record, 1);
+    if (extra != after.end()) progress.add_time_between_steps(extra->second.between_seconds);
   }
   std::rewind(out);
   std::vector<std::string> found;
@@ -170,23 +182,8 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
 // Evaluations and checkpoints recur: the ETA adds their time so far per step run. Steps of 1 s,
 // an evaluation of 4 s after step 10 and a checkpoint of 6 s after step 20.
 TEST(ProgressLine, TheEtaCountsEvaluationsAndCheckpoints) {
-  std::FILE* out = std::tmpfile();
-  ProgressLine progress(ProgressMode::kLines, 1000, 1, out);
-  for (int64_t step = 0; step < 21; ++step) {
-    StepRecord record;
-    record.report.step = step;
-    record.step_seconds = 1.0;
-    if (step == 9) record.eval_seconds = 4.0;
-    progress.update(record, 1);
-    if (step == 19) progress.add_time_between_steps(6.0);
-  }
-  std::rewind(out);
-  std::vector<std::string> eta;
-  for (char line[512]; std::fgets(line, sizeof line, out);) {
-    const std::string text = line;
-    eta.push_back(text.substr(text.find("ETA ") + 4, text.find('\n') - text.find("ETA ") - 4));
-  }
-  std::fclose(out);
+  const std::vector<std::string> eta = etas(
+      std::vector<double>(21, 1.0), {{9, {.eval_seconds = 4.0}}, {19, {.between_seconds = 6.0}}});
   ASSERT_EQ(eta.size(), 21u);
   EXPECT_EQ(eta[8], "16m31s");   // 991 steps of 1 s
   EXPECT_EQ(eta[9], "23m06s");   // 990 steps of 1 s + 4 s / 10 steps
