@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <string>
 
+#include "core/config_check.h"
 #include "core/error.h"
 #include "core/ops/flash_attention_switch.h"
 #include "core/precision/block_scaling.h"
@@ -45,8 +46,8 @@ options:
   --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
                      one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
   --efficiency E     the step's FLOPs over its compute time, as a fraction of the peaks (default
-                     0.5; 0.01 to 4: a CPU whose BF16 dot products outrun its FP32 FMA peak
-                     exceeds 1). For a cluster, calibrate it on a measured run:
+                     0.5; 0.01 to 1 for GPUs, to 4 for cpu: a CPU whose BF16 dot products
+                     outrun its FP32 FMA peak exceeds 1). For a cluster, calibrate it on a measured run:
                      bench/bench_scaling.sh does
   --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
                      whose cost does not grow with the tokens (AdamW, gradient zeroing, the
@@ -110,6 +111,12 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
   if (args.tflops > 0) d.bf16_tflops = d.fp8_tflops = d.fp32_tflops = args.tflops;
   if (cpu && args.tflops <= 0)
     throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
+  // A GPU's peaks are what its tensor cores can do at most; a CPU rank's --tflops is its FP32
+  // FMA peak, which BF16 dot-product instructions may outrun.
+  if (args.efficiency > 1 && !cpu) {
+    throw core::ConfigError("--efficiency " + core::format_number(args.efficiency) +
+                            ": at most 1 on a GPU (its peaks are the most it computes)");
+  }
   if (args.efficiency > 0) d.efficiency = args.efficiency;
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;
   if (args.node_gbps > 0) d.node_gbps = args.node_gbps;
@@ -267,6 +274,8 @@ std::string plan_report(const PlanArgs& args) {
   out += "cluster: " + std::to_string(cluster.ranks) + " x " + std::string(d.name) + " (" +
          std::string(d.description) + "), " + std::to_string(cluster.per_node) + " per node on " +
          std::to_string(nodes) + (nodes == 1 ? " node" : " nodes");
+  if (const int last = cluster.ranks % cluster.per_node; last != 0 && nodes > 1)
+    out += " (the last with " + std::to_string(last) + ")";
   if (nodes > 1) out += format(", network %g Gbit/s per node", d.link_gbit);
   if (cluster.shared_cores > 0)
     out += ", sharing " + std::to_string(cluster.shared_cores) + " cores";

@@ -48,6 +48,9 @@ class Plan(lu.TempDirTest):
         self.assertGreater(large["tokens_per_s"], 4 * small["tokens_per_s"])
         self.assertLess(large["memory_gib"], small["memory_gib"])  # the config uses ZeRO-1
         self.assertEqual(small["device_gib"], 80)
+        # 12 GPUs, 8 to a node: the second node is a partial one, and the cluster line says so.
+        self.assertIn("8 per node on 2 nodes (the last with 4)", self.plan(*base, "--gpus", "12"))
+        self.assertNotIn("the last with", self.plan(*base, "--gpus", "16"))
         single = projection(self.plan(*base, "--gpus", "1"))
         self.assertEqual(single["exposed_s"], 0)
         # One rank has an MFU too (it printed 0).
@@ -150,6 +153,8 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
             (["--config", gpt2, "--gpus", "8", "--efficiency", "4.5"], "--efficiency 4.5: must be a number in [0.01, 4]"),
             (["--config", gpt2, "--gpus", "8", "--efficiency", "1e-300"],
              "--efficiency 1e-300: must be a number in [0.01, 4]"),
+            (["--config", gpt2, "--gpus", "8", "--efficiency", "1.5"],
+             "--efficiency 1.5: at most 1 on a GPU"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
               "precision.mode=FP8_HYBRID"], "has no FP8 tensor cores"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "h100", "--set",
