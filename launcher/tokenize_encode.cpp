@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "launcher/tokenize_input.h"
+#include "launcher/tokenize_interrupt.h"
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_shards.h"
 #include "train/data/corpus.h"
@@ -78,7 +79,8 @@ void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
 // tokens, not the stream's.
 template <typename Consume>
 void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
-                   const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
+                   const std::vector<Chunk>& chunks, int threads, const InterruptWatch& interrupt,
+                   Consume&& consume) {
   const size_t chunks_ahead = static_cast<size_t>(4 * threads);
   const size_t bytes_in_all = total_bytes(files);
 
@@ -132,6 +134,12 @@ void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& fi
     std::unique_lock lock(mutex);
     auto last_report = std::chrono::steady_clock::now();
     while (!failure) {
+      try {
+        interrupt.throw_if_interrupted();
+      } catch (const Interrupted&) {
+        failure = std::current_exception();
+        break;
+      }
       if (consumed < chunks.size() && encoded[consumed]) {
         const std::vector<uint32_t> tokens = std::move(results[consumed]);
         lock.unlock();
@@ -181,7 +189,8 @@ std::string shard_name(const char* split, size_t index) {
 
 // Writes `tokens` as shards `split`_000000.bin, ...; returns how many.
 size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* split,
-                   const train::TokenSegment& tokens, int64_t shard_tokens) {
+                   const train::TokenSegment& tokens, int64_t shard_tokens,
+                   const InterruptWatch& interrupt) {
   const std::vector<std::pair<int64_t, int64_t>> shards =
       plan_shards(tokenizer, tokens, shard_tokens);
   if (shards.size() > kMaxShards) {
@@ -190,6 +199,7 @@ size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* sp
                             std::to_string(kMaxShards) + " (six-digit names)");
   }
   for (size_t s = 0; s < shards.size(); ++s) {
+    interrupt.throw_if_interrupted();
     const auto [begin, end] = shards[s];
     out.write_shard(shard_name(split, s), tokens.subspan(begin, end - begin));
   }
@@ -210,6 +220,7 @@ void encode_to_shards(const EncodeOptions& options) {
                             "character's up to 4 byte tokens stay in one shard)");
   }
   const Tokenizer tokenizer(options.tokenizer);
+  const InterruptWatch interrupt;
   // The output first (a directory holding shards, or one where no file can be created, is
   // refused at once), then the inputs, all read before any is encoded.
   StagedOutput out(options.out_dir, options.force);
@@ -220,7 +231,7 @@ void encode_to_shards(const EncodeOptions& options) {
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();
-  encode_chunks(tokenizer, files, chunks, threads,
+  encode_chunks(tokenizer, files, chunks, threads, interrupt,
                 [&](size_t chunk, const std::vector<uint32_t>& tokens) {
                   const Chunk& c = chunks[chunk];
                   if (c.begin == 0) spill.append(std::span(&eot, 1));
@@ -244,10 +255,11 @@ void encode_to_shards(const EncodeOptions& options) {
     }
   }
   const size_t train_shards =
-      write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens);
-  const size_t val_shards =
-      write_split(out, tokenizer, "val", stream.subspan(cut, total - cut), options.shard_tokens);
+      write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens, interrupt);
+  const size_t val_shards = write_split(out, tokenizer, "val", stream.subspan(cut, total - cut),
+                                        options.shard_tokens, interrupt);
   out.write_file(train::kShardsTokenizerFile, tokenizer.model_bytes());
+  interrupt.throw_if_interrupted();  // the last chance: once the commit begins, it finishes
   out.commit();
 
   const double seconds =

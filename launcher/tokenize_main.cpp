@@ -16,6 +16,7 @@
 #include "launcher/tokenize_decode.h"
 #include "launcher/tokenize_encode.h"
 #include "launcher/tokenize_ids.h"
+#include "launcher/tokenize_interrupt.h"
 #include "launcher/tokenize_model.h"
 #include "launcher/tokenize_train.h"
 
@@ -49,8 +50,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         for invalid UTF-8 (encode the same).
   --input FILE...     text files (one or more, after one --input or several; each file once,
                       under any name)
-  --input-list LIST   a file naming input files, one path per line (empty lines skipped, a
-                      relative path taken from the current directory), for more files than a
+  --input-list LIST   a file naming input files, one path per line (empty lines and lines
+                      beginning with # skipped: write a file named #x as ./#x; a relative
+                      path taken from the current directory), for more files than a
                       command line holds (`find corpus -name '*.txt' | sort > LIST`, or a
                       pipe: --input-list <(find ...)); its files come where it stands among
                       the --input files
@@ -129,6 +131,9 @@ exit codes:
      tokenizer that cannot be loaded or does not decode exactly, a shard that is malformed
      or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on,
      an input that changed while it was read
+  130 (SIGINT, Ctrl-C), 143 (SIGTERM), 129 (SIGHUP)  encode interrupted before its files were
+     moved into place: what it wrote and the directories it made are removed (a second
+     signal ends it at once, leaving hidden .NAME.tmp files that the next encode there clears)
 )";
 
 struct Args {
@@ -166,14 +171,15 @@ bool takes_no_files(const std::string& subcommand) {
   return subcommand == "info" || subcommand == "ids" || subcommand == "text";
 }
 
-// The paths a --input-list file names, one per line, in its order; empty lines are skipped.
+// The paths a --input-list file names, one per line, in its order; empty lines and comments
+// (lines beginning with #, as in rsync's --files-from) are skipped.
 // The list may be a pipe (`--input-list <(find corpus -name '*.txt')`): it is read once.
 std::vector<std::string> read_input_list(const std::string& list) {
   std::istringstream in(core::read_whole_file(list, "--input-list", core::NamedPipe::kReadOnce));
   std::vector<std::string> paths;
   for (std::string line; std::getline(in, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (!line.empty()) paths.push_back(line);
+    if (!line.empty() && !line.starts_with('#')) paths.push_back(line);
   }
   if (paths.empty()) throw core::ConfigError("--input-list '" + list + "' names no file");
   return paths;
@@ -305,6 +311,9 @@ int run(const std::vector<std::string>& argv) {
       ids_to_text(args.tokenizer, stdin, stdout);
     }
     return kExitOk;
+  } catch (const Interrupted& e) {
+    std::fprintf(stderr, "mantissa: %s\n", e.what());
+    return 128 + e.signal();
   } catch (const std::exception& e) {
     return report_failure(e, one_line(e.what()));
   }

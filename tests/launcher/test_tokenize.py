@@ -26,9 +26,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import string
 import struct
 import subprocess
+import time
 
 import launcher_util as lu
 
@@ -52,6 +54,22 @@ UTF8_LINES = [
 
 def utf8_text(lines=400):
     return "\n".join(f"{i:03d} {UTF8_LINES[i % len(UTF8_LINES)]}" for i in range(lines)) + " end"
+
+
+def handles(pid, signum):
+    """Whether process `pid` has a handler for signal `signum` (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(caught & (1 << (signum - 1)))
+
+
+def directory_contents(path):
+    """{name: bytes} of every file in directory `path`."""
+    found = {}
+    for name in sorted(os.listdir(path)):
+        with open(os.path.join(path, name), "rb") as f:
+            found[name] = f.read()
+    return found
 
 
 def read_shard(path):
@@ -338,25 +356,22 @@ precision {{ mode: FP32 }}
         first = self.write("first.txt", "the first file\n")
         second = self.write("second.txt", "the second file, with spaces in its name\n")
         spaced = self.write("with space.txt", "and a third\n")
-        listing = self.write("list.txt", f"{second}\n\n{spaced}\r\n")
+        # Empty lines and comments are skipped; a file whose name begins with # is given as ./#x.
+        hashed = self.write("#hashed.txt", "and a fourth\n")
+        listing = self.write("list.txt", f"# the corpus\n{second}\n\n{spaced}\r\n"
+                                         f"#{hashed}\n{os.path.join(self.dir, '.', '#hashed.txt')}\n")
 
-        def contents(out_dir):
-            found = {}
-            for name in sorted(os.listdir(out_dir)):
-                with open(os.path.join(out_dir, name), "rb") as f:
-                    found[name] = f.read()
-            return found
-
-        given = self.encode(tokenizer, [first, second, spaced], "given", "--val-fraction", "0")
+        given = self.encode(tokenizer, [first, second, spaced, hashed], "given",
+                            "--val-fraction", "0")
         listed = self.encode(tokenizer, [first], "listed", "--input-list", listing,
                              "--val-fraction", "0")
-        self.assertEqual(contents(listed), contents(given))
+        self.assertEqual(directory_contents(listed), directory_contents(given))
         shard_list = self.write("shards.txt", "\n".join(self.shards(listed, "train")))
         result = subprocess.run([lu.binary(), "tokenize", "decode", "--tokenizer", tokenizer,
                                  "--input-list", shard_list], capture_output=True, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout, b"the first file\nthe second file, with spaces in its "
-                                        b"name\nand a third\n")
+                                        b"name\nand a third\nand a fourth\n")
         # The list may be a pipe, as a shell's process substitution makes it.
         piped = subprocess.run(["bash", "-c", 'exec "$0" tokenize decode --tokenizer "$1" '
                                               '--input-list <(cat "$2")',
@@ -467,6 +482,38 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertFalse(os.path.exists(marker))
         result = self.mantissa("train", "--config", config)
         self.assertEqual(result.returncode, 0, result.stderr)
+
+    def test_an_interrupted_encode_leaves_the_output_as_it_was(self):
+        # Ctrl-C (or SIGTERM) during an encode, which may run for hours: the command removes
+        # what it made and exits 128 + the signal. 32 MB of text takes seconds to encode, and
+        # the signal comes once the handlers are in (the process's caught-signal mask says so).
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        with open(LICENCE) as f:
+            licence = f.read()
+        big = self.write("big.txt", licence * (32 * 2**20 // len(licence)))
+
+        def interrupt(out_dir, signum, *extra):
+            process = self.start("tokenize", "encode", "--tokenizer", tokenizer, "--input", big,
+                                 "--out-dir", out_dir, *extra)
+            deadline = time.time() + 60
+            while not handles(process.pid, signum):
+                self.assertIsNone(process.poll(), "the encode ended before it was interrupted")
+                self.assertLess(time.time(), deadline, "no handler for the signal in 60 s")
+                time.sleep(0.01)
+            process.send_signal(signum)
+            _, stderr = process.communicate(timeout=120)
+            self.assertEqual(process.returncode, 128 + signum, stderr)
+            self.assertIn(f"mantissa: interrupted by {signal.Signals(signum).name}: nothing "
+                          "written, the output directory left as it was", stderr)
+
+        # A new directory (and its parents) goes again.
+        interrupt(os.path.join(self.dir, "new", "shards"), signal.SIGINT)
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "new")))
+        # A set being replaced stays as it was, byte for byte.
+        out_dir = self.encode(tokenizer, [LICENCE], "shards")
+        before = directory_contents(out_dir)
+        interrupt(out_dir, signal.SIGTERM, "--force")
+        self.assertEqual(directory_contents(out_dir), before)
 
     def test_help(self):
         for args in (("tokenize", "--help"), ("help", "tokenize"), ("tokenize", "encode", "-h")):
@@ -588,7 +635,7 @@ class BadInput(lu.TempDirTest):
 
     def test_input_lists_that_cannot_be_read_or_name_no_file(self):
         missing = os.path.join(self.dir, "missing.txt")
-        blank = self.write("blank.txt", "\n\n")
+        blank = self.write("blank.txt", "\n# nothing here\n\n")
         command = ("train", "--vocab-size", "500", "--out", "{dir}/new.model", "--input-list")
         self.assert_refused(f"mantissa: --input-list '{missing}': cannot open: No such file or "
                             "directory", *command, missing)
