@@ -208,7 +208,30 @@ double unix_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step) {
+int highest_logged_rank(const std::string& run_dir) {
+  const std::filesystem::path dir = std::filesystem::path(run_dir) / kStepLogDir;
+  std::error_code ec;
+  int highest = -1;
+  for (const std::filesystem::directory_entry& entry :
+       std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();  // rank<R>.jsonl
+    if (!name.starts_with("rank") || !name.ends_with(".jsonl") || name.size() <= 10) continue;
+    const std::string_view digits = std::string_view(name).substr(4, name.size() - 10);
+    int r = 0;
+    const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), r);
+    if (parsed == std::errc() && end == digits.data() + digits.size()) {
+      highest = std::max(highest, r);
+    }
+  }
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "cannot list log directory '" + dir.string() + "': " + ec.message());
+  }
+  return highest;
+}
+
+StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step,
+                 int highest_logged_rank) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / kStepLogDir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -221,27 +244,11 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
     return dir / ("rank" + std::to_string(r) + suffix);
   };
   // This rank's log, and those of ranks r + N, r + 2N, ... an earlier attempt on more ranks
-  // wrote, which no rank of this run appends to: all of them, with gaps (a rank of that
-  // attempt may have failed before it wrote its log).
-  std::vector<int> ranks{rank};
-  for (const std::filesystem::directory_entry& entry :
-       std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();  // rank<R>.jsonl
-    if (!name.starts_with("rank") || !name.ends_with(".jsonl") || name.size() <= 10) continue;
-    const std::string_view digits = std::string_view(name).substr(4, name.size() - 10);
-    int r = 0;
-    const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), r);
-    if (parsed == std::errc() && end == digits.data() + digits.size() && r > rank &&
-        (r - rank) % world_size == 0) {
-      ranks.push_back(r);
-    }
-  }
-  if (ec) {
-    core::throw_error_of_kind(core::path_error_kind(ec.value()),
-                              "cannot list log directory '" + dir.string() + "': " + ec.message());
-  }
-  for (int r : ranks) {
-    move_redone_steps(log_of(r, ".jsonl"), log_of(r, ".rolled_back.jsonl"), first_step);
+  // wrote, which no rank of this run appends to (move_redone_steps passes over a missing one).
+  for (int64_t r = rank; r <= std::max(rank, highest_logged_rank); r += world_size) {
+    const int log_rank = static_cast<int>(r);
+    move_redone_steps(log_of(log_rank, ".jsonl"), log_of(log_rank, ".rolled_back.jsonl"),
+                      first_step);
   }
   path_ = log_of(rank, ".jsonl").string();
   file_ = std::fopen(path_.c_str(), "a");
