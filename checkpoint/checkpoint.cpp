@@ -383,10 +383,12 @@ std::string Checkpointer::save(const CheckpointState& state,
   const std::string tmp_dir = final_dir + std::string(kUnfinishedSuffix);
   const std::string what = "checkpoint save of " + final_dir;
 
-  // 1. Rank 0 makes an empty temporary directory, clearing what a crashed save left behind.
+  // 1. Rank 0 makes an empty temporary directory, clearing what a crashed save left behind
+  //    (temporaries of `latest` too: rank 0 alone replaces it).
   collective(what, [&] {
     if (group_.rank != 0) return;
     fs::create_directories(options_.dir);
+    core::remove_temporaries_of(options_.dir + "/" + kLatestName);
     for (const fs::directory_entry& entry : fs::directory_iterator(options_.dir)) {
       const std::string n = entry.path().filename().string();
       if (!is_left_by_a_crash(n)) continue;

@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -81,6 +83,34 @@ void DurableFile::finish() {
     ::unlink(path_.c_str());
     throw_path_error("cannot write '" + path_ + "': close", error);
   }
+}
+
+bool is_temporary_of(std::string_view name, std::string_view target) {
+  if (name.size() <= target.size() + 5 || !name.starts_with(target) || name[target.size()] != '.' ||
+      !name.ends_with(".tmp")) {
+    return false;
+  }
+  // What lies between "<target>." and ".tmp": "<pid>-<n>".
+  const std::string_view middle = name.substr(target.size() + 1, name.size() - target.size() - 5);
+  const size_t dash = middle.find('-');
+  const auto all_digits = [](std::string_view s) {
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return dash != std::string_view::npos && all_digits(middle.substr(0, dash)) &&
+         all_digits(middle.substr(dash + 1));
+}
+
+void remove_temporaries_of(const std::string& path) {
+  const std::filesystem::path target(path);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
+  const std::string name = target.filename().string();
+  std::error_code ec;
+  std::vector<std::filesystem::path> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (is_temporary_of(entry.path().filename().string(), name)) left.push_back(entry.path());
+  }
+  for (const std::filesystem::path& temporary : left) std::filesystem::remove(temporary, ec);
 }
 
 void fsync_path(const std::string& path) {

@@ -36,6 +36,16 @@ class DurableFile {
   int fd_ = -1;
 };
 
+// Whether `name` is a name DurableFile::temporary_beside gives a temporary of `target` (file
+// names alone, no directories): "<target>.<digits>-<digits>.tmp".
+bool is_temporary_of(std::string_view name, std::string_view target);
+
+// Removes the temporaries of `path` (is_temporary_of) that processes killed while replacing it
+// left behind. Only for a file that one process at a time replaces (a run's own files, under
+// its run directory's lock): another writer's temporary in progress would go too. A temporary
+// that cannot be removed stays (it is only clutter).
+void remove_temporaries_of(const std::string& path);
+
 // Writes all `size` bytes to `fd`, the file `path` (named by the error it throws).
 void write_all(int fd, const void* data, size_t size, const std::string& path);
 

@@ -184,8 +184,11 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
                                             std::stoi(highest_logged));
   // The config the steps in run.dir were trained with: a start with nothing left to train
   // (run.steps at or below the checkpoint's step) leaves the last one's.
-  if (world.rank() == 0 && start_step_ < config_.run().steps()) {
-    core::write_file_atomically(run_config_file(run_dir_), to_text(config_));
+  if (world.rank() == 0) {
+    core::remove_temporaries_of(run_config_file(run_dir_));  // an earlier start's, killed
+    if (start_step_ < config_.run().steps()) {
+      core::write_file_atomically(run_config_file(run_dir_), to_text(config_));
+    }
   }
 
   const ModelShape dims = model_shape(config_.model());

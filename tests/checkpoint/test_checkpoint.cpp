@@ -282,6 +282,8 @@ TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
   // A removal (checkpoint.keep) that crashed part way leaves step_<N>.removed.tmp.
   fs::create_directories(dir() + "/step_00000005.removed.tmp");
   fs::create_directories(dir() + "/step_00000030");
+  // One that crashed while it replaced `latest` leaves its temporary (latest.<pid>-<n>.tmp).
+  write_file(dir() + "/latest.4242-0.tmp", "step_00000020\n");
   Slices into = Slices::empty(0, kN);
   testing::internal::CaptureStderr();
   EXPECT_EQ(load(into)->step, 10);
@@ -292,6 +294,7 @@ TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
   EXPECT_FALSE(fs::exists(dir() + "/step_00000020.tmp"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000005.removed.tmp"));
   EXPECT_FALSE(fs::exists(dir() + "/step_00000030"));
+  EXPECT_FALSE(fs::exists(dir() + "/latest.4242-0.tmp"));
 }
 
 TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -80,6 +81,32 @@ TEST_F(WriteFileAtomically, FilesAndLinksBesideItAreLeftAlone) {
         << e.what();
   }
   EXPECT_EQ(read(path("target")), "precious");
+}
+
+TEST(TemporaryNames, AreTheTargetsDotPidDashNumberDotTmp) {
+  const std::string probe = DurableFile::temporary_beside("/tmp/mantissa-name-probe").path();
+  std::filesystem::remove(probe);
+  EXPECT_TRUE(is_temporary_of(fs::path(probe).filename().string(), "mantissa-name-probe"));
+  EXPECT_TRUE(is_temporary_of("latest.12-0.tmp", "latest"));
+  for (const char* other : {"latest", "latest.tmp", "latest.12.tmp", "latest.-0.tmp",
+                            "latest.12-.tmp", "latest.1x-0.tmp", "latest.12-0.tmp.x",
+                            "latest2.12-0.tmp", "latest.12-0-1.tmp", ".12-0.tmp"}) {
+    EXPECT_FALSE(is_temporary_of(other, "latest")) << other;
+  }
+}
+
+TEST_F(WriteFileAtomically, TemporariesLeftByACrashAreRemovedOnRequest) {
+  for (const char* name : {"config.pbtxt.41-0.tmp", "config.pbtxt.41-7.tmp", "config.pbtxt.tmp",
+                           "config.pbtxt", "other.41-0.tmp"}) {
+    std::ofstream(path(name)) << name;
+  }
+  remove_temporaries_of(path("config.pbtxt"));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(path("config.pbtxt")).parent_path()))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"config.pbtxt", "config.pbtxt.tmp", "other.41-0.tmp"}));
 }
 
 TEST_F(WriteFileAtomically, AFailedWriteLeavesTheOldContentAndSaysWhy) {

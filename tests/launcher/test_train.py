@@ -557,10 +557,15 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         lost = [lu.read_log(run, rank)[20:] for rank in range(RANKS)]
         shutil.rmtree(os.path.join(run, "checkpoints", "step_00000030"))
+        # A crash while config.pbtxt was replaced leaves its temporary; the next start clears it.
+        leftover = os.path.join(run, "config.pbtxt.4242-0.tmp")
+        with open(leftover, "w") as f:
+            f.write("run { steps: 1 }\n")
         result = self.mantissa(*self.train_args("crash", "run.steps=33",
                                                 "checkpoint.every_steps=10", inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("checkpoints/step_00000020 (saved by 2 ranks)", result.stderr)
+        self.assertFalse(os.path.exists(leftover))
         self.assertEqual([e["step"] for e in lu.read_log(run, 0)], list(range(33)))
         self.assertEqual([e["step"] for e in lu.read_log(run, 1)], list(range(20)))
         for rank in range(RANKS):
