@@ -126,8 +126,8 @@ void check_fp8_rows(const Tensor& a, const Tensor& b, const Tensor& c, const Gem
 }
 
 // A scale tensor of a block-scaled operand (block_scaling.h): present, in the mode's dtype,
-// exactly the layout's size; cuBLASLt's 1x128 and 128x128 modes also need the operand's rows
-// to be a multiple of 4.
+// exactly the layout's size; the 1x128 and 128x128 modes also need the operand's rows to be a
+// multiple of scale_rows_multiple.
 void check_scale_tensor(const char* name, const Tensor* scale, ScaleMode mode, const char* operand,
                         int64_t outer, int64_t k, Device device) {
   MANTISSA_CHECK(scale != nullptr, kOp << ": " << name << " is missing; operand " << operand

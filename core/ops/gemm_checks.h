@@ -12,7 +12,8 @@
 // operands only, c_scale / c_amax to an FP8 output only. C must not overlap A or B.
 // Block-scaled FP8 (scale modes other than kTensor, core/precision/block_scaling.h): a pair
 // of modes cuBLASLt defines, 2-D operands, C F32 or BF16, no fast accumulation, scale tensors
-// of exactly the layout's size, and for 1x128 and 128x128 rows (M, N) a multiple of 4.
+// of exactly the layout's size, and rows (M, N) a multiple of scale_rows_multiple (8 for 1x128, 4
+// for 128x128).
 #pragma once
 
 #include <cstdint>

@@ -20,7 +20,7 @@
 //   kTensor      1 element.
 //   kOuterVec    outer elements; row i at i.
 //   kVec128      outer * L elements, "outer-major": (i, b) at i + b * outer, so one K-block's
-//                scales are contiguous. cuBLASLt also needs outer to be a multiple of 4.
+//                scales are contiguous. outer must be a multiple of 8 (scale_rows_multiple).
 //   kBlock128    L4 * ceil(outer / 128) elements, K-major: (i, b) at b + (i / 128) * L4, each
 //                row of blocks padded to a multiple of 4.
 //   kVec32Ue8m0  round_up(outer, 128) * L4 bytes in tiles of 128 rows x 4 K-blocks (512
@@ -99,10 +99,15 @@ MANTISSA_HD int64_t scale_block_rows(ScaleMode mode, int64_t outer) {
   }
 }
 
-// What an operand's row count must be a multiple of: 4 for kVec128 and kBlock128 (cuBLASLt's
-// rule for them), else 1.
+// What an operand's row count must be a multiple of: 4 for kBlock128 (cuBLASLt's rule), 8 for
+// kVec128 (cuBLASLt's 4, and TransformerEngine found that its B operand, which is the backend's
+// A, the tokens, needs 8: a multiple of 4 alone found no algorithm), else 1.
 MANTISSA_HD int64_t scale_rows_multiple(ScaleMode mode) {
-  return mode == ScaleMode::kVec128 || mode == ScaleMode::kBlock128 ? 4 : 1;
+  switch (mode) {
+    case ScaleMode::kVec128: return 8;
+    case ScaleMode::kBlock128: return 4;
+    default: return 1;
+  }
 }
 
 // L: blocks along K.

@@ -4,7 +4,7 @@
 //  - the Evaluator's slices of the validation windows, summed over any number of ranks, give
 //    the single-rank sum (FP32), whatever the micro-batch; every evaluation of the same weights
 //    gives the same loss; and the windows are the corpus's first ones, laid end to end;
-//  - a model that takes a multiple of 4 tokens per forward pass (FP8 BLOCKWISE) is evaluated
+//  - a model that takes a multiple of 8 tokens per forward pass (FP8 BLOCKWISE) is evaluated
 //    in whole groups of windows, on any number of ranks and micro-batch;
 //  - a validation set without one whole window (or group) is a config error naming it.
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
+#include "core/precision/block_scaling.h"
 #include "core/precision/fp8_scaling.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
@@ -105,8 +106,9 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
 }
 
 // BLOCKWISE scales the inputs of its GEMMs in 1x128 tiles, whose rows (tokens) cuBLASLt takes
-// in multiples of 4 only; with seq_len 6 a forward takes an even number of windows. Ranks'
-// slices and the last micro-batch of odd sizes would each stop at the first GEMM.
+// in multiples of 8 only (core::scale_rows_multiple); with seq_len 6 a forward takes a multiple
+// of 4 windows. Ranks' slices and a last micro-batch of other sizes would each stop at the
+// first GEMM.
 TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
   auto be = core::make_cpu_backend();
   const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP8Hybrid);
@@ -116,16 +118,19 @@ TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
   const models::GPT2Config config{1, 2, 128, 6, 256};
   models::GPT2 model(config, *be, policy, 7, fp8);
   auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 500));
-  const int64_t eval_tokens = 27 * config.seq_len;  // 27 windows asked for: 26 evaluated
+  const int64_t multiple = core::scale_rows_multiple(core::ScaleMode::kVec128);
+  ASSERT_EQ(multiple, 8);
+  const int64_t eval_tokens = 27 * config.seq_len;  // 27 windows asked for: 24 evaluated
 
-  const Evaluator one(corpus, config.seq_len, eval_tokens, 4, 1, 0, 4);
-  EXPECT_EQ(one.tokens(), 26 * config.seq_len);
+  const Evaluator one(corpus, config.seq_len, eval_tokens, 4, 1, 0, multiple);
+  EXPECT_EQ(one.tokens(), 24 * config.seq_len);
   const double whole = one.local_loss_sum(model, *be, policy);
   for (int world : {2, 3, 5}) {
     for (int64_t micro_batch : {2, 4, 6}) {
       double sum = 0.0;
       for (int rank = 0; rank < world; ++rank) {
-        const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank, 4);
+        const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank,
+                              multiple);
         EXPECT_EQ(slice.tokens(), one.tokens());
         sum += slice.local_loss_sum(model, *be, policy);
       }
@@ -134,9 +139,9 @@ TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
       EXPECT_NEAR(sum / whole, 1.0, 1e-6) << world << " ranks, micro-batch " << micro_batch;
     }
   }
-  // One window asked for: one group (two windows) is evaluated.
-  EXPECT_EQ(Evaluator(corpus, config.seq_len, config.seq_len, 4, 1, 0, 4).tokens(),
-            2 * config.seq_len);
+  // One window asked for: one group (four windows) is evaluated.
+  EXPECT_EQ(Evaluator(corpus, config.seq_len, config.seq_len, 4, 1, 0, multiple).tokens(),
+            4 * config.seq_len);
 }
 
 TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
