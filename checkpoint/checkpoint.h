@@ -123,6 +123,10 @@ struct CheckpointState {
   std::string config_text;        // the effective TrainConfig, protobuf text format
   std::string written_by;         // the build that saved it, "mantissa 0.2.0 (commit ...)"
   double saved_unix_time = 0;     // when its save began; 0: unknown (an older checkpoint)
+  // The newest evaluation's validation loss (none before the first) and the evaluations in a
+  // row whose loss rose up to it: metrics::ValLossTrend.
+  std::optional<double> last_val_loss;
+  int val_loss_rises = 0;
   // Layout of kMastersBuffer; save() stores it and load_latest() compares it.
   std::vector<ParameterLayout> parameters;
 

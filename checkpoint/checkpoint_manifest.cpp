@@ -136,6 +136,8 @@ TrainState state_to_proto(const CheckpointState& state) {
   p.set_config_text(state.config_text);
   p.set_written_by(state.written_by);
   p.set_saved_unix_time(state.saved_unix_time);
+  if (state.last_val_loss) p.set_last_val_loss(*state.last_val_loss);
+  p.set_val_loss_rises(state.val_loss_rises);
   for (const ParameterLayout& layout : state.parameters) {
     mantissa::ParameterLayout& l = *p.add_parameters();
     l.set_name(layout.name);
@@ -223,6 +225,10 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   s.config_text = p.config_text();
   s.written_by = p.written_by();
   s.saved_unix_time = p.saved_unix_time();
+  if (p.has_last_val_loss()) s.last_val_loss = p.last_val_loss();
+  CHECK_INTACT(p.val_loss_rises() >= 0,
+               path << ": val_loss_rises " << p.val_loss_rises() << " is negative");
+  s.val_loss_rises = p.val_loss_rises();
   for (const mantissa::ParameterLayout& l : p.parameters()) {
     CHECK_INTACT(checked_numel(l.shape()) >= 0 && l.offset() >= 0 && l.offset() <= kMaxElements,
                  path << ": parameter '" << l.name() << "' has an invalid shape or offset");

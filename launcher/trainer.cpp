@@ -441,6 +441,9 @@ bool Trainer::restore() {
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
   resumed_saved_unix_time_ = state->saved_unix_time;
+  if (state->last_val_loss) {
+    metrics_->record_resumed_val_loss({*state->last_val_loss, state->val_loss_rises});
+  }
   report_changes(*state);
   // After a redeploy the build changes mid-run: the line says so, for whoever compares the
   // steps before and after.
@@ -704,6 +707,10 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.config_text = to_text(config_);
   state.written_by = build_name();
   state.saved_unix_time = metrics::unix_time_now();
+  if (const std::optional<metrics::ValLossTrend> trend = metrics_->val_loss_trend()) {
+    state.last_val_loss = trend->last_val_loss;
+    state.val_loss_rises = trend->rises;
+  }
   state.parameters = checkpoint::parameter_layout(params);
 
   // The steps up to this checkpoint stay in the log whatever happens to the machine: a resume

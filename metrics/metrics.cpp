@@ -412,6 +412,20 @@ void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_tim
   state().show_checkpoint(step, saved_unix_time);
 }
 
+std::optional<ValLossTrend> Metrics::val_loss_trend() const {
+  if (!state().val_loss->shown()) return std::nullopt;
+  return ValLossTrend{state().last_val_loss, state().rises};
+}
+
+void Metrics::record_resumed_val_loss(const ValLossTrend& trend) {
+  State& s = state();
+  s.reported = true;
+  s.last_val_loss = trend.last_val_loss;
+  s.rises = trend.rises;
+  s.val_loss->set(trend.last_val_loss);
+  s.val_loss_rises->set(trend.rises);
+}
+
 void Metrics::record_finished() {
   state().reported = true;
   state().run_finished->Set(1);

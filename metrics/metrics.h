@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,14 @@ struct MetricsOptions {
   std::int64_t run_steps = 0;
 };
 
+// The validation loss's trend, which checkpoints carry so that mantissa_val_loss_rises goes on
+// counting across a requeue: MantissaValidationLossRising waits for 3 rises in a row, which a
+// job requeued before its third evaluation would otherwise never reach.
+struct ValLossTrend {
+  double last_val_loss = 0;  // the newest evaluation's loss
+  int rises = 0;             // evaluations in a row, up to it, whose loss rose
+};
+
 class Metrics {
  public:
   // Starts the exporter (throws core::Error naming the address when it cannot listen) and the
@@ -102,6 +111,11 @@ class Metrics {
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
   // its save began (0: unknown, left unexported). Sets mantissa_step to that step too.
   void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
+  // The trend up to the newest evaluation; none before the first (nor resumed).
+  std::optional<ValLossTrend> val_loss_trend() const;
+  // A resumed run's trend, as its checkpoint holds it: mantissa_val_loss and
+  // mantissa_val_loss_rises show it until the next evaluation, which counts on from it.
+  void record_resumed_val_loss(const ValLossTrend& trend);
   // The run ended by itself (all steps done, or stopped by a signal, with a checkpoint or before
   // its first step): mantissa_run_finished 1, so that the alerts take a finished job's last
   // values, which a Pushgateway keeps, for no stall.

@@ -77,6 +77,8 @@ checkpoint::CheckpointState make_state(int64_t step) {
   s.data_fingerprint = 0xF00DCAFE12345678ULL + static_cast<uint64_t>(step);
   s.tokenizer_crc32c = 0xC0FFEE00u + static_cast<uint32_t>(step);
   s.config_text = "run { steps: 100 }\nmodel { gpt2 { n_layer: 2 } }\n";
+  s.last_val_loss = 3.25 + static_cast<double>(step);
+  s.val_loss_rises = 2;
   s.parameters = {{"wte", core::Shape{10, 4}, 0}, {"h.0.ln_1.weight", core::Shape{4}, 128}};
   return s;
 }

@@ -510,11 +510,12 @@ class Training(lu.TempDirTest):
 
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
-        # and save time) and the run's absolute step, not nothing.
+        # and save time), the run's absolute step, and the validation loss as the checkpoint
+        # recorded it (the first run evaluates, this one not before it is killed), not nothing.
         # A dynamic loss scale whose floor, 0.1, a float does not hold exactly.
         scaling = ("precision.loss_scale.mode=DYNAMIC", "precision.loss_scale.min=0.1")
-        result = self.mantissa(*self.train_args("resumed", "run.steps=10", *scaling,
-                                                inject_rank=0))
+        result = self.mantissa(*self.train_args("resumed", "run.steps=10", "run.eval_every=5",
+                                                *scaling, inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -522,7 +523,7 @@ class Training(lu.TempDirTest):
         run = self.run_dir("resumed")
         process = self.start(*self.train_args("resumed", "run.steps=100000", *scaling,
                                               "checkpoint.every_steps=0", f"metrics.port={port}",
-                                              inject_rank=0))
+                                              "run.eval_every=100000", inject_rank=0))
         try:
             # The first run's 10 lines, and 10 of this one.
             lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 20, process)
@@ -539,6 +540,12 @@ class Training(lu.TempDirTest):
         self.assertEqual(values.get("mantissa_run_steps"), "100000")
         # Absolute: this process alone has done about 10 steps.
         self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
+        evaluations = [e["val_loss"] for e in lu.read_log(run, 0)[:10] if "val_loss" in e]
+        self.assertEqual(len(evaluations), 2)
+        self.assertAlmostEqual(float(values.get("mantissa_val_loss", "nan")), evaluations[1],
+                               delta=1e-6 * evaluations[1])
+        self.assertEqual(values.get("mantissa_val_loss_rises"),
+                         "1" if evaluations[1] > evaluations[0] else "0")
         # The floor as the scaler holds it (a float), so that the collapse alert's
         # `mantissa_loss_scale <= mantissa_loss_scale_min` holds at the floor: the text a scale
         # at the floor would show (prometheus-cpp writes 16 significant digits), not 0.1.

@@ -123,6 +123,38 @@ TEST(Metrics, ValidationLossAndItsRisesInARow) {
   EXPECT_EQ(scrape("mantissa_val_loss"), 2.1);
 }
 
+// A requeued run goes on counting from its checkpoint's trend: two rises before the requeue and
+// one after are three in a row, which MantissaValidationLossRising waits for.
+TEST(Metrics, TheRisesInARowGoOnAcrossAResume) {
+  ValLossTrend saved;
+  {
+    MetricsOptions options;
+    Metrics before(options);
+    EXPECT_FALSE(before.val_loss_trend()) << "no evaluation yet";
+    for (const double loss : {2.5, 2.6, 2.7}) {
+      StepRecord record = step_record(1, false);
+      record.val_loss = loss;
+      before.record_step(record);
+    }
+    ASSERT_TRUE(before.val_loss_trend());
+    saved = *before.val_loss_trend();
+  }
+  EXPECT_EQ(saved.last_val_loss, 2.7);
+  EXPECT_EQ(saved.rises, 2);
+
+  MetricsOptions options;
+  options.port = free_port();
+  Metrics after(options);
+  const auto scrape = [&](const std::string& name) { return rank0_sample(options.port, name); };
+  after.record_resumed_val_loss(saved);
+  EXPECT_EQ(scrape("mantissa_val_loss"), 2.7);
+  EXPECT_EQ(scrape("mantissa_val_loss_rises"), 2);
+  StepRecord record = step_record(2, false);
+  record.val_loss = 2.8;
+  after.record_step(record);
+  EXPECT_EQ(scrape("mantissa_val_loss_rises"), 3);
+}
+
 TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   MetricsOptions options;
   options.port = free_port();
