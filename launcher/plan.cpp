@@ -46,9 +46,10 @@ options:
   --tflops X         the peak of every GEMM precision, TFLOP/s per device (required for cpu:
                      one rank's FP32 FMA peak, e.g. bench_cpu_gemm's "FMA peak" of 1 thread)
   --efficiency E     the step's FLOPs over its compute time, as a fraction of the peaks (default
-                     0.5; 0.01 to 1 for GPUs, to 4 for cpu: a CPU whose BF16 dot products
-                     outrun its FP32 FMA peak exceeds 1). For a cluster, calibrate it on a measured run:
-                     bench/bench_scaling.sh does
+                     0.5; 0.01 to 4, but at most 1 on a GPU at its own peaks: a CPU whose
+                     BF16 dot products outrun its FP32 FMA peak, or one --tflops for every
+                     precision, may exceed 1). For a cluster, calibrate it on a measured
+                     run: bench/bench_scaling.sh does
   --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
                      whose cost does not grow with the tokens (AdamW, gradient zeroing, the
                      reduce casts); default: the device's (HBM), none for cpu (no such term)
@@ -111,11 +112,12 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
   if (args.tflops > 0) d.bf16_tflops = d.fp8_tflops = d.fp32_tflops = args.tflops;
   if (cpu && args.tflops <= 0)
     throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
-  // A GPU's peaks are what its tensor cores can do at most; a CPU rank's --tflops is its FP32
-  // FMA peak, which BF16 dot-product instructions may outrun.
-  if (args.efficiency > 1 && !cpu) {
+  // A GPU's own peaks are what its tensor cores can do at most. A CPU rank's --tflops is its FP32
+  // FMA peak, which BF16 dot-product instructions may outrun; one --tflops for every precision
+  // may understate FP8's.
+  if (args.efficiency > 1 && !cpu && args.tflops <= 0) {
     throw core::ConfigError("--efficiency " + core::format_number(args.efficiency) +
-                            ": at most 1 on a GPU (its peaks are the most it computes)");
+                            ": at most 1 on a GPU at its own peaks (the most it computes)");
   }
   if (args.efficiency > 0) d.efficiency = args.efficiency;
   if (args.link_gbps > 0) d.link_gbit = args.link_gbps;

@@ -51,6 +51,9 @@ class Plan(lu.TempDirTest):
         # 12 GPUs, 8 to a node: the second node is a partial one, and the cluster line says so.
         self.assertIn("8 per node on 2 nodes (the last with 4)", self.plan(*base, "--gpus", "12"))
         self.assertNotIn("the last with", self.plan(*base, "--gpus", "16"))
+        # Above 1 at a peak of one's own (one --tflops for every precision), not at the GPU's.
+        self.assertIn("efficiency 1.20", self.plan(*base, "--gpus", "8", "--tflops", "500",
+                                                   "--efficiency", "1.2"))
         single = projection(self.plan(*base, "--gpus", "1"))
         self.assertEqual(single["exposed_s"], 0)
         # One rank has an MFU too (it printed 0).
@@ -154,7 +157,7 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
             (["--config", gpt2, "--gpus", "8", "--efficiency", "1e-300"],
              "--efficiency 1e-300: must be a number in [0.01, 4]"),
             (["--config", gpt2, "--gpus", "8", "--efficiency", "1.5"],
-             "--efficiency 1.5: at most 1 on a GPU"),
+             "--efficiency 1.5: at most 1 on a GPU at its own peaks"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "a100", "--set",
               "precision.mode=FP8_HYBRID"], "has no FP8 tensor cores"),
             (["--config", gpt2, "--gpus", "8", "--gpu", "h100", "--set",
