@@ -79,8 +79,7 @@ void encode_in_pieces(const Tokenizer& tokenizer, std::string_view text,
 // tokens, not the stream's.
 template <typename Consume>
 void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& files,
-                   const std::vector<Chunk>& chunks, int threads, const InterruptWatch& interrupt,
-                   Consume&& consume) {
+                   const std::vector<Chunk>& chunks, int threads, Consume&& consume) {
   const size_t chunks_ahead = static_cast<size_t>(4 * threads);
   const size_t bytes_in_all = total_bytes(files);
 
@@ -135,7 +134,7 @@ void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& fi
     auto last_report = std::chrono::steady_clock::now();
     while (!failure) {
       try {
-        interrupt.throw_if_interrupted();
+        throw_if_interrupted();
       } catch (const Interrupted&) {
         failure = std::current_exception();
         break;
@@ -189,8 +188,7 @@ std::string shard_name(const char* split, size_t index) {
 
 // Writes `tokens` as shards `split`_000000.bin, ...; returns how many.
 size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* split,
-                   const train::TokenSegment& tokens, int64_t shard_tokens,
-                   const InterruptWatch& interrupt) {
+                   const train::TokenSegment& tokens, int64_t shard_tokens) {
   const std::vector<std::pair<int64_t, int64_t>> shards =
       plan_shards(tokenizer, tokens, shard_tokens);
   if (shards.size() > kMaxShards) {
@@ -199,7 +197,7 @@ size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* sp
                             std::to_string(kMaxShards) + " (six-digit names)");
   }
   for (size_t s = 0; s < shards.size(); ++s) {
-    interrupt.throw_if_interrupted();
+    throw_if_interrupted();
     const auto [begin, end] = shards[s];
     out.write_shard(shard_name(split, s), tokens.subspan(begin, end - begin));
   }
@@ -220,7 +218,7 @@ void encode_to_shards(const EncodeOptions& options) {
                             "character's up to 4 byte tokens stay in one shard)");
   }
   const Tokenizer tokenizer(options.tokenizer);
-  const InterruptWatch interrupt;
+  InterruptWatch interrupt;
   // The output first (a directory holding shards, or one where no file can be created, is
   // refused at once), then the inputs, all read before any is encoded.
   StagedOutput out(options.out_dir, options.force);
@@ -231,7 +229,7 @@ void encode_to_shards(const EncodeOptions& options) {
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();
-  encode_chunks(tokenizer, files, chunks, threads, interrupt,
+  encode_chunks(tokenizer, files, chunks, threads,
                 [&](size_t chunk, const std::vector<uint32_t>& tokens) {
                   const Chunk& c = chunks[chunk];
                   if (c.begin == 0) spill.append(std::span(&eot, 1));
@@ -255,12 +253,11 @@ void encode_to_shards(const EncodeOptions& options) {
     }
   }
   const size_t train_shards =
-      write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens, interrupt);
-  const size_t val_shards = write_split(out, tokenizer, "val", stream.subspan(cut, total - cut),
-                                        options.shard_tokens, interrupt);
+      write_split(out, tokenizer, "train", stream.subspan(0, cut), options.shard_tokens);
+  const size_t val_shards =
+      write_split(out, tokenizer, "val", stream.subspan(cut, total - cut), options.shard_tokens);
   out.write_file(train::kShardsTokenizerFile, tokenizer.model_bytes());
-  interrupt.throw_if_interrupted();  // the last chance: once the commit begins, it finishes
-  out.commit();
+  interrupt.run_uninterrupted([&] { out.commit(); });
 
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -271,6 +268,8 @@ void encode_to_shards(const EncodeOptions& options) {
                train_shards, train_shards == 1 ? "" : "s", static_cast<long long>(total - cut),
                val_shards, format_bytes(total_bytes(files)).c_str(), seconds, threads,
                threads == 1 ? "" : "s", tokenizer.vocab_size(), eot);
+  // A signal held back while the files moved into place: the run still ends by it.
+  throw_if_interrupted("after the encode finished (its output is complete)");
 }
 
 }  // namespace mantissa::launcher

@@ -1,26 +1,36 @@
 // Ctrl-C (or SIGTERM, SIGHUP) during `mantissa tokenize encode`, which may run for hours: the
-// signal only raises a flag, the encode sees it within a chunk or a shard and unwinds, and the
-// unwinding removes what it had made (StagedOutput's hidden files and the directories it
-// created), so that an interrupted encode leaves the output directory as it found it. The first
-// signal gives the signal back its default action: a second one ends the process at once.
+// signal only raises a flag, the encode sees it between files, chunks and shards and unwinds,
+// and the unwinding removes what it had made (StagedOutput's hidden files and the directories
+// it created), so that an interrupted encode leaves the output directory as it found it. Then
+// the process ends by the same signal, so that a shell loop running encodes stops too. The
+// first signal gives all three back their default action: a second one ends the process at
+// once. A signal the process was started to ignore (nohup's SIGHUP) stays ignored.
 #pragma once
 
-#include <csignal>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
 namespace mantissa::launcher {
 
-// What an interrupted encode throws; tokenize's main reports it and exits 128 + signal, the
-// shell's code for a program a signal ended.
+// What an interrupted encode throws. tokenize's main reports it and ends the process by the
+// signal (the shell sees 128 + signal).
 class Interrupted : public std::runtime_error {
  public:
-  explicit Interrupted(int signal);
+  Interrupted(int signal, const std::string& outcome);
   int signal() const { return signal_; }
 
  private:
   int signal_;
 };
+
+// "SIGINT", "SIGTERM" or "SIGHUP".
+const char* interrupt_signal_name(int signal);
+
+// Throws Interrupted (saying `outcome`) when a signal came while an InterruptWatch lived; does
+// nothing without one.
+void throw_if_interrupted(
+    const std::string& outcome = "nothing written, the output directory left as it was");
 
 // Installs the handlers while it lives and puts back the ones it found.
 class InterruptWatch {
@@ -30,12 +40,13 @@ class InterruptWatch {
   InterruptWatch(const InterruptWatch&) = delete;
   InterruptWatch& operator=(const InterruptWatch&) = delete;
 
-  // Throws Interrupted when a signal came since the watch began.
-  void throw_if_interrupted() const;
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{}, old_hup_{};
+  // Runs `work` (the move of the files into place, which must not stop half way) with the
+  // signals held back after a last throw_if_interrupted(); one that comes meanwhile is taken
+  // when it ends. Call it with no other thread running.
+  void run_uninterrupted(const std::function<void()>& work);
 };
+
+// Ends the process by `signal` (its default action), as if the signal had never been caught.
+[[noreturn]] void end_by_signal(int signal);
 
 }  // namespace mantissa::launcher

@@ -131,9 +131,10 @@ exit codes:
      tokenizer that cannot be loaded or does not decode exactly, a shard that is malformed
      or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on,
      an input that changed while it was read
-  130 (SIGINT, Ctrl-C), 143 (SIGTERM), 129 (SIGHUP)  encode interrupted before its files were
-     moved into place: what it wrote and the directories it made are removed (a second
-     signal ends it at once, leaving hidden .NAME.tmp files that the next encode there clears)
+  ended by SIGINT (Ctrl-C), SIGTERM or SIGHUP (the shell shows 130, 143, 129): an encode
+     stops, removes what it wrote and the directories it made, and ends by the signal (a
+     second signal ends it at once, leaving hidden .NAME.tmp files that the next encode
+     there clears); one that comes while the files move into place is taken after the move
 )";
 
 struct Args {
@@ -313,7 +314,7 @@ int run(const std::vector<std::string>& argv) {
     return kExitOk;
   } catch (const Interrupted& e) {
     std::fprintf(stderr, "mantissa: %s\n", e.what());
-    return 128 + e.signal();
+    end_by_signal(e.signal());
   } catch (const std::exception& e) {
     return report_failure(e, one_line(e.what()));
   }

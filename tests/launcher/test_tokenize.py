@@ -56,11 +56,12 @@ def utf8_text(lines=400):
     return "\n".join(f"{i:03d} {UTF8_LINES[i % len(UTF8_LINES)]}" for i in range(lines)) + " end"
 
 
-def handles(pid, signum):
-    """Whether process `pid` has a handler for signal `signum` (its SigCgt mask in /proc)."""
+def handles(pid, signum, mask="SigCgt:"):
+    """Whether process `pid` has a handler for signal `signum` (its SigCgt mask in /proc; or
+    ignores it, with mask "SigIgn:")."""
     with open(f"/proc/{pid}/status") as f:
-        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
-    return bool(caught & (1 << (signum - 1)))
+        bits = next(int(line.split()[1], 16) for line in f if line.startswith(mask))
+    return bool(bits & (1 << (signum - 1)))
 
 
 def directory_contents(path):
@@ -485,8 +486,9 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
 
     def test_an_interrupted_encode_leaves_the_output_as_it_was(self):
         # Ctrl-C (or SIGTERM) during an encode, which may run for hours: the command removes
-        # what it made and exits 128 + the signal. 32 MB of text takes seconds to encode, and
-        # the signal comes once the handlers are in (the process's caught-signal mask says so).
+        # what it made and ends by the signal (so that a shell loop stops too). 32 MB of text
+        # takes seconds to encode, and the signal comes once the handlers are in (the process's
+        # caught-signal mask says so).
         tokenizer = self.train_tokenizer([LICENCE], 600)
         with open(LICENCE) as f:
             licence = f.read()
@@ -502,7 +504,7 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
                 time.sleep(0.01)
             process.send_signal(signum)
             _, stderr = process.communicate(timeout=120)
-            self.assertEqual(process.returncode, 128 + signum, stderr)
+            self.assertEqual(process.returncode, -signum, stderr)
             self.assertIn(f"mantissa: interrupted by {signal.Signals(signum).name}: nothing "
                           "written, the output directory left as it was", stderr)
 
@@ -514,6 +516,20 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         before = directory_contents(out_dir)
         interrupt(out_dir, signal.SIGTERM, "--force")
         self.assertEqual(directory_contents(out_dir), before)
+        # A SIGHUP the process was started to ignore (nohup) stays ignored.
+        process = subprocess.Popen(
+            ["bash", "-c", 'trap "" HUP; exec "$@"', "bash", lu.binary(), "tokenize", "encode",
+             "--tokenizer", tokenizer, "--input", big, "--out-dir",
+             os.path.join(self.dir, "nohup")], stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 60
+        while not handles(process.pid, signal.SIGINT) and time.time() < deadline:
+            time.sleep(0.01)
+        self.assertTrue(handles(process.pid, signal.SIGINT), "no SIGINT handler in 60 s")
+        self.assertFalse(handles(process.pid, signal.SIGHUP))
+        self.assertTrue(handles(process.pid, signal.SIGHUP, "SigIgn:"))
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=120)
+        self.assertEqual(process.returncode, -signal.SIGINT)
 
     def test_help(self):
         for args in (("tokenize", "--help"), ("help", "tokenize"), ("tokenize", "encode", "-h")):
