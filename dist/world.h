@@ -35,7 +35,8 @@ class World {
   const std::vector<int>& cpus_of(int rank) const { return cpus_.at(static_cast<size_t>(rank)); }
 
   // Every rank's `mine`, by rank, on every rank: a collective of MPI_COMM_WORLD for the
-  // start-up, before the communicators of the job exist (up to 2 GiB from all ranks together).
+  // start-up (up to 2 GiB from all ranks together), before the training steps: every rank must
+  // call it at the same point, with no collective of the job's communicators in flight.
   // A rank that does not join within timeout_s ends the job as abort_on_timeout does.
   std::vector<std::string> all_gather(const std::string& mine, double timeout_s) const;
 

@@ -298,9 +298,9 @@ void validate_eval(const TrainConfig& config, const ModelShape& model) {
 // gradient). FP8 GEMMs read rows of whole 16 bytes (core/ops/gemm_checks.h), and the block
 // recipes scale whole blocks along K: every K must be a multiple of 128 for BLOCKWISE and of
 // 32 for MXFP8 (a block cut short would still run, but it is not the recipe's block: such
-// shapes are refused, not padded); the rows of their GEMMs are then multiples of 4 too, as
-// cuBLASLt's 1x128 and 128x128 scales need. Checked here, so that a model that trains on the
-// CPU does not stop at its first GEMM on a GPU.
+// shapes are refused, not padded); the rows of their GEMMs are then multiples of 8 too, as
+// 1x128 and 128x128 scales need (core::scale_rows_multiple). Checked here, so that a model that
+// trains on the CPU does not stop at its first GEMM on a GPU.
 void validate_fp8_shapes(const TrainConfig& config) {
   if (config.precision().mode() != Config::Precision::FP8_HYBRID) return;
   const Config::Precision::Fp8::Recipe recipe = config.precision().fp8().recipe();

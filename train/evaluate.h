@@ -8,9 +8,10 @@
 // sums the losses of its tokens, and the caller adds the sums over ranks (one all-reduce) and
 // divides by tokens(): the same mean, within rounding, on any number of ranks.
 //
-// Some models take only a multiple of a few tokens per forward pass (token_multiple: 4 where
-// FP8 GEMMs scale their inputs in 1x128 tiles, cuBLASLt's rule for the rows of such operands).
-// The windows then go in groups whose tokens are such a multiple (2 windows of 6 tokens for 4),
+// Some models take only a multiple of a few tokens per forward pass (token_multiple: 8 where
+// FP8 GEMMs scale their inputs in 1x128 tiles, core::scale_rows_multiple's rule for the rows of
+// such operands). The windows then go in groups whose tokens are such a multiple (4 windows of
+// 6 tokens for 8),
 // and everything that cuts them (the count, the ranks' slices, the micro-batches) cuts whole
 // groups.
 #pragma once
