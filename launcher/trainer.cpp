@@ -177,11 +177,16 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
   // Rank 0 lists log/ for the logs of an earlier attempt on more ranks; the others are told.
-  const std::string highest_logged = world.all_gather(
-      world.rank() == 0 ? std::to_string(metrics::highest_logged_rank(run_dir_)) : std::string(),
-      config_.dist().timeout_s())[0];
+  std::string listed;
+  if (world.rank() == 0) {
+    listed = core::join(metrics::logged_ranks_beyond(run_dir_, world.size()), " ",
+                        [](int r) { return std::to_string(r); });
+  }
+  std::vector<int> ranks_beyond;
+  std::istringstream told(world.all_gather(listed, config_.dist().timeout_s())[0]);
+  for (int r = 0; told >> r;) ranks_beyond.push_back(r);
   log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), world.size(), start_step_,
-                                            std::stoi(highest_logged));
+                                            ranks_beyond);
   // The config the steps in run.dir were trained with: a start with nothing left to train
   // (run.steps at or below the checkpoint's step) leaves the last one's.
   if (world.rank() == 0) {

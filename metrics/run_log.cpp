@@ -208,10 +208,10 @@ double unix_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-int highest_logged_rank(const std::string& run_dir) {
+std::vector<int> logged_ranks_beyond(const std::string& run_dir, int world_size) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / kStepLogDir;
   std::error_code ec;
-  int highest = -1;
+  std::vector<int> ranks;
   for (const std::filesystem::directory_entry& entry :
        std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();  // rank<R>.jsonl
@@ -219,19 +219,20 @@ int highest_logged_rank(const std::string& run_dir) {
     const std::string_view digits = std::string_view(name).substr(4, name.size() - 10);
     int r = 0;
     const auto [end, parsed] = std::from_chars(digits.data(), digits.data() + digits.size(), r);
-    if (parsed == std::errc() && end == digits.data() + digits.size()) {
-      highest = std::max(highest, r);
+    if (parsed == std::errc() && end == digits.data() + digits.size() && r >= world_size) {
+      ranks.push_back(r);
     }
   }
   if (ec && ec != std::errc::no_such_file_or_directory) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
                               "cannot list log directory '" + dir.string() + "': " + ec.message());
   }
-  return highest;
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
 }
 
 StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step,
-                 int highest_logged_rank) {
+                 const std::vector<int>& ranks_beyond) {
   const std::filesystem::path dir = std::filesystem::path(run_dir) / kStepLogDir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -243,12 +244,12 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
   const auto log_of = [&](int r, const char* suffix) {
     return dir / ("rank" + std::to_string(r) + suffix);
   };
-  // This rank's log, and those of ranks r + N, r + 2N, ... an earlier attempt on more ranks
-  // wrote, which no rank of this run appends to (move_redone_steps passes over a missing one).
-  for (int64_t r = rank; r <= std::max(rank, highest_logged_rank); r += world_size) {
-    const int log_rank = static_cast<int>(r);
-    move_redone_steps(log_of(log_rank, ".jsonl"), log_of(log_rank, ".rolled_back.jsonl"),
-                      first_step);
+  // This rank's log, and those of an earlier attempt on more ranks that fall to it.
+  move_redone_steps(log_of(rank, ".jsonl"), log_of(rank, ".rolled_back.jsonl"), first_step);
+  for (const int r : ranks_beyond) {
+    if (r % world_size == rank) {
+      move_redone_steps(log_of(r, ".jsonl"), log_of(r, ".rolled_back.jsonl"), first_step);
+    }
   }
   path_ = log_of(rank, ".jsonl").string();
   file_ = std::fopen(path_.c_str(), "a");

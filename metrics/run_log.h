@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "metrics/step_record.h"
 
@@ -40,22 +41,23 @@ inline constexpr const char* kStepLogDir = "log";
 // (CheckpointState::saved_unix_time, mantissa_last_checkpoint_timestamp_seconds).
 double unix_time_now();
 
-// The highest R of the step logs log/rank<R>.jsonl in `run_dir`, -1 when there are none. One
-// rank lists the directory and tells the others, rather than every rank of a large job reading
-// the same directory of thousands of logs from a shared file system. Throws core::Error naming
-// the directory when it cannot be listed.
-int highest_logged_rank(const std::string& run_dir);
+// The ranks R >= world_size of the step logs log/rank<R>.jsonl in `run_dir` (an earlier
+// attempt's on more ranks), in increasing order. One rank lists the directory and tells the
+// others, rather than every rank of a large job reading the same directory of thousands of
+// logs from a shared file system. Throws core::Error naming the directory when it cannot be
+// listed.
+std::vector<int> logged_ranks_beyond(const std::string& run_dir, int world_size);
 
 class StepLog {
  public:
   // Opens <run_dir>/log/rank<rank>.jsonl (creating log/) for a run of `world_size` ranks
   // starting at 0-based step `first_step`, after moving the lines of that step and later to
-  // rank<rank>.rolled_back.jsonl (see above), also in the logs of ranks rank + world_size,
-  // rank + 2 world_size, ... up to `highest_logged_rank` (highest_logged_rank()), an earlier
-  // attempt's on more ranks, with gaps where a rank of it wrote no log. Throws core::Error naming
-  // the file when it cannot.
+  // rank<rank>.rolled_back.jsonl (see above), also in the logs of those of `ranks_beyond`
+  // (logged_ranks_beyond) that are rank + world_size, rank + 2 world_size, ...: an earlier
+  // attempt's on more ranks, which no rank of this run appends to. Throws core::Error naming the
+  // file when it cannot.
   StepLog(const std::string& run_dir, int rank, int world_size, int64_t first_step,
-          int highest_logged_rank);
+          const std::vector<int>& ranks_beyond);
   ~StepLog();
   StepLog(const StepLog&) = delete;
   StepLog& operator=(const StepLog&) = delete;

@@ -49,7 +49,7 @@ TEST_F(StepLogStart, KeepsTheLastLineOfEachEarlierStepAndMovesTheRestInOrder) {
   write("rank0.jsonl",
         {line(0, "a"), line(1, "a"), line(2, "a"), line(1, "b"), line(2, "b"), line(3, "b"), cut});
   write("rank0.rolled_back.jsonl", {line(9, "older")});
-  { StepLog log(run_dir(), 0, 1, 3, highest_logged_rank(run_dir())); }
+  { StepLog log(run_dir(), 0, 1, 3, logged_ranks_beyond(run_dir(), 1)); }
   EXPECT_EQ(read("rank0.jsonl"),
             (std::vector<std::string>{line(0, "a"), line(1, "b"), line(2, "b")}));
   EXPECT_EQ(
@@ -59,7 +59,7 @@ TEST_F(StepLogStart, KeepsTheLastLineOfEachEarlierStepAndMovesTheRestInOrder) {
 
 TEST_F(StepLogStart, AFreshStartMovesEverything) {
   write("rank0.jsonl", {line(0, "a"), line(1, "a")});
-  { StepLog log(run_dir(), 0, 1, 0, highest_logged_rank(run_dir())); }
+  { StepLog log(run_dir(), 0, 1, 0, logged_ranks_beyond(run_dir(), 1)); }
   EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{});
   EXPECT_EQ(read("rank0.rolled_back.jsonl"),
             (std::vector<std::string>{line(0, "a"), line(1, "a")}));
@@ -80,7 +80,7 @@ TEST_F(StepLogStart, AResumeCutsTheRedoneStepsOffTheSameFile) {
     return status.st_ino;
   };
   const ino_t before = inode();
-  { StepLog log(run_dir(), 0, 1, 1, highest_logged_rank(run_dir())); }
+  { StepLog log(run_dir(), 0, 1, 1, logged_ranks_beyond(run_dir(), 1)); }
   EXPECT_EQ(inode(), before);
   EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
   EXPECT_EQ(read("rank0.rolled_back.jsonl"),
@@ -95,7 +95,7 @@ TEST_F(StepLogStart, AWholeLastLineWithoutItsNewlineStaysALineOfItsOwn) {
     out << line(0, "a") << "\n" << line(1, "a");
   }
   {
-    StepLog log(run_dir(), 0, 1, 2, highest_logged_rank(run_dir()));
+    StepLog log(run_dir(), 0, 1, 2, logged_ranks_beyond(run_dir(), 1));
     StepRecord record;
     record.report.step = 2;
     log.write(record);
@@ -111,7 +111,7 @@ TEST_F(StepLogStart, LogsOfRanksBeyondTheWorldAreRolledBackToo) {
   for (const char* name : {"rank0.jsonl", "rank1.jsonl", "rank2.jsonl"}) {
     write(name, {line(0, "a"), line(1, "a"), line(2, "a")});
   }
-  { StepLog log(run_dir(), 0, 2, 1, highest_logged_rank(run_dir())); }
+  { StepLog log(run_dir(), 0, 2, 1, logged_ranks_beyond(run_dir(), 2)); }
   EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
   EXPECT_EQ(read("rank2.jsonl"), std::vector<std::string>{line(0, "a")});
   EXPECT_EQ(read("rank2.rolled_back.jsonl"),
@@ -125,7 +125,7 @@ TEST_F(StepLogStart, LogsOfRanksBeyondAGapAreRolledBackToo) {
     write(name, {line(0, "a"), line(1, "a")});
   }
   write("rank4.rolled_back.jsonl", {line(5, "old")});
-  { StepLog log(run_dir(), 0, 2, 1, highest_logged_rank(run_dir())); }
+  { StepLog log(run_dir(), 0, 2, 1, logged_ranks_beyond(run_dir(), 2)); }
   EXPECT_EQ(read("rank4.jsonl"), std::vector<std::string>{line(0, "a")});
   EXPECT_EQ(read("rank4.rolled_back.jsonl"),
             (std::vector<std::string>{line(5, "old"), line(1, "a")}));
@@ -133,13 +133,14 @@ TEST_F(StepLogStart, LogsOfRanksBeyondAGapAreRolledBackToo) {
   EXPECT_FALSE(fs::exists(run_dir() + "/log/rank2.jsonl"));
 }
 
-TEST_F(StepLogStart, HighestLoggedRankCountsStepLogsOnly) {
-  EXPECT_EQ(highest_logged_rank(run_dir()), -1) << "no log directory yet";
-  for (const char* name : {"rank0.jsonl", "rank7.jsonl", "rank12.rolled_back.jsonl",
+TEST_F(StepLogStart, LoggedRanksBeyondTheWorldCountStepLogsOnly) {
+  EXPECT_EQ(logged_ranks_beyond(run_dir(), 2), std::vector<int>{}) << "no log directory yet";
+  for (const char* name : {"rank0.jsonl", "rank7.jsonl", "rank3.jsonl", "rank12.rolled_back.jsonl",
                            "rank9.jsonl.tmp", "ranks.jsonl", "notes.jsonl"}) {
     write(name, {line(0, "a")});
   }
-  EXPECT_EQ(highest_logged_rank(run_dir()), 7);
+  EXPECT_EQ(logged_ranks_beyond(run_dir(), 2), (std::vector<int>{3, 7}));
+  EXPECT_EQ(logged_ranks_beyond(run_dir(), 8), std::vector<int>{});
 }
 
 // Time outside a step's step_seconds: its evaluation, and what follows it (a checkpoint save).
