@@ -287,29 +287,41 @@ void Trainer::build_data() {
   // The run's tokenizer (data.tokenizer, or the shards'), which sample and export use: one that
   // is no exact SentencePiece model, or has more pieces than the model has ids (which would
   // stop training at the first batch holding a token past them, maybe hours in), is refused
-  // now. Rank 0 asks mantissa-tokenize (one process for the job, not one per rank); its error
-  // ends every rank. After the shards' own checks: the tokenizer beside an unfinished encode
-  // may not be theirs. A checkpoint records what the token ids mean (the tokenizer's CRC), so
-  // that a resume with another one is told (rank 0 alone reports and writes the manifest).
+  // now. Rank 0 asks mantissa-tokenize (one process for the job, not one per rank) and tells
+  // the others its refusal, which every rank then reports as the job's: before the validation
+  // windows are read, where a vocabulary too small for the tokenizer would also show, on each
+  // rank in its own words. After the shards' own checks: the tokenizer beside an unfinished
+  // encode may not be theirs. A checkpoint records what the token ids mean (the tokenizer's
+  // CRC), so that a resume with another one is told (rank 0 alone reports and writes the
+  // manifest).
+  std::string tokenizer_refusal;
   if (world_.rank() == 0) {
     if (const std::optional<std::string> path = run_tokenizer_file(config_)) {
       const std::string source =
           data.tokenizer().empty() ? "the shards' tokenizer" : "data.tokenizer";
-      const TokenizerClient tokenizer = [&] {
-        try {
-          return TokenizerClient(*path);
-        } catch (const core::ConfigError& e) {
-          throw core::ConfigError(source + ": " + e.what());
-        }
-      }();
-      require(tokenizer.vocab_size() <= dims.vocab_size, dims.prefix + ".vocab_size",
-              std::to_string(dims.vocab_size),
-              "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
-                  " pieces of the tokenizer " + *path + " (" + source + ")");
-      tokenizer_file_ = *path;
-      tokenizer_crc32c_ = file_crc32c(*path);
+      try {
+        const TokenizerClient tokenizer = [&] {
+          try {
+            return TokenizerClient(*path);
+          } catch (const core::ConfigError& e) {
+            throw core::ConfigError(source + ": " + e.what());
+          }
+        }();
+        require(tokenizer.vocab_size() <= dims.vocab_size, dims.prefix + ".vocab_size",
+                std::to_string(dims.vocab_size),
+                "is smaller than the " + std::to_string(tokenizer.vocab_size()) +
+                    " pieces of the tokenizer " + *path + " (" + source + ")");
+        tokenizer_file_ = *path;
+        tokenizer_crc32c_ = file_crc32c(*path);
+      } catch (const core::ConfigError& e) {
+        tokenizer_refusal = e.what();
+      }
     }
   }
+  if (world_.size() > 1) {
+    tokenizer_refusal = world_.all_gather(tokenizer_refusal, config_.dist().timeout_s())[0];
+  }
+  if (!tokenizer_refusal.empty()) throw RanksDisagree(tokenizer_refusal);
   train::DataLoaderConfig loader;
   loader.seq_len = dims.seq_len;
   loader.micro_batch = data.micro_batch_size();

@@ -166,8 +166,9 @@ precision {{ mode: FP32 }}
         self.assertIn(f"mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
                       f"the tokenizer {out_dir}/tokenizer.model (the shards' tokenizer)",
                       result.stderr)
-        # On 2 ranks rank 0 alone asks the tokenizer, and its refusal ends both. A copy of the
-        # binary finds, beside it, a mantissa-tokenize that logs each start and runs the real one.
+        # On 2 ranks rank 0 alone asks the tokenizer, and its refusal ends both, said once: rank 1
+        # does not go on to find a validation token past the vocabulary. A copy of the binary
+        # finds, beside it, a mantissa-tokenize that logs each start and runs the real one.
         bin_dir = os.path.join(self.dir, "bin")
         os.makedirs(bin_dir)
         copy = shutil.copy2(lu.binary(), os.path.join(bin_dir, "mantissa"))
@@ -180,10 +181,14 @@ precision {{ mode: FP32 }}
         result = subprocess.run(
             lu.mpirun_prefix(2) + [copy, "train", "--config", config, "--set",
                                    f"run.dir={self.dir}/small2", "--set",
-                                   "model.gpt2.vocab_size=512"],
+                                   "model.gpt2.vocab_size=512", "--set",
+                                   f"data.token_shards.val_pattern={out_dir}/val_*.bin",
+                                   "--set", "run.eval_every=1"],
             cwd=self.dir, env=lu.environment(), timeout=120, capture_output=True, text=True)
         self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertIn("is smaller than the 1000 pieces of the tokenizer", result.stderr)
+        self.assertEqual(result.stderr.count("is smaller than the 1000 pieces of the tokenizer"),
+                         1, result.stderr)
+        self.assertNotIn(">= vocab_size", result.stderr)
         with open(starts) as f:
             self.assertEqual(len(f.readlines()), 1, "one mantissa-tokenize for 2 ranks")
 
