@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor/tensor.h"
@@ -101,5 +102,15 @@ class Communicator {
 
 // Offsets of consecutive chunks: {0, c0, c0 + c1, ...} (size() + 1 entries).
 std::vector<int64_t> chunk_offsets(const std::vector<int64_t>& counts);
+
+// The chunk counts of a collective on `size` ranks over `buf`: one per rank, none negative,
+// adding up to buf's elements. Throws core::Error naming `op` ("MPI all_gather").
+void check_chunk_counts(std::string_view op, const core::Tensor& buf,
+                        const std::vector<int64_t>& counts, int size);
+// all_to_all's chunk counts, each list checked as above, and what `rank` sends itself equal to
+// what it receives from itself.
+void check_all_to_all_counts(std::string_view op, const core::Tensor& send,
+                             const std::vector<int64_t>& send_counts, const core::Tensor& recv,
+                             const std::vector<int64_t>& recv_counts, int size, int rank);
 
 }  // namespace mantissa::dist

@@ -282,7 +282,7 @@ class MpiCommunicator final : public Communicator {
                             ReduceOp op) override {
     check_host(send, "reduce_scatter", "send");
     check_host(recv, "reduce_scatter", "recv");
-    check_chunks("reduce_scatter", send, counts);
+    check_chunk_counts("MPI reduce_scatter", send, counts, size_);
     MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank_],
                    "MPI reduce_scatter: recv " << recv.describe() << " must hold " << counts[rank_]
                                                << " elements of send's dtype");
@@ -313,7 +313,7 @@ class MpiCommunicator final : public Communicator {
                         const std::vector<int64_t>& counts) override {
     check_host(send, "all_gather", "send");
     check_host(recv, "all_gather", "recv");
-    check_chunks("all_gather", recv, counts);
+    check_chunk_counts("MPI all_gather", recv, counts, size_);
     MANTISSA_CHECK(send.dtype() == recv.dtype() && send.numel() == counts[rank_],
                    "MPI all_gather: send " << send.describe() << " must hold " << counts[rank_]
                                            << " elements of recv's dtype");
@@ -364,14 +364,10 @@ class MpiCommunicator final : public Communicator {
                         const std::vector<int64_t>& recv_counts) override {
     check_host(send, "all_to_all", "send");
     check_host(recv, "all_to_all", "recv");
-    check_chunks("all_to_all", send, send_counts);
-    check_chunks("all_to_all", recv, recv_counts);
+    check_all_to_all_counts("MPI all_to_all", send, send_counts, recv, recv_counts, size_, rank());
     MANTISSA_CHECK(send.dtype() == recv.dtype(), "MPI all_to_all: send "
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
-    MANTISSA_CHECK(send_counts[rank_] == recv_counts[rank_],
-                   "MPI all_to_all: this rank sends itself "
-                       << send_counts[rank_] << " elements but receives " << recv_counts[rank_]);
     auto request = start("all_to_all", send, {send, recv});
     const MPI_Datatype type = mpi_datatype(send.dtype());
     const std::vector<int64_t> send_offsets = chunk_offsets(send_counts);
@@ -422,18 +418,6 @@ class MpiCommunicator final : public Communicator {
   // The most elements of `dtype` one MPI call moves.
   int64_t piece(DType dtype) const {
     return std::max<int64_t>(1, max_piece_bytes_ / static_cast<int64_t>(core::dtype_size(dtype)));
-  }
-
-  void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {
-    MANTISSA_CHECK(static_cast<int>(counts.size()) == size_,
-                   "MPI " << op << ": " << counts.size() << " counts for " << size_ << " ranks");
-    for (int64_t count : counts) {
-      MANTISSA_CHECK(count >= 0, "MPI " << op << ": negative count " << count);
-    }
-    const int64_t total = chunk_offsets(counts).back();
-    MANTISSA_CHECK(total == buf.numel(), "MPI " << op << ": counts add up to " << total
-                                                << " elements, the buffer " << buf.describe()
-                                                << " has " << buf.numel());
   }
 
   // all_to_all's point-to-point messages (the only ones on this communicator) cycle through

@@ -271,6 +271,33 @@ TEST_P(Collectives, MismatchedArgumentsAreRejectedWithTheirShapes) {
   } catch (const core::Error& e) {
     EXPECT_NE(std::string(e.what()).find("counts add up to"), std::string::npos) << e.what();
   }
+  // Counts that add up but hold a negative one (which NCCL would take as a huge size_t), and
+  // an all_to_all whose rank sends itself other than it receives: refused before any message.
+  std::vector<int64_t> counts(static_cast<size_t>(n()), 0);
+  counts[0] = 13;
+  counts[1] = -3;
+  try {
+    comm->reduce_scatter(send, recv, counts, ReduceOp::kSum);
+    ADD_FAILURE() << "expected core::Error";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MPI reduce_scatter: negative count -3"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<int64_t> send_counts(static_cast<size_t>(n()), 2), recv_counts = send_counts;
+  send_counts[static_cast<size_t>(me())] = 1;
+  send_counts[static_cast<size_t>((me() + 1) % n())] = 3;
+  Tensor a2a_send = Tensor::empty(Shape{2 * n()}, DType::kF32);
+  Tensor a2a_recv = Tensor::empty(Shape{2 * n()}, DType::kF32);
+  try {
+    comm->all_to_all(a2a_send, send_counts, a2a_recv, recv_counts);
+    ADD_FAILURE() << "expected core::Error";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "MPI all_to_all: this rank sends itself 1 elements but receives 2"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A receive shorter than what its peer sends (counts that disagree across ranks) fails on the
