@@ -39,7 +39,8 @@
 // posts on its own communicator. NCCL needs more: its kernels of different communicators,
 // launched in different orders on different ranks, can wait on each other forever. So every
 // collective of the pipeline is issued in one fixed order (order_, the same on every rank),
-// each only after all those before it: when the next one cannot start yet, nothing after it
+// each only after all those before it (and NCCL's communicators run them on the GPU in that
+// order, dist/nccl/nccl_communicator.h): when the next one cannot start yet, nothing after it
 // starts either, and the rank goes back to backward and tries again at the next grad_ready
 // (or in finish()).
 // The scalar collectives (on the control communicator, or on StepComm's host one beside NCCL)

@@ -61,7 +61,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 // Ends the job from where nothing may throw (a destructor), as the job asks.
-void abort_job(const NcclJob& job, int exit_code, const std::string& message) {
+[[noreturn]] void abort_job(const NcclJob& job, int exit_code, const std::string& message) {
   if (job.abort) job.abort(exit_code, message);
   std::fprintf(stderr, "mantissa: rank %d: %s\n", job.rank, message.c_str());
   std::fflush(stderr);
@@ -79,11 +79,13 @@ class NcclComm {
       : job_(std::move(job)), timeout_s_(timeout_s) {}
   ~NcclComm() {
     if (comm_ == nullptr) return;
-    // Destroyed while a failure unwinds the stack on its way to ending the job: abort at once.
-    // Finalizing would wait up to timeout_s for peers that may never come, once for each of
-    // the job's communicators.
+    // Destroyed while a failure unwinds the stack on its way to ending the job. Finalizing
+    // would wait up to timeout_s for peers that may never come, once for each of the job's
+    // communicators. A job of several ranks ends by the job's abort (main's), which
+    // ncclCommAbort must not delay: it can hang while a collective waits for a lost peer. One
+    // process has no peer to wait for: abort at once.
     if (std::uncaught_exceptions() > 0) {
-      abort();
+      if (!job_ends_on_failure()) abort();
       return;
     }
     // On a non-blocking communicator ncclCommFinalize answers ncclInProgress while it flushes
@@ -117,6 +119,11 @@ class NcclComm {
   NcclComm& operator=(const NcclComm&) = delete;
 
   ncclComm_t* out() { return &comm_; }
+  // A job of several ranks that the job's abort ends on a failure (World's MPI_Abort): it is
+  // ended first, before any ncclCommAbort, which can itself hang while a collective of this or
+  // another communicator of the job waits for a lost peer (NCCL aborts a split family parent
+  // first, and says any of them may hang).
+  bool job_ends_on_failure() const { return job_->size > 1 && static_cast<bool>(job_->abort); }
   // An earlier failure or timeout aborted the communicator (see abort()).
   bool aborted() const { return comm_ == nullptr; }
   const std::shared_ptr<const NcclJob>& job() const { return job_; }
@@ -145,13 +152,20 @@ class NcclComm {
     return state == ncclSuccess;
   }
 
-  // Throws when `result` is an error, `what` saying what failed; aborts the communicator first.
+  // When `result` is an error, `what` saying what failed: ends the job (job_ends_on_failure),
+  // else aborts the communicator and throws.
   void check_result(ncclResult_t result, const std::string& what) {
     if (result == ncclSuccess || result == ncclInProgress) return;
-    const std::string detail = ncclGetLastError(comm_);
+    fail("NCCL on rank " + std::to_string(rank()) + ": " + what + ": " +
+         ncclGetErrorString(result) + " (" + ncclGetLastError(comm_) + ")");
+  }
+
+  // A failure of this communicator or of its stream's work: ends the job with `message`
+  // (job_ends_on_failure), else aborts the communicator and throws core::Error.
+  [[noreturn]] void fail(const std::string& message) {
+    if (job_ends_on_failure()) abort_job(*job_, 1, message);
     abort();
-    MANTISSA_FAIL("NCCL on rank " << rank() << ": " << what << ": " << ncclGetErrorString(result)
-                                  << " (" << detail << ")");
+    MANTISSA_FAIL(message);
   }
 
   // The job's on_timeout comes first: it names the silent ranks and ends the job, and
@@ -217,6 +231,12 @@ class NcclRequest final : public Request {
     // Its done event was never recorded: enqueueing the collective failed part way (an NCCL
     // call, a group's end, the event record threw), and an unrecorded event counts as fired
     // while what was enqueued may still run. Nothing can wait for that: abort.
+    if (std::uncaught_exceptions() > 0 && comm_.job_ends_on_failure()) {
+      // A failure unwinds towards the job's abort (main's), which waiting here or aborting
+      // the communicator (it can hang on a lost peer) would only delay; the abort ends what
+      // is in flight, and no work follows that could reuse the buffers.
+      return;
+    }
     if (!recorded_) comm_.abort();
     if (comm_.aborted()) {
       // The failure that aborted the communicator is being reported already (the exception
@@ -252,10 +272,9 @@ class NcclRequest final : public Request {
     if (query == cudaErrorNotReady) return false;
     if (query != cudaSuccess) {
       // A kernel failed (on any stream: CUDA's errors are sticky). The peers must not wait
-      // out the timeout for this rank's part: abort.
-      comm_.abort();
-      MANTISSA_FAIL("NCCL " << what_ << " on rank " << comm_.rank()
-                            << ": CUDA error: " << cudaGetErrorString(query));
+      // out the timeout for this rank's part: end the job, or abort the communicator.
+      comm_.fail("NCCL " + what_ + " on rank " + std::to_string(comm_.rank()) +
+                 ": CUDA error: " + cudaGetErrorString(query));
     }
     done_ = true;
     return true;
@@ -277,10 +296,25 @@ class NcclRequest final : public Request {
   bool done_ = false;
 };
 
+// The one order, on the GPU, of every collective of a communicator and its duplicates. NCCL
+// kernels of different communicators run on streams of their own and spin until their peers
+// join: started in different orders on different ranks (which the GPU's scheduler may do,
+// however the host issued them), they can wait on each other for ever. Before NCCL 2.26 the
+// documented remedy is a total order through stream dependencies, and from 2.26 it is still
+// needed unless NCCL_LAUNCH_ORDER_IMPLICIT is set. So each collective's stream first waits for
+// the one issued before it, on whichever communicator of the family: the host issues them in
+// the same order on every rank (the pipeline's rule, dist/bucketed_grad_sync.cpp), and the GPU
+// now runs them in that order too.
+struct LaunchOrder {
+  core::CudaEvent last_enqueued{cudaEventDisableTiming};
+  bool any = false;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(core::CudaBackend& backend, double timeout_s, std::unique_ptr<NcclComm> comm)
-      : backend_(backend), timeout_s_(timeout_s), comm_(std::move(comm)) {
+  NcclCommunicator(core::CudaBackend& backend, double timeout_s, std::unique_ptr<NcclComm> comm,
+                   std::shared_ptr<LaunchOrder> order)
+      : backend_(backend), timeout_s_(timeout_s), comm_(std::move(comm)), order_(std::move(order)) {
     MANTISSA_NCCL_CHECK(ncclCommCount(comm_->get(), &size_), comm_->get(), comm_->rank());
   }
 
@@ -297,7 +331,7 @@ class NcclCommunicator final : public Communicator {
                         rank());
     comm_->wait_ready("ncclCommSplit");
     child->wait_ready("ncclCommSplit");
-    return std::make_unique<NcclCommunicator>(backend_, timeout_s_, std::move(child));
+    return std::make_unique<NcclCommunicator>(backend_, timeout_s_, std::move(child), order_);
   }
 
   RequestPtr all_reduce(Tensor& buf, ReduceOp op) override {
@@ -314,7 +348,7 @@ class NcclCommunicator final : public Communicator {
                             ReduceOp op) override {
     check_device(send, "reduce_scatter");
     check_device(recv, "reduce_scatter");
-    check_chunks("reduce_scatter", send, counts);
+    check_chunk_counts("NCCL reduce_scatter", send, counts, size_);
     MANTISSA_CHECK(recv.dtype() == send.dtype() && recv.numel() == counts[rank()],
                    "NCCL reduce_scatter: recv " << recv.describe() << " must hold "
                                                 << counts[rank()] << " elements of send's dtype");
@@ -346,7 +380,7 @@ class NcclCommunicator final : public Communicator {
                         const std::vector<int64_t>& counts) override {
     check_device(send, "all_gather");
     check_device(recv, "all_gather");
-    check_chunks("all_gather", recv, counts);
+    check_chunk_counts("NCCL all_gather", recv, counts, size_);
     MANTISSA_CHECK(send.dtype() == recv.dtype() && send.numel() == counts[rank()],
                    "NCCL all_gather: send " << send.describe() << " must hold " << counts[rank()]
                                             << " elements of recv's dtype");
@@ -389,8 +423,7 @@ class NcclCommunicator final : public Communicator {
                         const std::vector<int64_t>& recv_counts) override {
     check_device(send, "all_to_all");
     check_device(recv, "all_to_all");
-    check_chunks("all_to_all", send, send_counts);
-    check_chunks("all_to_all", recv, recv_counts);
+    check_all_to_all_counts("NCCL all_to_all", send, send_counts, recv, recv_counts, size_, rank());
     MANTISSA_CHECK(send.dtype() == recv.dtype(), "NCCL all_to_all: send "
                                                      << send.describe() << " and recv "
                                                      << recv.describe() << " differ in dtype");
@@ -440,15 +473,6 @@ class NcclCommunicator final : public Communicator {
                    "NCCL " << op << ": " << t.describe() << " is not on " << device().str());
   }
 
-  void check_chunks(const char* op, const Tensor& buf, const std::vector<int64_t>& counts) const {
-    MANTISSA_CHECK(static_cast<int>(counts.size()) == size_,
-                   "NCCL " << op << ": " << counts.size() << " counts for " << size_ << " ranks");
-    const int64_t total = chunk_offsets(counts).back();
-    MANTISSA_CHECK(total == buf.numel(), "NCCL " << op << ": counts add up to " << total
-                                                 << " elements, the buffer " << buf.describe()
-                                                 << " has " << buf.numel());
-  }
-
   // The collective must see every write already queued on the backend's stream. The request
   // holds `operands` until it completes (see Request): a tensor the caller drops meanwhile
   // goes back to the caching allocator only once the communicator's stream is done with it.
@@ -461,12 +485,17 @@ class NcclCommunicator final : public Communicator {
     request->hold(std::move(operands));
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
     MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
+    if (order_->any) {
+      MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), order_->last_enqueued.get(), 0));
+    }
     return request;
   }
 
   RequestPtr end(std::unique_ptr<NcclRequest> request) {
     comm_->wait_ready(request->what());
     request->record_done();
+    MANTISSA_CUDA_CHECK(cudaEventRecord(order_->last_enqueued.get(), stream_.get()));
+    order_->any = true;
     return request;
   }
 
@@ -507,6 +536,7 @@ class NcclCommunicator final : public Communicator {
   core::CudaStream stream_;
   core::CudaEvent ready_{cudaEventDisableTiming};
   std::unique_ptr<NcclComm> comm_;
+  std::shared_ptr<LaunchOrder> order_;  // shared with the duplicates
   int size_ = 1;
 };
 
@@ -544,7 +574,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend&
       std::make_unique<NcclComm>(std::make_shared<const NcclJob>(std::move(job)), timeout_s);
   MANTISSA_NCCL_CHECK(ncclCommInitRankConfig(comm->out(), size, id, rank, &config), nullptr, rank);
   comm->wait_ready("ncclCommInitRankConfig");
-  return std::make_unique<NcclCommunicator>(*cuda, timeout_s, std::move(comm));
+  return std::make_unique<NcclCommunicator>(*cuda, timeout_s, std::move(comm),
+                                            std::make_shared<LaunchOrder>());
 }
 
 }  // namespace mantissa::dist

@@ -13,7 +13,11 @@
 // at all for one process).
 //
 // Collectives run on a stream of their own, after the work already queued on the backend's
-// stream (an event orders them), so reductions overlap the rest of backward. Sums are NCCL's:
+// stream (an event orders them), so reductions overlap the rest of backward; and after the
+// collective issued before them on any duplicate() of the same communicator, so that the GPU
+// runs a job's collectives in the order the host issued them, the same on every rank (kernels
+// of different communicators started in different orders could wait on each other for ever).
+// Sums are NCCL's:
 // BF16/F16 and FP8 (sm_90 and newer) round at every hop like the MPI path.
 #pragma once
 
