@@ -24,11 +24,13 @@
 #if defined(MANTISSA_WITH_CUDA)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/device_peaks.h"
+#include "core/error.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "models/gpt2/gpt2.h"
 #include "train/data/corpus.h"
@@ -105,6 +107,9 @@ void train_and_report(core::Backend& gpu, const Run& run, int64_t steps, int64_t
       run.name, seconds / static_cast<double>(steps) * 1e3, static_cast<double>(tokens) / seconds,
       static_cast<double>(gpu.host_syncs() - syncs) / static_cast<double>(steps), loss,
       peak_flops > 0 ? tflops * 1e12 / peak_flops : 0.0, tflops, tflops / gemm_tflops);
+  // A step that is fast but wrong is no figure: its row fails the benchmark.
+  MANTISSA_CHECK(std::isfinite(loss), run.name << ": the loss after " << loop.steps << " steps is "
+                                               << loss << ", not finite");
 }
 
 // The table, one row per run; 1 when a run failed.

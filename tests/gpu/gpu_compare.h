@@ -164,22 +164,27 @@ inline double tolerance(DType dtype) {
   }
 }
 
+// The root mean square of a host tensor's finite elements (0 when there are none).
+inline double rms_of(const Tensor& t) {
+  double squares = 0.0;
+  int64_t finite = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double v = value_at(t, i);
+    if (std::isfinite(v)) {
+      squares += v * v;
+      ++finite;
+    }
+  }
+  return finite > 0 ? std::sqrt(squares / static_cast<double>(finite)) : 0.0;
+}
+
 // |actual - expected| <= tol * max(|expected|, rms(expected)); the RMS floor keeps near-zero
 // results of a cancellation from demanding more relative accuracy than the computation has.
 // NaN must meet NaN, inf the same inf.
 inline void expect_close(const Tensor& expected, const Tensor& actual, double tol,
                          const std::string& what) {
   ASSERT_EQ(expected.numel(), actual.numel()) << what;
-  double squares = 0.0;
-  int64_t finite = 0;
-  for (int64_t i = 0; i < expected.numel(); ++i) {
-    const double e = value_at(expected, i);
-    if (std::isfinite(e)) {
-      squares += e * e;
-      ++finite;
-    }
-  }
-  const double rms = finite > 0 ? std::sqrt(squares / static_cast<double>(finite)) : 0.0;
+  const double rms = rms_of(expected);
   int64_t mismatches = 0;
   for (int64_t i = 0; i < expected.numel(); ++i) {
     const double e = value_at(expected, i);

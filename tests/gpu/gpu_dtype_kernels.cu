@@ -15,8 +15,9 @@
 namespace mantissa::core::gpu_dtype_test {
 namespace {
 
-// The disagreements found so far, kept on the device.
+// The inputs compared and the disagreements found so far, kept on the device.
 struct Tally {
+  unsigned long long checked;  // counted by the threads, so that an input skipped shows
   unsigned long long mismatches;
   unsigned long long first;  // smallest mismatching input; all ones while there is none
 };
@@ -29,16 +30,17 @@ std::unique_ptr<Tally, DeviceFree> new_tally() {
   void* p = nullptr;
   MANTISSA_CUDA_CHECK(cudaMalloc(&p, sizeof(Tally)));
   std::unique_ptr<Tally, DeviceFree> tally(static_cast<Tally*>(p));
+  MANTISSA_CUDA_CHECK(cudaMemset(&tally->checked, 0, sizeof tally->checked));
   MANTISSA_CUDA_CHECK(cudaMemset(&tally->mismatches, 0, sizeof tally->mismatches));
   MANTISSA_CUDA_CHECK(cudaMemset(&tally->first, 0xFF, sizeof tally->first));
   return tally;
 }
 
-Report read_tally(const Tally* device_tally, uint64_t checked) {
+Report read_tally(const Tally* device_tally) {
   Tally tally{};
   MANTISSA_CUDA_CHECK(cudaMemcpy(&tally, device_tally, sizeof tally, cudaMemcpyDeviceToHost));
   Report report;
-  report.checked = checked;
+  report.checked = tally.checked;
   report.mismatches = tally.mismatches;
   report.first_input = static_cast<uint32_t>(tally.first);
   return report;
@@ -97,8 +99,9 @@ __device__ bool is_nan_code(Encoding encoding, uint32_t code) {
 __global__ void compare_encoding_kernel(Encoding encoding, uint64_t begin, uint64_t count,
                                         Tally* tally) {
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  unsigned long long compared = 0;
   for (uint64_t k = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < count;
-       k += stride) {
+       k += stride, ++compared) {
     const uint64_t input = begin + k;
     const float x = __uint_as_float(static_cast<uint32_t>(input));
     const uint32_t ours = encode_ours(encoding, x);
@@ -107,6 +110,7 @@ __global__ void compare_encoding_kernel(Encoding encoding, uint64_t begin, uint6
       record_mismatch(tally, input);
     }
   }
+  atomicAdd(&tally->checked, compared);
 }
 
 // Both results for one input, for the report.
@@ -143,14 +147,16 @@ __device__ float decode_cuda(Decoding decoding, uint32_t code) {
 
 __global__ void compare_decoding_kernel(Decoding decoding, uint32_t count, Tally* tally,
                                         uint32_t* first_results) {
+  unsigned long long compared = 0;
   for (uint32_t code = blockIdx.x * blockDim.x + threadIdx.x; code < count;
-       code += gridDim.x * blockDim.x) {
+       code += gridDim.x * blockDim.x, ++compared) {
     const float ours = decode_ours(decoding, code);
     const float cuda = decode_cuda(decoding, code);
     if (__float_as_uint(ours) != __float_as_uint(cuda) && !(isnan(ours) && isnan(cuda))) {
       record_mismatch(tally, code);
     }
   }
+  atomicAdd(&tally->checked, compared);
   // The launch is one block: after this barrier every mismatch is recorded, and thread 0
   // reports both results for the first one.
   __syncthreads();
@@ -171,7 +177,7 @@ Report compare_encoding(Encoding encoding) {
     MANTISSA_CUDA_CHECK_LAUNCH();
   }
   MANTISSA_CUDA_CHECK(cudaDeviceSynchronize());
-  Report report = read_tally(tally.get(), kAll);
+  Report report = read_tally(tally.get());
   if (report.mismatches > 0) {
     void* p = nullptr;
     MANTISSA_CUDA_CHECK(cudaMalloc(&p, 2 * sizeof(uint32_t)));
@@ -195,7 +201,7 @@ Report compare_decoding(Decoding decoding) {
   compare_decoding_kernel<<<1, 1024>>>(decoding, count, tally.get(), results.get());
   MANTISSA_CUDA_CHECK_LAUNCH();
   MANTISSA_CUDA_CHECK(cudaDeviceSynchronize());
-  Report report = read_tally(tally.get(), count);
+  Report report = read_tally(tally.get());
   if (report.mismatches > 0) {
     uint32_t host[2] = {};
     MANTISSA_CUDA_CHECK(cudaMemcpy(host, results.get(), sizeof host, cudaMemcpyDeviceToHost));

@@ -197,18 +197,23 @@ TEST(GpuBlockFp8, ScaledWeightGradientAccumulatesWithBetaOne) {
       q.transpose = true;
       const Quantized dyt = quantize(*b.cpu, Device::cpu(), dy, DType::kE4M3, q);
       const Quantized xt = quantize(*b.cpu, Device::cpu(), x, DType::kE4M3, q);
-      // The gradient so far: random values, equal on both sides.
-      std::mt19937_64 rng(36);
-      const Tensor grad0 = gpu_test::random_tensor(Shape{out, in}, DType::kF32, rng);
-      Tensor c_cpu = b.clone_host(grad0);
-      Tensor c_gpu = b.to_device(grad0);
       GemmParams p;
       p.trans_b = true;
-      p.beta = 1.0f;
       p.a_scale_mode = mode;
       p.b_scale_mode = mode;
       p.a_scale = &dyt.scales;
       p.b_scale = &xt.scales;
+      // The gradient so far: random values as large as the product (rms), equal on both sides,
+      // so that a beta ignored or applied twice moves the result by about its rms, 500 times
+      // the tolerance (values of 1 would vanish under it: the product's rms is about 2e5).
+      Tensor product = Tensor::empty(Shape{out, in}, DType::kF32);
+      b.cpu->gemm(dyt.codes, xt.codes, product, p);
+      std::mt19937_64 rng(36);
+      const Tensor grad0 = gpu_test::random_tensor(Shape{out, in}, DType::kF32, rng,
+                                                   {static_cast<float>(gpu_test::rms_of(product))});
+      Tensor c_cpu = b.clone_host(grad0);
+      Tensor c_gpu = b.to_device(grad0);
+      p.beta = 1.0f;
       b.cpu->gemm(dyt.codes, xt.codes, c_cpu, p);
       const Tensor a_dev = b.to_device(dyt.codes), b_dev = b.to_device(xt.codes);
       const Tensor sa_dev = b.to_device(dyt.scales), sb_dev = b.to_device(xt.scales);

@@ -11,8 +11,17 @@
 //   -> F16                            2e-3 (one F16 step is at most 2^-10 of the maximum,
 //                                          and F16's subnormals sit far below it)
 //   -> BF16                           1e-2 (one BF16 step is at most 2^-7 of the maximum)
-//   FP8 operands -> F32/BF16          6e-2
-//   -> FP8                            codes at most one step apart, amax within 1e-2
+//   FP8 operands -> F32               2e-3 (Hopper's FP8 MMA keeps about 14 bits of its sums;
+//                                          cuBLASLt promotes the partial sums to FP32, which
+//                                          leaves them within 4.5e-4 of the exact ones, see
+//                                          test_gpu_block_fp8.cpp)
+//   -> BF16                           1e-2 (its rounding step)
+//   with fast accumulation            6e-2 (the 14 bits along all of K: DeepSeek-V3 measured up
+//                                          to 2% at K = 4096)
+//   -> FP8                            at least 95% of the codes equal, the rest one step
+//                                     apart (a sum near a rounding boundary may land on either
+//                                     side; truncation or a bias moves about half), amax
+//                                     within 1e-2
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -110,19 +119,25 @@ double max_relative_error(const std::vector<float>& got, const std::vector<float
   return scale == 0.0 ? diff : diff / scale;
 }
 
-// Number of FP8 codes that are more than one rounding step apart (codes of one sign order
-// like their magnitudes; across zero both must be within one step of it).
-int64_t fp8_codes_apart(const Tensor& got, const Tensor& want) {
+// How FP8 codes compare: how many differ at all, and how many by more than one rounding step
+// (codes of one sign order like their magnitudes; across zero both must be within one step of
+// it).
+struct Fp8CodesApart {
+  int64_t differ = 0;
+  int64_t beyond_one_step = 0;
+};
+Fp8CodesApart fp8_codes_apart(const Tensor& got, const Tensor& want) {
   const auto* g = static_cast<const uint8_t*>(got.data());
   const auto* w = static_cast<const uint8_t*>(want.data());
-  int64_t bad = 0;
+  Fp8CodesApart apart;
   for (int64_t i = 0; i < want.numel(); ++i) {
     const int gm = g[i] & 0x7F;
     const int wm = w[i] & 0x7F;
-    const bool ok = (g[i] & 0x80) == (w[i] & 0x80) ? std::abs(gm - wm) <= 1 : gm + wm <= 1;
-    bad += ok ? 0 : 1;
+    const bool near = (g[i] & 0x80) == (w[i] & 0x80) ? std::abs(gm - wm) <= 1 : gm + wm <= 1;
+    apart.differ += g[i] == w[i] ? 0 : 1;
+    apart.beyond_one_step += near ? 0 : 1;
   }
-  return bad;
+  return apart;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -244,7 +259,9 @@ class GemmHarness {
     const Tensor got = to_host(*gpu_, dev_c);
 
     if (fp8_out) {
-      EXPECT_EQ(fp8_codes_apart(got, want), 0);
+      const Fp8CodesApart apart = fp8_codes_apart(got, want);
+      EXPECT_EQ(apart.beyond_one_step, 0);
+      EXPECT_LE(apart.differ, want.numel() / 20) << "of " << want.numel() << " codes";
       const float got_amax = load(to_host(*gpu_, dev_amax))[0];
       const float want_amax = load(host_amax)[0];
       EXPECT_NEAR(got_amax, want_amax, 1e-2 * want_amax);
@@ -259,9 +276,10 @@ class GemmHarness {
 };
 
 // Tolerance by the least precise dtype involved (see the top of this file).
-double tolerance_for(DType in, DType out) {
-  if (is_fp8(in)) return 6e-2;
+double tolerance_for(DType in, DType out, bool fast_accumulate = false) {
+  if (is_fp8(in) && fast_accumulate) return 6e-2;
   if (out == DType::kBF16) return 1e-2;
+  if (is_fp8(in)) return 2e-3;
   if (out == DType::kF16) return 2e-3;
   return in == DType::kF32 ? 1e-5 : 1e-4;
 }
@@ -496,7 +514,7 @@ TEST(GpuGemm, Fp8PairsAllTransposes) {
           cs.m = 80, cs.n = 48, cs.k = 96, cs.trans_a = ta, cs.trans_b = tb;
           cs.a = da, cs.b = db, cs.c = out;
           cs.fast_accumulate = fast;
-          cs.tolerance = tolerance_for(da, out);
+          cs.tolerance = tolerance_for(da, out, fast);
           h.check(cs);
         }
       }
@@ -522,7 +540,7 @@ TEST(GpuGemm, Fp8Gpt2Shapes) {
     weight_grad.trans_a = true, weight_grad.beta = 1.0f;
     weight_grad.a = DType::kE5M2, weight_grad.b = DType::kE4M3, weight_grad.c = DType::kF32;
     for (GemmCase cs : {forward, input_grad, weight_grad}) {
-      cs.tolerance = tolerance_for(cs.a, cs.c);
+      cs.tolerance = tolerance_for(cs.a, cs.c, cs.fast_accumulate);
       h.check(cs);
     }
   }

@@ -9,7 +9,9 @@
 // split and group end), out-of-place results, odd sizes, and the ordering of the
 // communicator's stream after the backend's (each input is written by a kernel on the
 // backend's stream just before the collective is posted: a missing event would let NCCL read
-// stale data).
+// stale data). Outputs and inputs start as NaN (poisoned), so that a collective that writes
+// nothing, or reads its input too early, cannot pass on bytes the allocator left there. What
+// size 1 cannot show: a wrong NCCL datatype of the same width, or a wrong reduction op.
 //
 // Gradient sync at world size 1 is the cast round trip: g -> round(g q) in the reduce dtype
 // -> widened times w, with q = 1 and w = 1 (FP8: q = fp8_max / amax of the bucket, at most
@@ -118,15 +120,26 @@ class GpuNccl : public ::testing::Test {
     return out;
   }
 
-  // `host`'s values in a fresh device buffer, written there by work queued on the backend's
-  // stream right before the collective (a fill, then a device-to-device copy) and not waited
-  // for: the collective must be ordered after it.
+  // A device buffer whose every element is NaN (integers: -12345), written and waited for.
+  // The caching allocator hands a freed block of the same size straight back, so a buffer
+  // taken fresh may already hold the expected bytes (an earlier staging copy's): a collective
+  // that wrote nothing into it, or read it before its input was written, would then pass.
+  Tensor poisoned(const Shape& shape, DType dtype) {
+    Tensor t = Tensor::empty(shape, dtype, gpu->device());
+    const bool integer = dtype == DType::kI32 || dtype == DType::kI64;
+    gpu->fill(t, integer ? -12345.0f : std::nanf(""));
+    gpu->synchronize();
+    return t;
+  }
+
+  // `host`'s values in a poisoned device buffer, written there by a device-to-device copy
+  // queued on the backend's stream right before the collective and not waited for: the
+  // collective must be ordered after it (else it reads the poison).
   Tensor written_on_device(const Tensor& host) {
     Tensor staging = Tensor::empty(host.shape(), host.dtype(), gpu->device());
     gpu->copy(host, staging);
     gpu->synchronize();
-    Tensor out = Tensor::empty(host.shape(), host.dtype(), gpu->device());
-    gpu->fill(out, 0.0f);
+    Tensor out = poisoned(host.shape(), host.dtype());
     gpu->copy(staging, out);
     return out;
   }
@@ -163,13 +176,13 @@ TEST_F(GpuNccl, EveryCollectiveAndDtypeAtSizeOne) {
       const std::vector<int64_t> counts = {n};
       {
         Tensor send = written_on_device(expected);
-        Tensor recv = Tensor::empty(Shape{n}, dtype, gpu->device());
+        Tensor recv = poisoned(Shape{n}, dtype);
         comm->reduce_scatter(send, recv, counts, ReduceOp::kSum)->wait();
         expect_bits(expected, recv, "reduce_scatter " + what);
       }
       {
         Tensor send = written_on_device(expected);
-        Tensor recv = Tensor::empty(Shape{n}, dtype, gpu->device());
+        Tensor recv = poisoned(Shape{n}, dtype);
         comm->all_gather(send, recv, counts)->wait();
         expect_bits(expected, recv, "all_gather " + what);
         Tensor in_place = written_on_device(expected);
@@ -183,7 +196,7 @@ TEST_F(GpuNccl, EveryCollectiveAndDtypeAtSizeOne) {
       }
       {
         Tensor send = written_on_device(expected);
-        Tensor recv = Tensor::empty(Shape{n}, dtype, gpu->device());
+        Tensor recv = poisoned(Shape{n}, dtype);
         comm->all_to_all(send, counts, recv, counts)->wait();
         expect_bits(expected, recv, "all_to_all " + what);
       }
