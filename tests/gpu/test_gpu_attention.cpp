@@ -149,7 +149,7 @@ TEST(GpuAttention, CausalSoftmaxForwardMatchesFp64Reference) {
       // maximum moves late.
       const Tensor scores = scores_with_nan_above(shape, in, rng, {4.0f, 40.0f});
       const Tensor scores_dev = b.to_device(scores);
-      for (DType out : {DType::kF32, DType::kBF16}) {
+      for (DType out : {DType::kF32, DType::kBF16, DType::kF16}) {
         const std::string what = "causal_softmax_forward " + std::string(dtype_name(in)) + " -> " +
                                  dtype_name(out) + " " + shape.str();
         Tensor probs = Tensor::empty(shape, out);
