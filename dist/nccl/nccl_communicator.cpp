@@ -561,6 +561,16 @@ std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend&
   MANTISSA_CHECK(job.size == 1 || job.broadcast_from_rank0,
                  "NCCL communicator: " << job.size << " ranks need a way to share the unique id");
   MANTISSA_CUDA_CHECK(cudaSetDevice(cuda->device().index));
+  // A libnccl older than the headers this was built with may refuse what they offer (FP8
+  // datatypes, config fields) with a bare "invalid argument": name both versions first.
+  if (int loaded = 0;
+      job.rank == 0 && ncclGetVersion(&loaded) == ncclSuccess && loaded < NCCL_VERSION_CODE) {
+    std::fprintf(stderr,
+                 "mantissa: warning: NCCL %s is loaded, older than the %d.%d.%d this build was "
+                 "compiled with: what only the newer one has (FP8 reductions, configuration "
+                 "fields) may be refused\n",
+                 nccl_version_description().c_str(), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  }
 
   // Rank 0's unique id reaches every rank through the job (an MPI broadcast).
   ncclUniqueId id{};
