@@ -73,7 +73,10 @@ class Communicator {
   virtual int size() const = 0;
   // Where buffers must live: host memory (MPI) or this rank's GPU (NCCL).
   virtual core::Device device() const = 0;
-  // A communicator over the same ranks whose collectives are ordered independently.
+  // A communicator over the same ranks whose collectives are matched independently of this
+  // one's: each may start its own sequence. (NCCL still runs the collectives of a communicator
+  // and its duplicates on the GPU in the order the host started them, which must then be the
+  // same on every rank: dist/nccl/nccl_communicator.h.)
   virtual std::unique_ptr<Communicator> duplicate() = 0;
   // Whether its collectives run one after another in the order they were started (NCCL's, on
   // the communicator's stream), so that starting one before the previous has completed neither

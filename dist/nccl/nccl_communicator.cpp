@@ -513,7 +513,8 @@ class NcclCommunicator final : public Communicator {
     ~Group() {
       if (!open_) return;
       ncclGroupEnd();
-      owner_.comm_->abort();
+      // In a job of several ranks the failure ends the job first (job_ends_on_failure).
+      if (!owner_.comm_->job_ends_on_failure()) owner_.comm_->abort();
     }
     Group(const Group&) = delete;
     Group& operator=(const Group&) = delete;
