@@ -100,7 +100,8 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       config_(config),
       run_dir_(config.run().dir()),
       run_dir_cleanup_(run_dir_, world.rank() == 0),
-      progress_(progress, config.run().steps(), config.run().log_every(), stderr) {
+      progress_(progress, config.run().steps(), config.run().log_every(), stderr,
+                {config.run().eval_every(), config.checkpoint().every_steps()}) {
   // Rank 0 makes run.dir and locks it; the other ranks use it once they have read a file rank
   // 0 wrote there (require_shared_run_dir below). So a start they refuse leaves no directory
   // behind (rank 0's cleanup removes the one it made), and no rank makes one of its own on a
@@ -737,7 +738,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);
   metrics_->record_checkpoint(steps_done, seconds, state.saved_unix_time);
-  progress_.add_time_between_steps(seconds);
+  progress_.add_checkpoint_seconds(seconds);
   char line[512];
   std::snprintf(line, sizeof line, "mantissa: checkpoint %s written in %.2f s", dir.c_str(),
                 seconds);

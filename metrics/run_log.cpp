@@ -310,12 +310,37 @@ void StepLog::write(const StepRecord& record) {
 }
 
 ProgressLine::ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every,
-                           std::FILE* out)
+                           std::FILE* out, RecurringWork recurring)
     : live_(mode == ProgressMode::kLive ||
             (mode == ProgressMode::kAuto && isatty(fileno(out)) == 1)),
       total_steps_(total_steps),
       log_every_(log_every),
-      out_(out) {}
+      out_(out),
+      recurring_(recurring) {}
+
+namespace {
+
+// How many times work recurring after every `every` steps (0: only after the last) runs after
+// step `done` up to the run's end at `total`, the last step's included.
+int64_t occurrences_after(int64_t done, int64_t total, int64_t every) {
+  if (done >= total) return 0;
+  if (every <= 0) return 1;
+  return total / every - done / every + (total % every != 0 ? 1 : 0);
+}
+
+}  // namespace
+
+double ProgressLine::eta_seconds(double step_seconds, int64_t done) const {
+  const auto mean = [](double total, int64_t count) {
+    return count > 0 ? total / static_cast<double>(count) : 0.0;
+  };
+  return step_seconds * static_cast<double>(total_steps_ - done) +
+         mean(eval_seconds_, evals_seen_) *
+             static_cast<double>(occurrences_after(done, total_steps_, recurring_.eval_every)) +
+         mean(checkpoint_seconds_, checkpoints_seen_) *
+             static_cast<double>(
+                 occurrences_after(done, total_steps_, recurring_.checkpoint_every));
+}
 
 void ProgressLine::update(const StepRecord& record, int world_size) {
   const train::StepReport& r = record.report;
@@ -323,11 +348,15 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   // slow file system, a peer's checkpoint) or the first step's warm-up does not move it, as it
   // moved a running mean (one 60 s stall among 0.4 s steps multiplied it by 16 for dozens of
   // steps), while a lasting change of speed shows within half the window. To that it adds the
-  // evaluations' and checkpoints' time so far per step: they recur at fixed intervals, and an
-  // ETA without them came short by their share of the run.
+  // evaluations and checkpoints still to come, each at the mean time of those this process ran
+  // (an ETA without them came short by their share of the run). Counted, not spread over the
+  // steps run: a resumed process's first save may come after fewer steps than the interval.
   recent_step_seconds_.push_back(record.step_seconds);
   ++steps_seen_;
-  between_steps_seconds_ += record.eval_seconds;
+  if (record.val_loss) {
+    eval_seconds_ += record.eval_seconds;
+    ++evals_seen_;
+  }
   if (recent_step_seconds_.size() > kEtaWindow) recent_step_seconds_.pop_front();
   std::vector<double> sorted(recent_step_seconds_.begin(), recent_step_seconds_.end());
   // The lower median: of two steps, the faster (the first includes the warm-up).
@@ -335,14 +364,12 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   std::nth_element(sorted.begin(), middle, sorted.end());
   const int64_t done = r.step + 1;
   char line[256];
-  std::snprintf(
-      line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
-      static_cast<long long>(done), static_cast<long long>(total_steps_), record.mean_loss,
-      static_cast<double>(r.loss_scale), r.lr,
-      format_rate(record.tokens_per_s() * world_size).c_str(),
-      format_duration((*middle + between_steps_seconds_ / static_cast<double>(steps_seen_)) *
-                      static_cast<double>(total_steps_ - done))
-          .c_str());
+  std::snprintf(line, sizeof line,
+                "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
+                static_cast<long long>(done), static_cast<long long>(total_steps_),
+                record.mean_loss, static_cast<double>(r.loss_scale), r.lr,
+                format_rate(record.tokens_per_s() * world_size).c_str(),
+                format_duration(eta_seconds(*middle, done)).c_str());
   std::string text = line;
   if (record.val_loss) {
     std::snprintf(line, sizeof line, " | val loss %.4f", *record.val_loss);

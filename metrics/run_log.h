@@ -78,21 +78,36 @@ enum class ProgressMode {
   kLines,  // a plain line every log_every steps
 };
 
+// What recurs between a run's steps, as the Trainer schedules it: an evaluation after every
+// eval_every steps and a checkpoint after every checkpoint_every (0: never), each also after
+// the last step.
+struct RecurringWork {
+  int64_t eval_every = 0;
+  int64_t checkpoint_every = 0;
+};
+
 class ProgressLine {
  public:
-  ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out);
+  ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out,
+               RecurringWork recurring = {});
 
   // After each step (record.report.step is the 0-based index of the step just done).
   void update(const StepRecord& record, int world_size);
-  // Time the run spent between steps outside step_seconds and eval_seconds (a checkpoint
-  // save): the ETA spreads it, with the evaluations', over the steps this process has run.
-  void add_time_between_steps(double seconds) { between_steps_seconds_ += seconds; }
+  // A checkpoint save between steps and how long it took, for the ETA.
+  void add_checkpoint_seconds(double seconds) {
+    checkpoint_seconds_ += seconds;
+    ++checkpoints_seen_;
+  }
   // A line of its own (ends the live line first).
   void note(const std::string& text);
   // Ends a live line, so what follows starts on a fresh line.
   void finish();
 
  private:
+  // What the steps after the `done` ones take, each at `step_seconds`, with the evaluations and
+  // checkpoints among them.
+  double eta_seconds(double step_seconds, int64_t done) const;
+
   bool live_ = false;
   int64_t total_steps_;
   int64_t log_every_;
@@ -100,7 +115,12 @@ class ProgressLine {
   bool line_open_ = false;                  // a live line is on screen without its newline
   std::deque<double> recent_step_seconds_;  // the last steps' times, oldest first (the ETA's)
   int64_t steps_seen_ = 0;                  // steps this process has run
-  double between_steps_seconds_ = 0;        // evaluations and checkpoints, in total
+  RecurringWork recurring_;
+  // The evaluations and checkpoints this process has run, and their time in total.
+  double eval_seconds_ = 0;
+  int64_t evals_seen_ = 0;
+  double checkpoint_seconds_ = 0;
+  int64_t checkpoints_seen_ = 0;
 };
 
 }  // namespace mantissa::metrics

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -146,31 +147,40 @@ TEST_F(StepLogStart, LoggedRanksBeyondTheWorldCountStepLogsOnly) {
 // Time outside a step's step_seconds: its evaluation, and what follows it (a checkpoint save).
 struct AfterStep {
   double eval_seconds = 0;
-  double between_seconds = 0;
+  double checkpoint_seconds = 0;
 };
 
-// The progress line's ETA after each of `seconds` (steps of 1000), one line a step; `after`
+// The progress line's ETA after each of `seconds` (steps of 1000, the first `first_step`, with
+// an evaluation scheduled every 10 steps and a checkpoint every 100), one line a step; `after`
 // gives some steps (by index) an evaluation or a save.
 std::vector<std::string> etas(const std::vector<double>& seconds,
-                              const std::map<size_t, AfterStep>& after = {}) {
+                              const std::map<size_t, AfterStep>& after = {},
+                              int64_t first_step = 0) {
   std::FILE* out = std::tmpfile();
-  ProgressLine progress(ProgressMode::kLines, 1000, 1, out);
+  ProgressLine progress(ProgressMode::kLines, 1000, 1, out,
+                        {.eval_every = 10, .checkpoint_every = 100});
   for (size_t i = 0; i < seconds.size(); ++i) {
     const auto extra = after.find(i);
     StepRecord record;
-    record.report.step = static_cast<int64_t>(i);
+    record.report.step = first_step + static_cast<int64_t>(i);
     record.report.tokens = 1024;
     record.step_seconds = seconds[i];
-    if (extra != after.end()) record.eval_seconds = extra->second.eval_seconds;
+    if (extra != after.end() && extra->second.eval_seconds > 0) {
+      record.val_loss = 3.0;
+      record.eval_seconds = extra->second.eval_seconds;
+    }
     progress.update(record, 1);
-    if (extra != after.end()) progress.add_time_between_steps(extra->second.between_seconds);
+    if (extra != after.end() && extra->second.checkpoint_seconds > 0) {
+      progress.add_checkpoint_seconds(extra->second.checkpoint_seconds);
+    }
   }
   std::rewind(out);
   std::vector<std::string> found;
   for (char line[512]; std::fgets(line, sizeof line, out);) {
     const std::string text = line;
     const size_t at = text.find("ETA ");
-    found.push_back(at == std::string::npos ? "" : text.substr(at + 4, text.find('\n') - at - 4));
+    const size_t end = std::min(text.find('\n', at), text.find(" |", at));
+    found.push_back(at == std::string::npos ? "" : text.substr(at + 4, end - at - 4));
   }
   std::fclose(out);
   return found;
@@ -189,15 +199,27 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
 }
 
-// Evaluations and checkpoints recur: the ETA adds their time so far per step run. Steps of 1 s,
-// an evaluation of 4 s after step 10 and a checkpoint of 6 s after step 20.
+// Evaluations and checkpoints recur: the ETA adds those still to come, each at the mean time of
+// those run so far. Steps of 1 s, an evaluation of 4 s after step 10, a checkpoint of 6 s after
+// step 100 (of 1000; evaluations every 10 steps, checkpoints every 100).
 TEST(ProgressLine, TheEtaCountsEvaluationsAndCheckpoints) {
-  const std::vector<std::string> eta = etas(
-      std::vector<double>(21, 1.0), {{9, {.eval_seconds = 4.0}}, {19, {.between_seconds = 6.0}}});
-  ASSERT_EQ(eta.size(), 21u);
-  EXPECT_EQ(eta[8], "16m31s");   // 991 steps of 1 s
-  EXPECT_EQ(eta[9], "23m06s");   // 990 steps of 1 s + 4 s / 10 steps
-  EXPECT_EQ(eta[20], "24m05s");  // 979 steps of 1 s + 10 s / 21 steps
+  const std::vector<std::string> eta =
+      etas(std::vector<double>(101, 1.0),
+           {{9, {.eval_seconds = 4.0}}, {99, {.checkpoint_seconds = 6.0}}});
+  ASSERT_EQ(eta.size(), 101u);
+  EXPECT_EQ(eta[8], "16m31s");    // 991 steps of 1 s
+  EXPECT_EQ(eta[9], "23m06s");    // 990 steps of 1 s + 99 evaluations of 4 s
+  EXPECT_EQ(eta[100], "21m53s");  // 899 s + 90 evaluations of 4 s + 9 checkpoints of 6 s
+}
+
+// A process resumed at step 550 (a checkpoint written when a signal stopped the run) saves
+// first at step 600, 50 steps in: spread over the steps it ran, that save made the ETA count
+// 6 s per 51 steps (7m26s); counted, the 4 saves still to come add 24 s.
+TEST(ProgressLine, TheEtaAfterAResumeCountsTheSavesToCome) {
+  const std::vector<std::string> eta =
+      etas(std::vector<double>(51, 1.0), {{49, {.checkpoint_seconds = 6.0}}}, 550);
+  ASSERT_EQ(eta.size(), 51u);
+  EXPECT_EQ(eta[50], "7m03s");  // 399 steps of 1 s + 4 checkpoints of 6 s
 }
 
 // A run resumed at step 10 with log_every 5 shows its first step (11) at once: a requeued job
