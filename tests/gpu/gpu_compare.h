@@ -164,6 +164,15 @@ inline double tolerance(DType dtype) {
   }
 }
 
+// after - before, element by element, as an F32 host tensor (the two of one shape).
+inline Tensor difference(const Tensor& after, const Tensor& before) {
+  Tensor d = Tensor::empty(after.shape(), DType::kF32);
+  for (int64_t i = 0; i < d.numel(); ++i) {
+    set_value(d, i, static_cast<float>(value_at(after, i) - value_at(before, i)));
+  }
+  return d;
+}
+
 // The root mean square of a host tensor's finite elements (0 when there are none).
 inline double rms_of(const Tensor& t) {
   double squares = 0.0;

@@ -706,6 +706,7 @@ TEST(GpuOps, AdamWMatchesCpu) {
           const int64_t offset = misaligned ? 1 : 0;
           const Shape full{n + offset};
           Tensor params = random_tensor(full, DType::kF32, rng);
+          const Tensor params_before = b.clone_host(params);
           Tensor m = random_tensor(full, DType::kF32, rng, {0.01f});
           Tensor v = random_tensor(full, DType::kF32, rng, {1e-4f});
           for (int64_t i = 0; i < v.numel(); ++i)
@@ -734,6 +735,11 @@ TEST(GpuOps, AdamWMatchesCpu) {
                          copy_type < 0 ? nullptr : &c_dev_view, all, p);
           }
           expect_close(params, b.to_host(params_dev), what + " params");
+          // The update itself: a few 1e-3 on parameters of about 1, so that compared as the
+          // parameters are (1e-5 of them), an update 0.5% off would pass. 1e-3 of it still
+          // leaves a few rounding steps of the parameters.
+          expect_close(difference(params, params_before),
+                       difference(b.to_host(params_dev), params_before), 1e-3, what + " update");
           expect_close(m, b.to_host(m_dev), what + " m");
           expect_close(v, b.to_host(v_dev), what + " v");
           if (copy_type >= 0) expect_close(copy, b.to_host(copy_dev), what + " compute copy");
