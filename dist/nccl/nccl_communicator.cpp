@@ -228,15 +228,15 @@ class NcclRequest final : public Request {
   // GPU is using: wait for it, and end the job rather than throw from a destructor.
   ~NcclRequest() override {
     if (done_) return;
-    // Its done event was never recorded: enqueueing the collective failed part way (an NCCL
-    // call, a group's end, the event record threw), and an unrecorded event counts as fired
-    // while what was enqueued may still run. Nothing can wait for that: abort.
     if (std::uncaught_exceptions() > 0 && comm_.job_ends_on_failure()) {
       // A failure unwinds towards the job's abort (main's), which waiting here or aborting
       // the communicator (it can hang on a lost peer) would only delay; the abort ends what
       // is in flight, and no work follows that could reuse the buffers.
       return;
     }
+    // Its done event was never recorded: enqueueing the collective failed part way (an NCCL
+    // call, a group's end, the event record threw), and an unrecorded event counts as fired
+    // while what was enqueued may still run. Nothing can wait for that: abort.
     if (!recorded_) comm_.abort();
     if (comm_.aborted()) {
       // The failure that aborted the communicator is being reported already (the exception
@@ -304,11 +304,9 @@ class NcclRequest final : public Request {
 // needed unless NCCL_LAUNCH_ORDER_IMPLICIT is set. So each collective's stream first waits for
 // the one issued before it, on whichever communicator of the family: the host issues them in
 // the same order on every rank (the pipeline's rule, dist/bucketed_grad_sync.cpp), and the GPU
-// now runs them in that order too.
-struct LaunchOrder {
-  core::CudaEvent last_enqueued{cudaEventDisableTiming};
-  bool any = false;
-};
+// now runs them in that order too. The shared event marks the last collective enqueued; before
+// the first it holds no work (cudaEventRecord's documentation), so the first wait passes.
+using LaunchOrder = core::CudaEvent;
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -485,17 +483,14 @@ class NcclCommunicator final : public Communicator {
     request->hold(std::move(operands));
     MANTISSA_CUDA_CHECK(cudaEventRecord(ready_.get(), backend_.stream()));
     MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0));
-    if (order_->any) {
-      MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), order_->last_enqueued.get(), 0));
-    }
+    MANTISSA_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), order_->get(), 0));
     return request;
   }
 
   RequestPtr end(std::unique_ptr<NcclRequest> request) {
     comm_->wait_ready(request->what());
     request->record_done();
-    MANTISSA_CUDA_CHECK(cudaEventRecord(order_->last_enqueued.get(), stream_.get()));
-    order_->any = true;
+    MANTISSA_CUDA_CHECK(cudaEventRecord(order_->get(), stream_.get()));
     return request;
   }
 
@@ -586,7 +581,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(NcclJob job, core::Backend&
   MANTISSA_NCCL_CHECK(ncclCommInitRankConfig(comm->out(), size, id, rank, &config), nullptr, rank);
   comm->wait_ready("ncclCommInitRankConfig");
   return std::make_unique<NcclCommunicator>(*cuda, timeout_s, std::move(comm),
-                                            std::make_shared<LaunchOrder>());
+                                            std::make_shared<LaunchOrder>(cudaEventDisableTiming));
 }
 
 }  // namespace mantissa::dist
