@@ -42,8 +42,7 @@ sigset_t interrupt_set() {
   return set;
 }
 
-}  // namespace
-
+// "SIGINT", "SIGTERM" or "SIGHUP", for messages.
 const char* interrupt_signal_name(int signal) {
   switch (signal) {
     case SIGINT: return "SIGINT";
@@ -52,6 +51,8 @@ const char* interrupt_signal_name(int signal) {
     default: return "a signal";
   }
 }
+
+}  // namespace
 
 Interrupted::Interrupted(int signal, const std::string& outcome)
     : std::runtime_error(std::string("interrupted by ") + interrupt_signal_name(signal) + ": " +

@@ -24,9 +24,6 @@ class Interrupted : public std::runtime_error {
   int signal_;
 };
 
-// "SIGINT", "SIGTERM" or "SIGHUP".
-const char* interrupt_signal_name(int signal);
-
 // Throws Interrupted (saying `outcome`) when a signal came while an InterruptWatch lived; does
 // nothing without one.
 void throw_if_interrupted(

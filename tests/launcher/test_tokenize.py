@@ -499,14 +499,17 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
             licence = f.read()
         big = self.write("big.txt", licence * (32 * 2**20 // len(licence)))
 
-        def interrupt(out_dir, signum, *extra):
-            process = self.start("tokenize", "encode", "--tokenizer", tokenizer, "--input", big,
-                                 "--out-dir", out_dir, *extra)
+        def wait_for_handler(process, signum):
             deadline = time.time() + 60
             while not handles(process.pid, signum):
                 self.assertIsNone(process.poll(), "the encode ended before it was interrupted")
                 self.assertLess(time.time(), deadline, "no handler for the signal in 60 s")
                 time.sleep(0.01)
+
+        def interrupt(out_dir, signum, *extra):
+            process = self.start("tokenize", "encode", "--tokenizer", tokenizer, "--input", big,
+                                 "--out-dir", out_dir, *extra)
+            wait_for_handler(process, signum)
             process.send_signal(signum)
             _, stderr = process.communicate(timeout=120)
             self.assertEqual(process.returncode, -signum, stderr)
@@ -526,10 +529,7 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
             ["bash", "-c", 'trap "" HUP; exec "$@"', "bash", lu.binary(), "tokenize", "encode",
              "--tokenizer", tokenizer, "--input", big, "--out-dir",
              os.path.join(self.dir, "nohup")], stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
-        while not handles(process.pid, signal.SIGINT) and time.time() < deadline:
-            time.sleep(0.01)
-        self.assertTrue(handles(process.pid, signal.SIGINT), "no SIGINT handler in 60 s")
+        wait_for_handler(process, signal.SIGINT)
         self.assertFalse(handles(process.pid, signal.SIGHUP))
         self.assertTrue(handles(process.pid, signal.SIGHUP, "SigIgn:"))
         process.send_signal(signal.SIGINT)
