@@ -36,12 +36,12 @@
 // increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
 // norm, learning rate, MFU) appear with the first step, the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation (or a resumed checkpoint's), the
-// FP8 gauges with the first
-// step that reports the tensor; MFU and the peak only where both the peak and the FLOPs per
-// token (set_model_flops) are known; the loss scale's floor only under a dynamic loss scale. The
-// all-reduce time is what the step waited: where backward hides the gradient all-reduce, bytes over
-// that time are no link bandwidth. Under DELAYED the FP8 scale follows the amax history's maximum,
-// not the last amax: amax x scale / fp8_max is the part of the format's range the step used.
+// FP8 gauges with the first step that reports the tensor; MFU and the peak only where both the
+// peak and the FLOPs per token (set_model_flops) are known; the loss scale's floor only under a
+// dynamic loss scale. The all-reduce time is what the step waited: where backward hides the
+// gradient all-reduce, bytes over that time are no link bandwidth. Under DELAYED the FP8 scale
+// follows the amax history's maximum, not the last amax: amax x scale / fp8_max is the part of the
+// format's range the step used.
 #pragma once
 
 #include <cstdint>

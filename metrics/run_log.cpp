@@ -352,7 +352,6 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   // (an ETA without them came short by their share of the run). Counted, not spread over the
   // steps run: a resumed process's first save may come after fewer steps than the interval.
   recent_step_seconds_.push_back(record.step_seconds);
-  ++steps_seen_;
   if (record.val_loss) {
     eval_seconds_ += record.eval_seconds;
     ++evals_seen_;
@@ -380,7 +379,7 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
     if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
   }
   // The first step this process runs shows at once, also after a resume.
-  const bool first = steps_seen_ == 1;
+  const bool first = recent_step_seconds_.size() == 1;  // the window holds more than one
   const bool keep = done % log_every_ == 0 || first || done == total_steps_ || r.skipped ||
                     record.val_loss.has_value();
   if (live_) {

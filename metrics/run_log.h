@@ -114,7 +114,6 @@ class ProgressLine {
   std::FILE* out_;
   bool line_open_ = false;                  // a live line is on screen without its newline
   std::deque<double> recent_step_seconds_;  // the last steps' times, oldest first (the ETA's)
-  int64_t steps_seen_ = 0;                  // steps this process has run
   RecurringWork recurring_;
   // The evaluations and checkpoints this process has run, and their time in total.
   double eval_seconds_ = 0;
