@@ -50,12 +50,13 @@ bench_timeout=${BENCH_TIMEOUT:-150}
 cmake_args=(-S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMANTISSA_CORE_ONLY=ON
   -DMANTISSA_GPU_TEST_TIMEOUT="$test_timeout" -DMANTISSA_WERROR=OFF)
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c "^GPU")
-# The first GPU's compute capability times 10 (90 for Hopper), 0 where unknown.
-capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
+# The first GPU's compute capability times 10 (90 for Hopper): the architecture to build for,
+# and 0 where unknown for the skip rule below.
+detected=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
   head -n 1 | tr -d '.[:space:]')
+capability=$detected
 [[ $capability =~ ^[0-9]+$ ]] || capability=0
-archs=${CUDA_ARCHS:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null |
-  head -n 1 | tr -d '.[:space:]')}
+archs=${CUDA_ARCHS:-$detected}
 if [ -n "$archs" ]; then
   cmake_args+=(-DCMAKE_CUDA_ARCHITECTURES="$archs")
 fi
