@@ -175,6 +175,7 @@ void truncate_file(const std::filesystem::path& path, std::streamoff size) {
 // between leaves a line in both, never in neither.
 void move_redone_steps(const std::filesystem::path& path, const std::filesystem::path& rolled_back,
                        int64_t first_step) {
+  core::remove_temporaries_of(path.string());  // of a rewrite below, by a start that was killed
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;  // a new log
   if (const auto kept_end = end_of_kept_lines(path, first_step)) {

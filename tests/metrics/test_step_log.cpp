@@ -66,6 +66,18 @@ TEST_F(StepLogStart, AFreshStartMovesEverything) {
             (std::vector<std::string>{line(0, "a"), line(1, "a")}));
 }
 
+TEST_F(StepLogStart, TheTemporaryOfARewriteThatWasKilledGoes) {
+  // A start killed while it replaced rank0.jsonl left its temporary file; the next start
+  // removes it and leaves other files of the directory alone.
+  write("rank0.jsonl", {line(0, "a")});
+  write("rank0.jsonl.4242-0.tmp", {line(0, "a")});
+  write("rank0.jsonl.notes", {"kept"});
+  { StepLog log(run_dir(), 0, 1, 1, logged_ranks_beyond(run_dir(), 1)); }
+  EXPECT_FALSE(fs::exists(fs::path(run_dir()) / "log/rank0.jsonl.4242-0.tmp"));
+  EXPECT_EQ(read("rank0.jsonl.notes"), std::vector<std::string>{"kept"});
+  EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
+}
+
 TEST_F(StepLogStart, AResumeCutsTheRedoneStepsOffTheSameFile) {
   // The usual resume: rising steps, then the steps after the checkpoint and a line cut short
   // without its newline. The log is shortened in place (a `tail -f` keeps following it), not
