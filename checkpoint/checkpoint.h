@@ -127,6 +127,7 @@ struct CheckpointState {
   // row whose loss rose up to it: metrics::ValLossTrend.
   std::optional<double> last_val_loss;
   int val_loss_rises = 0;
+  uint64_t validation_key = 0;  // what last_val_loss was measured on (checkpoint.proto); 0: unknown
   // Layout of kMastersBuffer; save() stores it and load_latest() compares it.
   std::vector<ParameterLayout> parameters;
 

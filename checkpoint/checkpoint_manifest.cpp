@@ -138,6 +138,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   p.set_saved_unix_time(state.saved_unix_time);
   if (state.last_val_loss) p.set_last_val_loss(*state.last_val_loss);
   p.set_val_loss_rises(state.val_loss_rises);
+  p.set_validation_key(state.validation_key);
   for (const ParameterLayout& layout : state.parameters) {
     mantissa::ParameterLayout& l = *p.add_parameters();
     l.set_name(layout.name);
@@ -229,6 +230,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   CHECK_INTACT(p.val_loss_rises() >= 0,
                path << ": val_loss_rises " << p.val_loss_rises() << " is negative");
   s.val_loss_rises = p.val_loss_rises();
+  s.validation_key = p.validation_key();
   for (const mantissa::ParameterLayout& l : p.parameters()) {
     CHECK_INTACT(checked_numel(l.shape()) >= 0 && l.offset() >= 0 && l.offset() <= kMaxElements,
                  path << ": parameter '" << l.name() << "' has an invalid shape or offset");

@@ -14,6 +14,7 @@
 
 #include "checkpoint/crc32c.h"
 #include "core/device_peaks.h"
+#include "core/dtype/dtype.h"
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
@@ -343,6 +344,12 @@ void Trainer::build_data() {
         std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
         config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank(),
         token_multiple);
+    // The same windows of the same tokens give comparable losses, whatever else changed.
+    for (const uint64_t part :
+         {validation_data_.fingerprint, static_cast<uint64_t>(validation_data_.tokens),
+          static_cast<uint64_t>(dims.seq_len), static_cast<uint64_t>(evaluator_->tokens())}) {
+      validation_key_ = core::mix64(validation_key_ ^ part);
+    }
   }
 }
 
@@ -459,8 +466,15 @@ bool Trainer::restore() {
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
   resumed_saved_unix_time_ = state->saved_unix_time;
+  if (!evaluator_) validation_key_ = state->validation_key;
   if (state->last_val_loss) {
-    metrics_->record_resumed_val_loss({*state->last_val_loss, state->val_loss_rises});
+    if (state->validation_key == 0 || state->validation_key == validation_key_) {
+      metrics_->record_resumed_val_loss({*state->last_val_loss, state->val_loss_rises});
+    } else {
+      say("mantissa: the validation loss is measured on other tokens than the checkpoint's "
+          "(the validation data, run.eval_tokens or the window length changed): "
+          "mantissa_val_loss_rises counts from this run's first evaluation");
+    }
   }
   report_changes(*state);
   // After a redeploy the build changes mid-run: the line says so, for whoever compares the
@@ -728,6 +742,7 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   if (const std::optional<metrics::ValLossTrend> trend = metrics_->val_loss_trend()) {
     state.last_val_loss = trend->last_val_loss;
     state.val_loss_rises = trend->rises;
+    state.validation_key = validation_key_;
   }
   state.parameters = checkpoint::parameter_layout(params);
 

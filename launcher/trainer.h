@@ -120,8 +120,11 @@ class Trainer {
   std::unique_ptr<train::DataLoader> loader_;
   CorpusIdentity train_data_;       // the training corpus's
   CorpusIdentity validation_data_;  // the validation corpus's, when the run evaluates
-  std::string tokenizer_file_;      // rank 0's: run_tokenizer_file, empty without one
-  uint32_t tokenizer_crc32c_ = 0;   // rank 0's: CRC32C of tokenizer_file_; 0 without one
+  // What this run's validation loss is measured on (CheckpointState::validation_key); a run
+  // without evaluations carries its checkpoint's.
+  uint64_t validation_key_ = 0;
+  std::string tokenizer_file_;     // rank 0's: run_tokenizer_file, empty without one
+  uint32_t tokenizer_crc32c_ = 0;  // rank 0's: CRC32C of tokenizer_file_; 0 without one
   std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;

@@ -79,6 +79,7 @@ checkpoint::CheckpointState make_state(int64_t step) {
   s.config_text = "run { steps: 100 }\nmodel { gpt2 { n_layer: 2 } }\n";
   s.last_val_loss = 3.25 + static_cast<double>(step);
   s.val_loss_rises = 2;
+  s.validation_key = 0xBADC0FFEE0DDF00DULL + static_cast<uint64_t>(step);
   s.parameters = {{"wte", core::Shape{10, 4}, 0}, {"h.0.ln_1.weight", core::Shape{4}, 128}};
   return s;
 }

@@ -552,6 +552,37 @@ class Training(lu.TempDirTest):
         float_min = struct.unpack("<f", struct.pack("<f", 0.1))[0]
         self.assertEqual(values.get("mantissa_loss_scale_min"), f"{float_min:.16g}", text)
 
+    def test_the_validation_trend_goes_on_only_over_the_same_validation_tokens(self):
+        # The checkpoint of step 10 is made to say that 5 evaluations in a row rose up to a
+        # validation loss of 0. A resume that evaluates the same tokens counts on (the loss at
+        # step 15 is higher: 6); one that evaluates fewer tokens says so and starts over (0).
+        first = self.mantissa(*self.train_args("trend", "run.steps=10", "run.eval_every=5",
+                                                 inject_rank=0))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        step10 = os.path.join(self.run_dir("trend"), "checkpoints", "step_00000010")
+        text = lu.decode_manifest(step10)
+        self.assertRegex(text, r"\nvalidation_key: [1-9]")
+        text = re.sub(r"\nlast_val_loss: \S+", "\nlast_val_loss: 0", text)
+        text = re.sub(r"\nval_loss_rises: \d+", "", text) + "\nval_loss_rises: 5\n"
+        lu.write_manifest(step10, text)
+        shutil.copytree(self.run_dir("trend"), self.run_dir("other_tokens"))
+
+        rises, keys = {}, {}
+        for name, sets in (("trend", ()), ("other_tokens", ("run.eval_tokens=4096",))):
+            result = self.mantissa(*self.train_args(name, "run.steps=15", "run.eval_every=5",
+                                                    *sets, inject_rank=0))
+            self.assertEqual(result.returncode, 0, result.stderr)
+            starts_over = "mantissa_val_loss_rises counts from this run's first evaluation"
+            self.assertEqual(starts_over in result.stderr, name == "other_tokens",
+                             result.stderr)
+            saved = lu.decode_manifest(os.path.join(self.run_dir(name), "checkpoints",
+                                                    "step_00000015"))
+            found = re.search(r"\nval_loss_rises: (\d+)", saved)
+            rises[name] = int(found.group(1)) if found else 0
+            keys[name] = re.search(r"\nvalidation_key: (\d+)", saved).group(1)
+        self.assertEqual(rises, {"trend": 6, "other_tokens": 0})
+        self.assertNotEqual(keys["trend"], keys["other_tokens"])
+
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory
         # removed), resumed on 1 rank: it redoes steps 20 to 29 from the checkpoint of step 20.
