@@ -17,8 +17,10 @@ Tensor make_rope_table(Backend& backend, int64_t positions, int64_t head_dim, do
   Tensor host = Tensor::empty(Shape{positions, head_dim}, DType::kF32);
   float* t = host.data_as<float>();
   for (int64_t i = 0; i < half; ++i) {
-    const auto inv_freq = static_cast<float>(
-        std::pow(theta, -static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const auto power = static_cast<float>(
+        std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(exponent)));
+    const float inv_freq = 1.0f / power;
     for (int64_t p = 0; p < positions; ++p) {
       const float angle = static_cast<float>(p) * inv_freq;
       t[p * head_dim + i] = static_cast<float>(std::cos(static_cast<double>(angle)));

@@ -11,11 +11,13 @@ namespace mantissa::core {
 
 // table[positions, head_dim] (F32, on backend's device): for position p and i < head_dim / 2,
 // channel i holds cos(a) and channel head_dim / 2 + i holds sin(a), with
-//   a = p * inv_freq_i,  inv_freq_i = theta^(-2i / head_dim).
-// inv_freq_i and the product are rounded to FP32 as Hugging Face's and torchtitan's Llama
-// compute them (so positions far out rotate by the same angles as theirs); cos and sin of that
-// angle are then evaluated in FP64 and rounded once. head_dim must be even and positive,
-// positions positive, theta finite and greater than 1 (Llama uses 10000 or 500000).
+//   a = p * inv_freq_i,  inv_freq_i = 1 / theta^(2i / head_dim),
+// computed in FP32 steps as Hugging Face's Llama computes them (so that positions far out rotate
+// by the same angles as theirs): the exponent 2i / head_dim, the power (correctly rounded here;
+// PyTorch's may be one ulp off at times), its reciprocal and the product p * inv_freq_i are each
+// rounded to FP32. cos and sin of that angle are evaluated in FP64 and rounded once. head_dim
+// must be even and positive, positions positive, theta finite and greater than 1 (Llama uses
+// 10000 or 500000).
 Tensor make_rope_table(Backend& backend, int64_t positions, int64_t head_dim, double theta);
 
 }  // namespace mantissa::core

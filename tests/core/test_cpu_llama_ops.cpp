@@ -270,6 +270,7 @@ TEST(CpuRmsNorm, BackwardMatchesFp64AtLargerShapeAndInPlace) {
 
 constexpr double kTheta = 10000.0;
 
+// Hugging Face's Llama: inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2).float() / D)), in FP32.
 TEST(CpuRope, TableHoldsHuggingFacesFp32Angles) {
   CpuBackend be;
   const int64_t S = 300, D = 16;
@@ -277,13 +278,44 @@ TEST(CpuRope, TableHoldsHuggingFacesFp32Angles) {
   ASSERT_EQ(table.shape(), (Shape{S, D}));
   for (int64_t p = 0; p < S; ++p) {
     for (int64_t i = 0; i < D / 2; ++i) {
-      const float inv_freq =
-          static_cast<float>(std::pow(kTheta, -2.0 * static_cast<double>(i) / D));
+      const float exponent = static_cast<float>(2 * i) / static_cast<float>(D);
+      const float inv_freq = 1.0f / static_cast<float>(std::pow(kTheta, double{exponent}));
       const double a = static_cast<double>(static_cast<float>(p) * inv_freq);
       ASSERT_EQ(table.data_as<float>()[p * D + i], static_cast<float>(std::cos(a)))
           << "cos p " << p << " i " << i;
       ASSERT_EQ(table.data_as<float>()[p * D + D / 2 + i], static_cast<float>(std::sin(a)))
           << "sin p " << p << " i " << i;
+    }
+  }
+}
+
+// PyTorch's inv_freq (torch 1.13 on x86-64, by the formula above) for head_dim 128, at the
+// frequencies where theta^(-2i / 128) rounded to FP32 once is one ulp off it, so that a table
+// built that way fails here; position 8191 shows the angle a long context sees.
+TEST(CpuRope, TableHoldsPyTorchsInverseFrequenciesAtLlamasThetas) {
+  struct Frequency {
+    double theta;
+    int64_t i;
+    float inv_freq;
+  };
+  const Frequency from_pytorch[] = {
+      {1e4, 7, 0x1.75f036p-2f},  {1e4, 10, 0x1.e5a846p-3f}, {1e4, 15, 0x1.d8ffacp-4f},
+      {1e4, 18, 0x1.33281ap-4f}, {1e4, 24, 0x1.030dc6p-5f}, {1e4, 30, 0x1.b4f7e4p-7f},
+      {5e5, 2, 0x1.53c38cp-1f},  {5e5, 4, 0x1.c2ef78p-2f},  {5e5, 8, 0x1.8d276p-3f},
+      {5e5, 14, 0x1.d03ccep-5f}, {5e5, 19, 0x1.4d1272p-6f}, {5e5, 24, 0x1.ddee9ep-8f}};
+  CpuBackend be;
+  const int64_t S = 8192, D = 128;
+  for (const double theta : {1e4, 5e5}) {
+    const Tensor table = make_rope_table(be, S, D, theta);
+    for (const Frequency& f : from_pytorch) {
+      if (f.theta != theta) continue;
+      for (const int64_t p : {int64_t{1}, S - 1}) {
+        const double a = static_cast<double>(static_cast<float>(p) * f.inv_freq);
+        EXPECT_EQ(table.data_as<float>()[p * D + f.i], static_cast<float>(std::cos(a)))
+            << "theta " << theta << " i " << f.i << " p " << p;
+        EXPECT_EQ(table.data_as<float>()[p * D + D / 2 + f.i], static_cast<float>(std::sin(a)))
+            << "theta " << theta << " i " << f.i << " p " << p;
+      }
     }
   }
 }
