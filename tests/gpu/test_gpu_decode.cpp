@@ -5,9 +5,9 @@
 //    relative to max(|cpu|, rms)), for heads narrower and wider than a block, many heads, and
 //    a long context (one past the default 48 KiB of shared memory, which the kernel opts in
 //    to); the device's shared-memory limit is an error, not a wrong result;
-//  - GPT2Decoder with the same weights on both backends: the cached logits of every step agree
-//    within 1e-4 (cuBLASLt against OpenBLAS through a few layers), and on the GPU the cached
-//    logits equal those of the full forward within 1e-5.
+//  - GPT2Decoder and LlamaDecoder with the same weights on both backends: the cached logits of
+//    every step agree within 1e-4 (cuBLASLt against OpenBLAS through a few layers), and on the
+//    GPU the cached logits equal those of the full forward within 1e-5.
 //
 // Built in every build; without a CUDA device every test reports "skipped: no CUDA device".
 #include <gtest/gtest.h>
@@ -24,6 +24,8 @@
 #include "core/ops/backend.h"
 #include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/llama/llama.h"
+#include "models/llama/llama_decoder.h"
 #include "tests/common/test_util.h"
 
 namespace mantissa::models {
@@ -143,12 +145,8 @@ TEST(GpuDecode, AttentionDecodeRefusesMorePositionsThanSharedMemoryHolds) {
                      {"attention_decode", "above the CUDA backend's limit"});
 }
 
-// A GPT-2 on `backend` with N(0, 0.1) weights from a fixed seed (the same on every backend).
-std::unique_ptr<GPT2> tiny_gpt2(core::Backend& backend) {
-  const GPT2Config config{3, 4, 128, 48, 300};
-  auto model = std::make_unique<GPT2>(
-      config, backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32), 5);
-  train::ParameterStore& params = model->parameters();
+// N(0, 0.1) weights from a fixed seed, the same on every backend.
+void set_normal_weights(train::ParameterStore& params, core::Backend& backend) {
   std::mt19937_64 rng(15);
   std::normal_distribution<float> normal(0.0f, 0.1f);
   Tensor weights = Tensor::empty(Shape{params.flat_numel()}, DType::kF32);
@@ -157,7 +155,52 @@ std::unique_ptr<GPT2> tiny_gpt2(core::Backend& backend) {
     for (int64_t i = 0; i < p.numel(); ++i) weights.data_as<float>()[p.offset + i] = normal(rng);
   }
   params.set_weights(backend, weights);
+}
+
+const auto kFP32 = core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32);
+
+std::unique_ptr<GPT2> tiny_gpt2(core::Backend& backend) {
+  auto model = std::make_unique<GPT2>(GPT2Config{3, 4, 128, 48, 300}, backend, kFP32, 5);
+  set_normal_weights(model->parameters(), backend);
   return model;
+}
+
+// 4 query heads sharing 2 key/value heads of 32 channels, an untied head.
+std::unique_ptr<Llama> tiny_llama(core::Backend& backend) {
+  LlamaConfig c;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 128;
+  c.ffn_hidden = 192;
+  c.seq_len = 48;
+  c.vocab_size = 300;
+  auto model = std::make_unique<Llama>(c, backend, kFP32, 5);
+  set_normal_weights(model->parameters(), backend);
+  return model;
+}
+
+// A prompt of 9, then one token at a time, to the end of the 48-position window: the cached
+// logits on the GPU against the CPU's (1e-4) and against the GPU's full forward (1e-5).
+void expect_cached_logits_match(Decoder& on_cpu, Decoder& on_gpu, const std::string& model) {
+  core::Backend& gpu = on_gpu.backend();
+  const int64_t V = on_gpu.vocab_size();
+  std::vector<int32_t> tokens(48);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % V);
+
+  const Tensor full = to_host(gpu, on_gpu.full_logits(tokens));
+  for (int64_t t = 0; t < 48;) {
+    const int64_t n = t == 0 ? 9 : 1;
+    const std::span<const int32_t> step =
+        std::span(tokens).subspan(static_cast<size_t>(t), static_cast<size_t>(n));
+    const Tensor expected = on_cpu.append(step);
+    const Tensor actual = to_host(gpu, on_gpu.append(step));
+    t += n;
+    const std::string what = model + ", position " + std::to_string(t - 1);
+    expect_close(expected, actual, 1e-4, "cached logits, GPU vs CPU, " + what);
+    expect_close(full.view((t - 1) * V, Shape{V}), actual, 1e-5,
+                 "GPU cached vs full forward, " + what);
+  }
 }
 
 TEST(GpuDecode, CachedLogitsMatchCpuAndTheFullForward) {
@@ -167,22 +210,18 @@ TEST(GpuDecode, CachedLogitsMatchCpuAndTheFullForward) {
   const auto cpu_model = tiny_gpt2(*cpu);
   const auto gpu_model = tiny_gpt2(*gpu);
   GPT2Decoder on_cpu(*cpu_model, *cpu), on_gpu(*gpu_model, *gpu);
-  std::vector<int32_t> tokens(48);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 37 + 11) % 300);
+  expect_cached_logits_match(on_cpu, on_gpu, "GPT-2");
+}
 
-  const Tensor full = to_host(*gpu, on_gpu.full_logits(tokens));
-  for (int64_t t = 0; t < 48;) {
-    const int64_t n = t == 0 ? 9 : 1;  // a prompt of 9, then one token at a time
-    const std::span<const int32_t> step =
-        std::span(tokens).subspan(static_cast<size_t>(t), static_cast<size_t>(n));
-    const Tensor expected = on_cpu.append(step);
-    const Tensor actual = to_host(*gpu, on_gpu.append(step));
-    t += n;
-    const std::string what = "position " + std::to_string(t - 1);
-    expect_close(expected, actual, 1e-4, "cached logits, GPU vs CPU, " + what);
-    expect_close(full.view((t - 1) * 300, Shape{300}), actual, 1e-5,
-                 "GPU cached vs full forward, " + what);
-  }
+// Grouped-query attention, RoPE at the cached positions and the untied head, end to end.
+TEST(GpuDecode, LlamaCachedLogitsMatchCpuAndTheFullForward) {
+  if (!core::cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";
+  auto cpu = core::make_cpu_backend();
+  auto gpu = core::make_cuda_backend(0);
+  const auto cpu_model = tiny_llama(*cpu);
+  const auto gpu_model = tiny_llama(*gpu);
+  LlamaDecoder on_cpu(*cpu_model, *cpu), on_gpu(*gpu_model, *gpu);
+  expect_cached_logits_match(on_cpu, on_gpu, "Llama");
 }
 
 }  // namespace
