@@ -28,7 +28,44 @@ void require_model_of(const checkpoint::CheckpointState& state, const TrainConfi
                          "export the model it trained, with the checkpoint's values");
 }
 
+// The tokenizer a Hugging Face export copies (run_tokenizer_file). Throws core::ConfigError
+// when the config names one that is not there. Warns that `out` gets none, for a vocabulary
+// wider than bytes, when the token shards have none beside them (llm.c's GPT-2 shards), or
+// when their directory is not there (the data need not be: a run copied elsewhere, or a
+// relative path from another directory).
+std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const std::string& out) {
+  const TrainConfig::Data& data = config.data();
+  std::error_code ec;
+  require(data.tokenizer().empty() || std::filesystem::is_regular_file(data.tokenizer(), ec),
+          "data.tokenizer", "\"" + data.tokenizer() + "\"",
+          "no such file, named by the run's config" +
+              run_relative_hint(data.tokenizer(), "mantissa export"));
+  const std::optional<std::string> found = run_tokenizer_file(config);
+  if (found || !data.has_token_shards() || model_shape(config.model()).vocab_size <= 256) {
+    return found;
+  }
+  std::filesystem::path shards = std::filesystem::path(data.token_shards().pattern()).parent_path();
+  if (shards.empty()) shards = ".";
+  const std::string why = std::filesystem::is_directory(shards, ec)
+                              ? "there is no " + std::string(train::kShardsTokenizerFile) + " in " +
+                                    shards.string() + " beside the shards"
+                              : "the shards' directory " + shards.string() + " is not there" +
+                                    run_relative_hint(shards, "mantissa export");
+  std::fprintf(stderr,
+               "mantissa: warning: no tokenizer for this run (data.tokenizer is empty and %s): "
+               "%s gets none; name the one the shards were encoded with by --set "
+               "data.tokenizer=PATH (for llm.c's GPT-2 shards, transformers' gpt2 tokenizer)\n",
+               why.c_str(), out.c_str());
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::string run_relative_hint(const std::filesystem::path& path, const std::string& command) {
+  return path.is_relative() ? " (a path relative to the directory mantissa train ran in: run " +
+                                  command + " from there)"
+                            : "";
+}
 
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
@@ -53,6 +90,8 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   // Before the checkpoint is read: a model without a Hugging Face layout is a config error.
   std::optional<models::HfLayout> layout;
   if (format == ExportFormat::kHf) layout = hf_layout_of(*model, "--format hf");
+  const std::optional<std::string> tokenizer =
+      layout ? tokenizer_to_export(config, out) : std::nullopt;
   std::error_code ec;
   if (!layout && !std::filesystem::path(out).has_filename()) {
     throw core::ConfigError("--out " + out +
@@ -98,16 +137,6 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   require_model_of(*state, config, dir);
   const std::string step = std::to_string(state->step);
   if (layout) {
-    const std::optional<std::string> tokenizer = run_tokenizer_file(config);
-    if (!tokenizer && config.data().has_token_shards() &&
-        model_shape(config.model()).vocab_size > 256) {
-      std::fprintf(stderr,
-                   "mantissa: warning: no tokenizer for this run (data.tokenizer is empty and "
-                   "there is no tokenizer.model beside the shards): %s gets none; add the one "
-                   "the shards were encoded with (for llm.c's GPT-2 shards, transformers' gpt2 "
-                   "tokenizer)\n",
-                   out.c_str());
-    }
     if (tokenizer) {
       // transformers' generate() stops at eos_token_id, and without these keys it takes
       // GPT2Config's 50256 or LlamaConfig's 1 and 2, ids of other vocabularies. The run's end of

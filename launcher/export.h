@@ -10,6 +10,7 @@
 // Runs as one process without MPI, on the CPU.
 #pragma once
 
+#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -30,5 +31,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
 // The SentencePiece model of a run, which a Hugging Face export copies: data.tokenizer, else
 // tokenizer.model beside the token shards when there is one; none for bytes.
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
+
+// " (a path relative to the directory mantissa train ran in: run `command` from there)" when
+// `path` is relative, else "": a run's config names its files from the directory it ran in, so
+// a command run elsewhere does not find them.
+std::string run_relative_hint(const std::filesystem::path& path, const std::string& command);
 
 }  // namespace mantissa::launcher

@@ -119,14 +119,6 @@ T parse_integer(const std::string& name, const std::string& value, T minimum) {
   return *out;
 }
 
-// The paths in a run's config are taken from the current directory, as `mantissa train` took
-// them: a relative one is found only where the run was started.
-std::string where_to_look(const fs::path& path) {
-  return path.is_relative() ? " (a path relative to the directory mantissa train ran in: run "
-                              "mantissa sample from there)"
-                            : "";
-}
-
 // Where the run's tokenizer is (run_tokenizer_file), or none for bytes. Throws
 // core::ConfigError naming the file the config names that is missing, or the shards whose
 // tokenizer is not beside them.
@@ -134,13 +126,15 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   require(data.tokenizer().empty() || fs::is_regular_file(data.tokenizer()), "data.tokenizer",
           "\"" + data.tokenizer() + "\"",
-          "no such file, named by the run's config" + where_to_look(data.tokenizer()));
+          "no such file, named by the run's config" +
+              run_relative_hint(data.tokenizer(), "mantissa sample"));
   const std::optional<std::string> found = run_tokenizer_file(config);
   const fs::path beside =
       fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile;
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
-          "has no tokenizer beside it: " + beside.string() + " is missing" + where_to_look(beside));
+          "has no tokenizer beside it: " + beside.string() + " is missing" +
+              run_relative_hint(beside, "mantissa sample"));
   return found;
 }
 

@@ -216,6 +216,30 @@ precision {{ mode: FP32 }}
         self.assertEqual(sorted(os.listdir(bare)), ["config.json", "model.safetensors"])
         with open(os.path.join(bare, "config.json")) as f:
             self.assertNotIn("eos_token_id", json.load(f))
+        # From another directory the config's relative paths name nothing: a tokenizer the
+        # config names is refused, a shards directory not there is warned of, and both say
+        # where to run the export.
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        os.makedirs(elsewhere)
+        shutil.copy2(tokenizer, os.path.join(self.dir, "tok_copy.model"))
+        relative = os.path.relpath(out_dir, self.dir)
+        hint = ("(a path relative to the directory mantissa train ran in: run mantissa export "
+                "from there)")
+        for setting, code, said in (
+                ("data.tokenizer=tok_copy.model", 2,
+                 f'mantissa: data.tokenizer = "tok_copy.model": no such file, named by the '
+                 f"run's config {hint}"),
+                (f"data.token_shards.pattern={relative}/train_*.bin", 0,
+                 f"mantissa: warning: no tokenizer for this run (data.tokenizer is empty and the "
+                 f"shards' directory {relative} is not there {hint}): hf_elsewhere gets none")):
+            result = subprocess.run([lu.binary(), "export", "--config", config, "--set", setting,
+                                     "--format", "hf", "--out", "hf_elsewhere"], cwd=elsewhere,
+                                    env=lu.environment(), timeout=120, capture_output=True,
+                                    text=True)
+            self.assertEqual(result.returncode, code, result.stderr)
+            self.assertIn(said, result.stderr)
+        self.assertEqual(sorted(os.listdir(os.path.join(elsewhere, "hf_elsewhere"))),
+                         ["config.json", "model.safetensors"])
 
     def test_utf8_round_trip_with_byte_tokens_at_shard_ends(self):
         def write(name, text):
