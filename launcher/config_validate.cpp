@@ -112,13 +112,25 @@ void check_options(Check&& check,
   }
 }
 
+// Where a relative path that names nothing was looked for: a config's paths are taken from the
+// directory mantissa runs in, not from the config file's.
+std::string looked_for_in(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path here = std::filesystem::current_path(ec);
+  if (!std::filesystem::path(path).is_relative() || ec) return "";
+  return " (relative paths are taken from the current directory, " + here.string() + ")";
+}
+
 void check_readable_file(std::string_view field, const std::string& path) {
   require(!path.empty(), field, quoted(path), "must name a file");
   std::error_code ec;  // the overload that throws would turn odd paths into a crash
   require(!std::filesystem::is_directory(path, ec), field, quoted(path),
           "is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
-  require(in.good(), field, quoted(path), std::string("cannot be read: ") + std::strerror(errno));
+  const int error = errno;
+  require(in.good(), field, quoted(path),
+          std::string("cannot be read: ") + std::strerror(error) +
+              (error == ENOENT ? looked_for_in(path) : ""));
 }
 
 // The files `pattern` matches (at least one, none a directory).
@@ -135,7 +147,7 @@ std::vector<std::string> check_glob(std::string_view field, const std::string& p
     files.push_back(match);
   }
   globfree(&matches);
-  require(rc == 0, field, quoted(pattern), "matches no file");
+  require(rc == 0, field, quoted(pattern), "matches no file" + looked_for_in(pattern));
   require(directory.empty(), field, quoted(pattern),
           "matches the directory " + directory + ": a glob of token shard files must match files");
   return files;

@@ -159,6 +159,17 @@ class ConfigErrors(lu.TempDirTest):
             'mantissa: data.token_shards.pattern = "{dir}/shards/*.bin": matches no file',
             "--set", f"data.token_shards.pattern={self.dir}/shards/*.bin")
 
+    def test_relative_paths_naming_nothing_say_where_they_were_looked_for(self):
+        # Taken from the directory mantissa runs in ({dir}), not the config file's.
+        self.assert_config_error(
+            'mantissa: data.token_shards.pattern = "shards/*.bin": matches no file (relative '
+            'paths are taken from the current directory, {dir})',
+            "--set", "data.token_shards.pattern=shards/*.bin")
+        self.assert_config_error(
+            'mantissa: data.text_file.path = "corpus.txt": cannot be read: No such file or '
+            'directory (relative paths are taken from the current directory, {dir})',
+            "--set", "data.text_file.path=corpus.txt")
+
     def test_token_shards_matching_a_directory(self):
         os.makedirs(os.path.join(self.dir, "shards", "train_000000.bin"))
         self.assert_config_error(
