@@ -1,5 +1,6 @@
 #include "metrics/metrics.h"
 
+#include <curl/curl.h>
 #include <prometheus/counter.h>
 #include <prometheus/gateway.h>
 #include <prometheus/gauge.h>
@@ -146,7 +147,9 @@ void Metrics::State::push_once() {
   try {
     status = gateway->PushAdd();
     // Negative statuses are libcurl error codes (connection refused, DNS, ...).
-    error = status < 0 ? "curl error " + std::to_string(-status) : "HTTP " + std::to_string(status);
+    error = status < 0 ? std::string(curl_easy_strerror(static_cast<CURLcode>(-status))) +
+                             " (curl error " + std::to_string(-status) + ")"
+                       : "HTTP " + std::to_string(status);
   } catch (const std::exception& e) {
     error = e.what();
   }

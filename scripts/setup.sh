@@ -17,7 +17,7 @@ packages=(
   libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev
   libprotobuf-dev protobuf-compiler
-  prometheus-cpp-dev
+  prometheus-cpp-dev libcurl4-openssl-dev
   libsentencepiece-dev
   clang libclang-rt-14-dev libomp-dev
   python3

@@ -381,10 +381,17 @@ TEST(Metrics, UnreachablePushgatewayNeverFailsTraining) {
   MetricsOptions options;
   options.pushgateway_url = "http://127.0.0.1:" + std::to_string(free_port());
   options.push_every = 1;
-  Metrics metrics(options);
-  for (int step = 1; step <= 5; ++step) metrics.record_step(step_record(step, false));
-  metrics.finish();
-  metrics.finish();  // idempotent
+  testing::internal::CaptureStderr();
+  {
+    Metrics metrics(options);
+    for (int step = 1; step <= 5; ++step) metrics.record_step(step_record(step, false));
+    metrics.finish();
+    metrics.finish();  // idempotent
+  }
+  // Said once, with libcurl's words for its error.
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "metrics: rank 0: push to " + options.pushgateway_url +
+                     " failed (Couldn't connect to server (curl error 7)); training continues\n");
 }
 
 // A Pushgateway that accepts the connection and never answers (here a socket that listens and
