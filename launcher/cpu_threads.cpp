@@ -156,7 +156,7 @@ std::optional<std::string> host_underuse(const std::vector<RankCpus>& ranks,
          std::to_string(launcher_cpus.size());
 }
 
-void set_cpu_threads(const dist::World& world) {
+int set_cpu_threads(const dist::World& world) {
   std::vector<RankCpus> ranks;
   for (int r = 0; r < world.size(); ++r) ranks.push_back({world.host_of(r), world.cpus_of(r)});
   const char* asked = std::getenv("OMP_NUM_THREADS");
@@ -168,13 +168,15 @@ void set_cpu_threads(const dist::World& world) {
     if (note) std::fprintf(stderr, "mantissa: note: %s\n", note->c_str());
   }
 
+  const int share = cpu_share(ranks, world.rank());
   if (const std::optional<int> threads = omp_num_threads(asked)) {
-    if (!speaks_for_host) return;
-    if (const auto warning = host_oversubscription(ranks, host, *threads)) {
-      std::fprintf(stderr, "mantissa: warning: OMP_NUM_THREADS='%s': %s\n", asked,
-                   warning->c_str());
+    if (speaks_for_host) {
+      if (const auto warning = host_oversubscription(ranks, host, *threads)) {
+        std::fprintf(stderr, "mantissa: warning: OMP_NUM_THREADS='%s': %s\n", asked,
+                     warning->c_str());
+      }
     }
-    return;
+    return share > 0 ? std::min(*threads, share) : *threads;
   }
   if (asked && speaks_for_host) {
     std::fprintf(stderr,
@@ -183,7 +185,8 @@ void set_cpu_threads(const dist::World& world) {
                  "its share of the CPUs it may use\n",
                  host.c_str(), asked);
   }
-  if (const int share = cpu_share(ranks, world.rank()); share > 0) omp_set_num_threads(share);
+  if (share > 0) omp_set_num_threads(share);
+  return omp_get_max_threads();
 }
 
 }  // namespace mantissa::launcher

@@ -52,7 +52,8 @@ std::optional<int> omp_num_threads(const char* value);
 // Sets this rank's OpenMP threads to its share, unless OMP_NUM_THREADS sets a count; then the
 // lowest rank of each host prints host_oversubscription's warning, if any. Under mpirun that
 // rank also prints host_underuse's note against mpirun's CPUs, unless the CPUs were chosen with
-// `mpirun --cpu-set`.
-void set_cpu_threads(const dist::World& world);
+// `mpirun --cpu-set`. Returns how many CPUs the rank's threads run on at once: their count, or
+// its share of the CPUs where that is fewer (threads beyond it take turns).
+int set_cpu_threads(const dist::World& world);
 
 }  // namespace mantissa::launcher

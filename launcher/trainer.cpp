@@ -132,7 +132,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   require(port == 0 || port + world.local_rank() <= 65535, "metrics.port", std::to_string(port),
           "plus the local rank " + std::to_string(world.local_rank()) + " must be <= 65535");
 
-  set_cpu_threads(world);
+  cpus_in_use_ = set_cpu_threads(world);
   device_ = select_device(config_, world.local_rank());
   backend_ = make_backend(device_);
   policy_ = precision_policy(config_);
@@ -384,12 +384,16 @@ std::string Trainer::build_metrics() {
                     device_.name.c_str());
     }
   } else {
+    // Threads beyond the CPUs they may use take turns: they add no peak.
     const int threads = omp_get_max_threads();
-    options.peak_flops = core::cpu_nominal_peak_flops(threads);
+    options.peak_flops = core::cpu_nominal_peak_flops(cpus_in_use_);
+    const std::string turns =
+        threads > cpus_in_use_ ? " (its " + std::to_string(threads) + " threads take turns)" : "";
     std::snprintf(peak_note, sizeof peak_note,
-                  "mantissa: MFU against %g GFLOP/s per rank, a nominal %g per CPU thread x %d "
+                  "mantissa: MFU against %g GFLOP/s per rank, a nominal %g per CPU x %d%s "
                   "(metrics.peak_tflops sets a measured one, e.g. build/bin/fma_peak's)",
-                  options.peak_flops / 1e9, core::cpu_nominal_peak_flops(1) / 1e9, threads);
+                  options.peak_flops / 1e9, core::cpu_nominal_peak_flops(1) / 1e9, cpus_in_use_,
+                  turns.c_str());
   }
   const TrainConfig::Precision::LossScale& scale = config_.precision().loss_scale();
   options.run_steps = config_.run().steps();

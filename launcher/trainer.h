@@ -114,6 +114,7 @@ class Trainer {
   RunDirCleanup run_dir_cleanup_;
   std::optional<RunDirLock> run_dir_lock_;
   DeviceInfo device_;
+  int cpus_in_use_ = 1;  // set_cpu_threads's: the CPUs this rank's threads run on at once
   std::unique_ptr<core::Backend> backend_;
   core::PrecisionPolicy policy_;
   std::unique_ptr<train::LanguageModel> model_;

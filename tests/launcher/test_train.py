@@ -265,6 +265,7 @@ class Training(lu.TempDirTest):
         share = max(1, cpus // 2)
         stderr = train("share")
         self.assertIn(f"CPU ({share} thread{'s' if share > 1 else ''})", stderr)
+        self.assertIn(f"a nominal 96 per CPU x {share} (metrics.peak_tflops", stderr)
         self.assertNotIn("warning", stderr)
         self.assertNotIn("note: host", stderr)
 
@@ -284,6 +285,9 @@ class Training(lu.TempDirTest):
         self.assertEqual(stderr.count(f"warning: OMP_NUM_THREADS='{threads}': host "), 1, stderr)
         self.assertIn(f"its 2 ranks run {threads} threads each on the {cpus} CPU", stderr)
         self.assertIn(f"({share} thread{'s' if share > 1 else ''} here)", stderr)
+        # MFU's peak counts the CPUs the threads take turns on, not the threads.
+        self.assertIn(f"MFU against {96 * share:g} GFLOP/s per rank, a nominal 96 per CPU x "
+                      f"{share} (its {threads} threads take turns)", stderr)
 
         # A value OpenMP ignores is said to be ignored, and the share taken.
         stderr = train("ignored", "-x", "OMP_NUM_THREADS=all")
