@@ -352,6 +352,7 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   // evaluations and checkpoints still to come, each at the mean time of those this process ran
   // (an ETA without them came short by their share of the run). Counted, not spread over the
   // steps run: a resumed process's first save may come after fewer steps than the interval.
+  // The rate shown is the same median's, so that one slow step does not make it jump either.
   recent_step_seconds_.push_back(record.step_seconds);
   if (record.val_loss) {
     eval_seconds_ += record.eval_seconds;
@@ -368,7 +369,7 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
                 "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
                 static_cast<long long>(done), static_cast<long long>(total_steps_),
                 record.mean_loss, static_cast<double>(r.loss_scale), r.lr,
-                format_rate(record.tokens_per_s() * world_size).c_str(),
+                format_rate(static_cast<double>(r.tokens) * world_size / *middle).c_str(),
                 format_duration(eta_seconds(*middle, done)).c_str());
   std::string text = line;
   if (record.val_loss) {

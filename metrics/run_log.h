@@ -91,7 +91,9 @@ class ProgressLine {
   ProgressLine(ProgressMode mode, int64_t total_steps, int64_t log_every, std::FILE* out,
                RecurringWork recurring = {});
 
-  // After each step (record.report.step is the 0-based index of the step just done).
+  // After each step (record.report.step is the 0-based index of the step just done): step,
+  // loss, scale, lr, the tokens per second of all `world_size` ranks and the ETA, both at the
+  // median time of the recent steps (a stall moves neither).
   void update(const StepRecord& record, int world_size);
   // A checkpoint save between steps and how long it took, for the ETA.
   void add_checkpoint_seconds(double seconds) {

@@ -162,12 +162,12 @@ struct AfterStep {
   double checkpoint_seconds = 0;
 };
 
-// The progress line's ETA after each of `seconds` (steps of 1000, the first `first_step`, with
-// an evaluation scheduled every 10 steps and a checkpoint every 100), one line a step; `after`
-// gives some steps (by index) an evaluation or a save.
-std::vector<std::string> etas(const std::vector<double>& seconds,
-                              const std::map<size_t, AfterStep>& after = {},
-                              int64_t first_step = 0) {
+// The progress lines after each of `seconds` (steps of 1000, of 1024 tokens, the first
+// `first_step`, with an evaluation scheduled every 10 steps and a checkpoint every 100), one
+// line a step; `after` gives some steps (by index) an evaluation or a save.
+std::vector<std::string> progress_lines(const std::vector<double>& seconds,
+                                        const std::map<size_t, AfterStep>& after = {},
+                                        int64_t first_step = 0) {
   std::FILE* out = std::tmpfile();
   ProgressLine progress(ProgressMode::kLines, 1000, 1, out,
                         {.eval_every = 10, .checkpoint_every = 100});
@@ -187,14 +187,33 @@ std::vector<std::string> etas(const std::vector<double>& seconds,
     }
   }
   std::rewind(out);
+  std::vector<std::string> lines;
+  for (char line[512]; std::fgets(line, sizeof line, out);) lines.push_back(line);
+  std::fclose(out);
+  return lines;
+}
+
+// The ETA of each progress line.
+std::vector<std::string> etas(const std::vector<double>& seconds,
+                              const std::map<size_t, AfterStep>& after = {},
+                              int64_t first_step = 0) {
   std::vector<std::string> found;
-  for (char line[512]; std::fgets(line, sizeof line, out);) {
-    const std::string text = line;
+  for (const std::string& text : progress_lines(seconds, after, first_step)) {
     const size_t at = text.find("ETA ");
     const size_t end = std::min(text.find('\n', at), text.find(" |", at));
     found.push_back(at == std::string::npos ? "" : text.substr(at + 4, end - at - 4));
   }
-  std::fclose(out);
+  return found;
+}
+
+// The tokens per second of each progress line ("1.0k").
+std::vector<std::string> rates(const std::vector<double>& seconds) {
+  std::vector<std::string> found;
+  for (const std::string& text : progress_lines(seconds)) {
+    const size_t end = text.find(" tok/s");
+    const size_t at = text.rfind("| ", end) + 2;
+    found.push_back(end == std::string::npos ? "" : text.substr(at, end - at));
+  }
   return found;
 }
 
@@ -209,6 +228,18 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(eta[30], "32m18s");  // 969 steps of 2 s, the new speed the median of the window
   // The first step's warm-up is not the pace either: of two steps, the faster counts.
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
+}
+
+// The rate beside the ETA is the same median's: one slow step does not make it jump.
+TEST(ProgressLine, OneStallDoesNotMoveTheRateALastingChangeOfSpeedDoes) {
+  std::vector<double> seconds(10, 0.5);
+  seconds.push_back(50.0);                 // step 11 stalls
+  seconds.insert(seconds.end(), 20, 1.0);  // then the steps take twice as long
+  const std::vector<std::string> rate = rates(seconds);
+  ASSERT_EQ(rate.size(), seconds.size());
+  EXPECT_EQ(rate[9], "2.0k");   // 1024 tokens in 0.5 s
+  EXPECT_EQ(rate[10], "2.0k");  // the stall
+  EXPECT_EQ(rate[30], "1.0k");
 }
 
 // Evaluations and checkpoints recur: the ETA adds those still to come, each at the mean time of
