@@ -45,9 +45,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
         pieces such as "\n\n" are learned) and holds what it reads in memory, several times
         over: past --sample-bytes, it reads blocks spread evenly over the inputs, with gaps
         between them, the same blocks on every run. SentencePiece trains on 16 threads
-        whatever the cores, so the model is the same on every machine. It prints one line
-        when done and nothing before, except a line when it checks more than 1 GiB of inputs
-        for invalid UTF-8 (encode the same).
+        whatever the cores, so the model is the same on every machine. It prints a line
+        every 10 s while it reads the text and learns the pieces, and one when done (and,
+        as encode does, a line when it checks more than 1 GiB of inputs for invalid UTF-8).
   --input FILE...     text files (one or more, after one --input or several; each file once,
                       under any name)
   --input-list LIST   a file naming input files, one path per line (empty lines and lines

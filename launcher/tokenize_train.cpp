@@ -6,12 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "core/durable_file.h"
@@ -38,6 +42,8 @@ namespace {
 constexpr size_t kBlockBytes = kMinSampleBytes;
 // SentencePiece's default.
 constexpr int kTrainThreads = 16;
+// Between the lines that show a training is alive (SentencePiece's one call reports nothing).
+constexpr auto kProgressInterval = std::chrono::seconds(10);
 
 // The first byte of a character at or after `pos` in valid UTF-8 `text` (or its end).
 size_t character_start(std::string_view text, size_t pos) {
@@ -61,8 +67,10 @@ class TextBlocks : public sentencepiece::SentenceIterator {
   void Next() override { advance(); }
   const std::string& value() const override { return block_; }
   sentencepiece::util::Status status() const override { return {}; }
-  // Bytes of text handed out so far.
-  size_t bytes() const { return bytes_; }
+  // Bytes of text handed out so far (read by TrainingProgress's thread too).
+  size_t bytes() const { return bytes_.load(std::memory_order_relaxed); }
+  // Whether the last block has been handed out.
+  bool read_all() const { return read_all_.load(std::memory_order_relaxed); }
 
  private:
   // Passes over the gap owed for the blocks handed out, across files, then on to the start of a
@@ -96,6 +104,7 @@ class TextBlocks : public sentencepiece::SentenceIterator {
       done_ = space_given_;
       block_.assign(1, ' ');
       space_given_ = true;
+      read_all_.store(true, std::memory_order_relaxed);
       return;
     }
     const std::string_view text = files_[file_].text();
@@ -110,7 +119,7 @@ class TextBlocks : public sentencepiece::SentenceIterator {
       }
     }
     block_.assign(text.substr(pos_, end - pos_));
-    bytes_ += block_.size();
+    bytes_.fetch_add(block_.size(), std::memory_order_relaxed);
     gap_ += gap_per_byte_ * static_cast<double>(block_.size());
     pos_ = end;
   }
@@ -120,10 +129,63 @@ class TextBlocks : public sentencepiece::SentenceIterator {
   double gap_ = 0.0;           // bytes still to skip before the next block
   size_t file_ = 0;
   size_t pos_ = 0;
-  size_t bytes_ = 0;
+  std::atomic<size_t> bytes_ = 0;
+  std::atomic<bool> read_all_ = false;
   std::string block_;
   bool space_given_ = false;
   bool done_ = false;
+};
+
+// While it lives, a line on stderr every kProgressInterval, so that minutes of training on a
+// large sample are not silent: how much of the text SentencePiece has read, then how long it
+// has been learning the pieces.
+class TrainingProgress {
+ public:
+  // `sample`: the bytes `blocks` hands out in all (about); `what`: "8192-piece bpe".
+  TrainingProgress(const TextBlocks& blocks, size_t sample, std::string what)
+      : blocks_(blocks), sample_(sample), what_(std::move(what)), thread_([this] { run(); }) {}
+  ~TrainingProgress() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    stopped_.notify_one();
+    thread_.join();
+  }
+  TrainingProgress(const TrainingProgress&) = delete;
+  TrainingProgress& operator=(const TrainingProgress&) = delete;
+
+ private:
+  void run() {
+    const auto start = std::chrono::steady_clock::now();
+    std::unique_lock lock(mutex_);
+    while (!stopped_.wait_for(lock, kProgressInterval, [this] { return stop_; })) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const size_t read = blocks_.bytes();
+      if (!blocks_.read_all()) {
+        std::fprintf(stderr, "mantissa: training a %s tokenizer: read %s of %s (%.0f%%), %.0f s\n",
+                     what_.c_str(), format_bytes(static_cast<double>(read)).c_str(),
+                     format_bytes(static_cast<double>(sample_)).c_str(),
+                     std::min(100.0, 100.0 * static_cast<double>(read) /
+                                         static_cast<double>(std::max<size_t>(1, sample_))),
+                     seconds);
+      } else {
+        std::fprintf(stderr,
+                     "mantissa: training a %s tokenizer: learning the pieces from %s of text, "
+                     "%.0f s\n",
+                     what_.c_str(), format_bytes(static_cast<double>(read)).c_str(), seconds);
+      }
+    }
+  }
+
+  const TextBlocks& blocks_;
+  const size_t sample_;
+  const std::string what_;
+  std::mutex mutex_;
+  std::condition_variable stopped_;
+  bool stop_ = false;
+  std::thread thread_;  // last: it starts once the members above exist
 };
 
 // Throws, now rather than after training, when no file can be created in `dir`, where `out` goes:
@@ -202,8 +264,13 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   sentencepiece::logging::SetMinLogLevel(2);
   TextBlocks blocks(files, static_cast<size_t>(options.sample_bytes));
   std::string model;
-  const sentencepiece::util::Status status =
-      sentencepiece::SentencePieceTrainer::Train(settings, &blocks, &model);
+  sentencepiece::util::Status status;
+  {
+    const TrainingProgress progress(
+        blocks, std::min(total_bytes(files), static_cast<size_t>(options.sample_bytes)),
+        std::to_string(options.vocab_size) + "-piece " + options.model_type);
+    status = sentencepiece::SentencePieceTrainer::Train(settings, &blocks, &model);
+  }
   // Read for the last time: a text that changed meanwhile, not the text, is what failed.
   for (const MappedText& file : files) require_unchanged_input(file);
   if (!status.ok()) {
