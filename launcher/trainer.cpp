@@ -322,6 +322,10 @@ void Trainer::build_data() {
   }
   if (world_.size() > 1) {
     tokenizer_refusal = world_.all_gather(tokenizer_refusal, config_.dist().timeout_s())[0];
+    // Rank 0's CRC on every rank, so that all of them refuse a resume with another tokenizer
+    // alike (report_changes).
+    tokenizer_crc32c_ = static_cast<uint32_t>(std::stoul(
+        world_.all_gather(std::to_string(tokenizer_crc32c_), config_.dist().timeout_s())[0]));
   }
   if (!tokenizer_refusal.empty()) throw RanksDisagree(tokenizer_refusal);
   train::DataLoaderConfig loader;
@@ -551,6 +555,26 @@ void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
 }
 
 void Trainer::report_changes(const checkpoint::CheckpointState& state) {
+  if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
+      state.tokenizer_crc32c != tokenizer_crc32c_) {
+    // Almost always a mistake (shards re-encoded by another tokenizer): refused, alike on
+    // every rank (rank 0 says it), unless allowed.
+    const TrainConfig::Data& data = config_.data();
+    const std::string refused = data.tokenizer().empty()
+                                    ? "data.token_shards.pattern = \"" +
+                                          data.token_shards().pattern() + "\": its tokenizer " +
+                                          tokenizer_file_
+                                    : "data.tokenizer = \"" + data.tokenizer() + "\":";
+    if (!data.allow_tokenizer_change()) {
+      throw RanksDisagree(refused +
+                          " is another than the one the checkpoint was trained with, so the same "
+                          "token ids would stand for other text; set "
+                          "data.allow_tokenizer_change=true to train on with it");
+    }
+    say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
+        tokenizer_file_ +
+        ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
+  }
   // Another corpus on resume is allowed (a second phase of training), but not silently. The
   // tokens decide, not the configured path: data moved to another directory is the same data.
   // Checkpoints from before the fingerprint was recorded compare the paths.
@@ -574,11 +598,6 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   } else if (state.data_fingerprint == 0 && !config_.data().has_synthetic()) {
     say("mantissa: note: the checkpoint predates the record of its training tokens (an earlier "
         "build saved it): data changed under the same path would not be noticed");
-  }
-  if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
-      state.tokenizer_crc32c != tokenizer_crc32c_) {
-    say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
-        tokenizer_file_ + ": the same token ids stand for other text from here on");
   }
   if (seed_changed) {
     say("mantissa: warning: the checkpoint was trained with run.seed " +

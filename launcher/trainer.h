@@ -125,7 +125,7 @@ class Trainer {
   // without evaluations carries its checkpoint's.
   uint64_t validation_key_ = 0;
   std::string tokenizer_file_;     // rank 0's: run_tokenizer_file, empty without one
-  uint32_t tokenizer_crc32c_ = 0;  // rank 0's: CRC32C of tokenizer_file_; 0 without one
+  uint32_t tokenizer_crc32c_ = 0;  // CRC32C of rank 0's tokenizer_file_ (on every rank); 0: none
   std::unique_ptr<train::Evaluator> evaluator_;  // null when run.eval_every is 0
   std::unique_ptr<dist::DataParallel> dp_;
   std::unique_ptr<train::Optimizer> optimizer_;

@@ -355,9 +355,10 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
-    def test_a_resume_on_another_tokenizers_shards_warns(self):
+    def test_a_resume_on_another_tokenizers_shards_is_refused_unless_allowed(self):
         # The checkpoint records the tokenizer; re-encoded by the same one, the shards resume
-        # quietly; by another, the ids mean other text, whatever the data warning says.
+        # quietly; by another, the ids mean other text: refused, on 2 ranks too with one
+        # message, unless data.allow_tokenizer_change, which warns.
         first = self.train_tokenizer([LICENCE], 600, "first.model")
         second = self.train_tokenizer([LICENCE], 700, "second.model")
         out_dir = self.encode(first, [LICENCE], "shards")
@@ -368,18 +369,28 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
 precision {{ mode: FP32 }}
 """)
 
-        def resume(steps):
-            result = self.mantissa("train", "--config", config, "--set", f"run.steps={steps}")
-            self.assertEqual(result.returncode, 0, result.stderr)
+        def resume(steps, *sets, code=0, ranks=0):
+            args = [a for s in sets for a in ("--set", s)]
+            result = self.mantissa("train", "--config", config, "--set", f"run.steps={steps}",
+                                   *args, ranks=ranks)
+            self.assertEqual(result.returncode, code, result.stderr)
             return result.stderr
 
         resume(1)
         self.encode(first, [LICENCE], "shards", "--force")
         self.assertNotIn("warning", resume(2))
         self.encode(second, [LICENCE], "shards", "--force")
+        refusal = (f'mantissa: data.token_shards.pattern = "{out_dir}/train_*.bin": its tokenizer '
+                   f"{out_dir}/tokenizer.model is another than the one the checkpoint was "
+                   "trained with, so the same token ids would stand for other text; set "
+                   "data.allow_tokenizer_change=true to train on with it\n")
+        self.assertEqual(resume(3, code=2), refusal)
+        self.assertEqual(resume(3, code=2, ranks=2).count("mantissa: "), 1)
+        self.assertIn(refusal, resume(3, code=2, ranks=2))
         self.assertIn(f"mantissa: warning: the checkpoint was trained with another tokenizer than "
                       f"{out_dir}/tokenizer.model: the same token ids stand for other text from "
-                      "here on\n", resume(3))
+                      "here on (data.allow_tokenizer_change)\n",
+                      resume(3, "data.allow_tokenizer_change=true"))
 
     def test_an_input_list_stands_for_its_files_where_it_is_given(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
