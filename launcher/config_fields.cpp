@@ -1,11 +1,13 @@
 #include "launcher/config_fields.h"
 
 #include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/text_format.h>
 
 #include <charconv>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -18,6 +20,71 @@ namespace pb = google::protobuf;
 
 namespace {
 
+std::string field_names(const pb::Descriptor& type) {
+  std::vector<std::string> names;
+  for (int i = 0; i < type.field_count(); ++i) names.push_back(type.field(i)->name());
+  return core::join(names, ", ");
+}
+
+std::string enum_names(const pb::EnumDescriptor& type) {
+  std::vector<std::string> names;
+  for (int i = 0; i < type.value_count(); ++i) names.push_back(type.value(i)->name());
+  return core::join(names, ", ");
+}
+
+// The text between `before` and the next `after` in `message`, when `message` starts with
+// `before`.
+std::optional<std::string> between(const std::string& message, std::string_view before,
+                                   std::string_view after) {
+  if (!message.starts_with(before)) return std::nullopt;
+  const size_t end = message.find(after, before.size());
+  if (end == std::string::npos) return std::nullopt;
+  return message.substr(before.size(), end - before.size());
+}
+
+class IgnoreErrors : public pb::io::ErrorCollector {
+ public:
+  void AddError(int, pb::io::ColumnNumber, const std::string&) override {}
+};
+
+// Where the last identifier `name` before (line, column) stands in text-format `text`, and the
+// fields of the messages it stands in, outermost first (["precision", "loss_scale"]).
+struct Place {
+  int line = 0;
+  pb::io::ColumnNumber column = 0;
+  std::vector<std::string> path;
+};
+std::optional<Place> last_identifier_before(std::string_view text, const std::string& name,
+                                            int line, pb::io::ColumnNumber column) {
+  pb::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  IgnoreErrors ignore;
+  pb::io::Tokenizer tokens(&input, &ignore);
+  tokens.set_comment_style(pb::io::Tokenizer::SH_COMMENT_STYLE);
+  std::vector<std::string> path, lists;  // lists: the fields of the [ ... ] open
+  std::string field, previous;
+  std::optional<Place> found;
+  while (tokens.Next()) {
+    const pb::io::Tokenizer::Token& t = tokens.current();
+    if (t.line > line || (t.line == line && t.column >= column)) break;
+    if (t.type == pb::io::Tokenizer::TYPE_IDENTIFIER) {
+      if (t.text == name) found = Place{t.line, t.column, path};
+      field = t.text;
+    } else if (t.text == "[") {
+      lists.push_back(field);
+    } else if (t.text == "]" && !lists.empty()) {
+      lists.pop_back();
+    } else if (t.text == "{" || t.text == "<") {
+      // A message in a list ("f: [{...}, {...}]") belongs to the list's field.
+      const bool listed = !lists.empty() && (previous == "[" || previous == ",");
+      path.push_back(listed ? lists.back() : field);
+    } else if ((t.text == "}" || t.text == ">") && !path.empty()) {
+      path.pop_back();
+    }
+    previous = t.text;
+  }
+  return found;
+}
+
 // Keeps the parser's first error (the rest are usually consequences of it).
 class FirstError : public pb::io::ErrorCollector {
  public:
@@ -29,26 +96,60 @@ class FirstError : public pb::io::ErrorCollector {
   }
   void AddWarning(int, pb::io::ColumnNumber, const std::string&) override {}
 
-  // "<source>:<line>:<column>: <message>", 1-based as editors count.
-  std::string describe(const std::string& source) const {
+  // "<source>:<line>:<column>: <message>", 1-based as editors count. An unknown field or enum
+  // value, which the parser names by its own name alone and places at the token after it, is
+  // placed where it stands and said as --set says it: the field's path in `root`, and the
+  // fields or values there are.
+  std::string describe(const std::string& source, std::string_view text,
+                       const pb::Descriptor& root) const {
     std::ostringstream out;
     out << source;
+    if (const std::optional<std::string> said = explained(text, root)) return out.str() + *said;
     if (line_ >= 0) out << ":" << line_ + 1 << ":" << column_ + 1;
     out << ": " << (message_.empty() ? "cannot parse" : message_);
     return out.str();
   }
 
  private:
+  // ":<line>:<column>: <message>" for an unknown field or enum value; nullopt for other errors
+  // (or for words of a protobuf release that differ).
+  std::optional<std::string> explained(std::string_view text, const pb::Descriptor& root) const {
+    std::optional<std::string> name, value;  // the field's name; the enum value it was given
+    if ((value = between(message_, "Unknown enumeration value of \"", "\""))) {
+      const size_t at = message_.find("\" for field \"");
+      if (at != std::string::npos) name = between(message_.substr(at), "\" for field \"", "\"");
+    } else if (const size_t at = message_.find(" has no field named \""); at != std::string::npos) {
+      name = between(message_.substr(at), " has no field named \"", "\"");
+    }
+    if (!name || line_ < 0) return std::nullopt;
+    const std::optional<Place> place =
+        last_identifier_before(text, value ? *value : *name, line_, column_);
+    if (!place) return std::nullopt;
+    const pb::Descriptor* type = &root;
+    for (const std::string& field : place->path) {
+      const pb::FieldDescriptor* descriptor = type->FindFieldByName(field);
+      if (descriptor == nullptr || descriptor->message_type() == nullptr) return std::nullopt;
+      type = descriptor->message_type();
+    }
+    const std::string path = core::join(place->path, ".");
+    std::ostringstream out;
+    out << ":" << place->line + 1 << ":" << place->column + 1 << ": ";
+    if (value) {
+      const pb::FieldDescriptor* field = type->FindFieldByName(*name);
+      if (field == nullptr || field->enum_type() == nullptr) return std::nullopt;
+      out << (path.empty() ? "" : path + ".") << *name << " must be one of "
+          << enum_names(*field->enum_type()) << ", got '" << *value << "'";
+    } else {
+      out << (path.empty() ? root.name() : path) << " has no field '" << *name
+          << "' (fields: " << field_names(*type) << ")";
+    }
+    return out.str();
+  }
+
   int line_ = -1;
   pb::io::ColumnNumber column_ = 0;
   std::string message_;
 };
-
-std::string field_names(const pb::Descriptor& type) {
-  std::vector<std::string> names;
-  for (int i = 0; i < type.field_count(); ++i) names.push_back(type.field(i)->name());
-  return core::join(names, ", ");
-}
 
 std::vector<std::string_view> split_path(std::string_view path) {
   std::vector<std::string_view> parts;
@@ -94,7 +195,7 @@ void parse_text(std::string_view text, const std::string& source, pb::Message& o
   pb::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(std::string(text), &out))
-    throw core::ConfigError(errors.describe(source));
+    throw core::ConfigError(errors.describe(source, text, *out.GetDescriptor()));
 }
 
 FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_oneof) {
@@ -177,10 +278,8 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       const pb::EnumDescriptor& type = *field.enum_type();
       const pb::EnumValueDescriptor* v = type.FindValueByName(std::string(text));
       if (v == nullptr) {
-        std::vector<std::string> names;
-        for (int i = 0; i < type.value_count(); ++i) names.push_back(type.value(i)->name());
-        throw core::ConfigError(field.name() + " must be one of " + core::join(names, ", ") +
-                                ", got '" + std::string(text) + "'");
+        throw core::ConfigError(field.name() + " must be one of " + enum_names(type) + ", got '" +
+                                std::string(text) + "'");
       }
       add ? r.AddEnum(&message, &field, v) : r.SetEnum(&message, &field, v);
       return;

@@ -46,13 +46,13 @@ class ConfigErrors(lu.TempDirTest):
 
     def test_unknown_field_in_file(self):
         self.assert_config_error(
-            'mantissa: {path}:2:8: Message type "mantissa.TrainConfig.Run" has no field named '
-            '"stepz".', config="run {\n  stepz: 5\n}\n")
+            "mantissa: {path}:2:3: run has no field 'stepz' (fields: steps, seed, dir, device, "
+            "log_every, eval_every, eval_tokens)", config="run {\n  stepz: 5\n}\n")
 
     def test_bad_enum_in_file(self):
         self.assert_config_error(
-            'mantissa: {path}:1:23: Unknown enumeration value of "FP7" for field "mode".',
-            config="precision { mode: FP7 }")
+            "mantissa: {path}:2:9: precision.mode must be one of FP32, BF16, FP16, FP8_HYBRID, "
+            "got 'FP7'", config="precision {\n  mode: FP7\n}\n")
 
     def test_enum_number_out_of_range_in_file(self):
         # Proto3 parses any number for an enum; it ran as FP32 (the translation's default).

@@ -39,17 +39,34 @@ std::string validation_error(const std::vector<std::string>& sets) {
   return error_of([&] { validate(defaulted(sets)); });
 }
 
-// Positions are protobuf's: the line of the offending token and the column just past it.
+// An unknown field or enum value is placed where it stands (protobuf places it at the token
+// after it, maybe on the next line) and said as --set says it: its path, and the fields or
+// values there are. Other errors are protobuf's, at its position.
 TEST(ConfigParse, ReportsFileLineAndColumn) {
   EXPECT_EQ(error_of([] { parse_config_text("run {\n  stepz: 5\n}\n", "x.pbtxt"); }),
-            "x.pbtxt:2:8: Message type \"mantissa.TrainConfig.Run\" has no field named "
-            "\"stepz\".");
-  const std::string bad_enum =
-      error_of([] { parse_config_text("precision { mode: FP7 }", "y.pbtxt"); });
-  EXPECT_EQ(bad_enum, "y.pbtxt:1:23: Unknown enumeration value of \"FP7\" for field \"mode\".");
+            "x.pbtxt:2:3: run has no field 'stepz' (fields: steps, seed, dir, device, log_every, "
+            "eval_every, eval_tokens)");
+  EXPECT_EQ(error_of([] {
+              parse_config_text("rnu { steps: 5 }", "x.pbtxt");
+            }).rfind("x.pbtxt:1:1: TrainConfig has no field 'rnu' (fields: run, model, ", 0),
+            0u);
+  EXPECT_EQ(error_of([] { parse_config_text("precision { mode: FP7 }", "y.pbtxt"); }),
+            "y.pbtxt:1:19: precision.mode must be one of FP32, BF16, FP16, FP8_HYBRID, got 'FP7'");
+  // Two fields named mode: the one the value stands in. Its line, not the next token's; a
+  // tab counts as protobuf counts it (to the next multiple of 8); a comment that names the
+  // value, and a closed message before, are passed over.
+  EXPECT_EQ(error_of([] {
+              parse_config_text(
+                  "precision {\n  mode: BF16 # not DYNAMO\n  fp8 { margin: 1 }\n"
+                  "  loss_scale {\n\tmode: DYNAMO\n  }\n}\n",
+                  "z.pbtxt");
+            }),
+            "z.pbtxt:5:15: precision.loss_scale.mode must be one of DYNAMIC, STATIC, NONE, got "
+            "'DYNAMO'");
   const std::string syntax = error_of([] { parse_config_text("run { steps: 5", "z.pbtxt"); });
   EXPECT_EQ(syntax.rfind("z.pbtxt:1:", 0), 0u) << syntax;
-  EXPECT_NE(error_of([] { parse_config_text("run { steps: -1.5 }", "w.pbtxt"); }), "");
+  EXPECT_EQ(error_of([] { parse_config_text("run { steps: ten }", "w.pbtxt"); }),
+            "w.pbtxt:1:14: Expected integer, got: ten");
 }
 
 TEST(ConfigParse, MissingFileIsNamed) {
