@@ -12,7 +12,9 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 
 extern "C" void on_stop_signal(int signal) {
-  g_stop_signal = signal;
+  // Ctrl-C wins over a stop signal that comes with it (exit 130, not 0): a wrapper that
+  // requeues a run that exits 0 must not requeue one its user interrupted.
+  if (g_stop_signal != SIGINT) g_stop_signal = signal;
   if (signal == SIGINT) {
     // write(2) is async-signal-safe; stdio is not.
     static const char kNote[] =
@@ -31,11 +33,18 @@ void install_stop_handlers() {
   // Interrupted system calls restart: a signal during a file write or a collective must not
   // turn into an I/O error; the loop sees the flag at the end of the step.
   action.sa_flags = SA_RESTART;
-  sigaction(SIGUSR1, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGHUP, &action, nullptr);          // the terminal went away (an ssh session dropped)
+  // A signal the process was started to ignore stays ignored: nohup's SIGHUP (the run is to
+  // outlive the terminal), a background job's SIGINT.
+  const auto install = [&action](int signal) {
+    struct sigaction before {};
+    sigaction(signal, nullptr, &before);
+    if (before.sa_handler != SIG_IGN) sigaction(signal, &action, nullptr);
+  };
+  install(SIGUSR1);
+  install(SIGTERM);
+  install(SIGHUP);                              // the terminal went away (an ssh session dropped)
   action.sa_flags = SA_RESTART | SA_RESETHAND;  // the second Ctrl-C takes the default action
-  sigaction(SIGINT, &action, nullptr);
+  install(SIGINT);
 }
 
 int stop_signal() {

@@ -4,7 +4,9 @@
 // it once per step and all ranks agree on the stop step through a MAX all-reduce, so a signal
 // that reaches one rank stops them all at the same step with one checkpoint. SIGINT's handler
 // says so on stderr and gives the signal back its default action, so that a second Ctrl-C
-// ends the process at once, without the checkpoint.
+// ends the process at once, without the checkpoint; it wins over another stop signal that
+// comes with it (exit 130). A signal the process was started to ignore (nohup's SIGHUP) stays
+// ignored.
 #pragma once
 
 namespace mantissa::launcher {

@@ -328,14 +328,23 @@ class Training(lu.TempDirTest):
 
     def test_sigterm_and_sigint_stop_a_single_rank_with_a_checkpoint(self):
         # SIGTERM (a scheduler) and SIGHUP (a dropped ssh session) exit 0; SIGINT (Ctrl-C)
-        # exits 130, the shell's code for an interrupted program, after the same checkpoint.
-        for name, sig, code in (("alone", signal.SIGTERM, 0), ("hangup", signal.SIGHUP, 0),
-                                ("ctrl_c", signal.SIGINT, 130)):
-            process = self.start(*self.train_args(name, "run.steps=2000", inject_rank=0))
+        # exits 130, the shell's code for an interrupted program, after the same checkpoint,
+        # also when a SIGTERM comes in the same step (a wrapper would requeue an exit 0): steps
+        # of about 0.3 s there, the SIGTERM 20 ms after the SIGINT.
+        slow = ("model.gpt2.n_embd=512", "model.gpt2.n_layer=4")
+        for name, signals, code, sets in (("alone", [signal.SIGTERM], 0, ()),
+                                          ("hangup", [signal.SIGHUP], 0, ()),
+                                          ("ctrl_c", [signal.SIGINT], 130, ()),
+                                          ("ctrl_c_term", [signal.SIGINT, signal.SIGTERM], 130,
+                                           slow)):
+            sig = signals[0]
+            process = self.start(*self.train_args(name, "run.steps=2000", *sets, inject_rank=0))
             try:
                 run = self.run_dir(name)
                 lu.wait_for_lines(os.path.join(run, "log", "rank0.jsonl"), 5, process)
-                process.send_signal(sig)
+                for each in signals:
+                    process.send_signal(each)
+                    time.sleep(0.02)
                 stdout, stderr = process.communicate(timeout=120)
             finally:
                 if process.poll() is None:
@@ -348,6 +357,30 @@ class Training(lu.TempDirTest):
             if sig == signal.SIGINT:
                 self.assertIn("interrupted: stopping after this step with a checkpoint", stderr)
                 self.assertIn("interrupted (SIGINT)", stderr)
+
+    def test_a_run_started_under_nohup_keeps_running_on_sighup(self):
+        # nohup's ignored SIGHUP stays ignored: the run outlives its terminal, and stops on
+        # the SIGTERM that follows.
+        process = subprocess.Popen(
+            [lu.binary(), *self.train_args("nohup", "run.steps=2000", inject_rank=0)],
+            cwd=self.dir, env=lu.environment(), text=True, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+        try:
+            log = os.path.join(self.run_dir("nohup"), "log", "rank0.jsonl")
+            lu.wait_for_lines(log, 3, process)
+            with open(f"/proc/{process.pid}/status") as f:
+                status = dict(line.split(":\t", 1) for line in f.read().splitlines())
+            self.assertTrue(int(status["SigIgn"], 16) & (1 << (signal.SIGHUP - 1)), status)
+            self.assertTrue(int(status["SigCgt"], 16) & (1 << (signal.SIGTERM - 1)), status)
+            process.send_signal(signal.SIGHUP)
+            lu.wait_for_lines(log, lu.count_lines(log) + 5, process)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn("with a checkpoint", stderr)
 
     def start_held_at_its_start(self, args):
         """Starts mantissa alone with its stdout a full pipe: the effective config, printed after
