@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -101,16 +103,36 @@ bool is_temporary_of(std::string_view name, std::string_view target) {
          all_digits(middle.substr(dash + 1));
 }
 
-void remove_temporaries_of(const std::string& path) {
+namespace {
+
+// Removes the temporaries of `path` for which `remove(the writer's pid)` holds.
+void remove_temporaries_of_writers(const std::string& path,
+                                   const std::function<bool(pid_t)>& remove) {
   const std::filesystem::path target(path);
   const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : ".";
   const std::string name = target.filename().string();
   std::error_code ec;
   std::vector<std::filesystem::path> left;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (is_temporary_of(entry.path().filename().string(), name)) left.push_back(entry.path());
+    const std::string file = entry.path().filename().string();
+    if (!is_temporary_of(file, name)) continue;
+    // "<name>.<pid>-<n>.tmp"; a pid past pid_t's range names no process (-1).
+    pid_t pid = -1;
+    std::from_chars(file.data() + name.size() + 1, file.data() + file.size(), pid);
+    if (remove(pid)) left.push_back(entry.path());
   }
   for (const std::filesystem::path& temporary : left) std::filesystem::remove(temporary, ec);
+}
+
+}  // namespace
+
+void remove_temporaries_of(const std::string& path) {
+  remove_temporaries_of_writers(path, [](pid_t) { return true; });
+}
+
+void remove_orphaned_temporaries_of(const std::string& path) {
+  remove_temporaries_of_writers(
+      path, [](pid_t pid) { return pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH); });
 }
 
 void fsync_path(const std::string& path) {

@@ -46,6 +46,12 @@ bool is_temporary_of(std::string_view name, std::string_view target);
 // that cannot be removed stays (it is only clutter).
 void remove_temporaries_of(const std::string& path);
 
+// Removes the temporaries of `path` whose writer, the process their name gives, no longer runs
+// on this host: those a writer left when it was killed, for a file any process may write (a
+// user's --out). A temporary of a process running here stays. On a file system that hosts
+// share, one of another host's process whose pid runs nothing here would go too.
+void remove_orphaned_temporaries_of(const std::string& path);
+
 // Writes all `size` bytes to `fd`, the file `path` (named by the error it throws).
 void write_all(int fd, const void* data, size_t size, const std::string& path);
 

@@ -6,6 +6,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "core/durable_file.h"
 #include "core/ops/backend.h"
 #include "launcher/config.h"
 #include "launcher/config_diff.h"
@@ -156,6 +157,7 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
       leading_rows["embed_tokens.weight"] = vocab;
       if (!config.model().llama().tie_embeddings()) leading_rows["lm_head.weight"] = vocab;
     }
+    core::remove_orphaned_temporaries_of(out);  // an earlier export's, killed while writing
     checkpoint::export_safetensors(
         out, params, *backend, {{"mantissa_step", step}, {"mantissa_config", state->config_text}},
         leading_rows);

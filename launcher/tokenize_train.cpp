@@ -294,6 +294,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   }
   // The model must be what encode accepts; this cannot fail with the settings above.
   const Tokenizer tokenizer(options.out, model);
+  core::remove_orphaned_temporaries_of(options.out);  // an earlier training's, killed
   core::write_file_atomically(options.out, model);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

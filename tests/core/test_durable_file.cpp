@@ -2,6 +2,8 @@
 // nothing beside it (a user's file, a link) is touched.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -107,6 +109,32 @@ TEST_F(WriteFileAtomically, TemporariesLeftByACrashAreRemovedOnRequest) {
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names,
             (std::vector<std::string>{"config.pbtxt", "config.pbtxt.tmp", "other.41-0.tmp"}));
+}
+
+// A user's --out: only the temporaries of writers that no longer run here go. A child that
+// has exited (and been waited for) stands for a killed export.
+TEST_F(WriteFileAtomically, OrphanedTemporariesGoThoseOfRunningWritersStay) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string running = "w.safetensors." + std::to_string(getpid()) + "-0.tmp";
+  const std::string ended = "w.safetensors." + std::to_string(child) + "-3.tmp";
+  for (const std::string& name :
+       {running, ended, std::string("w.safetensors.99999999999-0.tmp"),
+        std::string("w.safetensors"),
+        std::string("v.safetensors.") + std::to_string(child) + "-0.tmp"}) {
+    std::ofstream(path(name.c_str())) << name;
+  }
+  remove_orphaned_temporaries_of(path("w.safetensors"));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(path("w.safetensors")).parent_path()))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> expected = {"v.safetensors." + std::to_string(child) + "-0.tmp",
+                                       "w.safetensors", running};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(names, expected);
 }
 
 TEST_F(WriteFileAtomically, AFailedWriteLeavesTheOldContentAndSaysWhy) {
