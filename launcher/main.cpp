@@ -66,10 +66,12 @@ output, in run.dir (default runs/<config file name>):
 signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
 to all) stops every rank at the same step after a checkpoint is written; the exit code is then
 0. One that comes during the start ends the run before its first step, with nothing to save.
-SIGINT (Ctrl-C) does the same with exit code 130; a second Ctrl-C ends the process at once,
-without a checkpoint. mpirun itself answers Ctrl-C or SIGTERM by killing the ranks one second
-later, before most checkpoints are written: send it SIGUSR1, or launch through
-deploy/mantissa-mpirun, which turns Ctrl-C into SIGUSR1.
+SIGINT (Ctrl-C) does the same with exit code 130, also when another stop signal comes with it
+or during that checkpoint; a second Ctrl-C ends the process at once, without a checkpoint. A
+signal the process was started to ignore stays ignored (nohup's SIGHUP). mpirun itself answers
+Ctrl-C or SIGTERM by killing the ranks one second later, before most checkpoints are written,
+and exits 1: send it SIGUSR1, or launch through deploy/mantissa-mpirun, which turns Ctrl-C
+into SIGUSR1.
 
 environment (CPU runs):
   OMP_NUM_THREADS           threads per rank (default: the rank's share of the CPUs it may

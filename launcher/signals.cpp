@@ -8,14 +8,18 @@ namespace mantissa::launcher {
 
 namespace {
 
-// Written by the handler, read by the training loop: an async-signal-safe flag.
+// Written by the handler, read by the training loop: async-signal-safe flags. SIGINT has one
+// of its own, which no other signal's handler writes, so that Ctrl-C wins over a stop signal
+// that comes with it, whichever handler runs last, on whichever thread (exit 130, not 0: a
+// wrapper that requeues a run that exits 0 must not requeue one its user interrupted).
+volatile std::sig_atomic_t g_interrupted = 0;
 volatile std::sig_atomic_t g_stop_signal = 0;
 
 extern "C" void on_stop_signal(int signal) {
-  // Ctrl-C wins over a stop signal that comes with it (exit 130, not 0): a wrapper that
-  // requeues a run that exits 0 must not requeue one its user interrupted.
-  if (g_stop_signal != SIGINT) g_stop_signal = signal;
-  if (signal == SIGINT) {
+  if (signal != SIGINT) {
+    g_stop_signal = signal;
+  } else {
+    g_interrupted = 1;
     // write(2) is async-signal-safe; stdio is not.
     static const char kNote[] =
         "\nmantissa: interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
@@ -48,7 +52,7 @@ void install_stop_handlers() {
 }
 
 int stop_signal() {
-  return g_stop_signal;
+  return g_interrupted != 0 ? SIGINT : g_stop_signal;
 }
 
 }  // namespace mantissa::launcher

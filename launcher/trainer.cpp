@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -886,10 +887,11 @@ int Trainer::run() {
       dp_->check_consistency(replica_state(steps_done));
     }
     bool stopping = stop != 0.0f && steps_done < total;
-    if (maybe_checkpoint(steps_done, stopping) && !stopping && steps_done < total) {
+    if (maybe_checkpoint(steps_done, stopping) && steps_done < total) {
       // A save takes long: a stop asked for while it ran ends the run on it, not after one
-      // more step and one more save (a preemption's grace period is short).
-      stop = agreed_stop();
+      // more step and one more save (a preemption's grace period is short); a Ctrl-C during a
+      // stop's own save still makes its exit code 130.
+      stop = std::max(stop, agreed_stop());
       stopping = stop != 0.0f;
     }
     if (stopping) {

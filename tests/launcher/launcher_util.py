@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -71,10 +72,13 @@ class TempDirTest(unittest.TestCase):
                               capture_output=True, text=True)
 
     def start(self, *args, ranks=0):
-        """Starts mantissa in the background; returns the Popen."""
+        """Starts mantissa in the background; returns the Popen. With SIGINT's default action
+        whatever this runner was started with: mantissa keeps a signal ignored, and the tests
+        send it Ctrl-C."""
         command = (mpirun_prefix(ranks) if ranks else []) + [binary(), *args]
         return subprocess.Popen(command, cwd=self.dir, env=environment(), text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def read_log(run_dir, rank):

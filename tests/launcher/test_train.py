@@ -437,37 +437,63 @@ class Training(lu.TempDirTest):
                     self.assertEqual(f.read().strip(), "step_00000020")
                 self.assertEqual(len(lu.read_log(run, 0)), 20)
 
+    def signal_during_a_save(self, process, checkpoints, sig):
+        """Catches the rank inside a save: paused (SIGSTOP) once a temporary step directory is
+        there, and, if it still is, sent `sig` and resumed. Returns the step being saved."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
+            unfinished = [n for n in names if re.fullmatch(r"step_\d+\.tmp", n)]
+            if not unfinished:
+                time.sleep(0.005)
+                continue
+            process.send_signal(signal.SIGSTOP)
+            saving = None
+            if os.path.exists(os.path.join(checkpoints, unfinished[0])):
+                saving = int(unfinished[0][len("step_"):-len(".tmp")])
+                process.send_signal(sig)
+            process.send_signal(signal.SIGCONT)
+            if saving is not None:
+                return saving
+        self.fail("no save caught in progress within 60 s")
+
     def test_a_stop_during_a_save_ends_the_run_on_it(self):
         # A stop asked for while a checkpoint is written ends the run on that checkpoint, not
-        # after one more step and one more save. The rank is caught inside a save: paused
-        # (SIGSTOP) once a temporary step directory is there, and, if it still is, sent SIGTERM
-        # and resumed. A large embedding makes each save take a while.
+        # after one more step and one more save. A large embedding makes each save take a while.
         name = "mid_save"
         process = self.start(*self.train_args(
             name, "run.steps=2000", "checkpoint.every_steps=1",
             "model.gpt2.vocab_size=65536", inject_rank=0))
-        checkpoints = os.path.join(self.run_dir(name), "checkpoints")
-        saving = None
         try:
-            deadline = time.monotonic() + 60
-            while saving is None and time.monotonic() < deadline and process.poll() is None:
-                names = os.listdir(checkpoints) if os.path.isdir(checkpoints) else []
-                unfinished = [n for n in names if re.fullmatch(r"step_\d+\.tmp", n)]
-                if not unfinished:
-                    time.sleep(0.005)
-                    continue
-                process.send_signal(signal.SIGSTOP)
-                if os.path.exists(os.path.join(checkpoints, unfinished[0])):
-                    saving = int(unfinished[0][len("step_"):-len(".tmp")])
-                    process.send_signal(signal.SIGTERM)
-                process.send_signal(signal.SIGCONT)
-            self.assertIsNotNone(saving, "no save caught in progress within 60 s")
+            saving = self.signal_during_a_save(
+                process, os.path.join(self.run_dir(name), "checkpoints"), signal.SIGTERM)
             _, stderr = process.communicate(timeout=120)
         finally:
             if process.poll() is None:
                 process.kill()
         self.assertEqual(process.returncode, 0, stderr)
         self.assertIn(f"stopped after step {saving}/2000 with a checkpoint", stderr)
+        self.assertEqual(len(lu.read_log(self.run_dir(name), 0)), saving)
+
+    def test_ctrl_c_during_a_stops_save_exits_130(self):
+        # SIGTERM asks for the stop; a Ctrl-C while its checkpoint is written makes the exit
+        # code 130 (a wrapper would requeue an exit 0), and the run still ends on that save.
+        name = "ctrl_c_mid_save"
+        process = self.start(*self.train_args(
+            name, "run.steps=2000", "checkpoint.every_steps=0",
+            "model.gpt2.vocab_size=65536", inject_rank=0))
+        try:
+            lu.wait_for_lines(os.path.join(self.run_dir(name), "log", "rank0.jsonl"), 3, process)
+            process.send_signal(signal.SIGTERM)
+            saving = self.signal_during_a_save(
+                process, os.path.join(self.run_dir(name), "checkpoints"), signal.SIGINT)
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 130, stderr)
+        self.assertIn(f"interrupted (SIGINT): stopped after step {saving}/2000 with a "
+                      "checkpoint", stderr)
         self.assertEqual(len(lu.read_log(self.run_dir(name), 0)), saving)
 
     def stop_through_wrapper(self, name, sig, ready, mpirun_args=(), env=None):
