@@ -125,7 +125,7 @@ void apply_defaults(TrainConfig& config, const std::string& config_path) {
     if (ref.field == nullptr || ref.message->GetReflection()->HasField(*ref.message, ref.field)) {
       continue;
     }
-    set_from_text(*ref.message, *ref.field, value);
+    set_from_text(ref, value);
   }
   Config::Precision::LossScale& scale = *config.mutable_precision()->mutable_loss_scale();
   if (!scale.has_mode()) {

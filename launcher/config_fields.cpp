@@ -98,13 +98,14 @@ class FirstError : public pb::io::ErrorCollector {
 
   // "<source>:<line>:<column>: <message>", 1-based as editors count. An unknown field or enum
   // value, which the parser names by its own name alone and places at the token after it, is
-  // placed where it stands and said as --set says it: the field's path in `root`, and the
-  // fields or values there are.
-  std::string describe(const std::string& source, std::string_view text,
-                       const pb::Descriptor& root) const {
+  // placed where it stands and said as --set says it: the field's path in the config (`root`
+  // being the message at `root_path`), and the fields or values there are.
+  std::string describe(const std::string& source, std::string_view text, const pb::Descriptor& root,
+                       const std::string& root_path) const {
     std::ostringstream out;
     out << source;
-    if (const std::optional<std::string> said = explained(text, root)) return out.str() + *said;
+    if (const std::optional<std::string> said = explained(text, root, root_path))
+      return out.str() + *said;
     if (line_ >= 0) out << ":" << line_ + 1 << ":" << column_ + 1;
     out << ": " << (message_.empty() ? "cannot parse" : message_);
     return out.str();
@@ -113,7 +114,8 @@ class FirstError : public pb::io::ErrorCollector {
  private:
   // ":<line>:<column>: <message>" for an unknown field or enum value; nullopt for other errors
   // (or for words of a protobuf release that differ).
-  std::optional<std::string> explained(std::string_view text, const pb::Descriptor& root) const {
+  std::optional<std::string> explained(std::string_view text, const pb::Descriptor& root,
+                                       const std::string& root_path) const {
     std::optional<std::string> name, value;  // the field's name; the enum value it was given
     if ((value = between(message_, "Unknown enumeration value of \"", "\""))) {
       const size_t at = message_.find("\" for field \"");
@@ -131,7 +133,9 @@ class FirstError : public pb::io::ErrorCollector {
       if (descriptor == nullptr || descriptor->message_type() == nullptr) return std::nullopt;
       type = descriptor->message_type();
     }
-    const std::string path = core::join(place->path, ".");
+    std::vector<std::string> parts = place->path;
+    if (!root_path.empty()) parts.insert(parts.begin(), root_path);
+    const std::string path = core::join(parts, ".");
     std::ostringstream out;
     out << ":" << place->line + 1 << ":" << place->column + 1 << ": ";
     if (value) {
@@ -190,12 +194,13 @@ double parse_double(std::string_view text, const pb::FieldDescriptor& field) {
 
 }  // namespace
 
-void parse_text(std::string_view text, const std::string& source, pb::Message& out) {
+void parse_text(std::string_view text, const std::string& source, pb::Message& out,
+                const std::string& path) {
   FirstError errors;
   pb::TextFormat::Parser parser;
   parser.RecordErrorsTo(&errors);
   if (!parser.ParseFromString(std::string(text), &out))
-    throw core::ConfigError(errors.describe(source, text, *out.GetDescriptor()));
+    throw core::ConfigError(errors.describe(source, text, *out.GetDescriptor(), path));
 }
 
 FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_oneof) {
@@ -212,7 +217,7 @@ FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_
                               "' (fields: " + field_names(type) + ")");
     }
     walked += (walked.empty() ? "" : ".") + field->name();
-    if (i + 1 == parts.size()) return {message, field, selected, dropped};
+    if (i + 1 == parts.size()) return {message, field, selected, dropped, walked};
     if (field->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || field->is_repeated()) {
       throw core::ConfigError(walked + " is a value, not a message with fields");
     }
@@ -231,7 +236,9 @@ FieldRef resolve(pb::Message& root, std::string_view path, bool skip_unselected_
   return {};
 }
 
-void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::string_view text) {
+void set_from_text(const FieldRef& ref, std::string_view text) {
+  pb::Message& message = *ref.message;
+  const pb::FieldDescriptor& field = *ref.field;
   const pb::Reflection& r = *message.GetReflection();
   const bool add = field.is_repeated();
   switch (field.cpp_type()) {
@@ -307,7 +314,7 @@ void set_from_text(pb::Message& message, const pb::FieldDescriptor& field, std::
       // the file's n_embd as it is.
       const std::unique_ptr<pb::Message> parsed(
           pb::MessageFactory::generated_factory()->GetPrototype(field.message_type())->New());
-      parse_text(body, field.name() + " value", *parsed);
+      parse_text(body, field.name() + " value", *parsed, ref.path);
       pb::Message* target =
           add ? r.AddMessage(&message, &field) : r.MutableMessage(&message, &field);
       target->MergeFrom(*parsed);

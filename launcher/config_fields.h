@@ -9,9 +9,12 @@
 
 namespace mantissa::launcher {
 
-// Parses protobuf text format into `out`. The parser's first error (the rest are usually
-// consequences of it) becomes a core::ConfigError "<source>:<line>:<column>: <what>" (1-based).
-void parse_text(std::string_view text, const std::string& source, google::protobuf::Message& out);
+// Parses protobuf text format into `out`, the message at `path` in the config ("model.mlp";
+// empty: the config itself). The parser's first error (the rest are usually consequences of
+// it) becomes a core::ConfigError "<source>:<line>:<column>: <what>" (1-based), an unknown
+// field or enum value named by its path.
+void parse_text(std::string_view text, const std::string& source, google::protobuf::Message& out,
+                const std::string& path = "");
 
 struct FieldRef {
   google::protobuf::Message* message = nullptr;  // holds the field
@@ -19,6 +22,7 @@ struct FieldRef {
   // When the walk went through an unselected oneof member while another member was selected:
   // the member it selected and the one it dropped ("model.gpt2", "model.llama").
   std::string selected, dropped;
+  std::string path;  // the field's, as resolved ("model.mlp")
 };
 
 // Walks `path` ("precision.loss_scale.init") from `root`. Intermediate messages are created as
@@ -32,7 +36,6 @@ FieldRef resolve(google::protobuf::Message& root, std::string_view path,
 // Sets (or, for a repeated field, appends) one value given as text: numbers range-checked for
 // the field's width, enum names, true/false, strings as written, and for a message field its
 // text-format body with or without braces ("{}", "{n_embd: 32}").
-void set_from_text(google::protobuf::Message& message,
-                   const google::protobuf::FieldDescriptor& field, std::string_view text);
+void set_from_text(const FieldRef& ref, std::string_view text);
 
 }  // namespace mantissa::launcher

@@ -29,7 +29,7 @@ std::optional<OverrideNote> apply_override(TrainConfig& config, std::string_view
   }
   try {
     const FieldRef ref = resolve(config, assignment.substr(0, eq), false);
-    set_from_text(*ref.message, *ref.field, assignment.substr(eq + 1));
+    set_from_text(ref, assignment.substr(eq + 1));
     if (ref.dropped.empty()) return std::nullopt;
     return OverrideNote{ref.selected, "--set " + std::string(assignment) + " selects " +
                                           ref.selected + " in place of " + ref.dropped +

@@ -197,8 +197,13 @@ TEST(ConfigOverride, ErrorsNameTheArgumentAndWhatIsAllowed) {
   EXPECT_EQ(set_error("run.steps"), "--set run.steps: expected path.to.field=value");
   EXPECT_EQ(set_error("run.steps.x=1"),
             "--set run.steps.x=1: run.steps is a value, not a message with fields");
-  EXPECT_EQ(set_error("model.mlp={hiden: 1}").rfind("--set model.mlp={hiden: 1}: mlp value:1:", 0),
-            0u);
+  // A message body's unknown field or enum value, named by its path in the config.
+  EXPECT_EQ(set_error("model.mlp={hiden: 1}"),
+            "--set model.mlp={hiden: 1}: mlp value:1:1: model.mlp has no field 'hiden' (fields: "
+            "n_embd, hidden, seq_len, vocab_size)");
+  EXPECT_EQ(set_error("precision={loss_scale {mode: BOGUS}}"),
+            "--set precision={loss_scale {mode: BOGUS}}: precision value:1:19: "
+            "precision.loss_scale.mode must be one of DYNAMIC, STATIC, NONE, got 'BOGUS'");
 }
 
 TEST(ConfigDefaults, FillEveryFieldOfTheChosenOneofsOnly) {
