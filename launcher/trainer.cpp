@@ -454,6 +454,7 @@ bool Trainer::restore() {
                          {"model.llama.seq_len", "model.llama.rope_theta"},
                          "its weights would compute something else; resume with the model config "
                          "it was trained with, or start in another run.dir");
+  require_same_tokenizer(*state);
   if (config_.dist().zero_stage() == 0 && world_.size() > 1) {
     // Each rank read its 1/N of the replica; the other parts come from the ranks that read
     // them, over the interconnect rather than the file system.
@@ -555,27 +556,30 @@ void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
   }
 }
 
-void Trainer::report_changes(const checkpoint::CheckpointState& state) {
-  if (state.tokenizer_crc32c != 0 && tokenizer_crc32c_ != 0 &&
-      state.tokenizer_crc32c != tokenizer_crc32c_) {
-    // Almost always a mistake (shards re-encoded by another tokenizer): refused, alike on
-    // every rank (rank 0 says it), unless allowed.
-    const TrainConfig::Data& data = config_.data();
-    const std::string refused = data.tokenizer().empty()
-                                    ? "data.token_shards.pattern = \"" +
-                                          data.token_shards().pattern() + "\": its tokenizer " +
-                                          tokenizer_file_
-                                    : "data.tokenizer = \"" + data.tokenizer() + "\":";
-    if (!data.allow_tokenizer_change()) {
-      throw RanksDisagree(refused +
-                          " is another than the one the checkpoint was trained with, so the same "
-                          "token ids would stand for other text; set "
-                          "data.allow_tokenizer_change=true to train on with it");
-    }
-    say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
-        tokenizer_file_ +
-        ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
+void Trainer::require_same_tokenizer(const checkpoint::CheckpointState& state) {
+  if (state.tokenizer_crc32c == 0 || tokenizer_crc32c_ == 0 ||
+      state.tokenizer_crc32c == tokenizer_crc32c_) {
+    return;
   }
+  // Almost always a mistake (shards re-encoded by another tokenizer): refused, alike on
+  // every rank (rank 0 says it), unless allowed.
+  const TrainConfig::Data& data = config_.data();
+  const std::string refused =
+      data.tokenizer().empty() ? "data.token_shards.pattern = \"" + data.token_shards().pattern() +
+                                     "\": its tokenizer " + tokenizer_file_
+                               : "data.tokenizer = \"" + data.tokenizer() + "\":";
+  if (!data.allow_tokenizer_change()) {
+    throw RanksDisagree(refused +
+                        " is another than the one the checkpoint was trained with, so the same "
+                        "token ids would stand for other text; set "
+                        "data.allow_tokenizer_change=true to train on with it");
+  }
+  say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
+      tokenizer_file_ +
+      ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
+}
+
+void Trainer::report_changes(const checkpoint::CheckpointState& state) {
   // Another corpus on resume is allowed (a second phase of training), but not silently. The
   // tokens decide, not the configured path: data moved to another directory is the same data.
   // Checkpoints from before the fingerprint was recorded compare the paths.

@@ -75,6 +75,9 @@ class Trainer {
   // The loss scaler's and FP8 scaling's state from the checkpoint, as far as this run's
   // settings take them (a fixed scale, another FP8 recipe: said, and started afresh).
   void restore_scaling(const checkpoint::CheckpointState& state);
+  // A checkpoint trained with another tokenizer (its CRC32C against rank 0's, which every rank
+  // holds): RanksDisagree, unless data.allow_tokenizer_change, which warns.
+  void require_same_tokenizer(const checkpoint::CheckpointState& state);
   // What differs from the run the checkpoint was saved by, said before the steps go on: the
   // data, the seed, settings, the global batch.
   void report_changes(const checkpoint::CheckpointState& state);
