@@ -749,6 +749,7 @@ std::vector<checkpoint::BufferSlice> Trainer::checkpoint_slices() {
 
 void Trainer::save_checkpoint(int64_t steps_done) {
   const Clock::time_point start = Clock::now();
+  metrics_->record_checkpoint_start();
   // A checkpoint of replicas that disagree would preserve the disagreement: check first.
   dp_->check_consistency(replica_state(steps_done));
 

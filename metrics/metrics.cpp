@@ -94,6 +94,8 @@ struct Metrics::State {
   Counter* tokens = nullptr;
   Gauge* step = nullptr;
   Gauge* run_finished = nullptr;
+  Gauge* progress_time = nullptr;  // mantissa_progress_timestamp_seconds
+  Gauge* checkpoint_in_progress = nullptr;
   Histogram* step_seconds = nullptr;
   Histogram* allreduce_seconds = nullptr;
   Counter* allreduce_bytes = nullptr;
@@ -123,13 +125,16 @@ struct Metrics::State {
   std::condition_variable push_loop_ended;
   bool pusher_done = false;
   std::int64_t steps_since_push = 0;
+  std::chrono::steady_clock::time_point last_push_request{};
   bool reported = false;  // a step, a checkpoint or the run's end: something to push at the end
   bool finished = false;
   double flops_per_token = 0;
 
   void push_loop();
   void push_once();
+  void request_push();
   void show_checkpoint(std::int64_t step, double saved_unix_time);
+  void show_progress();
 };
 
 // How long the end of a run waits for its final push. The client sets no HTTP timeout, so a
@@ -137,6 +142,8 @@ struct Metrics::State {
 // an established connection's packets) would otherwise hold the process's exit, and with it
 // the job's GPUs and its requeue, until the job's time limit.
 constexpr auto kFinalPushWait = std::chrono::seconds(10);
+// The longest a step ends without a push (with push_every > 0).
+constexpr auto kPushAtLeastEvery = std::chrono::seconds(30);
 
 void Metrics::State::push_once() {
   // prometheus-cpp's PushAdd() sends PUT, which the Pushgateway treats as "replace every
@@ -223,6 +230,14 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Help("Tokens this rank trained on")
                   .Register(reg)
                   .Add(r);
+  s.progress_time = &gauge_family(reg, "mantissa_progress_timestamp_seconds",
+                                  "Unix time this process last made progress: its start, the end "
+                                  "of a step (with its evaluation) or of a checkpoint save")
+                         .Add(r);
+  s.show_progress();
+  s.checkpoint_in_progress = &gauge_family(reg, "mantissa_checkpoint_in_progress",
+                                           "1 while a checkpoint is written, else 0")
+                                  .Add(r);
   s.run_finished =
       &gauge_family(reg, "mantissa_run_finished",
                     "1 once the run has ended by itself (done, or stopped by a signal, with a "
@@ -387,15 +402,33 @@ void Metrics::record_step(const StepRecord& record) {
     it->second.second->Set(stat.scale);
   }
 
-  if (s.gateway != nullptr && s.options.push_every > 0 &&
-      ++s.steps_since_push >= s.options.push_every) {
-    s.steps_since_push = 0;
-    {
-      std::lock_guard lock(s.push_mutex);
-      s.push_pending = true;
-    }
-    s.push_wanted.notify_one();
+  s.show_progress();
+
+  // Every push_every steps, and also after a step that ends kPushAtLeastEvery after the last
+  // push: the alerts read mantissa_progress_timestamp_seconds from the Pushgateway, which steps
+  // of a minute and push_every 10 would leave 10 minutes old at times.
+  ++s.steps_since_push;
+  if (s.options.push_every > 0 &&
+      (s.steps_since_push >= s.options.push_every ||
+       std::chrono::steady_clock::now() - s.last_push_request >= kPushAtLeastEvery)) {
+    s.request_push();
   }
+}
+
+void Metrics::State::request_push() {
+  if (gateway == nullptr) return;
+  steps_since_push = 0;
+  last_push_request = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(push_mutex);
+    push_pending = true;
+  }
+  push_wanted.notify_one();
+}
+
+void Metrics::State::show_progress() {
+  progress_time->Set(
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
 }
 
 void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) {
@@ -403,16 +436,31 @@ void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) 
   if (saved_unix_time > 0) last_checkpoint_time->set(saved_unix_time);
 }
 
+void Metrics::record_checkpoint_start() {
+  State& s = state();
+  s.checkpoint_in_progress->Set(1);
+  if (s.reported && s.options.push_every > 0) s.request_push();
+}
+
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
-  state().reported = true;
-  state().show_checkpoint(step, saved_unix_time);
-  state().checkpoint_seconds->Observe(seconds);
+  State& s = state();
+  s.reported = true;
+  s.show_checkpoint(step, saved_unix_time);
+  s.checkpoint_seconds->Observe(seconds);
+  s.checkpoint_in_progress->Set(0);
+  s.show_progress();
+  if (s.options.push_every > 0) s.request_push();
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
-  state().reported = true;
-  state().step->Set(static_cast<double>(step));
-  state().show_checkpoint(step, saved_unix_time);
+  State& s = state();
+  s.reported = true;
+  s.step->Set(static_cast<double>(step));
+  s.show_checkpoint(step, saved_unix_time);
+  s.show_progress();
+  // The resumed attempt replaces the earlier one's values at once (its mantissa_run_finished
+  // 1, if it stopped for a requeue), so that a start that hangs from here is seen stalled.
+  if (s.options.push_every > 0) s.request_push();
 }
 
 std::optional<ValLossTrend> Metrics::val_loss_trend() const {

@@ -3,7 +3,8 @@
 // Every rank owns one Metrics object. It serves the metrics read-only over HTTP on
 // `bind_address:port` (pull; the launcher passes metrics.port + local rank so ranks sharing a
 // node do not collide) and, where compute nodes cannot be scraped, pushes them to a
-// Pushgateway every `push_every` steps and once more at exit. The names below are a contract
+// Pushgateway every `push_every` steps (and after a step 30 s past the last push, a resume, the
+// start and end of a checkpoint save) and once more at exit. The names below are a contract
 // with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
 // carries a `rank` label.
 //
@@ -25,9 +26,13 @@
 //   mantissa_val_loss                        gauge      held-out loss at the last evaluation
 //   mantissa_val_loss_rises                  gauge      evaluations in a row whose loss rose
 //   mantissa_last_checkpoint_step            gauge      step of the newest checkpoint written
-//   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time it was written
+//   mantissa_last_checkpoint_timestamp_seconds gauge    Unix time its save began
 //   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
 //   mantissa_run_finished                    gauge      1 once the run ended by itself, else 0
+//   mantissa_progress_timestamp_seconds      gauge      Unix time of this process's last
+//                                                       progress: its start, a step's end (its
+//                                                       evaluation's), a checkpoint's, a resume
+//   mantissa_checkpoint_in_progress          gauge      1 while a checkpoint is written
 //   mantissa_step                            gauge      steps done, those before a resume too
 //   mantissa_run_steps                       gauge      run.steps
 //   mantissa_build_info{<build labels>}      gauge      always 1 (only with build labels)
@@ -106,6 +111,8 @@ class Metrics {
   void set_model_flops(double flops_per_token);
 
   void record_step(const StepRecord& record);
+  // A checkpoint save begins (mantissa_checkpoint_in_progress 1 until record_checkpoint).
+  void record_checkpoint_start();
   // A checkpoint of `step` saved in `seconds` from `saved_unix_time` (when its save began, as
   // the checkpoint records it).
   void record_checkpoint(std::int64_t step, double seconds, double saved_unix_time);

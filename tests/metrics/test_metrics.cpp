@@ -6,12 +6,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "metrics/metrics.h"
@@ -153,6 +155,38 @@ TEST(Metrics, TheRisesInARowGoOnAcrossAResume) {
   record.val_loss = 2.8;
   after.record_step(record);
   EXPECT_EQ(scrape("mantissa_val_loss_rises"), 3);
+}
+
+// What the stall alert reads: the last progress (the start, a step, a checkpoint save's end)
+// and whether a save is under way, during which no step ends.
+TEST(Metrics, ProgressTimeAndTheSaveInProgress) {
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+  };
+  MetricsOptions options;
+  options.port = free_port();
+  const double before_start = now();
+  Metrics metrics(options);
+  const auto scrape = [&](const std::string& name) {
+    return rank0_sample(options.port, name).value_or(-1);
+  };
+  const double started = scrape("mantissa_progress_timestamp_seconds");
+  EXPECT_GE(started, before_start);
+  EXPECT_LE(started, now());
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  metrics.record_step(step_record(1, false));
+  const double stepped = scrape("mantissa_progress_timestamp_seconds");
+  EXPECT_GT(stepped, started);
+  metrics.record_checkpoint_start();
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 1);
+  EXPECT_EQ(scrape("mantissa_progress_timestamp_seconds"), stepped) << "a save begun is none";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  metrics.record_checkpoint(1, 0.02, now());
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
+  EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), stepped);
 }
 
 TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
