@@ -188,6 +188,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   std::vector<int> ranks_beyond;
   std::istringstream told(world.all_gather(listed, config_.dist().timeout_s())[0]);
   for (int r = 0; told >> r;) ranks_beyond.push_back(r);
+  if (world.rank() == 0) metrics_->forget_ranks(ranks_beyond);
   log_ = std::make_unique<metrics::StepLog>(run_dir_, world.rank(), world.size(), start_step_,
                                             ranks_beyond);
   // The config the steps in run.dir were trained with: a start with nothing left to train

@@ -116,6 +116,8 @@ struct Metrics::State {
   // no HTTP timeout) never stalls a training step. Requests coalesce: if a push is still in
   // flight when the next is due, one push follows it with the newest values.
   std::unique_ptr<prometheus::Gateway> gateway;
+  PushgatewayUrl gateway_address;
+  std::vector<int> ranks_to_forget;  // forget_ranks's, for the push thread
   std::thread pusher;
   std::mutex push_mutex;
   std::condition_variable push_wanted;
@@ -132,6 +134,7 @@ struct Metrics::State {
 
   void push_loop();
   void push_once();
+  void forget_group(int rank);
   void request_push();
   void show_checkpoint(std::int64_t step, double saved_unix_time);
   void show_progress();
@@ -171,14 +174,33 @@ void Metrics::State::push_once() {
   }
 }
 
+void Metrics::State::forget_group(int rank) {
+  prometheus::Gateway group(gateway_address.host, gateway_address.port, options.job,
+                            {{"rank", std::to_string(rank)}});
+  int status = 0;
+  try {
+    status = group.DeleteForInstance();  // Delete() would take the group of {job} alone
+  } catch (const std::exception&) {
+    status = -1;
+  }
+  if (status < 200 || status >= 300) {
+    std::cerr << "metrics: rank " << options.rank << ": cannot delete the Pushgateway group of "
+              << "rank " << rank << " of an earlier attempt on more ranks (status " << status
+              << "); delete it by hand: curl -X DELETE " << options.pushgateway_url
+              << "/metrics/job/" << options.job << "/rank/" << rank << "\n";
+  }
+}
+
 void Metrics::State::push_loop() {
   std::unique_lock lock(push_mutex);
   for (;;) {
-    push_wanted.wait(lock, [this] { return push_pending || stopping; });
+    push_wanted.wait(lock, [this] { return push_pending || stopping || !ranks_to_forget.empty(); });
     const bool last = stopping;
-    const bool push = !last || reported;  // finish() took the lock after the last record
+    const bool push = push_pending || (last && reported);  // finish() locked after the last record
     push_pending = false;
+    const std::vector<int> forget = std::exchange(ranks_to_forget, {});
     lock.unlock();
+    for (const int rank : forget) forget_group(rank);
     if (push) push_once();
     lock.lock();
     if (last) {
@@ -311,6 +333,7 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
         "metrics.pushgateway_url = '" << s.options.pushgateway_url << "': " << address.problem);
     s.gateway = std::make_unique<prometheus::Gateway>(address.host, address.port, s.options.job,
                                                       s.rank_labels);
+    s.gateway_address = address;
     s.gateway->RegisterCollectable(s.registry);
     s.pusher = std::thread([&s] { s.push_loop(); });
   }
@@ -480,6 +503,16 @@ void Metrics::record_resumed_val_loss(const ValLossTrend& trend) {
 void Metrics::record_finished() {
   state().reported = true;
   state().run_finished->Set(1);
+}
+
+void Metrics::forget_ranks(const std::vector<int>& ranks) {
+  State& s = state();
+  if (s.gateway == nullptr || ranks.empty()) return;
+  {
+    std::lock_guard lock(s.push_mutex);
+    s.ranks_to_forget.insert(s.ranks_to_forget.end(), ranks.begin(), ranks.end());
+  }
+  s.push_wanted.notify_one();
 }
 
 int Metrics::listening_port() const {

@@ -128,6 +128,11 @@ class Metrics {
   // its first step): mantissa_run_finished 1, so that the alerts take a finished job's last
   // values, which a Pushgateway keeps, for no stall.
   void record_finished();
+  // Deletes the Pushgateway groups {job, rank} of `ranks`, those an earlier attempt of the job
+  // ran on more ranks than this one (the gateway would keep their last values for ever, and
+  // MantissaTrainingStalled fire for them); on the push thread, a failure said on stderr.
+  // Nothing without a Pushgateway.
+  void forget_ranks(const std::vector<int>& ranks);
 
   // Final push to the Pushgateway (waits for it, 10 s at most, then warns and leaves it to the
   // process's exit) and stops the push thread; idempotent, and the end of this object's use.

@@ -5,7 +5,8 @@
    group of job + rank replaced as a whole by each push).
 2. A 2-rank `mpirun` run of mantissa with metrics.pushgateway_url and no pull exporter
    (metrics.port=0): after it exits, the gateway holds one group per rank whose step counter
-   equals the steps run, pushed every metrics.push_every steps and once more at exit.
+   equals the steps run, pushed every metrics.push_every steps and once more at exit; another
+   job's groups are its own; the run resumed on 1 rank deletes rank 1's group.
 """
 
 import os
@@ -109,7 +110,26 @@ def main():
                     harness.fail(f"job mantissa rank {rank} after other_job pushed: "
                                  f"{steps_by_group.get(('mantissa', rank))}, expected {steps}")
             harness.log(f"groups by (job, rank): {sorted(steps_by_group.items())}")
-            print("PASS: the Pushgateway holds both ranks' metrics, a group per job and rank")
+
+            # The first job resumed on 1 rank: rank 0 deletes rank 1's group, whose last values
+            # the gateway would keep for ever (a stall alert with no end).
+            resumed = [x for x in settings if not x.startswith("run.steps=")] + [
+                f"run.steps={steps + 2}"]
+            argv = harness.train_argv(binary, harness.write_empty_config(workdir), resumed)
+            result = subprocess.run(argv, capture_output=True, text=True,
+                                    timeout=min(90, harness.time_left()))
+            if result.returncode != 0:
+                print(result.stderr[-3000:])
+                harness.fail(f"mantissa resumed on 1 rank exited with {result.returncode}")
+            groups = {(l.get("job"), l.get("rank")) for n, l, v in pushed_samples(url)
+                      if n == "mantissa_steps_total"}
+            if ("mantissa", "1") in groups or ("mantissa", "0") not in groups:
+                harness.fail(f"after a resume on 1 rank the gateway holds the groups {groups}, "
+                             "expected job mantissa's rank 0 only")
+            if ("other_job", "1") not in groups:
+                harness.fail(f"the resume deleted another job's group: {groups}")
+            print("PASS: the Pushgateway holds both ranks' metrics, a group per job and rank, "
+                  "and a resume on fewer ranks deletes the groups of the ranks it dropped")
         finally:
             daemons.stop_all()
 
