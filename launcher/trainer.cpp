@@ -147,6 +147,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // with the same message.
   require_ranks_agree(world, rank_start(), config_.dist().timeout_s());
   require_shared_run_dir(world, run_dir_, config_.dist().timeout_s());
+  // The job owns run.dir now (a second job on it stops above, its pushes never replacing this
+  // one's groups): a Pushgateway learns at once that an attempt has started.
+  metrics_->record_started();
   // Under ZeRO-1 the model keeps only this rank's shard of the masters from the start.
   const train::MasterShard shard = config_.dist().zero_stage() == 1
                                        ? train::MasterShard{world.rank(), world.size()}

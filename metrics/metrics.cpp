@@ -175,10 +175,10 @@ void Metrics::State::push_once() {
 }
 
 void Metrics::State::forget_group(int rank) {
-  prometheus::Gateway group(gateway_address.host, gateway_address.port, options.job,
-                            {{"rank", std::to_string(rank)}});
   int status = 0;
   try {
+    prometheus::Gateway group(gateway_address.host, gateway_address.port, options.job,
+                              {{"rank", std::to_string(rank)}});
     status = group.DeleteForInstance();  // Delete() would take the group of {job} alone
   } catch (const std::exception&) {
     status = -1;
@@ -254,7 +254,7 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Add(r);
   s.progress_time = &gauge_family(reg, "mantissa_progress_timestamp_seconds",
                                   "Unix time this process last made progress: its start, the end "
-                                  "of a step (with its evaluation) or of a checkpoint save")
+                                  "of a step (with its evaluation), of a checkpoint save, a resume")
                          .Add(r);
   s.show_progress();
   s.checkpoint_in_progress = &gauge_family(reg, "mantissa_checkpoint_in_progress",
@@ -353,6 +353,9 @@ void Metrics::finish() {
   State& s = *state_;
   if (s.finished) return;
   s.finished = true;
+  // A process that ends writes no checkpoint (a save that failed left it at 1): the final push
+  // must not leave a Pushgateway holding a save in progress, which the stall alert passes over.
+  s.checkpoint_in_progress->Set(0);
   if (!s.pusher.joinable()) return;
   std::unique_lock lock(s.push_mutex);
   s.stopping = true;
@@ -459,6 +462,12 @@ void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) 
   if (saved_unix_time > 0) last_checkpoint_time->set(saved_unix_time);
 }
 
+void Metrics::record_started() {
+  State& s = state();
+  s.reported = true;
+  if (s.options.push_every > 0) s.request_push();
+}
+
 void Metrics::record_checkpoint_start() {
   State& s = state();
   s.checkpoint_in_progress->Set(1);
@@ -481,8 +490,6 @@ void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_tim
   s.step->Set(static_cast<double>(step));
   s.show_checkpoint(step, saved_unix_time);
   s.show_progress();
-  // The resumed attempt replaces the earlier one's values at once (its mantissa_run_finished
-  // 1, if it stopped for a requeue), so that a start that hangs from here is seen stalled.
   if (s.options.push_every > 0) s.request_push();
 }
 

@@ -3,9 +3,9 @@
 // Every rank owns one Metrics object. It serves the metrics read-only over HTTP on
 // `bind_address:port` (pull; the launcher passes metrics.port + local rank so ranks sharing a
 // node do not collide) and, where compute nodes cannot be scraped, pushes them to a
-// Pushgateway every `push_every` steps (and after a step 30 s past the last push, a resume, the
-// start and end of a checkpoint save) and once more at exit. The names below are a contract
-// with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
+// Pushgateway every `push_every` steps (and at the start, after a step 30 s past the last push,
+// a resume, the start and end of a checkpoint save) and once more at exit. The names below are a
+// contract with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
 // carries a `rank` label.
 //
 //   mantissa_loss_scale                      gauge      loss scale of the last step
@@ -110,6 +110,10 @@ class Metrics {
   // long start is scraped rather than seen down.
   void set_model_flops(double flops_per_token);
 
+  // The run has started for good (the job owns its run directory): pushed at once, so that a
+  // Pushgateway holds this attempt's values (mantissa_run_finished 0, the progress time of its
+  // start) instead of an earlier attempt's, and a start that hangs from here is seen stalled.
+  void record_started();
   void record_step(const StepRecord& record);
   // A checkpoint save begins (mantissa_checkpoint_in_progress 1 until record_checkpoint).
   void record_checkpoint_start();
@@ -136,8 +140,9 @@ class Metrics {
 
   // Final push to the Pushgateway (waits for it, 10 s at most, then warns and leaves it to the
   // process's exit) and stops the push thread; idempotent, and the end of this object's use.
-  // A run that recorded nothing (it failed during its start) pushes nothing: its zeros would
-  // replace what an earlier attempt of the job left in the Pushgateway.
+  // A run that recorded nothing (it failed early in its start, before record_started: maybe
+  // a second job on a run directory in use) pushes nothing: its zeros would replace what the
+  // job's earlier attempt, or the job that holds the run directory, left in the Pushgateway.
   // Call it before exiting the process by a path that skips destructors.
   void finish();
 

@@ -187,6 +187,11 @@ TEST(Metrics, ProgressTimeAndTheSaveInProgress) {
   metrics.record_checkpoint(1, 0.02, now());
   EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
   EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), stepped);
+  // A save that failed (its exception ends the process) leaves no save in progress behind:
+  // the final push carries 0.
+  metrics.record_checkpoint_start();
+  metrics.finish();
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
 }
 
 TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
