@@ -435,6 +435,7 @@ bool Trainer::restore() {
   // This rank's part of masters and moments, whatever the world size at save time.
   train::ParameterStore& params = model_->parameters();
   const std::vector<checkpoint::BufferSlice> slices = checkpoint_slices();
+  metrics_->record_checkpoint_start();  // a long load is no stall either
   const std::optional<checkpoint::CheckpointState> state = [&] {
     try {
       return checkpointer_->load_latest(checkpoint::parameter_layout(params), slices);
@@ -445,6 +446,7 @@ bool Trainer::restore() {
                                                  "with, or start in another run.dir"));
     }
   }();
+  metrics_->record_checkpoint_loaded();
   if (!state) {
     require(c.resume() != TrainConfig::Checkpoint::REQUIRED, "checkpoint.resume", "REQUIRED",
             "there is no checkpoint: " + checkpointer_->options().dir + " " +

@@ -258,7 +258,7 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                          .Add(r);
   s.show_progress();
   s.checkpoint_in_progress = &gauge_family(reg, "mantissa_checkpoint_in_progress",
-                                           "1 while a checkpoint is written, else 0")
+                                           "1 while a checkpoint is written or read, else 0")
                                   .Add(r);
   s.run_finished =
       &gauge_family(reg, "mantissa_run_finished",
@@ -471,6 +471,13 @@ void Metrics::record_started() {
 void Metrics::record_checkpoint_start() {
   State& s = state();
   s.checkpoint_in_progress->Set(1);
+  if (s.reported && s.options.push_every > 0) s.request_push();
+}
+
+void Metrics::record_checkpoint_loaded() {
+  State& s = state();
+  s.checkpoint_in_progress->Set(0);
+  s.show_progress();
   if (s.reported && s.options.push_every > 0) s.request_push();
 }
 

@@ -4,9 +4,9 @@
 // `bind_address:port` (pull; the launcher passes metrics.port + local rank so ranks sharing a
 // node do not collide) and, where compute nodes cannot be scraped, pushes them to a
 // Pushgateway every `push_every` steps (and at the start, after a step 30 s past the last push,
-// a resume, the start and end of a checkpoint save) and once more at exit. The names below are a
-// contract with the dashboards and alert rules under deploy/ (see deploy/README.md); every series
-// carries a `rank` label.
+// at the start and end of a checkpoint save or load, a resume) and once more at exit. The names
+// below are a contract with the dashboards and alert rules under deploy/ (see deploy/README.md);
+// every series carries a `rank` label.
 //
 //   mantissa_loss_scale                      gauge      loss scale of the last step
 //   mantissa_loss_scale_min                  gauge      the scaler's floor (only when dynamic)
@@ -32,7 +32,7 @@
 //   mantissa_progress_timestamp_seconds      gauge      Unix time of this process's last
 //                                                       progress: its start, a step's end (its
 //                                                       evaluation's), a checkpoint's, a resume
-//   mantissa_checkpoint_in_progress          gauge      1 while a checkpoint is written
+//   mantissa_checkpoint_in_progress          gauge      1 while a checkpoint is written or read
 //   mantissa_step                            gauge      steps done, those before a resume too
 //   mantissa_run_steps                       gauge      run.steps
 //   mantissa_build_info{<build labels>}      gauge      always 1 (only with build labels)
@@ -115,8 +115,11 @@ class Metrics {
   // start) instead of an earlier attempt's, and a start that hangs from here is seen stalled.
   void record_started();
   void record_step(const StepRecord& record);
-  // A checkpoint save begins (mantissa_checkpoint_in_progress 1 until record_checkpoint).
+  // A checkpoint save or load begins (mantissa_checkpoint_in_progress 1 until record_checkpoint
+  // or record_checkpoint_loaded).
   void record_checkpoint_start();
+  // The load record_checkpoint_start began has ended, with a checkpoint or without one.
+  void record_checkpoint_loaded();
   // A checkpoint of `step` saved in `seconds` from `saved_unix_time` (when its save began, as
   // the checkpoint records it).
   void record_checkpoint(std::int64_t step, double seconds, double saved_unix_time);

@@ -187,6 +187,14 @@ TEST(Metrics, ProgressTimeAndTheSaveInProgress) {
   metrics.record_checkpoint(1, 0.02, now());
   EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
   EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), stepped);
+  // A load is under way the same way, and ends as progress.
+  metrics.record_checkpoint_start();
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 1);
+  const double saved = scrape("mantissa_progress_timestamp_seconds");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  metrics.record_checkpoint_loaded();
+  EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
+  EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), saved);
   // A save that failed (its exception ends the process) leaves no save in progress behind:
   // the final push carries 0.
   metrics.record_checkpoint_start();
