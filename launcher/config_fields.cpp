@@ -47,13 +47,15 @@ class IgnoreErrors : public pb::io::ErrorCollector {
   void AddError(int, pb::io::ColumnNumber, const std::string&) override {}
 };
 
-// Where the last identifier `name` before (line, column) stands in text-format `text`, and the
-// fields of the messages it stands in, outermost first (["precision", "loss_scale"]).
+// A token's place in text format: its line and column (0-based, as protobuf counts them) and
+// the fields of the messages it stands in, outermost first (["precision", "loss_scale"]).
 struct Place {
   int line = 0;
   pb::io::ColumnNumber column = 0;
   std::vector<std::string> path;
 };
+
+// The place of the last identifier `name` before (line, column) in text-format `text`.
 std::optional<Place> last_identifier_before(std::string_view text, const std::string& name,
                                             int line, pb::io::ColumnNumber column) {
   pb::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
