@@ -254,7 +254,8 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Add(r);
   s.progress_time = &gauge_family(reg, "mantissa_progress_timestamp_seconds",
                                   "Unix time this process last made progress: its start, the end "
-                                  "of a step (with its evaluation), of a checkpoint save, a resume")
+                                  "of a step (with its evaluation), the start and end of a "
+                                  "checkpoint save or load, a resume")
                          .Add(r);
   s.show_progress();
   s.checkpoint_in_progress = &gauge_family(reg, "mantissa_checkpoint_in_progress",
@@ -470,6 +471,8 @@ void Metrics::record_started() {
 
 void Metrics::record_checkpoint_start() {
   State& s = state();
+  // From here the alerts time the save or load (a resume's follows the whole setup).
+  s.show_progress();
   s.checkpoint_in_progress->Set(1);
   if (s.reported && s.options.push_every > 0) s.request_push();
 }

@@ -31,7 +31,8 @@
 //   mantissa_run_finished                    gauge      1 once the run ended by itself, else 0
 //   mantissa_progress_timestamp_seconds      gauge      Unix time of this process's last
 //                                                       progress: its start, a step's end (its
-//                                                       evaluation's), a checkpoint's, a resume
+//                                                       evaluation's), a checkpoint save's or
+//                                                       load's start and end, a resume
 //   mantissa_checkpoint_in_progress          gauge      1 while a checkpoint is written or read
 //   mantissa_step                            gauge      steps done, those before a resume too
 //   mantissa_run_steps                       gauge      run.steps
@@ -115,8 +116,8 @@ class Metrics {
   // start) instead of an earlier attempt's, and a start that hangs from here is seen stalled.
   void record_started();
   void record_step(const StepRecord& record);
-  // A checkpoint save or load begins (mantissa_checkpoint_in_progress 1 until record_checkpoint
-  // or record_checkpoint_loaded).
+  // A checkpoint save or load begins: progress, and mantissa_checkpoint_in_progress 1 until
+  // record_checkpoint or record_checkpoint_loaded.
   void record_checkpoint_start();
   // The load record_checkpoint_start began has ended, with a checkpoint or without one.
   void record_checkpoint_loaded();
