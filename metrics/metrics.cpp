@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -140,6 +141,27 @@ struct Metrics::State {
   void show_progress();
 };
 
+namespace {
+
+// Why a Pushgateway request failed ("HTTP 500", libcurl's words for its error, what it threw);
+// nullopt when it succeeded (2xx).
+std::optional<std::string> gateway_failure(const std::function<int()>& request) {
+  try {
+    const int status = request();
+    if (status >= 200 && status < 300) return std::nullopt;
+    // Negative statuses are libcurl error codes (connection refused, DNS, ...).
+    if (status < 0) {
+      return std::string(curl_easy_strerror(static_cast<CURLcode>(-status))) + " (curl error " +
+             std::to_string(-status) + ")";
+    }
+    return "HTTP " + std::to_string(status);
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
+
+}  // namespace
+
 // How long the end of a run waits for its final push. The client sets no HTTP timeout, so a
 // Pushgateway that accepted the connection and never answers (hung, or a network that drops
 // an established connection's packets) would otherwise hold the process's exit, and with it
@@ -152,22 +174,12 @@ void Metrics::State::push_once() {
   // prometheus-cpp's PushAdd() sends PUT, which the Pushgateway treats as "replace every
   // metric of this group" — what we want, so a metric the run stopped reporting does not
   // linger. (Its Push() sends POST, which would only replace same-named metrics.)
-  int status = 0;
-  std::string error;
-  try {
-    status = gateway->PushAdd();
-    // Negative statuses are libcurl error codes (connection refused, DNS, ...).
-    error = status < 0 ? std::string(curl_easy_strerror(static_cast<CURLcode>(-status))) +
-                             " (curl error " + std::to_string(-status) + ")"
-                       : "HTTP " + std::to_string(status);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  const bool ok = status >= 200 && status < 300;
+  const std::optional<std::string> failure = gateway_failure([this] { return gateway->PushAdd(); });
+  const bool ok = !failure;
   if (ok == push_failing) {
     std::cerr << "metrics: rank " << options.rank << ": "
               << (ok ? "pushes to " + options.pushgateway_url + " succeed again"
-                     : "push to " + options.pushgateway_url + " failed (" + error +
+                     : "push to " + options.pushgateway_url + " failed (" + *failure +
                            "); training continues")
               << "\n";
     push_failing = !ok;
@@ -175,17 +187,14 @@ void Metrics::State::push_once() {
 }
 
 void Metrics::State::forget_group(int rank) {
-  int status = 0;
-  try {
+  const std::optional<std::string> failure = gateway_failure([&] {
     prometheus::Gateway group(gateway_address.host, gateway_address.port, options.job,
                               {{"rank", std::to_string(rank)}});
-    status = group.DeleteForInstance();  // Delete() would take the group of {job} alone
-  } catch (const std::exception&) {
-    status = -1;
-  }
-  if (status < 200 || status >= 300) {
+    return group.DeleteForInstance();  // Delete() would take the group of {job} alone
+  });
+  if (failure) {
     std::cerr << "metrics: rank " << options.rank << ": cannot delete the Pushgateway group of "
-              << "rank " << rank << " of an earlier attempt on more ranks (status " << status
+              << "rank " << rank << " of an earlier attempt on more ranks (" << *failure
               << "); delete it by hand: curl -X DELETE " << options.pushgateway_url
               << "/metrics/job/" << options.job << "/rank/" << rank << "\n";
   }
@@ -435,15 +444,16 @@ void Metrics::record_step(const StepRecord& record) {
   // push: the alerts read mantissa_progress_timestamp_seconds from the Pushgateway, which steps
   // of a minute and push_every 10 would leave 10 minutes old at times.
   ++s.steps_since_push;
-  if (s.options.push_every > 0 &&
-      (s.steps_since_push >= s.options.push_every ||
-       std::chrono::steady_clock::now() - s.last_push_request >= kPushAtLeastEvery)) {
+  if (s.steps_since_push >= s.options.push_every ||
+      std::chrono::steady_clock::now() - s.last_push_request >= kPushAtLeastEvery) {
     s.request_push();
   }
 }
 
 void Metrics::State::request_push() {
-  if (gateway == nullptr) return;
+  // Pushes between a run's start and its end only with push_every > 0, and none before it
+  // recorded something (see finish()).
+  if (gateway == nullptr || options.push_every <= 0 || !reported) return;
   steps_since_push = 0;
   last_push_request = std::chrono::steady_clock::now();
   {
@@ -466,7 +476,7 @@ void Metrics::State::show_checkpoint(std::int64_t step, double saved_unix_time) 
 void Metrics::record_started() {
   State& s = state();
   s.reported = true;
-  if (s.options.push_every > 0) s.request_push();
+  s.request_push();
 }
 
 void Metrics::record_checkpoint_start() {
@@ -474,14 +484,14 @@ void Metrics::record_checkpoint_start() {
   // From here the alerts time the save or load (a resume's follows the whole setup).
   s.show_progress();
   s.checkpoint_in_progress->Set(1);
-  if (s.reported && s.options.push_every > 0) s.request_push();
+  s.request_push();
 }
 
 void Metrics::record_checkpoint_loaded() {
   State& s = state();
   s.checkpoint_in_progress->Set(0);
   s.show_progress();
-  if (s.reported && s.options.push_every > 0) s.request_push();
+  s.request_push();
 }
 
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
@@ -491,7 +501,7 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_
   s.checkpoint_seconds->Observe(seconds);
   s.checkpoint_in_progress->Set(0);
   s.show_progress();
-  if (s.options.push_every > 0) s.request_push();
+  s.request_push();
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {
@@ -500,7 +510,7 @@ void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_tim
   s.step->Set(static_cast<double>(step));
   s.show_checkpoint(step, saved_unix_time);
   s.show_progress();
-  if (s.options.push_every > 0) s.request_push();
+  s.request_push();
 }
 
 std::optional<ValLossTrend> Metrics::val_loss_trend() const {
