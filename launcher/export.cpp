@@ -36,17 +36,14 @@ void require_model_of(const checkpoint::CheckpointState& state, const TrainConfi
 // relative path from another directory).
 std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const std::string& out) {
   const TrainConfig::Data& data = config.data();
-  std::error_code ec;
-  require(data.tokenizer().empty() || std::filesystem::is_regular_file(data.tokenizer(), ec),
-          "data.tokenizer", "\"" + data.tokenizer() + "\"",
-          "no such file, named by the run's config" +
-              run_relative_hint(data.tokenizer(), "mantissa export"));
+  require_named_tokenizer(config, "mantissa export");
   const std::optional<std::string> found = run_tokenizer_file(config);
   if (found || !data.has_token_shards() || model_shape(config.model()).vocab_size <= 256) {
     return found;
   }
   std::filesystem::path shards = std::filesystem::path(data.token_shards().pattern()).parent_path();
   if (shards.empty()) shards = ".";
+  std::error_code ec;
   const std::string why = std::filesystem::is_directory(shards, ec)
                               ? "there is no " + std::string(train::kShardsTokenizerFile) + " in " +
                                     shards.string() + " beside the shards"
@@ -61,6 +58,14 @@ std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const 
 }
 
 }  // namespace
+
+void require_named_tokenizer(const TrainConfig& config, const std::string& command) {
+  const std::string& tokenizer = config.data().tokenizer();
+  std::error_code ec;
+  require(tokenizer.empty() || std::filesystem::is_regular_file(tokenizer, ec), "data.tokenizer",
+          "\"" + tokenizer + "\"",
+          "no such file, named by the run's config" + run_relative_hint(tokenizer, command));
+}
 
 std::string run_relative_hint(const std::filesystem::path& path, const std::string& command) {
   return path.is_relative() ? " (a path relative to the directory mantissa train ran in: run " +

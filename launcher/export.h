@@ -32,6 +32,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
 // tokenizer.model beside the token shards when there is one; none for bytes.
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 
+// Throws core::ConfigError when data.tokenizer names a file that is not there, saying where
+// `command` ("mantissa sample") is to run when the path is relative (run_relative_hint).
+void require_named_tokenizer(const TrainConfig& config, const std::string& command);
+
 // " (a path relative to the directory mantissa train ran in: run `command` from there)" when
 // `path` is relative, else "": a run's config names its files from the directory it ran in, so
 // a command run elsewhere does not find them.

@@ -124,10 +124,7 @@ T parse_integer(const std::string& name, const std::string& value, T minimum) {
 // tokenizer is not beside them.
 std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
-  require(data.tokenizer().empty() || fs::is_regular_file(data.tokenizer()), "data.tokenizer",
-          "\"" + data.tokenizer() + "\"",
-          "no such file, named by the run's config" +
-              run_relative_hint(data.tokenizer(), "mantissa sample"));
+  require_named_tokenizer(config, "mantissa sample");
   const std::optional<std::string> found = run_tokenizer_file(config);
   const fs::path beside =
       fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile;
