@@ -326,11 +326,14 @@ void Trainer::build_data() {
     }
   }
   if (world_.size() > 1) {
-    tokenizer_refusal = world_.all_gather(tokenizer_refusal, config_.dist().timeout_s())[0];
-    // Rank 0's CRC on every rank, so that all of them refuse a resume with another tokenizer
-    // alike (report_changes).
-    tokenizer_crc32c_ = static_cast<uint32_t>(std::stoul(
-        world_.all_gather(std::to_string(tokenizer_crc32c_), config_.dist().timeout_s())[0]));
+    // Rank 0's CRC and refusal ("<crc> <refusal>") on every rank: all of them refuse a resume
+    // with another tokenizer alike (require_same_tokenizer).
+    std::istringstream told(
+        world_.all_gather(std::to_string(tokenizer_crc32c_) + " " + tokenizer_refusal,
+                          config_.dist().timeout_s())[0]);
+    told >> tokenizer_crc32c_;
+    told.get();  // the space
+    std::getline(told, tokenizer_refusal, '\0');
   }
   if (!tokenizer_refusal.empty()) throw RanksDisagree(tokenizer_refusal);
   train::DataLoaderConfig loader;
