@@ -63,6 +63,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// How often rank 0 says how far a long evaluation has come.
+constexpr double kEvaluationNoteSeconds = 30.0;
+
 const char* model_name(const TrainConfig::Model& model) {
   if (model.has_mlp()) return "MLP";
   if (model.has_llama()) return "Llama";
@@ -798,13 +801,26 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   say(line);
 }
 
-std::optional<double> Trainer::maybe_evaluate(int64_t steps_done) {
+Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, float stop) {
   const int64_t every = config_.run().eval_every();
-  if (!evaluator_ || (steps_done % every != 0 && steps_done != config_.run().steps())) {
-    return std::nullopt;
-  }
-  const double local = evaluator_->local_loss_sum(*model_, *backend_, policy_);
-  return dp_->sum_across_ranks(local) / static_cast<double>(evaluator_->tokens());
+  const int64_t total = config_.run().steps();
+  if (!evaluator_ || (steps_done % every != 0 && steps_done != total)) return {};
+  const bool stop_first = steps_done < total;
+  if (stop_first && stop != 0.0f) return {std::nullopt, true};
+  Clock::time_point last_note = Clock::now();
+  const auto progress = [&](int64_t done, int64_t micro_batches) {
+    metrics_->record_evaluating();
+    if (seconds_since(last_note) >= kEvaluationNoteSeconds) {
+      last_note = Clock::now();
+      say("mantissa: evaluating after step " + step_of(steps_done, total) + ": " +
+          std::to_string(done) + " of " + std::to_string(micro_batches) + " micro-batches");
+    }
+    return !stop_first || stop_signal() == 0;
+  };
+  const std::optional<double> local =
+      evaluator_->local_loss_sum(*model_, *backend_, policy_, progress);
+  if (dp_->sum_across_ranks(local ? 0.0 : 1.0) > 0.0) return {std::nullopt, true};
+  return {dp_->sum_across_ranks(*local) / static_cast<double>(evaluator_->tokens()), false};
 }
 
 void Trainer::say(const std::string& line) {
@@ -872,8 +888,14 @@ int Trainer::run() {
 
     record.mean_loss = mean_loss;
     const Clock::time_point eval_start = Clock::now();
-    record.val_loss = maybe_evaluate(step + 1);
+    const Evaluation evaluation = maybe_evaluate(step + 1, stop);
+    record.val_loss = evaluation.loss;
     if (record.val_loss) record.eval_seconds = seconds_since(eval_start);
+    if (evaluation.abandoned) {
+      stop = std::max(stop, agreed_stop());
+      say("mantissa: the evaluation after step " + step_of(step + 1, total) +
+          " gave way to the stop: that step has no validation loss");
+    }
     record.step_seconds = seconds;
     record.host_syncs = syncs_at_end - syncs_before;
     record.allreduce_seconds = dp_->last_step_comm_seconds();

@@ -62,9 +62,18 @@ class Trainer {
  private:
   // The training corpus and this rank's loader, and the validation set when the run evaluates.
   void build_data();
-  // Held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
-  // after the last step); collective.
-  std::optional<double> maybe_evaluate(int64_t steps_done);
+  // An evaluation's held-out loss; none when it was not due or was abandoned.
+  struct Evaluation {
+    std::optional<double> loss;
+    bool abandoned = false;  // the same on every rank
+  };
+  // The held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
+  // after the last step); collective. Before the last step a stop comes first, so that its
+  // checkpoint is written within a preemption's grace period: a stop already agreed (`stop`)
+  // skips the evaluation, and a stop signal that reaches a rank while it runs cuts that rank's
+  // part short, which voids the evaluation on every rank. Rank 0 says how far a long
+  // evaluation has come.
+  Evaluation maybe_evaluate(int64_t steps_done, float stop);
   // The exporter (and pusher) of this rank's metrics; returns the start line that names the
   // peak MFU is measured against.
   std::string build_metrics();

@@ -137,6 +137,8 @@ struct Metrics::State {
   void push_once();
   void forget_group(int rank);
   void request_push();
+  // request_push when the last request is kPushAtLeastEvery old.
+  void push_if_stale();
   void show_checkpoint(std::int64_t step, double saved_unix_time);
   void show_progress();
 };
@@ -444,10 +446,21 @@ void Metrics::record_step(const StepRecord& record) {
   // push: the alerts read mantissa_progress_timestamp_seconds from the Pushgateway, which steps
   // of a minute and push_every 10 would leave 10 minutes old at times.
   ++s.steps_since_push;
-  if (s.steps_since_push >= s.options.push_every ||
-      std::chrono::steady_clock::now() - s.last_push_request >= kPushAtLeastEvery) {
+  if (s.steps_since_push >= s.options.push_every) {
     s.request_push();
+  } else {
+    s.push_if_stale();
   }
+}
+
+void Metrics::record_evaluating() {
+  State& s = state();
+  s.show_progress();
+  s.push_if_stale();
+}
+
+void Metrics::State::push_if_stale() {
+  if (std::chrono::steady_clock::now() - last_push_request >= kPushAtLeastEvery) request_push();
 }
 
 void Metrics::State::request_push() {

@@ -3,8 +3,9 @@
 // Every rank owns one Metrics object. It serves the metrics read-only over HTTP on
 // `bind_address:port` (pull; the launcher passes metrics.port + local rank so ranks sharing a
 // node do not collide) and, where compute nodes cannot be scraped, pushes them to a
-// Pushgateway every `push_every` steps (and at the start, after a step 30 s past the last push,
-// at the start and end of a checkpoint save or load, a resume) and once more at exit. The names
+// Pushgateway every `push_every` steps (and at the start, after a step or an evaluation's
+// micro-batch 30 s past the last push, at the start and end of a checkpoint save or load, a
+// resume) and once more at exit. The names
 // below are a contract with the dashboards and alert rules under deploy/ (see deploy/README.md);
 // every series carries a `rank` label.
 //
@@ -30,9 +31,10 @@
 //   mantissa_checkpoint_seconds              histogram  time to write a checkpoint
 //   mantissa_run_finished                    gauge      1 once the run ended by itself, else 0
 //   mantissa_progress_timestamp_seconds      gauge      Unix time of this process's last
-//                                                       progress: its start, a step's end (its
-//                                                       evaluation's), a checkpoint save's or
-//                                                       load's start and end, a resume
+//                                                       progress: its start, a step's end, a
+//                                                       micro-batch of an evaluation, a
+//                                                       checkpoint save's or load's start and
+//                                                       end, a resume
 //   mantissa_checkpoint_in_progress          gauge      1 while a checkpoint is written or read
 //   mantissa_step                            gauge      steps done, those before a resume too
 //   mantissa_run_steps                       gauge      run.steps
@@ -116,6 +118,9 @@ class Metrics {
   // start) instead of an earlier attempt's, and a start that hangs from here is seen stalled.
   void record_started();
   void record_step(const StepRecord& record);
+  // A micro-batch of an evaluation is done: progress (pushed when the last push is 30 s old),
+  // so that an evaluation longer than the stall alert's wait is not taken for a hang.
+  void record_evaluating();
   // A checkpoint save or load begins: progress, and mantissa_checkpoint_in_progress 1 until
   // record_checkpoint or record_checkpoint_loaded.
   void record_checkpoint_start();

@@ -75,8 +75,9 @@ void Evaluator::read_windows(int64_t first, int64_t count, std::vector<int32_t>&
   }
 }
 
-double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
-                                 const core::PrecisionPolicy& policy) const {
+std::optional<double> Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
+                                                const core::PrecisionPolicy& policy,
+                                                const Progress& progress) const {
   StepContext ctx{backend, policy, model.fp8_operands(), {}};
   // Every token's loss stays on the device until one copy after the last micro-batch: a read
   // per micro-batch would make the host wait for each forward.
@@ -85,6 +86,7 @@ double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
   Tensor losses = Tensor::empty(Shape{tokens}, DType::kF32, backend.device());
   Batch batch;
   batch.seq_len = seq_len_;
+  const int64_t micro_batches = (end_window_ - first_window_ + micro_batch_ - 1) / micro_batch_;
   for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
     batch.batch_size = std::min(micro_batch_, end_window_ - first);
     read_windows(first, batch.batch_size, batch.tokens, batch.targets);
@@ -92,6 +94,8 @@ double Evaluator::local_loss_sum(LanguageModel& model, core::Backend& backend,
     const Tensor batch_losses = model.forward(ctx, upload(batch, backend), 0.0f);
     Tensor slot = losses.view((first - first_window_) * seq_len_, Shape{batch_losses.numel()});
     backend.copy(batch_losses, slot);
+    const int64_t done = (first - first_window_) / micro_batch_ + 1;
+    if (progress && !progress(done, micro_batches)) return std::nullopt;
   }
   Tensor host = Tensor::empty(Shape{tokens}, DType::kF32);
   backend.copy(losses, host);

@@ -17,7 +17,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
@@ -34,10 +36,17 @@ class Evaluator {
   Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
             int64_t micro_batch, int world_size, int rank, int64_t token_multiple = 1);
 
+  // Called after each micro-batch is queued, with the micro-batches done and this rank's total;
+  // returning false abandons the evaluation. A long evaluation shows its progress through it,
+  // and a stop asked for meanwhile need not wait for the rest.
+  using Progress = std::function<bool(int64_t done, int64_t total)>;
+
   // The sum over this rank's validation tokens of the model's loss (a forward pass only, in
-  // micro-batches of up to micro_batch windows, whole groups).
-  double local_loss_sum(LanguageModel& model, core::Backend& backend,
-                        const core::PrecisionPolicy& policy) const;
+  // micro-batches of up to micro_batch windows, whole groups); std::nullopt when `progress`
+  // abandoned it.
+  std::optional<double> local_loss_sum(LanguageModel& model, core::Backend& backend,
+                                       const core::PrecisionPolicy& policy,
+                                       const Progress& progress = {}) const;
   // Validation tokens of one evaluation, all ranks together.
   int64_t tokens() const { return windows_ * seq_len_; }
 

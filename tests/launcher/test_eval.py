@@ -8,12 +8,16 @@
    of an uninterrupted run, and no evaluation step is missing or logged twice;
  - the synthetic corpus and token shards (data.token_shards.val_pattern) have validation sets
    too, and a run without one, or with eval_every 0, logs no val_loss;
+ - a stop signal on one rank during an evaluation cuts it short: the run stops after that
+   step with a checkpoint and logs no validation loss for it (every rank alike);
  - bad settings are refused naming the field (exit code 2).
 """
 
 import math
 import os
 import re
+import signal
+import time
 
 import launcher_util as lu
 
@@ -138,6 +142,40 @@ class Evaluation(lu.TempDirTest):
         shards = run("shards", f"data.token_shards.pattern={shard}",
                      f"data.token_shards.val_pattern={val_shard}")
         self.assertEqual(sorted(shards), [3, 7])
+
+    def test_a_stop_during_an_evaluation_ends_the_run_without_it(self):
+        # A preemption's grace period is short: a stop that comes during an evaluation goes to
+        # its checkpoint at once. Only rank 1 gets the SIGTERM; rank 0 evaluates to the end, and
+        # the ranks agree that this step has no validation loss. Evaluations here take about 150
+        # steps' time, and the signal comes a third of the way into the one after step 4.
+        name = "stopped"
+        config = self.write("eval.pbtxt", CONFIG)
+        process = self.start(
+            "train", "--config", config, "--progress", "lines",
+            *[arg for s in (f"run.dir={os.path.join(self.dir, name)}", "run.steps=2000",
+                            "run.eval_every=2", "run.eval_tokens=100000000",
+                            "data.text_file.val_fraction=0.5", "model.gpt2.n_layer=4",
+                            "model.gpt2.n_head=4", "model.gpt2.n_embd=256",
+                            "checkpoint.every_steps=0")
+              for arg in ("--set", s)], ranks=2)
+        try:
+            lu.wait_for_lines(os.path.join(self.dir, name, "log", "rank0.jsonl"), 2, process)
+            first = lu.read_log(os.path.join(self.dir, name), 0)[1]
+            time.sleep(first["eval_seconds"] / 3)
+            os.kill(lu.rank_pids(process.pid)[1], signal.SIGTERM)
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn("mantissa: the evaluation after step 4/2000 gave way to the stop: that step "
+                      "has no validation loss", stderr)
+        self.assertIn("stopped after step 4/2000 with a checkpoint", stderr)
+        self.assertTrue(os.path.isdir(os.path.join(self.dir, name, "checkpoints",
+                                                   "step_00000004")))
+        for rank in range(2):
+            log = lu.read_log(os.path.join(self.dir, name), rank)
+            self.assertEqual([e["step"] for e in log if "val_loss" in e], [1], f"rank {rank}")
 
     def test_bad_settings_name_the_field(self):
         config = self.write("eval.pbtxt", CONFIG)

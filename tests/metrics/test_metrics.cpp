@@ -157,8 +157,9 @@ TEST(Metrics, TheRisesInARowGoOnAcrossAResume) {
   EXPECT_EQ(scrape("mantissa_val_loss_rises"), 3);
 }
 
-// What the stall alert reads: the last progress (the start, a step, a checkpoint save's end)
-// and whether a save is under way, during which no step ends.
+// What the stall alert reads: the last progress (the start, a step, an evaluation's
+// micro-batch, a checkpoint save's end) and whether a save is under way, during which no step
+// ends.
 TEST(Metrics, ProgressTimeAndTheSaveInProgress) {
   const auto now = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
@@ -195,7 +196,12 @@ TEST(Metrics, ProgressTimeAndTheSaveInProgress) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   metrics.record_checkpoint_loaded();
   EXPECT_EQ(scrape("mantissa_checkpoint_in_progress"), 0);
-  EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), saved);
+  const double loaded = scrape("mantissa_progress_timestamp_seconds");
+  EXPECT_GT(loaded, saved);
+  // Each micro-batch of an evaluation is progress: one longer than the alert's wait is no stall.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  metrics.record_evaluating();
+  EXPECT_GT(scrape("mantissa_progress_timestamp_seconds"), loaded);
   // A save that failed (its exception ends the process) leaves no save in progress behind:
   // the final push carries 0.
   metrics.record_checkpoint_start();

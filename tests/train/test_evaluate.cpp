@@ -6,13 +6,18 @@
 //    gives the same loss; and the windows are the corpus's first ones, laid end to end;
 //  - a model that takes a multiple of 8 tokens per forward pass (FP8 BLOCKWISE) is evaluated
 //    in whole groups of windows, on any number of ranks and micro-batch;
+//  - progress is reported after every micro-batch, and a progress callback that says stop
+//    abandons the evaluation at once;
 //  - a validation set without one whole window (or group) is a config error naming it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/ops/backend.h"
@@ -71,8 +76,8 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
 
   const Evaluator one(corpus, config.seq_len, eval_tokens, 8, 1, 0);
   EXPECT_EQ(one.tokens(), eval_tokens);
-  const double whole = one.local_loss_sum(model, *be, policy);
-  EXPECT_EQ(one.local_loss_sum(model, *be, policy), whole) << "the same tokens every time";
+  const double whole = one.local_loss_sum(model, *be, policy).value();
+  EXPECT_EQ(one.local_loss_sum(model, *be, policy).value(), whole) << "the same tokens every time";
   EXPECT_NEAR(whole / static_cast<double>(eval_tokens), std::log(256.0), 0.5)
       << "an untrained model is near uniform";
   // The windows are the corpus's first 40, laid end to end: window w's inputs are tokens
@@ -95,7 +100,7 @@ TEST(Evaluator, RankSlicesAddUpToTheWholeInFP32) {
       for (int rank = 0; rank < world; ++rank) {
         const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank);
         EXPECT_EQ(slice.tokens(), eval_tokens);
-        sum += slice.local_loss_sum(model, *be, policy);
+        sum += slice.local_loss_sum(model, *be, policy).value();
       }
       // A token lost or counted twice moves the sum by about 1/640; a different micro-batch
       // gives OpenBLAS's sgemm other row blocks, whose per-token FP32 losses can differ in the
@@ -124,7 +129,7 @@ TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
 
   const Evaluator one(corpus, config.seq_len, eval_tokens, 4, 1, 0, multiple);
   EXPECT_EQ(one.tokens(), 24 * config.seq_len);
-  const double whole = one.local_loss_sum(model, *be, policy);
+  const double whole = one.local_loss_sum(model, *be, policy).value();
   for (int world : {2, 3, 5}) {
     for (int64_t micro_batch : {2, 4, 6}) {
       double sum = 0.0;
@@ -132,7 +137,7 @@ TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
         const Evaluator slice(corpus, config.seq_len, eval_tokens, micro_batch, world, rank,
                               multiple);
         EXPECT_EQ(slice.tokens(), one.tokens());
-        sum += slice.local_loss_sum(model, *be, policy);
+        sum += slice.local_loss_sum(model, *be, policy).value();
       }
       // Each token's loss is computed from the same quantised blocks wherever its window
       // lands: only the last bits of the GEMMs' FP32 sums may differ.
@@ -142,6 +147,37 @@ TEST(Evaluator, BlockScaledFp8TakesWholeGroupsOfWindows) {
   // One window asked for: one group (four windows) is evaluated.
   EXPECT_EQ(Evaluator(corpus, config.seq_len, config.seq_len, 4, 1, 0, multiple).tokens(),
             4 * config.seq_len);
+}
+
+TEST(Evaluator, ReportsEachMicroBatchAndCanBeAbandoned) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP32);
+  const models::GPT2Config config{1, 2, 32, 16, 256};
+  models::GPT2 model(config, *be, policy, 7);
+  auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 5000));
+  // 10 windows in micro-batches of 3: 3 + 3 + 3 + 1.
+  const Evaluator evaluator(corpus, config.seq_len, 10 * config.seq_len, 3, 1, 0);
+
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  const std::optional<double> whole =
+      evaluator.local_loss_sum(model, *be, policy, [&](int64_t done, int64_t total) {
+        seen.emplace_back(done, total);
+        return true;
+      });
+  ASSERT_TRUE(whole.has_value());
+  EXPECT_EQ(*whole, evaluator.local_loss_sum(model, *be, policy).value());
+  const std::vector<std::pair<int64_t, int64_t>> every{{1, 4}, {2, 4}, {3, 4}, {4, 4}};
+  EXPECT_EQ(seen, every);
+
+  seen.clear();
+  const std::optional<double> cut =
+      evaluator.local_loss_sum(model, *be, policy, [&](int64_t done, int64_t total) {
+        seen.emplace_back(done, total);
+        return done < 2;
+      });
+  EXPECT_FALSE(cut.has_value());
+  const std::vector<std::pair<int64_t, int64_t>> two{{1, 4}, {2, 4}};
+  EXPECT_EQ(seen, two) << "nothing runs after the callback says stop";
 }
 
 TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
