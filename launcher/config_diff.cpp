@@ -65,6 +65,25 @@ void collect(const pb::Message& before, const pb::Message& after, const std::str
   }
 }
 
+// "path = value" of each field set in `filled` but not in `raw` (fields with presence only:
+// those the default table fills in).
+void collect_unset(const pb::Message& raw, const pb::Message& filled, const std::string& prefix,
+                   std::vector<std::string>& out) {
+  const pb::Descriptor& type = *filled.GetDescriptor();
+  const pb::Reflection& rr = *raw.GetReflection();
+  const pb::Reflection& rf = *filled.GetReflection();
+  for (int f = 0; f < type.field_count(); ++f) {
+    const pb::FieldDescriptor& field = *type.field(f);
+    if (field.is_repeated() || !rf.HasField(filled, &field)) continue;
+    const std::string path = prefix + field.name();
+    if (field.cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      collect_unset(rr.GetMessage(raw, &field), rf.GetMessage(filled, &field), path + ".", out);
+    } else if (!rr.HasField(raw, &field)) {
+      out.push_back(path + " = " + value_text(filled, field));
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> config_differences(const TrainConfig& before, const TrainConfig& after) {
@@ -108,6 +127,19 @@ std::string misfit_explanation(const std::string& checkpoint_config_text, const 
   if (!list.empty()) return "; its model config differs: " + list + " (" + advice + ")";
   return "; its model config is this run's, so another build of mantissa laid the parameters "
          "out otherwise: the build that wrote the checkpoint can still resume or export it";
+}
+
+std::vector<std::string> unrecorded_settings(const std::string& config_text) {
+  try {
+    const TrainConfig raw = parse_config_text(config_text, "the checkpoint's config");
+    TrainConfig filled = raw;
+    apply_defaults(filled, "the checkpoint's config");
+    std::vector<std::string> out;
+    collect_unset(raw, filled, "", out);
+    return out;
+  } catch (const core::ConfigError&) {
+    return {};
+  }
 }
 
 std::optional<TrainConfig> recorded_config(const std::string& config_text) {

@@ -46,6 +46,14 @@ std::string misfit_explanation(const std::string& checkpoint_config_text, const 
 
 // The config a checkpoint recorded (CheckpointState::config_text); nothing when that text no
 // longer parses (a checkpoint from an older version), which leaves nothing to compare.
+// Defaults fill the fields the text lacks, so these compare as this build's defaults.
 std::optional<TrainConfig> recorded_config(const std::string& config_text);
+
+// The settings a checkpoint's recorded config lacks, with the defaults that fill them in
+// ("data.text_file.val_fraction = 0.1"). A checkpoint records the effective config, every
+// field set, so these are settings added after the build that wrote it, which may have behaved
+// otherwise (before val_fraction, a text file trained whole). Empty when the text no longer
+// parses.
+std::vector<std::string> unrecorded_settings(const std::string& config_text);
 
 }  // namespace mantissa::launcher

@@ -621,6 +621,13 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
         std::to_string(state.seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
   }
+  if (const std::vector<std::string> unrecorded = unrecorded_settings(state.config_text);
+      !unrecorded.empty()) {
+    say("mantissa: note: an earlier build wrote the checkpoint, without these settings, which "
+        "this run takes at this build's defaults: " +
+        core::join(unrecorded, ", ") +
+        " (that build may have behaved otherwise: --set one to keep the run as it was)");
+  }
   std::vector<std::string> changed =
       recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
   // Settings a resumed run has no use for: saying so spares a user the guess.

@@ -121,6 +121,30 @@ TEST(ConfigDifferences, MisfitExplanationTellsAnotherModelFromAnotherLayout) {
   EXPECT_EQ(misfit_explanation("not { a config", saved, "advice"), " (advice)");
 }
 
+// A checkpoint records the effective config, every field set: the fields its text lacks are
+// settings an earlier build did not have, filled in by this build's defaults. The effective
+// config of every model and data source lacks none.
+TEST(ConfigDifferences, UnrecordedSettingsAreTheFieldsAnEarlierBuildLacked) {
+  for (const char* text : {"model { gpt2 {} } data { synthetic {} }",
+                           "model { llama {} } data { text_file { path: \"t\" } }",
+                           "model { mlp {} } data { token_shards { pattern: \"s\" } } "
+                           "precision { mode: FP16 }"}) {
+    TrainConfig effective = parse_config_text(text, "t");
+    apply_defaults(effective, "t");
+    EXPECT_EQ(unrecorded_settings(to_text(effective)), std::vector<std::string>{}) << text;
+  }
+  TrainConfig old = parse_config_text("data { text_file { path: \"t\" } }", "t");
+  apply_defaults(old, "t");
+  old.mutable_data()->mutable_text_file()->clear_val_fraction();
+  old.mutable_run()->clear_eval_tokens();
+  old.mutable_precision()->mutable_fp8()->clear_grad_format();
+  EXPECT_EQ(
+      unrecorded_settings(to_text(old)),
+      (std::vector<std::string>{"run.eval_tokens = 16384", "data.text_file.val_fraction = 0.1",
+                                "precision.fp8.grad_format = E5M2"}));
+  EXPECT_EQ(unrecorded_settings("not { a config"), std::vector<std::string>{});
+}
+
 TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {
   TrainConfig c = parse_config_text("model { gpt2 { n_layer: 2 } }", "t");
   apply_override(c, "model.gpt2.n_layer=3");

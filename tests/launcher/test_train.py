@@ -646,6 +646,22 @@ class Training(lu.TempDirTest):
         self.assertEqual(rises, {"trend": 6, "other_tokens": 0})
         self.assertNotEqual(keys["trend"], keys["other_tokens"])
 
+    def test_a_checkpoint_of_an_earlier_build_names_the_settings_it_lacked(self):
+        # A checkpoint records the effective config, every field set; one written before
+        # run.eval_tokens existed lacks it, and the resume names it with the default it takes.
+        first = self.mantissa(*self.train_args("older", "run.steps=10", inject_rank=0))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        step10 = os.path.join(self.run_dir("older"), "checkpoints", "step_00000010")
+        text, removed = re.subn(r"  eval_tokens: \d+\\n", "", lu.decode_manifest(step10))
+        self.assertEqual(removed, 1, text)
+        lu.write_manifest(step10, text)
+        result = self.mantissa(*self.train_args("older", "run.steps=12", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: note: an earlier build wrote the checkpoint, without these "
+                      "settings, which this run takes at this build's defaults: "
+                      "run.eval_tokens = 16384 (that build may have behaved otherwise: --set one "
+                      "to keep the run as it was)", result.stderr)
+
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory
         # removed), resumed on 1 rank: it redoes steps 20 to 29 from the checkpoint of step 20.
