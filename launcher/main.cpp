@@ -64,8 +64,9 @@ output, in run.dir (default runs/<config file name>):
                       same run.dir stops with exit code 2; the empty file stays
 
 signals: SIGUSR1, SIGTERM or SIGHUP (a closed terminal) to any rank (mpirun forwards SIGUSR1
-to all) stops every rank at the same step after a checkpoint is written; the exit code is then
-0. One that comes during the start ends the run before its first step, with nothing to save.
+to all) stops every rank at the same step after a checkpoint is written (an evaluation under
+way gives way to it); the exit code is then 0. One that comes during the start ends the run
+before its first step, with nothing to save.
 SIGINT (Ctrl-C) does the same with exit code 130, also when another stop signal comes with it
 or during that checkpoint; a second Ctrl-C ends the process at once, without a checkpoint. A
 signal the process was started to ignore stays ignored (nohup's SIGHUP). mpirun itself answers

@@ -514,12 +514,14 @@ TEST(GpuOps, OutOfRangeIndicesBecomeNaNWithoutASync) {
   const Tensor dout_dev = b.to_device(dout);
   Tensor dwte = random_tensor(Shape{V, C}, DType::kF32, rng);
   Tensor dwte_dev = b.to_device(dwte);
-  Tensor none, none_dev;
-  b.gpu->embedding_backward(dout_dev, bad_dev, dwte_dev, none_dev);
+  Tensor dwpe = random_tensor(Shape{T, C}, DType::kF32, rng);
+  Tensor dwpe_dev = b.to_device(dwpe);
+  b.gpu->embedding_backward(dout_dev, bad_dev, dwte_dev, dwpe_dev);
   for (const int64_t row : {9, 11})
     std::memset(dout.data_as<float>() + row * C, 0, C * sizeof(float));
-  b.cpu->embedding_backward(dout, tokens, dwte, none);
+  b.cpu->embedding_backward(dout, tokens, dwte, dwpe);
   expect_same_bits(dwte, b.to_host(dwte_dev), "embedding_backward with bad tokens");
+  expect_same_bits(dwpe, b.to_host(dwpe_dev), "embedding_backward's dwpe with bad tokens");
 
   // A target in the padding of a padded vocabulary (valid_cols <= target < V) is out of range
   // too: the CPU backend throws for it, the GPU makes that row's loss NaN.

@@ -171,9 +171,9 @@ __global__ void add_kernel(const T* a, const T* b, T* out, int64_t n, int64_t n_
 // ---------------------------------------------------------------------------------------
 // GELU: core/ops/math/gelu.h, the formula the CPU backend runs.
 
+// out may alias x (op_checks), so neither is __restrict__.
 template <class T, int K>
-__global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t n,
-                                    int64_t n_packs) {
+__global__ void gelu_forward_kernel(const T* x, T* out, int64_t n, int64_t n_packs) {
   for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
     const Pack<T, K> in = load_pack<K>(x + p * K);
     Pack<T, K> y;
@@ -186,10 +186,9 @@ __global__ void gelu_forward_kernel(const T* __restrict__ x, T* __restrict__ out
   }
 }
 
-// dx may alias dout, so neither is __restrict__.
+// dx may alias dout or x, so none is __restrict__.
 template <class T, int K>
-__global__ void gelu_backward_kernel(const T* __restrict__ x, const T* dout, T* dx, int64_t n,
-                                     int64_t n_packs) {
+__global__ void gelu_backward_kernel(const T* x, const T* dout, T* dx, int64_t n, int64_t n_packs) {
   for (int64_t p = global_thread_index(); p < n_packs; p += grid_stride()) {
     const Pack<T, K> in = load_pack<K>(x + p * K);
     const Pack<T, K> dy = load_pack<K>(dout + p * K);

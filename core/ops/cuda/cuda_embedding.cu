@@ -44,12 +44,18 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, Flo
 }
 
 // dwpe[t, c] += dout[0, t, c] + dout[1, t, c] + ..., one thread per (t, c), added into the
-// gradient one batch row at a time as the CPU backend does.
-__global__ void embedding_backward_wpe_kernel(FloatIn dout, float* __restrict__ dwpe, int64_t B,
-                                              int64_t T, int64_t C) {
+// gradient one batch row at a time as the CPU backend does. A position whose token lies
+// outside [0, V) adds nothing (backend.h: its gradient is dropped, as dwte's).
+__global__ void embedding_backward_wpe_kernel(FloatIn dout, const int32_t* __restrict__ tokens,
+                                              float* __restrict__ dwpe, int64_t B, int64_t T,
+                                              int64_t V, int64_t C) {
   for (int64_t i = global_thread_index(); i < T * C; i += grid_stride()) {
+    const int64_t t = i / C;
     float acc = dwpe[i];
-    for (int64_t b = 0; b < B; ++b) acc += load(dout, b * T * C + i);
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t token = tokens[b * T + t];
+      if (token >= 0 && token < V) acc += load(dout, b * T * C + i);
+    }
     dwpe[i] = acc;
   }
 }
@@ -153,7 +159,8 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
 
   if (dwpe.defined()) {
     embedding_backward_wpe_kernel<<<grid_size(T * C, kBlock, multiprocessor_count_), kBlock, 0,
-                                    stream_>>>(as_in(dout), dwpe.data_as<float>(), B, T, C);
+                                    stream_>>>(as_in(dout), tokens.data_as<const int32_t>(),
+                                               dwpe.data_as<float>(), B, T, V, C);
     MANTISSA_CUDA_CHECK_LAUNCH();
   }
 
