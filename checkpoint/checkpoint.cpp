@@ -382,10 +382,22 @@ std::string Checkpointer::save(const CheckpointState& state,
   const std::string final_dir = options_.dir + "/" + name;
   const std::string tmp_dir = final_dir + std::string(kUnfinishedSuffix);
   const std::string what = "checkpoint save of " + final_dir;
+  // A save that fails leaves nothing behind: once the failure is agreed every rank has stopped
+  // writing, and rank 0 removes the temporary directory, which may hold nearly a whole
+  // checkpoint on the full disk that failed it (best effort: the next save clears it too).
+  const auto phase = [&](const std::function<void()>& body) {
+    try {
+      collective(what, body);
+    } catch (...) {
+      std::error_code ignored;
+      if (group_.rank == 0) fs::remove_all(tmp_dir, ignored);
+      throw;
+    }
+  };
 
   // 1. Rank 0 makes an empty temporary directory, clearing what a crashed save left behind
   //    (temporaries of `latest` too: rank 0 alone replaces it).
-  collective(what, [&] {
+  phase([&] {
     if (group_.rank != 0) return;
     fs::create_directories(options_.dir);
     core::remove_temporaries_of(options_.dir + "/" + kLatestName);
@@ -403,7 +415,7 @@ std::string Checkpointer::save(const CheckpointState& state,
   });
 
   // 2. Every rank writes its payload and its part of the index, both synced.
-  collective(what, [&] {
+  phase([&] {
     ShardIndex index;
     index.set_rank(group_.rank);
     write_payload(tmp_dir, slices, index);
@@ -413,7 +425,7 @@ std::string Checkpointer::save(const CheckpointState& state,
 
   // 3. Rank 0 merges the index into the manifest, validates it as a load would, and publishes
   //    the directory: rename, then `latest`, then pruning.
-  collective(what, [&] {
+  phase([&] {
     if (group_.rank != 0) return;
     CheckpointState saved = state;
     saved.world_size = group_.world_size;

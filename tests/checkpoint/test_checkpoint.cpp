@@ -831,6 +831,7 @@ TEST_F(CheckpointTest, ASaveFailingOnOneRankEndsEveryRankWithItsKind) {
             std::string::npos)
       << messages[0];
   EXPECT_FALSE(fs::exists(dir() + "/step_00000007"));
+  EXPECT_FALSE(fs::exists(tmp_dir)) << "rank 0's payload stays on the disk that failed the save";
 }
 
 // A rank may pass no slices while another passes whole buffers.
@@ -869,6 +870,7 @@ TEST_F(CheckpointTest, SlicesThatDoNotTileAreRefusedOnEveryRank) {
   EXPECT_EQ(failures, 2);
   checkpoint::Checkpointer ckpt(options(), {}, *backend);
   EXPECT_TRUE(ckpt.steps().empty());
+  EXPECT_FALSE(fs::exists(dir() + "/step_00000005.tmp")) << "the payloads stay on the disk";
 }
 
 // A rank whose file system lists other checkpoints (a stale directory cache on one node) would
