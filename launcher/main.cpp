@@ -49,7 +49,7 @@ options:
                     see a terminal), lines (a plain line every run.log_every steps)
   -h, --help        this help
 
-output, in run.dir (default runs/<config file name>):
+output, in run.dir (default runs/<config file name without extension>):
   config.pbtxt        the effective config (every default filled in), also printed at start
   log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss, mean_loss,
                       loss_scale, overflow, grad_norm, lr, tokens, tokens_per_s, step_seconds,
@@ -69,7 +69,8 @@ way gives way to it); the exit code is then 0. One that comes during the start e
 before its first step, with nothing to save.
 SIGINT (Ctrl-C) does the same with exit code 130, also when another stop signal comes with it
 or during that checkpoint; a second Ctrl-C ends the process at once, without a checkpoint. A
-signal the process was started to ignore stays ignored (nohup's SIGHUP). mpirun itself answers
+stop during the last step lets the run finish (done, exit code 0). A signal the process was
+started to ignore stays ignored (nohup's SIGHUP). mpirun itself answers
 Ctrl-C or SIGTERM by killing the ranks one second later, before most checkpoints are written,
 and exits 1: send it SIGUSR1, or launch through deploy/mantissa-mpirun, which turns Ctrl-C
 into SIGUSR1.
