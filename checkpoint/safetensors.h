@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +88,12 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t fil
 
 // Reads and validates the header only (model.init_from reads the tensors one at a time).
 SafetensorsHeader read_safetensors_header(const std::string& path);
+
+// Whether one tensor's bytes (of a file whose header was read by read_safetensors_header) are
+// `expected`, read a few MiB at a time: a tied copy as large as the embedding is compared
+// without a second copy of it in memory.
+bool safetensors_data_equals(const std::string& path, const SafetensorsHeader& header,
+                             const SafetensorsEntry& entry, std::span<const char> expected);
 
 // The bytes of one tensor of a file whose header was read by read_safetensors_header.
 std::vector<char> read_safetensors_data(const std::string& path, const SafetensorsHeader& header,

@@ -171,6 +171,27 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   return parse_safetensors_header(prefix, file_size, path);
 }
 
+bool safetensors_data_equals(const std::string& path, const SafetensorsHeader& header,
+                             const SafetensorsEntry& entry, std::span<const char> expected) {
+  if (entry.end - entry.begin != expected.size()) return false;
+  constexpr size_t kChunk = size_t{4} << 20;
+  std::vector<char> chunk(std::min(kChunk, expected.size()));
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(static_cast<std::streamoff>(header.data_start + entry.begin));
+  for (size_t at = 0; at < expected.size(); at += chunk.size()) {
+    const size_t n = std::min(chunk.size(), expected.size() - at);
+    in.read(chunk.data(), static_cast<std::streamsize>(n));
+    MANTISSA_REQUIRE(in, kFailure,
+                     "safetensors '" << path << "': cannot read tensor '" << entry.name
+                                     << "' (the file changed since its header was read?)");
+    if (!std::equal(chunk.begin(), chunk.begin() + static_cast<std::ptrdiff_t>(n),
+                    expected.begin() + static_cast<std::ptrdiff_t>(at))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::vector<char> read_safetensors_data(const std::string& path, const SafetensorsHeader& header,
                                         const SafetensorsEntry& entry) {
   std::vector<char> data(entry.end - entry.begin);

@@ -239,7 +239,7 @@ void check_tied_copies(const std::vector<WeightFile>& files, const models::HfLay
     for (const checkpoint::SafetensorsEntry& e : file.header.tensors) {
       if (e.name != layout.tied_copy) continue;
       const bool same = e.dtype == to.dtype && e.shape == to.shape &&
-                        checkpoint::read_safetensors_data(file.path, file.header, e) == raw;
+                        checkpoint::safetensors_data_equals(file.path, file.header, e, raw);
       MANTISSA_REQUIRE(same, kConfig,
                        "'" << file.path << "': tensor '" << e.name << "' differs from '" << to.name
                            << "', which this " << layout.family

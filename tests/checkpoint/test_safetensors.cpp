@@ -228,6 +228,30 @@ TEST(Safetensors, ReadsHeaderThenTensorsFromDisk) {
               whole.tensors[i].data);
   }
 
+  // A tied copy is compared a few MiB at a time: equal, one byte off at the end of a tensor
+  // several chunks long, another size.
+  const std::string big = temp_path("big.safetensors");
+  {
+    const int64_t numel = int64_t{5} << 20;  // 20 MiB of F32
+    const std::string json = R"({"w":{"dtype":"F32","shape":[)" + std::to_string(numel) +
+                             R"(],"data_offsets":[0,)" + std::to_string(4 * numel) + "]}}";
+    std::string bytes(8, '\0');
+    const uint64_t n = json.size();
+    std::memcpy(bytes.data(), &n, 8);
+    std::string data(static_cast<size_t>(4 * numel), '\0');
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 4096);
+    const std::string whole = bytes + json + data;
+    std::ofstream(big, std::ios::binary)
+        .write(whole.data(), static_cast<std::streamsize>(whole.size()));
+    const checkpoint::SafetensorsHeader h = checkpoint::read_safetensors_header(big);
+    EXPECT_TRUE(checkpoint::safetensors_data_equals(big, h, h.tensors[0], data));
+    data.back() = static_cast<char>(data.back() ^ 1);
+    EXPECT_FALSE(checkpoint::safetensors_data_equals(big, h, h.tensors[0], data));
+    data.pop_back();
+    EXPECT_FALSE(checkpoint::safetensors_data_equals(big, h, h.tensors[0], data));
+    std::filesystem::remove(big);
+  }
+
   auto header_error = [](const std::string& p) -> std::string {
     try {
       checkpoint::read_safetensors_header(p);
