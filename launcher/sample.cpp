@@ -9,6 +9,9 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "core/ops/backend.h"
@@ -38,7 +41,7 @@ namespace {
 constexpr const char* kHelp =
     R"(usage: mantissa sample --run DIR [--step N] [--prompt TEXT] [--max-new-tokens N]
                        [--temperature T] [--top-k K] [--top-p P] [--seed S]
-                       [--device AUTO|CPU|CUDA]
+                       [--end-of-text mark|stop] [--device AUTO|CPU|CUDA]
 
 Generates text with the GPT-2 or Llama model of a `mantissa train` run. Reads DIR/config.pbtxt (the
 run's effective config), loads the FP32 weights of the newest intact checkpoint in
@@ -61,6 +64,10 @@ options:
                       (default 1)
   --seed S            seed of the draws: the same seed, checkpoint, prompt, options and device
                       give the same text (default 1)
+  --end-of-text E     what an end-of-text token drawn (a document's end; tokenizers only)
+                      does: mark prints <|endoftext|> there and generation goes on, as llm.c
+                      shows it; stop ends the generation there, as Hugging Face's generate
+                      stops at its eos_token_id (default mark)
   --device D          AUTO (a GPU when one is visible; the default), CPU or CUDA
   -h, --help          this help
 Options take `--opt value` or `--opt=value`.
@@ -70,8 +77,8 @@ tokens: the run's tokenizer turns the prompt into tokens and the tokens into tex
   data.token_shards.pattern (where `mantissa tokenize encode` puts it); synthetic and
   text_file data, and token shards of vocab_size 256 without a tokenizer.model, are bytes.
   With a tokenizer the prompt starts with the end-of-text token, as every document of the
-  shards does, only the tokenizer's ids are drawn, and end-of-text tokens print nothing. With
-  bytes an empty prompt starts from a newline, which is not printed.
+  shards does (it prints nothing), and only the tokenizer's ids are drawn. With bytes an
+  empty prompt starts from a newline, which is not printed.
 
 the window: the model sees at most its seq_len tokens (model.gpt2 or model.llama). A longer
   prompt keeps its last seq_len tokens (all of it is printed). When generation fills the
@@ -203,9 +210,25 @@ class TextStream {
  private:
   static constexpr std::chrono::duration<double> kMinFlushInterval{0.2};
 
+  // The text so far: the bytes, or the tokens decoded with <|endoftext|> where a document
+  // ended (the prompt's leading end-of-text starts the first document and shows nothing).
+  std::string text() const {
+    if (!tokenizer_) return bytes_;
+    std::string text;
+    const std::span<const int32_t> all(tokens_);
+    size_t begin = 0;
+    for (size_t i = 1; i <= all.size(); ++i) {
+      if (i < all.size() && all[i] != tokenizer_->eot()) continue;
+      if (i > begin) text += tokenizer_->decode(all.subspan(begin, i - begin));
+      if (i < all.size()) text += "<|endoftext|>";
+      begin = i + 1;
+    }
+    return text;
+  }
+
   void flush(bool last) {
     const Clock::time_point start = Clock::now();
-    const std::string text = tokenizer_ ? tokenizer_->decode(tokens_) : bytes_;
+    const std::string text = this->text();
     constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
     size_t end = text.size();
     for (int held = 0; !last && held < 3 && end >= written_ + kReplacement.size() &&
@@ -344,9 +367,10 @@ int run_sample(const SampleArgs& args) {
   }
   const auto start = std::chrono::steady_clock::now();
   TextStream stream(tokenizer ? &*tokenizer : nullptr, prompt, args.prompt);
-  const std::vector<int32_t> generated =
-      models::generate(*decoder, prompt, args.max_new_tokens, sampler, vocab_limit,
-                       [&](int32_t token) { stream.add(token); });
+  const std::vector<int32_t> generated = models::generate(
+      *decoder, prompt, args.max_new_tokens, sampler, vocab_limit,
+      [&](int32_t token) { stream.add(token); },
+      tokenizer && args.stop_at_end_of_text ? tokenizer->eot() : -1);
   stream.finish();
   // Generation alone: the text's decoding and writing are left out.
   const double seconds =
@@ -373,7 +397,7 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
     const std::string name = arg.substr(0, arg.find('='));
     static const char* const kOptions[] = {
         "--run",   "--step",  "--prompt", "--max-new-tokens", "--temperature",
-        "--top-k", "--top-p", "--seed",   "--device"};
+        "--top-k", "--top-p", "--seed",   "--end-of-text",    "--device"};
     if (std::find(std::begin(kOptions), std::end(kOptions), name) == std::end(kOptions)) {
       throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
     }
@@ -402,6 +426,10 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       if (!temperature) bad_value(name, "'" + value + "'", "takes a number");
       out.temperature = *temperature;
       if (out.temperature < 0.0) bad_value(name, value, "must be >= 0 (0 is greedy)");
+    } else if (name == "--end-of-text") {
+      if (value != "mark" && value != "stop")
+        bad_value(name, "'" + value + "'", "takes mark or stop");
+      out.stop_at_end_of_text = value == "stop";
     } else if (value == "AUTO" || value == "CPU" || value == "CUDA") {
       out.device = value;
     } else {

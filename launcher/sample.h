@@ -22,7 +22,8 @@ struct SampleArgs {
   int64_t top_k = 0;
   double top_p = 1.0;
   uint64_t seed = 1;
-  std::string device = "AUTO";  // AUTO, CPU or CUDA
+  std::string device = "AUTO";       // AUTO, CPU or CUDA
+  bool stop_at_end_of_text = false;  // --end-of-text stop; mark otherwise
 };
 
 // Throws core::ConfigError for a malformed command line or a value out of range, naming it.

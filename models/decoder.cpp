@@ -71,7 +71,7 @@ Tensor Decoder::attend(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int6
 
 std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
                               int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit,
-                              const std::function<void(int32_t)>& on_token) {
+                              const std::function<void(int32_t)>& on_token, int32_t stop_token) {
   MANTISSA_CHECK(!prompt.empty(), "generate: the prompt needs at least one token");
   MANTISSA_CHECK(
       vocab_limit >= 1 && vocab_limit <= decoder.vocab_size(),
@@ -96,7 +96,7 @@ std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
     const int32_t token = sampler.next(host);
     generated.push_back(token);
     if (on_token) on_token(token);
-    if (std::ssize(generated) == max_new_tokens) break;
+    if (std::ssize(generated) == max_new_tokens || token == stop_token) break;
     if (decoder.length() < window) {
       context.push_back(token);
       logits = decoder.append(std::span<const int32_t>(&token, 1));

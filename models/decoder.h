@@ -78,9 +78,11 @@ class Decoder {
 // more tokens run one at a time; every token thus sees at least the last capacity() / 2
 // tokens, and the refill's cost is spread over the tokens that follow it. Starts from an
 // empty cache. `on_token`, when given, is called with each token as soon as it is drawn (to
-// show text as it is generated).
+// show text as it is generated). Generation ends early after drawing `stop_token` (it is
+// returned and passed to on_token), unless that is negative.
 std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
                               int64_t max_new_tokens, TokenSampler& sampler, int64_t vocab_limit,
-                              const std::function<void(int32_t)>& on_token = {});
+                              const std::function<void(int32_t)>& on_token = {},
+                              int32_t stop_token = -1);
 
 }  // namespace mantissa::models

@@ -201,6 +201,8 @@ class TinyRun(unittest.TestCase):
         self.assertIn("--step 30: no checkpoint", self.bad("--step", "30"))
         self.assertIn("the steps saved: 20, 40, 60", self.bad("--step", "30"))
         self.assertIn("--device 'TPU': takes AUTO, CPU or CUDA", self.bad("--device", "TPU"))
+        self.assertIn("--end-of-text 'STOP': takes mark or stop",
+                      self.bad("--end-of-text", "STOP"))
         nowhere = os.path.join(self.dir, "nowhere")
         self.assertIn(f"--run {nowhere}: no such directory", self.bad("--run", nowhere, run=False))
         config = os.path.join(self.run_dir, "config.pbtxt")
@@ -351,12 +353,20 @@ checkpoint {{ every_steps: 30 }}
         self.assertEqual(greedy.returncode, 0, greedy.stderr.decode(errors="replace"))
         greedy.stdout.decode("utf-8")
         # <unk> and <s> are never drawn, even from a nearly flat distribution (at temperature 5
-        # each of the 512 ids has about 1/512 a draw: over 2000 draws <unk>, which
-        # SentencePiece prints as " \u2047 ", would show about 4 times).
-        hot = run_sample("--run", run, "--temperature", "5", "--max-new-tokens", "2000",
-                         "--seed", "1")
+        # each of the 512 ids has about 1/512 a draw: over 4000 draws <unk>, which
+        # SentencePiece prints as " \u2047 ", would show about 8 times).
+        hot_args = ("--run", run, "--temperature", "5", "--max-new-tokens", "4000", "--seed", "1")
+        hot = run_sample(*hot_args)
         self.assertEqual(hot.returncode, 0, hot.stderr.decode(errors="replace"))
-        self.assertNotIn("\u2047", hot.stdout.decode("utf-8"))
+        text = hot.stdout.decode("utf-8")
+        self.assertNotIn("\u2047", text)
+        # End of text (about 8 draws too) marks where a document ended, or ends the generation
+        # there: the same draws up to the first one.
+        mark = "<|endoftext|>"
+        self.assertIn(mark, text)
+        stopped = run_sample(*hot_args, "--end-of-text", "stop")
+        self.assertEqual(stopped.returncode, 0, stopped.stderr.decode(errors="replace"))
+        self.assertEqual(stopped.stdout.decode("utf-8"), text[:text.index(mark) + len(mark)] + "\n")
 
 
 if __name__ == "__main__":

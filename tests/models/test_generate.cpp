@@ -350,6 +350,12 @@ TEST(Generate, GreedyTokensEqualTheFullForwardAcrossWindowSlides) {
   EXPECT_EQ(generate(decoder, short_prompt, 50, greedy, 300),
             greedy_by_full_forward(decoder, short_prompt, 50, 300));
   EXPECT_TRUE(generate(decoder, short_prompt, 0, greedy, 300).empty());
+  // A stop token ends generation once drawn (the tokens up to it and it), as end of text does
+  // for `mantissa sample --end-of-text stop`.
+  const int32_t stop = generated[20];
+  const auto first = std::find(generated.begin(), generated.end(), stop);
+  EXPECT_EQ(generate(decoder, prompt, 60, greedy, 256, {}, stop),
+            std::vector<int32_t>(generated.begin(), first + 1));
   expect_error([&] { generate(decoder, {}, 5, greedy, 300); }, "at least one token");
   expect_error([&] { generate(decoder, short_prompt, 5, greedy, 301); }, "vocab_limit 301");
 }
