@@ -221,12 +221,25 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(build_name());
   say(summary);
-  // The validation set caps what each evaluation reads: said, not silently.
+  // The validation set, or the groups of windows a forward pass takes, cap what each
+  // evaluation reads: said, not silently.
   const int64_t eval_windows = std::max<int64_t>(1, config_.run().eval_tokens() / dims.seq_len);
   if (evaluator_ && evaluator_->tokens() < eval_windows * dims.seq_len) {
-    say("mantissa: note: run.eval_tokens is " + std::to_string(config_.run().eval_tokens()) +
-        ", and the validation set holds " + std::to_string(evaluator_->tokens()) +
-        " tokens in whole windows of seq_len + 1: each evaluation reads those");
+    const std::string asked = "mantissa: note: run.eval_tokens is " +
+                              std::to_string(config_.run().eval_tokens()) + ", and ";
+    const std::string groups =
+        evaluator_->group_windows() == 1
+            ? ""
+            : " in whole groups of " + std::to_string(evaluator_->group_windows()) +
+                  " windows (this model's forward passes take a multiple of " +
+                  std::to_string(evaluator_->token_multiple()) + " tokens)";
+    if (evaluator_->available_tokens() < eval_windows * dims.seq_len) {
+      say(asked + "the validation set holds " + std::to_string(evaluator_->available_tokens()) +
+          " tokens in whole windows of seq_len + 1: each evaluation reads " +
+          std::to_string(evaluator_->tokens()) + " of them" + groups);
+    } else {
+      say(asked + "each evaluation reads " + std::to_string(evaluator_->tokens()) + groups);
+    }
   }
   // Allowed (a user's choice), but never FP16's default: a config written out by an earlier
   // BF16 run (run.dir/config.pbtxt lists loss_scale.mode NONE) and resumed in FP16 gets it.

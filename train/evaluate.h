@@ -49,6 +49,12 @@ class Evaluator {
                                        const Progress& progress = {}) const;
   // Validation tokens of one evaluation, all ranks together.
   int64_t tokens() const { return windows_ * seq_len_; }
+  // The tokens of every whole window the validation set holds; the multiple of tokens a
+  // forward pass takes, and the windows of a group, the fewest whose tokens are such a
+  // multiple. tokens() is the fewer of eval_tokens and the available ones, cut to whole groups.
+  int64_t available_tokens() const { return available_windows_ * seq_len_; }
+  int64_t group_windows() const { return group_; }
+  int64_t token_multiple() const { return token_multiple_; }
 
  private:
   // Fills tokens and targets of `count` windows starting at window `first`.
@@ -57,7 +63,10 @@ class Evaluator {
 
   std::shared_ptr<const Corpus> corpus_;
   int64_t seq_len_;
-  int64_t micro_batch_;       // whole groups
+  int64_t micro_batch_;            // whole groups
+  int64_t available_windows_ = 0;  // in the whole validation set
+  int64_t token_multiple_;
+  int64_t group_ = 1;
   int64_t windows_ = 0;       // all ranks together
   int64_t first_window_ = 0;  // this rank's slice [first_window_, end_window_)
   int64_t end_window_ = 0;

@@ -77,11 +77,21 @@ class Evaluation(lu.TempDirTest):
         result = self.train("capped", "run.steps=10", "run.eval_tokens=100000000")
         notes = re.findall(r"^mantissa: note: run.eval_tokens is 100000000, and the validation "
                            r"set holds (\d+) tokens in whole windows of seq_len \+ 1: each "
-                           r"evaluation reads those$", result.stderr, re.M)
+                           r"evaluation reads (\d+) of them$", result.stderr, re.M)
         self.assertEqual(len(notes), 1, result.stderr)
-        self.assertLess(int(notes[0]), 100000000)
-        self.assertEqual(int(notes[0]) % 64, 0, "whole windows of seq_len 64")
+        self.assertEqual(notes[0][0], notes[0][1])
+        self.assertLess(int(notes[0][0]), 100000000)
+        self.assertEqual(int(notes[0][0]) % 64, 0, "whole windows of seq_len 64")
         self.assertNotIn("note: run.eval_tokens", self.train("fits", "run.steps=10").stderr)
+        # BLOCKWISE's forward passes take a multiple of 8 tokens: with seq_len 6 the 7 windows
+        # asked for become one group of 4, which the note says, though the set holds more.
+        grouped = self.train("grouped", "run.steps=1", "run.eval_tokens=42",
+                             "model.gpt2.seq_len=6", "model.gpt2.n_embd=128",
+                             "data.micro_batch_size=64", "precision.mode=FP8_HYBRID",
+                             "precision.fp8.recipe=BLOCKWISE")
+        self.assertIn("mantissa: note: run.eval_tokens is 42, and each evaluation reads 24 in "
+                      "whole groups of 4 windows (this model's forward passes take a multiple "
+                      "of 8 tokens)\n", grouped.stderr)
 
     def test_one_rank_equals_two_in_fp32(self):
         # The same weights on both (a learning rate too small to move an FP32 weight), the same
