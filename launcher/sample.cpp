@@ -138,7 +138,10 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
           "has no tokenizer beside it: " + beside.string() + " is missing" +
-              run_relative_hint(beside, "mantissa sample"));
+              run_relative_hint(beside, "mantissa sample") +
+              " (sample decodes with the SentencePiece model that mantissa tokenize encode "
+              "writes beside its shards, or data.tokenizer; shards from other tools, such as "
+              "llm.c's GPT-2 BPE ones, it cannot decode)");
   return found;
 }
 
