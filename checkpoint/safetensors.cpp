@@ -2,31 +2,14 @@
 #include "checkpoint/safetensors.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <set>
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/json_string.h"
 
 namespace mantissa::checkpoint {
 namespace {
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -43,9 +26,9 @@ std::string header_json(const std::vector<SafetensorsOutput>& tensors,
     header += "\"__metadata__\":{";
     for (const auto& [key, value] : metadata) {
       if (header.back() != '{') header += ',';
-      header += json_string(key);
+      header += core::json_quoted(key);
       header += ':';
-      header += json_string(value);
+      header += core::json_quoted(value);
     }
     header += '}';
   }
@@ -53,7 +36,7 @@ std::string header_json(const std::vector<SafetensorsOutput>& tensors,
   for (const SafetensorsOutput& t : tensors) {
     const uint64_t end = offset + static_cast<uint64_t>(numel_of(t.shape)) * 4;
     if (header.size() > 1) header += ',';
-    header += json_string(t.name);
+    header += core::json_quoted(t.name);
     header += ":{\"dtype\":\"F32\",\"shape\":[";
     for (size_t i = 0; i < t.shape.size(); ++i) {
       if (i) header += ',';

@@ -15,6 +15,7 @@
 #include "core/dtype/dtype.h"
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/json_string.h"
 #include "core/missing_directories.h"
 #include "core/read_file.h"
 #include "models/gpt2/hf_layout.h"
@@ -335,7 +336,7 @@ std::string hf_config_json(const models::HfLayout& layout) {
   for (size_t i = 0; i < layout.config.size(); ++i) {
     const models::HfConfigField& f = layout.config[i];
     text += "  ";
-    text += models::hf_json_string(f.key);
+    text += core::json_quoted(f.key);
     text += ": ";
     text += f.value;
     text += i + 1 < layout.config.size() ? ",\n" : "\n";

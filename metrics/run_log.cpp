@@ -18,6 +18,7 @@
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/json_string.h"
 
 namespace mantissa::metrics {
 
@@ -36,21 +37,6 @@ void append_number(std::string& out, double value) {
   char buffer[32];
   const auto [end, ec] = std::to_chars(buffer, buffer + sizeof buffer, value);
   out.append(buffer, end);
-}
-
-void append_string(std::string& out, const std::string& value) {
-  out += '"';
-  for (const char c : value) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
 }
 
 std::string format_duration(double seconds) {
@@ -303,7 +289,7 @@ void StepLog::write(const StepRecord& record) {
   append_number(line, now);
   if (!r.nonfinite_param.empty()) {
     line += ",\"skipped_param\":";
-    append_string(line, r.nonfinite_param);
+    line += core::json_quoted(r.nonfinite_param);
   }
   line += "}\n";
   MANTISSA_REQUIRE(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0, kFailure,

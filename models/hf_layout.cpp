@@ -64,13 +64,5 @@ std::string hf_json(double value) {
   return shortest(value);
 }
 
-std::string hf_json_string(const std::string& value) {
-  std::string out = "\"";
-  for (const char c : value) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
 
 }  // namespace mantissa::models

@@ -83,10 +83,9 @@ void to_hf(const HfTensor& t, const float* parameter, float* hf);
 // The inverse: writes `hf` into t's rows of the parameter's values; other rows are untouched.
 void from_hf(const HfTensor& t, const float* hf, float* parameter);
 
-// JSON text of numbers and strings, for the tables.
+// JSON text of numbers, for the tables (strings: core::json_quoted).
 std::string hf_json(int64_t value);
 std::string hf_json(float value);   // shortest text that reads back as the same float
 std::string hf_json(double value);  // shortest text that reads back as the same double
-std::string hf_json_string(const std::string& value);
 
 }  // namespace mantissa::models

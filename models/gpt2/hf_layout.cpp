@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/json_string.h"
 #include "core/ops/math/layernorm.h"
 
 namespace mantissa::models {
@@ -51,7 +52,7 @@ HfLayout gpt2_hf_layout(const GPT2Config& c) {
   // Fallbacks are GPT2Config's defaults (transformers' configuration_gpt2.py).
   layout.config = {
       {"architectures", "[\"GPT2LMHeadModel\"]", Rule::kWritten, "", "null"},
-      {"model_type", hf_json_string("gpt2"), Rule::kEqual, "", ""},
+      {"model_type", core::json_quoted("gpt2"), Rule::kEqual, "", ""},
       {"vocab_size", hf_json(c.vocab_size), Rule::kEqual, "model.gpt2.vocab_size", "50257"},
       {"n_positions", hf_json(c.seq_len), Rule::kEqual, "model.gpt2.seq_len", "1024"},
       {"n_ctx", hf_json(c.seq_len), Rule::kWritten, "", "null"},
@@ -60,13 +61,13 @@ HfLayout gpt2_hf_layout(const GPT2Config& c) {
       {"n_head", hf_json(c.n_head), Rule::kEqual, "model.gpt2.n_head", "12"},
       // null: 4 n_embd, our MLP's width, which a config may also give as a number.
       {"n_inner", "null", Rule::kEqual, "", "null", hf_json(4 * c.n_embd)},
-      {"activation_function", hf_json_string("gelu_new"), Rule::kEqual, "", "\"gelu_new\""},
+      {"activation_function", core::json_quoted("gelu_new"), Rule::kEqual, "", "\"gelu_new\""},
       {"layer_norm_epsilon", hf_json(core::kLayerNormEps), Rule::kEqual, "", "1e-05"},
       {"scale_attn_weights", "true", Rule::kEqual, "", "true"},
       {"scale_attn_by_inverse_layer_idx", "false", Rule::kEqual, "", "false"},
       {"reorder_and_upcast_attn", "false", Rule::kEqual, "", "false"},
       {"tie_word_embeddings", "true", Rule::kEqual, "", "true"},
-      {"torch_dtype", hf_json_string("float32"), Rule::kWritten, "", "null"},
+      {"torch_dtype", core::json_quoted("float32"), Rule::kWritten, "", "null"},
   };
   return layout;
 }

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/json_string.h"
+
 namespace mantissa::models {
 
 HfLayout llama_hf_layout(const LlamaConfig& c) {
@@ -48,7 +50,7 @@ HfLayout llama_hf_layout(const LlamaConfig& c) {
   // config.json gives them as null.
   layout.config = {
       {"architectures", "[\"LlamaForCausalLM\"]", Rule::kWritten, "", "null"},
-      {"model_type", hf_json_string("llama"), Rule::kEqual, "", ""},
+      {"model_type", core::json_quoted("llama"), Rule::kEqual, "", ""},
       {"vocab_size", hf_json(c.vocab_size), Rule::kEqual, "model.llama.vocab_size", "32000"},
       {"hidden_size", hf_json(C), Rule::kEqual, "model.llama.n_embd", "4096"},
       {"intermediate_size", hf_json(I), Rule::kEqual, "model.llama.ffn_hidden", "11008"},
@@ -63,12 +65,12 @@ HfLayout llama_hf_layout(const LlamaConfig& c) {
       {"rms_norm_eps", hf_json(c.norm_eps), Rule::kEqual, "model.llama.norm_eps", "1e-06"},
       {"rope_theta", hf_json(c.rope_theta), Rule::kEqual, "model.llama.rope_theta", "10000.0"},
       {"rope_scaling", "null", Rule::kEqual, "", "null"},
-      {"hidden_act", hf_json_string("silu"), Rule::kEqual, "", "\"silu\""},
+      {"hidden_act", core::json_quoted("silu"), Rule::kEqual, "", "\"silu\""},
       {"attention_bias", "false", Rule::kEqual, "", "false"},
       {"mlp_bias", "false", Rule::kEqual, "", "false"},
       {"tie_word_embeddings", c.tie_embeddings ? "true" : "false", Rule::kEqual,
        "model.llama.tie_embeddings", "false"},
-      {"torch_dtype", hf_json_string("float32"), Rule::kWritten, "", "null"},
+      {"torch_dtype", core::json_quoted("float32"), Rule::kWritten, "", "null"},
   };
   return layout;
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "core/json_string.h"
 #include "core/precision/policy.h"
 #include "models/gpt2/hf_layout.h"
 #include "models/llama/hf_layout.h"
@@ -96,7 +97,7 @@ TEST(HfLayout, JsonNumbersReadBackExactly) {
   EXPECT_EQ(models::hf_json(2.5e-7), "2.5e-07");
   EXPECT_EQ(models::hf_json(0.0), "0.0");
   EXPECT_EQ(models::hf_json(int64_t{50257}), "50257");
-  EXPECT_EQ(models::hf_json_string("a\"b"), "\"a\\\"b\"");
+  EXPECT_EQ(core::json_quoted("a\"b\\c\td"), "\"a\\\"b\\\\c\\u0009d\"");
 }
 
 TEST(HfLayout, Gpt2IsGpt2LMHeadModel) {
