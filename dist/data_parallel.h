@@ -1,5 +1,4 @@
-// Data parallelism as the Trainer sees it (contract between dist/ and launcher/; the dist
-// work fills in the implementation and may add members, but keeps these).
+// Data parallelism as the Trainer sees it: the contract between dist/ and launcher/.
 //
 // One object per process. It plugs into train::TrainingStep as its GradientSync (bucketed,
 // overlapped, reduced-precision gradient all-reduce; one overflow decision for all ranks;
@@ -32,7 +31,7 @@
 //                                      .seed = seed});
 //   dp->broadcast_parameters();                           // or restore a checkpoint instead
 //   for (s = start; s < steps; ++s) {
-//     StepReport r = step.run(s, micro_batches_from(loader), dp.get());
+//     StepReport r = step.run(s, {loader.next(), ...}, dp.get());  // accumulation's batches
 //     double mean_loss = dp->sum_across_ranks(r.loss) / world.size();
 //     std::vector<float> stop{signal received ? 1.0f : 0.0f};
 //     dp->max_across_ranks(stop);                         // every rank stops at the same step

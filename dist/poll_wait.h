@@ -1,13 +1,13 @@
 // How a rank waits for a collective it can only poll: MPI advances a non-blocking collective
-// only inside MPI calls, and NCCL's completion is an event to query. The first kSpin polls
-// without sleeping: most waits end within it, and a collective's pieces advance only while a
-// rank calls into MPI (with 1 ms, bench_dist_train's exposed communication doubled, about 10 ms
-// more per step; with 20 ms it was unchanged). A longer wait sleeps kPollInterval between
-// polls, as PyTorch's blocking NCCL wait sleeps between queries: a rank spinning through it
-// holds its core from whatever else must run there, and when that is another job's rank bound
-// to the same core, the kernel's group scheduling (a session's autogroup, a cgroup) can starve
-// it almost entirely. Two 2-rank jobs started from two shells on 2 cores, each rank spinning
-// while its peer waited behind the other job's spinner, took minutes per step.
+// only inside MPI calls, and NCCL's completion is an event to query. For the first kSpin of a
+// wait it polls without sleeping (yielding the core between polls): most waits end within it, and a
+// collective's pieces advance only while a rank calls into MPI (with 1 ms, bench_dist_train's
+// exposed communication doubled, about 10 ms more per step; with 20 ms it was unchanged). A longer
+// wait sleeps kPollInterval between polls, as PyTorch's blocking NCCL wait sleeps between queries:
+// a rank spinning through it holds its core from whatever else must run there, and when that is
+// another job's rank bound to the same core, the kernel's group scheduling (a session's autogroup,
+// a cgroup) can starve it almost entirely. Two 2-rank jobs started from two shells on 2 cores, each
+// rank spinning while its peer waited behind the other job's spinner, took minutes per step.
 #pragma once
 
 #include <chrono>

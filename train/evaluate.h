@@ -11,9 +11,8 @@
 // Some models take only a multiple of a few tokens per forward pass (token_multiple: 8 where
 // FP8 GEMMs scale their inputs in 1x128 tiles, core::scale_rows_multiple's rule for the rows of
 // such operands). The windows then go in groups whose tokens are such a multiple (4 windows of
-// 6 tokens for 8),
-// and everything that cuts them (the count, the ranks' slices, the micro-batches) cuts whole
-// groups.
+// 6 tokens for 8), and everything that cuts them (the count, the ranks' slices, the
+// micro-batches) cuts whole groups.
 #pragma once
 
 #include <cstdint>

@@ -45,7 +45,8 @@ class Optimizer {
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
 
-  // Bytes of optimizer state this rank holds (the two moments), for memory reports.
+  // Bytes of optimizer state this rank holds (the two moments): what ZeRO-1 divides by the
+  // ranks.
   int64_t state_bytes() {
     return static_cast<int64_t>(first_moment().nbytes() + second_moment().nbytes());
   }
