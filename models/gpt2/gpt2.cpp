@@ -1,21 +1,15 @@
 #include "models/gpt2/gpt2.h"
 
-#include <cmath>
 #include <string>
 
 #include "core/error.h"
+#include "models/nn/init_std.h"
 
 namespace mantissa::models {
 
 using core::DType;
 using core::Shape;
 using core::Tensor;
-
-namespace {
-
-constexpr float kInitStd = 0.02f;
-
-}  // namespace
 
 // One pre-LayerNorm transformer block:
 //   x2  = x  + proj(attention(qkv(ln_1(x))))
@@ -27,10 +21,12 @@ class GPT2Block {
         channels_(c.n_embd),
         ln_1_(store, name(index, "ln_1"), c.n_embd),
         c_attn_(store, name(index, "attn.c_attn"), c.n_embd, 3 * c.n_embd, kInitStd, fp8),
-        c_proj_(store, name(index, "attn.c_proj"), c.n_embd, c.n_embd, residual_std(c), fp8),
+        c_proj_(store, name(index, "attn.c_proj"), c.n_embd, c.n_embd, residual_init_std(c.n_layer),
+                fp8),
         ln_2_(store, name(index, "ln_2"), c.n_embd),
         c_fc_(store, name(index, "mlp.c_fc"), c.n_embd, 4 * c.n_embd, kInitStd, fp8),
-        mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd, residual_std(c), fp8) {}
+        mlp_proj_(store, name(index, "mlp.c_proj"), 4 * c.n_embd, c.n_embd,
+                  residual_init_std(c.n_layer), fp8) {}
 
   // x: the residual stream [B*T, C].
   Tensor forward(train::StepContext& ctx, const Tensor& x, int64_t batch, int64_t seq) {
@@ -77,9 +73,6 @@ class GPT2Block {
  private:
   static std::string name(int index, const char* part) {
     return "h." + std::to_string(index) + "." + part;
-  }
-  static float residual_std(const GPT2Config& c) {
-    return kInitStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
   }
 
   int64_t n_head_, channels_;

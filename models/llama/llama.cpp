@@ -1,10 +1,10 @@
 #include "models/llama/llama.h"
 
-#include <cmath>
 #include <string>
 
 #include "core/error.h"
 #include "core/ops/rope_table.h"
+#include "models/nn/init_std.h"
 
 namespace mantissa::models {
 
@@ -14,14 +14,8 @@ using core::Tensor;
 
 namespace {
 
-constexpr float kInitStd = 0.02f;
-
 std::string layer_name(int index, const char* part) {
   return "layers." + std::to_string(index) + "." + part;
-}
-
-float residual_std(const LlamaConfig& c) {
-  return kInitStd / std::sqrt(2.0f * static_cast<float>(c.n_layer));
 }
 
 }  // namespace
@@ -39,13 +33,13 @@ class LlamaBlock {
         qkv_proj_(store, layer_name(index, "self_attn.qkv_proj"), c.n_embd,
                   (c.n_head + 2 * c.n_kv_head) * c.head_dim(), kInitStd, fp8, false),
         o_proj_(store, layer_name(index, "self_attn.o_proj"), c.n_head * c.head_dim(), c.n_embd,
-                residual_std(c), fp8, false),
+                residual_init_std(c.n_layer), fp8, false),
         post_attention_norm_(store, layer_name(index, "post_attention_layernorm"), c.n_embd,
                              c.norm_eps),
         gate_up_proj_(store, layer_name(index, "mlp.gate_up_proj"), c.n_embd, 2 * c.ffn_hidden,
                       kInitStd, fp8, false),
         down_proj_(store, layer_name(index, "mlp.down_proj"), c.ffn_hidden, c.n_embd,
-                   residual_std(c), fp8, false) {}
+                   residual_init_std(c.n_layer), fp8, false) {}
 
   // x: the residual stream [B*T, C]; rope_table: [>= T, D].
   Tensor forward(train::StepContext& ctx, const Tensor& x, const Tensor& rope_table, int64_t batch,
