@@ -225,7 +225,7 @@ void encode_to_shards(const EncodeOptions& options) {
   // One stream, in the shards' width: each file is a document, and llm.c puts the end-of-text
   // token before each.
   TokenSpill spill(out.dir(), train::shard_token_bytes(tokenizer.vocab_size()));
-  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
+  const std::vector<MappedText> files = map_utf8_inputs(options.inputs, out.replaced_files());
   const std::vector<Chunk> chunks = plan_chunks(files);
   const int threads = static_cast<int>(std::min<size_t>(usable_cores(), chunks.size()));
   const uint32_t eot = tokenizer.eot();

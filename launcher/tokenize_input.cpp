@@ -225,7 +225,13 @@ size_t total_bytes(const std::vector<MappedText>& files) {
   return bytes;
 }
 
-std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
+std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths,
+                                        const std::vector<std::string>& replaced) {
+  std::map<std::pair<dev_t, ino_t>, std::string> outputs;  // the replaced files, by identity
+  for (const std::string& path : replaced) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) outputs.emplace(std::pair{st.st_dev, st.st_ino}, path);
+  }
   std::vector<MappedText> files;
   std::map<std::pair<dev_t, ino_t>, std::string> seen;  // each file's first name
   for (const std::string& path : paths) {
@@ -235,6 +241,11 @@ std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths) {
       throw core::ConfigError("input '" + path + "' is the same file as input '" + first->second +
                               "': give each file once (its text would count "
                               "twice)");
+    }
+    if (const auto output = outputs.find(files.back().identity()); output != outputs.end()) {
+      throw core::ConfigError("input '" + path + "' is the file '" + output->second +
+                              "', which this run replaces: its text would be lost; write the "
+                              "output elsewhere");
     }
   }
   name_inputs_cut_short(files);

@@ -75,6 +75,10 @@ size_t first_invalid_utf8(std::string_view text);
 // mapped, that it changed). Says on stderr what it checks when that is more than a few
 // seconds' reading. From then on, a read past the end of an input cut short after it was
 // mapped ends the process with exit 2 and a message naming the file, not with SIGBUS.
-std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths);
+// `replaced` are the existing files the run will replace or remove (--force's): an input that
+// is one of them, under any name, is refused before the check, since the run would destroy the
+// text it reads.
+std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths,
+                                        const std::vector<std::string>& replaced = {});
 
 }  // namespace mantissa::launcher

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "core/durable_file.h"
 #include "core/error.h"
@@ -39,10 +40,14 @@ std::string errno_text() {
 }
 
 // What the training config's glob (DIR/train_*.bin, DIR/val_*.bin) would read.
+// train_<N>.bin and val_<N>.bin, N at least 6 digits: the names encode writes (shard_name), and
+// no others, so that --force removes nobody else's train_notes.bin.
 bool is_shard_name(const std::string& name) {
-  const bool train = name.starts_with("train_");
-  const bool val = name.starts_with("val_");
-  return (train || val) && name.ends_with(".bin");
+  const size_t prefix = name.starts_with("train_") ? 6 : name.starts_with("val_") ? 4 : 0;
+  if (prefix == 0 || !name.ends_with(".bin")) return false;
+  const std::string_view digits = std::string_view(name).substr(prefix, name.size() - prefix - 4);
+  return digits.size() >= 6 &&
+         std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // The files an encode writes: shards and the tokenizer beside them.
@@ -160,6 +165,15 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
                             (unfinished ? ", from an encode that did not finish" : "") +
                             "; --force replaces them");
   }
+}
+
+std::vector<std::string> StagedOutput::replaced_files() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
+    if (is_output_name(entry.path().filename().string())) out.push_back(entry.path().string());
+  }
+  return out;
 }
 
 StagedOutput::~StagedOutput() {

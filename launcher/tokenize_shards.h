@@ -71,6 +71,9 @@ class StagedOutput {
   StagedOutput& operator=(const StagedOutput&) = delete;
 
   const std::string& dir() const { return dir_; }
+  // The files already in dir that commit() may replace or remove: shards and tokenizer.model
+  // (none unless `replace`, which refused them otherwise).
+  std::vector<std::string> replaced_files() const;
   // Writes the shard `name` (in dir) under its hidden temporary name (".<name>.tmp", which no
   // glob without a leading '.' matches): a GPT-2 shard for 2-byte tokens,
   // a Llama-3 shard for 4-byte ones. Throws core::Error naming the file when it cannot be

@@ -235,7 +235,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
                             "' does not exist");
   }
   require_can_create_files(options.out, parent.empty() ? "." : parent.string());
-  const std::vector<MappedText> files = map_utf8_inputs(options.inputs);
+  const std::vector<MappedText> files = map_utf8_inputs(options.inputs, {options.out});
 
   const std::unordered_map<std::string, std::string> settings = {
       {"model_type", options.model_type},

@@ -13,8 +13,9 @@
  - every bad input (a vocab above 2^20, an empty, missing or non-regular input, invalid UTF-8,
    an output that already holds shards or a model, or that cannot be written, which is found
    before any work) exits 2 with one line that names it, and
-   leaves no file behind; --force replaces an output, stale shards included, and a
-   replacement stopped halfway leaves a marker that training refuses.
+   leaves no file behind; --force replaces an output, stale shards included (never an input,
+   nor a file named otherwise), and a replacement stopped halfway leaves a marker that
+   training refuses.
 (tests/launcher/test_tokenize.cpp tests the pieces, and that models which do not decode
 exactly are refused.)
 """
@@ -472,8 +473,10 @@ precision {{ mode: FP32 }}
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
         self.assertGreater(len(self.shards(out_dir, "train")), 2)
         # What an encode killed before its commit leaves (hidden staged names) goes too; a
-        # user's own files stay, also those named like outputs with .tmp after them.
-        users = ("notes.tmp", "tokenizer.model.tmp", "val_notes.bin.tmp")
+        # user's own files stay, also those named like outputs with .tmp after them, or like
+        # shards without their 6 digits.
+        users = ("notes.tmp", "tokenizer.model.tmp", "val_notes.bin.tmp", "train_notes.bin",
+                 "val_12345.bin")
         for name in (".train_000007.bin.tmp", ".tokenizer.model.tmp") + users:
             with open(os.path.join(out_dir, name), "wb") as f:
                 f.write(b"x")
@@ -688,6 +691,24 @@ class BadInput(lu.TempDirTest):
                 self.assert_refused(f"mantissa: input '{other}' is the same file as input "
                                     f"'{text}': give each file once (its text would count "
                                     "twice)", *command, text, LICENCE, other)
+
+    def test_an_input_that_force_would_replace(self):
+        # --force replaces --out, and an encode's shards: never when that is an input, under
+        # any name (a symbolic link here), whose text the run would destroy.
+        self.tokenizer()
+        text = self.write("text.txt", "some text to keep\n" * 50)
+        self.assert_refused(f"mantissa: input '{text}' is the file '{text}', which this run "
+                            "replaces: its text would be lost; write the output elsewhere",
+                            "train", "--vocab-size", "500", "--out", text, "--force",
+                            "--input", text)
+        os.makedirs(os.path.join(self.dir, "out"))
+        shard = os.path.join(self.dir, "out", "train_000000.bin")
+        os.rename(text, shard)
+        link = os.path.join(self.dir, "link.txt")
+        os.symlink(shard, link)
+        self.assert_refused(f"mantissa: input '{link}' is the file '{shard}', which this run "
+                            "replaces: its text would be lost; write the output elsewhere",
+                            *self.encode_args(link), "--force")
 
     def test_input_lists_that_cannot_be_read_or_name_no_file(self):
         missing = os.path.join(self.dir, "missing.txt")
