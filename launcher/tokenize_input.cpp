@@ -91,9 +91,15 @@ MappedText::MappedText(std::string path) : path_(std::move(path)) {
   const int stat_errno = errno;
   void* data = MAP_FAILED;
   int map_errno = 0;
+  // A file of size 0 that still reads (a /proc or /sys file, whose size says nothing) cannot
+  // be mapped: told apart from an empty one.
+  bool reads_past_its_size = false;
   if (stat_rc == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
     data = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
     map_errno = errno;
+  } else if (stat_rc == 0 && S_ISREG(st.st_mode)) {
+    char byte;
+    reads_past_its_size = ::read(fd, &byte, 1) == 1;
   }
   ::close(fd);  // the mapping stays valid without the descriptor
   if (stat_rc != 0) {
@@ -104,7 +110,12 @@ MappedText::MappedText(std::string path) : path_(std::move(path)) {
         "input '" + path_ + "' is not a regular file" +
         (S_ISDIR(st.st_mode) ? "" : " (a pipe or a device: write the text to a file first)"));
   }
-  if (st.st_size == 0) throw core::ConfigError("input '" + path_ + "' is empty");
+  if (st.st_size == 0) {
+    throw core::ConfigError("input '" + path_ + "' " +
+                            (reads_past_its_size ? "gives its size as 0 but holds text (a /proc "
+                                                   "or /sys file): copy it to a file first"
+                                                 : "is empty"));
+  }
   if (data == MAP_FAILED) {
     throw core::ConfigError("cannot read input '" + path_ + "': " + std::strerror(map_errno));
   }

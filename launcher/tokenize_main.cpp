@@ -57,8 +57,9 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
                       pipe: --input-list <(find ...)); its files come where it stands among
                       the --input files
   --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
-                      come first, then one per character of the text (those making up 99.95%
-                      of it), so a text of many characters needs more; shards store ids as
+                      come first, then SentencePiece's space mark U+2581 and one per other
+                      character of the text (those making up 99.95% of it), so a text of many
+                      characters needs more; shards store ids as
                       uint16 up to 65536 pieces, as uint32 beyond. The model's vocab_size must
                       be at least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)

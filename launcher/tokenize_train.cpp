@@ -194,9 +194,11 @@ void require_can_create_files(const std::string& out, const std::string& dir) {
   std::string probe = dir + "/.mantissa-probe-XXXXXX";
   const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
   if (fd < 0) {
+    // ENOENT in a directory that exists: one that cannot hold files (/proc), which only
+    // another --out fixes.
     const int error = errno;
     core::throw_error_of_kind(
-        core::path_error_kind(error),
+        error == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(error),
         "--out '" + out + "': cannot create a file in '" + dir + "': " + std::strerror(error));
   }
   ::close(fd);
@@ -282,8 +284,8 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     if (std::sscanf(reason.c_str(), "Vocabulary size is smaller than required_chars. %lld vs %lld",
                     &have, &need) == 2) {
       reason = "it needs at least " + std::to_string(need) +
-               " pieces (3 special, 256 bytes and one per character making up 99.95% of the "
-               "text): " +
+               " pieces (3 special, 256 bytes, SentencePiece's space mark U+2581 and one per "
+               "other character making up 99.95% of the text): " +
                (need <= train::kMaxVocab
                     ? "raise --vocab-size"
                     : "the text has too many different characters for the " +

@@ -654,9 +654,16 @@ class BadInput(lu.TempDirTest):
         # Above 260 but below the pieces the text's characters need.
         self.assert_refused(re.compile(
             r"^mantissa: cannot train a 261-piece bpe tokenizer on this text: it needs at least "
-            r"\d{3} pieces \(3 special, 256 bytes and one per character making up 99\.95% of "
-            r"the text\): raise --vocab-size$"),
+            r"\d{3} pieces \(3 special, 256 bytes, SentencePiece's space mark U\+2581 and one "
+            r"per other character making up 99\.95% of the text\): raise --vocab-size$"),
             "train", "--input", LICENCE, "--vocab-size", "261", "--out", "{dir}/tok.model")
+        # One character: 3 + 256 + the space mark + "a".
+        one = self.write("one.txt", "a")
+        self.assert_refused(
+            "mantissa: cannot train a 260-piece bpe tokenizer on this text: it needs at least "
+            "261 pieces (3 special, 256 bytes, SentencePiece's space mark U+2581 and one per "
+            "other character making up 99.95% of the text): raise --vocab-size",
+            "train", "--input", one, "--vocab-size", "260", "--out", "{dir}/tok.model")
 
     def test_empty_missing_and_non_regular_inputs(self):
         empty = self.write("empty.txt", "")
@@ -671,6 +678,9 @@ class BadInput(lu.TempDirTest):
                                     "directory", *command, missing)
                 self.assert_refused(f"mantissa: input '{self.dir}' is not a regular file",
                                     *command, self.dir)
+                self.assert_refused("mantissa: input '/proc/version' gives its size as 0 but "
+                                    "holds text (a /proc or /sys file): copy it to a file first",
+                                    *command, "/proc/version")
                 # A named pipe is refused at once, not waited on for a writer.
                 fifo = os.path.join(self.dir, "fifo")
                 if not os.path.exists(fifo):
@@ -762,6 +772,15 @@ class BadInput(lu.TempDirTest):
         self.assert_refused(
             re.compile(f"^mantissa: cannot create a temporary file in '/sys': {reason}$"),
             "encode", "--tokenizer", "{dir}/tok.model", "--input", LICENCE, "--out-dir", "/sys")
+        # procfs holds neither files nor directories there (ENOENT, though it exists).
+        self.assert_refused(
+            "mantissa: --out '/proc/tok.model': cannot create a file in '/proc': No such file or "
+            "directory",
+            "train", "--input", LICENCE, "--vocab-size", "261", "--out", "/proc/tok.model")
+        self.assert_refused(
+            "mantissa: cannot create output directory '/proc/out': No such file or directory",
+            "encode", "--tokenizer", "{dir}/tok.model", "--input", LICENCE, "--out-dir",
+            "/proc/out")
 
     def test_bad_tokenizers_shards_and_options(self):
         junk = self.write("junk.model", "not a model")
