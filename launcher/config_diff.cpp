@@ -65,21 +65,23 @@ void collect(const pb::Message& before, const pb::Message& after, const std::str
   }
 }
 
-// "path = value" of each field set in `filled` but not in `raw` (fields with presence only:
-// those the default table fills in).
-void collect_unset(const pb::Message& raw, const pb::Message& filled, const std::string& prefix,
-                   std::vector<std::string>& out) {
+// The fields set in `filled` but not in `raw` (fields with presence only: those the default
+// table fills in), with their values in `current`.
+void collect_unset(const pb::Message& raw, const pb::Message& filled, const pb::Message& current,
+                   const std::string& prefix, std::vector<UnrecordedSetting>& out) {
   const pb::Descriptor& type = *filled.GetDescriptor();
   const pb::Reflection& rr = *raw.GetReflection();
   const pb::Reflection& rf = *filled.GetReflection();
+  const pb::Reflection& rc = *current.GetReflection();
   for (int f = 0; f < type.field_count(); ++f) {
     const pb::FieldDescriptor& field = *type.field(f);
     if (field.is_repeated() || !rf.HasField(filled, &field)) continue;
     const std::string path = prefix + field.name();
     if (field.cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      collect_unset(rr.GetMessage(raw, &field), rf.GetMessage(filled, &field), path + ".", out);
+      collect_unset(rr.GetMessage(raw, &field), rf.GetMessage(filled, &field),
+                    rc.GetMessage(current, &field), path + ".", out);
     } else if (!rr.HasField(raw, &field)) {
-      out.push_back(path + " = " + value_text(filled, field));
+      out.push_back({path, value_text(current, field)});
     }
   }
 }
@@ -129,13 +131,14 @@ std::string misfit_explanation(const std::string& checkpoint_config_text, const 
          "out otherwise: the build that wrote the checkpoint can still resume or export it";
 }
 
-std::vector<std::string> unrecorded_settings(const std::string& config_text) {
+std::vector<UnrecordedSetting> unrecorded_settings(const std::string& config_text,
+                                                   const TrainConfig& config) {
   try {
     const TrainConfig raw = parse_config_text(config_text, "the checkpoint's config");
     TrainConfig filled = raw;
     apply_defaults(filled, "the checkpoint's config");
-    std::vector<std::string> out;
-    collect_unset(raw, filled, "", out);
+    std::vector<UnrecordedSetting> out;
+    collect_unset(raw, filled, config, "", out);
     return out;
   } catch (const core::ConfigError&) {
     return {};

@@ -49,11 +49,18 @@ std::string misfit_explanation(const std::string& checkpoint_config_text, const 
 // Defaults fill the fields the text lacks, so these compare as this build's defaults.
 std::optional<TrainConfig> recorded_config(const std::string& config_text);
 
-// The settings a checkpoint's recorded config lacks, with the defaults that fill them in
-// ("data.text_file.val_fraction = 0.1"). A checkpoint records the effective config, every
-// field set, so these are settings added after the build that wrote it, which may have behaved
-// otherwise (before val_fraction, a text file trained whole). Empty when the text no longer
+// A setting a checkpoint's recorded config lacks, and its value in this run's config.
+struct UnrecordedSetting {
+  std::string path;   // "data.text_file.val_fraction"
+  std::string value;  // "0.1"
+};
+
+// The settings a checkpoint's recorded config lacks. A checkpoint records the effective config,
+// every field set, so these are settings added after the build that wrote it, which may have
+// behaved otherwise (before val_fraction, a text file trained whole): compared with anything,
+// the checkpoint's side would only be this build's default. Empty when the text no longer
 // parses.
-std::vector<std::string> unrecorded_settings(const std::string& config_text);
+std::vector<UnrecordedSetting> unrecorded_settings(const std::string& config_text,
+                                                   const TrainConfig& config);
 
 }  // namespace mantissa::launcher

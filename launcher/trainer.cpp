@@ -634,15 +634,22 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
         std::to_string(state.seed) + ", this run has " + std::to_string(config_.run().seed()) +
         ": the data stream changes from here on");
   }
-  if (const std::vector<std::string> unrecorded = unrecorded_settings(state.config_text);
-      !unrecorded.empty()) {
-    say("mantissa: note: an earlier build wrote the checkpoint, without these settings, which "
-        "this run takes at this build's defaults: " +
-        core::join(unrecorded, ", ") +
+  const std::vector<UnrecordedSetting> unrecorded = unrecorded_settings(state.config_text, config_);
+  if (!unrecorded.empty()) {
+    say("mantissa: note: an earlier build wrote the checkpoint, without these settings; this run "
+        "takes them as " +
+        core::join(unrecorded, ", ",
+                   [](const UnrecordedSetting& s) { return s.path + " = " + s.value; }) +
         " (that build may have behaved otherwise: --set one to keep the run as it was)");
   }
   std::vector<std::string> changed =
       recorded ? config_differences(*recorded, config_) : std::vector<std::string>{};
+  // Their checkpoint side would be this build's default, which the checkpoint never held.
+  std::erase_if(changed, [&](const std::string& change) {
+    return std::any_of(unrecorded.begin(), unrecorded.end(), [&](const UnrecordedSetting& s) {
+      return change.starts_with(s.path + " ");
+    });
+  });
   // Settings a resumed run has no use for: saying so spares a user the guess.
   const core::LossScaleMode scaling = scaler_->config().mode;
   const bool scale_goes_on = scaling == core::LossScaleMode::kDynamic && state.loss_scaler.dynamic;

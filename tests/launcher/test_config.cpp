@@ -122,27 +122,34 @@ TEST(ConfigDifferences, MisfitExplanationTellsAnotherModelFromAnotherLayout) {
 }
 
 // A checkpoint records the effective config, every field set: the fields its text lacks are
-// settings an earlier build did not have, filled in by this build's defaults. The effective
-// config of every model and data source lacks none.
+// settings an earlier build did not have, named with this run's values. The effective config
+// of every model and data source lacks none.
 TEST(ConfigDifferences, UnrecordedSettingsAreTheFieldsAnEarlierBuildLacked) {
+  const auto listed = [](const std::string& text, const TrainConfig& config) {
+    std::vector<std::string> out;
+    for (const UnrecordedSetting& s : unrecorded_settings(text, config))
+      out.push_back(s.path + " = " + s.value);
+    return out;
+  };
   for (const char* text : {"model { gpt2 {} } data { synthetic {} }",
                            "model { llama {} } data { text_file { path: \"t\" } }",
                            "model { mlp {} } data { token_shards { pattern: \"s\" } } "
                            "precision { mode: FP16 }"}) {
     TrainConfig effective = parse_config_text(text, "t");
     apply_defaults(effective, "t");
-    EXPECT_EQ(unrecorded_settings(to_text(effective)), std::vector<std::string>{}) << text;
+    EXPECT_EQ(listed(to_text(effective), effective), std::vector<std::string>{}) << text;
   }
-  TrainConfig old = parse_config_text("data { text_file { path: \"t\" } }", "t");
-  apply_defaults(old, "t");
+  TrainConfig now = parse_config_text("data { text_file { path: \"t\" } }", "t");
+  apply_defaults(now, "t");
+  TrainConfig old = now;
   old.mutable_data()->mutable_text_file()->clear_val_fraction();
   old.mutable_run()->clear_eval_tokens();
   old.mutable_precision()->mutable_fp8()->clear_grad_format();
-  EXPECT_EQ(
-      unrecorded_settings(to_text(old)),
-      (std::vector<std::string>{"run.eval_tokens = 16384", "data.text_file.val_fraction = 0.1",
-                                "precision.fp8.grad_format = E5M2"}));
-  EXPECT_EQ(unrecorded_settings("not { a config"), std::vector<std::string>{});
+  now.mutable_run()->set_eval_tokens(64);
+  EXPECT_EQ(listed(to_text(old), now),
+            (std::vector<std::string>{"run.eval_tokens = 64", "data.text_file.val_fraction = 0.1",
+                                      "precision.fp8.grad_format = E5M2"}));
+  EXPECT_EQ(listed("not { a config", now), std::vector<std::string>{});
 }
 
 TEST(ConfigOverride, ReachesNestedFieldsEnumsBoolsAndRepeatedFields) {

@@ -655,12 +655,20 @@ class Training(lu.TempDirTest):
         text, removed = re.subn(r"  eval_tokens: \d+\\n", "", lu.decode_manifest(step10))
         self.assertEqual(removed, 1, text)
         lu.write_manifest(step10, text)
+        shutil.copytree(self.run_dir("older"), self.run_dir("older_set"))
         result = self.mantissa(*self.train_args("older", "run.steps=12", inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("mantissa: note: an earlier build wrote the checkpoint, without these "
-                      "settings, which this run takes at this build's defaults: "
-                      "run.eval_tokens = 16384 (that build may have behaved otherwise: --set one "
-                      "to keep the run as it was)", result.stderr)
+        note = ("mantissa: note: an earlier build wrote the checkpoint, without these settings; "
+                "this run takes them as run.eval_tokens = {} (that build may have behaved "
+                "otherwise: --set one to keep the run as it was)")
+        self.assertIn(note.format(16384), result.stderr)
+        # Set on the resume: named with its value, and no change from a value the checkpoint
+        # never held.
+        result = self.mantissa(*self.train_args("older_set", "run.steps=12", "run.eval_tokens=64",
+                                                inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(note.format(64), result.stderr)
+        self.assertNotIn("run.eval_tokens 16384 -> 64", result.stderr)
 
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory
