@@ -40,8 +40,12 @@ std::string errno_text() {
 }
 
 // What the training config's glob (DIR/train_*.bin, DIR/val_*.bin) would read.
-// train_<N>.bin and val_<N>.bin, N at least 6 digits: the names encode writes (shard_name), and
-// no others, so that --force removes nobody else's train_notes.bin.
+bool matches_shard_glob(const std::string& name) {
+  return (name.starts_with("train_") || name.starts_with("val_")) && name.ends_with(".bin");
+}
+
+// The names encode writes (shard_name): train_<N>.bin and val_<N>.bin, N at least 6 digits.
+// --force replaces or removes these alone, never someone's train_notes.bin.
 bool is_shard_name(const std::string& name) {
   const size_t prefix = name.starts_with("train_") ? 6 : name.starts_with("val_") ? 4 : 0;
   if (prefix == 0 || !name.ends_with(".bin")) return false;
@@ -149,17 +153,27 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   if (!fs::is_directory(dir_, ec)) {
     throw core::ConfigError("output directory '" + dir_ + "' exists and is not a directory");
   }
-  if (replace) return;
   std::vector<std::string> held;
+  std::string foreign;  // a file the training glob reads that encode did not write
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
-    if (is_output_name(name)) held.push_back(name);
+    if (is_output_name(name)) {
+      held.push_back(name);
+    } else if (foreign.empty() && matches_shard_glob(name)) {
+      foreign = name;
+    }
   }
   if (ec) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
                               "cannot list output directory '" + dir_ + "': " + ec.message());
   }
-  if (!held.empty()) {
+  // Neither removed (it is no shard of encode's) nor left for the training glob to read.
+  if (!foreign.empty()) {
+    throw core::ConfigError("output directory '" + dir_ + "' holds " + foreign +
+                            ", which training's shard pattern (train_*.bin, val_*.bin) would "
+                            "read, though encode did not write it: move it elsewhere");
+  }
+  if (!replace && !held.empty()) {
     std::sort(held.begin(), held.end());
     const bool unfinished = fs::exists(dir_ + "/" + train::kUnfinishedShardsMarker, ec);
     throw core::ConfigError("output directory '" + dir_ + "' already holds token shards (" +

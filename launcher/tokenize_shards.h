@@ -62,8 +62,9 @@ class TokenSpill {
 class StagedOutput {
  public:
   // Output into `dir`, created (with its parents) when missing. Throws core::ConfigError when
-  // `dir` is not a directory or cannot be created, or already holds shards (train_*.bin,
-  // val_*.bin) or a tokenizer.model and `replace` is false.
+  // `dir` is not a directory or cannot be created, holds a file that training's pattern
+  // (train_*.bin, val_*.bin) would read but that is no shard name encode writes, or already
+  // holds shards or a tokenizer.model and `replace` is false.
   StagedOutput(std::string dir, bool replace);
   // Unless commit() ran: removes every temporary file, and the directories this created.
   ~StagedOutput();

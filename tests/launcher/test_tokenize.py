@@ -473,10 +473,8 @@ precision {{ mode: FP32 }}
         out_dir = self.encode(tokenizer, [LICENCE], "shards", "--shard-tokens", "2000")
         self.assertGreater(len(self.shards(out_dir, "train")), 2)
         # What an encode killed before its commit leaves (hidden staged names) goes too; a
-        # user's own files stay, also those named like outputs with .tmp after them, or like
-        # shards without their 6 digits.
-        users = ("notes.tmp", "tokenizer.model.tmp", "val_notes.bin.tmp", "train_notes.bin",
-                 "val_12345.bin")
+        # user's own files stay, also those named like outputs with .tmp after them.
+        users = ("notes.tmp", "tokenizer.model.tmp", "val_notes.bin.tmp")
         for name in (".train_000007.bin.tmp", ".tokenizer.model.tmp") + users:
             with open(os.path.join(out_dir, name), "wb") as f:
                 f.write(b"x")
@@ -719,6 +717,18 @@ class BadInput(lu.TempDirTest):
         self.assert_refused(f"mantissa: input '{link}' is the file '{shard}', which this run "
                             "replaces: its text would be lost; write the output elsewhere",
                             *self.encode_args(link), "--force")
+
+    def test_a_file_the_shard_pattern_reads_that_encode_did_not_write(self):
+        # Neither removed by --force nor left beside the shards for training's pattern to read.
+        self.tokenizer()
+        os.makedirs(os.path.join(self.dir, "out"))
+        self.write("out/train_notes.bin", "my notes\n")
+        for force in ((), ("--force",)):
+            with self.subTest(force=force):
+                self.assert_refused(
+                    f"mantissa: output directory '{self.dir}/out' holds train_notes.bin, which "
+                    "training's shard pattern (train_*.bin, val_*.bin) would read, though encode "
+                    "did not write it: move it elsewhere", *self.encode_args(LICENCE), *force)
 
     def test_input_lists_that_cannot_be_read_or_name_no_file(self):
         missing = os.path.join(self.dir, "missing.txt")
