@@ -28,7 +28,7 @@ int64_t default_ffn_hidden(int64_t n_embd) {
 // precision.fp8.grad_format and power_of_two_scales (from the recipe),
 // dist.grad_reduce_dtype (FP32 for precision.mode FP32, BF16 otherwise),
 // model.llama.n_kv_head (n_head) and ffn_hidden (from n_embd), run.eval_every (on when the
-// data has a validation set) and run.dir (runs/<config file name>).
+// data has a validation set) and run.dir (runs/<config file name without extension>).
 
 constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"run.steps", "1000"},

@@ -221,10 +221,10 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
   say(build_name());
   say(summary);
-  // The validation set, or the groups of windows a forward pass takes, cap what each
-  // evaluation reads: said, not silently.
+  // The validation set, or the groups of windows a forward pass takes, decide what each
+  // evaluation reads where it is not run.eval_tokens' whole windows: said, not silently.
   const int64_t eval_windows = std::max<int64_t>(1, config_.run().eval_tokens() / dims.seq_len);
-  if (evaluator_ && evaluator_->tokens() < eval_windows * dims.seq_len) {
+  if (evaluator_ && evaluator_->tokens() != eval_windows * dims.seq_len) {
     const std::string asked = "mantissa: note: run.eval_tokens is " +
                               std::to_string(config_.run().eval_tokens()) + ", and ";
     const std::string groups =
@@ -238,7 +238,8 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
           " tokens in whole windows of seq_len + 1: each evaluation reads " +
           std::to_string(evaluator_->tokens()) + " of them" + groups);
     } else {
-      say(asked + "each evaluation reads " + std::to_string(evaluator_->tokens()) + groups);
+      say(asked + "each evaluation reads " + std::to_string(evaluator_->tokens()) + " tokens" +
+          groups);
     }
   }
   // Allowed (a user's choice), but never FP16's default: a config written out by an earlier

@@ -64,5 +64,4 @@ std::string hf_json(double value) {
   return shortest(value);
 }
 
-
 }  // namespace mantissa::models

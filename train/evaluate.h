@@ -50,7 +50,8 @@ class Evaluator {
   int64_t tokens() const { return windows_ * seq_len_; }
   // The tokens of every whole window the validation set holds; the multiple of tokens a
   // forward pass takes, and the windows of a group, the fewest whose tokens are such a
-  // multiple. tokens() is the fewer of eval_tokens and the available ones, cut to whole groups.
+  // multiple. tokens() is the fewer of eval_tokens and the available ones, cut to whole groups
+  // (one group at least, which may be more than eval_tokens).
   int64_t available_tokens() const { return available_windows_ * seq_len_; }
   int64_t group_windows() const { return group_; }
   int64_t token_multiple() const { return token_multiple_; }

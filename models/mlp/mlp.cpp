@@ -1,6 +1,7 @@
 #include "models/mlp/mlp.h"
 
 #include "core/error.h"
+#include "models/nn/init_std.h"
 
 namespace mantissa::models {
 
@@ -15,10 +16,10 @@ MLP::MLP(const MLPConfig& config, core::Backend& backend, const core::PrecisionP
   MANTISSA_CHECK(c.n_embd > 0 && c.hidden > 0 && c.seq_len > 0 && c.vocab_size > 0,
                  "MLP: n_embd, hidden, seq_len and vocab_size must be positive");
   if (policy.fp8_block_gemms) fp8_ = std::make_unique<train::Fp8Operands>();
-  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, train::Init::kNormal, 0.02f, true});
-  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, train::Init::kNormal, 0.02f, true});
-  fc_ = std::make_unique<Linear>(params_, "fc", c.n_embd, c.hidden, 0.02f, fp8_.get());
-  out_ = std::make_unique<Linear>(params_, "out", c.hidden, c.vocab_size, 0.02f, fp8_.get());
+  wte_ = params_.add({"wte", Shape{c.vocab_size, c.n_embd}, train::Init::kNormal, kInitStd, true});
+  wpe_ = params_.add({"wpe", Shape{c.seq_len, c.n_embd}, train::Init::kNormal, kInitStd, true});
+  fc_ = std::make_unique<Linear>(params_, "fc", c.n_embd, c.hidden, kInitStd, fp8_.get());
+  out_ = std::make_unique<Linear>(params_, "out", c.hidden, c.vocab_size, kInitStd, fp8_.get());
   params_.allocate(backend, policy.compute_dtype, seed, shard);
   if (fp8_) fp8_->allocate(backend, fp8);
 }

@@ -1,4 +1,4 @@
-// The initialisation GPT-2 and Llama share (GPT-2's, which Llama-style pretraining keeps):
+// GPT-2's initialisation, which Llama-style pretraining keeps (and the MLP's weights use):
 // weights N(0, 0.02), and the projections that write into the residual stream
 // N(0, 0.02 / sqrt(2 n_layer)): each block adds two of them, so the residual's variance does not
 // grow with depth.

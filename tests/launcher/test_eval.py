@@ -89,9 +89,16 @@ class Evaluation(lu.TempDirTest):
                              "model.gpt2.seq_len=6", "model.gpt2.n_embd=128",
                              "data.micro_batch_size=64", "precision.mode=FP8_HYBRID",
                              "precision.fp8.recipe=BLOCKWISE")
-        self.assertIn("mantissa: note: run.eval_tokens is 42, and each evaluation reads 24 in "
-                      "whole groups of 4 windows (this model's forward passes take a multiple "
+        self.assertIn("mantissa: note: run.eval_tokens is 42, and each evaluation reads 24 tokens "
+                      "in whole groups of 4 windows (this model's forward passes take a multiple "
                       "of 8 tokens)\n", grouped.stderr)
+        # At least one group: 2 windows asked for, 4 read.
+        grouped = self.train("rounded_up", "run.steps=1", "run.eval_tokens=12",
+                             "model.gpt2.seq_len=6", "model.gpt2.n_embd=128",
+                             "data.micro_batch_size=64", "precision.mode=FP8_HYBRID",
+                             "precision.fp8.recipe=BLOCKWISE")
+        self.assertIn("mantissa: note: run.eval_tokens is 12, and each evaluation reads 24 tokens "
+                      "in whole groups of 4 windows", grouped.stderr)
 
     def test_one_rank_equals_two_in_fp32(self):
         # The same weights on both (a learning rate too small to move an FP32 weight), the same

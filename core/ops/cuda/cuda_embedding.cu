@@ -25,6 +25,12 @@ using namespace cuda_kernels;
 constexpr int kBlock = 256;
 constexpr int kWarpsPerBlock = kBlock / kWarpSize;
 
+// A token the tables have a row for; any other (the CPU backend throws for it) gives NaN in
+// the forward and no gradient (backend.h).
+__device__ __forceinline__ bool in_vocab(int64_t token, int64_t V) {
+  return token >= 0 && token < V;
+}
+
 // out[b, t, c] = wte[tokens[b, t], c] + wpe[t, c] (wte alone when wpe.data is null), one
 // thread per element; NaN for a token outside [0, V).
 __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, FloatIn wte,
@@ -34,7 +40,7 @@ __global__ void embedding_forward_kernel(const int32_t* __restrict__ tokens, Flo
     const int64_t bt = i / C;
     const int64_t c = i % C;
     const int64_t token = tokens[bt];
-    if (token < 0 || token >= V) {
+    if (!in_vocab(token, V)) {
       store(y, i, NAN);
       continue;
     }
@@ -53,8 +59,7 @@ __global__ void embedding_backward_wpe_kernel(FloatIn dout, const int32_t* __res
     const int64_t t = i / C;
     float acc = dwpe[i];
     for (int64_t b = 0; b < B; ++b) {
-      const int32_t token = tokens[b * T + t];
-      if (token >= 0 && token < V) acc += load(dout, b * T * C + i);
+      if (in_vocab(tokens[b * T + t], V)) acc += load(dout, b * T * C + i);
     }
     dwpe[i] = acc;
   }
@@ -67,7 +72,7 @@ __global__ void sort_pairs_kernel(const int32_t* __restrict__ tokens, int32_t* _
                                   int32_t* __restrict__ positions, int64_t n, int32_t V) {
   for (int64_t i = global_thread_index(); i < n; i += grid_stride()) {
     const int32_t token = tokens[i];
-    keys[i] = token < 0 || token >= V ? V : token;
+    keys[i] = in_vocab(token, V) ? token : V;
     positions[i] = static_cast<int32_t>(i);
   }
 }
