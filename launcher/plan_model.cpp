@@ -61,7 +61,9 @@ ModelCost llama_cost(const models::LlamaConfig& c) {
   cost.parameters = tables * c.vocab_size * C + L * (block_weights + 2 * C) + C;
   cost.flat_parameters = cost.parameters + tables * (c.padded_vocab_size() - c.vocab_size) * C;
   cost.block_linear_parameters = L * block_weights;
-  cost.flops_per_token = train::transformer_flops_per_token(cost.parameters, L, C, T);
+  // Llama::flops_per_token's count: an untied input table is a lookup.
+  cost.flops_per_token = train::transformer_flops_per_token(
+      cost.parameters - (tables - 1) * c.vocab_size * C, L, C, T);
   // Per block (LlamaBlock::forward): the input norm's input, qkv_proj's input, q|k|v with the
   // kv heads repeated (3 q), the probabilities (H T), o_proj's input (q), the post-attention
   // norm's input, gate_up_proj's input, gate|up (2F) and SwiGLU's output (F, down's input);

@@ -39,6 +39,25 @@ const char* const kModels[] = {
     "tie_embeddings: true ffn_hidden: 192 } }",
 };
 
+// An untied Llama's input table is a lookup: it computes what a tied one does, one output
+// projection, and MFU counts the same FLOPs for both (6 N + 6 L C T over the products' N).
+TEST(PlanModel, AnUntiedInputTableIsNoCompute) {
+  const std::string llama =
+      "model { llama { n_layer: 2 n_head: 4 n_embd: 128 seq_len: 64 "
+      "vocab_size: 300 tie_embeddings: ";
+  std::unique_ptr<core::Backend> backend = core::make_cpu_backend();
+  const auto flops = [&](const char* tied) {
+    const TrainConfig config = config_from(llama + tied + " } }");
+    return launcher::build_model(config, *backend,
+                                 core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32))
+        ->flops_per_token();
+  };
+  EXPECT_DOUBLE_EQ(flops("false"), flops("true"));
+  const TrainConfig tied = config_from(llama + "true } }");
+  const launcher::ModelCost cost = launcher::model_cost(tied.model());
+  EXPECT_DOUBLE_EQ(flops("true"), 6.0 * static_cast<double>(cost.parameters) + 6.0 * 2 * 128 * 64);
+}
+
 TEST(PlanDevices, GpuPeaksAreTheOnesMfuIsMeasuredAgainst) {
   // plan projects MFU against its table; a run measures it against core's; one data sheet.
   for (const char* name : {"a100", "h100", "h200"}) {
