@@ -49,7 +49,9 @@ options:
                      0.5; 0.01 to 4, but at most 1 on a GPU at its own peaks: a CPU whose
                      BF16 dot products outrun its FP32 FMA peak, or one --tflops for every
                      precision, may exceed 1). For a cluster, calibrate it on a measured
-                     run: bench/bench_scaling.sh does
+                     run: bench/bench_scaling.sh does; on a CPU, calibrate each precision and
+                     seq_len apart (one --tflops stands for all precisions, and the attention's
+                     T x T passes, which count no FLOPs, grow with seq_len)
   --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
                      whose cost does not grow with the tokens (AdamW, gradient zeroing, the
                      reduce casts); default: the device's (HBM), none for cpu (no such term)
@@ -58,7 +60,9 @@ options:
   -h, --help         this help
 
 Not modelled: the data loader, checkpoints, evaluation, and communication competing with
-compute for memory bandwidth or cores.
+compute for memory bandwidth or cores. On a CPU, evaluations can raise a process's peak memory
+by up to a quarter over the projection (measured: 1.2 to 1.6 GiB for 16 evaluation
+micro-batches): the C library's allocator keeps much of what their forward passes free.
 )";
 
 namespace {
