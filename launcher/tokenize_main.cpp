@@ -93,7 +93,9 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
 
 decode  prints the text of the shards on stdout, read in the order given as one stream;
         end-of-text tokens print nothing, so decoding DIR/train_*.bin then DIR/val_*.bin
-        gives back the encoded files, concatenated.
+        gives back the encoded files, concatenated. Ids that no encoding gives print as
+        SentencePiece shows them (U+FFFD for byte tokens that form no character, U+2047 for
+        <unk>).
   --tokenizer FILE    the model the shards were encoded with
   --input SHARD...    shards (one or more; --input-list LIST as for train)
 
@@ -103,7 +105,8 @@ info    prints "vocab_size N", "eot E" (the end-of-text id) and "never_encoded I
 ids     reads UTF-8 text on stdin to its end and prints its token ids on one line, decimal,
         separated by spaces (no end-of-text token is added).
 text    reads token ids on stdin (decimal, separated by white space) and prints their text
-        exactly. `mantissa sample` uses these three, since it cannot load SentencePiece itself.
+        exactly (ids that no encoding gives print as decode shows them). `mantissa sample`
+        uses these three, since it cannot load SentencePiece itself.
   --tokenizer FILE    the model
 
 options of train and encode:
