@@ -19,6 +19,10 @@ void throw_error_of_kind(ErrorKind kind, const std::string& message) {
   }
 }
 
+ErrorKind named_path_error_kind(int error) {
+  return error == ENOENT ? ErrorKind::kConfig : path_error_kind(error);
+}
+
 ErrorKind path_error_kind(int error) {
   switch (error) {
     case EACCES:

@@ -74,6 +74,11 @@ class DivergedError : public Error {
 // for what the user must change (no permission, a read-only file system, something else in the
 // path's place), kFailure for what may pass on a retry (a full disk or quota, an I/O error).
 ErrorKind path_error_kind(int error);
+// path_error_kind, with ENOENT a config error too (path_error_kind leaves it a failure: a
+// writer's missing directory may be made by a retry): for a path a user named that must exist
+// (a file to read), or whose parent exists (a file or directory to create, where ENOENT says
+// that the file system there holds none: /proc).
+ErrorKind named_path_error_kind(int error);
 
 // A std::filesystem error worded as mantissa's own: libstdc++'s "filesystem error: cannot
 // rename: Permission denied [a] [b]" reads "cannot rename 'a' to 'b': Permission denied" (the

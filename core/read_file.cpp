@@ -15,12 +15,6 @@ namespace {
   throw_error_of_kind(kind, std::string(what) + " '" + path + "': " + reason);
 }
 
-// A file the user named and is not there is theirs to fix (path_error_kind leaves ENOENT a
-// failure: a writer's missing directory may be made by a retry); the rest as path_error_kind.
-ErrorKind read_error_kind(int error) {
-  return error == ENOENT ? ErrorKind::kConfig : path_error_kind(error);
-}
-
 }  // namespace
 
 std::ifstream open_for_reading(const std::string& path, std::string_view what, NamedPipe pipe) {
@@ -37,7 +31,8 @@ std::ifstream open_for_reading(const std::string& path, std::string_view what, N
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;
-    fail(read_error_kind(error), what, path, std::string("cannot open: ") + std::strerror(error));
+    fail(named_path_error_kind(error), what, path,
+         std::string("cannot open: ") + std::strerror(error));
   }
   return in;
 }
@@ -53,7 +48,8 @@ std::string read_whole_file(const std::string& path, std::string_view what, Name
   }
   const int error = errno;
   if (in.bad()) {
-    fail(read_error_kind(error), what, path, std::string("read failed: ") + std::strerror(error));
+    fail(named_path_error_kind(error), what, path,
+         std::string("read failed: ") + std::strerror(error));
   }
   return bytes;
 }

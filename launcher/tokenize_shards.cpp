@@ -144,9 +144,8 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
       // Those made before the failure; no destructor runs after a constructor throws.
       for (const fs::path& created : created_dirs_) ::rmdir(created.c_str());
       // ENOENT under parents that exist: a file system that cannot hold directories (/proc).
-      core::throw_error_of_kind(
-          ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value()),
-          "cannot create output directory '" + dir_ + "': " + ec.message());
+      core::throw_error_of_kind(core::named_path_error_kind(ec.value()),
+                                "cannot create output directory '" + dir_ + "': " + ec.message());
     }
     return;
   }

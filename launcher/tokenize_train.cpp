@@ -198,7 +198,7 @@ void require_can_create_files(const std::string& out, const std::string& dir) {
     // another --out fixes.
     const int error = errno;
     core::throw_error_of_kind(
-        error == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(error),
+        core::named_path_error_kind(error),
         "--out '" + out + "': cannot create a file in '" + dir + "': " + std::strerror(error));
   }
   ::close(fd);

@@ -117,10 +117,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     if (ec) {
       // Missing here is a parent that cannot hold directories (/proc): only the config can fix
       // it.
-      const core::ErrorKind kind =
-          ec.value() == ENOENT ? core::ErrorKind::kConfig : core::path_error_kind(ec.value());
       core::throw_error_of_kind(
-          kind, "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
+          core::named_path_error_kind(ec.value()),
+          "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
     }
     run_dir_lock_.emplace(run_dir_);
   }
