@@ -152,12 +152,11 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
   if (!fs::is_directory(dir_, ec)) {
     throw core::ConfigError("output directory '" + dir_ + "' exists and is not a directory");
   }
-  std::vector<std::string> held;
   std::string foreign;  // a file the training glob reads that encode did not write
   for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
     const std::string name = entry.path().filename().string();
     if (is_output_name(name)) {
-      held.push_back(name);
+      held_.push_back(name);
     } else if (foreign.empty() && matches_shard_glob(name)) {
       foreign = name;
     }
@@ -172,11 +171,11 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
                             ", which training's shard pattern (train_*.bin, val_*.bin) would "
                             "read, though encode did not write it: move it elsewhere");
   }
-  if (!replace && !held.empty()) {
-    std::sort(held.begin(), held.end());
+  if (!replace && !held_.empty()) {
+    std::sort(held_.begin(), held_.end());
     const bool unfinished = fs::exists(dir_ + "/" + train::kUnfinishedShardsMarker, ec);
     throw core::ConfigError("output directory '" + dir_ + "' already holds token shards (" +
-                            held.front() + (held.size() > 1 ? ", ..." : "") + ")" +
+                            held_.front() + (held_.size() > 1 ? ", ..." : "") + ")" +
                             (unfinished ? ", from an encode that did not finish" : "") +
                             "; --force replaces them");
   }
@@ -184,10 +183,7 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
 
 std::vector<std::string> StagedOutput::replaced_files() const {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir_, ec)) {
-    if (is_output_name(entry.path().filename().string())) out.push_back(entry.path().string());
-  }
+  for (const std::string& name : held_) out.push_back(dir_ + "/" + name);
   return out;
 }
 

@@ -92,6 +92,7 @@ class StagedOutput {
  private:
   std::string dir_;
   std::vector<std::filesystem::path> created_dirs_;  // deepest first
+  std::vector<std::string> held_;                    // output names in dir_ before this run
   std::vector<std::string> staged_;                  // final names, in dir
   bool committed_ = false;
 };

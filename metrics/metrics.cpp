@@ -141,6 +141,8 @@ struct Metrics::State {
   void push_if_stale();
   void show_checkpoint(std::int64_t step, double saved_unix_time);
   void show_progress();
+  // A save or load has ended: no checkpoint I/O in progress, progress, pushed.
+  void end_checkpoint_io();
 };
 
 namespace {
@@ -265,8 +267,8 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                   .Add(r);
   s.progress_time = &gauge_family(reg, "mantissa_progress_timestamp_seconds",
                                   "Unix time this process last made progress: its start, the end "
-                                  "of a step (with its evaluation), the start and end of a "
-                                  "checkpoint save or load, a resume")
+                                  "of a step or of an evaluation's micro-batch, the start and end "
+                                  "of a checkpoint save or load, a resume")
                          .Add(r);
   s.show_progress();
   s.checkpoint_in_progress = &gauge_family(reg, "mantissa_checkpoint_in_progress",
@@ -500,11 +502,14 @@ void Metrics::record_checkpoint_start() {
   s.request_push();
 }
 
+void Metrics::State::end_checkpoint_io() {
+  checkpoint_in_progress->Set(0);
+  show_progress();
+  request_push();
+}
+
 void Metrics::record_checkpoint_loaded() {
-  State& s = state();
-  s.checkpoint_in_progress->Set(0);
-  s.show_progress();
-  s.request_push();
+  state().end_checkpoint_io();
 }
 
 void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_unix_time) {
@@ -512,9 +517,7 @@ void Metrics::record_checkpoint(std::int64_t step, double seconds, double saved_
   s.reported = true;
   s.show_checkpoint(step, saved_unix_time);
   s.checkpoint_seconds->Observe(seconds);
-  s.checkpoint_in_progress->Set(0);
-  s.show_progress();
-  s.request_push();
+  s.end_checkpoint_io();
 }
 
 void Metrics::record_resumed_checkpoint(std::int64_t step, double saved_unix_time) {

@@ -5,9 +5,8 @@
 // node do not collide) and, where compute nodes cannot be scraped, pushes them to a
 // Pushgateway every `push_every` steps (and at the start, after a step or an evaluation's
 // micro-batch 30 s past the last push, at the start and end of a checkpoint save or load, a
-// resume) and once more at exit. The names
-// below are a contract with the dashboards and alert rules under deploy/ (see deploy/README.md);
-// every series carries a `rank` label.
+// resume) and once more at exit. The names below are a contract with the dashboards and alert
+// rules under deploy/ (see deploy/README.md); every series carries a `rank` label.
 //
 //   mantissa_loss_scale                      gauge      loss scale of the last step
 //   mantissa_loss_scale_min                  gauge      the scaler's floor (only when dynamic)

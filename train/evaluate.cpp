@@ -28,15 +28,13 @@ int64_t windows_in(const TokenSegment& segment, int64_t seq_len) {
 Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
                      int64_t micro_batch, int world_size, int rank, int64_t token_multiple)
     : corpus_(std::move(corpus)), seq_len_(seq_len), token_multiple_(token_multiple) {
-  int64_t& available = available_windows_;
-  for (const TokenSegment& s : corpus_->segments()) available += windows_in(s, seq_len_);
+  for (const TokenSegment& s : corpus_->segments()) available_windows_ += windows_in(s, seq_len_);
+  const int64_t available = available_windows_;
   const std::string holds = "validation set " + corpus_->name() + ": " +
                             std::to_string(corpus_->num_tokens()) + " tokens hold ";
   const std::string of_tokens = " of seq_len + 1 = " + std::to_string(seq_len_ + 1) + " tokens";
   if (available == 0) throw core::ConfigError(holds + "no whole window" + of_tokens);
-  // The fewest windows whose tokens are a multiple of token_multiple.
-  group_ = token_multiple / std::gcd(seq_len_, token_multiple);
-  const int64_t group = group_;
+  const int64_t group = group_windows();
   if (available < group) {
     throw core::ConfigError(
         holds + std::to_string(available) + " whole window" + (available == 1 ? "" : "s") +

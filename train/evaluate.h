@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 
 #include "core/ops/backend.h"
@@ -53,7 +54,7 @@ class Evaluator {
   // multiple. tokens() is the fewer of eval_tokens and the available ones, cut to whole groups
   // (one group at least, which may be more than eval_tokens).
   int64_t available_tokens() const { return available_windows_ * seq_len_; }
-  int64_t group_windows() const { return group_; }
+  int64_t group_windows() const { return token_multiple_ / std::gcd(seq_len_, token_multiple_); }
   int64_t token_multiple() const { return token_multiple_; }
 
  private:
@@ -66,7 +67,6 @@ class Evaluator {
   int64_t micro_batch_;            // whole groups
   int64_t available_windows_ = 0;  // in the whole validation set
   int64_t token_multiple_;
-  int64_t group_ = 1;
   int64_t windows_ = 0;       // all ranks together
   int64_t first_window_ = 0;  // this rank's slice [first_window_, end_window_)
   int64_t end_window_ = 0;
