@@ -5,6 +5,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/int_math.h"
 #include "launcher/config.h"
 #include "launcher/config_fields.h"
 
@@ -19,7 +20,7 @@ using Config = TrainConfig;
 int64_t default_ffn_hidden(int64_t n_embd) {
   constexpr int64_t kMultiple = 64;
   const int64_t width = (8 * n_embd + 2) / 3;
-  return (width + kMultiple - 1) / kMultiple * kMultiple;
+  return core::round_up(width, kMultiple);
 }
 
 // Defaults. Applied through the same reflection as --set, to fields that are still unset, so

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/int_math.h"
 #include "train/step_context.h"
 
 namespace mantissa::train {
@@ -85,7 +86,7 @@ std::optional<double> Evaluator::local_loss_sum(LanguageModel& model, core::Back
   Tensor losses = Tensor::empty(Shape{tokens}, DType::kF32, backend.device());
   Batch batch;
   batch.seq_len = seq_len_;
-  const int64_t micro_batches = (end_window_ - first_window_ + micro_batch_ - 1) / micro_batch_;
+  const int64_t micro_batches = core::ceil_div(end_window_ - first_window_, micro_batch_);
   for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
     batch.batch_size = std::min(micro_batch_, end_window_ - first);
     read_windows(first, batch.batch_size, batch.tokens, batch.targets);

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/int_math.h"
 
 namespace mantissa::train {
 namespace {
@@ -59,9 +60,8 @@ void fill_initial(const ParameterSpec& spec, uint64_t seed, int64_t first, int64
 std::vector<int64_t> split_aligned(int64_t n, int parts) {
   MANTISSA_CHECK(n >= 0 && parts > 0,
                  "split_aligned: cannot split " << n << " elements into " << parts << " parts");
-  const int64_t per_part = (n + parts - 1) / parts;
-  const int64_t base =
-      (per_part + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
+  const int64_t per_part = core::ceil_div(n, parts);
+  const int64_t base = core::round_up(per_part, kParameterAlignment);
   std::vector<int64_t> counts;
   for (int r = 0; r < parts; ++r) counts.push_back(std::clamp<int64_t>(n - r * base, 0, base));
   return counts;
@@ -76,7 +76,7 @@ int ParameterStore::add(ParameterSpec spec) {
   p.offset = flat_numel_;
   p.spec = std::move(spec);
   const int64_t n = p.numel();
-  flat_numel_ += (n + kParameterAlignment - 1) / kParameterAlignment * kParameterAlignment;
+  flat_numel_ += core::round_up(n, kParameterAlignment);
   params_.push_back(std::move(p));
   return size() - 1;
 }

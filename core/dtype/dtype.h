@@ -14,11 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define MANTISSA_HD __host__ __device__ __forceinline__
-#else
-#define MANTISSA_HD inline
-#endif
+#include "core/host_device.h"
 
 namespace mantissa::core {
 

@@ -55,6 +55,7 @@
 #include <string>
 
 #include "core/dtype/dtype.h"
+#include "core/int_math.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
@@ -66,15 +67,6 @@ enum class ScaleMode : uint8_t {
   kVec128 = 4,
   kBlock128 = 5,
 };
-
-// ceil(a / b) and a rounded up to a multiple of b, for a >= 0, b > 0 (named apart from the
-// backends' own helpers).
-MANTISSA_HD int64_t scale_ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-MANTISSA_HD int64_t scale_round_up(int64_t a, int64_t b) {
-  return scale_ceil_div(a, b) * b;
-}
 
 // ---------------------------------------------------------------------------------------
 // Layout.
@@ -112,7 +104,7 @@ MANTISSA_HD int64_t scale_rows_multiple(ScaleMode mode) {
 
 // L: blocks along K.
 MANTISSA_HD int64_t scale_k_blocks(ScaleMode mode, int64_t k) {
-  return scale_ceil_div(k, scale_block_k(mode, k));
+  return ceil_div(k, scale_block_k(mode, k));
 }
 
 // Elements of the scale tensor of an operand of `outer` rows and K columns, padding included.
@@ -121,8 +113,8 @@ MANTISSA_HD int64_t scale_count(ScaleMode mode, int64_t outer, int64_t k) {
   switch (mode) {
     case ScaleMode::kOuterVec: return outer;
     case ScaleMode::kVec128: return outer * blocks;
-    case ScaleMode::kBlock128: return scale_round_up(blocks, 4) * scale_ceil_div(outer, 128);
-    case ScaleMode::kVec32Ue8m0: return scale_round_up(outer, 128) * scale_round_up(blocks, 4);
+    case ScaleMode::kBlock128: return round_up(blocks, 4) * ceil_div(outer, 128);
+    case ScaleMode::kVec32Ue8m0: return round_up(outer, 128) * round_up(blocks, 4);
     default: return 1;
   }
 }
@@ -132,9 +124,9 @@ MANTISSA_HD int64_t scale_index(ScaleMode mode, int64_t outer, int64_t k, int64_
   switch (mode) {
     case ScaleMode::kOuterVec: return i;
     case ScaleMode::kVec128: return i + b * outer;
-    case ScaleMode::kBlock128: return b + (i / 128) * scale_round_up(scale_k_blocks(mode, k), 4);
+    case ScaleMode::kBlock128: return b + (i / 128) * round_up(scale_k_blocks(mode, k), 4);
     case ScaleMode::kVec32Ue8m0: {
-      const int64_t tiles_per_row = scale_round_up(scale_k_blocks(mode, k), 4) / 4;
+      const int64_t tiles_per_row = round_up(scale_k_blocks(mode, k), 4) / 4;
       const int64_t tile = (i / 128) * tiles_per_row + b / 4;
       return tile * 512 + (i % 32) * 16 + (i % 128) / 32 * 4 + b % 4;
     }

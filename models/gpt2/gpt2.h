@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/int_math.h"
 #include "models/nn/causal_self_attention.h"
 #include "models/nn/layer_norm.h"
 #include "models/nn/linear.h"
@@ -39,9 +40,7 @@ struct GPT2Config {
   // The rows of wte and the columns of the logits: vocab_size rounded up to a multiple of
   // kVocabPadding.
   static constexpr int64_t kVocabPadding = 128;
-  int64_t padded_vocab_size() const {
-    return (vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
-  }
+  int64_t padded_vocab_size() const { return core::round_up(vocab_size, kVocabPadding); }
 };
 
 class GPT2Block;

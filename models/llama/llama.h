@@ -36,6 +36,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/int_math.h"
 #include "core/tensor/tensor.h"
 #include "models/nn/causal_self_attention.h"
 #include "models/nn/linear.h"
@@ -59,9 +60,7 @@ struct LlamaConfig {
   bool tie_embeddings = false;
 
   static constexpr int64_t kVocabPadding = 128;
-  int64_t padded_vocab_size() const {
-    return (vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
-  }
+  int64_t padded_vocab_size() const { return core::round_up(vocab_size, kVocabPadding); }
   int64_t head_dim() const { return n_embd / n_head; }
 };
 

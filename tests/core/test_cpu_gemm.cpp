@@ -32,6 +32,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu/cpu_gemm_amx.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
@@ -242,10 +243,6 @@ const std::vector<DTypes> kDTypes = {
 struct Dims {
   int64_t m, n, k;
 };
-
-int64_t round_up(int64_t n, int64_t multiple) {
-  return (n + multiple - 1) / multiple * multiple;
-}
 
 // Calls body(cs, trans) with the case of every dtype triple, shape (with `batch`) and
 // transpose combination (trans: bit 0 transposes A, bit 1 B). FP8 GEMMs need K and the

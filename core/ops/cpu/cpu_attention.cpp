@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/int_math.h"
 #include "core/ops/attention.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert8.h"
@@ -48,10 +49,6 @@ typedef float f32x8 __attribute__((vector_size(32)));
 typedef float f32x16 __attribute__((vector_size(64)));
 constexpr int64_t kTileRows = 4;
 constexpr int64_t kTileCols = 16;  // the column padding of every operand and product
-
-int64_t round_up(int64_t n, int64_t m) {
-  return (n + m - 1) / m * m;
-}
 
 // A matrix read as A(i, k) = data[i * row_stride + k * k_stride]: a plain row-major matrix
 // (k_stride 1) or the transpose of one (row_stride 1).

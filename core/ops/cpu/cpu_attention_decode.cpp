@@ -14,6 +14,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/cpu/cpu_row_dot.h"
@@ -54,7 +55,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_
 #pragma omp parallel if (parallel)
   {
     // q and one cached key at a time, zero-padded to whole vectors.
-    const int64_t d_padded = (D + kLanes - 1) / kLanes * kLanes;
+    const int64_t d_padded = round_up(D, kLanes);
     std::vector<float> q(static_cast<size_t>(d_padded)), cached(static_cast<size_t>(d_padded));
     std::vector<float> o(static_cast<size_t>(D)), p(static_cast<size_t>(first + N));
 #pragma omp for schedule(static)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_convert.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
@@ -45,7 +46,7 @@ constexpr int64_t kBiasRowBlock = 256;
 // conversion of the whole array would. Returns max |src| as narrow_from_f32 does.
 float cast_through_f32(const Tensor& src, Tensor& dst, const NarrowOptions& options) {
   const int64_t n = src.numel();
-  const int64_t n_slices = (n + kCastSlice - 1) / kCastSlice;
+  const int64_t n_slices = ceil_div(n, kCastSlice);
   const auto* in = static_cast<const unsigned char*>(src.data());
   auto* out = static_cast<unsigned char*>(dst.data());
   const size_t in_width = dtype_size(src.dtype());
@@ -108,7 +109,7 @@ void add_bias_rows(T* x, const float* bias, int64_t rows, int64_t cols) {
 template <class T>
 void add_column_sums(const T* dout, float* dbias, int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  const int64_t n_blocks = (rows + kBiasRowBlock - 1) / kBiasRowBlock;
+  const int64_t n_blocks = ceil_div(rows, kBiasRowBlock);
   std::vector<float> partial(static_cast<size_t>(n_blocks * cols));
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelMin)
   for (int64_t b = 0; b < n_blocks; ++b) {
@@ -181,8 +182,8 @@ template <class T, class Span>
 void for_this_threads_share(int64_t n, const Span& span) {
   const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
   const int64_t line = 64 / static_cast<int64_t>(sizeof(T));
-  const int64_t share = (n + threads - 1) / threads;
-  const int64_t per_thread = (share + line - 1) / line * line;
+  const int64_t share = ceil_div(n, threads);
+  const int64_t per_thread = round_up(share, line);
   const int64_t begin = std::min(n, thread * per_thread);
   span(begin, std::min(n, begin + per_thread) - begin);
 }

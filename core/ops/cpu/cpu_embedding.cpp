@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/op_checks.h"
@@ -46,7 +47,7 @@ void CpuBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, Te
   const int32_t* tok = tokens.data_as<const int32_t>();
   float* dte = dwte.data_as<float>();
   float* dpe = dwpe.defined() ? dwpe.data_as<float>() : nullptr;
-  const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const int64_t blocks = ceil_div(C, kChannelBlock);
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t c0 = block * kChannelBlock;

@@ -43,6 +43,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_gemm_bf16.h"
 #include "core/ops/cpu/cpu_gemm_block_scales.h"
@@ -72,13 +73,6 @@ constexpr int kSpinsBeforeYield = 1024;  // tens of microseconds of pause instru
 // A strip is stored eight floats at a time (six useful, the next two overwritten by the next
 // store): the last store of a buffer runs this far past its end.
 constexpr int64_t kPackSlack = 8;
-
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-int64_t round_up(int64_t a, int64_t b) {
-  return ceil_div(a, b) * b;
-}
 
 // One operand seen as `lines` (rows of op(A), columns of op(B)) of K values each: value
 // (l, k) is data[k ld + l] when k_major, else data[l ld + k]. When k_major, the lines of one

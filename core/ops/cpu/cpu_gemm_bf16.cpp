@@ -46,6 +46,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_gemm_amx.h"
 #include "core/ops/cpu/cpu_switch.h"
 #include "core/ops/cpu/scratch_buffer.h"
@@ -521,8 +522,8 @@ struct WorkSplit {
     parallel = threads > 1 && flops >= kGemmParallelFlops;
     const int64_t per_product = parallel ? threads / std::gcd(s.batch, threads) : 1;
     row_parts = std::clamp<int64_t>(per_product, 1, std::max<int64_t>(1, strips));
-    col_parts = std::clamp<int64_t>((per_product + row_parts - 1) / row_parts, 1,
-                                    std::max<int64_t>(1, panels));
+    col_parts =
+        std::clamp<int64_t>(ceil_div(per_product, row_parts), 1, std::max<int64_t>(1, panels));
     block_panels = std::max<int64_t>(1, kBlockBytes / std::max<int64_t>(1, panel_dwords * 4));
   }
 
@@ -555,8 +556,8 @@ struct PackedOperands {
 
   PackedOperands(const GemmShape& s, int64_t strip_rows, int64_t pairs_)
       : pairs(pairs_),
-        strips((s.m + strip_rows - 1) / strip_rows),
-        panels((s.n + kCols - 1) / kCols),
+        strips(ceil_div(s.m, strip_rows)),
+        panels(ceil_div(s.n, kCols)),
         strip_size(pairs_ * strip_rows),
         panel_size(pairs_ * kCols) {
     PackBuffers& buffers = pack_buffers_of_this_thread();
@@ -619,7 +620,7 @@ struct AmxEngine {
   static constexpr int64_t kStripRows = amx::kTileRows;
   static int64_t packed_pairs(int64_t k) {
     const int64_t step = amx::kPairsPerStep;
-    return ((k + 1) / 2 + step - 1) / step * step;
+    return round_up(ceil_div(k, 2), step);
   }
   template <class T>
   static void pack_strip(const T* src, bool k_major, int64_t ld, int64_t lines, int64_t k,

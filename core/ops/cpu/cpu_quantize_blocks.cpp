@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_quantize_runs.h"
 #include "core/ops/cpu/scratch_buffer.h"
@@ -239,7 +240,7 @@ uint32_t quantize_all(const Src* src, const Blocks& q, bool transpose, uint8_t* 
   const int64_t tile = transpose
                            ? (q.square() ? 128 : kTransposedTileColumns)
                            : (q.square() ? 128 : std::clamp<int64_t>(kTileElements / q.k, 1, 128));
-  const int64_t tiles = (q.outer + tile - 1) / tile;
+  const int64_t tiles = ceil_div(q.outer, tile);
   uint32_t amax = 0;
 #pragma omp parallel for schedule(static) \
     reduction(max                         \
@@ -278,7 +279,7 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
       d.k,
       scale_block_k(p.mode, d.k),
       scale_k_blocks(p.mode, d.k),
-      scale_round_up(scale_k_blocks(p.mode, d.k), 4),
+      round_up(scale_k_blocks(p.mode, d.k), 4),
       scales.data()};
   auto* code_bytes = static_cast<uint8_t*>(codes.data());
   uint32_t amax_bits;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_convert8.h"
 #include "core/ops/cpu/cpu_fp8_round8.h"
 #include "core/ops/cpu/cpu_narrow_avx512.h"
@@ -194,7 +195,7 @@ Divisor make_divisor(float s) {
 }
 
 RowMethod row_method(const Divisor* d, int64_t k, int64_t block_k) {
-  const int64_t blocks = block_k >= k ? 1 : (k + block_k - 1) / block_k;
+  const int64_t blocks = block_k >= k ? 1 : ceil_div(k, block_k);
   bool multiply = true, divide = false, finite = true;
   for (int64_t b = 0; b < blocks; ++b) {
     multiply = multiply && d[b].how == Division::kMultiply;

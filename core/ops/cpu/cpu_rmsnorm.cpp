@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/int_math.h"
 #include "core/ops/cpu/cpu_backend.h"
 #include "core/ops/cpu/cpu_layer_io.h"
 #include "core/ops/math/rmsnorm.h"
@@ -83,7 +84,7 @@ void CpuBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Ten
   // dgamma first: dx may be dout itself. Each thread owns a block of channels and sums over
   // all rows in order.
   float* dg = dgamma.data_as<float>();
-  const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const int64_t blocks = ceil_div(C, kChannelBlock);
 #pragma omp parallel for schedule(static)
   for (int64_t block = 0; block < blocks; ++block) {
     const int64_t c0 = block * kChannelBlock;

@@ -6,6 +6,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_gemm.h"
@@ -55,7 +56,7 @@ template <class Word>
 void launch_fill(void* out, int64_t n, Word pattern, int sm_count, cudaStream_t stream) {
   constexpr int kThreads = 256;
   // A few blocks per SM saturate the write bandwidth; the grid-stride loop covers the rest.
-  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  const int64_t wanted = ceil_div(n, kThreads);
   const int blocks = static_cast<int>(wanted < 8LL * sm_count ? wanted : 8LL * sm_count);
   fill_kernel<Word><<<blocks, kThreads, 0, stream>>>(static_cast<Word*>(out), n, pattern);
   MANTISSA_CUDA_CHECK_LAUNCH();

@@ -32,6 +32,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cuda/algorithm_choice.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
@@ -100,7 +101,7 @@ constexpr int kTileRows = 8;  // a block is kTile x kTileRows threads, each movi
 __global__ void transpose_bytes_kernel(const uint8_t* __restrict__ in, uint8_t* __restrict__ out,
                                        int64_t rows, int64_t cols, int64_t batch) {
   __shared__ uint8_t tile[kTile][kTile + 1];
-  const int64_t tile_rows = (rows + kTile - 1) / kTile;
+  const int64_t tile_rows = ceil_div(rows, kTile);
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
     const uint8_t* src = in + b * rows * cols;
     uint8_t* dst = out + b * rows * cols;
@@ -128,8 +129,8 @@ void transpose_bytes(const void* in, void* out, int64_t rows, int64_t cols, int6
                      cudaStream_t stream) {
   constexpr int64_t kMaxGridYZ = 65535;
   const dim3 block(kTile, kTileRows);
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile),
-                  static_cast<unsigned>(std::min((rows + kTile - 1) / kTile, kMaxGridYZ)),
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kTile)),
+                  static_cast<unsigned>(std::min(ceil_div(rows, kTile), kMaxGridYZ)),
                   static_cast<unsigned>(std::min(batch, kMaxGridYZ)));
   transpose_bytes_kernel<<<grid, block, 0, stream>>>(static_cast<const uint8_t*>(in),
                                                      static_cast<uint8_t*>(out), rows, cols, batch);
@@ -149,7 +150,7 @@ __global__ void scale_kernel(T* __restrict__ x, int64_t n, float beta) {
 template <class T>
 void scale_in_place(Tensor& x, float beta, int sm_count, cudaStream_t stream) {
   constexpr int kThreads = 256;
-  const int64_t wanted = (x.numel() + kThreads - 1) / kThreads;
+  const int64_t wanted = ceil_div(x.numel(), kThreads);
   const int blocks = static_cast<int>(std::min<int64_t>(wanted, 8LL * sm_count));
   scale_kernel<T><<<blocks, kThreads, 0, stream>>>(x.data_as<T>(), x.numel(), beta);
   MANTISSA_CUDA_CHECK_LAUNCH();

@@ -14,6 +14,7 @@
 
 #include "core/dtype/dtype.h"
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/tensor/tensor.h"
 
@@ -123,9 +124,6 @@ __device__ __forceinline__ uint32_t abs_bits(float x) {
 
 // ---------------------------------------------------------------------------------------
 // Launch sizing.
-inline int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
 
 // Blocks for a grid-stride loop over `work` items with `block` threads per block: enough to
 // fill every multiprocessor (2048 resident threads each on sm_80 and sm_90), never more than

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include "core/error.h"
+#include "core/int_math.h"
 #include "core/ops/cuda/cuda_backend.h"
 #include "core/ops/cuda/cuda_check.h"
 #include "core/ops/cuda/cuda_kernel_utils.cuh"
@@ -84,7 +85,7 @@ __global__ void quantize_chunks_kernel(const Src* __restrict__ src, Code* __rest
                                        int64_t outer, int64_t k, bool power_of_two) {
   constexpr ScaleMode mode = kMx ? ScaleMode::kVec32Ue8m0 : ScaleMode::kVec128;
   const int lane = threadIdx.x % cuda_kernels::kWarpSize;
-  const int64_t chunks_per_row = (k + kChunk - 1) / kChunk;
+  const int64_t chunks_per_row = ceil_div(k, kChunk);
   uint32_t seen = 0;
   for (int64_t w = global_warp_index(); w < outer * chunks_per_row; w += grid_warps()) {
     const int64_t i = w / chunks_per_row;
@@ -286,15 +287,15 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
                                        multiprocessor_count_);
       };
       if (mode == ScaleMode::kBlock128) {
-        const dim3 grid(static_cast<unsigned>(cuda_kernels::ceil_div(d.outer, kTile)),
-                        static_cast<unsigned>(cuda_kernels::ceil_div(d.k, kTile)));
+        const dim3 grid(static_cast<unsigned>(ceil_div(d.outer, kTile)),
+                        static_cast<unsigned>(ceil_div(d.k, kTile)));
         MANTISSA_CHECK(grid.y <= 65535u, kOp << ": src " << src.describe() << " has " << grid.y
                                              << " 128-element blocks along K, more "
                                                 "than one launch takes (65535)");
         quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream_>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.transpose, p.power_of_two);
       } else if (p.transpose) {
-        const int64_t row_blocks = cuda_kernels::ceil_div(d.outer, kLines);
+        const int64_t row_blocks = ceil_div(d.outer, kLines);
         MANTISSA_CHECK(row_blocks <= 65535, kOp << ": src " << src.describe() << " has " << d.outer
                                                 << " columns, more than one launch takes ("
                                                 << 65535 * kLines << ")");
@@ -306,7 +307,7 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
         quantize_whole_rows_kernel<Src, Code><<<warp_grid(d.outer), kThreads, 0, stream_>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
       } else {
-        const int64_t chunks = d.outer * cuda_kernels::ceil_div(d.k, kChunk);
+        const int64_t chunks = d.outer * ceil_div(d.k, kChunk);
         if (mode == ScaleMode::kVec32Ue8m0) {
           quantize_chunks_kernel<Src, Code, true><<<warp_grid(chunks), kThreads, 0, stream_>>>(
               in, out, scales.data(), amax, d.outer, d.k, p.power_of_two);
