@@ -49,7 +49,7 @@ TEST(Fp8Scaling, ScaleFromAmax) {
   EXPECT_EQ(fp8_scale_from_amax(kNaN, 5.0f, 448.0f, 0), 5.0f);
   // A tiny positive amax is floored at 1e-12: the scale is 448e12 rounded once to float.
   EXPECT_EQ(fp8_scale_from_amax(1e-20f, 1.0f, 448.0f, 0), static_cast<float>(4.48e14));
-  // 448/3 is not exact: computed in double and rounded once (nearest float to 149.333...).
+  // 448/3 is not exact: the nearest float to 149.333...
   EXPECT_EQ(fp8_scale_from_amax(3.0f, 1.0f, 448.0f, 0), 149.3333282470703f);
   EXPECT_THROW(fp8_scale_from_amax(-1.0f, 1.0f, 448.0f, 0), Error);
 }

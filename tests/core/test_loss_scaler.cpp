@@ -141,12 +141,12 @@ TEST(LossScaler, GrowthClampsAtMax) {
   EXPECT_EQ(scaler.scale(), 16777216.0f);
 }
 
-TEST(LossScaler, InvScaleIsComputedInDouble) {
+TEST(LossScaler, InvScaleIsTheCorrectlyRoundedReciprocal) {
   LossScalerConfig c;
   c.mode = LossScaleMode::kStatic;
   c.init = 3.0;
   LossScaler scaler(c);
-  // 1/3 rounded once from double; the nearest float to 1/3 is 0x3EAAAAAB.
+  // The nearest float to 1/3 is 0x3EAAAAAB.
   EXPECT_EQ(scaler.inv_scale(), 0.3333333432674408f);
 }
 

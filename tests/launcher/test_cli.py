@@ -327,7 +327,7 @@ class ConfigErrors(lu.TempDirTest):
         with open(os.path.join(run_dir, ".lock")) as f:
             self.assertEqual(f.read(), "", "a finished run leaves no holder's pid behind")
 
-    def test_run_dir_that_cannot_be_created(self):
+    def test_run_dir_under_proc_cannot_be_created(self):
         # /proc holds no directories of ours (mkdir: ENOENT): a config to fix, exit 2.
         self.assert_config_error('mantissa: run.dir = "/proc/mantissa-run": cannot be created: '
                                  "No such file or directory", "--set", "run.dir=/proc/mantissa-run")
