@@ -6,7 +6,9 @@
 //  - an inf planted in one gradient: the step is skipped with masters and moments untouched,
 //    the scale backs off, the overflow is counted and attributed to the right parameter;
 //  - FP16 started at a loss scale of 2^24 overflows, backs off and recovers by itself;
-//  - BF16 with flash attention tracks FP32 as the materialised attention does.
+//  - BF16 with flash attention tracks FP32 as the materialised attention does;
+//  - the gradient norm is the FP64 norm of the unscaled gradients, and the optimizer gets the
+//    clip factor min(1, grad_clip / norm) (AdamW would hide a wrong one in the losses).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -221,6 +223,90 @@ TEST(Training, InjectedInfSkipsTheStepAndLeavesStateUntouched) {
   const StepReport after = step.run(poisoned_step + 1, {loader.next()}, nullptr);
   EXPECT_FALSE(after.skipped);
   EXPECT_EQ(optimizer.steps_taken(), steps_taken + 1);
+}
+
+// LocalAdamW, recording what each step hands it: the clip factor and the FP64 norm of the
+// gradients it finds.
+class RecordingOptimizer final : public Optimizer {
+ public:
+  RecordingOptimizer(core::Backend& backend, const ParameterStore& params)
+      : adamw_(backend, params, core::AdamWConfig{}) {}
+
+  void step(ParameterStore& params, float lr, float grad_scale) override {
+    double sum = 0.0;
+    const float* g = params.grads().data_as<float>();
+    for (int64_t i = 0; i < params.grads().numel(); ++i) sum += double{g[i]} * g[i];
+    grad_norms.push_back(std::sqrt(sum));
+    grad_scales.push_back(grad_scale);
+    adamw_.step(params, lr, grad_scale);
+  }
+  void refresh_compute_copy(ParameterStore& params) override {
+    adamw_.refresh_compute_copy(params);
+  }
+  int64_t owned_begin() const override { return adamw_.owned_begin(); }
+  int64_t owned_end() const override { return adamw_.owned_end(); }
+  core::Tensor& first_moment() override { return adamw_.first_moment(); }
+  core::Tensor& second_moment() override { return adamw_.second_moment(); }
+  int64_t steps_taken() const override { return adamw_.steps_taken(); }
+  void set_steps_taken(int64_t steps) override { adamw_.set_steps_taken(steps); }
+
+  std::vector<double> grad_norms;
+  std::vector<float> grad_scales;
+
+ private:
+  LocalAdamW adamw_;
+};
+
+// Three FP32 steps of a small MLP with a fixed loss scale and a clipping threshold: the
+// reported norms, and the clip factors the optimizer received.
+struct ClippedRun {
+  std::vector<double> reported_norms, found_norms;
+  std::vector<float> grad_scales;
+};
+ClippedRun clipped_run(double loss_scale, float grad_clip) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP32);
+  models::MLP model(models::MLPConfig{32, 64, 16, 256}, *be, policy, 3);
+  DataLoader loader = make_loader(4, 16);
+  core::LossScalerConfig scaler_config;
+  scaler_config.mode = core::LossScaleMode::kStatic;
+  scaler_config.init = loss_scale;
+  core::LossScaler scaler(scaler_config);
+  RecordingOptimizer optimizer(*be, model.parameters());
+  const core::LrSchedule schedule(core::LrScheduleConfig{1e-3, 0, 10, 0.0});
+  TrainingStep step(model, *be, policy, scaler, optimizer, schedule, grad_clip);
+  ClippedRun run;
+  for (int64_t s = 0; s < 3; ++s) {
+    const StepReport report = step.run(s, {loader.next()}, nullptr);
+    EXPECT_FALSE(report.skipped);
+    run.reported_norms.push_back(report.grad_norm);
+  }
+  run.found_norms = optimizer.grad_norms;
+  run.grad_scales = optimizer.grad_scales;
+  return run;
+}
+
+TEST(Training, GradientNormIsUnscaledAndClipsByItsFactor) {
+  // Scaling an FP32 backward by 2^10 is exact, so the unscaled gradients, and with them the
+  // norms, equal those of a run at scale 1: one that forgot to unscale reports 1024x.
+  const ClippedRun unscaled = clipped_run(1.0, 0.0f);
+  for (const float clip : {0.0f, 1e6f, 1e-3f}) {
+    SCOPED_TRACE(clip);
+    const ClippedRun run = clipped_run(1024.0, clip);
+    ASSERT_EQ(run.grad_scales.size(), 3u);
+    for (size_t s = 0; s < 3; ++s) {
+      EXPECT_NEAR(run.reported_norms[s], run.found_norms[s], 1e-6 * run.found_norms[s]);
+      if (clip == 1e-3f) {
+        // Clipping changes the weights: from the second step on the norms part from the
+        // unclipped run's.
+        ASSERT_GT(run.found_norms[s], 1e-3);
+        EXPECT_FLOAT_EQ(run.grad_scales[s], static_cast<float>(double{clip} / run.found_norms[s]));
+      } else {
+        EXPECT_NEAR(run.found_norms[s], unscaled.found_norms[s], 1e-6 * unscaled.found_norms[s]);
+        EXPECT_EQ(run.grad_scales[s], 1.0f);
+      }
+    }
+  }
 }
 
 TEST(Training, FP16FromScale2To24RecoversByItself) {
