@@ -121,7 +121,17 @@ TEST(BlockScaling, E8m0IsTheSmallestExponentCoveringTheScale) {
   }
   EXPECT_TRUE(std::isnan(e8m0_to_float(255)));
   for (float fmt_max : {448.0f, 57344.0f}) {
-    for (float amax : magnitudes(5000, 4)) {
+    // Random magnitudes, and every boundary: fmt_max 2^k and the floats beside it.
+    std::vector<float> amaxes = magnitudes(5000, 4);
+    for (int k = -160; k <= 128; ++k) {
+      const float boundary = std::ldexp(fmt_max, k);
+      if (boundary == 0.0f || !std::isfinite(boundary)) continue;
+      for (float amax :
+           {boundary, std::nextafter(boundary, 0.0f), std::nextafter(boundary, INFINITY)}) {
+        if (amax > 0.0f && std::isfinite(amax)) amaxes.push_back(amax);
+      }
+    }
+    for (float amax : amaxes) {
       const uint8_t got = mx_scale_e8m0(amax, fmt_max);
       // Brute force: the smallest E8M0 whose value keeps amax within fmt_max.
       int want = 254;

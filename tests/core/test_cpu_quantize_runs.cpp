@@ -3,7 +3,8 @@
 // applied here element by element:
 //  - the kernels' quotients avoid a division for most scales (a reciprocal, exact for powers
 //    of two, or refined by an FMA for the others), so every code is compared with
-//    quantize_with_scale over all 65536 BF16 inputs for a few hundred scales (the row kernel
+//    quantize_with_scale over all 65536 BF16 and all 65536 F16 inputs for a few hundred
+//    scales (the row kernel
 //    with one block and with blocks of 32, and the column kernel), and over all 2^32 FP32
 //    inputs for two;
 //  - the vectorised scale rule (block_scales) against block_scale and mx_scale_e8m0;
@@ -84,14 +85,17 @@ bool in_domain(float x, float s, bool fma) {
   return !fma || (std::isfinite(x) && std::fabs(static_cast<double>(x)) <= std::ldexp(s, 64));
 }
 
-TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
-  std::vector<bf16> x(65536);
+// Every input of the 16-bit source type T (bf16 or fp16), through each kernel, for every test
+// scale and both FP8 formats; the row kernel also from the same values widened to FP32.
+template <class T>
+void check_every_16bit_input() {
+  std::vector<T> x(65536);
   std::vector<float> xf(65536);
   for (uint32_t i = 0; i < 65536; ++i) {
-    x[i] = bf16{static_cast<uint16_t>(i)};
+    x[i] = T{static_cast<uint16_t>(i)};
     xf[i] = to_float(x[i]);
   }
-  std::vector<uint8_t> run_bf16(65536), run_f32(65536), columns(65536), divided(65536), row(65536),
+  std::vector<uint8_t> run16(65536), run_f32(65536), columns(65536), divided(65536), row(65536),
       non_finite(65536);
   std::vector<qr::Divisor> d(qr::kColumns), blocks(65536 / 32);
   const int64_t rows = 65536 / qr::kColumns;
@@ -110,7 +114,7 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
     // The row kernel: blocks of 32 taking the lane scales in turn.
     for (size_t b = 0; b < blocks.size(); ++b) blocks[b] = d[b % qr::kColumns];
     for (DType code : {DType::kE4M3, DType::kE5M2}) {
-      qr::quantize_row(x.data(), 65536, 65536, &ds, code, run_bf16.data(), nullptr);
+      qr::quantize_row(x.data(), 65536, 65536, &ds, code, run16.data(), nullptr);
       qr::quantize_row(xf.data(), 65536, 65536, &ds, code, run_f32.data(), nullptr);
       qr::quantize_columns(x.data(), qr::kColumns, rows, d.data(), false, code, columns.data(),
                            nullptr);
@@ -122,8 +126,7 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
       for (uint32_t i = 0; i < 65536; ++i) {
         const float lane_s = d[i % qr::kColumns].s;
         const uint8_t want = want_code(code, xf[i], s), want_lane = want_code(code, xf[i], lane_s);
-        const bool run_ok =
-            !in_domain(xf[i], s, true) || (run_bf16[i] == want && run_f32[i] == want);
+        const bool run_ok = !in_domain(xf[i], s, true) || (run16[i] == want && run_f32[i] == want);
         const bool non_finite_ok = !in_domain(xf[i], s, run_fma) || non_finite[i] == want;
         const bool columns_ok = divided[i] == want_lane &&
                                 (!in_domain(xf[i], lane_s, lanes_fma) || columns[i] == want_lane);
@@ -133,7 +136,7 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
         compared += in_domain(xf[i], s, run_fma);
         if ((!run_ok || !non_finite_ok || !columns_ok || !row_ok) && ++mismatches <= 3) {
           ADD_FAILURE() << dtype_name(code) << " s = " << s << " (bits " << std::hex
-                        << float_to_bits(s) << ") x bits " << i << ": run " << int(run_bf16[i])
+                        << float_to_bits(s) << ") x bits " << i << ": run " << int(run16[i])
                         << " / " << int(run_f32[i]) << " columns " << int(columns[i]) << " / "
                         << int(divided[i]) << " row " << int(row[i]) << " non-finite run "
                         << int(non_finite[i]) << ", want " << int(want) << " / " << int(want_lane)
@@ -145,6 +148,14 @@ TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
   }
   // Most of the pairs lie in the domain (a guard against a test that compares nothing).
   EXPECT_GT(compared, static_cast<int64_t>(test_scales().size()) * 2 * 65536 * 3 / 4);
+}
+
+TEST(CpuQuantizeRuns, EveryBf16InputForManyScales) {
+  check_every_16bit_input<bf16>();
+}
+
+TEST(CpuQuantizeRuns, EveryF16InputForManyScales) {
+  check_every_16bit_input<fp16>();
 }
 
 // Every FP32 input in the domain for two scales of the FMA method: an all-ones mantissa and

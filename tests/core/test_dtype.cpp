@@ -507,6 +507,22 @@ std::vector<float> random_inputs(const Reference& r, size_t n, uint64_t seed) {
   return out;
 }
 
+// Every value of format f, every midpoint between neighbours (the ties, up to the one between
+// max and the step past it) and the FP32 values just beside each, with both signs: the
+// inputs where rounding decides, none left to chance.
+std::vector<float> every_value_and_midpoint(const Reference& r) {
+  std::vector<float> out;
+  for (size_t k = 0; k + 1 < r.sorted_values.size(); ++k) {
+    const float value = static_cast<float>(r.sorted_values[k]);
+    const float midpoint = static_cast<float>((r.sorted_values[k] + r.sorted_values[k + 1]) / 2);
+    for (float x : {value, midpoint, up(midpoint), down(midpoint)}) {
+      out.push_back(x);
+      out.push_back(-x);
+    }
+  }
+  return out;
+}
+
 // Every input's expected code from `reference_encode`, computed on all threads.
 template <class Encode>
 std::vector<uint32_t> expected_codes(const std::vector<float>& inputs, Saturation sat,
@@ -553,7 +569,8 @@ TEST(Dtype, EncodingFP8MatchesLinearSearch) {
 }
 
 // BF16/FP16: a linear search (all 32768 codes of the input's sign) on a sample; then the
-// sorted-table search, first shown to agree with the linear search, on millions of values.
+// sorted-table search, first shown to agree with the linear search, on every value and
+// midpoint and on millions of random values.
 TEST(Dtype, EncodingBF16FP16MatchesSearch) {
   for (const RefFormat& f : {kBF16, kFP16}) {
     const Reference& r = reference(f);
@@ -571,6 +588,7 @@ TEST(Dtype, EncodingBF16FP16MatchesSearch) {
     }
     disagreements.expect_none(std::string(f.name) + " binary vs linear search");
 
+    check_encoding(subject(f), every_value_and_midpoint(r), binary, "every value and midpoint");
     const std::vector<float> inputs = random_inputs(r, 4'000'000, f.bias + 2);
     check_encoding(subject(f), inputs, binary, "sorted table");
   }
