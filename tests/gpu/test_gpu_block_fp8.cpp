@@ -1,7 +1,8 @@
 // The CUDA backend's block-scaled FP8 ops against the CPU backend:
 //  - quantize_blocks: the same codes, scales and amax bit for bit (both run the scalar rules
 //    of core/precision/block_scaling.h), for every mode, source dtype, FP8 format, with and
-//    without the transpose;
+//    without the transpose, on activations and on blocks of special values (zeros,
+//    subnormals, extremes, FP8 ties, inf and NaN);
 //  - gemm with scale modes: within fp8_product_tolerance of the CPU (cuBLASLt's
 //    accumulation is not documented; the codes and scales are identical), where the
 //    device runs the pair (unsupported_scale_modes says "" there); elsewhere the call must
@@ -14,8 +15,10 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
+#include "tests/common/block_sources.h"
 #include "tests/gpu/gpu_compare.h"
 
 namespace mantissa::core {
@@ -75,23 +78,31 @@ TEST(GpuBlockFp8, QuantizeMatchesTheCpuBitForBit) {
   Backends b;
   for (const Shape& shape : {Shape{260, 384}, Shape{136, 400}, Shape{2048, 1536}}) {
     for (DType src_dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-      const Tensor host = activations(shape, src_dtype, 31);
-      const Tensor dev = b.to_device(host);
-      for (ScaleMode mode : kModes) {
-        for (bool transpose : {false, true}) {
-          for (DType code : {DType::kE4M3, DType::kE5M2}) {
-            BlockQuantizeParams p;
-            p.mode = mode;
-            p.transpose = transpose;
-            p.power_of_two = shape[0] == 136;
-            const std::string what = std::string(scale_mode_name(mode)) + " " +
-                                     dtype_name(src_dtype) + "->" + dtype_name(code) +
-                                     (transpose ? " transposed " : " ") + shape.str();
-            const Quantized cpu = quantize(*b.cpu, Device::cpu(), host, code, p);
-            const Quantized gpu = quantize(*b.gpu, b.device, dev, code, p);
-            gpu_test::expect_same_bits(cpu.codes, b.to_host(gpu.codes), what + " codes");
-            gpu_test::expect_same_bits(cpu.scales, b.to_host(gpu.scales), what + " scales");
-            gpu_test::expect_same_bits(cpu.amax, b.to_host(gpu.amax), what + " amax");
+      // Activations with an outlier channel; then blocks of zeros, subnormals, extremes and
+      // FP8 ties, without and with inf and NaN.
+      const std::pair<std::string, Tensor> sources[] = {
+          {"activations", activations(shape, src_dtype, 31)},
+          {"special", special_source(shape, src_dtype, 32, false)},
+          {"non-finite", special_source(shape, src_dtype, 33, true)}};
+      for (const auto& [source_name, host] : sources) {
+        const Tensor dev = b.to_device(host);
+        for (ScaleMode mode : kModes) {
+          for (bool transpose : {false, true}) {
+            for (DType code : {DType::kE4M3, DType::kE5M2}) {
+              BlockQuantizeParams p;
+              p.mode = mode;
+              p.transpose = transpose;
+              p.power_of_two = shape[0] == 136;
+              const std::string what = std::string(scale_mode_name(mode)) + " " +
+                                       dtype_name(src_dtype) + "->" + dtype_name(code) +
+                                       (transpose ? " transposed " : " ") + shape.str() + " " +
+                                       source_name;
+              const Quantized cpu = quantize(*b.cpu, Device::cpu(), host, code, p);
+              const Quantized gpu = quantize(*b.gpu, b.device, dev, code, p);
+              gpu_test::expect_same_bits(cpu.codes, b.to_host(gpu.codes), what + " codes");
+              gpu_test::expect_same_bits(cpu.scales, b.to_host(gpu.scales), what + " scales");
+              gpu_test::expect_same_bits(cpu.amax, b.to_host(gpu.amax), what + " amax");
+            }
           }
         }
       }

@@ -413,6 +413,19 @@ TEST(TokenSampler, TopKDrawsAmongTheKMostLikely) {
   EXPECT_GT(counts[3], 0);
   EXPECT_GT(counts[5], 0);
   EXPECT_EQ(counts[1] + counts[3] + counts[5], 3000);
+  // The K tokens in proportion to their softmax at the temperature, which applies first:
+  // at 0.5, exp(2 x) renormalised over tokens 1, 3 and 5.
+  TokenSampler cold(SamplingOptions{0.5, 3, 4});
+  std::vector<int> cold_counts(logits.size());
+  const int draws = 40000;
+  for (int i = 0; i < draws; ++i) ++cold_counts[static_cast<size_t>(cold.next(logits))];
+  double total = 0.0;
+  for (const size_t kept : {1, 3, 5}) total += std::exp(2.0 * logits[kept]);
+  for (const size_t kept : {1, 3, 5}) {
+    const double p = std::exp(2.0 * logits[kept]) / total;
+    EXPECT_NEAR(cold_counts[kept], p * draws, 5.0 * std::sqrt(draws * p * (1 - p)))
+        << "token " << kept;
+  }
   // top_k at or above the vocabulary is all of it.
   TokenSampler all(SamplingOptions{1.0, 100, 2});
   TokenSampler none(SamplingOptions{1.0, 0, 2});
@@ -453,6 +466,15 @@ TEST(TokenSampler, TopPDrawsAmongTheFewestMostLikelyThatReachIt) {
   {
     SCOPED_TRACE("top_k 2, then top_p 0.5");
     expect_near(frequencies({1.0, 2, 5, 0.5}), {0.0, 0.0, 1.0, 0.0});
+  }
+  {
+    // The temperature applies first: at 2 the probabilities are proportional to sqrt(p),
+    // 0.325, 0.282, 0.230, 0.163 (tokens 2, 0, 3, 1), and top_p 0.65 needs three of them
+    // (at temperature 1 it kept two).
+    SCOPED_TRACE("temperature 2, top_p 0.65");
+    const double total = std::sqrt(0.3) + std::sqrt(0.4) + std::sqrt(0.2);
+    expect_near(frequencies({2.0, 0, 5, 0.65}),
+                {std::sqrt(0.3) / total, 0.0, std::sqrt(0.4) / total, std::sqrt(0.2) / total});
   }
   // Among 1000 equally likely tokens, top_p 0.5 keeps the 500 of the lowest ids, found a
   // prefix at a time (64, 128, 256, 512), and draws them all alike.

@@ -7,6 +7,8 @@
 //    the scale backs off, the overflow is counted and attributed to the right parameter;
 //  - FP16 started at a loss scale of 2^24 overflows, backs off and recovers by itself;
 //  - BF16 with flash attention tracks FP32 as the materialised attention does;
+//  - weight decay applies to the matrices (embeddings included) and to nothing else: biases,
+//    norm gains;
 //  - the gradient norm is the FP64 norm of the unscaled gradients, and the optimizer gets the
 //    clip factor min(1, grad_clip / norm) (AdamW would hide a wrong one in the losses).
 #include <gtest/gtest.h>
@@ -223,6 +225,24 @@ TEST(Training, InjectedInfSkipsTheStepAndLeavesStateUntouched) {
   const StepReport after = step.run(poisoned_step + 1, {loader.next()}, nullptr);
   EXPECT_FALSE(after.skipped);
   EXPECT_EQ(optimizer.steps_taken(), steps_taken + 1);
+}
+
+TEST(Training, WeightDecayAppliesToMatricesOnly) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP32);
+  models::GPT2 gpt2(kTinyGPT, *be, policy, 1);
+  models::Llama llama(tiny_llama(), *be, policy, 1);
+  models::MLP mlp(models::MLPConfig{32, 64, 16, 256}, *be, policy, 1);
+  for (LanguageModel* model :
+       {static_cast<LanguageModel*>(&gpt2), static_cast<LanguageModel*>(&llama),
+        static_cast<LanguageModel*>(&mlp)}) {
+    int matrices = 0;
+    for (const Parameter& p : model->parameters().all()) {
+      EXPECT_EQ(p.spec.weight_decay, p.spec.shape.rank() == 2) << p.spec.name;
+      matrices += p.spec.shape.rank() == 2;
+    }
+    EXPECT_GT(matrices, 0);
+  }
 }
 
 // LocalAdamW, recording what each step hands it: the clip factor and the FP64 norm of the
