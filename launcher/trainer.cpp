@@ -50,13 +50,13 @@ std::string step_of(int64_t number, int64_t total) {
   return std::to_string(number) + "/" + std::to_string(total);
 }
 
-// The agreed stop (see Trainer::agreed_stop): 2 for SIGINT, 1 for the other stop signals.
-std::string stop_cause(float stop) {
-  return stop == 2.0f ? "interrupted (SIGINT)" : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
+std::string stop_cause(StopRequest stop) {
+  return stop == StopRequest::kInterrupt ? "interrupted (SIGINT)"
+                                         : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
 }
 
-int stop_exit_code(float stop) {
-  return stop == 2.0f ? kExitInterrupted : kExitOk;
+int stop_exit_code(StopRequest stop) {
+  return stop == StopRequest::kInterrupt ? kExitInterrupted : kExitOk;
 }
 
 double seconds_since(Clock::time_point start) {
@@ -760,11 +760,15 @@ bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   return true;
 }
 
-float Trainer::agreed_stop() {
+StopRequest Trainer::agreed_stop() {
   const int signal = stop_signal();
-  std::vector<float> stop{signal == SIGINT ? 2.0f : signal != 0 ? 1.0f : 0.0f};
+  const StopRequest here = signal == SIGINT ? StopRequest::kInterrupt
+                           : signal != 0    ? StopRequest::kStop
+                                            : StopRequest::kNone;
+  // The requests are ordered by urgency, so a MAX over the ranks picks the most urgent.
+  std::vector<float> stop{static_cast<float>(static_cast<int>(here))};
   dp_->max_across_ranks(stop);
-  return stop[0];
+  return static_cast<StopRequest>(static_cast<int>(stop[0]));
 }
 
 std::vector<Trainer::StateBuffer> Trainer::state_buffers() {
@@ -828,12 +832,12 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   say(line);
 }
 
-Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, float stop) {
+Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop) {
   const int64_t every = config_.run().eval_every();
   const int64_t total = config_.run().steps();
   if (!evaluator_ || (steps_done % every != 0 && steps_done != total)) return {};
   const bool stop_first = steps_done < total;
-  if (stop_first && stop != 0.0f) return {std::nullopt, true};
+  if (stop_first && stop != StopRequest::kNone) return {std::nullopt, true};
   Clock::time_point last_note = Clock::now();
   const auto progress = [&](int64_t done, int64_t micro_batches) {
     metrics_->record_evaluating();
@@ -870,7 +874,7 @@ int Trainer::run() {
   // A stop that came during the setup (a preemption while shards or a checkpoint loaded) ends
   // the run before its first step: a step and a save would only spend the grace period, and
   // nothing has changed since the newest checkpoint.
-  if (const float stop = agreed_stop(); stop != 0.0f) {
+  if (const StopRequest stop = agreed_stop(); stop != StopRequest::kNone) {
     progress_.finish();
     say("mantissa: " + stop_cause(stop) + " during the start: stopped before step " +
         step_of(start_step_ + 1, total) +
@@ -908,7 +912,7 @@ int Trainer::run() {
       return diverged(step, e.what());
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
-    float stop = agreed_stop();
+    StopRequest stop = agreed_stop();
     const double seconds = seconds_since(start);
     const int64_t syncs_at_end = backend_->host_syncs();
     tokens_total_ += report.tokens * world_size;
@@ -949,13 +953,13 @@ int Trainer::run() {
     if (check_every > 0 && steps_done % check_every == 0) {
       dp_->check_consistency(replica_state(steps_done));
     }
-    bool stopping = stop != 0.0f && steps_done < total;
+    bool stopping = stop != StopRequest::kNone && steps_done < total;
     if (maybe_checkpoint(steps_done, stopping) && steps_done < total) {
       // A save takes long: a stop asked for while it ran ends the run on it, not after one
       // more step and one more save (a preemption's grace period is short); a Ctrl-C during a
       // stop's own save still makes its exit code 130.
       stop = std::max(stop, agreed_stop());
-      stopping = stop != 0.0f;
+      stopping = stop != StopRequest::kNone;
     }
     if (stopping) {
       progress_.finish();

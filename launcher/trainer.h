@@ -1,22 +1,24 @@
 // The Trainer: one rank's part of a training run, wired from a validated TrainConfig.
 //
 // Construction builds, in this order (every rank runs the same code, see dist/data_parallel.h):
-// run.dir and its lock (rank 0), the device and backend, the corpus and this rank's data loader,
-// the checks that every rank shares the build, settings, kind of device and tokens, has a GPU
-// of its own and sees rank 0's run.dir (launcher/rank_agreement.h), the model (same seed on
-// every rank), data parallelism (gradient sync + the optimizer, ZeRO-1 sharded or not), the
-// loss scaler, LR schedule and training step (with fault injection from debug.*), the
-// checkpointer and the metrics exporter; then it resumes from <run.dir>/checkpoints when there
-// is a checkpoint (checkpoint.resume), or broadcasts rank 0's initial weights (random, or
-// imported from model.init_from).
+// run.dir and its lock (rank 0), the device and backend, the metrics exporter (first, so that
+// a slow start is scraped rather than seen down), the corpus and this rank's data loader, the
+// checks that every rank shares the build, settings, kind of device and tokens, has a GPU of
+// its own and sees rank 0's run.dir (launcher/rank_agreement.h), the model (same seed on every
+// rank), data parallelism (gradient sync + the optimizer, ZeRO-1 sharded or not), the loss
+// scaler, LR schedule and training step (with fault injection from debug.*) and the
+// checkpointer; then it resumes from <run.dir>/checkpoints when there is a checkpoint
+// (checkpoint.resume), or broadcasts rank 0's initial weights (random, or imported from
+// model.init_from).
 //
 // run() trains to run.steps. After every step each rank logs its JSON line, rank 0 updates the
 // progress line, and all ranks agree, with one MAX all-reduce, on whether any of them received
 // SIGUSR1/SIGTERM. Checkpoints are written every checkpoint.every_steps, at the end, and at an
-// agreed stop. The divergence guard stops the run on a non-finite mean loss, or when the loss
-// scaler gives up (non-finite gradients at its minimum scale max_overflows_at_min times in a
-// row). Both conditions are identical on every rank (the loss is summed over ranks, the
-// overflow flag is MAX-reduced), so all ranks stop at the same step and exit alike.
+// agreed stop. The divergence guard stops the run on a non-finite mean loss or validation
+// loss, or when the loss scaler gives up (non-finite gradients at its minimum scale
+// max_overflows_at_min times in a row). These conditions are identical on every rank (the
+// losses are summed over ranks, the overflow flag is MAX-reduced), so all ranks stop at the
+// same step and exit alike.
 #pragma once
 
 #include <cstdint>
@@ -46,6 +48,10 @@
 
 namespace mantissa::launcher {
 
+// A stop that a signal requests, in increasing urgency: kStop (SIGUSR1, SIGTERM, SIGHUP)
+// checkpoints and exits 0, kInterrupt (SIGINT) checkpoints and exits as interrupted.
+enum class StopRequest : uint8_t { kNone = 0, kStop = 1, kInterrupt = 2 };
+
 class Trainer {
  public:
   // `config` must have its defaults applied and be validated. Throws core::ConfigError for what
@@ -73,7 +79,7 @@ class Trainer {
   // skips the evaluation, and a stop signal that reaches a rank while it runs cuts that rank's
   // part short, which voids the evaluation on every rank. Rank 0 says how far a long
   // evaluation has come.
-  Evaluation maybe_evaluate(int64_t steps_done, float stop);
+  Evaluation maybe_evaluate(int64_t steps_done, StopRequest stop);
   // The exporter (and pusher) of this rank's metrics; returns the start line that names the
   // peak MFU is measured against.
   std::string build_metrics();
@@ -97,9 +103,9 @@ class Trainer {
   // checkpoint.every_steps, and after the last step) or when `force`d by a stop request;
   // whether it wrote one.
   bool maybe_checkpoint(int64_t steps_done, bool force);
-  // What every rank agrees on, a signal having reached any of them: 0 go on, 1 stop, 2 stop
-  // as interrupted (SIGINT, whose exit code wins). Collective.
-  float agreed_stop();
+  // What every rank agrees on, a signal having reached any of them: the most urgent request
+  // of all ranks (SIGINT's interrupt, whose exit code wins, over a stop). Collective.
+  StopRequest agreed_stop();
   void save_checkpoint(int64_t steps_done);
   // The buffers a checkpoint holds, as this rank keeps them: the masters of the parameter
   // store and the moments of the range the optimizer owns (whole without ZeRO, the shard
