@@ -200,6 +200,25 @@ std::string checkpoint_dir_name(int64_t step) {
   return name;
 }
 
+namespace {
+
+// The manifest of checkpoint `step` in `dir`; CheckpointDamaged also when it is of another step.
+Manifest read_manifest(const std::string& dir, int64_t step) {
+  const std::string path = dir + "/" + checkpoint_dir_name(step) + "/" + kManifestName;
+  Manifest m = decode_manifest(read_whole_file(path), path);
+  // A directory renamed or copied by hand (a backup put back as a newer step) would otherwise
+  // resume at another step than its name says, and the next save would roll back over, and
+  // remove, the checkpoints between.
+  if (m.state.step != step) {
+    throw CheckpointDamaged(path + ": the manifest is of step " + std::to_string(m.state.step) +
+                            ", its directory's name of step " + std::to_string(step) +
+                            " (renamed or copied from another checkpoint?)");
+  }
+  return m;
+}
+
+}  // namespace
+
 std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params) {
   std::vector<ParameterLayout> layout;
   for (const train::Parameter& p : params.all())
@@ -251,9 +270,8 @@ Checkpointer::Checkpointer(CheckpointOptions options, CheckpointGroup group)
 
 std::optional<CheckpointState> Checkpointer::newest_manifest() const {
   for (const int64_t step : steps()) {
-    const std::string path = options_.dir + "/" + checkpoint_dir_name(step) + "/" + kManifestName;
     try {
-      return decode_manifest(read_whole_file(path), path).state;
+      return read_manifest(options_.dir, step).state;
     } catch (const CheckpointDamaged&) {
       // The load falls back past it too.
     }
@@ -476,11 +494,10 @@ std::string Checkpointer::save(const CheckpointState& state,
   return final_dir;
 }
 
-CheckpointState Checkpointer::load_one(const std::string& dir,
-                                       const std::vector<ParameterLayout>& layout,
+CheckpointState Checkpointer::load_one(int64_t step, const std::vector<ParameterLayout>& layout,
                                        const std::vector<BufferSlice>& slices) {
-  const std::string manifest_path = dir + "/" + kManifestName;
-  const Manifest m = decode_manifest(read_whole_file(manifest_path), manifest_path);
+  const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
+  const Manifest m = read_manifest(options_.dir, step);
 
   // Empty where the checkpoint's buffers load element for element.
   std::vector<Segment> remap;
@@ -588,17 +605,18 @@ CheckpointState Checkpointer::load_one(const std::string& dir,
   return m.state;
 }
 
-std::optional<CheckpointState> Checkpointer::load_agreed(const std::string& dir,
+std::optional<CheckpointState> Checkpointer::load_agreed(int64_t step,
                                                          const std::vector<ParameterLayout>& layout,
                                                          const std::vector<BufferSlice>& slices,
                                                          std::string& damage) {
+  const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
   CheckpointState state;
   std::string misfit;
   std::string unreadable;
   std::optional<core::ErrorKind> unreadable_kind;
   std::optional<std::string> misfit_config;  // set when the misfit is another model's layout
   try {
-    state = load_one(dir, layout, slices);
+    state = load_one(step, layout, slices);
   } catch (const CheckpointDamaged& e) {
     damage = e.what();
   } catch (const CheckpointUnreadable& e) {
@@ -645,7 +663,7 @@ std::optional<CheckpointState> Checkpointer::load_latest(const std::vector<Param
     for (size_t i = 0; i < found.size(); ++i) {
       const std::string dir = options_.dir + "/" + checkpoint_dir_name(found[i]);
       std::string damage;
-      if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
+      if (std::optional<CheckpointState> state = load_agreed(found[i], layout, slices, damage)) {
         return state;
       }
       std::error_code ec;
@@ -682,7 +700,7 @@ std::optional<CheckpointState> Checkpointer::load_step(int64_t step,
   if (std::find(found.begin(), found.end(), step) == found.end()) return std::nullopt;
   const std::string dir = options_.dir + "/" + checkpoint_dir_name(step);
   std::string damage;
-  if (std::optional<CheckpointState> state = load_agreed(dir, layout, slices, damage)) {
+  if (std::optional<CheckpointState> state = load_agreed(step, layout, slices, damage)) {
     return state;
   }
   throw CheckpointDamaged("checkpoint " + dir + " is damaged, not loaded: " +

@@ -245,13 +245,13 @@ class Checkpointer {
   const void* host_bytes(const core::Tensor& t, core::Tensor& staging);
   void write_payload(const std::string& dir, const std::vector<BufferSlice>& slices,
                      ShardIndex& index);
-  CheckpointState load_one(const std::string& dir, const std::vector<ParameterLayout>& layout,
+  CheckpointState load_one(int64_t step, const std::vector<ParameterLayout>& layout,
                            const std::vector<BufferSlice>& slices);
-  // Collective load_one: the state when `dir` verified on every rank; nullopt when it is
-  // damaged somewhere (`damage` then says how, on the ranks where it is); throws
+  // Collective load_one: the state when checkpoint `step` verified on every rank; nullopt when it
+  // is damaged somewhere (`damage` then says how, on the ranks where it is); throws
   // core::ConfigError on every rank when it is intact but does not fit, CheckpointUnreadable
   // when a rank could not read a file of it.
-  std::optional<CheckpointState> load_agreed(const std::string& dir,
+  std::optional<CheckpointState> load_agreed(int64_t step,
                                              const std::vector<ParameterLayout>& layout,
                                              const std::vector<BufferSlice>& slices,
                                              std::string& damage);

@@ -314,6 +314,24 @@ TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   EXPECT_TRUE(into.equals_step(10));
 }
 
+// A checkpoint copied by hand under a newer step's name (a backup put back): the manifest
+// says step 10, so it is damaged as step 30, not loaded as step 10 with the save after it
+// rolling back over step 20 and removing step 30.
+TEST_F(CheckpointTest, ACheckpointUnderAnotherStepsNameIsDamaged) {
+  save(10, 0);
+  save(20, 0);
+  fs::copy(dir() + "/step_00000010", dir() + "/step_00000030");
+  Slices into = Slices::empty(0, kN);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(load(into)->step, 20);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(dir() + "/step_00000030/manifest.pb: the manifest is of step 10, its "
+                             "directory's name of step 30"),
+            std::string::npos)
+      << err;
+  EXPECT_TRUE(into.equals_step(20));
+}
+
 // checkpoint.keep 2, step 5 damaged: the run resumes from step 4 and saves step 6. Counting
 // step 5 would remove step 4, and a step 6 damaged in turn would leave nothing to resume from.
 TEST_F(CheckpointTest, ADamagedCheckpointTakesNoIntactOnesPlace) {
