@@ -582,26 +582,43 @@ void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
 }
 
 void Trainer::require_same_tokenizer(const checkpoint::CheckpointState& state) {
-  if (state.tokenizer_crc32c == 0 || tokenizer_crc32c_ == 0 ||
-      state.tokenizer_crc32c == tokenizer_crc32c_) {
+  if (state.tokenizer_crc32c == 0 || state.tokenizer_crc32c == tokenizer_crc32c_) return;
+  // Almost always a mistake (shards re-encoded by another tokenizer, or its file gone, after
+  // which no later resume could tell either): refused, alike on every rank (rank 0 says it),
+  // unless allowed.
+  const TrainConfig::Data& data = config_.data();
+  const bool allowed = data.allow_tokenizer_change();
+  const std::string shards =
+      "data.token_shards.pattern = \"" + data.token_shards().pattern() + "\"";
+  if (tokenizer_crc32c_ != 0) {
+    const std::string refused = data.tokenizer().empty()
+                                    ? shards + ": its tokenizer " + tokenizer_file_
+                                    : "data.tokenizer = \"" + data.tokenizer() + "\":";
+    if (!allowed) {
+      throw RanksDisagree(refused +
+                          " is another than the one the checkpoint was trained with, so the "
+                          "same token ids would stand for other text; set "
+                          "data.allow_tokenizer_change=true to train on with it");
+    }
+    say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
+        tokenizer_file_ +
+        ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
     return;
   }
-  // Almost always a mistake (shards re-encoded by another tokenizer): refused, alike on
-  // every rank (rank 0 says it), unless allowed.
-  const TrainConfig::Data& data = config_.data();
-  const std::string refused =
-      data.tokenizer().empty() ? "data.token_shards.pattern = \"" + data.token_shards().pattern() +
-                                     "\": its tokenizer " + tokenizer_file_
-                               : "data.tokenizer = \"" + data.tokenizer() + "\":";
-  if (!data.allow_tokenizer_change()) {
-    throw RanksDisagree(refused +
-                        " is another than the one the checkpoint was trained with, so the same "
-                        "token ids would stand for other text; set "
-                        "data.allow_tokenizer_change=true to train on with it");
+  const std::string missing =
+      data.has_token_shards()
+          ? shards + ": no " + std::string(train::kShardsTokenizerFile) + " beside the shards"
+          : std::string("data: no tokenizer");
+  if (!allowed) {
+    throw RanksDisagree(missing +
+                        ", but the checkpoint was trained with one, so nothing shows that the "
+                        "token ids still stand for the same text; put it back (or set "
+                        "data.tokenizer), or set data.allow_tokenizer_change=true to train on "
+                        "without it");
   }
-  say("mantissa: warning: the checkpoint was trained with another tokenizer than " +
-      tokenizer_file_ +
-      ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
+  say("mantissa: warning: " + missing +
+      ": the tokenizer the checkpoint was trained with is not compared, and later resumes "
+      "cannot compare it either (data.allow_tokenizer_change)");
 }
 
 void Trainer::report_changes(const checkpoint::CheckpointState& state) {

@@ -91,7 +91,8 @@ class Trainer {
   // settings take them (a fixed scale, another FP8 recipe: said, and started afresh).
   void restore_scaling(const checkpoint::CheckpointState& state);
   // A checkpoint trained with another tokenizer (its CRC32C against rank 0's, which every rank
-  // holds): RanksDisagree, unless data.allow_tokenizer_change, which warns.
+  // holds), or with one where this run finds none: RanksDisagree, unless
+  // data.allow_tokenizer_change, which warns.
   void require_same_tokenizer(const checkpoint::CheckpointState& state);
   // What differs from the run the checkpoint was saved by, said before the steps go on: the
   // data, the seed, settings, the global batch.

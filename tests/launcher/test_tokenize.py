@@ -392,6 +392,15 @@ precision {{ mode: FP32 }}
                       f"{out_dir}/tokenizer.model: the same token ids stand for other text from "
                       "here on (data.allow_tokenizer_change)\n",
                       resume(3, "data.allow_tokenizer_change=true"))
+        # Without its tokenizer.model the shards' ids cannot be checked: refused too, or the
+        # next checkpoint would record no tokenizer and no later resume could tell.
+        os.rename(f"{out_dir}/tokenizer.model", f"{out_dir}/tokenizer.model.moved")
+        self.assertEqual(resume(4, code=2),
+                         f'mantissa: data.token_shards.pattern = "{out_dir}/train_*.bin": no '
+                         "tokenizer.model beside the shards, but the checkpoint was trained with "
+                         "one, so nothing shows that the token ids still stand for the same text; "
+                         "put it back (or set data.tokenizer), or set "
+                         "data.allow_tokenizer_change=true to train on without it\n")
 
     def test_an_input_list_stands_for_its_files_where_it_is_given(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
