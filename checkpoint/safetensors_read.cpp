@@ -9,6 +9,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "core/read_file.h"
 
 namespace mantissa::checkpoint {
@@ -100,6 +101,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t fil
       where << ": " << prefix.size() << " bytes given, the header needs " << 8 + header_size);
   const std::string json(prefix.substr(8, header_size));
   MANTISSA_REQUIRE(json.starts_with("{"), kConfig, where << ": the header is not a JSON object");
+  const std::optional<size_t> too_deep = core::json_too_deep_at(json);
+  MANTISSA_REQUIRE(!too_deep, kConfig,
+                   where << ": the header nests deeper than " << core::kMaxJsonNesting
+                         << " levels at its byte " << too_deep.value_or(0)
+                         << " (a safetensors header nests 3 deep)");
   google::protobuf::Struct header;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &header);
   MANTISSA_REQUIRE(status.ok(), kConfig,

@@ -15,6 +15,7 @@
 #include "core/dtype/dtype.h"
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/json_nesting.h"
 #include "core/json_string.h"
 #include "core/missing_directories.h"
 #include "core/read_file.h"
@@ -57,6 +58,10 @@ bool same_json(const Value& a, const Value& b) {
 // The JSON object in the file `path` (config.json, the shards' index).
 google::protobuf::Struct read_json_object(const std::string& path) {
   const std::string text = core::read_whole_file(path, "JSON file");
+  const std::optional<size_t> too_deep = core::json_too_deep_at(text);
+  MANTISSA_REQUIRE(!too_deep, kConfig,
+                   "'" << path << "' nests deeper than " << core::kMaxJsonNesting
+                       << " levels at its byte " << too_deep.value_or(0));
   google::protobuf::Struct object;
   const auto status = google::protobuf::util::JsonStringToMessage(text, &object);
   MANTISSA_REQUIRE(status.ok() && text.find('{') != std::string::npos, kConfig,

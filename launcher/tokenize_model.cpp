@@ -2,7 +2,11 @@
 
 #include <sentencepiece_processor.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "core/error.h"
@@ -24,7 +28,19 @@ constexpr std::string_view kProbe =
     "\xE4\xB8\xAD\xE6\x96\x87 "
     "\xF0\x9F\x98\x80 \xE2\x96\x81 \0 end "sv;
 
+// Far above any SentencePiece model (a vocabulary of 256k pieces takes about 5 MB) and below
+// the 2 GiB protobuf parses at all: a larger file is another kind of file (a shard, a
+// safetensors file), refused before it is read into memory.
+constexpr uintmax_t kMaxModelBytes = uintmax_t{256} << 20;
+
 std::string read_model_file(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
+  if (!ec && size > kMaxModelBytes) {
+    throw core::ConfigError("tokenizer '" + path + "' is " + std::to_string(size) +
+                            " bytes, more than the " + std::to_string(kMaxModelBytes >> 20) +
+                            " MiB a SentencePiece model may be (not a tokenizer model?)");
+  }
   std::string bytes = core::read_whole_file(path, "tokenizer");
   if (bytes.empty()) throw core::ConfigError("tokenizer '" + path + "' is empty");
   return bytes;

@@ -210,6 +210,13 @@ TEST(Safetensors, MalformedFilesAreRejected) {
                     8),
                "are shared");
   expect_error(file(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "has no \"data_offsets\"");
+  // Nested past 64 levels: refused before the JSON parser, whose time grows with the square of
+  // the depth. Brackets in strings (an escaped quote among them) are text, not nesting.
+  const std::string deep = std::string(100, '[') + std::string(100, ']');
+  expect_error(file("{\"a\":" + deep + "}", 0),
+               "safetensors 'f': the header nests deeper than 64 levels at its byte 68");
+  const std::string text = R"({"__metadata__":{"n":"\")" + deep + R"("}})";
+  EXPECT_EQ(checkpoint::parse_safetensors(file(text, 0), "f").tensors.size(), 0u);
 }
 
 // The path model.init_from takes: the header alone, then each tensor from the file; a file

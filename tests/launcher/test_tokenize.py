@@ -807,6 +807,13 @@ class BadInput(lu.TempDirTest):
                             "not parse as one)",
                             "encode", "--tokenizer", junk, "--out-dir", "{dir}/out", "--input",
                             LICENCE)
+        # A file far larger than any model (a sparse one: no disk used) is not read at all.
+        huge = os.path.join(self.dir, "huge.model")
+        with open(huge, "wb") as f:
+            f.truncate(300 << 20)
+        self.assert_refused(f"mantissa: tokenizer '{huge}' is 314572800 bytes, more than the 256 "
+                            "MiB a SentencePiece model may be (not a tokenizer model?)",
+                            "info", "--tokenizer", huge)
         tokenizer = self.tokenizer()
         shard = os.path.join(self.dir, "bad.bin")
         with open(shard, "wb") as f:
