@@ -143,12 +143,17 @@ SafetensorsHeader parse_safetensors_header(std::string_view prefix, uint64_t fil
                            << last->end << ", the file holds " << data_size << " data bytes");
   }
   uint64_t next = 0;
+  const SafetensorsEntry* previous = nullptr;
   for (const SafetensorsEntry& t : out.tensors) {
+    MANTISSA_REQUIRE(t.begin >= next, kConfig,
+                     where << ": tensors '" << previous->name << "' and '" << t.name
+                           << "' share data bytes [" << t.begin << ", " << std::min(next, t.end)
+                           << ")");
     MANTISSA_REQUIRE(
         t.begin == next, kConfig,
-        where << ": data bytes [" << next << ", " << t.begin << ") "
-              << (t.begin > next ? "belong to no tensor" : "are shared by several tensors"));
+        where << ": data bytes [" << next << ", " << t.begin << ") belong to no tensor");
     next = t.end;
+    previous = &t;
   }
   MANTISSA_REQUIRE(
       next == data_size, kConfig,

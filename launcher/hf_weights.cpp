@@ -447,6 +447,12 @@ void import_hf_directory(const std::string& dir, const models::HfLayout& layout,
       check_tied_copies(files, layout, *m.entry, raw);
     values.resize(static_cast<size_t>(m.tensor->numel()));
     to_f32(raw, m.entry->dtype, values.data());
+    // Training from a NaN or inf would end at its first step blaming the learning rate.
+    const auto bad =
+        std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+    MANTISSA_REQUIRE(bad == values.end(), kConfig,
+                     "'" << m.file->path << "': tensor '" << m.entry->name << "' element "
+                         << bad - values.begin() << " is " << *bad);
     models::from_hf(*m.tensor, values.data(), masters.data() + parameter.at(m.tensor)->offset);
   }
   params.set_weights(backend, core::Tensor::wrap(masters.data(), core::Shape{params.flat_numel()},

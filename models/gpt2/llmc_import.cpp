@@ -1,8 +1,11 @@
 #include "models/gpt2/llmc_import.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "core/dtype/dtype.h"
@@ -176,6 +179,12 @@ void import_llmc_gpt2(const std::string& path, models::GPT2& model, core::Backen
           dst[i] = core::bf16_to_float(x);
         }
       }
+      // Training from a NaN or inf would end at its first step blaming the learning rate.
+      const float* bad = std::find_if(dst, dst + count, [](float x) { return !std::isfinite(x); });
+      MANTISSA_REQUIRE(bad == dst + count, kConfig,
+                       "llm.c model '" << path << "': " << t.llmc_name
+                                       << (t.layers > 1 ? " of layer " + std::to_string(layer) : "")
+                                       << " element " << bad - dst << " is " << *bad);
       ++written;
     }
   }

@@ -208,7 +208,7 @@ TEST(Safetensors, MalformedFilesAreRejected) {
   expect_error(file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
                     R"("b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                     8),
-               "are shared");
+               "safetensors 'f': tensors 'a' and 'b' share data bytes [0, 4)");
   expect_error(file(R"({"a":{"dtype":"F32","shape":[2]}})", 8), "has no \"data_offsets\"");
   // Nested past 64 levels: refused before the JSON parser, whose time grows with the square of
   // the depth. Brackets in strings (an escaped quote among them) are text, not nesting.

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -295,6 +296,13 @@ TEST_F(HfWeights, TensorProblemsAreNamed) {
     auto t = good;
     t[1].dtype = "I32";
     expect(t, "tensor '" + good[1].name + "' has dtype I32; F32, BF16 and F16 weights are read");
+  }
+  {
+    // A NaN would end training at its first step, blaming the learning rate.
+    auto t = good;
+    const float nan = NAN;
+    std::memcpy(t[1].data.data() + 3 * sizeof(float), &nan, sizeof(float));
+    expect(t, "tensor '" + good[1].name + "' element 3 is nan");
   }
   {
     // Cut short: the reader names the file and the tensor past its end.

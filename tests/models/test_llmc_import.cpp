@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -222,6 +223,19 @@ TEST(LlmcImport, ErrorsNameTheFileAndTheField) {
   e = import_error(bad_heads, kConfig);
   EXPECT_TRUE(contains(e, "channels = 8 is not a multiple of num_heads = 3")) << e;
 
-  for (const char* name : {"good.bin", "magic.bin", "version.bin", "truncated.bin", "heads.bin"})
+  // A non-finite weight: element 5 of wte, right after the 1024-byte header.
+  const std::string nan_weight = temp_path("nan.bin");
+  std::filesystem::copy_file(good, nan_weight, std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(nan_weight, std::ios::in | std::ios::out | std::ios::binary);
+    const float inf = INFINITY;
+    f.seekp(1024 + 5 * 4);
+    f.write(reinterpret_cast<const char*>(&inf), 4);
+  }
+  e = import_error(nan_weight, kConfig);
+  EXPECT_TRUE(contains(e, "nan.bin': wte element 5 is inf")) << e;
+
+  for (const char* name :
+       {"good.bin", "magic.bin", "version.bin", "truncated.bin", "heads.bin", "nan.bin"})
     std::filesystem::remove(temp_path(name));
 }
