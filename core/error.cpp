@@ -5,6 +5,23 @@
 #include <string_view>
 
 namespace mantissa::core {
+namespace {
+
+std::string without_nul(const std::string& message) {
+  std::string out;
+  for (const char c : message) {
+    if (c == '\0') {
+      out += "\\0";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+Error::Error(const std::string& message) : std::runtime_error(without_nul(message)) {}
 
 void throw_error(const std::string& message, const char* file, int line) {
   const char* base = std::strrchr(file, '/');

@@ -46,7 +46,10 @@ constexpr int exit_code(ErrorKind kind) {
 
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  // A NUL byte in the message (from a path or value a user wrote) is kept as the text \0:
+  // what() is printed as a C string, which would end there, before the reason.
+  explicit Error(const std::string& message);
+  explicit Error(const char* message) : Error(std::string(message)) {}
   virtual ErrorKind kind() const { return ErrorKind::kFailure; }
 };
 

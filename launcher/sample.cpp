@@ -135,9 +135,12 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const std::optional<std::string> found = run_tokenizer_file(config);
   const fs::path beside =
       fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile;
+  std::error_code ec;
+  const bool beside_exists = fs::exists(beside, ec);
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
-          "has no tokenizer beside it: " + beside.string() + " is missing" +
+          "has no tokenizer beside it: " + beside.string() +
+              (beside_exists ? " is not a regular file" : " is missing") +
               run_relative_hint(beside, "mantissa sample") +
               " (sample decodes with the SentencePiece model that mantissa tokenize encode "
               "writes beside its shards, or data.tokenizer; shards from other tools, such as "
@@ -304,7 +307,9 @@ int run_sample(const SampleArgs& args) {
   }
   if (!fs::is_regular_file(config_path)) {
     bad_input("--run", args.run_dir,
-              "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");
+              fs::exists(config_path)
+                  ? "has a config.pbtxt that is not a regular file"
+                  : "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");
   }
   TrainConfig config = load_config_file(config_path.string());
   apply_defaults(config, config_path.string());

@@ -64,8 +64,11 @@ Tokenizer::Tokenizer(const std::string& path, std::string model_bytes)
   const sentencepiece::util::Status status = processor_->LoadFromSerializedProto(model_bytes_);
   if (!status.ok()) {
     const std::string reason = sentencepiece_reason(status.error_message());
+    // A reason comes from a model that parses but breaks SentencePiece's rules: one cut short
+    // or damaged, most likely.
     throw core::ConfigError("tokenizer '" + path_ + "' is not a SentencePiece model" +
-                            (reason.empty() ? " (it does not parse as one)" : ": " + reason));
+                            (reason.empty() ? " (it does not parse as one)"
+                                            : ": " + reason + " (damaged or truncated?)"));
   }
   vocab_size_ = processor_->GetPieceSize();
   if (vocab_size_ > train::kMaxVocab) {

@@ -210,6 +210,10 @@ class TinyRun(unittest.TestCase):
                       self.bad("--run", config, run=False))
         self.assertIn(f"--run {self.dir}: has no config.pbtxt",
                       self.bad("--run", self.dir, run=False))
+        odd = os.path.join(self.dir, "odd")
+        os.makedirs(os.path.join(odd, "config.pbtxt"))
+        self.assertIn(f"--run {odd}: has a config.pbtxt that is not a regular file",
+                      self.bad("--run", odd, run=False))
 
     def test_a_bad_cpu_switch_exits_2_naming_it(self):
         result = subprocess.run([lu.binary(), "sample", "--run", self.run_dir],
@@ -271,6 +275,10 @@ data {{ token_shards {{ pattern: "{shards}/train_*.bin" }} }}
         stderr = self.bad("--run", run, run=False)
         self.assertIn(os.path.join(shards, "tokenizer.model") + " is missing", stderr)
         self.assertNotIn("relative", stderr)
+        os.makedirs(os.path.join(shards, "tokenizer.model"))
+        self.assertIn(os.path.join(shards, "tokenizer.model") + " is not a regular file",
+                      self.bad("--run", run, run=False))
+        os.removedirs(os.path.join(shards, "tokenizer.model"))  # and the empty shards/
         # A relative path is taken from the current directory, as train took it: the message
         # says so, and where to run sample from.
         with open(os.path.join(run, "config.pbtxt"), "w") as f:
