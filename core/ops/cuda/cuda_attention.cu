@@ -236,12 +236,12 @@ void CudaBackend::attention_backward(const Tensor& dout, const Tensor& qkv, cons
 
 void CudaBackend::split_heads(const Tensor& x, Tensor& out) {
   const HeadsDims d = check_split_heads(x, out, device());
-  permute_heads(x, out, d, true, multiprocessor_count_, stream_);
+  permute_heads(x, out, d, true, multiprocessor_count_, stream());
 }
 
 void CudaBackend::merge_heads(const Tensor& x, Tensor& out) {
   const HeadsDims d = check_merge_heads(x, out, device());
-  permute_heads(x, out, d, false, multiprocessor_count_, stream_);
+  permute_heads(x, out, d, false, multiprocessor_count_, stream());
 }
 
 void CudaBackend::causal_softmax_forward(const Tensor& scores, float scale, Tensor& probs) {
@@ -249,10 +249,10 @@ void CudaBackend::causal_softmax_forward(const Tensor& scores, float scale, Tens
   const int64_t rows = N * T;
   if (rows == 0) return;
   if (vector_rows(T, {scores.data(), probs.data()})) {
-    causal_softmax_forward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+    causal_softmax_forward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream()>>>(
         as_in(scores), as_out(probs), rows, T, scale);
   } else {
-    causal_softmax_forward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+    causal_softmax_forward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream()>>>(
         as_in(scores), as_out(probs), rows, T, scale);
   }
   MANTISSA_CUDA_CHECK_LAUNCH();
@@ -264,10 +264,10 @@ void CudaBackend::causal_softmax_backward(const Tensor& probs, const Tensor& dpr
   const int64_t rows = N * T;
   if (rows == 0) return;
   if (vector_rows(T, {probs.data(), dprobs.data(), dscores.data()})) {
-    causal_softmax_backward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+    causal_softmax_backward_kernel<kVector><<<softmax_blocks(rows), kBlock, 0, stream()>>>(
         as_in(probs), as_in(dprobs), as_out(dscores), rows, T, scale);
   } else {
-    causal_softmax_backward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream_>>>(
+    causal_softmax_backward_kernel<1><<<softmax_blocks(rows), kBlock, 0, stream()>>>(
         as_in(probs), as_in(dprobs), as_out(dscores), rows, T, scale);
   }
   MANTISSA_CUDA_CHECK_LAUNCH();

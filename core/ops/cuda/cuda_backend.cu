@@ -109,25 +109,22 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   MANTISSA_CUDA_CHECK(cudaDeviceGetAttribute(
       &max_shared_per_block_, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index));
   gemm_ = std::make_unique<CublasLtGemm>();
-  // The stream comes last: if anything above throws, nothing needs undoing by hand (the
-  // members built so far clean up after themselves).
-  MANTISSA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // On the device cudaSetDevice chose above, hence made here rather than as the members are.
+  stream_.emplace();
 }
 
 CudaBackend::~CudaBackend() {
-  // Outstanding work may still use the stream and the GEMM workspace: let it finish first.
-  // A destructor cannot throw, so failures are reported and otherwise ignored.
-  const cudaError_t synced = cudaStreamSynchronize(stream_);
-  const cudaError_t destroyed = cudaStreamDestroy(stream_);
-  if (synced != cudaSuccess || destroyed != cudaSuccess) {
-    std::fprintf(stderr, "mantissa: releasing the stream of cuda:%d failed: %s\n", device_index_,
-                 cudaGetErrorString(synced != cudaSuccess ? synced : destroyed));
+  // Outstanding work may still use the GEMM workspace, released before the stream: let it
+  // finish first. A destructor cannot throw, so a failure is reported and otherwise ignored.
+  if (const cudaError_t synced = cudaStreamSynchronize(stream()); synced != cudaSuccess) {
+    std::fprintf(stderr, "mantissa: finishing the work of cuda:%d failed: %s\n", device_index_,
+                 cudaGetErrorString(synced));
   }
 }
 
 void CudaBackend::synchronize() {
   ++host_syncs_;
-  MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  MANTISSA_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
@@ -148,7 +145,7 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   // itself waits for the copy; the synchronize() every reader follows it with then finds the
   // stream drained, and host_syncs() counts that one wait once.)
   MANTISSA_CUDA_CHECK(
-      cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream_));
+      cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDefault, stream()));
 }
 
 void CudaBackend::fill(Tensor& dst, float value) {
@@ -161,19 +158,19 @@ void CudaBackend::fill(Tensor& dst, float value) {
   // a memset.
   if (width == 1 || pattern == 0) {
     MANTISSA_CUDA_CHECK(
-        cudaMemsetAsync(dst.data(), static_cast<int>(pattern & 0xFF), dst.nbytes(), stream_));
+        cudaMemsetAsync(dst.data(), static_cast<int>(pattern & 0xFF), dst.nbytes(), stream()));
     return;
   }
   switch (width) {
     case 2:
       launch_fill<uint16_t>(dst.data(), n, static_cast<uint16_t>(pattern), multiprocessor_count_,
-                            stream_);
+                            stream());
       return;
     case 4:
       launch_fill<uint32_t>(dst.data(), n, static_cast<uint32_t>(pattern), multiprocessor_count_,
-                            stream_);
+                            stream());
       return;
-    default: launch_fill<uint64_t>(dst.data(), n, pattern, multiprocessor_count_, stream_); return;
+    default: launch_fill<uint64_t>(dst.data(), n, pattern, multiprocessor_count_, stream()); return;
   }
 }
 

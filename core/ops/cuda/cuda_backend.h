@@ -15,8 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <optional>
 
 #include "core/ops/backend.h"
+#include "core/ops/cuda/cuda_handles.h"
 
 namespace mantissa::core {
 
@@ -31,7 +33,7 @@ class CudaBackend final : public Backend {
 
   Device device() const override { return Device::cuda(device_index_); }
   void synchronize() override;
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return stream_->get(); }
   // Compute capability as major * 10 + minor (80 for A100, 90 for H100/H200).
   int compute_capability() const { return compute_capability_; }
   int multiprocessor_count() const { return multiprocessor_count_; }
@@ -114,7 +116,8 @@ class CudaBackend final : public Backend {
   // flash-attention and staged cross-entropy kernels fit or not by it. Read once, here, not
   // per call.
   int max_shared_per_block_ = 0;
-  cudaStream_t stream_ = nullptr;
+  // Made once the device is chosen; declared before gemm_, so released after its workspace.
+  std::optional<CudaStream> stream_;
   std::unique_ptr<CublasLtGemm> gemm_;
 };
 

@@ -34,14 +34,14 @@ __global__ void checksum_kernel(const uint64_t* __restrict__ words, int64_t n_wo
 void CudaBackend::checksum(const Tensor& x, Tensor& out) {
   check_checksum(x, out, device());
   auto* sum = out.data_as<unsigned long long>();
-  MANTISSA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(*sum), stream_));
+  MANTISSA_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(*sum), stream()));
   const int64_t n_words = static_cast<int64_t>(x.nbytes() / 8);
   const int tail_bytes = static_cast<int>(x.nbytes() % 8);
   if (n_words == 0 && tail_bytes == 0) return;
   const auto* bytes = static_cast<const uint8_t*>(x.data());
   checksum_kernel<<<grid_size(n_words > 0 ? n_words : 1, kBlock, multiprocessor_count_), kBlock, 0,
-                    stream_>>>(reinterpret_cast<const uint64_t*>(bytes), n_words,
-                               bytes + n_words * 8, tail_bytes, sum);
+                    stream()>>>(reinterpret_cast<const uint64_t*>(bytes), n_words,
+                                bytes + n_words * 8, tail_bytes, sum);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

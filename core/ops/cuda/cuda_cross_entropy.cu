@@ -175,14 +175,14 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, int64_t valid_cols
       using T = decltype(tag);
       const auto kernel = softmax_cross_entropy_staged_kernel<T>;
       allow_shared_bytes(kernel, static_cast<size_t>(staged_bytes));
-      kernel<<<blocks, kCrossEntropyBlock, static_cast<size_t>(staged_bytes), stream_>>>(
+      kernel<<<blocks, kCrossEntropyBlock, static_cast<size_t>(staged_bytes), stream()>>>(
           logits.data_as<const T>(), targets.data_as<const int32_t>(), losses.data_as<float>(),
           grad, grad_scale, V, valid_cols, vector);
       MANTISSA_CUDA_CHECK_LAUNCH();
     });
     return;
   }
-  softmax_cross_entropy_kernel<<<blocks, kCrossEntropyBlock, 0, stream_>>>(
+  softmax_cross_entropy_kernel<<<blocks, kCrossEntropyBlock, 0, stream()>>>(
       as_in(logits), targets.data_as<const int32_t>(), losses.data_as<float>(), grad, grad_scale, V,
       valid_cols);
   MANTISSA_CUDA_CHECK_LAUNCH();

@@ -227,7 +227,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params)
     amax_bits = params.amax->data_as<uint32_t>();
     // The kernels atomicMax into it: from +0.0f, or from the amax it holds.
     if (!params.accumulate_amax) {
-      MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream_));
+      MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream()));
     }
   }
   const int64_t n = src.numel();
@@ -241,9 +241,9 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params)
       constexpr int K = static_cast<int>(16 / std::min(sizeof(S), sizeof(D)));
       const int64_t n_packs = pack_count<K>(n, {src.data(), dst.data()});
       cast_kernel<S, D, K><<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_),
-                             kBlock, 0, stream_>>>(src.data_as<const S>(), dst.data_as<D>(), n,
-                                                   n_packs, scale, amax_bits, params.saturation,
-                                                   stochastic, params.seed);
+                             kBlock, 0, stream()>>>(src.data_as<const S>(), dst.data_as<D>(), n,
+                                                    n_packs, scale, amax_bits, params.saturation,
+                                                    stochastic, params.seed);
       MANTISSA_CUDA_CHECK_LAUNCH();
     });
   });
@@ -252,7 +252,7 @@ void CudaBackend::cast(const Tensor& src, Tensor& dst, const CastParams& params)
 void CudaBackend::amax(const Tensor& x, Tensor& out) {
   check_amax(x, out, device());
   uint32_t* out_bits = out.data_as<uint32_t>();
-  MANTISSA_CUDA_CHECK(cudaMemsetAsync(out_bits, 0, sizeof(uint32_t), stream_));
+  MANTISSA_CUDA_CHECK(cudaMemsetAsync(out_bits, 0, sizeof(uint32_t), stream()));
   const int64_t n = x.numel();
   if (n == 0) return;
   dispatch_float("amax", x.dtype(), [&](auto tag) {
@@ -260,7 +260,7 @@ void CudaBackend::amax(const Tensor& x, Tensor& out) {
     constexpr int K = kPackSize<S>;
     const int64_t n_packs = pack_count<K>(n, {x.data()});
     amax_kernel<S, K><<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock,
-                        0, stream_>>>(x.data_as<const S>(), n, n_packs, out_bits);
+                        0, stream()>>>(x.data_as<const S>(), n, n_packs, out_bits);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -280,7 +280,7 @@ void CudaBackend::add_bias(Tensor& x, const Tensor& bias) {
       const int64_t n_packs = columns % K == 0 ? pack_count<K>(n, {x.data()}) : 0;
       add_bias_kernel<T, B, K>
           <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-             stream_>>>(x.data_as<T>(), bias.data_as<const B>(), n, n_packs, columns);
+             stream()>>>(x.data_as<T>(), bias.data_as<const B>(), n, n_packs, columns);
       MANTISSA_CUDA_CHECK_LAUNCH();
     });
   });
@@ -300,12 +300,12 @@ void CudaBackend::bias_backward(const Tensor& dout, Tensor& dbias) {
                   static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
   dispatch_f32_bf16_f16("bias_backward", dout.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    column_partials_kernel<T><<<grid, kColumnThreads, 0, stream_>>>(
+    column_partials_kernel<T><<<grid, kColumnThreads, 0, stream()>>>(
         dout.data_as<const T>(), rows, columns, n_blocks, partials.data_as<float>());
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
   add_column_partials(partials.data_as<const float>(), n_blocks, columns, dbias.data_as<float>(),
-                      multiprocessor_count_, stream_);
+                      multiprocessor_count_, stream());
 }
 
 // out = a + b, all three of one dtype (F32, BF16 or F16) and shape; out may alias a or b.
@@ -319,7 +319,7 @@ void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
     const int64_t n_packs = pack_count<K>(n, {a.data(), b.data(), out.data()});
     add_kernel<T, K>
         <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-           stream_>>>(a.data_as<const T>(), b.data_as<const T>(), out.data_as<T>(), n, n_packs);
+           stream()>>>(a.data_as<const T>(), b.data_as<const T>(), out.data_as<T>(), n, n_packs);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -335,7 +335,7 @@ void CudaBackend::gelu_forward(const Tensor& x, Tensor& out) {
     const int64_t n_packs = pack_count<K>(n, {x.data(), out.data()});
     gelu_forward_kernel<T, K>
         <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-           stream_>>>(x.data_as<const T>(), out.data_as<T>(), n, n_packs);
+           stream()>>>(x.data_as<const T>(), out.data_as<T>(), n, n_packs);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -351,7 +351,7 @@ void CudaBackend::gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx)
     const int64_t n_packs = pack_count<K>(n, {x.data(), dout.data(), dx.data()});
     gelu_backward_kernel<T, K>
         <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-           stream_>>>(x.data_as<const T>(), dout.data_as<const T>(), dx.data_as<T>(), n, n_packs);
+           stream()>>>(x.data_as<const T>(), dout.data_as<const T>(), dx.data_as<T>(), n, n_packs);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }

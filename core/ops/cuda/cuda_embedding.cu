@@ -150,9 +150,9 @@ void CudaBackend::embedding_forward(const Tensor& tokens, const Tensor& wte, con
   if (B * T * C == 0) return;
 
   embedding_forward_kernel<<<grid_size(B * T * C, kBlock, multiprocessor_count_), kBlock, 0,
-                             stream_>>>(tokens.data_as<const int32_t>(), as_in(wte),
-                                        wpe.defined() ? as_in(wpe) : FloatIn{nullptr, DType::kF32},
-                                        as_out(out), B * T, T, V, C);
+                             stream()>>>(tokens.data_as<const int32_t>(), as_in(wte),
+                                         wpe.defined() ? as_in(wpe) : FloatIn{nullptr, DType::kF32},
+                                         as_out(out), B * T, T, V, C);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 
@@ -164,8 +164,8 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
 
   if (dwpe.defined()) {
     embedding_backward_wpe_kernel<<<grid_size(T * C, kBlock, multiprocessor_count_), kBlock, 0,
-                                    stream_>>>(as_in(dout), tokens.data_as<const int32_t>(),
-                                               dwpe.data_as<float>(), B, T, V, C);
+                                    stream()>>>(as_in(dout), tokens.data_as<const int32_t>(),
+                                                dwpe.data_as<float>(), B, T, V, C);
     MANTISSA_CUDA_CHECK_LAUNCH();
   }
 
@@ -178,7 +178,7 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
   int32_t* positions = keys + BT;
   int32_t* sorted_tokens = sorted.data_as<int32_t>();
   int32_t* sorted_positions = sorted_tokens + BT;
-  sort_pairs_kernel<<<grid_size(BT, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+  sort_pairs_kernel<<<grid_size(BT, kBlock, multiprocessor_count_), kBlock, 0, stream()>>>(
       tokens.data_as<const int32_t>(), keys, positions, BT, static_cast<int32_t>(V));
   MANTISSA_CUDA_CHECK_LAUNCH();
   int end_bit = 1;
@@ -187,11 +187,11 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
   size_t temp_bytes = 0;
   MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, sorted_tokens,
                                                       positions, sorted_positions, num_items, 0,
-                                                      end_bit, stream_));
+                                                      end_bit, stream()));
   Tensor temp = Tensor::empty(Shape{static_cast<int64_t>(temp_bytes)}, DType::kU8, device());
   MANTISSA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, keys, sorted_tokens,
                                                       positions, sorted_positions, num_items, 0,
-                                                      end_bit, stream_));
+                                                      end_bit, stream()));
 
   // 8 columns per lane when every dout and dwte row starts 16-byte aligned.
   const bool vectorised = C % 8 == 0 && aligned16(dout.data()) && aligned16(dwte.data());
@@ -199,10 +199,10 @@ void CudaBackend::embedding_backward(const Tensor& dout, const Tensor& tokens, T
   const dim3 grid(static_cast<unsigned>(ceil_div(BT, kWarpsPerBlock)),
                   static_cast<unsigned>(ceil_div(C, kWarpSize * width)));
   if (vectorised) {
-    embedding_backward_wte_kernel<8><<<grid, kBlock, 0, stream_>>>(
+    embedding_backward_wte_kernel<8><<<grid, kBlock, 0, stream()>>>(
         as_in(dout), sorted_tokens, sorted_positions, dwte.data_as<float>(), BT, V, C);
   } else {
-    embedding_backward_wte_kernel<1><<<grid, kBlock, 0, stream_>>>(
+    embedding_backward_wte_kernel<1><<<grid, kBlock, 0, stream()>>>(
         as_in(dout), sorted_tokens, sorted_positions, dwte.data_as<float>(), BT, V, C);
   }
   MANTISSA_CUDA_CHECK_LAUNCH();

@@ -517,7 +517,7 @@ void CudaBackend::flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor
     using E = decltype(tag);
     const size_t bytes = shared_bytes<ForwardShared<kD, E>>();
     allow_shared_bytes(flash_forward_kernel<kD, E>, bytes);
-    flash_forward_kernel<kD, E><<<grid, kThreads, bytes, stream_>>>(
+    flash_forward_kernel<kD, E><<<grid, kThreads, bytes, stream()>>>(
         qkv.data_as<const E>(), out.data_as<E>(), lse.data_as<float>(), d.T, d.C, d.H, scale);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
@@ -541,21 +541,21 @@ void CudaBackend::flash_attention_backward(const Tensor& dout, const Tensor& qkv
     constexpr int kRowBlock = 256;
     const int64_t rows = d.B * d.H * d.T;
     row_dots_kernel<E>
-        <<<grid_size(rows * kWarpSize, kRowBlock, multiprocessor_count_), kRowBlock, 0, stream_>>>(
+        <<<grid_size(rows * kWarpSize, kRowBlock, multiprocessor_count_), kRowBlock, 0, stream()>>>(
             dout.data_as<const E>(), out.data_as<const E>(), delta.data_as<float>(), d.B, d.T, d.C,
             d.H, d.D);
     MANTISSA_CUDA_CHECK_LAUNCH();
 
     const size_t key_bytes = shared_bytes<KeyGradShared<kD, E>>();
     allow_shared_bytes(flash_key_grad_kernel<kD, E>, key_bytes);
-    flash_key_grad_kernel<kD, E><<<grid, kThreads, key_bytes, stream_>>>(
+    flash_key_grad_kernel<kD, E><<<grid, kThreads, key_bytes, stream()>>>(
         qkv.data_as<const E>(), dout.data_as<const E>(), lse.data_as<const float>(),
         delta.data_as<const float>(), dqkv.data_as<E>(), d.T, d.C, d.H, scale);
     MANTISSA_CUDA_CHECK_LAUNCH();
 
     const size_t query_bytes = shared_bytes<QueryGradShared<kD, E>>();
     allow_shared_bytes(flash_query_grad_kernel<kD, E>, query_bytes);
-    flash_query_grad_kernel<kD, E><<<grid, kThreads, query_bytes, stream_>>>(
+    flash_query_grad_kernel<kD, E><<<grid, kThreads, query_bytes, stream()>>>(
         qkv.data_as<const E>(), dout.data_as<const E>(), lse.data_as<const float>(),
         delta.data_as<const float>(), dqkv.data_as<E>(), d.T, d.C, d.H, scale);
     MANTISSA_CUDA_CHECK_LAUNCH();

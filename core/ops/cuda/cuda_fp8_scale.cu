@@ -28,16 +28,16 @@ __global__ void fp8_reduce_scales_kernel(const float* amax, float fp8_max, int w
 void CudaBackend::fp8_scale_from_amax(const Tensor& amax, float fp8_max, int margin, Tensor& scale,
                                       Tensor& scale_inv) {
   check_fp8_scale_from_amax(amax, fp8_max, margin, scale, scale_inv, device());
-  fp8_scale_kernel<<<1, 1, 0, stream_>>>(amax.data_as<const float>(), fp8_max, margin,
-                                         scale.data_as<float>(), scale_inv.data_as<float>());
+  fp8_scale_kernel<<<1, 1, 0, stream()>>>(amax.data_as<const float>(), fp8_max, margin,
+                                          scale.data_as<float>(), scale_inv.data_as<float>());
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 
 void CudaBackend::fp8_reduce_scales(const Tensor& amax, float fp8_max, int world_size, Tensor& q,
                                     Tensor& w) {
   check_fp8_reduce_scales(amax, fp8_max, world_size, q, w, device());
-  fp8_reduce_scales_kernel<<<1, 1, 0, stream_>>>(amax.data_as<const float>(), fp8_max, world_size,
-                                                 q.data_as<float>(), w.data_as<float>());
+  fp8_reduce_scales_kernel<<<1, 1, 0, stream()>>>(amax.data_as<const float>(), fp8_max, world_size,
+                                                  q.data_as<float>(), w.data_as<float>());
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -484,7 +484,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
 
   float* amax = p.c_amax != nullptr ? p.c_amax->data_as<float>() : nullptr;
   if (c.numel() == 0) {
-    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
+    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream()));
     return;
   }
   if (s.k == 0 || p.alpha == 0.0f) {
@@ -492,13 +492,13 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
     // not reach C, as on the CPU): C = beta * C. beta is 0 for FP8 outputs (whose amax is
     // then 0), so a C that is scaled is F32, BF16 or F16.
     if (p.beta == 0.0f) {
-      MANTISSA_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream_));
+      MANTISSA_CUDA_CHECK(cudaMemsetAsync(c.data(), 0, c.nbytes(), stream()));
     } else {
       cuda_kernels::dispatch_f32_bf16_f16(kOp, c.dtype(), [&](auto tag) {
-        scale_in_place<decltype(tag)>(c, p.beta, multiprocessor_count_, stream_);
+        scale_in_place<decltype(tag)>(c, p.beta, multiprocessor_count_, stream());
       });
     }
-    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream_));
+    if (amax != nullptr) MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream()));
     return;
   }
 
@@ -506,12 +506,12 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   const void* b_data = b.data();
   if (copy_a) {  // A stored [k, m] -> [m, k]
     void* t = gemm_->scratch(0, a.nbytes(), device_index_);
-    transpose_bytes(a.data(), t, s.k, s.m, s.batch, stream_);
+    transpose_bytes(a.data(), t, s.k, s.m, s.batch, stream());
     a_data = t;
   }
   if (copy_b) {  // B stored [k, n] -> [n, k]
     void* t = gemm_->scratch(1, b.nbytes(), device_index_);
-    transpose_bytes(b.data(), t, s.k, s.n, s.batch, stream_);
+    transpose_bytes(b.data(), t, s.k, s.n, s.batch, stream());
     b_data = t;
   }
 
@@ -542,7 +542,7 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
   lt.fast_accumulate = fp8 && p.fast_accumulate;
   try {
     std::string failure;
-    if (gemm_->try_matmul(lt, stream_, failure)) return;
+    if (gemm_->try_matmul(lt, stream(), failure)) return;
     // Two kinds of problem may have no algorithm, and both are computed as a plain product
     // into FP32 scratch followed by the epilogue's work in a kernel of ours:
     //  - an FP8 output with AMAX_D (batched ones): one cast takes the amax and rounds into C
@@ -562,10 +562,10 @@ void CudaBackend::gemm(const Tensor& a, const Tensor& b, Tensor& c, const GemmPa
     f32.scale_d = nullptr;
     f32.amax_d = nullptr;
     std::string wide_failure;
-    MANTISSA_CHECK(gemm_->try_matmul(f32, stream_, wide_failure),
+    MANTISSA_CHECK(gemm_->try_matmul(f32, stream(), wide_failure),
                    failure << "; nor into FP32 for the fallback: " << wide_failure);
     if (accumulates) {
-      if (p.beta != 1.0f) scale_in_place<float>(c, p.beta, multiprocessor_count_, stream_);
+      if (p.beta != 1.0f) scale_in_place<float>(c, p.beta, multiprocessor_count_, stream());
       add(wide, c, c);
       return;
     }

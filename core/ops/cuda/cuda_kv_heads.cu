@@ -54,7 +54,7 @@ void CudaBackend::repeat_kv_heads(const Tensor& qkv, int64_t n_head, int64_t n_k
   const auto [B, T, H, KV, D] = check_repeat_kv_heads(qkv, n_head, n_kv_head, out, device());
   const int64_t n = out.numel();
   if (n == 0) return;
-  repeat_kv_heads_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+  repeat_kv_heads_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream()>>>(
       as_in(qkv), as_out(out), H, KV, D, n);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
@@ -66,7 +66,7 @@ void CudaBackend::repeat_kv_heads_backward(const Tensor& dout, int64_t n_head, i
   const int64_t n = dqkv.numel();
   if (n == 0) return;
   repeat_kv_heads_backward_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0,
-                                    stream_>>>(as_in(dout), as_out(dqkv), H, KV, D, n);
+                                    stream()>>>(as_in(dout), as_out(dqkv), H, KV, D, n);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -151,13 +151,13 @@ void CudaBackend::layernorm_forward(const Tensor& x, const Tensor& gamma, const 
   const bool vectorised = C % 8 == 0 && aligned16(x.data()) && aligned16(out.data()) &&
                           aligned16(gamma.data()) && aligned16(beta.data());
   if (vectorised) {
-    layernorm_forward_kernel<8><<<grid, kBlock, 0, stream_>>>(as_in(x), as_in(gamma), as_in(beta),
-                                                              as_out(out), mean.data_as<float>(),
-                                                              rstd.data_as<float>(), N, C);
+    layernorm_forward_kernel<8><<<grid, kBlock, 0, stream()>>>(as_in(x), as_in(gamma), as_in(beta),
+                                                               as_out(out), mean.data_as<float>(),
+                                                               rstd.data_as<float>(), N, C);
   } else {
-    layernorm_forward_kernel<1><<<grid, kBlock, 0, stream_>>>(as_in(x), as_in(gamma), as_in(beta),
-                                                              as_out(out), mean.data_as<float>(),
-                                                              rstd.data_as<float>(), N, C);
+    layernorm_forward_kernel<1><<<grid, kBlock, 0, stream()>>>(as_in(x), as_in(gamma), as_in(beta),
+                                                               as_out(out), mean.data_as<float>(),
+                                                               rstd.data_as<float>(), N, C);
   }
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
@@ -177,19 +177,19 @@ void CudaBackend::layernorm_backward(const Tensor& dout, const Tensor& x, const 
   float* dbeta_partials = dgamma_partials + n_blocks * C;
   const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, kColumnThreads)),
                           static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
-  layernorm_param_partials_kernel<<<partial_grid, kColumnThreads, 0, stream_>>>(
+  layernorm_param_partials_kernel<<<partial_grid, kColumnThreads, 0, stream()>>>(
       as_in(dout), as_in(x), mean.data_as<const float>(), rstd.data_as<const float>(), N, C,
       n_blocks, dgamma_partials, dbeta_partials);
   MANTISSA_CUDA_CHECK_LAUNCH();
   add_column_partials(dgamma_partials, n_blocks, C, dgamma.data_as<float>(), multiprocessor_count_,
-                      stream_);
+                      stream());
   add_column_partials(dbeta_partials, n_blocks, C, dbeta.data_as<float>(), multiprocessor_count_,
-                      stream_);
+                      stream());
 
   layernorm_backward_dx_kernel<<<static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlock, 0,
-                                 stream_>>>(as_in(dout), as_in(x), as_in(gamma),
-                                            mean.data_as<const float>(),
-                                            rstd.data_as<const float>(), as_out(dx), N, C);
+                                 stream()>>>(as_in(dout), as_in(x), as_in(gamma),
+                                             mean.data_as<const float>(),
+                                             rstd.data_as<const float>(), as_out(dx), N, C);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

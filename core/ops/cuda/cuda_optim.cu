@@ -221,13 +221,13 @@ void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& 
     using G = decltype(grad_tag);
     if (compute_copy == nullptr) {
       launch_adamw<G, NoCopy>(params, grads, m, v, nullptr, ranges, k, multiprocessor_count_,
-                              stream_);
+                              stream());
       return;
     }
     dispatch_f32_bf16_f16("adamw", compute_copy->dtype(), [&](auto copy_tag) {
       using C = decltype(copy_tag);
       launch_adamw<G, C>(params, grads, m, v, compute_copy->data_as<C>(), ranges, k,
-                         multiprocessor_count_, stream_);
+                         multiprocessor_count_, stream());
     });
   });
 }
@@ -248,10 +248,10 @@ void CudaBackend::sum_squares(const Tensor& x, Tensor& out) {
     Tensor partials = Tensor::empty(Shape{blocks}, DType::kI64, device());
     double* partial_sums = static_cast<double*>(partials.data());
     sum_squares_partials_kernel<T, K>
-        <<<blocks, kBlock, 0, stream_>>>(x.data_as<const T>(), n, n_packs, partial_sums);
+        <<<blocks, kBlock, 0, stream()>>>(x.data_as<const T>(), n, n_packs, partial_sums);
     MANTISSA_CUDA_CHECK_LAUNCH();
-    sum_squares_finish_kernel<<<1, kBlock, 0, stream_>>>(partial_sums, blocks,
-                                                         out.data_as<float>());
+    sum_squares_finish_kernel<<<1, kBlock, 0, stream()>>>(partial_sums, blocks,
+                                                          out.data_as<float>());
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }
@@ -266,7 +266,7 @@ void CudaBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found
   unsigned long long* first = nullptr;
   if (first_index != nullptr) {
     first = first_index->data_as<unsigned long long>();
-    MANTISSA_CUDA_CHECK(cudaMemsetAsync(first, 0xFF, sizeof(int64_t), stream_));  // -1
+    MANTISSA_CUDA_CHECK(cudaMemsetAsync(first, 0xFF, sizeof(int64_t), stream()));  // -1
   }
   const int64_t n = x.numel();
   if (n == 0) return;
@@ -276,7 +276,7 @@ void CudaBackend::unscale_check_finite(Tensor& x, float inv_scale, Tensor& found
     const int64_t n_packs = pack_count<K>(n, {x.data()});
     unscale_check_finite_kernel<T, K>
         <<<grid_size(n_packs > 0 ? n_packs : n, kBlock, multiprocessor_count_), kBlock, 0,
-           stream_>>>(x.data_as<T>(), n, n_packs, inv_scale, found.data_as<float>(), first);
+           stream()>>>(x.data_as<T>(), n, n_packs, inv_scale, found.data_as<float>(), first);
     MANTISSA_CUDA_CHECK_LAUNCH();
   });
 }

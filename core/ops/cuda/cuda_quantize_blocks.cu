@@ -262,17 +262,17 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
   // Padding first (the scale of an all-zero block); the blocks then overwrite their entries.
   if (mode == ScaleMode::kVec32Ue8m0) {
     MANTISSA_CUDA_CHECK(
-        cudaMemsetAsync(scales.data(), 127, static_cast<size_t>(scales.numel()), stream_));
+        cudaMemsetAsync(scales.data(), 127, static_cast<size_t>(scales.numel()), stream()));
   } else if (scales.numel() > 0) {
     fill_f32_kernel<<<cuda_kernels::grid_size(scales.numel(), kThreads, multiprocessor_count_),
-                      kThreads, 0, stream_>>>(scales.data_as<float>(), scales.numel(), 1.0f);
+                      kThreads, 0, stream()>>>(scales.data_as<float>(), scales.numel(), 1.0f);
     MANTISSA_CUDA_CHECK_LAUNCH();
   }
   // The amax is accumulated as magnitude bits (an F32 +0 is the bits 0), from 0 or from the
   // amax it holds.
   auto* amax = p.amax != nullptr ? static_cast<uint32_t*>(p.amax->data()) : nullptr;
   if (amax != nullptr && !p.accumulate_amax) {
-    MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream_));
+    MANTISSA_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream()));
   }
   if (d.outer == 0 || d.k == 0) return;
 
@@ -292,7 +292,7 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
         MANTISSA_CHECK(grid.y <= 65535u, kOp << ": src " << src.describe() << " has " << grid.y
                                              << " 128-element blocks along K, more "
                                                 "than one launch takes (65535)");
-        quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream_>>>(
+        quantize_square_kernel<Src, Code><<<grid, kTile, 0, stream()>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.transpose, p.power_of_two);
       } else if (p.transpose) {
         const int64_t row_blocks = ceil_div(d.outer, kLines);
@@ -301,18 +301,18 @@ void CudaBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scal
                                                 << 65535 * kLines << ")");
         const dim3 grid(static_cast<unsigned>(scale_k_blocks(mode, d.k)),
                         static_cast<unsigned>(row_blocks));
-        quantize_transposed_kernel<Src, Code><<<grid, dim3(kLines, kLines), 0, stream_>>>(
+        quantize_transposed_kernel<Src, Code><<<grid, dim3(kLines, kLines), 0, stream()>>>(
             in, out, scales.data(), amax, d.outer, d.k, mode, p.power_of_two);
       } else if (mode == ScaleMode::kOuterVec) {
-        quantize_whole_rows_kernel<Src, Code><<<warp_grid(d.outer), kThreads, 0, stream_>>>(
+        quantize_whole_rows_kernel<Src, Code><<<warp_grid(d.outer), kThreads, 0, stream()>>>(
             in, out, scales.data_as<float>(), amax, d.outer, d.k, p.power_of_two);
       } else {
         const int64_t chunks = d.outer * ceil_div(d.k, kChunk);
         if (mode == ScaleMode::kVec32Ue8m0) {
-          quantize_chunks_kernel<Src, Code, true><<<warp_grid(chunks), kThreads, 0, stream_>>>(
+          quantize_chunks_kernel<Src, Code, true><<<warp_grid(chunks), kThreads, 0, stream()>>>(
               in, out, scales.data(), amax, d.outer, d.k, p.power_of_two);
         } else {
-          quantize_chunks_kernel<Src, Code, false><<<warp_grid(chunks), kThreads, 0, stream_>>>(
+          quantize_chunks_kernel<Src, Code, false><<<warp_grid(chunks), kThreads, 0, stream()>>>(
               in, out, scales.data(), amax, d.outer, d.k, p.power_of_two);
         }
       }

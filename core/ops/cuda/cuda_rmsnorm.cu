@@ -108,11 +108,11 @@ void CudaBackend::rmsnorm_forward(const Tensor& x, const Tensor& gamma, float ep
   const bool vectorised =
       C % 8 == 0 && aligned16(x.data()) && aligned16(out.data()) && aligned16(gamma.data());
   if (vectorised) {
-    rmsnorm_forward_kernel<8><<<grid, kBlock, 0, stream_>>>(as_in(x), as_in(gamma), as_out(out),
-                                                            rstd.data_as<float>(), N, C, eps);
+    rmsnorm_forward_kernel<8><<<grid, kBlock, 0, stream()>>>(as_in(x), as_in(gamma), as_out(out),
+                                                             rstd.data_as<float>(), N, C, eps);
   } else {
-    rmsnorm_forward_kernel<1><<<grid, kBlock, 0, stream_>>>(as_in(x), as_in(gamma), as_out(out),
-                                                            rstd.data_as<float>(), N, C, eps);
+    rmsnorm_forward_kernel<1><<<grid, kBlock, 0, stream()>>>(as_in(x), as_in(gamma), as_out(out),
+                                                             rstd.data_as<float>(), N, C, eps);
   }
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
@@ -128,15 +128,16 @@ void CudaBackend::rmsnorm_backward(const Tensor& dout, const Tensor& x, const Te
   Tensor partials = Tensor::empty(Shape{n_blocks, C}, DType::kF32, device());
   const dim3 partial_grid(static_cast<unsigned>(ceil_div(C, kBlock)),
                           static_cast<unsigned>(std::min<int64_t>(n_blocks, 65535)));
-  rmsnorm_dgamma_partials_kernel<<<partial_grid, kBlock, 0, stream_>>>(
+  rmsnorm_dgamma_partials_kernel<<<partial_grid, kBlock, 0, stream()>>>(
       as_in(dout), as_in(x), rstd.data_as<const float>(), N, C, n_blocks,
       partials.data_as<float>());
   MANTISSA_CUDA_CHECK_LAUNCH();
   add_column_partials(partials.data_as<const float>(), n_blocks, C, dgamma.data_as<float>(),
-                      multiprocessor_count_, stream_);
+                      multiprocessor_count_, stream());
 
-  rmsnorm_backward_dx_kernel<<<static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlock, 0, stream_>>>(
-      as_in(dout), as_in(x), as_in(gamma), rstd.data_as<const float>(), as_out(dx), N, C);
+  rmsnorm_backward_dx_kernel<<<static_cast<int>(ceil_div(N, kWarpsPerBlock)), kBlock, 0,
+                               stream()>>>(as_in(dout), as_in(x), as_in(gamma),
+                                           rstd.data_as<const float>(), as_out(dx), N, C);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
 

@@ -54,14 +54,14 @@ void CudaBackend::rope_forward(const Tensor& x, const Tensor& table, int64_t sta
                                Tensor& out) {
   const RopeDims d =
       check_rope("rope_forward", x, "x", table, start, rotated, out, "out", device());
-  launch_rope(x, table, d, 1.0f, out, multiprocessor_count_, stream_);
+  launch_rope(x, table, d, 1.0f, out, multiprocessor_count_, stream());
 }
 
 void CudaBackend::rope_backward(const Tensor& dout, const Tensor& table, int64_t start,
                                 int64_t rotated, Tensor& dx) {
   const RopeDims d =
       check_rope("rope_backward", dout, "dout", table, start, rotated, dx, "dx", device());
-  launch_rope(dout, table, d, -1.0f, dx, multiprocessor_count_, stream_);
+  launch_rope(dout, table, d, -1.0f, dx, multiprocessor_count_, stream());
 }
 
 }  // namespace mantissa::core

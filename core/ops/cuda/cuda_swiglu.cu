@@ -47,7 +47,7 @@ void CudaBackend::swiglu_forward(const Tensor& gate_up, Tensor& out) {
   const auto [N, I] = check_swiglu_forward(gate_up, out, device());
   const int64_t n = N * I;
   if (n == 0) return;
-  swiglu_forward_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+  swiglu_forward_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream()>>>(
       as_in(gate_up), as_out(out), I, n);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
@@ -56,7 +56,7 @@ void CudaBackend::swiglu_backward(const Tensor& dout, const Tensor& gate_up, Ten
   const auto [N, I] = check_swiglu_backward(dout, gate_up, dgate_up, device());
   const int64_t n = N * I;
   if (n == 0) return;
-  swiglu_backward_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream_>>>(
+  swiglu_backward_kernel<<<grid_size(n, kBlock, multiprocessor_count_), kBlock, 0, stream()>>>(
       as_in(dout), as_in(gate_up), as_out(dgate_up), I, n);
   MANTISSA_CUDA_CHECK_LAUNCH();
 }
