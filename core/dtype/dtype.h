@@ -53,6 +53,22 @@ MANTISSA_HD float bits_to_float(uint32_t bits) {
 #endif
 }
 
+// The bits of FP32 +inf, which are also the exponent field's mask. Compared as unsigned
+// integers, the bits of |x| lie above them exactly when x is a NaN.
+constexpr uint32_t kF32InfBits = 0x7F800000u;
+
+// Whether x is inf or NaN (its exponent field all ones), as an integer test: it vectorises,
+// and no fast-math flag may assume it away.
+MANTISSA_HD bool is_nonfinite_bits(float x) {
+  return (float_to_bits(x) & kF32InfBits) == kF32InfBits;
+}
+
+// The amax that the bits of a largest |x| stand for, every NaN made the canonical quiet NaN:
+// the CPU and CUDA backends read back the same value.
+MANTISSA_HD float amax_from_abs_bits(uint32_t abs_bits) {
+  return bits_to_float(abs_bits > kF32InfBits ? 0x7FC00000u : abs_bits);
+}
+
 // ---------------------------------------------------------------------------------------
 // Counter-based random numbers: the value for (seed, index) never depends on how the work is
 // split across threads, ranks or devices, which is what makes stochastic rounding

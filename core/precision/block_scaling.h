@@ -174,7 +174,7 @@ MANTISSA_HD float pow2_at_least(float s) {
 // The dequantisation factor of a block whose largest magnitude is amax (see the top).
 MANTISSA_HD float block_scale(float amax, float fmt_max, bool power_of_two) {
   const uint32_t abs_bits = float_to_bits(amax) & 0x7FFFFFFFu;
-  if (abs_bits == 0 || abs_bits >= 0x7F800000u) return 1.0f;
+  if (abs_bits == 0 || abs_bits >= kF32InfBits) return 1.0f;
   const float a = bits_to_float(abs_bits);
   const float s = divide_rn(a, fmt_max);
   if (!power_of_two && float_to_bits(s) >= 0x00800000u) return s;

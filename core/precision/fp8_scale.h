@@ -23,7 +23,7 @@
 namespace mantissa::core {
 
 MANTISSA_HD float fp8_scale_for(float amax, float old_scale, float fp8_max, int margin) {
-  const bool finite = (float_to_bits(amax) & 0x7F800000u) != 0x7F800000u;
+  const bool finite = !is_nonfinite_bits(amax);
   if (amax == 0.0f || !finite) return old_scale;
   const double floored = static_cast<double>(amax) > 1e-12 ? static_cast<double>(amax) : 1e-12;
   double headroom = 1.0;  // 2^margin, exactly (margin <= 100)
@@ -48,7 +48,7 @@ struct Fp8ReduceScales {
 MANTISSA_HD Fp8ReduceScales fp8_reduce_scales_for(float amax, float fp8_max, int world_size) {
   const double n = static_cast<double>(world_size);
   double q = 1.0 / n;
-  const bool finite = (float_to_bits(amax) & 0x7F800000u) != 0x7F800000u;
+  const bool finite = !is_nonfinite_bits(amax);
   if (finite && amax > 0.0f) {
     int log2_n = 0;  // ceil(log2 N)
     while ((int64_t{1} << log2_n) < world_size) ++log2_n;

@@ -45,7 +45,6 @@ namespace {
 constexpr int64_t kBlock = 1 << 14;        // elements per OpenMP work item
 constexpr int64_t kParallelMin = 1 << 16;  // below this, waking threads costs more than it saves
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
-constexpr uint32_t kInfBits = 0x7F800000u;
 
 // Runs body(begin, end) over [0, n) in blocks, on every OpenMP thread when n is large, and
 // returns the maximum of what the bodies return (the amax pattern when narrowing).
@@ -170,7 +169,7 @@ __m256i bf16_stochastic8(__m256 x, __m256i random) {
   const __m256i up = _mm256_cmpgt_epi32(dropped, _mm256_srli_epi32(random, 16));  // -1 or 0
   const __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(bits, 16), up);
   const __m256i special =
-      _mm256_cmpeq_epi32(_mm256_and_si256(bits, broadcast(kInfBits)), broadcast(kInfBits));
+      _mm256_cmpeq_epi32(_mm256_and_si256(bits, broadcast(kF32InfBits)), broadcast(kF32InfBits));
   return replace_rare(code, special, [&] { return bf16_round8(x); });
 }
 
@@ -371,7 +370,7 @@ uint32_t narrow_block(const float* src, T* dst, int64_t begin, int64_t end, Narr
 // The amax that narrow_from_f32 returns, from the largest magnitude pattern.
 float amax_result(uint32_t amax_bits, const NarrowOptions& o) {
   if (!o.want_amax) return 0.0f;
-  return amax_bits > kInfBits ? NAN : std::bit_cast<float>(amax_bits);
+  return amax_from_abs_bits(amax_bits);
 }
 
 template <class T>

@@ -25,7 +25,7 @@ template <SmallFloatFormat F>
 inline __m512i fp8_code_of_magnitude16(__m512i clamped) {
   constexpr auto broadcast = fp8_broadcast16;
   constexpr int kDrop = 23 - F.man_bits;
-  const __m512i exponent = _mm512_max_epu32(_mm512_and_si512(clamped, broadcast(0x7F800000u)),
+  const __m512i exponent = _mm512_max_epu32(_mm512_and_si512(clamped, broadcast(kF32InfBits)),
                                             broadcast(F.min_normal_bits));
   const __m512i magic = _mm512_add_epi32(exponent, broadcast(static_cast<uint32_t>(kDrop) << 23));
   const __m512i steps = _mm512_sub_epi32(
@@ -57,7 +57,7 @@ inline __m512i fp8_round16(__m512 x, Saturation saturation) {
       saturation == Saturation::kSatFinite ? F.max_finite_code : F.overflow_code;
   const __m512i code = fp8_signed_code16<F>(abs, overflow, bits);
   if constexpr (!kNaN) return code;
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, broadcast(0x7F800000u));
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, broadcast(kF32InfBits));
   return _mm512_mask_mov_epi32(code, is_nan, broadcast(F.nan_code));
 }
 

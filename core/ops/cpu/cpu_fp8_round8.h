@@ -29,7 +29,7 @@ template <SmallFloatFormat F>
 inline __m256i fp8_code_of_magnitude8(__m256i clamped) {
   const auto broadcast = [](uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); };
   constexpr int kDrop = 23 - F.man_bits;  // FP32 mantissa bits that do not fit
-  const __m256i exponent = _mm256_max_epu32(_mm256_and_si256(clamped, broadcast(0x7F800000u)),
+  const __m256i exponent = _mm256_max_epu32(_mm256_and_si256(clamped, broadcast(kF32InfBits)),
                                             broadcast(F.min_normal_bits));
   const __m256i magic = _mm256_add_epi32(exponent, broadcast(static_cast<uint32_t>(kDrop) << 23));
   const __m256i steps = _mm256_sub_epi32(
@@ -67,7 +67,7 @@ inline __m256i fp8_round8(__m256 x, Saturation saturation) {
   const __m256i code = fp8_signed_code8<F>(abs, overflow, bits);
   if constexpr (!kNaN) return code;
   return _mm256_blendv_epi8(code, broadcast(F.nan_code),
-                            _mm256_cmpgt_epi32(abs, broadcast(0x7F800000u)));
+                            _mm256_cmpgt_epi32(abs, broadcast(kF32InfBits)));
 }
 
 // Four vectors of 32-bit lanes holding 8-bit codes (a, b, c, d), stored as 32 bytes.

@@ -48,7 +48,6 @@ namespace mantissa::core::avx512 {
 namespace {
 
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
-constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr __mmask16 kAllLanes = 0xFFFF;
 
 // Selects the rounding functions of one destination type.
@@ -74,7 +73,7 @@ __m512i nearest16(To<bf16>, __m512 x, Saturation) {
   const __m512i lowest_kept = _mm512_and_si512(_mm512_srli_epi32(bits, 16), broadcast(1));
   const __m512i rounded = _mm512_srli_epi32(
       _mm512_add_epi32(bits, _mm512_add_epi32(broadcast(0x7FFF), lowest_kept)), 16);
-  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs_bits(x), broadcast(kInfBits));
+  const __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs_bits(x), broadcast(kF32InfBits));
   return _mm512_mask_mov_epi32(rounded, is_nan, broadcast(0x7FFF));
 }
 
@@ -114,8 +113,8 @@ __m512i stochastic16(To<bf16>, __m512 x, __m512i random, Saturation saturation) 
   const __m512i dropped = _mm512_and_si512(bits, broadcast(0xFFFF));
   const __mmask16 up = _mm512_cmpgt_epu32_mask(dropped, _mm512_srli_epi32(random, 16));
   const __m512i code = add_one(_mm512_srli_epi32(bits, 16), up);
-  const __mmask16 special =
-      _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, broadcast(kInfBits)), broadcast(kInfBits));
+  const __mmask16 special = _mm512_cmpeq_epi32_mask(_mm512_and_si512(bits, broadcast(kF32InfBits)),
+                                                    broadcast(kF32InfBits));
   if (special == 0) return code;
   return _mm512_mask_mov_epi32(code, special, nearest16(To<bf16>{}, x, saturation));
 }

@@ -106,10 +106,9 @@ double sum_of_squares(const T* x, int64_t n) {
 // ---------------------------------------------------------------------------------------
 // unscale_check_finite
 
-// 1 when the FP32 exponent field is all ones (inf or NaN), else 0; a branch-free integer test
-// that vectorises.
+// 1 for inf or NaN, else 0: summed over a run, branch free.
 inline uint32_t is_nonfinite(float x) {
-  return (float_to_bits(x) & 0x7F800000u) == 0x7F800000u ? 1u : 0u;
+  return is_nonfinite_bits(x) ? 1u : 0u;
 }
 
 // Scales x in place and returns the smallest index of an element that was non-finite before

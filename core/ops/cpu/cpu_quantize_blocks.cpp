@@ -45,7 +45,6 @@ constexpr int64_t kTileElements = 1 << 14;
 // Below this many elements one thread does everything.
 constexpr int64_t kParallelElements = 1 << 15;
 constexpr int64_t kTransposedTileColumns = 2 * kColumns;
-constexpr uint32_t kInfBits = 0x7F800000u;
 // Scales computed per batch (block_scales' buffers).
 constexpr int64_t kMaxBlocks = 128;
 
@@ -220,7 +219,7 @@ uint32_t quantize_columns(const Src* src, const Blocks& q, int64_t i0, int64_t c
     }
     for (int64_t c = 0; c < vector_cols; c += kColumns) {
       const bool any_infinite = std::any_of(lane_amax + c, lane_amax + c + kColumns,
-                                            [](uint32_t bits) { return bits >= kInfBits; });
+                                            [](uint32_t bits) { return bits >= kF32InfBits; });
       quantize_runs::quantize_columns(block + c, q.outer, width, divisor + c, any_infinite, q.code,
                                       buffer, next == nullptr ? nullptr : next + c);
       store_transposed(buffer, width, tile, codes + (i0 + c) * q.k + k0, q.k, next_width);
@@ -295,7 +294,7 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
 
   if (p.amax != nullptr) {
     // A NaN anywhere reads back as the canonical NaN, as the CUDA kernel writes it.
-    const float amax = bits_to_float(amax_bits > kInfBits ? 0x7FC00000u : amax_bits);
+    const float amax = amax_from_abs_bits(amax_bits);
     float& out = *p.amax->data_as<float>();
     out = p.accumulate_amax ? larger_amax(out, amax) : amax;
   }

@@ -18,7 +18,6 @@
 namespace mantissa::core::quantize_runs {
 namespace {
 
-constexpr uint32_t kInfBits = 0x7F800000u;
 constexpr uint32_t kTwoToMinus60 = (127u - 60u) << 23;
 // Block scales stay below 2^119 (FLT_MAX / 448); above 2^125 the reciprocal would leave the
 // normal range.
@@ -284,7 +283,7 @@ void block_scales(const uint32_t* amax, int64_t n, float fmt_max, bool power_of_
         if (mx) e8m0[i + l] = static_cast<uint8_t>(exponent_lanes[l]);
         d[i + l] = {s[i + l], r_lanes[l], static_cast<Division>(how_lanes[l])};
       }
-      d[i + l].finite = amax[i + l] < kInfBits;
+      d[i + l].finite = amax[i + l] < kF32InfBits;
     }
   }
   if (i < n) {

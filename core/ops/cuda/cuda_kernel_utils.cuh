@@ -119,7 +119,7 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
 // amax always reads back as the same value as the CPU backend's NAN.
 __device__ __forceinline__ uint32_t abs_bits(float x) {
   const uint32_t bits = float_to_bits(x) & 0x7FFFFFFFu;
-  return bits > 0x7F800000u ? 0x7FC00000u : bits;
+  return bits > kF32InfBits ? 0x7FC00000u : bits;
 }
 
 // ---------------------------------------------------------------------------------------

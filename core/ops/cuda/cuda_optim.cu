@@ -172,11 +172,6 @@ __global__ void sum_squares_finish_kernel(const double* __restrict__ partials, i
 // ---------------------------------------------------------------------------------------
 // unscale_check_finite
 
-// inf or NaN: the FP32 exponent field is all ones.
-__device__ __forceinline__ bool is_nonfinite(float x) {
-  return (float_to_bits(x) & 0x7F800000u) == 0x7F800000u;
-}
-
 // x *= inv_scale in place, judging finiteness on the values before scaling. Each thread
 // meets its elements in increasing index order, so the first non-finite one it sees is its
 // smallest; it then raises `found` (a plain store: every writer writes the same 1) and
@@ -193,14 +188,14 @@ __global__ void unscale_check_finite_kernel(T* __restrict__ x, int64_t n, int64_
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const float xk = to_float(pack.v[k]);
-      if (first < 0 && is_nonfinite(xk)) first = p * K + k;
+      if (first < 0 && is_nonfinite_bits(xk)) first = p * K + k;
       pack.v[k] = round_to<T>(xk * inv_scale);
     }
     store_pack<K>(x + p * K, pack);
   }
   for (int64_t i = n_packs * K + global_thread_index(); i < n; i += grid_stride()) {
     const float xi = to_float(x[i]);
-    if (first < 0 && is_nonfinite(xi)) first = i;
+    if (first < 0 && is_nonfinite_bits(xi)) first = i;
     x[i] = round_to<T>(xi * inv_scale);
   }
   if (first >= 0) {
