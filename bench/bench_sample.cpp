@@ -4,7 +4,7 @@
 //   bench_sample [n_layer n_head n_embd seq_len vocab new_tokens [cpu|cuda]]
 //
 // Both generate new_tokens greedily after a one-token prompt, in FP32 with random weights.
-// The cached path is models::generate (its window slides once full, see generate.h); the
+// The cached path is models::generate (its window slides once full, see models/decoder.h); the
 // anchor feeds the last seq_len tokens through the full forward each time and keeps the last
 // row's logits. Then the cost of one cached step at a few cache lengths: it may grow with the
 // length only by the attention term, which is small next to the weights' GEMMs.
@@ -19,8 +19,8 @@
 #include "bench/bench_main.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
-#include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/gpt2/gpt2_decoder.h"
 #include "models/sampling.h"
 
 using namespace mantissa;

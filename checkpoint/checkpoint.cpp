@@ -17,6 +17,7 @@
 #include "checkpoint/crc32c.h"
 #include "core/durable_file.h"
 #include "core/strings.h"
+#include "core/unique_fd.h"
 
 namespace fs = std::filesystem;
 
@@ -53,36 +54,32 @@ void write_file_durably(const std::string& path, const std::string& bytes) {
   throw CheckpointUnreadable(text, core::path_error_kind(error));
 }
 
-std::string read_whole_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_read_error(path + ": cannot open", errno);
+// A checkpoint file's bytes (core::read_whole_file's errors are a config's: these say damaged
+// or unreadable, which decides whether a load falls back).
+std::string read_checkpoint_file(const std::string& path) {
+  const core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) throw_read_error(path + ": cannot open", errno);
   std::string bytes;
   char buffer[1 << 16];
   for (;;) {
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      ::close(fd);
-      throw_read_error(path + ": read failed", error);
-    }
+    if (n < 0) throw_read_error(path + ": read failed", errno);
     if (n == 0) break;
     bytes.append(buffer, static_cast<size_t>(n));
   }
-  ::close(fd);
   return bytes;
 }
 
 // Reads bytes [offset, offset + size) of `path`; a file shorter than that is damaged.
 void read_range(const std::string& path, uint64_t offset, size_t size, char* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_read_error(path + ": cannot open", errno);
+  const core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) throw_read_error(path + ": cannot open", errno);
   while (size > 0) {
-    const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
+    const ssize_t n = ::pread(fd.get(), out, size, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int error = errno;
-      ::close(fd);
       const std::string what = path + ": read at byte " + std::to_string(offset) + " failed";
       if (n == 0) throw CheckpointDamaged(what + ": unexpected end of file");
       throw_read_error(what, error);
@@ -91,7 +88,6 @@ void read_range(const std::string& path, uint64_t offset, size_t size, char* out
     offset += static_cast<uint64_t>(n);
     size -= static_cast<size_t>(n);
   }
-  ::close(fd);
 }
 
 // `count` flat elements of a checkpoint's buffer, from element `src`, that load into the model's
@@ -205,7 +201,7 @@ namespace {
 // The manifest of checkpoint `step` in `dir`; CheckpointDamaged also when it is of another step.
 Manifest read_manifest(const std::string& dir, int64_t step) {
   const std::string path = dir + "/" + checkpoint_dir_name(step) + "/" + kManifestName;
-  Manifest m = decode_manifest(read_whole_file(path), path);
+  Manifest m = decode_manifest(read_checkpoint_file(path), path);
   // A directory renamed or copied by hand (a backup put back as a newer step) would otherwise
   // resume at another step than its name says, and the next save would roll back over, and
   // remove, the checkpoints between.
@@ -451,7 +447,7 @@ std::string Checkpointer::save(const CheckpointState& state,
     for (int r = 0; r < group_.world_size; ++r) {
       const std::string path = tmp_dir + "/" + payload_file_name(r) + ".index";
       ShardIndex index;
-      unseal_message(read_whole_file(path), index, path);
+      unseal_message(read_checkpoint_file(path), index, path);
       MANTISSA_CHECK(index.rank() == r, path << ": written by rank " << index.rank());
       for (const TensorEntry& e : index.tensors()) *manifest.add_tensors() = e;
     }

@@ -26,7 +26,8 @@ constexpr size_t kMaxRequestBytes = 8192;
 
 void send_all(int fd, const std::string& data) {
   const timeval stall{kSendStallSeconds, 0};
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof stall);
+  // Without the bound a stuck client would hold this thread (see above).
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof stall) != 0) return;
   size_t sent = 0;
   while (sent < data.size()) {
     const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
@@ -53,15 +54,16 @@ MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
   MANTISSA_REQUIRE(
       inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) == 1, kConfig,
       "cannot listen on " << where << ": \"" << bind_address << "\" is not an IPv4 address");
-  listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  MANTISSA_REQUIRE(listen_fd_ >= 0, kFailure,
+  listen_fd_ = core::UniqueFd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  MANTISSA_REQUIRE(listen_fd_.valid(), kFailure,
                    "cannot listen on " << where << ": socket: " << std::strerror(errno));
   const int one = 1;
-  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(listen_fd_, 16) != 0) {
+  MANTISSA_REQUIRE(setsockopt(listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0,
+                   kFailure,
+                   "cannot listen on " << where << ": setsockopt: " << std::strerror(errno));
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      listen(listen_fd_.get(), 16) != 0) {
     const int error = errno;
-    close(listen_fd_);
     // A port another process holds may be free at the next start (another job on the node):
     // a runtime failure. An address this machine does not have is a setting to fix.
     core::throw_error_of_kind(
@@ -69,7 +71,9 @@ MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
         "cannot listen on " + where + ": " + std::strerror(error));
   }
   socklen_t length = sizeof addr;
-  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &length);
+  MANTISSA_REQUIRE(
+      getsockname(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), &length) == 0, kFailure,
+      "cannot tell the port of " << where << ": getsockname: " << std::strerror(errno));
   port_ = ntohs(addr.sin_port);
   thread_ = std::thread([this] { serve(); });
 }
@@ -77,17 +81,15 @@ MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
 MetricsEndpoint::~MetricsEndpoint() {
   stopping_ = true;
   thread_.join();
-  close(listen_fd_);
 }
 
 void MetricsEndpoint::serve() {
   while (!stopping_) {
-    pollfd waiting{listen_fd_, POLLIN, 0};
+    pollfd waiting{listen_fd_.get(), POLLIN, 0};
     if (poll(&waiting, 1, kPollMs) <= 0) continue;
-    const int connection = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (connection < 0) continue;
-    answer(connection);
-    close(connection);
+    const core::UniqueFd connection(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!connection.valid()) continue;
+    answer(connection.get());
   }
 }
 

@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include "core/unique_fd.h"
+
 namespace mantissa::metrics {
 
 class MetricsEndpoint {
@@ -31,7 +33,7 @@ class MetricsEndpoint {
   void answer(int connection);
 
   std::function<std::string()> render_;
-  int listen_fd_ = -1;
+  core::UniqueFd listen_fd_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

@@ -1,5 +1,5 @@
 // Text generation with Llama: the forward pass of a growing sequence with a KV cache, as
-// GPT2Decoder does it for GPT-2 (models/gpt2/generate.h), through the same ops as training's
+// GPT2Decoder does it for GPT-2 (models/gpt2/gpt2_decoder.h), through the same ops as training's
 // forward (RMSNorm, the block GEMMs, RoPE at the tokens' positions, SwiGLU, residual adds, the
 // LM head) in the dtype of the model's compute copy; only the attention reads the cache.
 //

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/ops/backend.h"
-#include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/gpt2/gpt2_decoder.h"
 #include "models/llama/llama.h"
 #include "models/llama/llama_decoder.h"
 #include "tests/common/test_util.h"

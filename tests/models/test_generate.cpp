@@ -24,8 +24,8 @@
 
 #include "core/error.h"
 #include "core/ops/backend.h"
-#include "models/gpt2/generate.h"
 #include "models/gpt2/gpt2.h"
+#include "models/gpt2/gpt2_decoder.h"
 #include "models/llama/llama.h"
 #include "models/llama/llama_decoder.h"
 #include "models/sampling.h"

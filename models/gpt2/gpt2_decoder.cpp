@@ -1,4 +1,4 @@
-#include "models/gpt2/generate.h"
+#include "models/gpt2/gpt2_decoder.h"
 
 #include <string>
 
