@@ -724,10 +724,9 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid
 // F32 params, m, v of one shape; grads F32 or BF16 of that shape. compute_copy, when given, is
 // F32, BF16 or F16: FP8 would need a scale, so FP8 compute copies are made with cast() and
 // are rejected here.
-AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
-                              const Tensor& v, const Tensor* compute_copy,
-                              std::span<const ParamRange> ranges, const AdamWParams& p,
-                              Device device) {
+void check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor* compute_copy, std::span<const ParamRange> ranges,
+                 const AdamWParams& p, Device device) {
   check_operand("adamw", "params", params, device, {DType::kF32});
   check_operand("adamw", "grads", grads, device, {DType::kF32, DType::kBF16});
   check_operand("adamw", "m", m, device, {DType::kF32});
@@ -758,19 +757,6 @@ AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const T
                  "adamw: beta1 " << p.beta1 << " must be in [0, 1)");
   MANTISSA_CHECK(p.beta2 >= 0.0f && p.beta2 < 1.0f,
                  "adamw: beta2 " << p.beta2 << " must be in [0, 1)");
-
-  // The bias corrections are computed in double: beta^step for large steps is far below
-  // 1 - FP32 epsilon long before it underflows, and pow in FP32 would lose digits first.
-  return {
-      p.lr,
-      p.beta1,
-      p.beta2,
-      p.eps,
-      p.weight_decay,
-      p.grad_scale,
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
-      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
-  };
 }
 
 // x F32, BF16 or F16; out an F32 scalar.

@@ -13,7 +13,6 @@
 #include <initializer_list>
 
 #include "core/ops/backend.h"
-#include "core/ops/math/adamw_update.h"
 #include "core/tensor/tensor.h"
 
 namespace mantissa::core {
@@ -169,12 +168,10 @@ CrossEntropyDims check_softmax_cross_entropy(const Tensor& logits, int64_t valid
 
 // --- optimizer and gradient checks -----------------------------------------------------------
 
-// The AdamWCoefficients the update (core/ops/math/adamw_update.h) uses, folded from p; the
-// ranges inside params, in increasing order, not overlapping.
-AdamWCoefficients check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m,
-                              const Tensor& v, const Tensor* compute_copy,
-                              std::span<const ParamRange> ranges, const AdamWParams& p,
-                              Device device);
+// The ranges inside params, in increasing order, not overlapping; steps and betas in range.
+void check_adamw(const Tensor& params, const Tensor& grads, const Tensor& m, const Tensor& v,
+                 const Tensor* compute_copy, std::span<const ParamRange> ranges,
+                 const AdamWParams& p, Device device);
 void check_sum_squares(const Tensor& x, const Tensor& out, Device device);
 void check_unscale_check_finite(const Tensor& x, float inv_scale, const Tensor& found,
                                 const Tensor* first_index, Device device);

@@ -144,7 +144,8 @@ int64_t unscale_elements(T* x, int64_t n, float inv_scale) {
 void CpuBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                        Tensor* compute_copy, std::span<const ParamRange> ranges,
                        const AdamWParams& p) {
-  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
+  check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
+  const AdamWCoefficients k = adamw_coefficients(p);
   if (grads.dtype() == DType::kF32) {
     adamw_with_grad_type(params.data_as<float>(), grads.data_as<const float>(), m.data_as<float>(),
                          v.data_as<float>(), compute_copy, ranges, k);

@@ -211,7 +211,8 @@ __global__ void unscale_check_finite_kernel(T* __restrict__ x, int64_t n, int64_
 void CudaBackend::adamw(Tensor& params, const Tensor& grads, Tensor& m, Tensor& v,
                         Tensor* compute_copy, std::span<const ParamRange> ranges,
                         const AdamWParams& p) {
-  const AdamWCoefficients k = check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
+  check_adamw(params, grads, m, v, compute_copy, ranges, p, device());
+  const AdamWCoefficients k = adamw_coefficients(p);
   dispatch_f32_bf16("adamw", grads.dtype(), [&](auto grad_tag) {
     using G = decltype(grad_tag);
     if (compute_copy == nullptr) {

@@ -5,11 +5,11 @@
 #include <cmath>
 
 #include "core/dtype/dtype.h"
+#include "core/ops/backend.h"
 
 namespace mantissa::core {
 
-// AdamW's per-step constants, folded on the host once from AdamWParams (check_adamw in
-// core/ops/op_checks.h).
+// AdamW's per-step constants, folded on the host once from AdamWParams (adamw_coefficients).
 struct AdamWCoefficients {
   float lr;
   float beta1;
@@ -20,6 +20,21 @@ struct AdamWCoefficients {
   float bias_correction1;  // 1 - beta1^step
   float bias_correction2;  // 1 - beta2^step
 };
+
+// The bias corrections are computed in double: beta^step for large steps is far below
+// 1 - FP32 epsilon long before it underflows, and pow in FP32 would lose digits first.
+inline AdamWCoefficients adamw_coefficients(const AdamWParams& p) {
+  return {
+      p.lr,
+      p.beta1,
+      p.beta2,
+      p.eps,
+      p.weight_decay,
+      p.grad_scale,
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), p.step)),
+      static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta2), p.step)),
+  };
+}
 
 // One AdamW update, all in FP32; m and v are updated in place and the new parameter returned:
 //   g = grad * grad_scale
