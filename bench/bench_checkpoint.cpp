@@ -74,8 +74,7 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
   }
   const int64_t n = static_cast<int64_t>(millions * 1e6);
   const int rank = world.rank(), size = world.size();
-  const int64_t begin = n * rank / size;
-  const int64_t count = n * (rank + 1) / size - begin;
+  const checkpoint::ReplicaPart part = checkpoint::replica_part(n, rank, size);
 
   std::vector<core::Tensor> whole;
   for (int b = 0; b < 3; ++b) {
@@ -91,9 +90,9 @@ static int benchmark_main(dist::World& world, int argc, char** argv) {
     return slices;
   };
   const std::vector<checkpoint::BufferSlice> all = slices_of(0, n);
-  const std::vector<checkpoint::BufferSlice> mine = slices_of(begin, count);
+  const std::vector<checkpoint::BufferSlice> mine = slices_of(part.begin, part.count);
   std::vector<int64_t> counts;
-  for (int r = 0; r < size; ++r) counts.push_back(n * (r + 1) / size - n * r / size);
+  for (int r = 0; r < size; ++r) counts.push_back(checkpoint::replica_part(n, r, size).count);
 
   checkpoint::CheckpointGroup group{rank, size, [](double value) {
                                       MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM,

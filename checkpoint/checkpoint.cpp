@@ -215,6 +215,11 @@ Manifest read_manifest(const std::string& dir, int64_t step) {
 
 }  // namespace
 
+ReplicaPart replica_part(int64_t n, int rank, int size) {
+  const int64_t begin = n * rank / size;
+  return {begin, n * (rank + 1) / size - begin};
+}
+
 std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params) {
   std::vector<ParameterLayout> layout;
   for (const train::Parameter& p : params.all())

@@ -103,6 +103,16 @@ struct ParameterLayout {
 
 std::vector<ParameterLayout> parameter_layout(const train::ParameterStore& params);
 
+// Without ZeRO every rank holds the same replica of masters and moments, and checkpoints split
+// it evenly: rank r of N saves, and at a resume reads, elements [n r / N, n (r + 1) / N) of
+// each buffer (Megatron's fully parallel save and load), so the ranks share the file system's
+// bandwidth instead of each moving all of it.
+struct ReplicaPart {
+  int64_t begin;
+  int64_t count;
+};
+ReplicaPart replica_part(int64_t n, int rank, int size);
+
 // The buffer of the parameters' FP32 masters, laid out as parameter_layout says; the others a
 // run saves are the optimizer's (the Trainer's).
 inline constexpr const char* kMastersBuffer = "masters";
