@@ -13,7 +13,7 @@
 namespace mantissa::launcher {
 namespace {
 
-// Where a run's training tokens come from, as a warning names it.
+// Where a run's training tokens come from, as a message names it.
 std::string data_source(const TrainConfig::Data& data) {
   if (data.has_text_file()) return "the text file " + data.text_file().path();
   if (data.has_token_shards()) return "the token shards " + data.token_shards().pattern();
@@ -191,16 +191,21 @@ void Trainer::require_same_tokenizer(const checkpoint::CheckpointState& state) {
         ": the same token ids stand for other text from here on (data.allow_tokenizer_change)");
     return;
   }
+  // Shards whose tokenizer.model is gone may be the same tokens; other data without a
+  // tokenizer (synthetic tokens, a text file's bytes) are not the checkpoint's ids at all.
   const std::string missing =
       data.has_token_shards()
           ? shards + ": no " + std::string(train::kShardsTokenizerFile) + " beside the shards"
-          : std::string("data: no tokenizer");
+          : "data: " + data_source(data) + (data.has_synthetic() ? " have" : " has") +
+                " no tokenizer";
   if (!allowed) {
-    throw RanksDisagree(missing +
-                        ", but the checkpoint was trained with one, so nothing shows that the "
-                        "token ids still stand for the same text; put it back (or set "
-                        "data.tokenizer), or set data.allow_tokenizer_change=true to train on "
-                        "without it");
+    throw RanksDisagree(
+        missing + ", but the checkpoint was trained with one, so " +
+        (data.has_token_shards()
+             ? "nothing shows that the token ids still stand for the same text; put it back, or "
+               "set data.allow_tokenizer_change=true to train on without it"
+             : "its token ids stand for other text; set data.allow_tokenizer_change=true to "
+               "train on with them"));
   }
   say("mantissa: warning: " + missing +
       ": the tokenizer the checkpoint was trained with is not compared, and later resumes "

@@ -399,8 +399,13 @@ precision {{ mode: FP32 }}
                          f'mantissa: data.token_shards.pattern = "{out_dir}/train_*.bin": no '
                          "tokenizer.model beside the shards, but the checkpoint was trained with "
                          "one, so nothing shows that the token ids still stand for the same text; "
-                         "put it back (or set data.tokenizer), or set "
-                         "data.allow_tokenizer_change=true to train on without it\n")
+                         "put it back, or set data.allow_tokenizer_change=true to train on "
+                         "without it\n")
+        # Other data has no tokenizer at all: its ids are not the checkpoint's.
+        self.assertEqual(resume(4, "data.synthetic={}", code=2),
+                         "mantissa: data: synthetic tokens have no tokenizer, but the checkpoint "
+                         "was trained with one, so its token ids stand for other text; set "
+                         "data.allow_tokenizer_change=true to train on with them\n")
 
     def test_an_input_list_stands_for_its_files_where_it_is_given(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
