@@ -175,10 +175,13 @@ TEST(CpuGemmAvx2, SmallShapesAreBitIdenticalToTheScalarFp32Sum) {
 // K past one packed block (256) and not a multiple of it, with partial sums kept in C or,
 // when beta != 0 or C is BF16, in scratch; rows past one A block (144); columns past one B
 // block (4 MiB of packed B over K = 1800: 576 columns); enough work to run on two threads,
-// sharing blocks of rows or, when C has few rows, each a slice of the columns.
+// sharing blocks of rows (600 rows; 301 rows of too few columns to slice) or, when the blocks
+// of rows would be small, each a slice of the columns.
 TEST(CpuGemmAvx2, LargeShapesCrossEveryBlockAndThreadSlice) {
   uint32_t seed = 1000;
-  run_all({{13, 37, 600}, {150, 40, 30}, {130, 90, 300}, {301, 50, 140}, {40, 300, 257}}, 1, seed);
+  run_all(
+      {{13, 37, 600}, {150, 40, 30}, {130, 90, 300}, {301, 50, 140}, {600, 70, 40}, {40, 300, 257}},
+      1, seed);
   run_all({{7, 600, 1800}}, 1, seed, kSomePairs);
 }
 

@@ -28,7 +28,7 @@
 // Threads (OpenMP, OMP_NUM_THREADS of them): a product shared by all threads has each column
 // block of op(B) packed once, by all of them, and its blocks of rows handed out dynamically
 // (gemm_all_threads); whole products go to threads when the batch divides evenly, and a C
-// with too few rows is cut into column slices. No split ever cuts K, so results do not depend
+// with too few rows for large blocks of them is cut into column slices. No split ever cuts K, so results do not depend
 // on the thread count.
 #include "core/ops/cpu/cpu_gemm_avx2.h"
 
@@ -443,6 +443,16 @@ void gemm_one_thread(const Lines<TA>& a, const Lines<TB>& b, int64_t m, int64_t 
   }
 }
 
+// How many blocks of rows gemm_all_threads cuts C[m, ...] into: as many as a multiple of the
+// thread count allows (none over kMc rows), the strips spread evenly over them (block counts
+// that leave one thread a block more than the others cost that block's time at the end of
+// every product, several percent of it at the model's shapes).
+int64_t shared_row_blocks(int64_t m, int64_t threads) {
+  const int64_t strips = ceil_div(m, kMr);
+  return std::min(strips,
+                  round_up(std::max(kRowBlocksPerThread * threads, ceil_div(m, kMc)), threads));
+}
+
 // The same on every OpenMP thread. Each column block of op(B) is packed once, into the calling
 // thread's buffer, which all threads then share; the work is a queue of items that threads
 // claim one at a time as they come free: first the B panels to pack, then the blocks of rows
@@ -450,17 +460,12 @@ void gemm_one_thread(const Lines<TA>& a, const Lines<TB>& b, int64_t m, int64_t 
 // packed. So a thread that the OS holds back (another process on its core) simply claims
 // fewer items: nobody waits for it to arrive anywhere but at the end of the product, and a
 // thread that never got to run leaves its share to the others.
-// The blocks of rows are whole strips, as many blocks as a multiple of the thread count
-// allows (none over kMc rows) and the strips spread evenly over them (block counts that
-// leave one thread a block more than the others cost that block's time at the end of every
-// product, several percent of it at the model's shapes).
+// The blocks of rows are whole strips (shared_row_blocks).
 template <class TA, class TB, class TC>
 void gemm_all_threads(const Lines<TA>& a, const Lines<TB>& b, int64_t m, int64_t n, int64_t k,
                       const Finish& finish, TC* c, int64_t ldc, int64_t threads) {
   const int64_t strips = ceil_div(m, kMr);
-  const int64_t row_blocks = std::min(
-      strips,
-      round_up(std::max(kRowBlocksPerThread * threads, ceil_div(strips * kMr, kMc)), threads));
+  const int64_t row_blocks = shared_row_blocks(m, threads);
   // Block r is strips [strips r / row_blocks, strips (r + 1) / row_blocks).
   const auto block_start = [&](int64_t r) { return strips * r / row_blocks * kMr; };
   Blocking bl = make_blocking(m, n, k, kMc, k_unit(finish, k));
@@ -525,13 +530,19 @@ void gemm_typed(const GemmShape& s, const TA* a, bool trans_a, const TB* b, bool
     for (int64_t p = 0; p < s.batch; ++p) {
       gemm_one_thread(a_lines(p), b_lines(p, 0), s.m, s.n, s.k, finish, c_of(p), s.n);
     }
-  } else if (s.m >= threads * kMinSlice || s.m >= s.n) {
+  } else if ((s.m >= threads * kMinSlice || s.m >= s.n) &&
+             (ceil_div(s.m, shared_row_blocks(s.m, threads)) * 2 >= kMc ||
+              s.n < threads * kMinSlice)) {
+    // Blocks of rows large enough that each packed B panel serves many strips from L1. Below
+    // half an A block (a weight gradient's 384 rows cut in 8 blocks of 48: 0.84x sgemm at 2
+    // threads) the column slices below do better (0.97x): each thread packs only its columns
+    // and runs its rows in A blocks of up to kMc.
     for (int64_t p = 0; p < s.batch; ++p) {
       gemm_all_threads(a_lines(p), b_lines(p, 0), s.m, s.n, s.k, finish, c_of(p), s.n, threads);
     }
   } else {
-    // C has too few rows to share out: each thread takes a slice of the columns (of whole
-    // micro-tiles), none thinner than kMinSlice.
+    // C has too few rows to share out in large blocks: each thread takes a slice of the
+    // columns (of whole micro-tiles), none thinner than kMinSlice.
     const int64_t parts = std::clamp<int64_t>(threads, 1, std::max<int64_t>(1, s.n / kMinSlice));
 #pragma omp parallel for schedule(static)
     for (int64_t slice = 0; slice < s.batch * parts; ++slice) {
