@@ -38,24 +38,23 @@ struct Chunk {
   size_t end;
 };
 
+// The end of the chunk of `text` that starts at `begin`.
+size_t chunk_end(std::string_view text, size_t begin) {
+  if (text.size() - begin <= kChunkBytes) return text.size();
+  const size_t newline = text.find('\n', begin + kChunkBytes - 1);
+  if (newline != std::string_view::npos && newline - begin < 2 * kChunkBytes) return newline + 1;
+  // Back to the first byte of a character (at most 3 continuation bytes in valid text).
+  size_t end = begin + kChunkBytes;
+  for (int k = 0; k < 3 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80; ++k) --end;
+  return end;
+}
+
 std::vector<Chunk> plan_chunks(const std::vector<MappedText>& files) {
   std::vector<Chunk> chunks;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string_view text = files[f].text();
     for (size_t begin = 0; begin < text.size();) {
-      size_t end = text.size();
-      if (end - begin > kChunkBytes) {
-        const size_t newline = text.find('\n', begin + kChunkBytes - 1);
-        if (newline != std::string_view::npos && newline - begin < 2 * kChunkBytes) {
-          end = newline + 1;
-        } else {
-          // Back to the first byte of a character (at most 3 continuation bytes in valid text).
-          end = begin + kChunkBytes;
-          for (int k = 0; k < 3 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80; ++k) {
-            --end;
-          }
-        }
-      }
+      const size_t end = chunk_end(text, begin);
       chunks.push_back({f, begin, end});
       begin = end;
     }
@@ -205,6 +204,15 @@ size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* sp
 }
 
 }  // namespace
+
+void encode_as_shards(const Tokenizer& tokenizer, std::string_view text,
+                      std::vector<uint32_t>& out) {
+  for (size_t begin = 0; begin < text.size();) {
+    const size_t end = chunk_end(text, begin);
+    encode_in_pieces(tokenizer, text.substr(begin, end - begin), out);
+    begin = end;
+  }
+}
 
 void encode_to_shards(const EncodeOptions& options) {
   const auto start = std::chrono::steady_clock::now();

@@ -3,7 +3,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "launcher/tokenize_model.h"
 
 namespace mantissa::launcher {
 
@@ -31,5 +34,11 @@ struct EncodeOptions {
 // SIGHUP before the files are moved into place throws Interrupted (tokenize_interrupt.h), again
 // leaving nothing behind.
 void encode_to_shards(const EncodeOptions& options);
+
+// The tokens encode_to_shards writes for one file's `text` (without the end-of-text token
+// before it), appended to `out`: the text in the same chunks and pieces, whose ends depend on
+// the text alone, so memory stays that of a 4 KiB piece however long the text.
+void encode_as_shards(const Tokenizer& tokenizer, std::string_view text,
+                      std::vector<uint32_t>& out);
 
 }  // namespace mantissa::launcher

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "launcher/tokenize_encode.h"
 #include "launcher/tokenize_input.h"
 #include "launcher/tokenize_model.h"
 
@@ -53,7 +54,7 @@ void text_to_ids(const std::string& tokenizer_path, std::FILE* in, std::FILE* ou
                             " at offset " + std::to_string(invalid));
   }
   std::vector<uint32_t> ids;
-  tokenizer.encode(text, ids);
+  encode_as_shards(tokenizer, text, ids);
   std::string line;
   for (const uint32_t id : ids) {
     if (!line.empty()) line.push_back(' ');

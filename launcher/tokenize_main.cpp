@@ -79,8 +79,8 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
         train/val cut, so every shard decodes on its own. The text is encoded in pieces of
         about 4 KiB that end after a newline, each on its own (SentencePiece slows down on
         long inputs): a token that would span a piece's end is cut in two there, so about 1
-        token in 10^4 differs from encoding each file whole (as `ids` does); decoding is exact
-        either way. Progress goes to stderr every 5 s.
+        token in 10^4 differs from encoding each file whole; decoding is exact either way.
+        Progress goes to stderr every 5 s.
         Memory: a few MB per core; the files are mapped, not read in, and the token stream
         goes to a temporary file in DIR, without a name, before it is cut into shards, so DIR
         needs room for twice the shards while encode runs.
@@ -103,7 +103,8 @@ info    prints "vocab_size N", "eot E" (the end-of-text id) and "never_encoded I
         that encoded text never holds, <unk> and <s>, which sampling never draws), one per
         line.
 ids     reads UTF-8 text on stdin to its end and prints its token ids on one line, decimal,
-        separated by spaces (no end-of-text token is added).
+        separated by spaces: the ids encode writes for a file of that text (in the same
+        pieces), without the end-of-text token before it.
 text    reads token ids on stdin (decimal, separated by white space) and prints their text
         exactly (ids that no encoding gives print as decode shows them). `mantissa sample`
         uses these three, since it cannot load SentencePiece itself.

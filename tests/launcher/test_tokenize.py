@@ -356,6 +356,23 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(encode_on(every, "all"), one)
         self.assertGreater(len(one), 3)
 
+    def test_ids_are_the_tokens_encode_writes(self):
+        # Text of several 1 MiB chunks, each of many 4 KiB pieces: `ids` encodes it as encode
+        # does (and so in a piece's memory, not the whole text's), only without the document's
+        # leading end-of-text token.
+        with open(LICENCE) as f:
+            licence = f.read()
+        text = "".join(f"{i} {licence}" for i in range(70))
+        self.assertGreater(len(text), 2 << 20)
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        out_dir = self.encode(tokenizer, [self.write("big.txt", text)], "shards",
+                              "--val-fraction", "0")
+        written = [t for shard in self.shards(out_dir, "train") for t in read_shard(shard)]
+        result = subprocess.run([lu.binary(), "tokenize", "ids", "--tokenizer", tokenizer],
+                                input=text, capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual([int(t) for t in result.stdout.split()], written[1:])
+
     def test_a_resume_on_another_tokenizers_shards_is_refused_unless_allowed(self):
         # The checkpoint records the tokenizer; re-encoded by the same one, the shards resume
         # quietly; by another, the ids mean other text: refused, on 2 ranks too with one
