@@ -21,6 +21,8 @@ struct DistConfig {
   int zero_stage = 0;                     // 0 or 1
   double timeout_s = 300.0;               // > 0
   int64_t consistency_check_every = 100;  // >= 0; 0: only before checkpoints
+
+  bool operator==(const DistConfig&) const = default;
 };
 
 // Throws core::ConfigError for the first value out of its range, in the config layer's words:

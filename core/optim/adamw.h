@@ -19,6 +19,8 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.1f;
+
+  bool operator==(const AdamWConfig&) const = default;
 };
 
 // Throws core::ConfigError "adamw.<field> = <value>: <rule>" for the first value out of its range

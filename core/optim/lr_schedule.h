@@ -20,6 +20,8 @@ struct LrScheduleConfig {
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;
   double min_lr_ratio = 0.0;
+
+  bool operator==(const LrScheduleConfig&) const = default;
 };
 
 // Throws core::ConfigError "lr_schedule.<field> = <value>: <rule>" for the first value out of its

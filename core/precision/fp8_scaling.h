@@ -86,6 +86,8 @@ struct Fp8ScalingConfig {
   // format of the per-tensor recipes, E4M3 what the block recipes use by default.
   DType grad_format = DType::kE5M2;
   bool power_of_two = false;  // block recipes: power-of-two scales (MXFP8's always are)
+
+  bool operator==(const Fp8ScalingConfig&) const = default;
 };
 
 // Throws core::ConfigError "fp8.<field> = <value>: <rule>" for the first value out of its range

@@ -44,6 +44,8 @@ struct LossScalerConfig {
   double min = 1.0;
   double max = 16777216.0;  // 2^24
   int64_t max_overflows_at_min = 10;
+
+  bool operator==(const LossScalerConfig&) const = default;
 };
 
 // Throws core::ConfigError "loss_scale.<field> = <value>: <rule>" for the first value out of its

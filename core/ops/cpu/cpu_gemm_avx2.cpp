@@ -28,8 +28,8 @@
 // Threads (OpenMP, OMP_NUM_THREADS of them): a product shared by all threads has each column
 // block of op(B) packed once, by all of them, and its blocks of rows handed out dynamically
 // (gemm_all_threads); whole products go to threads when the batch divides evenly, and a C
-// with too few rows for large blocks of them is cut into column slices. No split ever cuts K, so results do not depend
-// on the thread count.
+// with too few rows for large blocks of them is cut into column slices. No split ever cuts K, so
+// results do not depend on the thread count.
 #include "core/ops/cpu/cpu_gemm_avx2.h"
 
 #include <immintrin.h>
