@@ -472,7 +472,15 @@ std::string Checkpointer::save(const CheckpointState& state,
     fs::rename(tmp_dir, final_dir);
     damaged_steps_.erase(state.step);
     core::fsync_path(options_.dir);
-    core::write_file_atomically(options_.dir + "/" + kLatestName, name + "\n");
+    // `latest` is for people and scripts: the checkpoint is published by its rename above, and
+    // a load scans the directories. A pointer that cannot be written (a directory in its
+    // place) is a warning, not a failed save of a complete checkpoint.
+    try {
+      core::write_file_atomically(options_.dir + "/" + kLatestName, name + "\n");
+    } catch (const core::Error& e) {
+      warn(group_.rank,
+           final_dir + " is saved, but " + kLatestName + " does not name it: " + e.what());
+    }
 
     // Newest first. A checkpoint the load fell back past takes no intact one's place: counted,
     // it would push out the one the run resumed from, leaving one fewer to fall back to.

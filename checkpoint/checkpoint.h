@@ -21,18 +21,20 @@
 // Atomicity. A save writes `step_<N>.tmp/`: every rank writes and fsyncs its payload and its
 // part of the index; after a barrier rank 0 merges the index into manifest.pb (fsynced), fsyncs
 // the directory, renames it to `step_<N>` (fsyncing <dir>), then replaces `latest` the same
-// way (temporary file, fsync, rename) and deletes the checkpoints beyond `keep`. A crash at
-// any point leaves either the old set of complete checkpoints or the new one.
+// way (temporary file, fsync, rename; a failure there is a warning, the checkpoint being
+// published) and deletes the checkpoints beyond `keep`. A crash at any point leaves either the
+// old set of complete checkpoints or the new one.
 //
 // Integrity. Every tensor entry carries a CRC32C, the manifest carries one over its own bytes,
 // and payload files must have exactly the size the index says. A load tries the newest
 // checkpoint first; one that is damaged (unreadable, truncated, a CRC mismatch, an index that
-// contradicts itself) is reported on stderr by file and problem, and the next older one is
-// tried. Nothing from a damaged checkpoint reaches the caller: the returned state and every
-// element of the requested slices come from one checkpoint that verified completely (each
-// rank verifies the CRC of every entry it reads and the size of every payload file). A
-// checkpoint that is intact but does not fit the run (another model, other buffer sizes) is
-// an error (core::Error), not a reason to fall back: older ones would not fit either.
+// contradicts itself, a manifest of another step than its directory's name) is reported on stderr
+// by file and problem, and the next older one is tried. Nothing from a damaged checkpoint reaches
+// the caller: the returned state and every element of the requested slices come from one checkpoint
+// that verified completely (each rank verifies the CRC of every entry it reads and the size of
+// every payload file). A checkpoint that is intact but does not fit the run (another model, other
+// buffer sizes) is an error (core::Error), not a reason to fall back: older ones would not fit
+// either.
 //
 // Ranks. The class never talks to MPI: it takes the rank, the world size and one collective
 // callback, sum(double) -> double, that blocks until every rank has called it and returns the

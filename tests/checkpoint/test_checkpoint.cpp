@@ -628,6 +628,26 @@ TEST_F(CheckpointTest, ACheckpointThatCannotBeRemovedIsAWarningNotTheEndOfTheRun
 // collective that rethrows it. A file in the way of its directory (ENOTDIR) is for the user to
 // move, a config error (exit 2) as core::path_error_kind has it, which std::filesystem's errors
 // now follow too (they had all been failures).
+// `latest` only points at the newest checkpoint for people and scripts: when it cannot be
+// replaced (a directory in its place), the save of a complete checkpoint still succeeds, with a
+// warning, and a load finds that checkpoint by scanning.
+TEST_F(CheckpointTest, ALatestThatCannotBeWrittenIsAWarning) {
+  save(10);
+  fs::remove(dir() + "/latest");
+  fs::create_directories(dir() + "/latest");
+  testing::internal::CaptureStderr();
+  save(20);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("mantissa: rank 0: " + dir() +
+                     "/step_00000020 is saved, but latest does "
+                     "not name it: "),
+            std::string::npos)
+      << err;
+  Slices into = Slices::empty(0, kN);
+  EXPECT_EQ(load(into)->step, 20);
+  EXPECT_TRUE(into.equals_step(20));
+}
+
 TEST_F(CheckpointTest, ASaveThatCannotWriteSaysWhy) {
   write_file(tmp.path() + "/file", "not a directory");
   checkpoint::CheckpointOptions o = options();
