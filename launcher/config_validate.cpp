@@ -124,8 +124,13 @@ std::string looked_for_in(const std::string& path) {
 void check_readable_file(std::string_view field, const std::string& path) {
   require(!path.empty(), field, quoted(path), "must name a file");
   std::error_code ec;  // the overload that throws would turn odd paths into a crash
-  require(!std::filesystem::is_directory(path, ec), field, quoted(path),
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  require(!std::filesystem::is_directory(status), field, quoted(path),
           "is a directory, not a file");
+  // Before it is opened: opening a named pipe waits for a writer, for ever (deaf to SIGTERM,
+  // whose handler only sets a flag), and a device would be read without end.
+  require(ec || std::filesystem::is_regular_file(status), field, quoted(path),
+          "is not a regular file (a pipe or a device: write it to a file first)");
   std::ifstream in(path, std::ios::binary);
   const int error = errno;
   require(in.good(), field, quoted(path),

@@ -266,6 +266,13 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error(
             'mantissa: model.init_from = "/nonexistent/gpt2.bin": cannot be read: No such file '
             'or directory', "--set", "model.gpt2={}", "--set", "model.init_from=/nonexistent/gpt2.bin")
+        # A named pipe would wait for a writer for ever when opened: refused before.
+        pipe = os.path.join(self.dir, "pipe.bin")
+        os.mkfifo(pipe)
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{pipe}": is not a regular file (a pipe or a device: '
+            'write it to a file first)', "--set", "model.gpt2={}", "--set",
+            f"model.init_from={pipe}")
         model = self.write("gpt2.bin", "")
         self.assert_config_error(
             f'mantissa: model.init_from = "{model}": needs model.gpt2 (llm.c model files hold '
