@@ -17,16 +17,21 @@ namespace {
 
 }  // namespace
 
-std::ifstream open_for_reading(const std::string& path, std::string_view what, NamedPipe pipe) {
+std::string not_a_file_reason(const std::string& path, NamedPipe pipe) {
   std::error_code ec;  // where status fails (a missing file), opening says why
   const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (!ec && std::filesystem::is_directory(status)) {
-    fail(ErrorKind::kConfig, what, path, "is a directory, not a file");
-  }
+  if (ec) return "";
+  if (std::filesystem::is_directory(status)) return "is a directory, not a file";
   const bool pipe_taken = pipe == NamedPipe::kReadOnce && std::filesystem::is_fifo(status);
-  if (!ec && !std::filesystem::is_regular_file(status) && !pipe_taken) {
-    fail(ErrorKind::kConfig, what, path,
-         "is not a regular file (a pipe or a device: write it to a file first)");
+  if (!std::filesystem::is_regular_file(status) && !pipe_taken) {
+    return "is not a regular file (a pipe or a device: write it to a file first)";
+  }
+  return "";
+}
+
+std::ifstream open_for_reading(const std::string& path, std::string_view what, NamedPipe pipe) {
+  if (const std::string reason = not_a_file_reason(path, pipe); !reason.empty()) {
+    fail(ErrorKind::kConfig, what, path, reason);
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {

@@ -12,11 +12,15 @@ namespace mantissa::core {
 // reads its input once, to the end, can (a pipe cannot be opened twice or read again).
 enum class NamedPipe { kRefused, kReadOnce };
 
+// Why `path` cannot be read as a file a user named, before it is opened: "is a directory, not
+// a file" (a directory opens, and libstdc++ reads it as empty or fails at the first read), or
+// "is not a regular file (a pipe or a device: ...)" (opening a named pipe waits for a writer,
+// /dev/zero would be read for ever; a named pipe passes with NamedPipe::kReadOnce). "" for a
+// regular file, and where the path's status cannot be read (opening it says why).
+std::string not_a_file_reason(const std::string& path, NamedPipe pipe = NamedPipe::kRefused);
+
 // `path` opened for reading (binary). Throws core::Error "<what> '<path>': <reason>":
-//  - "is a directory, not a file" (a directory opens, and libstdc++ reads it as empty or
-//    fails at the first read);
-//  - "is not a regular file (a pipe or a device: ...)" (/dev/zero would be read for ever; a
-//    named pipe passes with NamedPipe::kReadOnce);
+//  - not_a_file_reason's, a config error;
 //  - "cannot open: <errno text>": a config error where the user must fix something (a
 //    missing file, no permission: ENOENT and what core::path_error_kind counts so), a
 //    failure where a retry may pass.

@@ -31,6 +31,7 @@
 #include "core/error.h"
 #include "core/ops/cpu_switches.h"
 #include "core/ops/flash_attention_switch.h"
+#include "core/read_file.h"
 #include "dist/progress_switch.h"
 #include "dist/start_watchdog.h"
 #include "launcher/config.h"
@@ -123,14 +124,10 @@ std::string looked_for_in(const std::string& path) {
 
 void check_readable_file(std::string_view field, const std::string& path) {
   require(!path.empty(), field, quoted(path), "must name a file");
-  std::error_code ec;  // the overload that throws would turn odd paths into a crash
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  require(!std::filesystem::is_directory(status), field, quoted(path),
-          "is a directory, not a file");
   // Before it is opened: opening a named pipe waits for a writer, for ever (deaf to SIGTERM,
-  // whose handler only sets a flag), and a device would be read without end.
-  require(ec || std::filesystem::is_regular_file(status), field, quoted(path),
-          "is not a regular file (a pipe or a device: write it to a file first)");
+  // whose handler only sets a flag).
+  const std::string not_a_file = core::not_a_file_reason(path);
+  require(not_a_file.empty(), field, quoted(path), not_a_file);
   std::ifstream in(path, std::ios::binary);
   const int error = errno;
   require(in.good(), field, quoted(path),
