@@ -3,8 +3,8 @@
 #include <omp.h>
 
 #include "core/precision/block_scaling.h"
-#include "launcher/config.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_translate.h"
 
 #ifdef MANTISSA_WITH_CUDA
 #include <cuda_runtime.h>

@@ -8,13 +8,13 @@
 #include "checkpoint/safetensors.h"
 #include "core/durable_file.h"
 #include "core/ops/backend.h"
-#include "launcher/config.h"
-#include "launcher/config_diff.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_diff.h"
+#include "launcher/config/config_translate.h"
 #include "launcher/hf_weights.h"
 #include "launcher/model_config.h"
 #include "launcher/run_dir.h"
-#include "launcher/tokenize_client.h"
+#include "launcher/tokenize/tokenize_client.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {

@@ -8,15 +8,15 @@
 
 #include "dist/world.h"
 #include "launcher/build_info.h"
-#include "launcher/cli.h"
-#include "launcher/config.h"
+#include "launcher/config/cli.h"
+#include "launcher/config/config.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
-#include "launcher/plan.h"
+#include "launcher/plan/plan.h"
 #include "launcher/rank_agreement.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
-#include "launcher/tokenize.h"
+#include "launcher/tokenize/tokenize.h"
 #include "launcher/trainer.h"
 
 namespace mantissa::launcher {

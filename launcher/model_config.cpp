@@ -1,6 +1,6 @@
 #include "launcher/model_config.h"
 
-#include "launcher/config_translate.h"
+#include "launcher/config/config_translate.h"
 #include "models/mlp/mlp.h"
 
 namespace mantissa::launcher {

@@ -19,8 +19,8 @@
 #include "core/error.h"
 #include "core/read_file.h"
 #include "core/strings.h"
-#include "launcher/config.h"
-#include "launcher/config_diff.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_diff.h"
 
 namespace mantissa::launcher {
 namespace {

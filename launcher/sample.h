@@ -1,7 +1,7 @@
 // `mantissa sample`: text from a run's checkpoint. Reads the run's effective config, loads the
 // FP32 weights of a checkpoint into its GPT-2 or Llama, and continues a prompt with a KV cache
 // (models/decoder.h), tokens drawn by models::TokenSampler and turned into text by the
-// run's tokenizer (through mantissa-tokenize, launcher/tokenize_client.h) or as bytes. One
+// run's tokenizer (through mantissa-tokenize, launcher/tokenize/tokenize_client.h) or as bytes. One
 // process, no MPI.
 #pragma once
 

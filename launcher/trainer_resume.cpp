@@ -5,8 +5,8 @@
 
 #include "core/strings.h"
 #include "launcher/build_info.h"
-#include "launcher/config.h"
-#include "launcher/config_diff.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_diff.h"
 #include "launcher/trainer.h"
 #include "train/fp8_operands.h"
 

@@ -1,5 +1,5 @@
 // Fuzz target: the config pipeline of `mantissa train` — protobuf text-format parsing of a
-// TrainConfig, --set overrides, defaults and validation (launcher/config.h).
+// TrainConfig, --set overrides, defaults and validation (launcher/config/config.h).
 //
 // Input: config text; lines that start with "--set " are taken out of the text and applied
 // as overrides after parsing, so one input exercises both syntaxes. Every rejection must be a
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launcher/config.h"
+#include "launcher/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

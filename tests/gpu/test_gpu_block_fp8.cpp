@@ -189,7 +189,7 @@ TEST(GpuBlockFp8, ScaledGemmMatchesTheCpuOrRefusesWithTheReason) {
 // dW[out, in] += dy^T x with both operands quantised transposed, so K is the token count, and
 // beta = 1 into the F32 gradient, which the test above (beta = 0) never asks cuBLASLt for.
 // K = 2000 is a token count that is no multiple of 128: ROWWISE trains with it, BLOCKWISE
-// refuses it at validation (launcher/config_validate.cpp: its K are whole 128-element
+// refuses it at validation (launcher/config/config_validate.cpp: its K are whole 128-element
 // blocks), so VEC128 is asked only for K = 2048, the shape training can give it.
 TEST(GpuBlockFp8, ScaledWeightGradientAccumulatesWithBetaOne) {
   if (!cuda_device_available()) GTEST_SKIP() << "skipped: no CUDA device";

@@ -1,5 +1,5 @@
-// The TrainConfig front end (launcher/config.h, launcher/cli.h): text-format errors with
-// positions, --set through reflection, defaults, and validation messages that name the field,
+// The TrainConfig front end (launcher/config/config.h, launcher/config/cli.h): text-format errors
+// with positions, --set through reflection, defaults, and validation messages that name the field,
 // the value and the rule. The real binary's error paths are covered by test_cli.py.
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "launcher/cli.h"
-#include "launcher/config.h"
-#include "launcher/config_diff.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/cli.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_diff.h"
+#include "launcher/config/config_translate.h"
 
 namespace mantissa::launcher {
 namespace {

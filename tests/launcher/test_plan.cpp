@@ -1,4 +1,4 @@
-// launcher/plan_model.h against what it models: the parameter counts and FLOPs against the
+// launcher/plan/plan_model.h against what it models: the parameter counts and FLOPs against the
 // built models, the activation bytes against what a CPU forward pass really leaves allocated
 // (glibc's count of bytes in use), and the step's time against cases worked by hand.
 #include <gtest/gtest.h>
@@ -12,10 +12,10 @@
 #include "core/device_peaks.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
-#include "launcher/config.h"
+#include "launcher/config/config.h"
 #include "launcher/model_config.h"
-#include "launcher/plan_devices.h"
-#include "launcher/plan_model.h"
+#include "launcher/plan/plan_devices.h"
+#include "launcher/plan/plan_model.h"
 #include "tests/common/test_util.h"
 
 using namespace mantissa;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launcher/config.h"
+#include "launcher/config/config.h"
 #include "launcher/rank_agreement.h"
 
 namespace mantissa::launcher {

@@ -1,4 +1,4 @@
-// The pieces of `mantissa tokenize` (launcher/tokenize_*.h): the UTF-8 check, exact encoding
+// The pieces of `mantissa tokenize` (launcher/tokenize/): the UTF-8 check, exact encoding
 // (a literal U+2581 included), where shards may be cut, and which models are refused.
 // tests/launcher/test_tokenize.py runs the executables end to end.
 #include <glob.h>
@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launcher/tokenize_input.h"
-#include "launcher/tokenize_model.h"
-#include "launcher/tokenize_shards.h"
-#include "launcher/tokenize_train.h"
+#include "launcher/tokenize/tokenize_input.h"
+#include "launcher/tokenize/tokenize_model.h"
+#include "launcher/tokenize/tokenize_shards.h"
+#include "launcher/tokenize/tokenize_train.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {

@@ -22,7 +22,7 @@
 #include "config.pb.h"
 #include "core/config_check.h"
 #include "core/error.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/config_translate.h"
 
 namespace mantissa::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/tokenize.h"
+#include "launcher/tokenize/tokenize.h"
 
 #include <unistd.h>
 

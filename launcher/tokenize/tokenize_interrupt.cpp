@@ -1,4 +1,4 @@
-#include "launcher/tokenize_interrupt.h"
+#include "launcher/tokenize/tokenize_interrupt.h"
 
 #include <pthread.h>
 #include <unistd.h>

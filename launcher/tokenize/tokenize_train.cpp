@@ -1,4 +1,4 @@
-#include "launcher/tokenize_train.h"
+#include "launcher/tokenize/tokenize_train.h"
 
 #include <fcntl.h>
 #include <sentencepiece_processor.h>
@@ -20,9 +20,9 @@
 
 #include "core/durable_file.h"
 #include "core/error.h"
-#include "launcher/tokenize_input.h"
-#include "launcher/tokenize_model.h"
-#include "launcher/tokenize_shards.h"
+#include "launcher/tokenize/tokenize_input.h"
+#include "launcher/tokenize/tokenize_model.h"
+#include "launcher/tokenize/tokenize_shards.h"
 #include "train/data/corpus.h"
 
 // Declared in SentencePiece's internal common.h, exported by libsentencepiece: 0 logs

@@ -1,4 +1,4 @@
-#include "launcher/tokenize_model.h"
+#include "launcher/tokenize/tokenize_model.h"
 
 #include <sentencepiece_processor.h>
 

@@ -1,6 +1,6 @@
-#include "launcher/cli.h"
+#include "launcher/config/cli.h"
 
-#include "launcher/option_value.h"
+#include "launcher/config/option_value.h"
 
 namespace mantissa::launcher {
 

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "launcher/tokenize_model.h"
+#include "launcher/tokenize/tokenize_model.h"
 
 namespace mantissa::launcher {
 

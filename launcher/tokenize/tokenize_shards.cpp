@@ -1,4 +1,4 @@
-#include "launcher/tokenize_shards.h"
+#include "launcher/tokenize/tokenize_shards.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

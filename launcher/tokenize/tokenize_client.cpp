@@ -1,4 +1,4 @@
-#include "launcher/tokenize_client.h"
+#include "launcher/tokenize/tokenize_client.h"
 
 #include <fcntl.h>
 #include <poll.h>

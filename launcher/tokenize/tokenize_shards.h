@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "launcher/tokenize_model.h"
+#include "launcher/tokenize/tokenize_model.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {

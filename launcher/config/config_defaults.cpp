@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "core/int_math.h"
-#include "launcher/config.h"
-#include "launcher/config_fields.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_fields.h"
 
 namespace mantissa::launcher {
 

@@ -1,11 +1,11 @@
-#include "launcher/plan_model.h"
+#include "launcher/plan/plan_model.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/ops/flash_attention_switch.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/config_translate.h"
 #include "launcher/model_config.h"
 #include "train/language_model.h"
 

@@ -1,4 +1,4 @@
-#include "launcher/tokenize_input.h"
+#include "launcher/tokenize/tokenize_input.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 
 #include "core/cpu_affinity.h"
 #include "core/error.h"
-#include "launcher/tokenize_interrupt.h"
+#include "launcher/tokenize/tokenize_interrupt.h"
 
 namespace mantissa::launcher {
 

@@ -34,8 +34,8 @@
 #include "core/read_file.h"
 #include "dist/progress_switch.h"
 #include "dist/start_watchdog.h"
-#include "launcher/config.h"
-#include "launcher/config_translate.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_translate.h"
 #include "metrics/pushgateway_url.h"
 #include "train/data/corpus.h"
 

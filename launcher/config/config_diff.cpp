@@ -1,4 +1,4 @@
-#include "launcher/config_diff.h"
+#include "launcher/config/config_diff.h"
 
 #include <google/protobuf/text_format.h>
 
@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "core/strings.h"
-#include "launcher/config.h"
+#include "launcher/config/config.h"
 
 namespace mantissa::launcher {
 

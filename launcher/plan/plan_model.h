@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "config.pb.h"
-#include "launcher/plan_devices.h"
+#include "launcher/plan/plan_devices.h"
 
 namespace mantissa::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/tokenize_encode.h"
+#include "launcher/tokenize/tokenize_encode.h"
 
 #include <chrono>
 #include <cmath>
@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "core/error.h"
-#include "launcher/tokenize_input.h"
-#include "launcher/tokenize_interrupt.h"
-#include "launcher/tokenize_model.h"
-#include "launcher/tokenize_shards.h"
+#include "launcher/tokenize/tokenize_input.h"
+#include "launcher/tokenize/tokenize_interrupt.h"
+#include "launcher/tokenize/tokenize_model.h"
+#include "launcher/tokenize/tokenize_shards.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {

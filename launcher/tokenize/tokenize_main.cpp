@@ -1,5 +1,5 @@
 // mantissa-tokenize: `mantissa tokenize train|encode|decode` and, for `mantissa sample`,
-// `info|ids|text`, in an executable of its own (launcher/tokenize.h says why). Parses the
+// `info|ids|text`, in an executable of its own (launcher/tokenize/tokenize.h says why). Parses the
 // command line and maps errors to exit codes.
 #include <cstdio>
 #include <cstdlib>
@@ -11,14 +11,14 @@
 
 #include "core/error.h"
 #include "core/read_file.h"
+#include "launcher/config/option_value.h"
 #include "launcher/exit_codes.h"
-#include "launcher/option_value.h"
-#include "launcher/tokenize_decode.h"
-#include "launcher/tokenize_encode.h"
-#include "launcher/tokenize_ids.h"
-#include "launcher/tokenize_interrupt.h"
-#include "launcher/tokenize_model.h"
-#include "launcher/tokenize_train.h"
+#include "launcher/tokenize/tokenize_decode.h"
+#include "launcher/tokenize/tokenize_encode.h"
+#include "launcher/tokenize/tokenize_ids.h"
+#include "launcher/tokenize/tokenize_interrupt.h"
+#include "launcher/tokenize/tokenize_model.h"
+#include "launcher/tokenize/tokenize_train.h"
 
 namespace mantissa::launcher {
 namespace {

@@ -1,6 +1,7 @@
 // A SentencePiece tokenizer used from the mantissa executable, which cannot load SentencePiece
-// itself (launcher/tokenize.h): every call runs mantissa-tokenize, the executable beside this
-// one, with `info`, `ids` or `text` (launcher/tokenize_ids.h) and talks to it over pipes.
+// itself (launcher/tokenize/tokenize.h): every call runs mantissa-tokenize, the executable beside
+// this one, with `info`, `ids` or `text` (launcher/tokenize/tokenize_ids.h) and talks to it over
+// pipes.
 #pragma once
 
 #include <cstdint>

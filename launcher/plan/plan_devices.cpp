@@ -1,4 +1,4 @@
-#include "launcher/plan_devices.h"
+#include "launcher/plan/plan_devices.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,7 +1,7 @@
 // `mantissa tokenize info|ids|text`: a tokenizer for another process, over its standard input
-// and output. `mantissa sample` cannot link SentencePiece (launcher/tokenize.h), so it runs
-// mantissa-tokenize with these to turn its prompt into token ids and the generated ids into
-// text (launcher/tokenize_client.h).
+// and output. `mantissa sample` cannot link SentencePiece (launcher/tokenize/tokenize.h), so it
+// runs mantissa-tokenize with these to turn its prompt into token ids and the generated ids into
+// text (launcher/tokenize/tokenize_client.h).
 #pragma once
 
 #include <cstdio>

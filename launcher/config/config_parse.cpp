@@ -6,8 +6,8 @@
 
 #include "core/error.h"
 #include "core/read_file.h"
-#include "launcher/config.h"
-#include "launcher/config_fields.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_fields.h"
 
 namespace mantissa::launcher {
 

@@ -1,4 +1,4 @@
-#include "launcher/config_translate.h"
+#include "launcher/config/config_translate.h"
 
 namespace mantissa::launcher {
 

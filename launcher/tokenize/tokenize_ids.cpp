@@ -1,4 +1,4 @@
-#include "launcher/tokenize_ids.h"
+#include "launcher/tokenize/tokenize_ids.h"
 
 #include <cerrno>
 #include <charconv>
@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "core/error.h"
-#include "launcher/tokenize_encode.h"
-#include "launcher/tokenize_input.h"
-#include "launcher/tokenize_model.h"
+#include "launcher/tokenize/tokenize_encode.h"
+#include "launcher/tokenize/tokenize_input.h"
+#include "launcher/tokenize/tokenize_model.h"
 
 namespace mantissa::launcher {
 

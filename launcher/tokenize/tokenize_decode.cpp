@@ -1,4 +1,4 @@
-#include "launcher/tokenize_decode.h"
+#include "launcher/tokenize/tokenize_decode.h"
 
 #include <sys/stat.h>
 
@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "launcher/tokenize_model.h"
-#include "launcher/tokenize_shards.h"
+#include "launcher/tokenize/tokenize_model.h"
+#include "launcher/tokenize/tokenize_shards.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::launcher {

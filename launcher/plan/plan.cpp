@@ -1,4 +1,4 @@
-#include "launcher/plan.h"
+#include "launcher/plan/plan.h"
 
 #include <cstdio>
 #include <string>
@@ -8,10 +8,10 @@
 #include "core/ops/flash_attention_switch.h"
 #include "core/precision/block_scaling.h"
 #include "core/precision/fp8_scaling.h"
-#include "launcher/config.h"
-#include "launcher/config_translate.h"
-#include "launcher/option_value.h"
-#include "launcher/plan_model.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_translate.h"
+#include "launcher/config/option_value.h"
+#include "launcher/plan/plan_model.h"
 
 namespace mantissa::launcher {
 
@@ -21,7 +21,7 @@ const char* const kPlanHelp =
                      [--memory-gbps M] [--cores C]
                      [--set path.to.field=value]...
 
-Projects a config's run on N devices from an analytic model (launcher/plan_model.h), without
+Projects a config's run on N devices from an analytic model (launcher/plan/plan_model.h), without
 launching anything or reading the data: memory per device for every precision and ZeRO
 stage, and the step's time as compute (the step's FLOPs at the device's peaks, times the
 efficiency), the memory-bound passes (AdamW, gradient zeroing, the reduce casts), and the

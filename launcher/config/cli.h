@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/config.h"
+#include "launcher/config/config.h"
 #include "metrics/run_log.h"
 
 namespace mantissa::launcher {

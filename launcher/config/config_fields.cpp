@@ -1,4 +1,4 @@
-#include "launcher/config_fields.h"
+#include "launcher/config/config_fields.h"
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
