@@ -63,10 +63,16 @@ MANTISSA_HD bool is_nonfinite_bits(float x) {
   return (float_to_bits(x) & kF32InfBits) == kF32InfBits;
 }
 
-// The amax that the bits of a largest |x| stand for, every NaN made the canonical quiet NaN:
-// the CPU and CUDA backends read back the same value.
+// The bits of |x| (sign cleared) with every NaN made the canonical quiet NaN, so that a NaN
+// amax reads back as the same value on the CPU and CUDA backends. Compared as unsigned
+// integers these order like the magnitudes, NaN above inf: an integer max gives max |x|.
+MANTISSA_HD uint32_t canonical_abs_bits(uint32_t abs_bits) {
+  return abs_bits > kF32InfBits ? 0x7FC00000u : abs_bits;
+}
+
+// The amax that the bits of a largest |x| stand for.
 MANTISSA_HD float amax_from_abs_bits(uint32_t abs_bits) {
-  return bits_to_float(abs_bits > kF32InfBits ? 0x7FC00000u : abs_bits);
+  return bits_to_float(canonical_abs_bits(abs_bits));
 }
 
 // ---------------------------------------------------------------------------------------

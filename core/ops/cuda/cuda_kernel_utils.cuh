@@ -113,13 +113,10 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v) {
   return block_reduce<uint32_t, warp_max_u32>(v, 0u);
 }
 
-// |x| as the FP32 bit pattern with the sign cleared. Compared as unsigned integers these
-// order like the magnitudes themselves, so an integer max (and atomicMax on the bits) gives
-// max |x|. Every NaN pattern lies above inf; it is made the canonical quiet NaN so that a NaN
-// amax always reads back as the same value as the CPU backend's NAN.
+// |x| as canonical FP32 bits (core/dtype/dtype.h): an integer max, and atomicMax on the bits,
+// gives max |x|.
 __device__ __forceinline__ uint32_t abs_bits(float x) {
-  const uint32_t bits = float_to_bits(x) & 0x7FFFFFFFu;
-  return bits > kF32InfBits ? 0x7FC00000u : bits;
+  return canonical_abs_bits(float_to_bits(x) & 0x7FFFFFFFu);
 }
 
 // ---------------------------------------------------------------------------------------
