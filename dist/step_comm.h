@@ -14,8 +14,9 @@
 // counts, and finish() closes it. Until the next step opens, the bytes every collective is
 // handed and the seconds spent waiting for those that had not finished add up: the gradient
 // pipeline's, and those of every blocking collective here, so the scalar collectives after
-// finish(), the ZeRO-1 all-gather of the optimizer step and a consistency check count into
-// the step they follow.
+// finish() and the ZeRO-1 all-gather of the optimizer step count into the step they follow.
+// The Trainer reads the counts once the step's own collectives are done: an evaluation's, a
+// consistency check's and a save's come after and are no step's.
 #pragma once
 
 #include <cstddef>

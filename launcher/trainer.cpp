@@ -163,6 +163,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // Until this run saves, the newest checkpoint is the one it resumed from: the dashboard's
   // checkpoint panels show it rather than nothing after every requeue.
   if (resumed) metrics_->record_resumed_checkpoint(start_step_, resumed_saved_unix_time_);
+  metrics_->record_first_step(start_step_);
   // Rank 0 lists log/ for the logs of an earlier attempt on more ranks; the others are told.
   std::string listed;
   if (world.rank() == 0) {
@@ -631,6 +632,10 @@ int Trainer::run() {
     StopRequest stop = agreed_stop();
     const double seconds = seconds_since(start);
     const int64_t syncs_at_end = backend_->host_syncs();
+    // The step's collectives end here: an evaluation's waits on the other ranks are not the
+    // step's all-reduce time.
+    record.allreduce_seconds = dp_->last_step_comm_seconds();
+    record.allreduce_bytes = dp_->last_step_comm_bytes();
     tokens_total_ += report.tokens * world_size;
 
     record.mean_loss = mean_loss;
@@ -645,8 +650,6 @@ int Trainer::run() {
     }
     record.step_seconds = seconds;
     record.host_syncs = syncs_at_end - syncs_before;
-    record.allreduce_seconds = dp_->last_step_comm_seconds();
-    record.allreduce_bytes = dp_->last_step_comm_bytes();
     if (fp8) {
       const core::Fp8ScalingRegistry& registry = fp8->registry();
       for (int i = 0; i < registry.size(); ++i) {

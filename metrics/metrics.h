@@ -20,7 +20,7 @@
 //   mantissa_peak_flops                      gauge      the peak FLOP/s MFU is measured against
 //   mantissa_step_seconds                    histogram  wall time of a step
 //   mantissa_allreduce_seconds               histogram  time a step waited on collectives
-//   mantissa_allreduce_bytes_total           counter    bytes this rank sent to all-reduce
+//   mantissa_allreduce_bytes_total           counter    bytes this rank handed to collectives
 //   mantissa_fp8_amax{tensor}                gauge      the tensor's amax at the last step
 //   mantissa_fp8_scale{tensor}               gauge      the tensor's FP8 scale
 //   mantissa_val_loss                        gauge      held-out loss at the last evaluation
@@ -41,7 +41,8 @@
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
 // increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
-// norm, learning rate, MFU) appear with the first step, the checkpoint gauges with the first
+// norm, learning rate, MFU) appear with the first step, mantissa_step once the run knows the
+// step it begins at (after a resume's load), the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation (or a resumed checkpoint's), the
 // FP8 gauges with the first step that reports the tensor; MFU and the peak only where both the
 // peak and the FLOPs per token (set_model_flops) are known; the loss scale's floor only under a
@@ -116,6 +117,9 @@ class Metrics {
   // Pushgateway holds this attempt's values (mantissa_run_finished 0, the progress time of its
   // start) instead of an earlier attempt's, and a start that hangs from here is seen stalled.
   void record_started();
+  // Training begins after `steps_done` steps (0, or the resumed checkpoint's): mantissa_step
+  // appears, so that a resume's long start does not read as a run at step 0.
+  void record_first_step(std::int64_t steps_done);
   void record_step(const StepRecord& record);
   // A micro-batch of an evaluation is done: progress (pushed when the last push is 30 s old),
   // so that an evaluation longer than the stall alert's wait is not taken for a hang.
@@ -129,7 +133,7 @@ class Metrics {
   // the checkpoint records it).
   void record_checkpoint(std::int64_t step, double seconds, double saved_unix_time);
   // A resumed run's newest checkpoint until it saves one: the step it holds, and the Unix time
-  // its save began (0: unknown, left unexported). Sets mantissa_step to that step too.
+  // its save began (0: unknown, left unexported).
   void record_resumed_checkpoint(std::int64_t step, double saved_unix_time);
   // The trend up to the newest evaluation; none before the first (nor resumed).
   std::optional<ValLossTrend> val_loss_trend() const;

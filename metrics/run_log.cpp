@@ -284,6 +284,7 @@ void StepLog::write(const StepRecord& record) {
   append_number(line, record.step_seconds);
   line += ",\"allreduce_seconds\":";
   append_number(line, record.allreduce_seconds);
+  line += ",\"allreduce_bytes\":" + std::to_string(record.allreduce_bytes);
   line += ",\"host_syncs\":" + std::to_string(record.host_syncs);
   line += ",\"time\":";
   append_number(line, now);

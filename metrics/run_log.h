@@ -7,13 +7,14 @@
 // (0-based index, as in debug.inject_nonfinite_steps; the progress line counts from 1), loss (this
 // rank's mean), mean_loss (over all ranks), val_loss and eval_seconds (the held-out loss and how
 // long it took, only on steps that evaluate), loss_scale, overflow, grad_norm (0 when skipped), lr,
-// tokens (this rank, this step), tokens_per_s (this rank), step_seconds, allreduce_seconds,
-// host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
-// skipped_param (the first parameter whose gradient was non-finite on this rank) when there is one.
-// Non-finite numbers are written as null. Each step appears once: a run that starts at step S (0
-// when it starts afresh, else the step of the checkpoint it resumed from) first moves the lines of
-// steps S and later, which it redoes (those after the checkpoint, or a whole earlier attempt), and
-// any earlier line of a step logged twice (by versions before this rule), to
+// tokens (this rank, this step), tokens_per_s (this rank), step_seconds, allreduce_seconds and
+// allreduce_bytes (what the step's collectives waited and were handed; an evaluation's are not
+// the step's), host_syncs (the backend's host synchronisations in the step), time (Unix
+// seconds), and skipped_param (the first parameter whose gradient was non-finite on this rank) when
+// there is one. Non-finite numbers are written as null. Each step appears once: a run that starts
+// at step S (0 when it starts afresh, else the step of the checkpoint it resumed from) first moves
+// the lines of steps S and later, which it redoes (those after the checkpoint, or a whole earlier
+// attempt), and any earlier line of a step logged twice (by versions before this rule), to
 // log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
 // The start reads a log once, a line at a time; a log this rule kept is shortened in place (a
 // `tail -f` keeps following it); one with an earlier step logged twice, or whose last line to

@@ -1,7 +1,7 @@
 """Held-out evaluation in whole runs of the real binary:
  - a text file's tail (data.text_file.val_fraction) is the validation set; run.eval_every
    steps and the last step log val_loss (on every rank alike), the progress line shows it,
-   and it falls as the model learns;
+   and it falls as the model learns; its all-reduces are not counted as the step's;
  - in FP32 the validation loss on one rank equals that on two within 1e-6 relative (each rank
    evaluates its own slice of the same windows; one all-reduce adds them);
  - a run stopped and resumed continues the curve: the evaluations after the resume equal those
@@ -65,10 +65,15 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(sorted(curves[0]), [9, 19, 29, 39])
         self.assertEqual(curves[0], curves[1], "every rank logs the same all-reduced loss")
         self.assertIn("| val loss ", result.stderr)
-        for entry in lu.read_log(os.path.join(self.dir, "two"), 0):
+        log = lu.read_log(os.path.join(self.dir, "two"), 0)
+        for entry in log:
             self.assertEqual("eval_seconds" in entry, "val_loss" in entry, entry)
             if "val_loss" in entry:
                 self.assertGreater(entry["eval_seconds"], 0)
+        # An evaluation's all-reduces are not the step's: every step hands its collectives the
+        # same bytes (FP32 gradients and the step's scalars), evaluating or not.
+        self.assertEqual({e["allreduce_bytes"] for e in log}, {log[0]["allreduce_bytes"]})
+        self.assertGreater(log[0]["allreduce_bytes"], 0)
         first, last = curves[0][9], curves[0][39]
         self.assertLess(last, first - 0.1, f"the validation loss should fall: {curves[0]}")
         self.assertTrue(all(math.isfinite(v) for v in curves[0].values()))
