@@ -563,11 +563,14 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
       say("mantissa: evaluating after step " + step_of(steps_done, total) + ": " +
           std::to_string(done) + " of " + std::to_string(micro_batches) + " micro-batches");
     }
-    return !stop_first || stop_signal() == 0;
+    // Before the last step, a stop asked for on any rank ends the evaluation on every rank at
+    // the same micro-batch: the ranks agree after each one (a rank that gave up alone would
+    // wait for the others' whole evaluation, past dist.timeout_s for a long one).
+    return !stop_first || agreed_stop() == StopRequest::kNone;
   };
   const std::optional<double> local =
       evaluator_->local_loss_sum(*model_, *backend_, policy_, progress);
-  if (dp_->sum_across_ranks(local ? 0.0 : 1.0) > 0.0) return {std::nullopt, true};
+  if (!local) return {std::nullopt, true};
   return {dp_->sum_across_ranks(*local) / static_cast<double>(evaluator_->tokens()), false};
 }
 

@@ -47,6 +47,9 @@ Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int6
   first_window_ = windows_ / group * rank / world_size * group;
   end_window_ = windows_ / group * (rank + 1) / world_size * group;
   micro_batch_ = std::max<int64_t>(1, micro_batch / group) * group;
+  // The ranks' slices differ by one group at most; the largest holds ceil(groups / ranks).
+  micro_batches_ =
+      core::ceil_div(core::ceil_div(windows_ / group, int64_t{world_size}) * group, micro_batch_);
   // Each window of this rank's slice is read once now: a token past the vocabulary stops the
   // start, not the first evaluation (eval_every steps in, maybe before any checkpoint).
   std::vector<int32_t> tokens, targets;
@@ -82,21 +85,23 @@ std::optional<double> Evaluator::local_loss_sum(LanguageModel& model, core::Back
   // Every token's loss stays on the device until one copy after the last micro-batch: a read
   // per micro-batch would make the host wait for each forward.
   const int64_t tokens = (end_window_ - first_window_) * seq_len_;
-  if (tokens == 0) return 0.0;
-  Tensor losses = Tensor::empty(Shape{tokens}, DType::kF32, backend.device());
+  Tensor losses;
+  if (tokens > 0) losses = Tensor::empty(Shape{tokens}, DType::kF32, backend.device());
   Batch batch;
   batch.seq_len = seq_len_;
-  const int64_t micro_batches = core::ceil_div(end_window_ - first_window_, micro_batch_);
-  for (int64_t first = first_window_; first < end_window_; first += micro_batch_) {
-    batch.batch_size = std::min(micro_batch_, end_window_ - first);
-    read_windows(first, batch.batch_size, batch.tokens, batch.targets);
-    // dloss_per_token 0: the forward keeps nothing for a backward pass.
-    const Tensor batch_losses = model.forward(ctx, upload(batch, backend), 0.0f);
-    Tensor slot = losses.view((first - first_window_) * seq_len_, Shape{batch_losses.numel()});
-    backend.copy(batch_losses, slot);
-    const int64_t done = (first - first_window_) / micro_batch_ + 1;
-    if (progress && !progress(done, micro_batches)) return std::nullopt;
+  for (int64_t i = 0; i < micro_batches_; ++i) {
+    const int64_t first = first_window_ + i * micro_batch_;
+    if (first < end_window_) {
+      batch.batch_size = std::min(micro_batch_, end_window_ - first);
+      read_windows(first, batch.batch_size, batch.tokens, batch.targets);
+      // dloss_per_token 0: the forward keeps nothing for a backward pass.
+      const Tensor batch_losses = model.forward(ctx, upload(batch, backend), 0.0f);
+      Tensor slot = losses.view((first - first_window_) * seq_len_, Shape{batch_losses.numel()});
+      backend.copy(batch_losses, slot);
+    }
+    if (progress && !progress(i + 1, micro_batches_)) return std::nullopt;
   }
+  if (tokens == 0) return 0.0;
   Tensor host = Tensor::empty(Shape{tokens}, DType::kF32);
   backend.copy(losses, host);
   backend.synchronize();

@@ -36,9 +36,11 @@ class Evaluator {
   Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
             int64_t micro_batch, int world_size, int rank, int64_t token_multiple = 1);
 
-  // Called after each micro-batch is queued, with the micro-batches done and this rank's total;
-  // returning false abandons the evaluation. A long evaluation shows its progress through it,
-  // and a stop asked for meanwhile need not wait for the rest.
+  // Called after each micro-batch is queued, with the micro-batches done and micro_batches():
+  // as often on every rank (a rank with fewer windows is called for the micro-batches it does
+  // not have too, with no forward pass), so that it may hold a collective. Returning false
+  // abandons the evaluation; every rank must return the same. A long evaluation shows its
+  // progress through it, and a stop asked for meanwhile need not wait for the rest.
   using Progress = std::function<bool(int64_t done, int64_t total)>;
 
   // The sum over this rank's validation tokens of the model's loss (a forward pass only, in
@@ -56,6 +58,8 @@ class Evaluator {
   int64_t available_tokens() const { return available_windows_ * seq_len_; }
   int64_t group_windows() const { return token_multiple_ / std::gcd(seq_len_, token_multiple_); }
   int64_t token_multiple() const { return token_multiple_; }
+  // Micro-batches of one evaluation on the rank with the most windows.
+  int64_t micro_batches() const { return micro_batches_; }
 
  private:
   // Fills tokens and targets of `count` windows starting at window `first`.
@@ -70,6 +74,7 @@ class Evaluator {
   int64_t windows_ = 0;       // all ranks together
   int64_t first_window_ = 0;  // this rank's slice [first_window_, end_window_)
   int64_t end_window_ = 0;
+  int64_t micro_batches_ = 0;
 };
 
 }  // namespace mantissa::train

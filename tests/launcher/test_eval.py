@@ -8,8 +8,8 @@
    of an uninterrupted run, and no evaluation step is missing or logged twice;
  - the synthetic corpus and token shards (data.token_shards.val_pattern) have validation sets
    too, and a run without one, or with eval_every 0, logs no val_loss;
- - a stop signal on one rank during an evaluation cuts it short: the run stops after that
-   step with a checkpoint and logs no validation loss for it (every rank alike);
+ - a stop signal on one rank during an evaluation cuts it short on every rank: the run stops
+   after that step with a checkpoint and logs no validation loss for it (every rank alike);
  - bad settings are refused naming the field (exit code 2).
 """
 
@@ -167,9 +167,11 @@ class Evaluation(lu.TempDirTest):
 
     def test_a_stop_during_an_evaluation_ends_the_run_without_it(self):
         # A preemption's grace period is short: a stop that comes during an evaluation goes to
-        # its checkpoint at once. Only rank 1 gets the SIGTERM; rank 0 evaluates to the end, and
-        # the ranks agree that this step has no validation loss. Evaluations here take about 150
-        # steps' time, and the signal comes a third of the way into the one after step 4.
+        # its checkpoint at once. Only rank 1 gets the SIGTERM; the ranks agree after every
+        # micro-batch, so rank 0 gives way too, and this step has no validation loss on either.
+        # Evaluations here take about 150 steps' time (6-10 s on 2 cores), and the signal comes
+        # a sixth of the way into the one after step 4: had rank 0 evaluated to the end, rank 1
+        # would have waited for it past dist.timeout_s and the job would have failed.
         name = "stopped"
         config = self.write("eval.pbtxt", CONFIG)
         process = self.start(
@@ -178,12 +180,12 @@ class Evaluation(lu.TempDirTest):
                             "run.eval_every=2", "run.eval_tokens=100000000",
                             "data.text_file.val_fraction=0.5", "model.gpt2.n_layer=4",
                             "model.gpt2.n_head=4", "model.gpt2.n_embd=256",
-                            "checkpoint.every_steps=0")
+                            "checkpoint.every_steps=0", "dist.timeout_s=2")
               for arg in ("--set", s)], ranks=2)
         try:
             lu.wait_for_lines(os.path.join(self.dir, name, "log", "rank0.jsonl"), 2, process)
             first = lu.read_log(os.path.join(self.dir, name), 0)[1]
-            time.sleep(first["eval_seconds"] / 3)
+            time.sleep(first["eval_seconds"] / 6)
             os.kill(lu.rank_pids(process.pid)[1], signal.SIGTERM)
             _, stderr = process.communicate(timeout=120)
         finally:

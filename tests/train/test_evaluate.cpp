@@ -7,7 +7,9 @@
 //  - a model that takes a multiple of 8 tokens per forward pass (FP8 BLOCKWISE) is evaluated
 //    in whole groups of windows, on any number of ranks and micro-batch;
 //  - progress is reported after every micro-batch, and a progress callback that says stop
-//    abandons the evaluation at once;
+//    abandons the evaluation at once; every rank reports as often (the most micro-batches of
+//    any rank's slice), one with fewer windows or none too, so the callback may hold a
+//    collective;
 //  - a validation set without one whole window (or group) is a config error naming it.
 #include <gtest/gtest.h>
 
@@ -178,6 +180,38 @@ TEST(Evaluator, ReportsEachMicroBatchAndCanBeAbandoned) {
   EXPECT_FALSE(cut.has_value());
   const std::vector<std::pair<int64_t, int64_t>> two{{1, 4}, {2, 4}};
   EXPECT_EQ(seen, two) << "nothing runs after the callback says stop";
+}
+
+TEST(Evaluator, EveryRankReportsAsOftenSoTheCallbackMayHoldACollective) {
+  auto be = core::make_cpu_backend();
+  const PrecisionPolicy policy = PrecisionPolicy::from_mode(PrecisionMode::kFP32);
+  const models::GPT2Config config{1, 2, 32, 16, 256};
+  models::GPT2 model(config, *be, policy, 7);
+  auto corpus = std::make_shared<const Corpus>(Corpus::synthetic_validation(1, 5000));
+  for (const int64_t windows : {2, 10, 11}) {
+    for (const int world : {1, 2, 3, 4}) {
+      for (const int64_t micro_batch : {1, 3}) {
+        // The most micro-batches of any rank's slice, by enumerating the slices.
+        int64_t most = 0;
+        for (int rank = 0; rank < world; ++rank) {
+          const int64_t slice = windows * (rank + 1) / world - windows * rank / world;
+          most = std::max(most, (slice + micro_batch - 1) / micro_batch);
+        }
+        for (int rank = 0; rank < world; ++rank) {
+          const Evaluator evaluator(corpus, config.seq_len, windows * config.seq_len, micro_batch,
+                                    world, rank);
+          int64_t calls = 0;
+          evaluator.local_loss_sum(model, *be, policy, [&](int64_t done, int64_t total) {
+            EXPECT_EQ(done, ++calls);
+            EXPECT_EQ(total, most);
+            return true;
+          });
+          EXPECT_EQ(calls, most) << windows << " windows, rank " << rank << " of " << world
+                                 << ", micro-batch " << micro_batch;
+        }
+      }
+    }
+  }
 }
 
 TEST(Evaluator, TooShortAValidationSetIsAConfigError) {
