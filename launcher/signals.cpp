@@ -14,6 +14,7 @@ namespace {
 // wrapper that requeues a run that exits 0 must not requeue one its user interrupted).
 volatile std::sig_atomic_t g_interrupted = 0;
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_training = 0;
 
 extern "C" void on_stop_signal(int signal) {
   if (signal != SIGINT) {
@@ -21,10 +22,15 @@ extern "C" void on_stop_signal(int signal) {
   } else {
     g_interrupted = 1;
     // write(2) is async-signal-safe; stdio is not.
-    static const char kNote[] =
+    static const char kTraining[] =
         "\nmantissa: interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
         "quit at once, without it)\n";
-    [[maybe_unused]] const ssize_t written = write(STDERR_FILENO, kNote, sizeof kNote - 1);
+    static const char kStarting[] =
+        "\nmantissa: interrupted: stopping once the start is done, before the first step "
+        "(Ctrl-C again to quit at once)\n";
+    [[maybe_unused]] const ssize_t written =
+        g_training != 0 ? write(STDERR_FILENO, kTraining, sizeof kTraining - 1)
+                        : write(STDERR_FILENO, kStarting, sizeof kStarting - 1);
   }
 }
 
@@ -53,6 +59,10 @@ void install_stop_handlers() {
 
 int stop_signal() {
   return g_interrupted != 0 ? SIGINT : g_stop_signal;
+}
+
+void note_training_begun() {
+  g_training = 1;
 }
 
 }  // namespace mantissa::launcher

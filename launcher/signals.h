@@ -16,5 +16,9 @@ namespace mantissa::launcher {
 void install_stop_handlers();
 // The signal that asked this process to stop, or 0.
 int stop_signal();
+// The training loop has begun: a Ctrl-C from here stops after the step under way, with a
+// checkpoint, where before it the run stops at the start's end, before its first step. Only
+// what a Ctrl-C's handler says differs.
+void note_training_begun();
 
 }  // namespace mantissa::launcher

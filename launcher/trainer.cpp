@@ -604,6 +604,7 @@ int Trainer::run() {
     metrics_->record_finished();
     return stop_exit_code(stop);
   }
+  note_training_begun();
 
   // End the run as diverged at step `step` (0-based), saying why.
   const auto diverged = [&](int64_t step, const std::string& why) {

@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "launcher/exit_codes.h"
+#include "launcher/signals.h"
 
 extern char** environ;
 
@@ -140,7 +141,14 @@ std::string TokenizerClient::decode(std::span<const int32_t> ids) const {
 
 std::string TokenizerClient::run(const std::string& subcommand, const std::string& input,
                                  const std::string& what) const {
-  const ChildResult r = run_child({tokenize_executable(), subcommand, "--tokenizer", path_}, input);
+  const std::vector<std::string> command{tokenize_executable(), subcommand, "--tokenizer", path_};
+  ChildResult r = run_child(command, input);
+  // A Ctrl-C or a job's SIGTERM sent to the whole process group ends the child too. Where this
+  // process takes such a signal as a request to stop (the Trainer's handlers: the start goes on
+  // and the run stops before its first step), the answer is still needed: ask again.
+  for (int retry = 0; retry < 3 && WIFSIGNALED(r.status) && stop_signal() != 0; ++retry) {
+    r = run_child(command, input);
+  }
   if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == kExitOk) return r.out;
   const std::string message = (what.empty() ? "" : what + ": ") + child_message(r.err);
   if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == kExitConfig) {

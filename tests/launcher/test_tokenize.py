@@ -424,6 +424,51 @@ precision {{ mode: FP32 }}
                          "was trained with one, so its token ids stand for other text; set "
                          "data.allow_tokenizer_change=true to train on with them\n")
 
+    def test_a_ctrl_c_while_the_start_reads_the_tokenizer_stops_as_any_start_does(self):
+        # A Ctrl-C at a terminal (or a job's SIGTERM to its process group) also reaches the
+        # mantissa-tokenize that the start runs to read the shards' tokenizer. The run stops as a
+        # stop during the start does (exit 130), not as a failed tokenizer (exit 1). The
+        # mantissa-tokenize beside a copy of mantissa waits the first time, for the Ctrl-C.
+        tokenizer = self.train_tokenizer([LICENCE], 600)
+        out_dir = self.encode(tokenizer, [LICENCE], "shards")
+        bin_dir = os.path.join(self.dir, "bin")
+        os.mkdir(bin_dir)
+        shutil.copy2(lu.binary(), bin_dir)
+        real = os.path.join(os.path.dirname(lu.binary()), "mantissa-tokenize")
+        waiting = os.path.join(self.dir, "waiting")
+        script = os.path.join(bin_dir, "mantissa-tokenize")
+        with open(script, "w") as f:
+            f.write(f"#!/bin/sh\nif [ ! -e {waiting} ]; then touch {waiting}; sleep 60; fi\n"
+                    f'exec {real} "$@"\n')
+        os.chmod(script, 0o755)
+        config = self.write("run.pbtxt", f"""
+run {{ steps: 1 seed: 1 device: CPU dir: "{self.dir}/run" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+precision {{ mode: FP32 }}
+""")
+        process = subprocess.Popen(
+            [os.path.join(bin_dir, "mantissa"), "train", "--config", config], cwd=self.dir,
+            env=lu.environment(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(waiting):
+                if process.poll() is not None:
+                    self.fail(f"mantissa ended first: {process.communicate()}")
+                self.assertLess(time.monotonic(), deadline, "mantissa-tokenize never ran")
+                time.sleep(0.01)
+            os.killpg(process.pid, signal.SIGINT)
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        self.assertEqual(process.returncode, 130, stderr)
+        self.assertIn("mantissa: interrupted (SIGINT) during the start: stopped before step 1/1; "
+                      "no checkpoint yet", stderr)
+        self.assertNotIn("failed", stderr)
+
     def test_an_input_list_stands_for_its_files_where_it_is_given(self):
         tokenizer = self.train_tokenizer([LICENCE], 600)
         first = self.write("first.txt", "the first file\n")

@@ -428,6 +428,11 @@ class Training(lu.TempDirTest):
                     process.kill()
             self.assertEqual(process.returncode, code, stderr)
             self.assertIn(words, stderr)
+            if sig == signal.SIGINT:
+                # Ctrl-C's own note promises no checkpoint the start will not write.
+                self.assertIn("mantissa: interrupted: stopping once the start is done, before "
+                              "the first step (Ctrl-C again to quit at once)\n", stderr)
+                self.assertNotIn("stopping after this step", stderr)
             run = self.run_dir(name)
             latest = os.path.join(run, "checkpoints", "latest")
             if name == "fresh":
