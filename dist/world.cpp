@@ -15,8 +15,8 @@
 #include "core/strings.h"
 #include "dist/mpi/mpi_check.h"
 #include "dist/mpi/mpi_comm_handle.h"
+#include "dist/mpi_watchdog.h"
 #include "dist/poll_wait.h"
-#include "dist/start_watchdog.h"
 
 namespace mantissa::dist {
 
@@ -81,7 +81,8 @@ World::World(int* argc, char*** argv) {
   setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
   // MPI_THREAD_MULTIPLE lets a thread of its own drive the progress of collectives while
   // this one computes (dist/mpi/mpi_progress.h); FUNNELED is all the rest needs.
-  const StartWatchdog watchdog(mpi_start_timeout_s());  // until every rank's host is known
+  mpi_timeout_s_ = mpi_start_timeout_s();
+  const MpiWatchdog watchdog(mpi_timeout_s_, MpiWait::kStart);  // until every rank's host is known
   int provided = 0;
   MANTISSA_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   MANTISSA_REQUIRE(provided >= MPI_THREAD_FUNNELED, kFailure,
@@ -163,6 +164,7 @@ std::vector<std::string> World::all_gather(const std::string& mine, double timeo
 
 World::~World() {
   probe_.reset();
+  const MpiWatchdog watchdog(mpi_timeout_s_, MpiWait::kEnd);
   MPI_Finalize();
 }
 

@@ -19,7 +19,7 @@ class World {
   // MPI_ERRORS_RETURN, so every failure reaches our checks and carries its context instead of
   // aborting inside MPI.
   World(int* argc, char*** argv);
-  ~World();  // MPI_Finalize
+  ~World();  // MPI_Finalize, bounded as MPI_Init is (dist/mpi_watchdog.h)
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
@@ -62,6 +62,8 @@ class World {
   std::vector<std::string> hosts_;      // by rank
   std::vector<std::vector<int>> cpus_;  // by rank
   std::unique_ptr<Probe> probe_;
+  double mpi_timeout_s_ =
+      0;  // MANTISSA_MPI_START_TIMEOUT_S: the bound on MPI_Init and MPI_Finalize
 };
 
 // For `mantissa --version`: the MPI library this process loaded, as MPI_Get_library_version

@@ -108,9 +108,10 @@ environment (MPI runs):
                             comparison: see deploy/README.md); 1 (the default) or 0, any
                             other value is a config error
   MANTISSA_MPI_START_TIMEOUT_S
-                            seconds the MPI start (MPI_Init, every rank's host gathered) may
-                            take before a rank gives up with exit code 3, saying so (a rank
-                            of the job that never started left the others waiting); default
+                            seconds the MPI start (MPI_Init, every rank's host gathered) or
+                            end (MPI_Finalize) may take before a rank gives up with exit code
+                            3, saying so (a rank of the job that never started, or was
+                            stopped after the last step, left the others waiting); default
                             600, 0: no bound, at most 1e9
 
 exit codes:
@@ -124,8 +125,8 @@ exit codes:
      its checkpoints included, on whichever rank it happens); nothing trained, except where a
      token shard holds a token past the vocabulary (the batch reading it stops the run) or a
      path becomes inaccessible during the run
-  3  a peer rank stopped answering within dist.timeout_s, or the MPI start did not finish
-     within MANTISSA_MPI_START_TIMEOUT_S
+  3  a peer rank stopped answering within dist.timeout_s, or the MPI start or end did not
+     finish within MANTISSA_MPI_START_TIMEOUT_S
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
   130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint

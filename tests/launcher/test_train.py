@@ -22,7 +22,9 @@
  - llm.c's Llama-3 shards (uint32 tokens) train a vocabulary past 2^16, and a token past the
    vocabulary stops the run with exit code 2 naming the shard and the position;
  - the divergence guard: gradients non-finite at the minimum loss scale for
-   max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4.
+   max_overflows_at_min steps, or a non-finite loss, end the run with exit code 4;
+ - a rank that never starts MPI, or one held before MPI_Finalize, ends the job with exit code 3
+   at MANTISSA_MPI_START_TIMEOUT_S.
 """
 
 import array
@@ -575,6 +577,28 @@ class Training(lu.TempDirTest):
                          r"\(MPI_Init, and every rank's host gathered\) did not finish within "
                          r"2 s \(MANTISSA_MPI_START_TIMEOUT_S\)")
         self.assertFalse(os.path.exists(self.run_dir("x")), "nothing may be written")
+
+    def test_a_rank_held_before_the_mpi_end_ends_the_job_at_the_timeout(self):
+        # Rank 1 is held before MPI_Finalize (as a rank stopped after the last collective is):
+        # rank 0 waited in its own for ever. With a bound of 2 s it ends the job with exit code
+        # 3, saying why, after the run's work is done and saved.
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        shim = os.path.join(os.path.dirname(lu.binary()), "hold_finalize.so")
+        result = subprocess.run(
+            ["mpirun", "--oversubscribe", "-x", "MANTISSA_MPI_START_TIMEOUT_S", "-x",
+             f"LD_PRELOAD={shim}", "-x", "HOLD_FINALIZE_RANK=1", "-x", "HOLD_FINALIZE_S=60",
+             "-np", "2", lu.binary(), "train", "--config", config, "--set",
+             f"run.dir={self.run_dir('held')}"],
+            cwd=self.dir, env=lu.environment(MANTISSA_MPI_START_TIMEOUT_S="2"), timeout=90,
+            capture_output=True, text=True)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertRegex(result.stderr, r"mantissa: rank 0 \(host [^)]+\): the MPI end "
+                         r"\(MPI_Finalize, which waits for every rank\) did not finish within "
+                         r"2 s \(MANTISSA_MPI_START_TIMEOUT_S\): a rank of the job stopped "
+                         r"answering after this rank's work had ended")
+        self.assertIn("mantissa: done", result.stderr)
+        with open(os.path.join(self.run_dir("held"), "checkpoints", "latest")) as f:
+            self.assertTrue(f.read().startswith("step_"))
 
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step

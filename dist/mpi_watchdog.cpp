@@ -1,4 +1,4 @@
-#include "dist/start_watchdog.h"
+#include "dist/mpi_watchdog.h"
 
 #include <unistd.h>
 
@@ -45,17 +45,21 @@ double mpi_start_timeout_s() {
   return seconds;
 }
 
-StartWatchdog::StartWatchdog(double timeout_s) {
+MpiWatchdog::MpiWatchdog(double timeout_s, MpiWait wait) {
   if (timeout_s <= 0.0) return;
   // The message is made now: MPI_Init may change the environment while the thread waits.
   char host[256] = "?";
   gethostname(host, sizeof host - 1);
+  const char* what = wait == MpiWait::kStart
+                         ? "the MPI start (MPI_Init, and every rank's host gathered)"
+                         : "the MPI end (MPI_Finalize, which waits for every rank)";
+  const char* why = wait == MpiWait::kStart
+                        ? "a rank of the job did not start or cannot reach the others"
+                        : "a rank of the job stopped answering after this rank's work had ended";
   char message[512];
   std::snprintf(message, sizeof message,
-                "mantissa: rank %s (host %s): the MPI start (MPI_Init, and every rank's host "
-                "gathered) did not finish within %g s (%s): a rank of the job did not start or "
-                "cannot reach the others\n",
-                launcher_rank().c_str(), host, timeout_s, kVariable);
+                "mantissa: rank %s (host %s): %s did not finish within %g s (%s): %s\n",
+                launcher_rank().c_str(), host, what, timeout_s, kVariable, why);
   thread_ = std::thread([this, timeout_s, text = std::string(message)] {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto limit = std::chrono::duration<double>(timeout_s);
@@ -66,7 +70,7 @@ StartWatchdog::StartWatchdog(double timeout_s) {
   });
 }
 
-StartWatchdog::~StartWatchdog() {
+MpiWatchdog::~MpiWatchdog() {
   if (!thread_.joinable()) return;
   {
     std::lock_guard<std::mutex> lock(mutex_);
