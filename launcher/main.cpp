@@ -129,7 +129,9 @@ exit codes:
      finish within MANTISSA_MPI_START_TIMEOUT_S
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
-  130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint
+  130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint (a second Ctrl-C ends the
+       process by the signal, without it, which a shell shows as 130 too: the last line of
+       output tells them apart)
   other codes above 128: a rank was killed by signal (code - 128; 137 is SIGKILL, as the
      kernel's OOM killer sends), without a checkpoint; mpirun or srun names the rank
 
