@@ -227,7 +227,12 @@ void World::abort_on_timeout(const std::string& what, double waited_s) const {
   // them a fraction of the timeout (1 to 10 s) to answer the probe.
   const std::vector<int> silent = unresponsive_ranks(std::clamp(0.2 * waited_s, 1.0, 10.0));
   std::ostringstream message;
-  message << what << " did not complete within " << waited_s << " s (dist.timeout_s); ";
+  message << what << " did not complete within " << waited_s << " s (dist.timeout_s)";
+  {
+    const std::lock_guard<std::mutex> lock(activity_mutex_);
+    if (!activity_.empty()) message << " while " << activity_;
+  }
+  message << "; ";
   if (silent.empty()) {
     message << "every rank answered a probe, so a rank is stuck outside this collective "
                "(ranks out of step)";
@@ -236,6 +241,16 @@ void World::abort_on_timeout(const std::string& what, double waited_s) const {
             << format_hosts(silent, hosts_) << ")";
   }
   abort(core::exit_code(core::ErrorKind::kPeerLost), message.str());
+}
+
+World::Activity::Activity(const World& world, std::string what) : world_(world) {
+  const std::lock_guard<std::mutex> lock(world_.activity_mutex_);
+  world_.activity_ = std::move(what);
+}
+
+World::Activity::~Activity() {
+  const std::lock_guard<std::mutex> lock(world_.activity_mutex_);
+  world_.activity_.clear();
 }
 
 }  // namespace mantissa::dist

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,9 +51,24 @@ class World {
   // this alone and waits for theirs. The live ranks are stuck in the same collective, time
   // out at about the same moment and probe too; a dead or hung rank never answers.
   std::vector<int> unresponsive_ranks(double grace_s) const;
-  // What a timed-out wait does: names `what`, how long it waited, the unresponsive ranks and
-  // their hosts, then aborts the job with the exit code of core::ErrorKind::kPeerLost.
+  // What a timed-out wait does: names `what`, how long it waited, what the job was doing
+  // (an Activity), the unresponsive ranks and their hosts, then aborts the job with the exit
+  // code of core::ErrorKind::kPeerLost.
   [[noreturn]] void abort_on_timeout(const std::string& what, double waited_s) const;
+
+  // What the job does besides training steps ("saving the checkpoint of step 9"), named by a
+  // timed-out wait's message while the Activity lives: the same collective times out in a
+  // step, a save or an evaluation, and an operator needs to know which.
+  class Activity {
+   public:
+    Activity(const World& world, std::string what);
+    ~Activity();
+    Activity(const Activity&) = delete;
+    Activity& operator=(const Activity&) = delete;
+
+   private:
+    const World& world_;
+  };
 
  private:
   struct Probe;  // the probe communicator (an MPI handle kept out of this header)
@@ -62,8 +78,10 @@ class World {
   std::vector<std::string> hosts_;      // by rank
   std::vector<std::vector<int>> cpus_;  // by rank
   std::unique_ptr<Probe> probe_;
-  double mpi_timeout_s_ =
-      0;  // MANTISSA_MPI_START_TIMEOUT_S: the bound on MPI_Init and MPI_Finalize
+  mutable std::mutex activity_mutex_;  // a wait may time out on another thread
+  mutable std::string activity_;       // the living Activity's, else empty
+  // MANTISSA_MPI_START_TIMEOUT_S: the bound on MPI_Init and MPI_Finalize.
+  double mpi_timeout_s_ = 0;
 };
 
 // For `mantissa --version`: the MPI library this process loaded, as MPI_Get_library_version

@@ -508,6 +508,9 @@ std::vector<checkpoint::BufferSlice> Trainer::checkpoint_slices() {
 }
 
 void Trainer::save_checkpoint(int64_t steps_done) {
+  const dist::World::Activity saving(world_, "saving the checkpoint of step " +
+                                                 std::to_string(steps_done) +
+                                                 " (the next run removes what it wrote)");
   const Clock::time_point start = Clock::now();
   metrics_->record_checkpoint_start();
   // A checkpoint of replicas that disagree would preserve the disagreement: check first.
@@ -555,6 +558,8 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
   if (!evaluator_ || (steps_done % every != 0 && steps_done != total)) return {};
   const bool stop_first = steps_done < total;
   if (stop_first && stop != StopRequest::kNone) return {std::nullopt, true};
+  const dist::World::Activity evaluating(world_,
+                                         "evaluating after step " + step_of(steps_done, total));
   Clock::time_point last_note = Clock::now();
   const auto progress = [&](int64_t done, int64_t micro_batches) {
     metrics_->record_evaluating();
@@ -674,6 +679,8 @@ int Trainer::run() {
 
     const int64_t steps_done = step + 1;
     if (check_every > 0 && steps_done % check_every == 0) {
+      const dist::World::Activity checking(
+          world_, "checking that the replicas agree after step " + step_of(steps_done, total));
       dp_->check_consistency(replica_state(steps_done));
     }
     bool stopping = stop != StopRequest::kNone && steps_done < total;

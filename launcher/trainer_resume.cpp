@@ -23,6 +23,7 @@ std::string data_source(const TrainConfig::Data& data) {
 }  // namespace
 
 bool Trainer::restore() {
+  const dist::World::Activity resuming(world_, "looking for a checkpoint to resume from");
   const TrainConfig::Checkpoint& c = config_.checkpoint();
   if (c.resume() == TrainConfig::Checkpoint::NEVER) {
     // A fresh start would save over the old run's steps and then drop its newer ones: refused,

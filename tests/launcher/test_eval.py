@@ -9,7 +9,8 @@
  - the synthetic corpus and token shards (data.token_shards.val_pattern) have validation sets
    too, and a run without one, or with eval_every 0, logs no val_loss;
  - a stop signal on one rank during an evaluation cuts it short on every rank: the run stops
-   after that step with a checkpoint and logs no validation loss for it (every rank alike);
+   after that step with a checkpoint and logs no validation loss for it (every rank alike); a
+   rank that hangs in one is named by the timeout, which says the job was evaluating;
  - bad settings are refused naming the field (exit code 2).
 """
 
@@ -165,14 +166,10 @@ class Evaluation(lu.TempDirTest):
                      f"data.token_shards.val_pattern={val_shard}")
         self.assertEqual(sorted(shards), [3, 7])
 
-    def test_a_stop_during_an_evaluation_ends_the_run_without_it(self):
-        # A preemption's grace period is short: a stop that comes during an evaluation goes to
-        # its checkpoint at once. Only rank 1 gets the SIGTERM; the ranks agree after every
-        # micro-batch, so rank 0 gives way too, and this step has no validation loss on either.
-        # Evaluations here take about 150 steps' time (6-10 s on 2 cores), and the signal comes
-        # a sixth of the way into the one after step 4: had rank 0 evaluated to the end, rank 1
-        # would have waited for it past dist.timeout_s and the job would have failed.
-        name = "stopped"
+    def signal_rank_1_during_an_evaluation(self, name, sig):
+        """Trains on 2 ranks with dist.timeout_s 2 and evaluations of about 150 steps' time
+        (6-10 s on 2 cores); sends `sig` to rank 1 a sixth of the way into the evaluation after
+        step 4. Returns (exit code, stderr)."""
         config = self.write("eval.pbtxt", CONFIG)
         process = self.start(
             "train", "--config", config, "--progress", "lines",
@@ -182,16 +179,33 @@ class Evaluation(lu.TempDirTest):
                             "model.gpt2.n_head=4", "model.gpt2.n_embd=256",
                             "checkpoint.every_steps=0", "dist.timeout_s=2")
               for arg in ("--set", s)], ranks=2)
+        rank_1 = None
         try:
             lu.wait_for_lines(os.path.join(self.dir, name, "log", "rank0.jsonl"), 2, process)
             first = lu.read_log(os.path.join(self.dir, name), 0)[1]
             time.sleep(first["eval_seconds"] / 6)
-            os.kill(lu.rank_pids(process.pid)[1], signal.SIGTERM)
+            rank_1 = lu.rank_pids(process.pid)[1]
+            os.kill(rank_1, sig)
             _, stderr = process.communicate(timeout=120)
         finally:
             if process.poll() is None:
                 process.kill()
-        self.assertEqual(process.returncode, 0, stderr)
+            if sig == signal.SIGSTOP and rank_1 is not None:
+                try:
+                    os.kill(rank_1, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        return process.returncode, stderr
+
+    def test_a_stop_during_an_evaluation_ends_the_run_without_it(self):
+        # A preemption's grace period is short: a stop that comes during an evaluation goes to
+        # its checkpoint at once. Only rank 1 gets the SIGTERM; the ranks agree after every
+        # micro-batch, so rank 0 gives way too, and this step has no validation loss on either.
+        # Had rank 0 evaluated to the end, rank 1 would have waited for it past dist.timeout_s
+        # and the job would have failed.
+        name = "stopped"
+        code, stderr = self.signal_rank_1_during_an_evaluation(name, signal.SIGTERM)
+        self.assertEqual(code, 0, stderr)
         self.assertIn("mantissa: the evaluation after step 4/2000 gave way to the stop: that step "
                       "has no validation loss", stderr)
         self.assertIn("stopped after step 4/2000 with a checkpoint", stderr)
@@ -200,6 +214,15 @@ class Evaluation(lu.TempDirTest):
         for rank in range(2):
             log = lu.read_log(os.path.join(self.dir, name), rank)
             self.assertEqual([e["step"] for e in log if "val_loss" in e], [1], f"rank {rank}")
+
+    def test_a_rank_that_hangs_during_an_evaluation_is_named_with_it(self):
+        # Rank 1 stops answering (SIGSTOP) in the evaluation: rank 0's wait times out, and its
+        # message says that the job was evaluating, not training.
+        code, stderr = self.signal_rank_1_during_an_evaluation("hung", signal.SIGSTOP)
+        self.assertEqual(code, 3, stderr)
+        self.assertRegex(stderr, r"mantissa: rank 0: .* did not complete within 2(\.\d+)? s "
+                                 r"\(dist\.timeout_s\) while evaluating after step 4/2000; "
+                                 r"rank\(s\) \[1\] did not answer")
 
     def test_bad_settings_name_the_field(self):
         config = self.write("eval.pbtxt", CONFIG)
