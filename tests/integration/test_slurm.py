@@ -9,7 +9,10 @@ scripts/stop-slurm.sh stops them by PID at the end. Jobs of 2 tasks each:
      starts again, resumes from its checkpoint and finishes;
   C  mantissa-multinode.sbatch (srun --mpi=pmix) on the one node with metrics, a run that never
      ends by itself: its ranks serve metrics and it publishes its scrape targets for
-     Prometheus' file_sd; then it is cancelled, and the targets must be gone.
+     Prometheus' file_sd; then it is cancelled, and the targets must be gone;
+  D  mantissa-1node.sbatch gets USR1 while it still reads its config: it requeues the job
+     without starting the ranks (bash's default action for USR1 used to end the script, the job
+     failed), and the requeue leaves no scrape targets behind.
 A and B must complete with exit code 0, and B must end with the same losses and loss scales as A
 (the CPU run is deterministic, so exactly the same). Every job asks for --cpus-per-task=1 on the
 2-CPU node, and every start line of every job must report 1 thread per rank: the scripts set
@@ -28,11 +31,13 @@ import time
 
 import harness
 
-# A step of this tiny model takes about 15 ms with one thread per rank (2 cores): enough steps
-# that the test's polls (every 0.5 s) and the signal's way through Slurm and mpirun land while a
-# job still runs, also on a machine a few times faster.
+# A step of this small model takes about 7 ms with one thread per rank on 2 idle cores (a
+# Sapphire Rapids), more on a busy machine: enough steps after the signal that its way through
+# Slurm, mantissa-mpirun and mpirun (up to about a second) ends while the job still runs, also
+# on a machine a few times faster. (Test settings' tiny model took under 1 ms a step there.)
+MODEL_SETTINGS = ["model.gpt2.n_embd=192", "model.gpt2.seq_len=64", "data.micro_batch_size=4"]
 STEPS = 600
-SIGNAL_AT_STEP = STEPS // 3
+SIGNAL_AT_STEP = 60
 # Job C runs until the test has seen it serve and cancels it: it must never end by itself.
 SRUN_STEPS = 1000000
 
@@ -74,11 +79,12 @@ def steps_logged(run_dir, rank):
 
 
 def last_step(run_dir):
+    """The newest step of rank 0's log, -1 before it has one. A line being written is skipped:
+    at a few ms a step the log mostly ends in one."""
     try:
-        entries = harness.read_step_log(run_dir, 0)
-    except (OSError, ValueError):
+        return max(steps_logged(run_dir, 0), default=-1)
+    except OSError:
         return -1
-    return max(entries, default=-1)
 
 
 def main():
@@ -112,7 +118,7 @@ def main():
                 job_env = dict(env, **job_env)
                 if not default_run_dir:
                     job_env["MANTISSA_RUN_DIR"] = os.path.join(workdir, f"run-{name}")
-                settings = harness.SMALL_RUN_SETTINGS + [
+                settings = harness.SMALL_RUN_SETTINGS + MODEL_SETTINGS + [
                     f"run.steps={steps}", f"checkpoint.every_steps={steps // 2}"]
                 out = subprocess.run(
                     ["sbatch", "--parsable", f"--job-name=mantissa-{name}", "--ntasks=2",
@@ -259,8 +265,40 @@ def main():
             if logged_c != list(range(len(logged_c))):
                 harness.fail(f"job c (srun) skipped steps on rank 1: {logged_c}")
             harness.log(f"job c logged steps 0..{logged_c[-1]} on rank 1 before it was cancelled")
+
+            # D: USR1 while the script is still reading its config, before its ranks exist. The
+            # mantissa it runs holds `mantissa config` until the test has sent the signal.
+            held, go = os.path.join(workdir, "d-held"), os.path.join(workdir, "d-go")
+            wrapper = os.path.join(workdir, "held-mantissa")
+            with open(wrapper, "w") as f:
+                f.write(f"#!/bin/sh\nif [ \"$1\" = config ] && [ ! -e {held} ]; then\n"
+                        f"  touch {held}\n"
+                        f"  for i in $(seq 600); do [ -e {go} ] && break; sleep 0.1; done\n"
+                        f'fi\nexec {binary} "$@"\n')
+            os.chmod(wrapper, 0o755)
+            job_d = submit("d", "mantissa-1node.sbatch", STEPS, MANTISSA=wrapper,
+                           MANTISSA_METRICS_PORT=str(harness.free_port_block(2)),
+                           MANTISSA_METRICS_BIND="127.0.0.1", MANTISSA_PROM_SD_DIR=sd_dir)
+            harness.wait_until("job d to read its config", lambda: os.path.exists(held),
+                               timeout=150)
+            subprocess.run(["scancel", "--batch", "--signal=USR1", job_d], env=env, check=True)
+            time.sleep(2)  # for the signal to reach the batch shell while `config` still runs
+            open(go, "w").close()
+            harness.wait_until("job d to be requeued", lambda: int(
+                job_info(job_d, env).get("Restarts", 0)) >= 1, timeout=60)
+            subprocess.run(["scancel", job_d], env=env, check=True, timeout=30)
+            harness.wait_until("job d to end", lambda: job_ended(job_d, env), timeout=60)
+            with open(os.path.join(workdir, "d.out")) as f:
+                output_d = f.read()
+            print("--- job d output ---\n" + output_d[-2500:])
+            if "requeueing job" not in output_d or "mantissa: " in output_d:
+                harness.fail("job d, signalled before its ranks started, was not requeued "
+                             "without starting them")
+            if os.path.exists(os.path.join(sd_dir, f"mantissa-{job_d}.json")):
+                harness.fail("job d left its file_sd targets behind after its requeue")
             print("PASS: the 1-node script ran, was preempted, requeued and resumed exactly; "
-                  "both published file_sd targets; the multi-node script ran under srun --mpi=pmix")
+                  "both published file_sd targets; the multi-node script ran under srun "
+                  "--mpi=pmix; a USR1 before the ranks started requeued the job at once")
         finally:
             # On failure the cluster's logs stay with the rest of the work directory.
             keep = args.keep or sys.exc_info()[0] is not None
