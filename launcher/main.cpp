@@ -51,13 +51,15 @@ options:
 
 output, in run.dir (default runs/<config file name without extension>):
   config.pbtxt        the effective config (every default filled in), also printed at start
-  log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss, mean_loss,
-                      loss_scale, overflow, grad_norm, lr, tokens, tokens_per_s, step_seconds,
-                      allreduce_seconds, host_syncs, time, skipped_param when a step was
-                      skipped, and val_loss and eval_seconds on steps that evaluate
-                      (run.eval_every); each step once: the lines of steps a resume redoes
-                      (after a crash) move to log/rank<R>.rolled_back.jsonl, with a line a
-                      crash cut short (not JSON); the log is synced before each checkpoint
+  log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss (this rank's),
+                      mean_loss (over the ranks: the progress line's loss), loss_scale,
+                      overflow, grad_norm, lr, tokens, tokens_per_s, step_seconds,
+                      allreduce_seconds, allreduce_bytes, host_syncs, time, skipped_param
+                      when a step was skipped, and val_loss and eval_seconds on steps that
+                      evaluate (run.eval_every); each step once: the lines of steps a resume
+                      redoes (after a crash) move to log/rank<R>.rolled_back.jsonl, with a
+                      line a crash cut short (not JSON); the log is synced before each
+                      checkpoint
   checkpoints/        step_<8 digits>/ and `latest`; a run resumes from them automatically
                       (checkpoint.resume; NEVER refuses a run.dir that holds checkpoints)
   .lock               locked (flock) by rank 0 while the run goes on: a second run on the

@@ -239,6 +239,14 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   // bits): say so, so that runs on different machines can be compared.
   if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
   say(mfu_peak_note);
+  const TrainConfig::Metrics& metrics = config_.metrics();
+  if (metrics.port() != 0) {
+    const std::string& address = metrics.bind_address();
+    const bool ipv6 = address.find(':') != std::string::npos;
+    say("mantissa: metrics at http://" + (ipv6 ? "[" + address + "]" : address) + ":" +
+        std::to_string(metrics_->listening_port()) + "/metrics" +
+        (world_.size() > 1 ? " (rank 0; every rank at metrics.port + its local rank)" : ""));
+  }
   run_dir_cleanup_.keep();
 }
 

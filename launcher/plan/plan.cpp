@@ -285,7 +285,11 @@ std::string plan_report(const PlanArgs& args) {
   if (nodes > 1) out += format(", network %g Gbit/s per node", d.link_gbit);
   if (cluster.shared_cores > 0)
     out += ", sharing " + std::to_string(cluster.shared_cores) + " cores";
-  out += format(", efficiency %.2f\n", d.efficiency);
+  out += format(", efficiency %.2f", d.efficiency);
+  // No GPU run of mantissa has been measured yet (docs/plan.md): the default is a guess.
+  if (args.efficiency <= 0 && d.name != "cpu")
+    out += " (assumed: --efficiency sets a measured one)";
+  out += "\n";
   out +=
       "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +
       std::to_string(model_shape(config.model()).seq_len) + " tokens x " +

@@ -623,7 +623,9 @@ class Training(lu.TempDirTest):
                 text = r.read().decode()
         finally:
             process.kill()
-            process.communicate()
+            _, stderr = process.communicate()
+        # The start says where to scrape.
+        self.assertIn(f"mantissa: metrics at http://127.0.0.1:{port}/metrics\n", stderr)
         values = dict(re.findall(r'^(mantissa_\w+)\{rank="0"\} (\S+)$', text, re.MULTILINE))
         self.assertEqual(values.get("mantissa_last_checkpoint_step"), "10", text)
         saved_at = float(values.get("mantissa_last_checkpoint_timestamp_seconds", 0))
