@@ -156,12 +156,15 @@ train loads them.
 constexpr const char* kExportHelp =
     R"(usage: mantissa export --config FILE.pbtxt [--set PATH=VALUE]... --out FILE.safetensors
        mantissa export --config FILE.pbtxt [--set PATH=VALUE]... --format hf --out DIR
+       mantissa export --run DIR ... (in place of --config)
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
 config describes. Runs as one process (no mpirun needed); the training data need not be there.
 
 options:
   --config FILE     the run's config, as for mantissa train
+  --run DIR         the run directory, as for mantissa sample: its config.pbtxt (the effective
+                    config training wrote) with run.dir set to DIR
   --set PATH=VALUE  override one field, as for mantissa train
   --format FORMAT   safetensors (the default): one file with mantissa's parameter names
                     (GPT-2: wte, wpe, h.<i>.attn.c_attn.weight, ...; Llama: embed_tokens.weight,

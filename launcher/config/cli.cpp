@@ -6,6 +6,7 @@ namespace mantissa::launcher {
 
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args) {
   TrainArgs out;
+  bool run_given = false;  // export --run DIR stands for --config DIR/config.pbtxt
   const std::string usage = " (see mantissa " + command + " --help)";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -14,19 +15,30 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       continue;
     }
     const std::string name = arg.substr(0, arg.find('='));
-    const bool known = name == "--config" || name == "--set" ||
-                       (name == "--progress" && command == "train") ||
-                       (name == "--get" && command == "config") ||
-                       ((name == "--out" || name == "--format") && command == "export");
+    const bool known =
+        name == "--config" || name == "--set" || (name == "--progress" && command == "train") ||
+        (name == "--get" && command == "config") ||
+        ((name == "--out" || name == "--format" || name == "--run") && command == "export");
     if (!known) {
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
     const std::string value = option_value(args, i, usage);
     if (name == "--config") {
       if (!out.config_path.empty()) {
-        throw core::ConfigError("--config given twice" + usage);
+        throw core::ConfigError(
+            std::string(run_given ? "--config with --run" : "--config given twice") + usage);
       }
       out.config_path = value;
+    } else if (name == "--run") {
+      // The run's own effective config, with the run directory where it is now: a relative
+      // run.dir in it names the directory from where the run was started.
+      if (!out.config_path.empty()) {
+        throw core::ConfigError(
+            std::string(run_given ? "--run given twice" : "--run with --config") + usage);
+      }
+      out.config_path = value + "/config.pbtxt";
+      out.sets.insert(out.sets.begin(), "run.dir=" + value);
+      run_given = true;
     } else if (name == "--set") {
       out.sets.push_back(value);
     } else if (name == "--get") {
@@ -48,7 +60,9 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
     }
   }
   if (!out.help && out.config_path.empty()) {
-    throw core::ConfigError("--config FILE.pbtxt is required" + usage);
+    throw core::ConfigError(
+        (command == "export" ? "--config FILE.pbtxt or --run DIR" : "--config FILE.pbtxt") +
+        std::string(" is required") + usage);
   }
   if (!out.help && command == "export" && out.out.empty()) {
     throw core::ConfigError(std::string(out.hf_format ? "--out DIR" : "--out FILE.safetensors") +

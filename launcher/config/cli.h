@@ -1,7 +1,7 @@
 // The command line of `mantissa train`, `config` and `export`:
 //   --config FILE.pbtxt  [--set path.to.field=value]...  [--progress auto|live|lines]  (train)
 //   --out FILE.safetensors | --out DIR --format hf  [--format safetensors|hf]  (export: --out
-//   is required)
+//   is required; --run DIR in place of --config: DIR/config.pbtxt with run.dir=DIR)
 // Both `--opt value` and `--opt=value` are accepted.
 #pragma once
 

@@ -556,6 +556,26 @@ TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
   EXPECT_EQ(parse_train_args("train", {"--config=--odd.pbtxt"}).config_path, "--odd.pbtxt");
   EXPECT_EQ(args_error({"--config", "a", "--progress", "fancy"}),
             "--progress takes auto, live or lines, got 'fancy' (see mantissa train --help)");
+  EXPECT_EQ(args_error({"--run", "runs/x"}),
+            "unknown argument '--run' (see mantissa train --help)");
+
+  // export --run DIR: the run's config.pbtxt, with run.dir where the directory is now (before
+  // any --set, which wins).
+  const TrainArgs run =
+      parse_train_args("export", {"--set", "run.seed=3", "--run", "elsewhere/x", "--out", "w"});
+  EXPECT_EQ(run.config_path, "elsewhere/x/config.pbtxt");
+  EXPECT_EQ(run.sets, (std::vector<std::string>{"run.dir=elsewhere/x", "run.seed=3"}));
+  const auto export_error = [](std::vector<std::string> args) {
+    return error_of([&] { parse_train_args("export", args); });
+  };
+  EXPECT_EQ(export_error({"--run", "a", "--config", "b", "--out", "w"}),
+            "--config with --run (see mantissa export --help)");
+  EXPECT_EQ(export_error({"--config", "b", "--run", "a", "--out", "w"}),
+            "--run with --config (see mantissa export --help)");
+  EXPECT_EQ(export_error({"--run", "a", "--run", "b", "--out", "w"}),
+            "--run given twice (see mantissa export --help)");
+  EXPECT_EQ(export_error({"--out", "w"}),
+            "--config FILE.pbtxt or --run DIR is required (see mantissa export --help)");
 }
 
 }  // namespace

@@ -760,6 +760,12 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         with open(out, "rb") as f:
             data = f.read()
+        # The run directory alone (as `mantissa sample --run` takes it) gives the same file.
+        again = os.path.join(self.dir, "again.safetensors")
+        result = self.mantissa("export", "--run", self.run_dir("imported"), "--out", again)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(again, "rb") as f:
+            self.assertEqual(f.read(), data)
         header_len = struct.unpack("<Q", data[:8])[0]
         header = json.loads(data[8:8 + header_len])
         payload = data[8 + header_len:]
