@@ -131,9 +131,10 @@ exit codes:
      finish within MANTISSA_MPI_START_TIMEOUT_S
   4  training diverged: the loss is not finite, or gradients stayed non-finite at the
      minimum loss scale for precision.loss_scale.max_overflows_at_min steps in a row
-  130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint (a second Ctrl-C ends the
-       process by the signal, without it, which a shell shows as 130 too: the last line of
-       output tells them apart)
+  130  interrupted by SIGINT (Ctrl-C) after writing a checkpoint, or during the start, before
+       the first step (nothing new to save); a second Ctrl-C ends the process by the signal,
+       without the checkpoint, which a shell shows as 130 too: the last line of output tells
+       them apart
   other codes above 128: a rank was killed by signal (code - 128; 137 is SIGKILL, as the
      kernel's OOM killer sends), without a checkpoint; mpirun or srun names the rank
 
@@ -160,6 +161,8 @@ constexpr const char* kExportHelp =
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
 config describes. Runs as one process (no mpirun needed); the training data need not be there.
+The output appears only once complete: an export killed or interrupted (Ctrl-C) leaves its
+temporary FILE.<pid>-<n>.tmp (or DIR.tmp), which the next export to the same --out removes.
 
 options:
   --config FILE     the run's config, as for mantissa train

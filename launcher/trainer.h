@@ -76,9 +76,9 @@ class Trainer {
   // The held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
   // after the last step); collective. Before the last step a stop comes first, so that its
   // checkpoint is written within a preemption's grace period: a stop already agreed (`stop`)
-  // skips the evaluation, and a stop signal that reaches a rank while it runs cuts that rank's
-  // part short, which voids the evaluation on every rank. Rank 0 says how far a long
-  // evaluation has come.
+  // skips the evaluation, and the ranks agree on a stop after each micro-batch, so a signal
+  // that reaches any rank while it runs ends it on every rank at the same micro-batch. Rank 0
+  // says how far a long evaluation has come.
   Evaluation maybe_evaluate(int64_t steps_done, StopRequest stop);
   // The exporter (and pusher) of this rank's metrics; returns the start line that names the
   // peak MFU is measured against.

@@ -282,7 +282,7 @@ def main():
             harness.wait_until("job d to read its config", lambda: os.path.exists(held),
                                timeout=150)
             subprocess.run(["scancel", "--batch", "--signal=USR1", job_d], env=env, check=True)
-            time.sleep(2)  # for the signal to reach the batch shell while `config` still runs
+            time.sleep(3)  # Slurm delivers it in milliseconds, while `config` still runs
             open(go, "w").close()
             harness.wait_until("job d to be requeued", lambda: int(
                 job_info(job_d, env).get("Restarts", 0)) >= 1, timeout=60)

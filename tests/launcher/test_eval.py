@@ -167,9 +167,9 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(sorted(shards), [3, 7])
 
     def signal_rank_1_during_an_evaluation(self, name, sig):
-        """Trains on 2 ranks with dist.timeout_s 2 and evaluations of about 150 steps' time
-        (6-10 s on 2 cores); sends `sig` to rank 1 a sixth of the way into the evaluation after
-        step 4. Returns (exit code, stderr)."""
+        """Trains on 2 ranks with dist.timeout_s 4 and evaluations of about 150 steps' time
+        (6-10 s on 2 idle cores); sends `sig` to rank 1 a sixth of the way into the evaluation
+        after step 4. Returns (exit code, stderr)."""
         config = self.write("eval.pbtxt", CONFIG)
         process = self.start(
             "train", "--config", config, "--progress", "lines",
@@ -177,7 +177,7 @@ class Evaluation(lu.TempDirTest):
                             "run.eval_every=2", "run.eval_tokens=100000000",
                             "data.text_file.val_fraction=0.5", "model.gpt2.n_layer=4",
                             "model.gpt2.n_head=4", "model.gpt2.n_embd=256",
-                            "checkpoint.every_steps=0", "dist.timeout_s=2")
+                            "checkpoint.every_steps=0", "dist.timeout_s=4")
               for arg in ("--set", s)], ranks=2)
         rank_1 = None
         try:
@@ -220,7 +220,7 @@ class Evaluation(lu.TempDirTest):
         # message says that the job was evaluating, not training.
         code, stderr = self.signal_rank_1_during_an_evaluation("hung", signal.SIGSTOP)
         self.assertEqual(code, 3, stderr)
-        self.assertRegex(stderr, r"mantissa: rank 0: .* did not complete within 2(\.\d+)? s "
+        self.assertRegex(stderr, r"mantissa: rank 0: .* did not complete within 4(\.\d+)? s "
                                  r"\(dist\.timeout_s\) while evaluating after step 4/2000; "
                                  r"rank\(s\) \[1\] did not answer")
 
