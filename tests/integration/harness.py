@@ -14,6 +14,7 @@ reached from outside the test.
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -82,11 +83,15 @@ def free_port():
 
 
 def free_port_block(count):
-    """A base port such that base .. base+count-1 were all free (one per local rank)."""
+    """A base port such that base .. base+count-1 were all free (one per local rank), below the
+    kernel's ephemeral range: a port from that range may be taken a moment later by any
+    connection or by a listener that asked for any port, also in the hosts' network namespaces,
+    where Slurm's and Open MPI's daemons run and this process cannot see their ports (a rank's
+    exporter once found its port taken there)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
     for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
+        base = random.randrange(10000, ephemeral_low - count)
         sockets = []
         try:
             for p in range(base, base + count):
