@@ -240,10 +240,8 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   if (!device_.cuda) say("mantissa: " + core::cpu_paths_description());
   say(mfu_peak_note);
   const TrainConfig::Metrics& metrics = config_.metrics();
-  if (metrics.port() != 0) {
-    const std::string& address = metrics.bind_address();
-    const bool ipv6 = address.find(':') != std::string::npos;
-    say("mantissa: metrics at http://" + (ipv6 ? "[" + address + "]" : address) + ":" +
+  if (metrics.port() != 0) {  // metrics.bind_address is an IPv4 address (validate())
+    say("mantissa: metrics at http://" + metrics.bind_address() + ":" +
         std::to_string(metrics_->listening_port()) + "/metrics" +
         (world_.size() > 1 ? " (rank 0; every rank at metrics.port + its local rank)" : ""));
   }
