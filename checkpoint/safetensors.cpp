@@ -6,6 +6,7 @@
 
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/json_string.h"
 
 namespace mantissa::checkpoint {
@@ -79,6 +80,7 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
     out.write(header.data(), header.size());
     std::vector<float> values;
     for (const SafetensorsOutput& t : tensors) {
+      core::throw_if_interrupted();  // a model's weights take minutes to write
       values.assign(static_cast<size_t>(numel_of(t.shape)), 0.0f);
       t.fill(values.data());
       out.write(values.data(), values.size() * sizeof(float));

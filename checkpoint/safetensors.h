@@ -36,9 +36,11 @@ struct SafetensorsOutput {
   std::function<void(float* out)> fill;
 };
 
-// Writes `tensors` (F32, in this order) to `path` through `path`.tmp, fsynced and renamed into
-// place, so that `path` never exists half-written. `metadata` goes into "__metadata__".
-// Throws core::Error naming the path: a name given twice or named __metadata__, an I/O error.
+// Writes `tensors` (F32, in this order) to `path` through a temporary file beside it, fsynced
+// and renamed into place, so that `path` never exists half-written. `metadata` goes into
+// "__metadata__". Throws core::Error naming the path: a name given twice or named __metadata__,
+// an I/O error; core::Interrupted when a signal comes under a core::InterruptWatch (checked per
+// tensor). The temporary file goes with either.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/interrupt.h"
 #include "dist/world.h"
 #include "launcher/build_info.h"
 #include "launcher/config/cli.h"
@@ -161,7 +162,8 @@ constexpr const char* kExportHelp =
 
 Writes the FP32 weights of the newest intact checkpoint in <run.dir>/checkpoints, the run the
 config describes. Runs as one process (no mpirun needed); the training data need not be there.
-The output appears only once complete: an export killed or interrupted (Ctrl-C) leaves its
+The output appears only once complete. An export interrupted (Ctrl-C, SIGTERM, SIGHUP) removes
+what it wrote and ends by the signal (130 for Ctrl-C); one killed (SIGKILL, a crash) leaves its
 temporary FILE.<pid>-<n>.tmp (or DIR.tmp), which the next export to the same --out removes.
 
 options:
@@ -343,10 +345,15 @@ int export_command(int argc, char** argv) {
     }
     // The weights come from the checkpoints: the training data need not be there.
     const TrainConfig config = effective_config_noted(parsed, 0, DataFiles::kSkip);
+    core::InterruptWatch interrupt;  // Ctrl-C leaves no temporary file behind
     const std::string from = export_checkpoint_weights(
         config, parsed.out, parsed.hf_format ? ExportFormat::kHf : ExportFormat::kSafetensors);
     std::fprintf(stderr, "mantissa: wrote %s from %s\n", parsed.out.c_str(), from.c_str());
+    core::throw_if_interrupted("after the export finished (its output is complete)");
     return kExitOk;
+  } catch (const core::Interrupted& e) {
+    std::fprintf(stderr, "mantissa: %s\n", e.what());
+    core::end_by_signal(e.signal());
   } catch (const std::exception& e) {
     return report_failure(e);
   }

@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "launcher/tokenize/tokenize_input.h"
-#include "launcher/tokenize/tokenize_interrupt.h"
 #include "launcher/tokenize/tokenize_model.h"
 #include "launcher/tokenize/tokenize_shards.h"
 #include "train/data/corpus.h"
@@ -133,8 +133,8 @@ void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& fi
     auto last_report = std::chrono::steady_clock::now();
     while (!failure) {
       try {
-        throw_if_interrupted();
-      } catch (const Interrupted&) {
+        core::throw_if_interrupted();
+      } catch (const core::Interrupted&) {
         failure = std::current_exception();
         break;
       }
@@ -196,7 +196,7 @@ size_t write_split(StagedOutput& out, const Tokenizer& tokenizer, const char* sp
                             std::to_string(kMaxShards) + " (six-digit names)");
   }
   for (size_t s = 0; s < shards.size(); ++s) {
-    throw_if_interrupted();
+    core::throw_if_interrupted();
     const auto [begin, end] = shards[s];
     out.write_shard(shard_name(split, s), tokens.subspan(begin, end - begin));
   }
@@ -226,7 +226,7 @@ void encode_to_shards(const EncodeOptions& options) {
                             "character's up to 4 byte tokens stay in one shard)");
   }
   const Tokenizer tokenizer(options.tokenizer);
-  InterruptWatch interrupt;
+  core::InterruptWatch interrupt;
   // The output first (a directory holding shards, or one where no file can be created, is
   // refused at once), then the inputs, all read before any is encoded.
   StagedOutput out(options.out_dir, options.force);
@@ -277,7 +277,7 @@ void encode_to_shards(const EncodeOptions& options) {
                val_shards, format_bytes(total_bytes(files)).c_str(), seconds, threads,
                threads == 1 ? "" : "s", tokenizer.vocab_size(), eot);
   // A signal held back while the files moved into place: the run still ends by it.
-  throw_if_interrupted("after the encode finished (its output is complete)");
+  core::throw_if_interrupted("after the encode finished (its output is complete)");
 }
 
 }  // namespace mantissa::launcher

@@ -31,7 +31,7 @@ struct EncodeOptions {
 // Throws core::ConfigError for bad options, a tokenizer Tokenizer refuses, an input that is
 // unreadable, empty or not valid UTF-8 (naming the file and the byte offset), or an output
 // directory that holds shards without `force`; nothing is left behind then. SIGINT, SIGTERM or
-// SIGHUP before the files are moved into place throws Interrupted (tokenize_interrupt.h), again
+// SIGHUP before the files are moved into place throws Interrupted (core/interrupt.h), again
 // leaving nothing behind.
 void encode_to_shards(const EncodeOptions& options);
 

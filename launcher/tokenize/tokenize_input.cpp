@@ -18,7 +18,7 @@
 
 #include "core/cpu_affinity.h"
 #include "core/error.h"
-#include "launcher/tokenize/tokenize_interrupt.h"
+#include "core/interrupt.h"
 
 namespace mantissa::launcher {
 
@@ -266,7 +266,7 @@ std::vector<MappedText> map_utf8_inputs(const std::vector<std::string>& paths,
                  format_bytes(bytes).c_str(), files.size(), files.size() == 1 ? "" : "s");
   }
   for (const MappedText& file : files) {
-    throw_if_interrupted();  // the check of a large corpus takes minutes
+    core::throw_if_interrupted();  // the check of a large corpus takes minutes
     const std::string_view text = file.text();
     const size_t offset = first_invalid_utf8(text);
     if (offset == text.size()) continue;

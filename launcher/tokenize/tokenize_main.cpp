@@ -10,13 +10,13 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/interrupt.h"
 #include "core/read_file.h"
 #include "launcher/config/option_value.h"
 #include "launcher/exit_codes.h"
 #include "launcher/tokenize/tokenize_decode.h"
 #include "launcher/tokenize/tokenize_encode.h"
 #include "launcher/tokenize/tokenize_ids.h"
-#include "launcher/tokenize/tokenize_interrupt.h"
 #include "launcher/tokenize/tokenize_model.h"
 #include "launcher/tokenize/tokenize_train.h"
 
@@ -322,9 +322,9 @@ int run(const std::vector<std::string>& argv) {
       ids_to_text(args.tokenizer, stdin, stdout);
     }
     return kExitOk;
-  } catch (const Interrupted& e) {
+  } catch (const core::Interrupted& e) {
     std::fprintf(stderr, "mantissa: %s\n", e.what());
-    end_by_signal(e.signal());
+    core::end_by_signal(e.signal());
   } catch (const std::exception& e) {
     return report_failure(e, one_line(e.what()));
   }

@@ -626,7 +626,7 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
             _, stderr = process.communicate(timeout=120)
             self.assertEqual(process.returncode, -signum, stderr)
             self.assertIn(f"mantissa: interrupted by {signal.Signals(signum).name}: nothing "
-                          "written, the output directory left as it was", stderr)
+                          "written, the output left as it was", stderr)
 
         # A new directory (and its parents) goes again.
         interrupt(os.path.join(self.dir, "new", "shards"), signal.SIGINT)

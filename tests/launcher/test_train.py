@@ -792,6 +792,38 @@ class Training(lu.TempDirTest):
             with self.subTest(name):
                 self.assertEqual(exported(name), (shape, raw))
 
+    def test_an_interrupted_export_leaves_nothing_behind(self):
+        # Ctrl-C or SIGTERM while an export writes: what it wrote goes (the temporary file, a
+        # Hugging Face directory's DIR.tmp and the parents it made) and the process ends by the
+        # signal. A shim holds the export at its first write to a temporary file until the
+        # signal comes, so that the signal finds it half way however fast the disk is.
+        config = ["--config", self.write("tiny.pbtxt", lu.TINY_GPT), "--set",
+                  f"run.dir={self.run_dir('exported')}", "--set", "run.steps=1"]
+        result = self.mantissa("train", *config)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        shim = os.path.join(os.path.dirname(lu.binary()), "hold_temporary_write.so")
+        for signum, out, extra in ((signal.SIGINT, "weights.safetensors", ()),
+                                   (signal.SIGTERM, os.path.join("new", "hf"), ("--format", "hf"))):
+            with self.subTest(signal.Signals(signum).name):
+                marker = os.path.join(self.dir, "held")
+                process = subprocess.Popen(
+                    [lu.binary(), "export", *config, *extra, "--out", out], cwd=self.dir,
+                    env=lu.environment(LD_PRELOAD=shim, HOLD_WRITE_MARKER=marker), text=True,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                deadline = time.time() + 60
+                while not os.path.exists(marker):
+                    self.assertIsNone(process.poll(), "the export ended before its first write")
+                    self.assertLess(time.time(), deadline, "no write to a temporary file in 60 s")
+                    time.sleep(0.01)
+                os.remove(marker)
+                process.send_signal(signum)
+                _, stderr = process.communicate(timeout=60)
+                self.assertEqual(process.returncode, -signum, stderr)
+                self.assertIn(f"mantissa: interrupted by {signal.Signals(signum).name}: nothing "
+                              "written, the output left as it was", stderr)
+                self.assertEqual(sorted(os.listdir(self.dir)), ["exported", "tiny.pbtxt"])
+
     def test_hugging_face_weights_out_and_back_in(self):
         # Each family: a short run exported as a Hugging Face directory, and runs started from
         # that directory and from a sharded copy of it at learning rate 0, hold the same

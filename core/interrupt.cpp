@@ -1,4 +1,4 @@
-#include "launcher/tokenize/tokenize_interrupt.h"
+#include "core/interrupt.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <csignal>
 #include <cstdlib>
 
-namespace mantissa::launcher {
+namespace mantissa::core {
 
 namespace {
 
@@ -69,7 +69,7 @@ InterruptWatch::InterruptWatch() {
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
   // A signal during a read or a write must not turn into an I/O error: the call restarts, and
-  // the encode sees the flag at its next check.
+  // the work sees the flag at its next check.
   action.sa_flags = SA_RESTART;
   for (size_t i = 0; i < std::size(kSignals); ++i) {
     sigaction(kSignals[i], nullptr, &g_old_actions[i]);
@@ -106,4 +106,4 @@ void end_by_signal(int signal) {
   std::_Exit(128 + signal);  // not reached: the default action of all three ends the process
 }
 
-}  // namespace mantissa::launcher
+}  // namespace mantissa::core
