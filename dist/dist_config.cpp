@@ -21,7 +21,10 @@ void validate(const DistConfig& config) {
       std::isfinite(config.bucket_mb) && config.bucket_mb > 0.0 && config.bucket_mb <= 65536.0,
       "dist.bucket_mb", core::format_number(config.bucket_mb), "must lie in (0, 65536]");
   core::in_range("dist.zero_stage", config.zero_stage, 0, 1);
-  core::positive("dist.timeout_s", config.timeout_s);
+  // Below a second, a healthy job's start or a step on a busy host ends in a timeout that
+  // blames a rank.
+  core::require(std::isfinite(config.timeout_s) && config.timeout_s >= 1.0, "dist.timeout_s",
+                core::format_number(config.timeout_s), "must be a finite number >= 1 (seconds)");
   core::at_least("dist.consistency_check_every", config.consistency_check_every, 0);
 }
 

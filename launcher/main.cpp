@@ -262,6 +262,7 @@ int train_command(int argc, char** argv) {
   try {
     parsed = parse_train_args("train", args);
     config = effective_config_noted(parsed, world.rank());
+    validate_for_world(config, world.size(), world.local_rank());
   } catch (const core::ConfigError& e) {
     refused = std::to_string(kExitConfig) + " " + e.what();
   } catch (const core::Error& e) {

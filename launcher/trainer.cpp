@@ -103,17 +103,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     run_dir_lock_.emplace(run_dir_);
   }
 
-  // The checks that need the world: the rest of the config was validated before.
-  const TrainConfig::Debug& debug = config_.debug();
-  if (debug.inject_nonfinite_steps_size() > 0) {
-    require(debug.inject_nonfinite_rank() < world.size(), "debug.inject_nonfinite_rank",
-            std::to_string(debug.inject_nonfinite_rank()),
-            "must be < the world size " + std::to_string(world.size()));
-  }
-  const int port = config_.metrics().port();
-  require(port == 0 || port + world.local_rank() <= 65535, "metrics.port", std::to_string(port),
-          "plus the local rank " + std::to_string(world.local_rank()) + " must be <= 65535");
-
   cpus_in_use_ = set_cpu_threads(world);
   device_ = select_device(config_, world.local_rank());
   backend_ = make_backend(device_);
@@ -145,6 +134,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   step_ = std::make_unique<train::TrainingStep>(
       *model_, *backend_, policy_, *scaler_, *optimizer_, *schedule_,
       static_cast<float>(config_.optimizer().grad_clip()));
+  const TrainConfig::Debug& debug = config_.debug();
   step_->before_check = train::nonfinite_injector(
       *backend_, world.rank(), debug.inject_nonfinite_rank(),
       {debug.inject_nonfinite_steps().begin(), debug.inject_nonfinite_steps().end()});

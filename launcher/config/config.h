@@ -57,11 +57,17 @@ bool has_validation_data(const TrainConfig::Data& data);
 // Checks every field of a config with defaults applied: value ranges (those of the modules'
 // options by the modules' own validate()), cross-field rules (heads divide the width, warmup
 // within the run, vocabulary covers the data), that the data files exist and the CPU backend's
-// environment switches. Checks that need the world or the device are the Trainer's.
+// environment switches. Checks that need the world are validate_for_world's, those that need
+// the device the Trainer's.
 // DataFiles::kSkip leaves out the checks that the data files exist (for commands that never
 // read them: `mantissa plan` projects the run of a config written for another machine).
 enum class DataFiles { kCheck, kSkip };
 void validate(const TrainConfig& config, DataFiles files = DataFiles::kCheck);
+
+// The checks that need the job's shape: the rank debug.inject_nonfinite_rank names exists, and
+// each rank's metrics port (metrics.port + its local rank) is a port. Every rank runs them
+// before the ranks compare their verdicts, so that one rank's refusal ends every rank alike.
+void validate_for_world(const TrainConfig& config, int world_size, int local_rank);
 
 // The environment switches of the CPU backend, the attention layer and MPI's progress thread
 // (MANTISSA_CPU_*, MANTISSA_FLASH_ATTENTION, MANTISSA_MPI_PROGRESS_THREAD): a bad value throws

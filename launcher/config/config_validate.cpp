@@ -486,4 +486,16 @@ void validate(const TrainConfig& config, DataFiles files) {
   validate_environment();
 }
 
+void validate_for_world(const TrainConfig& config, int world_size, int local_rank) {
+  const TrainConfig::Debug& debug = config.debug();
+  if (debug.inject_nonfinite_steps_size() > 0) {
+    require(debug.inject_nonfinite_rank() < world_size, "debug.inject_nonfinite_rank",
+            std::to_string(debug.inject_nonfinite_rank()),
+            "must be < the world size " + std::to_string(world_size));
+  }
+  const int port = config.metrics().port();
+  require(port == 0 || port + local_rank <= 65535, "metrics.port", std::to_string(port),
+          "plus the local rank " + std::to_string(local_rank) + " must be <= 65535");
+}
+
 }  // namespace mantissa::launcher

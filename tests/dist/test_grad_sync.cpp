@@ -481,7 +481,7 @@ TEST_F(GradSync, BadConfigsNameTheField) {
                       "dist.zero_stage = 2: must lie in [0, 1]");
   bad = good;
   bad.timeout_s = -1;
-  expect_config_error(bad, "dist.timeout_s = -1: must be > 0");
+  expect_config_error(bad, "dist.timeout_s = -1: must be a finite number >= 1 (seconds)");
   bad = good;
   bad.consistency_check_every = -1;
   expect_config_error(bad, "dist.consistency_check_every = -1: must be >= 0");

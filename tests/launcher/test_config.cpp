@@ -404,7 +404,7 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "data.token_shards.pattern = \"/nonexistent/*.bin\": matches no file"},
       {{"dist.zero_stage=2"}, "dist.zero_stage = 2: must lie in [0, 1]"},
       {{"dist.bucket_mb=0"}, "dist.bucket_mb = 0: must lie in (0, 65536]"},
-      {{"dist.timeout_s=-1"}, "dist.timeout_s = -1: must be > 0"},
+      {{"dist.timeout_s=-1"}, "dist.timeout_s = -1: must be a finite number >= 1 (seconds)"},
       {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
       {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
       // A control character in a value is escaped: the message stays one line.

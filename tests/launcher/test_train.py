@@ -1152,6 +1152,20 @@ data { micro_batch_size: 2 }
                       refused.stderr)
         self.assertNotIn("MPI_ABORT", refused.stderr)
 
+    def test_a_metrics_port_one_rank_cannot_take_ends_every_rank_alike(self):
+        # Rank 1 serves metrics on metrics.port + 1, past the last port: its refusal joins the
+        # ranks' verdicts, so the job ends without MPI_Abort's banner and rank 0 removes the
+        # run.dir it made (it used to abort there, leaving run.dir with its lock).
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        result = self.mantissa("train", "--config", config, "--set",
+                               f"run.dir={self.run_dir('port')}", "--set", "metrics.port=65535",
+                               ranks=RANKS)
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("mantissa: rank 1: metrics.port = 65535: plus the local rank 1 must be "
+                      "<= 65535", result.stderr)
+        self.assertNotIn("MPI_ABORT", result.stderr)
+        self.assertFalse(os.path.exists(self.run_dir("port")))
+
 
 if __name__ == "__main__":
     lu.main()
