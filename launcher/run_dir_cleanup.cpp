@@ -14,13 +14,12 @@ namespace fs = std::filesystem;
 
 RunDirCleanup::RunDirCleanup(std::string run_dir, bool responsible) : run_dir_(std::move(run_dir)) {
   std::error_code ec;
-  remove_on_failure_ = responsible && !fs::exists(run_dir_, ec) && !ec;
-  if (remove_on_failure_)
-    missing_parents_ = core::missing_directories(fs::path(run_dir_).parent_path());
+  created_here_ = responsible && !fs::exists(run_dir_, ec) && !ec;
+  if (created_here_) missing_parents_ = core::missing_directories(fs::path(run_dir_).parent_path());
 }
 
 RunDirCleanup::~RunDirCleanup() {
-  if (!remove_on_failure_) return;
+  if (!created_here_ || !locked_ || kept_) return;
   // fs::remove takes a file or an empty directory and fails (quietly, through ec) on anything
   // else, so a directory that holds something stays.
   std::error_code ec;

@@ -101,6 +101,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
           "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
     }
     run_dir_lock_.emplace(run_dir_);
+    run_dir_cleanup_.locked();
   }
 
   cpus_in_use_ = set_cpu_threads(world);
