@@ -80,8 +80,11 @@ int64_t line_step(const std::string& line) {
 // Appends `text` to `path` (created when missing), synced.
 void append_synced(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "a");
-  MANTISSA_REQUIRE(f != nullptr, kFailure,
-                   "cannot open '" << path << "': " << std::strerror(errno));
+  if (f == nullptr) {
+    const int error = errno;  // permissions are the user's to fix (2), a full disk may pass (1)
+    core::throw_error_of_kind(core::path_error_kind(error),
+                              "cannot open '" + path + "': " + std::strerror(error));
+  }
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() &&
                        std::fflush(f) == 0 && ::fsync(fileno(f)) == 0;
   const int error = errno;
@@ -124,8 +127,11 @@ void append_tail(const std::filesystem::path& path, std::streamoff from,
   in.seekg(from);
   MANTISSA_REQUIRE(in, kFailure, "cannot read '" << path.string() << "'");
   std::FILE* out = std::fopen(rolled_back.c_str(), "a");
-  MANTISSA_REQUIRE(out != nullptr, kFailure,
-                   "cannot open '" << rolled_back.string() << "': " << std::strerror(errno));
+  if (out == nullptr) {
+    const int error = errno;
+    core::throw_error_of_kind(core::path_error_kind(error), "cannot open '" + rolled_back.string() +
+                                                                "': " + std::strerror(error));
+  }
   std::vector<char> block(1 << 20);
   char last = '\n';
   bool written = true;

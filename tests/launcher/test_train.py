@@ -734,6 +734,23 @@ class Training(lu.TempDirTest):
             with open(os.path.join(run, "log", f"rank{rank}.rolled_back.jsonl")) as f:
                 self.assertEqual([json.loads(line) for line in f], lost[rank])
 
+    def test_a_rolled_back_log_that_cannot_be_written_is_a_setting_to_fix(self):
+        # The log's lost lines go to rank0.rolled_back.jsonl; a file there that cannot be made
+        # (here a link into sysfs, which takes no new files, as a directory the user may not
+        # write to) ends the start with exit 2, as rank0.jsonl itself does (it was 1).
+        run = self.run_dir("unwritable")
+        result = self.mantissa(*self.train_args("unwritable", "run.steps=10",
+                                                "checkpoint.every_steps=5", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        shutil.rmtree(os.path.join(run, "checkpoints", "step_00000010"))
+        rolled_back = os.path.join(run, "log", "rank0.rolled_back.jsonl")
+        os.symlink("/sys/mantissa_rolled_back.jsonl", rolled_back)
+        result = self.mantissa(*self.train_args("unwritable", "run.steps=10",
+                                                "checkpoint.every_steps=5", inject_rank=0))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, re.escape(f"cannot open '{rolled_back}': ") +
+                         "(Permission denied|Read-only file system)")
+
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,
         # max_seq_len 64, vocab 256 (no padding).
