@@ -24,6 +24,7 @@
 #include "core/read_file.h"
 #include "core/strings.h"
 #include "launcher/build_info.h"
+#include "launcher/checkpoints_writable.h"
 #include "launcher/config/config.h"
 #include "launcher/cpu_threads.h"
 #include "launcher/exit_codes.h"
@@ -102,6 +103,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     }
     run_dir_lock_.emplace(run_dir_);
     run_dir_cleanup_.locked();
+    require_checkpoints_writable(run_dir_);
   }
 
   cpus_in_use_ = set_cpu_threads(world);

@@ -751,6 +751,21 @@ class Training(lu.TempDirTest):
         self.assertRegex(result.stderr, re.escape(f"cannot open '{rolled_back}': ") +
                          "(Permission denied|Read-only file system)")
 
+    def test_checkpoints_that_cannot_be_saved_are_refused_before_the_first_step(self):
+        # run.dir's checkpoints/ a link into sysfs, which takes no new files (as a directory the
+        # user may not write to): the first save, after checkpoint.every_steps steps of work,
+        # would fail. The start says so, exit 2, before step 0.
+        run = self.run_dir("unsavable")
+        os.makedirs(run)
+        os.symlink("/sys", os.path.join(run, "checkpoints"))
+        result = self.mantissa(*self.train_args("unsavable", "run.steps=10", inject_rank=0))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, re.escape(
+            f"mantissa: checkpoints cannot be saved in '{run}/checkpoints' (checked before the "
+            f"first step): cannot create '{run}/checkpoints/.save-check.") +
+            r"\d+-\d+\.tmp': (Permission denied|Read-only file system)")
+        self.assertFalse(os.path.exists(os.path.join(run, "log", "rank0.jsonl")))
+
     def test_llmc_weights_in_safetensors_out(self):
         # An llm.c GPT-2 file (version 3, FP32) with TINY_GPT's shapes: L=2, C=64, 2 heads,
         # max_seq_len 64, vocab 256 (no padding).

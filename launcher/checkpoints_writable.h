@@ -1,0 +1,15 @@
+// A run whose checkpoints cannot be saved would find out at its first save, after up to
+// checkpoint.every_steps steps of work (all of a run's, when it saves only at its end). Rank 0,
+// which makes the save's directories, checks before the first step that it can.
+#pragma once
+
+#include <string>
+
+namespace mantissa::launcher {
+
+// Makes a file in <run_dir>/checkpoints (and that directory, when missing) and removes both
+// again. Throws core::Error of core::path_error_kind (2 for permissions or a read-only file
+// system) naming the directory and the reason. Call it holding the run directory's lock.
+void require_checkpoints_writable(const std::string& run_dir);
+
+}  // namespace mantissa::launcher
