@@ -371,6 +371,20 @@ void validate_optimizer(const TrainConfig& config) {
                  {"lr_schedule.lr", "optimizer.adamw.lr"},
                  {"lr_schedule.warmup_steps", "optimizer.warmup_steps"},
                  {"lr_schedule.min_lr_ratio", "optimizer.min_lr_ratio"}});
+  // AdamW keeps its settings as floats: each is checked as written, then as the float it becomes
+  // (a message must name the value the user wrote, not 1 for a beta of 0.99999999999).
+  const Config::Optimizer::AdamW& adamw = config.optimizer().adamw();
+  for (const auto& [path, beta] : {std::pair{"optimizer.adamw.beta1", adamw.beta1()},
+                                   std::pair{"optimizer.adamw.beta2", adamw.beta2()}}) {
+    in_unit_range(path, beta, true);
+    require(static_cast<float>(beta) < 1.0f, path, core::format_number(beta),
+            "rounds to 1 as a float, which AdamW keeps it as: at most " +
+                core::format_number(std::nextafter(1.0f, 0.0f)));
+  }
+  core::positive("optimizer.adamw.eps", adamw.eps());
+  fits_float("optimizer.adamw.eps", adamw.eps());
+  non_negative("optimizer.adamw.weight_decay", adamw.weight_decay());
+  fits_float("optimizer.adamw.weight_decay", adamw.weight_decay());
   check_options([&] { core::validate(adamw_config(config)); }, {{"adamw", "optimizer.adamw"}});
   non_negative("optimizer.grad_clip", config.optimizer().grad_clip());
   fits_float("optimizer.grad_clip", config.optimizer().grad_clip());

@@ -405,6 +405,17 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"dist.zero_stage=2"}, "dist.zero_stage = 2: must lie in [0, 1]"},
       {{"dist.bucket_mb=0"}, "dist.bucket_mb = 0: must lie in (0, 65536]"},
       {{"dist.timeout_s=-1"}, "dist.timeout_s = -1: must be a finite number >= 1 (seconds)"},
+      {{"dist.timeout_s=0.01"}, "dist.timeout_s = 0.01: must be a finite number >= 1 (seconds)"},
+      // AdamW's settings are floats: named as written, not as their float rounding.
+      {{"optimizer.adamw.beta1=0.99999999999"},
+       "optimizer.adamw.beta1 = 0.99999999999: rounds to 1 as a float, which AdamW keeps it as: "
+       "at most 0.99999994"},
+      {{"optimizer.adamw.eps=1e-50"},
+       "optimizer.adamw.eps = 1e-50: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
+      {{"optimizer.adamw.weight_decay=1e39"},
+       "optimizer.adamw.weight_decay = 1e+39: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
       {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
       {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
       // A control character in a value is escaped: the message stays one line.
