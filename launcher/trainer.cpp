@@ -347,10 +347,19 @@ void Trainer::build_data() {
         policy_.fp8_block_gemms ? core::scale_rows_multiple(core::fp8_scale_mode(
                                       fp8_scaling_config(config_).recipe, core::Fp8Role::kInput))
                                 : 1;
-    evaluator_ = std::make_unique<train::Evaluator>(
-        std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
-        config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank(),
-        token_multiple);
+    try {
+      evaluator_ = std::make_unique<train::Evaluator>(
+          std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
+          config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank(),
+          token_multiple);
+    } catch (const core::ConfigError& e) {
+      // The validation set is too small for a window: name the settings that change that.
+      const char* held_out = data.has_text_file()      ? "data.text_file.val_fraction"
+                             : data.has_token_shards() ? "data.token_shards.val_pattern"
+                                                       : "data.synthetic.val_tokens";
+      throw core::ConfigError(std::string(e.what()) + "; hold out more (" + held_out +
+                              ") or evaluate nothing (run.eval_every=0)");
+    }
     // The same windows of the same tokens give comparable losses, whatever else changed.
     for (const uint64_t part :
          {validation_data_.fingerprint, static_cast<uint64_t>(validation_data_.tokens),

@@ -246,6 +246,16 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(result.returncode, 2)
         self.assertIn(f'data.token_shards.val_pattern = "{missing}": matches no file',
                       result.stderr)
+        # A held-out part too small for one window is found when the text is read: the
+        # message names the settings that fix it.
+        result = self.mantissa("train", "--config", config, "--set", "run.dir=small", "--set",
+                               "data.text_file.val_fraction=0.0001")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, r"validation set licenses.txt \(validation\): \d+ tokens "
+                         r"hold no whole window of seq_len \+ 1 = 65 tokens; hold out more "
+                         r"\(data.text_file.val_fraction\) or evaluate nothing "
+                         r"\(run.eval_every=0\)")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
 
 
 if __name__ == "__main__":
