@@ -112,13 +112,16 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   // A safetensors file needs its directory; --format hf creates its directories.
   const std::filesystem::path parent = std::filesystem::path(out).parent_path();
   if (!layout && !parent.empty() && !std::filesystem::is_directory(parent, ec)) {
-    throw core::ConfigError("--out " + out + ": directory '" + parent.string() +
-                            "' does not exist");
+    throw core::ConfigError(
+        "--out " + out + ": directory '" + parent.string() +
+        (std::filesystem::exists(parent, ec) ? "' is not a directory" : "' does not exist"));
   }
   if (!layout && std::filesystem::exists(out, ec)) {
     throw core::ConfigError("--out " + out +
                             ": already exists; remove it first, or choose another --out");
   }
+  // Before the weights are read (minutes for a large model).
+  if (!layout) core::require_can_create_files(out, parent.empty() ? "." : parent.string());
 
   const std::string dir = run_checkpoints_dir(config.run().dir());
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},

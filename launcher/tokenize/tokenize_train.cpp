@@ -188,23 +188,6 @@ class TrainingProgress {
   std::thread thread_;  // last: it starts once the members above exist
 };
 
-// Throws, now rather than after training, when no file can be created in `dir`, where `out` goes:
-// creates a file of a new name there (never one that exists) and removes it.
-void require_can_create_files(const std::string& out, const std::string& dir) {
-  std::string probe = dir + "/.mantissa-probe-XXXXXX";
-  const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
-  if (fd < 0) {
-    // ENOENT in a directory that exists: one that cannot hold files (/proc), which only
-    // another --out fixes.
-    const int error = errno;
-    core::throw_error_of_kind(
-        core::named_path_error_kind(error),
-        "--out '" + out + "': cannot create a file in '" + dir + "': " + std::strerror(error));
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
-}
-
 }  // namespace
 
 void train_tokenizer(const TokenizerTrainOptions& options) {
@@ -236,7 +219,7 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("--out '" + options.out + "': directory '" + parent.string() +
                             "' does not exist");
   }
-  require_can_create_files(options.out, parent.empty() ? "." : parent.string());
+  core::require_can_create_files(options.out, parent.empty() ? "." : parent.string());
   const std::vector<MappedText> files = map_utf8_inputs(options.inputs, {options.out});
 
   const std::unordered_map<std::string, std::string> settings = {

@@ -364,6 +364,15 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error(
             "mantissa: --out w.st/: names a directory (it ends in '/'); a safetensors file is "
             "written, --format hf writes a directory", "--out", "w.st/", command="export")
+        # A file where the directory should be, and a directory that holds no files (procfs:
+        # ENOENT though it exists), are refused before the checkpoint is read.
+        not_a_dir = self.write("notes.txt", "")
+        self.assert_config_error(
+            f"mantissa: --out {not_a_dir}/w.st: directory '{not_a_dir}' is not a directory",
+            "--out", f"{not_a_dir}/w.st", command="export")
+        self.assert_config_error(
+            "mantissa: --out '/proc/w.st': cannot create a file in '/proc': No such file or "
+            "directory", "--out", "/proc/w.st", command="export")
 
     def test_export_without_a_checkpoint(self):
         self.assert_config_error(
