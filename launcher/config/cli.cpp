@@ -1,5 +1,7 @@
 #include "launcher/config/cli.h"
 
+#include <set>
+
 #include "launcher/config/option_value.h"
 
 namespace mantissa::launcher {
@@ -8,6 +10,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
   TrainArgs out;
   bool run_given = false;  // export --run DIR stands for --config DIR/config.pbtxt
   const std::string usage = " (see mantissa " + command + " --help)";
+  std::set<std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "-h" || arg == "--help") {
@@ -23,6 +26,11 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
     const std::string value = option_value(args, i, usage);
+    // One value each (--set may repeat; --config and --run say more below): a second would
+    // silently replace the first.
+    if (name != "--set" && name != "--config" && name != "--run" && !given.insert(name).second) {
+      throw core::ConfigError(name + " given twice" + usage);
+    }
     if (name == "--config") {
       if (!out.config_path.empty()) {
         throw core::ConfigError(

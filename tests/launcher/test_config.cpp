@@ -587,6 +587,13 @@ TEST(TrainArgs, ParsesBothSpellingsAndRejectsTheRest) {
             "--run given twice (see mantissa export --help)");
   EXPECT_EQ(export_error({"--out", "w"}),
             "--config FILE.pbtxt or --run DIR is required (see mantissa export --help)");
+  // An option of one value given twice is refused, not replaced by the second.
+  EXPECT_EQ(export_error({"--run", "a", "--out", "w", "--out=v"}),
+            "--out given twice (see mantissa export --help)");
+  EXPECT_EQ(error_of([] {
+              parse_train_args("config", {"--config", "a", "--get", "run.steps", "--get", "x"});
+            }),
+            "--get given twice (see mantissa config --help)");
 }
 
 }  // namespace
