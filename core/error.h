@@ -61,6 +61,13 @@ class ConfigError : public Error {
   ErrorKind kind() const override { return ErrorKind::kConfig; }
 };
 
+// An allocation the host or the device could not satisfy (a failure, exit 1): the launcher adds
+// the settings that size memory.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // Raised identically on every rank when training cannot go on (every rank sees the same
 // MAX-reduced overflow flag and the same mean loss).
 class DivergedError : public Error {

@@ -241,6 +241,11 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
   }
 }
 
+// What sizes a run's memory, for a run that ran out of it.
+constexpr const char* kMemoryAdvice =
+    "lower data.micro_batch_size, the model's seq_len or its size, or run fewer ranks per host "
+    "(mantissa plan estimates the memory a config needs)";
+
 int train_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   for (const std::string& arg : args) {
@@ -306,13 +311,13 @@ int train_command(int argc, char** argv) {
     return kExitConfig;
   } catch (const core::ConfigError& e) {
     return fail(kExitConfig, e.what());
+  } catch (const core::OutOfMemory& e) {
+    return fail(kExitFailure, std::string("error: ") + e.what() + "; " + kMemoryAdvice);
   } catch (const core::Error& e) {
     return fail(core::exit_code(e.kind()), std::string("error: ") + e.what());
   } catch (const std::bad_alloc&) {
     return fail(kExitFailure,
-                "error: out of host memory (std::bad_alloc): lower data.micro_batch_size or the "
-                "model's size, or run fewer ranks per host (mantissa plan estimates the memory "
-                "a config needs)");
+                std::string("error: out of host memory (std::bad_alloc); ") + kMemoryAdvice);
   } catch (const std::exception& e) {
     return fail(kExitFailure, std::string("error: ") + e.what());
   }

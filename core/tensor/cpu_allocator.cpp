@@ -1,4 +1,5 @@
 #include <cstdlib>
+#include <string>
 
 #include "core/error.h"
 #include "core/tensor/allocator.h"
@@ -12,8 +13,10 @@ class CpuStorage final : public Storage {
     // aligned_alloc wants a size that is a multiple of the alignment (and non-zero).
     const size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     data_ = std::aligned_alloc(kCpuAlignment, rounded == 0 ? kCpuAlignment : rounded);
-    MANTISSA_REQUIRE(data_ != nullptr, kFailure,
-                     "allocate_cpu: out of host memory allocating " << nbytes << " bytes");
+    if (data_ == nullptr) {
+      throw OutOfMemory("allocate_cpu: out of host memory allocating " + std::to_string(nbytes) +
+                        " bytes");
+    }
   }
   ~CpuStorage() override { std::free(data_); }
   CpuStorage(const CpuStorage&) = delete;

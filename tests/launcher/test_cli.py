@@ -814,8 +814,9 @@ class RunOutcomes(lu.TempDirTest):
         # Said by the tensor allocator (with the size) or, for any other allocation, by the
         # launcher (with what to change): whichever fails first.
         self.assertRegex(result.stderr, r"(?m)^mantissa: error: (allocate_cpu: out of host memory "
-                                        r"allocating [0-9]+ bytes$|out of host memory "
-                                        r"\(std::bad_alloc\): lower data\.micro_batch_size)")
+                                        r"allocating [0-9]+ bytes|out of host memory "
+                                        r"\(std::bad_alloc\)); lower data\.micro_batch_size, the "
+                                        r"model's seq_len or its size")
 
 
 if __name__ == "__main__":

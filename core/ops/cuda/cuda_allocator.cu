@@ -92,10 +92,13 @@ class DeviceCache {
     }
     if (status != cudaSuccess) {
       cudaGetLastError();
-      MANTISSA_FAIL("allocate_cuda: cannot allocate "
-                    << nbytes << " bytes (block of " << block_size << ") on cuda:" << device_
-                    << ": " << cudaGetErrorName(status) << " (" << cudaGetErrorString(status)
-                    << "); " << in_use_bytes_ << " bytes are in use by tensors");
+      std::ostringstream message;
+      message << "allocate_cuda: cannot allocate " << nbytes << " bytes (block of " << block_size
+              << ") on cuda:" << device_ << ": " << cudaGetErrorName(status) << " ("
+              << cudaGetErrorString(status) << "); " << in_use_bytes_
+              << " bytes are in use by tensors";
+      if (status == cudaErrorMemoryAllocation) throw OutOfMemory(message.str());
+      MANTISSA_FAIL(message.str());
     }
     in_use_bytes_ += block_size;
     return block;
