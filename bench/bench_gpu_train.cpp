@@ -7,8 +7,8 @@
 // precision: step time, tokens/s, host synchronisations per step, MFU (against the device's
 // data-sheet BF16 peak, core/device_peaks.h, where it is known) and the model's TFLOP/s (6 N + 6 L
 // C T per token, as MFU counts them) next to the anchor, the BF16 GEMM rate of cuBLASLt at 8192^3
-// measured in the same run (their ratio is the step's efficiency, the figure `mantissa plan
-// --efficiency` takes).
+// measured in the same run (their ratio is the step's efficiency against the library's GEMM).
+// `mantissa plan --efficiency` takes a fraction of the data-sheet peaks: the BF16 rows' MFU.
 //
 //   bench_gpu_train [steps] [micro_batch]     (defaults 10 and 16; the first 2 steps untimed)
 //

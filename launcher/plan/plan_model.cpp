@@ -32,7 +32,8 @@ ModelCost gpt2_cost(const models::GPT2Config& c) {
   cost.parameters = c.vocab_size * C + T * C + L * block + 2 * C;
   cost.flat_parameters = cost.parameters + (c.padded_vocab_size() - c.vocab_size) * C;
   cost.block_linear_parameters = L * block_weights;
-  cost.flops_per_token = train::transformer_flops_per_token(cost.parameters, L, C, T);
+  // GPT2::flops_per_token's count: the position table (T x C) is a lookup.
+  cost.flops_per_token = train::transformer_flops_per_token(cost.parameters - T * C, L, C, T);
   // Per block (GPT2Block::forward): ln_1's input, c_attn's input, qkv (3C), the attention
   // probabilities (H T), c_proj's input, ln_2's input, c_fc's input, its output (4C) and GELU's
   // (4C, mlp.c_proj's input); the four linears' inputs (7C) are E4M3 under per-tensor FP8.

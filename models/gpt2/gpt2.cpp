@@ -176,9 +176,11 @@ double GPT2::flops_per_token() const {
   // The parameters are the true model's: the vocabulary padding's rows are multiplied too but
   // compute nothing the model needs, so MFU counts useful work only (and an unpadded run
   // would report the same FLOPs per token). llm.c counts them; for GPT-2 124M the two differ
-  // by 47 x 768 parameters, 0.03%.
-  return train::transformer_flops_per_token(parameter_count(), config_.n_layer, config_.n_embd,
-                                            config_.seq_len);
+  // by 47 x 768 parameters, 0.03%. The position table is a lookup, no matrix product (llm.c
+  // counts it: 0.6% of GPT-2 124M's FLOPs), as Llama leaves out an untied input table.
+  const int64_t lookup = config_.seq_len * config_.n_embd;
+  return train::transformer_flops_per_token(parameter_count() - lookup, config_.n_layer,
+                                            config_.n_embd, config_.seq_len);
 }
 
 }  // namespace mantissa::models
