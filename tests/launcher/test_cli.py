@@ -615,14 +615,17 @@ class StartLine(lu.TempDirTest):
         path = self.write("c.pbtxt", BASE)
         result = self.mantissa("train", "--config", path, "--set", f"run.dir={self.dir}/a")
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertRegex(result.stderr, r"(?m)^mantissa: CPU paths: BF16/FP8 GEMM .*, FP32 GEMM "
-                                        r"OpenBLAS sgemm, conversions .*$")
-        env = lu.environment(MANTISSA_CPU_BF16_GEMM="0", MANTISSA_CPU_AVX512_CONVERT="0")
+        self.assertRegex(result.stderr, r"(?m)^mantissa: CPU paths: BF16/FP8 GEMM .*, FP16 GEMM "
+                                        r"AVX2/FMA kernel, FP32 GEMM OpenBLAS sgemm \(\w+ "
+                                        r"kernels\), conversions .*$")
+        env = lu.environment(MANTISSA_CPU_BF16_GEMM="0", MANTISSA_CPU_AVX512_CONVERT="0",
+                             OPENBLAS_CORETYPE="Haswell")
         result = self.mantissa("train", "--config", path, "--set", f"run.dir={self.dir}/b",
                                env=env)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("mantissa: CPU paths: BF16/FP8 GEMM AVX2/FMA kernel (FP32, widened while "
-                      "packing), FP32 GEMM OpenBLAS sgemm, conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
+                      "packing), FP16 GEMM AVX2/FMA kernel, FP32 GEMM OpenBLAS sgemm (Haswell "
+                      "kernels), conversions AVX2/F16C, GELU and attention AVX2\n", result.stderr)
 
 
 class Version(lu.TempDirTest):
