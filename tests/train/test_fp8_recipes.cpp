@@ -283,7 +283,11 @@ TEST(Fp8Recipes, AStepsAmaxIsTheLargestOfItsMicroBatches) {
 template <class Model, class ModelConfig>
 void expect_recipes_track_bf16(const char* name, const ModelConfig& model_config) {
   const double bf16 = train_tiny<Model>(model_config, PrecisionMode::kBF16, {}, 1);
-  std::printf("%s, mean loss of the last 10%% of 150 steps: BF16 %.4f", name, bf16);
+  // A block recipe that never reached the GEMMs would train exactly as per-tensor scaling does.
+  const double per_tensor = train_tiny<Model>(model_config, PrecisionMode::kFP8Hybrid,
+                                              recipe_config(Fp8Recipe::kDelayed), 1);
+  std::printf("%s, mean loss of the last 10%% of 150 steps: BF16 %.4f, DELAYED %.4f", name, bf16,
+              per_tensor);
   for (Fp8Recipe recipe : kBlockRecipes) {
     // BLOCKWISE also with two micro-batches per step (the weight copies reused).
     for (int64_t accum : {int64_t{1}, recipe == Fp8Recipe::kBlockwise ? int64_t{2} : int64_t{1}}) {
@@ -296,6 +300,8 @@ void expect_recipes_track_bf16(const char* name, const ModelConfig& model_config
       // AMX, VDPBF16PS and AVX2 kernels GPT-2's ROWWISE run ends at 1.8173, 1.8597 and 1.8275
       // and BF16 at 1.8556, 1.8436 and 1.8446, gaps from -2.07% to +0.87%.
       EXPECT_LE(std::fabs(gap), 0.03) << name << " " << core::fp8_recipe_name(recipe);
+      EXPECT_NE(loss, per_tensor) << name << " " << core::fp8_recipe_name(recipe);
+      EXPECT_NE(loss, bf16) << name << " " << core::fp8_recipe_name(recipe);
       if (recipe != Fp8Recipe::kBlockwise) break;
     }
   }
