@@ -173,10 +173,13 @@ void check_codes_against_enumeration(uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-30, 30);
+  // The block's amax |x| 2^u, u in [0, 16): the quotient x / s = fmt_max 2^-u reaches every
+  // binade of both formats, the top one (x at or near the amax) and the subnormals included.
+  std::uniform_real_distribution<float> spread(0.0f, 16.0f);
   int mismatches = 0;
   for (int n = 0; n < 20000; ++n) {
     const float x = std::ldexp(normal(rng), exponent(rng));
-    const float amax = std::fabs(x) * std::ldexp(1.0f, exponent(rng) % 6 + 6);  // x inside
+    const float amax = std::fabs(x) * std::exp2(spread(rng));
     for (bool pow2 : {false, true}) {
       const float s = block_scale(amax, fp8_format_max<Code>(), pow2);
       const uint8_t got = quantize_with_scale<Code>(x, s).bits;

@@ -555,16 +555,14 @@ std::vector<uint32_t> check_encoding(const Subject& s, const std::vector<float>&
   return want;
 }
 
-// FP8: a true linear search (all 128 codes of the input's sign) for each of millions of
-// values.
+// FP8: a true linear search (all 128 codes of the input's sign) for every value and midpoint
+// (and the FP32 values beside them) and for each of millions of random values.
 TEST(Dtype, EncodingFP8MatchesLinearSearch) {
   for (const RefFormat& f : {kE4M3, kE5M2}) {
     const Reference& r = reference(f);
-    const std::vector<float> inputs = random_inputs(r, 2'000'000, f.bias);
-    check_encoding(
-        subject(f), inputs,
-        [&](float x, Saturation sat) { return encode_by_linear_search(x, r, sat); },
-        "linear search");
+    const auto linear = [&](float x, Saturation sat) { return encode_by_linear_search(x, r, sat); };
+    check_encoding(subject(f), every_value_and_midpoint(r), linear, "every value and midpoint");
+    check_encoding(subject(f), random_inputs(r, 2'000'000, f.bias), linear, "linear search");
   }
 }
 
