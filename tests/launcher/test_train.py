@@ -328,6 +328,34 @@ class Training(lu.TempDirTest):
         for ranks in (1, 4):
             self.resume_on_other_world_size("zero1", logs, ranks, "dist.zero_stage=1")
 
+    def test_zero1_shards_move_to_an_odd_number_of_ranks(self):
+        # ZeRO-1's shards are aligned blocks (train/parameters.cpp split_aligned), which 3 ranks
+        # cut at other places than 2: a 2-rank checkpoint loads on 3 ranks, which train a step
+        # at learning rate 0 and save their own shards, and the weights `mantissa export`
+        # stitches from those are the 2-rank checkpoint's, to the bit.
+        def exported(name):
+            out = os.path.join(self.dir, f"{name}.safetensors")
+            result = self.mantissa("export", "--config", self.write("tiny.pbtxt", lu.TINY_GPT),
+                                   "--set", f"run.dir={self.run_dir(name)}", "--out", out)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            with open(out, "rb") as f:
+                data = f.read()
+            return data[8 + struct.unpack("<Q", data[:8])[0]:]
+
+        result = self.mantissa(*self.train_args("two", "dist.zero_stage=1", "run.steps=20",
+                                                inject_rank=0), ranks=RANKS)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        shutil.copytree(os.path.join(self.run_dir("two"), "checkpoints"),
+                        os.path.join(self.run_dir("three"), "checkpoints"))
+        result = self.mantissa(*self.train_args("three", "dist.zero_stage=1", "run.steps=21",
+                                                "optimizer.adamw.lr=0", inject_rank=0), ranks=3)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("(saved by 2 ranks)", result.stderr)
+        saved = os.path.join(self.run_dir("three"), "checkpoints", "step_00000021")
+        self.assertEqual(sorted(n for n in os.listdir(saved) if n.endswith(".bin")),
+                         [f"rank_{r:05d}.bin" for r in range(3)])
+        self.assertTrue(exported("two") == exported("three"), "the weights moved")
+
     def test_sigterm_and_sigint_stop_a_single_rank_with_a_checkpoint(self):
         # SIGTERM (a scheduler) and SIGHUP (a dropped ssh session) exit 0; SIGINT (Ctrl-C)
         # exits 130, the shell's code for an interrupted program, after the same checkpoint,
