@@ -1,6 +1,7 @@
 // Causal attention composed from Backend ops (core/ops/attention.h), on the CPU backend:
 //  - its primitives against FP64: split_heads and merge_heads (an exact permutation, or
-//    rounded once into another dtype, and each other's inverse), causal_softmax_forward and
+//    rounded once into another dtype, and each other's inverse; merge_heads also against
+//    finite differences of split_heads, whose backward it is), causal_softmax_forward and
 //    causal_softmax_backward (the backward also against finite differences of the FP64
 //    forward), in place and not, with NaN planted above the diagonal;
 //  - the online softmax pieces that the CUDA kernel uses (core/ops/math/softmax.h) against
@@ -86,6 +87,37 @@ TEST(AttentionPrimitives, SplitAndMergeHeadsArePermutations) {
 }
 
 // Same dtypes copy bit patterns: NaN payloads and signed zeros survive the permutation.
+
+// merge_heads is split_heads' backward: for L(x) = <g, split_heads(x)>, in FP64 from the FP32
+// forward, (L(x + h e_i) - L(x - h e_i)) / 2h is merge_heads(g)[i] for every element i; the
+// forward only moves values, so with h a power of two the difference is exact.
+TEST(AttentionPrimitives, MergeHeadsIsTheFiniteDifferenceOfSplitHeads) {
+  CpuBackend be;
+  std::mt19937_64 rng(2);
+  constexpr int64_t P = 3, B = 2, H = 2, T = 3, D = 4;
+  const Shape rows_shape{B, T, P * H * D};
+  const Shape heads_shape{P, B, H, T, D};
+  const Tensor g = make(heads_shape, DType::kF32, uniform(rng, heads_shape.numel(), -1.0, 1.0));
+  Vec x = uniform(rng, rows_shape.numel(), -1.0, 1.0);
+  for (double& v : x) v = std::round(v * 1024) / 1024;  // x +- 1/2 is then an FP32 value
+  const auto loss = [&](int64_t i, double shift) {
+    Vec shifted = x;
+    shifted[i] += shift;
+    Tensor heads = poisoned(heads_shape, DType::kF32);
+    be.split_heads(make(rows_shape, DType::kF32, shifted), heads);
+    const Vec v = values_of(heads), w = values_of(g);
+    double sum = 0.0;
+    for (size_t k = 0; k < v.size(); ++k) sum += v[k] * w[k];
+    return sum;
+  };
+  Tensor dx = poisoned(rows_shape, DType::kF32);
+  be.merge_heads(g, dx);
+  const Vec analytic = values_of(dx);
+  for (int64_t i = 0; i < rows_shape.numel(); ++i) {
+    const double numeric = (loss(i, 0.5) - loss(i, -0.5)) / 1.0;
+    EXPECT_NEAR(analytic[i], numeric, 1e-12) << "element " << i;
+  }
+}
 TEST(AttentionPrimitives, SplitHeadsCopiesBitPatterns) {
   CpuBackend be;
   const Shape rows_shape{1, 2, 3 * 2};

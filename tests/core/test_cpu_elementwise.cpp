@@ -517,6 +517,42 @@ TEST_F(CpuElementwise, AddBiasMatchesFp64) {
   expect_error([&] { backend->add_bias(x_e5, bias); }, {"add_bias", "x"});
 }
 
+// bias_backward is the derivative of add_bias: for L(b) = sum dout * add_bias(x, b), computed
+// in FP64 from the backend's FP32 forward, (L(b + h e_c) - L(b - h e_c)) / 2h is dbias[c].
+// add_bias is linear, so the difference is exact up to the forward's rounding of x + b, one
+// half ulp per element, summed over the column: that is the tolerance.
+TEST_F(CpuElementwise, BiasBackwardIsTheFiniteDifferenceOfAddBias) {
+  constexpr int64_t kRows = 300, kCols = 7;
+  constexpr double kStep = 0.25;
+  Tensor x = Tensor::empty(Shape{kRows, kCols}, DType::kF32);
+  Tensor dout = Tensor::empty(Shape{kRows, kCols}, DType::kF32);
+  Tensor bias = Tensor::empty(Shape{kCols}, DType::kF32);
+  fill_uniform(x, rng, -2.0, 2.0);
+  fill_uniform(dout, rng, -1.0, 1.0);
+  fill_uniform(bias, rng, -1.0, 1.0);
+  const auto loss = [&](int64_t c, double shift) {
+    Tensor out = Tensor::empty(x.shape(), DType::kF32);
+    std::memcpy(out.data(), x.data(), x.nbytes());
+    Tensor b = Tensor::empty(bias.shape(), DType::kF32);
+    std::memcpy(b.data(), bias.data(), bias.nbytes());
+    b.data_as<float>()[c] += static_cast<float>(shift);
+    backend->add_bias(out, b);
+    double sum = 0.0;
+    for (int64_t i = 0; i < out.numel(); ++i) sum += value_at(dout, i) * value_at(out, i);
+    return sum;
+  };
+  Tensor dbias = Tensor::empty(Shape{kCols}, DType::kF32);
+  std::memset(dbias.data(), 0, dbias.nbytes());
+  backend->bias_backward(dout, dbias);
+  for (int64_t c = 0; c < kCols; ++c) {
+    const double numeric = (loss(c, kStep) - loss(c, -kStep)) / (2 * kStep);
+    double rounding = 0.0;  // both forwards' half ulps, weighted by |dout|, over the step
+    for (int64_t r = 0; r < kRows; ++r) rounding += std::fabs(value_at(dout, r * kCols + c));
+    const double tolerance = 2 * rounding * 0x1p-24 * 4.0 / (2 * kStep) + 1e-6;
+    EXPECT_NEAR(value_at(dbias, c), numeric, tolerance) << "column " << c;
+  }
+}
+
 // dbias += column sums in FP32: the error of an FP32 sum is bounded relative to the sum of
 // the magnitudes, so that is what the tolerance scales with.
 TEST_F(CpuElementwise, BiasBackwardMatchesFp64AndAccumulates) {
