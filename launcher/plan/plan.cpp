@@ -112,7 +112,7 @@ Cluster make_cluster(const PlanArgs& args, const TrainConfig& config) {
   Cluster cluster;
   cluster.device = find_device(args.gpu);
   DeviceSpec& d = cluster.device;
-  const bool cpu = d.name == "cpu";
+  const bool cpu = d.is_cpu();
   if (args.tflops > 0) d.bf16_tflops = d.fp8_tflops = d.fp32_tflops = args.tflops;
   if (cpu && args.tflops <= 0)
     throw core::ConfigError("--gpu cpu needs --tflops: the FP32 FMA peak of one rank");
@@ -287,8 +287,7 @@ std::string plan_report(const PlanArgs& args) {
     out += ", sharing " + std::to_string(cluster.shared_cores) + " cores";
   out += format(", efficiency %.2f", d.efficiency);
   // No GPU run of mantissa has been measured yet (docs/plan.md): the default is a guess.
-  if (args.efficiency <= 0 && d.name != "cpu")
-    out += " (assumed: --efficiency sets a measured one)";
+  if (args.efficiency <= 0 && !d.is_cpu()) out += " (assumed: --efficiency sets a measured one)";
   out += "\n";
   out +=
       "step: " + std::to_string(config.data().micro_batch_size()) + " sequences x " +

@@ -24,6 +24,9 @@ struct DeviceSpec {
   // and H100 with the same FLOP count, so 0.5 is where the GPU defaults start.
   double efficiency = 0;
   int compute_capability = 0;  // 10 major + minor (90: Hopper); 0 for the CPU
+
+  // The CPU rank: its peak comes from --tflops, and it has no tensor cores or flash attention.
+  bool is_cpu() const { return name == "cpu"; }
 };
 
 // The entry for a --gpu name (case-insensitive); throws core::ConfigError naming the known ones.

@@ -130,7 +130,7 @@ ModelCost model_cost(const TrainConfig::Model& model) {
 
 std::string missing_flash_kernels(const TrainConfig& config, const ModelCost& cost,
                                   const DeviceSpec& device) {
-  if (device.name == "cpu") return "";
+  if (device.is_cpu()) return "";
   if (config.precision().mode() == TrainConfig::Precision::FP32)
     return "the GPU kernels take BF16 and F16 attention, not precision.mode FP32";
   if (cost.head_dim == 64 || (cost.head_dim == 128 && device.name != "a100")) return "";
@@ -141,7 +141,7 @@ std::string missing_flash_kernels(const TrainConfig& config, const ModelCost& co
 
 bool uses_flash_attention(const TrainConfig& config, const ModelCost& cost,
                           const DeviceSpec& device) {
-  return core::flash_attention_chosen(device.name != "cpu",
+  return core::flash_attention_chosen(!device.is_cpu(),
                                       missing_flash_kernels(config, cost, device).empty());
 }
 
@@ -193,7 +193,7 @@ MemoryEstimate estimate_memory(const TrainConfig& config, const ModelCost& cost,
   // thread's buffer, which keeps the size of the largest, the logit gradients of the LM head's
   // backward (core/ops/cpu/cpu_gemm_bf16.cpp); counted on every CPU, so that the plan holds
   // where they run (on AVX2-only CPUs it comes out that much above the peak).
-  const bool cpu = cluster.device.name == "cpu";
+  const bool cpu = cluster.device.is_cpu();
   const double packed = cpu && a < 4.0 ? a * cost.logit_elements_per_token : 0.0;
   m.working = tokens * (std::max(a * working, logits) + packed);
   // Measured on CPU: a tiny model's process peaks at about 0.23 GiB, one rank or two.
