@@ -301,6 +301,20 @@ class Training(lu.TempDirTest):
         stderr = train("places", "-x", "OMP_PLACES=threads", ranks=1)
         self.assertIn(f"CPU ({cpus} thread{'s' if cpus > 1 else ''})", stderr)
 
+    def exported_weights(self, name):
+        """`mantissa export` of run `name`'s newest checkpoint: (its safetensors header without
+        the metadata, which names the run directory, and its tensor bytes)."""
+        out = os.path.join(self.dir, f"{name}.safetensors")
+        result = self.mantissa("export", "--config", self.write("tiny.pbtxt", lu.TINY_GPT),
+                               "--set", f"run.dir={self.run_dir(name)}", "--out", out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(out, "rb") as f:
+            data = f.read()
+        header_len = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + header_len])
+        del header["__metadata__"]
+        return header, data[8 + header_len:]
+
     def test_zero1_interrupted_and_resumed(self):
         # Under ZeRO-1 each rank keeps and checkpoints only its own shard of masters and
         # moments; the checkpoint resumes on any number of ranks, each loading its new shard.
@@ -311,18 +325,7 @@ class Training(lu.TempDirTest):
         self.interrupt_and_resume("zero1_interrupted", logs, "dist.zero_stage=1")
         # The shards of the final checkpoints, stitched by `mantissa export`: the same weights
         # to the bit with and without the interruption.
-        exported = []
-        for name in ("zero1", "zero1_interrupted"):
-            out = os.path.join(self.dir, f"{name}.safetensors")
-            result = self.mantissa("export", "--config", self.write("tiny.pbtxt", lu.TINY_GPT),
-                                   "--set", f"run.dir={self.run_dir(name)}", "--out", out)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            with open(out, "rb") as f:
-                data = f.read()
-            header_len = struct.unpack("<Q", data[:8])[0]
-            header = json.loads(data[8:8 + header_len])
-            del header["__metadata__"]  # names the run directory
-            exported.append((header, data[8 + header_len:]))
+        exported = [self.exported_weights(name) for name in ("zero1", "zero1_interrupted")]
         self.assertEqual(exported[0][0], exported[1][0])
         self.assertTrue(exported[0][1] == exported[1][1], "the exported weights differ")
         for ranks in (1, 4):
@@ -333,15 +336,6 @@ class Training(lu.TempDirTest):
         # cut at other places than 2: a 2-rank checkpoint loads on 3 ranks, which train a step
         # at learning rate 0 and save their own shards, and the weights `mantissa export`
         # stitches from those are the 2-rank checkpoint's, to the bit.
-        def exported(name):
-            out = os.path.join(self.dir, f"{name}.safetensors")
-            result = self.mantissa("export", "--config", self.write("tiny.pbtxt", lu.TINY_GPT),
-                                   "--set", f"run.dir={self.run_dir(name)}", "--out", out)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            with open(out, "rb") as f:
-                data = f.read()
-            return data[8 + struct.unpack("<Q", data[:8])[0]:]
-
         result = self.mantissa(*self.train_args("two", "dist.zero_stage=1", "run.steps=20",
                                                 inject_rank=0), ranks=RANKS)
         self.assertEqual(result.returncode, 0, result.stderr)
@@ -354,7 +348,8 @@ class Training(lu.TempDirTest):
         saved = os.path.join(self.run_dir("three"), "checkpoints", "step_00000021")
         self.assertEqual(sorted(n for n in os.listdir(saved) if n.endswith(".bin")),
                          [f"rank_{r:05d}.bin" for r in range(3)])
-        self.assertTrue(exported("two") == exported("three"), "the weights moved")
+        self.assertTrue(self.exported_weights("two")[1] == self.exported_weights("three")[1],
+                        "the weights moved")
 
     def test_sigterm_and_sigint_stop_a_single_rank_with_a_checkpoint(self):
         # SIGTERM (a scheduler) and SIGHUP (a dropped ssh session) exit 0; SIGINT (Ctrl-C)
