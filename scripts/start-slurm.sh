@@ -4,7 +4,7 @@
 #
 #   eval "$(scripts/start-slurm.sh [DIR])"   # prints: export SLURM_CONF=DIR/slurm.conf ...
 #   sbatch ...; squeue; ...
-#   scripts/stop-slurm.sh DIR
+#   scripts/stop-slurm.sh "$MANTISSA_SLURM_DIR"   # DIR, which the eval exported
 #
 # or one node per host of the test cluster of scripts/start-cluster.sh (hosts node1..N in
 # network namespaces, CLUSTER_DIR default /var/tmp/mantissa-cluster):

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 
 namespace mantissa::core {
@@ -64,7 +65,7 @@ void composed_attention_forward(Backend& be, const Tensor& qkv, Tensor& out, Ten
   const auto [B, T, C, H, D] = check_attention_forward(qkv, out, att, n_head, be.device());
   if (B * T == 0) return;
   const int64_t N = B * H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
 
   const Tensor heads = split(be, qkv, 3, H, qkv.dtype());
   const Tensor q = part(heads, 0), k = part(heads, 1), v = part(heads, 2);
@@ -90,7 +91,7 @@ void composed_attention_backward(Backend& be, const Tensor& dout, const Tensor& 
   const auto [B, T, C, H, D] = check_attention_backward(dout, qkv, att, dqkv, n_head, be.device());
   if (B * T == 0) return;
   const int64_t N = B * H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
 
   const Tensor heads = split(be, qkv, 3, H, qkv.dtype());
   const Tensor q = part(heads, 0), k = part(heads, 1), v = part(heads, 2);

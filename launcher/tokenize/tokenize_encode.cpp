@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/config_check.h"
 #include "core/error.h"
 #include "core/interrupt.h"
 #include "launcher/tokenize/tokenize_input.h"
@@ -172,13 +173,6 @@ void encode_chunks(const Tokenizer& tokenizer, const std::vector<MappedText>& fi
   if (failure) std::rethrow_exception(failure);
 }
 
-// 0.1 as "0.1", not std::to_string's "0.100000".
-std::string format_number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
-
 std::string shard_name(const char* split, size_t index) {
   char name[32];
   std::snprintf(name, sizeof name, "%s_%06zu.bin", split, index);
@@ -217,7 +211,7 @@ void encode_as_shards(const Tokenizer& tokenizer, std::string_view text,
 void encode_to_shards(const EncodeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (!(options.val_fraction >= 0 && options.val_fraction < 1)) {
-    throw core::ConfigError("--val-fraction " + format_number(options.val_fraction) +
+    throw core::ConfigError("--val-fraction " + core::format_number(options.val_fraction) +
                             ": must lie in [0, 1)");
   }
   if (options.shard_tokens < 4 || options.shard_tokens > INT32_MAX) {
@@ -257,7 +251,7 @@ void encode_to_shards(const EncodeOptions& options) {
     if (cut == 0) {
       throw core::ConfigError("the input's " + std::to_string(total) +
                               " tokens are too few to hold out --val-fraction " +
-                              format_number(options.val_fraction) + " of them");
+                              core::format_number(options.val_fraction) + " of them");
     }
   }
   const size_t train_shards =

@@ -136,8 +136,10 @@ def main():
                 if rc != 3:
                     harness.fail(f"the launcher exited with {rc}, expected 3 (a peer rank stopped "
                                  "answering)")
+                # "while saving the checkpoint of step N ..." when the cut came during a save.
                 named = re.search(r"^mantissa: rank 0: .* did not complete within [0-9.]+ s "
-                                  r"\(dist\.timeout_s\); rank\(s\) \[1\] did not answer "
+                                  r"\(dist\.timeout_s\)( while [^;]*)?; rank\(s\) \[1\] did "
+                                  r"not answer "
                                   r"\(host\(s\) node2\)$", output, re.M)
                 if not named:
                     harness.fail("rank 0 did not report rank 1 on node2 as lost")

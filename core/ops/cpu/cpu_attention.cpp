@@ -232,7 +232,7 @@ void load_qkv(const Tensor& qkv, int64_t b, int64_t h, int64_t T, int64_t C, int
 void CpuBackend::attention_forward(const Tensor& qkv, Tensor& out, Tensor& att, int n_head) {
   const auto [B, T, C, H, D] = check_attention_forward(qkv, out, att, n_head, device());
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   const DType score_dtype = attention_score_dtype(qkv.dtype(), att.dtype());
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
 #pragma omp parallel
@@ -288,7 +288,7 @@ void CpuBackend::attention_backward(const Tensor& dout, const Tensor& qkv, const
                                     Tensor& dqkv, int n_head) {
   const auto [B, T, C, H, D] = check_attention_backward(dout, qkv, att, dqkv, n_head, device());
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   const DType grad_dtype = attention_score_grad_dtype(qkv.dtype(), dout.dtype());
   const int64_t Tp = round_up(T, kTileCols), Dp = round_up(D, kTileCols);
 #pragma omp parallel

@@ -47,7 +47,7 @@ void CpuBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_
     store(row.data(), C, v_cache, (first + i) * C);
   }
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   // Below this many multiply-adds (a short context), waking the threads costs more than it
   // saves.
   constexpr int64_t kParallelMin = 1 << 15;

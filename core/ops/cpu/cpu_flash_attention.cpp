@@ -59,7 +59,7 @@ struct HeadRows {
 void CpuBackend::flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, int n_head) {
   const AttentionDims d = check_flash_attention_forward(qkv, out, lse, n_head, device());
   const auto [B, T, C, H, D] = d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   float* lse_data = lse.data_as<float>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
@@ -74,7 +74,7 @@ void CpuBackend::flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor&
         }
         float l = 0.0f;
         for (int64_t t2 = 0; t2 <= t; ++t2) l += softmax_exp(z[t2], m);
-        lse_data[(b * H + h) * T + t] = m + std::log(l);
+        lse_data[(b * H + h) * T + t] = softmax_log_sum_exp(m, l);
         std::fill(o.begin(), o.end(), 0.0f);
         for (int64_t t2 = 0; t2 <= t; ++t2) {
           const float p = as_operand(softmax_exp(z[t2], m) / l, qkv.dtype());
@@ -91,7 +91,7 @@ void CpuBackend::flash_attention_backward(const Tensor& dout, const Tensor& qkv,
   const AttentionDims d =
       check_flash_attention_backward(dout, qkv, out, lse, dqkv, n_head, device());
   const auto [B, T, C, H, D] = d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   const float* lse_data = lse.data_as<const float>();
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {

@@ -96,7 +96,7 @@ void CudaBackend::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v
   append_kv_kernel<<<grid_size(N * C, kBlock, multiprocessor_count_), kBlock, 0, stream()>>>(
       as_in(qkv), as_out(k_cache), as_out(v_cache), N, C, first);
   MANTISSA_CUDA_CHECK_LAUNCH();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float scale = attention_scale(D);
   attention_decode_kernel<<<static_cast<int>(N * H), kBlock, static_cast<size_t>(shared_bytes),
                             stream()>>>(as_in(qkv), as_in(k_cache), as_in(v_cache), as_out(out), C,
                                         H, D, first, scale);

@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads)
     const float inv_sum = 1.0f / row_sum;
     T* row = out + (b * T_ + t) * C + h * D;
     for (int c = side; c < D; c += 2) row[c] = round_to<T>(acc[r * kAccStride<D> + c] * inv_sum);
-    if (side == 0) lse[bh * T_ + t] = row_max + logf(row_sum);
+    if (side == 0) lse[bh * T_ + t] = softmax_log_sum_exp(row_max, row_sum);
   }
 }
 
@@ -511,7 +511,7 @@ void CudaBackend::flash_attention_forward(const Tensor& qkv, Tensor& out, Tensor
   require_aligned(op, "qkv", qkv);
   if (d.B * d.T == 0) return;
   const dim3 grid = flash_grid(op, d.B, d.H, d.T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
+  const float scale = attention_scale(d.D);
   dispatch_flash(qkv.dtype(), d.D, [&](auto head_dim, auto tag) {
     constexpr int kD = decltype(head_dim)::value;
     using E = decltype(tag);
@@ -533,7 +533,7 @@ void CudaBackend::flash_attention_backward(const Tensor& dout, const Tensor& qkv
   require_aligned(op, "dout", dout);
   if (d.B * d.T == 0) return;
   const dim3 grid = flash_grid(op, d.B, d.H, d.T);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d.D));
+  const float scale = attention_scale(d.D);
   Tensor delta = Tensor::empty(lse.shape(), DType::kF32, device());
   dispatch_flash(qkv.dtype(), d.D, [&](auto head_dim, auto tag) {
     constexpr int kD = decltype(head_dim)::value;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "core/dtype/dtype.h"
 
@@ -67,6 +68,18 @@ MANTISSA_HD float cross_entropy_loss(float row_max, float exp_sum, float z_targe
 //   dz_i = (p_i - [i == target]) grad_scale.
 MANTISSA_HD float cross_entropy_grad(float p, bool is_target, float grad_scale) {
   return (is_target ? p - 1.0f : p) * grad_scale;
+}
+
+// Attention's softmax is of the scores q.k / sqrt(D), D the head size: the scale keeps the
+// scores' spread independent of D (Vaswani et al.). Every attention path scales by this float.
+inline float attention_scale(int64_t head_dim) {
+  return 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+// log(sum_j exp(z_j)) of a row from its maximum and its sum of exp(z_j - max): what flash
+// attention keeps per row for its backward.
+MANTISSA_HD float softmax_log_sum_exp(float row_max, float exp_sum) {
+  return row_max + logf(exp_sum);
 }
 
 }  // namespace mantissa::core
