@@ -2,25 +2,30 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 
 namespace mantissa::launcher {
 
 namespace {
 
-// Written by the handler, read by the training loop: async-signal-safe flags. SIGINT has one
-// of its own, which no other signal's handler writes, so that Ctrl-C wins over a stop signal
-// that comes with it, whichever handler runs last, on whichever thread (exit 130, not 0: a
+// Written by the handler, read by the training loop: lock-free atomics, which a handler may
+// store to on whichever thread it runs (a volatile sig_atomic_t is only safe within one
+// thread). SIGINT has one of its own, which no other signal's handler writes, so that Ctrl-C
+// wins over a stop signal that comes with it, whichever handler runs last (exit 130, not 0: a
 // wrapper that requeues a run that exits 0 must not requeue one its user interrupted).
-volatile std::sig_atomic_t g_interrupted = 0;
-volatile std::sig_atomic_t g_stop_signal = 0;
-volatile std::sig_atomic_t g_training = 0;
+std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_training{false};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int signal) {
+  const int saved_errno = errno;  // write(2) may set it under the code the signal interrupted
   if (signal != SIGINT) {
     g_stop_signal = signal;
   } else {
-    g_interrupted = 1;
+    g_interrupted = true;
     // write(2) is async-signal-safe; stdio is not.
     static const char kTraining[] =
         "\nmantissa: interrupted: stopping after this step with a checkpoint (Ctrl-C again to "
@@ -29,9 +34,10 @@ extern "C" void on_stop_signal(int signal) {
         "\nmantissa: interrupted: stopping once the start is done, before the first step "
         "(Ctrl-C again to quit at once)\n";
     [[maybe_unused]] const ssize_t written =
-        g_training != 0 ? write(STDERR_FILENO, kTraining, sizeof kTraining - 1)
-                        : write(STDERR_FILENO, kStarting, sizeof kStarting - 1);
+        g_training ? write(STDERR_FILENO, kTraining, sizeof kTraining - 1)
+                   : write(STDERR_FILENO, kStarting, sizeof kStarting - 1);
   }
+  errno = saved_errno;
 }
 
 }  // namespace
@@ -58,11 +64,11 @@ void install_stop_handlers() {
 }
 
 int stop_signal() {
-  return g_interrupted != 0 ? SIGINT : g_stop_signal;
+  return g_interrupted ? SIGINT : g_stop_signal.load();
 }
 
 void note_training_begun() {
-  g_training = 1;
+  g_training = true;
 }
 
 }  // namespace mantissa::launcher

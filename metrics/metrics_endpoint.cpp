@@ -4,10 +4,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -15,23 +16,43 @@
 namespace mantissa::metrics {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 // How often the serving thread looks at stopping_, how long one client may take to send its
-// request, and how long it may stop taking the answer: a scraper sends at once and reads as
-// it receives; a stuck client (a half-open connection, a process stopped mid-read) must not
-// hold the endpoint, nor the process's exit, which joins this thread.
+// whole request, and how long to take the answer (stalled, or in all): a scraper sends at once
+// and reads as it receives; a stuck or slow client (a half-open connection, a process stopped
+// mid-read, one that trickles a byte at a time) must not hold the endpoint, nor the process's
+// exit, which joins this thread. The bounds are on the whole exchange, not on one read or
+// write, which a trickle would renew for ever.
 constexpr int kPollMs = 200;
-constexpr int kRequestTimeoutMs = 2000;
-constexpr int kSendStallSeconds = 5;
+constexpr auto kRequestLimit = std::chrono::seconds(2);
+constexpr auto kAnswerStall = std::chrono::seconds(5);
+constexpr auto kAnswerLimit = std::chrono::seconds(30);
 constexpr size_t kMaxRequestBytes = 8192;
 
+// Milliseconds from now to `deadline`, 0 once it has passed.
+int ms_until(Clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left > 0 ? static_cast<int>(left) : 0;
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes; whether it is ready.
+bool ready_before(int fd, short events, Clock::time_point deadline) {
+  pollfd ready{fd, events, 0};
+  const int left = ms_until(deadline);
+  return left > 0 && poll(&ready, 1, left) > 0;
+}
+
 void send_all(int fd, const std::string& data) {
-  const timeval stall{kSendStallSeconds, 0};
-  // Without the bound a stuck client would hold this thread (see above).
-  if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof stall) != 0) return;
+  const Clock::time_point deadline = Clock::now() + kAnswerLimit;
   size_t sent = 0;
   while (sent < data.size()) {
-    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) return;  // the scraper went away or stalled; nothing to report to anyone
+    // A reader that takes nothing for kAnswerStall, or too long in all, is dropped.
+    if (!ready_before(fd, POLLOUT, std::min(deadline, Clock::now() + kAnswerStall))) return;
+    const ssize_t n = send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (n <= 0) return;  // the scraper went away; nothing to report to anyone
     sent += static_cast<size_t>(n);
   }
 }
@@ -95,11 +116,11 @@ void MetricsEndpoint::serve() {
 
 void MetricsEndpoint::answer(int connection) {
   // Read the request head (up to the blank line); the body, if any, is ignored.
+  const Clock::time_point deadline = Clock::now() + kRequestLimit;
   std::string request;
   char buffer[1024];
   while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-    pollfd readable{connection, POLLIN, 0};
-    if (poll(&readable, 1, kRequestTimeoutMs) <= 0) return;
+    if (!ready_before(connection, POLLIN, deadline)) return;
     const ssize_t n = recv(connection, buffer, sizeof buffer, 0);
     if (n <= 0) return;
     request.append(buffer, static_cast<size_t>(n));

@@ -3,9 +3,11 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -406,6 +408,37 @@ TEST(MetricsEndpoint, AClientThatStopsReadingDoesNotHoldIt) {
   EXPECT_EQ(answer.size(), body.size());
   endpoint.reset();  // returns: the serving thread is not stuck in the stalled send
   close(stalled);
+}
+
+// A client that sends its request a byte at a time, each within a read's patience, is dropped
+// once the request as a whole takes too long (2 s): a good scrape is answered while it still
+// trickles (it would trickle for 60 s), and the endpoint stops.
+TEST(MetricsEndpoint, AClientThatTricklesItsRequestDoesNotHoldIt) {
+  auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [] { return "x 1\n"; });
+  const int slow = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
+  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  std::atomic<bool> dropped{false};
+  std::thread trickle([&] {
+    for (int i = 0; i < 200; ++i) {  // 60 s at most
+      if (send(slow, "G", 1, MSG_NOSIGNAL) != 1) break;
+      pollfd closed{slow, POLLIN, 0};
+      if (poll(&closed, 1, 300) > 0) {  // the endpoint closed the connection
+        dropped = true;
+        break;
+      }
+    }
+  });
+  const auto [status, answer] = http(endpoint->port(), "GET", "/metrics");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(answer, "x 1\n");
+  trickle.join();
+  EXPECT_TRUE(dropped) << "the trickling client was never dropped";
+  endpoint.reset();
+  close(slow);
 }
 
 TEST(Metrics, BadPushgatewayUrlNamesTheField) {
