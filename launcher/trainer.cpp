@@ -640,9 +640,18 @@ int Trainer::run() {
     const train::StepReport& report = record.report;
     try {
       record.report = step_->run(step, micro_batches, dp_.get());
-    } catch (const core::DivergedError& e) {
+    } catch (const train::StepDiverged& e) {
       // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the
-      // same step, so every rank can stop cleanly. Anything else ends the job.
+      // same step, so every rank logs that step and stops cleanly. Anything else ends the job.
+      record.report = e.report();
+      record.mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
+      record.step_seconds = seconds_since(start);
+      record.host_syncs = backend_->host_syncs() - syncs_before;
+      record.allreduce_seconds = dp_->last_step_comm_seconds();
+      record.allreduce_bytes = dp_->last_step_comm_bytes();
+      log_->write(record);
+      if (world_.rank() == 0) progress_.update(record, world_size);
+      metrics_->record_step(record);
       return diverged(step, e.what());
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;

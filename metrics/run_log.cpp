@@ -280,7 +280,11 @@ void StepLog::write(const StepRecord& record) {
   append_number(line, r.loss_scale);
   line += r.skipped ? ",\"overflow\":true" : ",\"overflow\":false";
   line += ",\"grad_norm\":";
-  append_number(line, r.grad_norm);
+  if (r.skipped) {
+    line += "null";  // not computed: the gradients were not finite
+  } else {
+    append_number(line, r.grad_norm);
+  }
   line += ",\"lr\":";
   append_number(line, r.lr);
   line += ",\"tokens\":" + std::to_string(r.tokens);
@@ -371,7 +375,7 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   }
   if (r.skipped) {
     text += " | skipped: non-finite gradients";
-    if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + " on rank 0)";
+    if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + ")";
   }
   // The first step this process runs shows at once, also after a resume.
   const bool first = recent_step_seconds_.size() == 1;  // the window holds more than one

@@ -103,20 +103,34 @@ StepReport TrainingStep::run(int64_t step, const std::vector<Batch>& micro_batch
   const float* host = host_scalars.data_as<float>();
   int64_t first_index = 0;
   std::memcpy(&first_index, host + 2, sizeof first_index);
+  // This rank's first parameter with a non-finite gradient, as its index in the model's order
+  // (the vocabulary padding after the last); -1 when none.
+  int first_param = -1;
   if (first_index >= 0) {
     const int param = params.find_by_flat_index(begin + first_index);
-    report.nonfinite_param = param >= 0 ? params[param].spec.name : "(padding)";
+    first_param = param >= 0 ? param : params.size();
   }
-  // The overflow flag and the FP8 amaxes, MAX-reduced over the ranks in one collective: element
-  // 0 the flag, then the amaxes (a MAX drops NaN, every comparison with it being false: it
-  // goes as inf).
+  // The overflow flag, the first non-finite parameter of any rank and the FP8 amaxes,
+  // MAX-reduced over the ranks in one collective: element 0 the flag, element 1 minus the
+  // parameter's index (-inf for none; indices are exact in a float), then the amaxes (a MAX
+  // drops NaN, every comparison with it being false: it goes as inf).
   const bool nonfinite_before_sync = sync && sync->saw_nonfinite(host[4]);
-  std::vector<float> maxima{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f};
+  std::vector<float> maxima{(nonfinite_before_sync || host[0] != 0.0f) ? 1.0f : 0.0f,
+                            first_param >= 0 ? -static_cast<float>(first_param) : -INFINITY};
   for (float a : amaxes) maxima.push_back(std::isnan(a) ? INFINITY : a);
   if (sync) sync->max_across_ranks(maxima);
-  if (fp8) fp8->update_scales(backend_, std::vector<float>(maxima.begin() + 1, maxima.end()));
+  if (fp8) fp8->update_scales(backend_, std::vector<float>(maxima.begin() + 2, maxima.end()));
+  if (std::isfinite(maxima[1])) {
+    const int param = static_cast<int>(-maxima[1]);
+    report.nonfinite_param = param < params.size() ? params[param].spec.name : "(padding)";
+  }
 
-  report.skipped = scaler_.update(maxima[0] != 0.0f);
+  try {
+    report.skipped = scaler_.update(maxima[0] != 0.0f);
+  } catch (const core::DivergedError& e) {
+    report.skipped = true;
+    throw StepDiverged(e.what(), report);
+  }
   if (report.skipped) return report;
 
   double sum_squares = static_cast<double>(host[1]);

@@ -17,8 +17,10 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "core/optim/lr_schedule.h"
 #include "core/precision/loss_scaler.h"
 #include "core/precision/policy.h"
@@ -33,12 +35,26 @@ struct StepReport {
   int64_t step = 0;      // 0-based index of this optimizer step
   double loss = 0.0;     // mean over this rank's tokens
   bool skipped = false;  // non-finite gradients somewhere: no update
-  double grad_norm =
-      0.0;  // global norm of the unscaled gradients (before clipping); 0 when skipped
+  // The global norm of the unscaled gradients (before clipping); 0 when skipped.
+  double grad_norm = 0.0;
   float loss_scale = 1.0f;  // the scale this step ran with
   double lr = 0.0;
-  int64_t tokens = 0;           // tokens this rank processed
-  std::string nonfinite_param;  // first parameter with a non-finite gradient on this rank
+  int64_t tokens = 0;  // tokens this rank processed
+  // When skipped: the first parameter, in the model's order, with a non-finite gradient on
+  // any rank (the same name on every rank); empty when only a rank's gradient sync saw it.
+  std::string nonfinite_param;
+};
+
+// The loss scaler gave up at this step (core::LossScaler::update's DivergedError, thrown on
+// every rank alike): the step's report comes with it, so that the step is logged.
+class StepDiverged : public core::DivergedError {
+ public:
+  StepDiverged(const std::string& message, StepReport report)
+      : core::DivergedError(message), report_(std::move(report)) {}
+  const StepReport& report() const { return report_; }
+
+ private:
+  StepReport report_;
 };
 
 class TrainingStep {

@@ -100,8 +100,10 @@ class Training(lu.TempDirTest):
                 self.assertEqual(a[key], b[key], f"step {a['step']}: {key}")
         self.assertNotEqual(r0[0]["loss"], r1[0]["loss"], "the ranks must see different data")
         self.assertEqual([e["step"] for e in r0 if e["overflow"]], [7])
+        # Found on rank 1, named on both.
         self.assertEqual(r1[7]["skipped_param"], "wte")
-        self.assertNotIn("skipped_param", r0[7])
+        self.assertEqual(r0[7]["skipped_param"], "wte")
+        self.assertIsNone(r0[7]["grad_norm"], "no norm of non-finite gradients")
         self.assertIn("skipped: non-finite gradients", result.stderr)
 
         first = r0[0]["mean_loss"]
@@ -1035,10 +1037,12 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 4, result.stderr)
         self.assertIn("mantissa: training diverged at step 10/60: loss scale stuck at minimum 1 "
                       "after 3 consecutive overflowing steps", result.stderr)
+        # The step that ended the run is logged too (0-based 9), on both ranks.
         for rank in range(RANKS):
             log = lu.read_log(self.run_dir("stuck"), rank)
-            self.assertEqual([e["step"] for e in log if e["overflow"]], [7, 8])
-            self.assertEqual(log[-1]["step"], 8)
+            self.assertEqual([e["step"] for e in log if e["overflow"]], [7, 8, 9])
+            self.assertEqual(log[-1]["step"], 9)
+            self.assertEqual(log[-1]["skipped_param"], "wte")
 
     def test_checkpoint_of_another_model_is_a_config_error(self):
         # Both ranks find that the run directory's checkpoint was saved by a 2-layer model,
