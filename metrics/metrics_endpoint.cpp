@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
@@ -29,6 +30,8 @@ constexpr auto kRequestLimit = std::chrono::seconds(2);
 constexpr auto kAnswerStall = std::chrono::seconds(5);
 constexpr auto kAnswerLimit = std::chrono::seconds(30);
 constexpr size_t kMaxRequestBytes = 8192;
+// Connections whose request has not come whole yet, at most (each holds a descriptor).
+constexpr size_t kMaxPendingConnections = 64;
 
 // Milliseconds from now to `deadline`, 0 once it has passed.
 int ms_until(Clock::time_point deadline) {
@@ -83,7 +86,7 @@ MetricsEndpoint::MetricsEndpoint(const std::string& bind_address, int port,
                    kFailure,
                    "cannot listen on " << where << ": setsockopt: " << std::strerror(errno));
   if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      listen(listen_fd_.get(), 16) != 0) {
+      listen(listen_fd_.get(), 128) != 0) {
     const int error = errno;
     // A port another process holds may be free at the next start (another job on the node):
     // a runtime failure. An address this machine does not have is a setting to fix.
@@ -105,26 +108,54 @@ MetricsEndpoint::~MetricsEndpoint() {
 }
 
 void MetricsEndpoint::serve() {
+  // Connections whose request is still coming, each with its own deadline: many at once, so
+  // that clients that connect and send nothing (or trickle) cost a scraper no wait.
+  struct Pending {
+    core::UniqueFd fd;
+    std::string request;
+    Clock::time_point deadline;
+  };
+  std::vector<Pending> pending;
+  std::vector<pollfd> polled;
   while (!stopping_) {
-    pollfd waiting{listen_fd_.get(), POLLIN, 0};
-    if (poll(&waiting, 1, kPollMs) <= 0) continue;
-    const core::UniqueFd connection(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!connection.valid()) continue;
-    answer(connection.get());
+    polled.assign(1, pollfd{listen_fd_.get(), POLLIN, 0});
+    Clock::time_point wake = Clock::now() + std::chrono::milliseconds(kPollMs);
+    for (const Pending& c : pending) {
+      polled.push_back(pollfd{c.fd.get(), POLLIN, 0});
+      wake = std::min(wake, c.deadline);
+    }
+    if (poll(polled.data(), polled.size(), std::max(ms_until(wake), 1)) < 0) continue;
+    // Read what came (a connection past its deadline, closed, or failing goes unanswered),
+    // then answer each whole request, oldest first.
+    std::vector<Pending> waiting;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      Pending& c = pending[k];
+      if ((polled[k + 1].revents & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        char buffer[1024];
+        const ssize_t n = recv(c.fd.get(), buffer, sizeof buffer, MSG_DONTWAIT);
+        if (n <= 0 && !(n < 0 && (errno == EAGAIN || errno == EINTR))) continue;
+        if (n > 0) c.request.append(buffer, static_cast<size_t>(n));
+      }
+      if (c.request.find("\r\n\r\n") != std::string::npos || c.request.size() >= kMaxRequestBytes) {
+        answer(c.fd.get(), c.request);
+      } else if (Clock::now() < c.deadline) {
+        waiting.push_back(std::move(c));
+      }
+    }
+    pending = std::move(waiting);
+    if ((polled[0].revents & POLLIN) != 0) {
+      // The oldest connection gives way when too many wait: a flood cannot grow this list.
+      core::UniqueFd connection(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (connection.valid()) {
+        if (pending.size() >= kMaxPendingConnections) pending.erase(pending.begin());
+        pending.push_back({std::move(connection), {}, Clock::now() + kRequestLimit});
+      }
+    }
   }
 }
 
-void MetricsEndpoint::answer(int connection) {
-  // Read the request head (up to the blank line); the body, if any, is ignored.
-  const Clock::time_point deadline = Clock::now() + kRequestLimit;
-  std::string request;
-  char buffer[1024];
-  while (request.find("\r\n\r\n") == std::string::npos && request.size() < kMaxRequestBytes) {
-    if (!ready_before(connection, POLLIN, deadline)) return;
-    const ssize_t n = recv(connection, buffer, sizeof buffer, 0);
-    if (n <= 0) return;
-    request.append(buffer, static_cast<size_t>(n));
-  }
+void MetricsEndpoint::answer(int connection, const std::string& request) {
+  // The request line decides; headers and any body are ignored.
   const std::string line = request.substr(0, request.find("\r\n"));
   if (line.rfind("GET ", 0) != 0) {
     send_all(connection,

@@ -5,7 +5,9 @@
 // 100 KiB stack, and glibc places every loaded library's static TLS on each thread's stack.
 // cuBLASLt alone has 94 KiB of it, so in a build with the CUDA backend the Exposer's threads
 // fail to start (pthread_create: EINVAL). This endpoint serves from one std::thread with the
-// default stack, one short request at a time, which is all a scraper needs.
+// default stack: it reads the requests of up to 64 connections at once (a client that sends
+// nothing costs the others no wait) and answers each whole one in turn, which is all a scraper
+// needs.
 #pragma once
 
 #include <atomic>
@@ -30,7 +32,7 @@ class MetricsEndpoint {
 
  private:
   void serve();
-  void answer(int connection);
+  void answer(int connection, const std::string& request);
 
   std::function<std::string()> render_;
   core::UniqueFd listen_fd_;

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "metrics/metrics.h"
@@ -439,6 +440,33 @@ TEST(MetricsEndpoint, AClientThatTricklesItsRequestDoesNotHoldIt) {
   EXPECT_TRUE(dropped) << "the trickling client was never dropped";
   endpoint.reset();
   close(slow);
+}
+
+// Clients that connect and send nothing (a TCP health check that holds its connection, a
+// flood) wait beside a scrape, not in front of it: the scrape is answered while they are
+// still open (each is dropped 2 s after it connected). A server that took one connection at a
+// time would answer the scrape only after dropping every one of them.
+TEST(MetricsEndpoint, IdleConnectionsDoNotQueueAScrapeBehindThem) {
+  auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [] { return "x 1\n"; });
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    idle.push_back(socket(AF_INET, SOCK_STREAM, 0));
+    ASSERT_EQ(connect(idle.back(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  }
+  const auto [status, answer] = http(endpoint->port(), "GET", "/metrics");
+  EXPECT_EQ(status, 200);
+  int still_open = 0;
+  for (int fd : idle) {
+    pollfd closed{fd, POLLIN, 0};
+    still_open += poll(&closed, 1, 0) == 0;
+  }
+  EXPECT_GT(still_open, 0) << "the scrape waited until every idle connection was dropped";
+  endpoint.reset();
+  for (int fd : idle) close(fd);
 }
 
 TEST(Metrics, BadPushgatewayUrlNamesTheField) {
