@@ -19,7 +19,7 @@ struct DistConfig {
   double bucket_mb = 25.0;                // MiB of FP32 gradients per bucket, in (0, 65536]
   bool overlap = true;                    // start buckets during backward (else all in finish())
   int zero_stage = 0;                     // 0 or 1
-  double timeout_s = 300.0;               // > 0
+  double timeout_s = 300.0;               // >= 1
   int64_t consistency_check_every = 100;  // >= 0; 0: only before checkpoints
 
   bool operator==(const DistConfig&) const = default;

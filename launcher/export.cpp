@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "core/durable_file.h"
+#include "core/missing_directories.h"
 #include "core/ops/backend.h"
 #include "launcher/config/config.h"
 #include "launcher/config/config_diff.h"
@@ -55,6 +56,16 @@ std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const 
                "data.tokenizer=PATH (for llm.c's GPT-2 shards, transformers' gpt2 tokenizer)\n",
                why.c_str(), out.c_str());
   return std::nullopt;
+}
+
+// The nearest directory above the directory `out` that exists, where its temporary sibling
+// (and any parents it needs) will be made.
+std::string nearest_existing_above(const std::string& out) {
+  std::filesystem::path dir = std::filesystem::path(out).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();
+  const std::filesystem::path above = dir.has_parent_path() ? dir.parent_path() : ".";
+  const std::vector<std::filesystem::path> missing = core::missing_directories(above);
+  return (missing.empty() ? above : missing.back().parent_path()).string();
 }
 
 }  // namespace
@@ -120,8 +131,11 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
     throw core::ConfigError("--out " + out +
                             ": already exists; remove it first, or choose another --out");
   }
-  // Before the weights are read (minutes for a large model).
-  if (!layout) core::require_can_create_files(out, parent.empty() ? "." : parent.string());
+  // Before the weights are read (minutes for a large model): where the export's first new entry
+  // goes, the file's directory or the nearest existing one above a Hugging Face directory.
+  core::require_can_create_files(out, layout           ? nearest_existing_above(out)
+                                      : parent.empty() ? "."
+                                                       : parent.string());
 
   const std::string dir = run_checkpoints_dir(config.run().dir());
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},

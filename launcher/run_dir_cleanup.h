@@ -2,7 +2,8 @@
 // not leave runs/<name>/ behind, holding nothing but the lock file.
 //
 // Construct it before the directory is made; call locked() once this process holds the
-// directory's lock (RunDirLock), and keep() once the run has started. If the object is destroyed
+// directory's lock (RunDirLock), and keep() once the run has started; destroy it before the
+// lock, so that the lock file goes while it is locked. If the object is destroyed
 // between the two (the Trainer's setup threw) and the directory did not exist when it was
 // constructed, the lock file and the directory's empty subdirectories go, then the directory
 // itself if it is empty, then each parent that did not exist either (runs/ on a first run) if it

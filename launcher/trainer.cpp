@@ -352,8 +352,8 @@ void Trainer::build_data() {
           std::make_shared<const train::Corpus>(std::move(*validation)), dims.seq_len,
           config_.run().eval_tokens(), data.micro_batch_size(), world_.size(), world_.rank(),
           token_multiple);
-    } catch (const core::ConfigError& e) {
-      // The validation set is too small for a window: name the settings that change that.
+    } catch (const train::ValidationTooSmall& e) {
+      // Name the settings that change the validation set's size.
       const char* held_out = data.has_text_file()      ? "data.text_file.val_fraction"
                              : data.has_token_shards() ? "data.token_shards.val_pattern"
                                                        : "data.synthetic.val_tokens";

@@ -128,10 +128,12 @@ class Trainer {
   dist::World& world_;
   TrainConfig config_;
   std::string run_dir_;
-  // Rank 0's: the cleanup of a run.dir that a failed start created, and the lock, released
-  // after the log and checkpoints (members go in reverse order), before the cleanup.
-  RunDirCleanup run_dir_cleanup_;
+  // Rank 0's: the lock, released after the log and checkpoints (members go in reverse order)
+  // and after the cleanup of a run.dir that a failed start created, which removes the lock file
+  // while the lock is still held (another start that locked it once released would hold a
+  // lock on a removed file).
   std::optional<RunDirLock> run_dir_lock_;
+  RunDirCleanup run_dir_cleanup_;
   DeviceInfo device_;
   int cpus_in_use_ = 1;  // set_cpu_threads's: the CPUs this rank's threads run on at once
   std::unique_ptr<core::Backend> backend_;

@@ -1,24 +1,24 @@
 // What a run tells the people and programs following it.
 //
 // StepLog: every rank writes <run.dir>/log/rank<R>.jsonl, one JSON object per optimizer step,
-// flushed at once (a process that crashes loses no finished step; tests and scripts read it
-// while the run is going) and synced to disk before each checkpoint (a machine that goes down
-// loses no step before the checkpoint a run resumes from, which would leave a gap). Keys: step
-// (0-based index, as in debug.inject_nonfinite_steps; the progress line counts from 1), loss (this
-// rank's mean), mean_loss (over all ranks), val_loss and eval_seconds (the held-out loss and how
-// long it took, only on steps that evaluate), loss_scale, overflow, grad_norm (null when skipped), lr,
+// flushed at once (a process that crashes loses no finished step; tests and scripts read it while
+// the run is going) and synced to disk before each checkpoint (a machine that goes down loses no
+// step before the checkpoint a run resumes from, which would leave a gap). Keys: step (0-based
+// index, as in debug.inject_nonfinite_steps; the progress line counts from 1), loss (this rank's
+// mean), mean_loss (over all ranks), val_loss and eval_seconds (the held-out loss and how long it
+// took, only on steps that evaluate), loss_scale, overflow, grad_norm (null when skipped), lr,
 // tokens (this rank, this step), tokens_per_s (this rank), step_seconds, allreduce_seconds and
-// allreduce_bytes (what the step's collectives waited and were handed; an evaluation's are not
-// the step's), host_syncs (the backend's host synchronisations in the step), time (Unix
-// seconds), and skipped_param (the first parameter, in the model's order, whose gradient was
-// non-finite on any rank: the same on every rank) when there is one. Non-finite numbers are written as null. Each step appears once: a run that starts
-// at step S (0 when it starts afresh, else the step of the checkpoint it resumed from) first moves
-// the lines of steps S and later, which it redoes (those after the checkpoint, or a whole earlier
-// attempt), and any earlier line of a step logged twice (by versions before this rule), to
-// log/rank<R>.rolled_back.jsonl, appended there in their order, so nothing written is lost.
-// The start reads a log once, a line at a time; a log this rule kept is shortened in place (a
-// `tail -f` keeps following it); one with an earlier step logged twice, or whose last line to
-// keep lacks its newline, is rewritten.
+// allreduce_bytes (what the step's collectives waited and were handed; an evaluation's are not the
+// step's), host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
+// skipped_param (the first parameter, in the model's order, whose gradient was non-finite on any
+// rank: the same on every rank) when there is one. Non-finite numbers are written as null. Each
+// step appears once: a run that starts at step S (0 when it starts afresh, else the step of the
+// checkpoint it resumed from) first moves the lines of steps S and later, which it redoes (those
+// after the checkpoint, or a whole earlier attempt), and any earlier line of a step logged twice
+// (by versions before this rule), to log/rank<R>.rolled_back.jsonl, appended there in their order,
+// so nothing written is lost. The start reads a log once, a line at a time; a log this rule kept is
+// shortened in place (a `tail -f` keeps following it); one with an earlier step logged twice, or
+// whose last line to keep lacks its newline, is rewritten.
 //
 // ProgressLine: rank 0's one-line summary (step/total, loss, loss scale, tokens/s, ETA). On a
 // terminal the line updates in place every step and is kept every log_every steps; otherwise a

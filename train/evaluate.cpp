@@ -34,10 +34,10 @@ Evaluator::Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int6
   const std::string holds = "validation set " + corpus_->name() + ": " +
                             std::to_string(corpus_->num_tokens()) + " tokens hold ";
   const std::string of_tokens = " of seq_len + 1 = " + std::to_string(seq_len_ + 1) + " tokens";
-  if (available == 0) throw core::ConfigError(holds + "no whole window" + of_tokens);
+  if (available == 0) throw ValidationTooSmall(holds + "no whole window" + of_tokens);
   const int64_t group = group_windows();
   if (available < group) {
-    throw core::ConfigError(
+    throw ValidationTooSmall(
         holds + std::to_string(available) + " whole window" + (available == 1 ? "" : "s") +
         of_tokens + ", and this model evaluates them in groups of " + std::to_string(group) +
         " (every forward pass takes a multiple of " + std::to_string(token_multiple) + " tokens)");

@@ -21,6 +21,7 @@
 #include <numeric>
 #include <optional>
 
+#include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/precision/policy.h"
 #include "train/data/corpus.h"
@@ -28,11 +29,17 @@
 
 namespace mantissa::train {
 
+// A validation set too small to evaluate: no whole window of seq_len + 1 tokens, or fewer than
+// one group of them (the settings that hold out more fix it, which they would not for bad data).
+class ValidationTooSmall : public core::ConfigError {
+ public:
+  using core::ConfigError::ConfigError;
+};
+
 class Evaluator {
  public:
-  // Throws core::ConfigError when the corpus holds no whole window of seq_len + 1 tokens, or
-  // fewer than one group of them, or when one of this rank's windows holds a token past the
-  // corpus's vocabulary (they are read once here).
+  // Throws ValidationTooSmall, or core::ConfigError when one of this rank's windows holds a
+  // token past the corpus's vocabulary (they are read once here).
   Evaluator(std::shared_ptr<const Corpus> corpus, int64_t seq_len, int64_t eval_tokens,
             int64_t micro_batch, int world_size, int rank, int64_t token_multiple = 1);
 

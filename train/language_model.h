@@ -25,11 +25,11 @@ BatchTensors upload(const Batch& batch, core::Backend& backend);
 // synchronisation).
 double mean_loss(core::Backend& backend, const core::Tensor& token_losses);
 
-// Training FLOPs per token of a decoder-only transformer whose matrix products hold
-// `parameters` parameters (llm.c's estimate, which MFU counts; an untied input embedding or a
-// position table, a lookup, is no such parameter): 6 per parameter (2 forward, 4 backward) plus 6 L C T for the
-// attention score and value products, which have no parameters. PaLM and nanoGPT count
-// 12 L C T, the full T x T products, where the causal mask leaves half of them to compute.
+// Training FLOPs per token of a decoder-only transformer whose matrix products hold `parameters`
+// parameters (llm.c's estimate, which MFU counts; an untied input embedding or a position table, a
+// lookup, is no such parameter): 6 per parameter (2 forward, 4 backward) plus 6 L C T for the
+// attention score and value products, which have no parameters. PaLM and nanoGPT count 12 L C T,
+// the full T x T products, where the causal mask leaves half of them to compute.
 double transformer_flops_per_token(int64_t parameters, int64_t n_layer, int64_t n_embd,
                                    int64_t seq_len);
 

@@ -86,8 +86,6 @@ TEST(AttentionPrimitives, SplitAndMergeHeadsArePermutations) {
   }
 }
 
-// Same dtypes copy bit patterns: NaN payloads and signed zeros survive the permutation.
-
 // merge_heads is split_heads' backward: for L(x) = <g, split_heads(x)>, in FP64 from the FP32
 // forward, (L(x + h e_i) - L(x - h e_i)) / 2h is merge_heads(g)[i] for every element i; the
 // forward only moves values, so with h a power of two the difference is exact.
@@ -118,6 +116,8 @@ TEST(AttentionPrimitives, MergeHeadsIsTheFiniteDifferenceOfSplitHeads) {
     EXPECT_NEAR(analytic[i], numeric, 1e-12) << "element " << i;
   }
 }
+
+// Same dtypes copy bit patterns: NaN payloads and signed zeros survive the permutation.
 TEST(AttentionPrimitives, SplitHeadsCopiesBitPatterns) {
   CpuBackend be;
   const Shape rows_shape{1, 2, 3 * 2};

@@ -45,11 +45,11 @@ TEST_F(RunDir, ASecondLockIsRefusedNamingTheHolder) {
 TEST_F(RunDir, AFailedStartRemovesTheDirectoryItMadeAndItsParents) {
   const fs::path dir = root_ / "runs" / "a";
   {
+    std::optional<RunDirLock> lock;  // the Trainer's order: the cleanup ends first, locked
     RunDirCleanup cleanup(dir.string(), true);
     fs::create_directories(dir / "log");
-    std::optional<RunDirLock> lock(std::in_place, dir.string());
+    lock.emplace(dir.string());
     cleanup.locked();
-    lock.reset();  // the Trainer's members end in this order: the lock, then the cleanup
   }
   EXPECT_FALSE(fs::exists(root_ / "runs"));
 }

@@ -972,6 +972,13 @@ class Training(lu.TempDirTest):
                                                           "model.safetensors.") +
                                  r"\d+-\d+\.tmp': File too large")
                 self.assertFalse(os.path.exists(os.path.join(self.dir, family + "_limited")))
+                # A directory that holds nothing of ours (procfs) is refused before the
+                # checkpoint is read, exit 2 as for a safetensors file there.
+                result = self.mantissa("export", *first, "--format", "hf", "--out",
+                                       "/proc/new/hf")
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn("mantissa: --out '/proc/new/hf': cannot create a file in '/proc'",
+                              result.stderr)
                 # A setting that changes no shape but what the weights compute is refused, not
                 # written into config.json.
                 changed = {"gpt2": ("model.gpt2.n_head=4", "model.gpt2.n_head 2 -> 4"),
