@@ -40,8 +40,8 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
-// One HTTP/1.0 request to 127.0.0.1:port; returns the status code and the body.
-std::pair<int, std::string> http(int port, const std::string& method, const std::string& path) {
+// A socket connected to 127.0.0.1:port, or -1.
+int connect_to(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -49,8 +49,15 @@ std::pair<int, std::string> http(int port, const std::string& method, const std:
   addr.sin_port = htons(static_cast<std::uint16_t>(port));
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     close(fd);
-    return {0, "connect failed"};
+    return -1;
   }
+  return fd;
+}
+
+// One HTTP/1.0 request to 127.0.0.1:port; returns the status code and the body.
+std::pair<int, std::string> http(int port, const std::string& method, const std::string& path) {
+  const int fd = connect_to(port);
+  if (fd < 0) return {0, "connect failed"};
   const std::string request =
       method + " " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n";
   EXPECT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
@@ -395,12 +402,8 @@ TEST(Metrics, BusyPortIsReportedWithTheAddress) {
 TEST(MetricsEndpoint, AClientThatStopsReadingDoesNotHoldIt) {
   const std::string body(64 << 20, 'x');
   auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [&] { return body; });
-  const int stalled = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
-  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int stalled = connect_to(endpoint->port());
+  ASSERT_GE(stalled, 0);
   const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
   ASSERT_EQ(send(stalled, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
 
@@ -416,12 +419,8 @@ TEST(MetricsEndpoint, AClientThatStopsReadingDoesNotHoldIt) {
 // trickles (it would trickle for 60 s), and the endpoint stops.
 TEST(MetricsEndpoint, AClientThatTricklesItsRequestDoesNotHoldIt) {
   auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [] { return "x 1\n"; });
-  const int slow = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
-  ASSERT_EQ(connect(slow, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int slow = connect_to(endpoint->port());
+  ASSERT_GE(slow, 0);
   std::atomic<bool> dropped{false};
   std::thread trickle([&] {
     for (int i = 0; i < 200; ++i) {  // 60 s at most
@@ -448,14 +447,10 @@ TEST(MetricsEndpoint, AClientThatTricklesItsRequestDoesNotHoldIt) {
 // time would answer the scrape only after dropping every one of them.
 TEST(MetricsEndpoint, IdleConnectionsDoNotQueueAScrapeBehindThem) {
   auto endpoint = std::make_unique<MetricsEndpoint>("127.0.0.1", 0, [] { return "x 1\n"; });
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(endpoint->port()));
   std::vector<int> idle;
   for (int i = 0; i < 20; ++i) {
-    idle.push_back(socket(AF_INET, SOCK_STREAM, 0));
-    ASSERT_EQ(connect(idle.back(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    idle.push_back(connect_to(endpoint->port()));
+    ASSERT_GE(idle.back(), 0);
   }
   const auto [status, answer] = http(endpoint->port(), "GET", "/metrics");
   EXPECT_EQ(status, 200);
