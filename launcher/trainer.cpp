@@ -564,8 +564,9 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
   const int64_t every = config_.run().eval_every();
   const int64_t total = config_.run().steps();
   if (!evaluator_ || (steps_done % every != 0 && steps_done != total)) return {};
-  const bool stop_first = steps_done < total;
-  if (stop_first && stop != StopRequest::kNone) return {std::nullopt, true};
+  // A stop comes first, also after the last step: the checkpoint it waits for follows the
+  // evaluation, and a scheduler's grace period would otherwise be spent evaluating.
+  if (stop != StopRequest::kNone) return {std::nullopt, true};
   const dist::World::Activity evaluating(world_,
                                          "evaluating after step " + step_of(steps_done, total));
   Clock::time_point last_note = Clock::now();
@@ -576,10 +577,10 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
       say("mantissa: evaluating after step " + step_of(steps_done, total) + ": " +
           std::to_string(done) + " of " + std::to_string(micro_batches) + " micro-batches");
     }
-    // Before the last step, a stop asked for on any rank ends the evaluation on every rank at
-    // the same micro-batch: the ranks agree after each one (a rank that gave up alone would
-    // wait for the others' whole evaluation, past dist.timeout_s for a long one).
-    return !stop_first || agreed_stop() == StopRequest::kNone;
+    // A stop asked for on any rank ends the evaluation on every rank at the same micro-batch:
+    // the ranks agree after each one (a rank that gave up alone would wait for the others'
+    // whole evaluation, past dist.timeout_s for a long one).
+    return agreed_stop() == StopRequest::kNone;
   };
   const std::optional<double> local =
       evaluator_->local_loss_sum(*model_, *backend_, policy_, progress);

@@ -80,12 +80,18 @@ bool LossScaler::update(bool found_nonfinite) {
   s.growth_tracker = 0;
   s.overflows_at_min = s.scale <= min_scale() ? s.overflows_at_min + 1 : 0;
   if (s.overflows_at_min >= config_.max_overflows_at_min) {
-    // At scale 1 nothing is being scaled, so the gradients themselves overflow.
-    const char* cause = s.scale == 1.0f ? "even unscaled" : "even at this scale";
     std::ostringstream message;
-    message << "loss scale stuck at minimum " << s.scale << " after " << s.overflows_at_min
-            << " consecutive overflowing steps; gradients are non-finite " << cause
-            << " — lower the learning rate or check the data";
+    if (!dynamic && s.scale > 1.0f) {
+      // A fixed scale above 1 may be what overflows: the setting, not the training, is at fault.
+      message << "the static loss scale " << s.scale << " overflowed " << s.overflows_at_min
+              << " consecutive steps — lower precision.loss_scale.init (or use DYNAMIC)";
+    } else {
+      // At scale 1 nothing is being scaled, so the gradients themselves overflow.
+      const char* cause = s.scale == 1.0f ? "even unscaled" : "even at this scale";
+      message << "loss scale stuck at minimum " << s.scale << " after " << s.overflows_at_min
+              << " consecutive overflowing steps; gradients are non-finite " << cause
+              << " — lower the learning rate or check the data";
+    }
     throw DivergedError(message.str());
   }
   if (dynamic) {

@@ -250,11 +250,9 @@ TEST(Fp8Scaling, RejectsBadConfigsNamingFieldValueAndRule) {
             "fp8.amax_history_len = 0: must lie in [1, 1048576]");
   EXPECT_EQ(message_for(delayed((1 << 20) + 1, AmaxCompute::kMax)),
             "fp8.amax_history_len = 1048577: must lie in [1, 1048576]");
-  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, -1)),
-            "fp8.margin = -1: must lie in [0, 100]");
-  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, 101)),
-            "fp8.margin = 101: must lie in [0, 100]");
-  EXPECT_EQ(message_for(delayed(1 << 20, AmaxCompute::kMax, 100)), "");
+  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, -1)), "fp8.margin = -1: must lie in [0, 14]");
+  EXPECT_EQ(message_for(delayed(4, AmaxCompute::kMax, 15)), "fp8.margin = 15: must lie in [0, 14]");
+  EXPECT_EQ(message_for(delayed(1 << 20, AmaxCompute::kMax, 14)), "");
 }
 
 }  // namespace

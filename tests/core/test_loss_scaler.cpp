@@ -208,7 +208,8 @@ TEST(LossScaler, StaticKeepsItsScaleAndSkipsOverflows) {
     FAIL() << "expected core::Error at the third consecutive overflow";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("stuck at minimum 1024 after 3 consecutive overflowing steps"),
+    EXPECT_NE(msg.find("the static loss scale 1024 overflowed 3 consecutive steps — lower "
+                       "precision.loss_scale.init (or use DYNAMIC)"),
               std::string::npos)
         << msg;
   }

@@ -365,7 +365,7 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       {{"model.llama={norm_eps: 1e39}"},
        "model.llama.norm_eps = 1e+39: is kept as a float: its magnitude must lie in "
        "[1.1754944e-38, 3.4028235e+38]"},
-      {{"precision.fp8.margin=101"}, "precision.fp8.margin = 101: must lie in [0, 100]"},
+      {{"precision.fp8.margin=19"}, "precision.fp8.margin = 19: must lie in [0, 14]"},
       {{"dist.consistency_check_every=-1"}, "dist.consistency_check_every = -1: must be >= 0"},
       {{"model.gpt2.n_embd=100", "model.gpt2.n_head=3"},
        "model.gpt2.n_embd = 100: must be a multiple of model.gpt2.n_head = 3"},

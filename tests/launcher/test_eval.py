@@ -166,10 +166,10 @@ class Evaluation(lu.TempDirTest):
                      f"data.token_shards.val_pattern={val_shard}")
         self.assertEqual(sorted(shards), [3, 7])
 
-    def signal_rank_1_during_an_evaluation(self, name, sig):
+    def signal_rank_1_during_an_evaluation(self, name, sig, *sets):
         """Trains on 2 ranks with dist.timeout_s 4 and evaluations of about 150 steps' time
-        (6-10 s on 2 idle cores); sends `sig` to rank 1 a sixth of the way into the evaluation
-        after step 4. Returns (exit code, stderr)."""
+        (6-10 s on 2 idle cores), with `sets` last; sends `sig` to rank 1 a sixth of the way
+        into the evaluation after step 4. Returns (exit code, stderr)."""
         config = self.write("eval.pbtxt", CONFIG)
         process = self.start(
             "train", "--config", config, "--progress", "lines",
@@ -177,7 +177,7 @@ class Evaluation(lu.TempDirTest):
                             "run.eval_every=2", "run.eval_tokens=100000000",
                             "data.text_file.val_fraction=0.5", "model.gpt2.n_layer=4",
                             "model.gpt2.n_head=4", "model.gpt2.n_embd=256",
-                            "checkpoint.every_steps=0", "dist.timeout_s=4")
+                            "checkpoint.every_steps=0", "dist.timeout_s=4", *sets)
               for arg in ("--set", s)], ranks=2)
         rank_1 = None
         try:
@@ -196,6 +196,19 @@ class Evaluation(lu.TempDirTest):
                 except ProcessLookupError:
                     pass
         return process.returncode, stderr
+
+    def test_a_stop_during_the_last_evaluation_goes_to_the_checkpoint(self):
+        # The evaluation after the last step gives way too: the run's checkpoint comes after
+        # it, and a preemption's grace period must not be spent evaluating (it ran to its end).
+        name = "stopped_last"
+        code, stderr = self.signal_rank_1_during_an_evaluation(name, signal.SIGTERM,
+                                                               "run.steps=4")
+        self.assertEqual(code, 0, stderr)
+        self.assertIn("mantissa: the evaluation after step 4/4 gave way to the stop: that step "
+                      "has no validation loss", stderr)
+        self.assertTrue(os.path.isdir(os.path.join(self.dir, name, "checkpoints",
+                                                   "step_00000004")))
+        self.assertNotIn("val_loss", lu.read_log(os.path.join(self.dir, name), 0)[-1])
 
     def test_a_stop_during_an_evaluation_ends_the_run_without_it(self):
         # A preemption's grace period is short: a stop that comes during an evaluation goes to
