@@ -639,21 +639,15 @@ int Trainer::run() {
 
     metrics::StepRecord record;
     const train::StepReport& report = record.report;
+    // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the same
+    // step, so every rank logs that step like any other (without evaluating) and then stops
+    // cleanly. Anything else ends the job.
+    std::string diverged_why;
     try {
       record.report = step_->run(step, micro_batches, dp_.get());
     } catch (const train::StepDiverged& e) {
-      // The scaler gives up on the MAX-reduced overflow flag: every rank throws it at the
-      // same step, so every rank logs that step and stops cleanly. Anything else ends the job.
       record.report = e.report();
-      record.mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
-      record.step_seconds = seconds_since(start);
-      record.host_syncs = backend_->host_syncs() - syncs_before;
-      record.allreduce_seconds = dp_->last_step_comm_seconds();
-      record.allreduce_bytes = dp_->last_step_comm_bytes();
-      log_->write(record);
-      if (world_.rank() == 0) progress_.update(record, world_size);
-      metrics_->record_step(record);
-      return diverged(step, e.what());
+      diverged_why = e.what();
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
     StopRequest stop = agreed_stop();
@@ -667,7 +661,8 @@ int Trainer::run() {
 
     record.mean_loss = mean_loss;
     const Clock::time_point eval_start = Clock::now();
-    const Evaluation evaluation = maybe_evaluate(step + 1, stop);
+    const Evaluation evaluation =
+        diverged_why.empty() ? maybe_evaluate(step + 1, stop) : Evaluation{};
     record.val_loss = evaluation.loss;
     if (record.val_loss) record.eval_seconds = seconds_since(eval_start);
     if (evaluation.abandoned) {
@@ -688,6 +683,7 @@ int Trainer::run() {
     if (world_.rank() == 0) progress_.update(record, world_size);
     metrics_->record_step(record);
 
+    if (!diverged_why.empty()) return diverged(step, diverged_why);
     if (!std::isfinite(mean_loss)) return not_finite(step, "the loss", mean_loss);
     // Evaluated after the step's update: the weights it left (the last step's, which no later
     // training loss would show) are not finite.
