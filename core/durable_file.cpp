@@ -174,14 +174,13 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
                         [bytes](DurableFile& file) { file.write(bytes.data(), bytes.size()); });
 }
 
-void require_can_create_files(const std::string& out, const std::string& dir) {
+void require_can_create_files(const std::string& what, const std::string& dir) {
   std::string probe = dir + "/.mantissa-probe-XXXXXX";
   const int fd = ::mkostemp(probe.data(), O_CLOEXEC);
   if (fd < 0) {
     const int error = errno;
-    throw_error_of_kind(
-        named_path_error_kind(error),
-        "--out '" + out + "': cannot create a file in '" + dir + "': " + std::strerror(error));
+    throw_error_of_kind(named_path_error_kind(error),
+                        what + ": cannot create a file in '" + dir + "': " + std::strerror(error));
   }
   ::close(fd);
   ::unlink(probe.c_str());

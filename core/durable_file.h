@@ -52,11 +52,11 @@ void remove_temporaries_of(const std::string& path);
 // share, one of another host's process whose pid runs nothing here would go too.
 void remove_orphaned_temporaries_of(const std::string& path);
 
-// Throws core::Error, now rather than after long work, when no file can be created in `dir`,
-// where a command's --out `out` goes: creates a file of a new name there (never one that
-// exists) and removes it. Permissions, a read-only file system and a directory that exists but
-// holds no files (/proc's ENOENT) are config errors: only another --out fixes them.
-void require_can_create_files(const std::string& out, const std::string& dir);
+// Throws core::Error "<what>: cannot create a file in '<dir>': <reason>", now rather than after
+// long work, when no file can be created in `dir`: creates a file of a new name there (never
+// one that exists) and removes it. Permissions, a read-only file system and a directory that
+// exists but holds no files (/proc's ENOENT) are config errors: only another path fixes them.
+void require_can_create_files(const std::string& what, const std::string& dir);
 
 // Writes all `size` bytes to `fd`, the file `path` (named by the error it throws).
 void write_all(int fd, const void* data, size_t size, const std::string& path);

@@ -14,23 +14,20 @@ namespace mantissa::launcher {
 void require_checkpoints_writable(const std::string& run_dir) {
   namespace fs = std::filesystem;
   const std::string dir = run_checkpoints_dir(run_dir);
-  const std::string failed = "checkpoints cannot be saved in '" + dir +
-                             "' (checked before the "
-                             "first step): ";
+  const std::string what = "checkpoints (checked before the first step)";
   // What it makes it removes again: a start that fails later leaves run.dir as it was.
   const std::vector<fs::path> made = core::missing_directories(dir);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
-                              failed + "cannot create it: " + ec.message());
+                              what + ": cannot create '" + dir + "': " + ec.message());
   }
   try {
-    // Unfinished, the file is removed when it goes out of scope.
-    const core::DurableFile probe = core::DurableFile::temporary_beside(dir + "/.save-check");
-  } catch (const core::Error& e) {
+    core::require_can_create_files(what, dir);
+  } catch (const core::Error&) {
     for (const fs::path& p : made) fs::remove(p, ec);
-    core::throw_error_of_kind(e.kind(), failed + e.what());
+    throw;
   }
   for (const fs::path& p : made) fs::remove(p, ec);
 }

@@ -8,8 +8,9 @@
 namespace mantissa::launcher {
 
 // Makes a file in <run_dir>/checkpoints (and that directory, when missing) and removes both
-// again. Throws core::Error of core::path_error_kind (2 for permissions or a read-only file
-// system) naming the directory and the reason. Call it holding the run directory's lock.
+// again (core::require_can_create_files). Throws core::Error naming the directory and the
+// reason, exit 2 for permissions or a read-only file system. Call it holding the run
+// directory's lock.
 void require_checkpoints_writable(const std::string& run_dir);
 
 }  // namespace mantissa::launcher

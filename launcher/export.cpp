@@ -133,9 +133,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   }
   // Before the weights are read (minutes for a large model): where the export's first new entry
   // goes, the file's directory or the nearest existing one above a Hugging Face directory.
-  core::require_can_create_files(out, layout           ? nearest_existing_above(out)
-                                      : parent.empty() ? "."
-                                                       : parent.string());
+  core::require_can_create_files("--out '" + out + "'", layout ? nearest_existing_above(out)
+                                                        : parent.empty() ? "."
+                                                                         : parent.string());
 
   const std::string dir = run_checkpoints_dir(config.run().dir());
   checkpoint::Checkpointer checkpointer(checkpoint::CheckpointOptions{dir, 0},

@@ -219,7 +219,8 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
     throw core::ConfigError("--out '" + options.out + "': directory '" + parent.string() +
                             "' does not exist");
   }
-  core::require_can_create_files(options.out, parent.empty() ? "." : parent.string());
+  core::require_can_create_files("--out '" + options.out + "'",
+                                 parent.empty() ? "." : parent.string());
   const std::vector<MappedText> files = map_utf8_inputs(options.inputs, {options.out});
 
   const std::unordered_map<std::string, std::string> settings = {

@@ -786,9 +786,8 @@ class Training(lu.TempDirTest):
         result = self.mantissa(*self.train_args("unsavable", "run.steps=10", inject_rank=0))
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertRegex(result.stderr, re.escape(
-            f"mantissa: checkpoints cannot be saved in '{run}/checkpoints' (checked before the "
-            f"first step): cannot create '{run}/checkpoints/.save-check.") +
-            r"\d+-\d+\.tmp': (Permission denied|Read-only file system)")
+            f"mantissa: checkpoints (checked before the first step): cannot create a file in "
+            f"'{run}/checkpoints': ") + "(Permission denied|Read-only file system)")
         self.assertFalse(os.path.exists(os.path.join(run, "log", "rank0.jsonl")))
 
     def test_llmc_weights_in_safetensors_out(self):
