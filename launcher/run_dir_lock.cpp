@@ -64,7 +64,7 @@ RunDirLock::RunDirLock(const std::string& run_dir) {
     }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int error = errno;
-      const std::string holder = holder_named_in(fd_);
+      const std::string holder = error == EWOULDBLOCK ? holder_named_in(fd_) : "";
       ::close(fd_);
       fd_ = -1;
       MANTISSA_REQUIRE(error == EWOULDBLOCK, kFailure,

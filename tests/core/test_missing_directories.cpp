@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/missing_directories.h"
+#include "tests/common/scratch_dir.h"
 
 namespace mantissa::core {
 namespace {
@@ -14,13 +15,8 @@ namespace fs = std::filesystem;
 
 class MissingDirectories : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) / "mantissa_test_missing_directories";
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  fs::path root_;
+  const tests::ScratchDir scratch_{"missing_directories"};
+  const fs::path root_{scratch_.path()};
 };
 
 TEST_F(MissingDirectories, AreThePathAndItsMissingAncestorsDeepestFirst) {

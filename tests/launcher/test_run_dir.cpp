@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "launcher/run_dir_cleanup.h"
 #include "launcher/run_dir_lock.h"
+#include "tests/common/scratch_dir.h"
 
 namespace mantissa::launcher {
 namespace {
@@ -19,13 +20,8 @@ namespace fs = std::filesystem;
 
 class RunDir : public ::testing::Test {
  protected:
-  void SetUp() override {
-    root_ = fs::path(::testing::TempDir()) / "mantissa_test_run_dir";
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  fs::path root_;
+  const tests::ScratchDir scratch_{"run_dir"};
+  const fs::path root_{scratch_.path()};
 };
 
 TEST_F(RunDir, ASecondLockIsRefusedNamingTheHolder) {
