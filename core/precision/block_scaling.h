@@ -119,19 +119,31 @@ MANTISSA_HD int64_t scale_count(ScaleMode mode, int64_t outer, int64_t k) {
   }
 }
 
+// Where the scales of row i sit: in every layout K-block b's is at
+//   base + (b / 4) per_four + (b % 4) per_one,
+// so a loop over one row's blocks finds each without a division.
+struct ScaleRowIndex {
+  int64_t base, per_four, per_one;
+  MANTISSA_HD int64_t operator()(int64_t b) const {
+    return base + (b >> 2) * per_four + (b & 3) * per_one;
+  }
+};
+
+MANTISSA_HD ScaleRowIndex scale_row_index(ScaleMode mode, int64_t outer, int64_t k, int64_t i) {
+  const int64_t padded_blocks = round_up(scale_k_blocks(mode, k), 4);  // L4
+  switch (mode) {
+    case ScaleMode::kOuterVec: return {i, 0, 0};
+    case ScaleMode::kVec128: return {i, 4 * outer, outer};
+    case ScaleMode::kBlock128: return {(i / 128) * padded_blocks, 4, 1};
+    case ScaleMode::kVec32Ue8m0:
+      return {(i / 128) * (padded_blocks / 4) * 512 + (i % 32) * 16 + (i % 128) / 32 * 4, 512, 1};
+    default: return {0, 0, 0};
+  }
+}
+
 // Where the scale of row i, K-block b sits.
 MANTISSA_HD int64_t scale_index(ScaleMode mode, int64_t outer, int64_t k, int64_t i, int64_t b) {
-  switch (mode) {
-    case ScaleMode::kOuterVec: return i;
-    case ScaleMode::kVec128: return i + b * outer;
-    case ScaleMode::kBlock128: return b + (i / 128) * round_up(scale_k_blocks(mode, k), 4);
-    case ScaleMode::kVec32Ue8m0: {
-      const int64_t tiles_per_row = round_up(scale_k_blocks(mode, k), 4) / 4;
-      const int64_t tile = (i / 128) * tiles_per_row + b / 4;
-      return tile * 512 + (i % 32) * 16 + (i % 128) / 32 * 4 + b % 4;
-    }
-    default: return 0;
-  }
+  return scale_row_index(mode, outer, k, i)(b);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -55,27 +55,11 @@ struct Blocks {
   float fmt_max;
   DType code;
   int64_t outer, k, block_k, k_blocks;
-  int64_t padded_k_blocks;  // k_blocks rounded up to 4
   void* scales;
 
   bool square() const { return mode == ScaleMode::kBlock128; }
 
-  // scale_index(mode, outer, k, i, b) for one row i and every b, without its divisions: each
-  // layout places K-block b at base + (b / 4) * per_four + (b % 4) * per_one.
-  struct RowIndex {
-    int64_t base, per_four, per_one;
-    int64_t operator()(int64_t b) const { return base + (b >> 2) * per_four + (b & 3) * per_one; }
-  };
-  RowIndex row_index(int64_t i) const {
-    switch (mode) {
-      case ScaleMode::kVec128: return {i, 4 * outer, outer};
-      case ScaleMode::kBlock128: return {(i / 128) * padded_k_blocks, 4, 1};
-      case ScaleMode::kVec32Ue8m0:
-        return {(i / 128) * (padded_k_blocks / 4) * 512 + (i % 32) * 16 + (i % 128) / 32 * 4, 512,
-                1};
-      default: return {i, 0, 0};  // kOuterVec: one block per row
-    }
-  }
+  ScaleRowIndex row_index(int64_t i) const { return scale_row_index(mode, outer, k, i); }
 
   // Stores the scale of the block of operand row i, K-block b, whose amax pattern is `bits`,
   // and returns its divisor (one block: 128x128).
@@ -278,7 +262,6 @@ void CpuBackend::quantize_blocks(const Tensor& src, Tensor& codes, Tensor& scale
       d.k,
       scale_block_k(p.mode, d.k),
       scale_k_blocks(p.mode, d.k),
-      round_up(scale_k_blocks(p.mode, d.k), 4),
       scales.data()};
   auto* code_bytes = static_cast<uint8_t*>(codes.data());
   uint32_t amax_bits;
