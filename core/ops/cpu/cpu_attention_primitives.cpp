@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/ops/cpu/cpu_backend.h"
-#include "core/ops/cpu/cpu_exp8.h"
 #include "core/ops/cpu/cpu_layer_io.h"
+#include "core/ops/cpu/cpu_softmax_rows.h"
 #include "core/ops/math/softmax.h"
 #include "core/ops/op_checks.h"
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "core/dtype/dtype.h"
+#include "core/ops/math/exp_f32.h"
 
 namespace mantissa::core {
 
@@ -22,7 +23,7 @@ MANTISSA_HD float softmax_max(float running_max, float z) {
 
 // exp(z - max), the unnormalised softmax term (in (0, 1] for a finite row).
 MANTISSA_HD float softmax_exp(float z, float row_max) {
-  return expf(z - row_max);
+  return exp_f32(z - row_max);
 }
 
 // The online form (Milakov and Gimelshein, 2018), which finds the maximum and the sum in one
