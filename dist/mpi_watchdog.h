@@ -4,7 +4,8 @@
 // one stopped after the last collective, left the others waiting, silent, until the
 // scheduler's time limit. The watchdog ends this process once the wait has taken
 // MANTISSA_MPI_START_TIMEOUT_S seconds (default 600; 0: no bound), saying so, with the exit
-// code of a lost peer; mpirun and srun then end the job.
+// code of a lost peer; mpirun and srun then end the job (mpirun, which waits for a lost host's
+// daemon, within deploy/mantissa-mpirun's grace).
 #pragma once
 
 #include <condition_variable>

@@ -287,6 +287,25 @@ class SlurmScripts(unittest.TestCase):
         self.assertIn("MANTISSA_ABORT_GRACE_S must be a whole number of seconds (at most 9 "
                       "digits), not '18446744073709551615'", result.stderr)
 
+    def test_mantissa_mpirun_ends_mpirun_hung_after_a_ranks_nonzero_exit(self):
+        # A rank whose MPI start or end outlasted MANTISSA_MPI_START_TIMEOUT_S exits 3 without
+        # MPI_Abort; Open MPI reports the non-zero exit, then waits for the lost host's daemon.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        hung = os.path.join(self.dir, "hung-mpirun")
+        with open(hung, "w") as f:
+            f.write("#!/bin/sh\necho 'Primary job  terminated normally, but 1 process "
+                    "returned' >&2\necho 'a non-zero exit code. Per user-direction, the job has "
+                    "been aborted.' >&2\nexec sleep 60\n")
+        os.chmod(hung, 0o755)
+        started = time.monotonic()
+        result = subprocess.run([wrapper, "-np", "2", "true"], capture_output=True, text=True,
+                                timeout=50, env={**os.environ, "MPIRUN": hung,
+                                                 "MANTISSA_ABORT_GRACE_S": "1"})
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("mantissa-mpirun: mpirun did not end within 1 s of a rank's non-zero "
+                      "exit; a host it waits for is probably unreachable.", result.stderr)
+        self.assertLess(time.monotonic() - started, 40)
+
     def test_a_preemption_reaches_ranks_whose_output_mpirun_keeps(self):
         # Open MPI's output_filename set in the environment (as mpirun --output-filename): no
         # rank line passes the wrapper, which sends USR1 once mpirun has run 5 s.
