@@ -176,44 +176,69 @@ void World::abort(int exit_code, const std::string& message) const {
 }
 
 std::vector<int> World::unresponsive_ranks(double grace_s) const {
-  // Every rank that reaches this sends one byte to every other rank and listens for theirs.
-  // This runs while the job is failing, so an MPI call that fails here is not an error of its
-  // own: the peer it concerns simply counts as not answering. Sends are not waited for (a
-  // dead peer may never take them); the job ends right after.
-  constexpr int kTag = 7001;
+  // Every rank that reaches this pings every other rank and answers each ping it receives with
+  // a pong; a peer answered when its pong came. A ping alone proves nothing: one sent by a
+  // rank that has since aborted still waits in this rank's queue when it comes here late (it
+  // was stopped, then woken), and would name that rank as answering. This runs while the job
+  // is failing, so an MPI call that fails here is not an error of its own: the peer it
+  // concerns simply counts as not answering. Sends are not waited for (a dead peer may never
+  // take them); the job ends right after.
+  constexpr int kPingTag = 7001, kPongTag = 7002;
   const size_t n = static_cast<size_t>(size_);
-  std::vector<char> in(n, 0);
-  std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL);
-  std::vector<bool> listening(n, false), answered(n, false);
-  answered[static_cast<size_t>(rank_)] = true;
-  char out = 1;
+  MPI_Comm comm = probe_->comm.get();
+  const auto send_byte = [comm](int to, int tag) {
+    static const char byte = 1;
+    MPI_Request send = MPI_REQUEST_NULL;
+    if (MPI_Isend(&byte, 1, MPI_CHAR, to, tag, comm, &send) == MPI_SUCCESS) {
+      MPI_Request_free(&send);
+    }
+  };
+  // Per peer: its ping to us (to answer) and its pong (its answer to ours).
+  std::vector<char> ping_in(n, 0), pong_in(n, 0);
+  std::vector<MPI_Request> pings(n, MPI_REQUEST_NULL), pongs(n, MPI_REQUEST_NULL);
+  std::vector<bool> pinged_us(n, false), answered(n, false);
+  pinged_us[static_cast<size_t>(rank_)] = answered[static_cast<size_t>(rank_)] = true;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const size_t i = static_cast<size_t>(r);
-    MPI_Request send = MPI_REQUEST_NULL;
-    if (MPI_Isend(&out, 1, MPI_CHAR, r, kTag, probe_->comm.get(), &send) == MPI_SUCCESS) {
-      MPI_Request_free(&send);
+    if (MPI_Irecv(&ping_in[i], 1, MPI_CHAR, r, kPingTag, comm, &pings[i]) != MPI_SUCCESS) {
+      pinged_us[i] = true;  // nothing to answer
     }
-    listening[i] =
-        MPI_Irecv(&in[i], 1, MPI_CHAR, r, kTag, probe_->comm.get(), &recvs[i]) == MPI_SUCCESS;
+    if (MPI_Irecv(&pong_in[i], 1, MPI_CHAR, r, kPongTag, comm, &pongs[i]) == MPI_SUCCESS) {
+      send_byte(r, kPingTag);
+    } else {
+      pongs[i] = MPI_REQUEST_NULL;
+    }
   }
+  // Until every peer has answered and every live peer's ping has been answered (a peer that
+  // answered has pinged too), or the grace is over.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
   while (std::chrono::steady_clock::now() < deadline) {
-    bool all = true;
+    bool done_all = true;
     for (size_t i = 0; i < n; ++i) {
-      if (answered[i] || !listening[i]) {
-        all = all && answered[i];
-        continue;
-      }
       int done = 0;
-      if (MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
-        answered[i] = true;
-      } else {
-        all = false;
+      if (!pinged_us[i] && MPI_Test(&pings[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        pinged_us[i] = true;
+        send_byte(static_cast<int>(i), kPongTag);
       }
+      done = 0;
+      if (!answered[i] && pongs[i] != MPI_REQUEST_NULL &&
+          MPI_Test(&pongs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        answered[i] = true;
+      }
+      done_all = done_all && answered[i] && pinged_us[i];
     }
-    if (all) break;
+    if (done_all) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Receives still posted would write into ping_in and pong_in after they are gone: cancelled
+  // (a local operation for a receive) and completed.
+  for (std::vector<MPI_Request>* requests : {&pings, &pongs}) {
+    for (MPI_Request& request : *requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&request);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
   }
   std::vector<int> silent;
   for (int r = 0; r < size_; ++r) {

@@ -47,9 +47,10 @@ class World {
 
   // --- failure detection (used by the communicators) -----------------------------------
   // The ranks that do not answer a probe within grace_s. Called by a rank whose wait on a
-  // collective timed out: it sends a probe to every other rank on a communicator kept for
-  // this alone and waits for theirs. The live ranks are stuck in the same collective, time
-  // out at about the same moment and probe too; a dead or hung rank never answers.
+  // collective timed out: it pings every other rank on a communicator kept for this alone,
+  // answers their pings, and counts a rank as answering when its answer comes. The live ranks
+  // are stuck in the same collective, time out at about the same moment and probe too; a
+  // dead or hung rank never answers, nor does one that ended since it pinged.
   std::vector<int> unresponsive_ranks(double grace_s) const;
   // What a timed-out wait does: names `what`, how long it waited, what the job was doing
   // (an Activity), the unresponsive ranks and their hosts, then aborts the job with the exit
