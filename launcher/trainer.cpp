@@ -214,6 +214,15 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
           groups);
     }
   }
+  // A training file too short for one window is never read: said, not silently dropped.
+  if (const std::vector<std::string> unread = loader_->unread_segments(); !unread.empty()) {
+    std::string names;
+    for (size_t i = 0; i < unread.size() && i < 5; ++i) names += (i ? ", " : "") + unread[i];
+    if (unread.size() > 5) names += ", and " + std::to_string(unread.size() - 5) + " more";
+    say("mantissa: note: " + std::to_string(unread.size()) +
+        " training file(s) hold fewer than seq_len + 1 = " + std::to_string(dims.seq_len + 1) +
+        " tokens, and no window reads them: " + names);
+  }
   // Allowed (a user's choice), but never FP16's default: a config written out by an earlier
   // BF16 run (run.dir/config.pbtxt lists loss_scale.mode NONE) and resumed in FP16 gets it.
   if (config_.precision().mode() == TrainConfig::Precision::FP16 &&

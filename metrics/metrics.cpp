@@ -397,9 +397,10 @@ void Metrics::set_model_flops(double flops_per_token) {
   State& s = state();
   s.flops_per_token = flops_per_token;
   if (s.mfu || s.options.peak_flops <= 0 || flops_per_token <= 0) return;
-  s.mfu.emplace(gauge_family(*s.registry, "mantissa_mfu_ratio",
-                             "Model FLOPs utilisation of the last step (0..1)"),
-                s.rank_labels);
+  s.mfu.emplace(
+      gauge_family(*s.registry, "mantissa_mfu_ratio",
+                   "Model FLOPs utilisation of the last step, a fraction of mantissa_peak_flops"),
+      s.rank_labels);
   gauge_family(*s.registry, "mantissa_peak_flops",
                "Peak FLOP/s of one rank that mantissa_mfu_ratio is measured against")
       .Add(s.rank_labels)

@@ -94,8 +94,8 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
 decode  prints the text of the shards on stdout, read in the order given as one stream;
         end-of-text tokens print nothing, so decoding DIR/train_*.bin then DIR/val_*.bin
         gives back the encoded files, concatenated. Ids that no encoding gives print as
-        SentencePiece shows them (U+FFFD for byte tokens that form no character, U+2047 for
-        <unk>).
+        SentencePiece shows them (U+FFFD for byte tokens that form no character; <unk> as
+        U+2047 with a space either side).
   --tokenizer FILE    the model the shards were encoded with
   --input SHARD...    shards (one or more; --input-list LIST as for train)
 

@@ -550,6 +550,16 @@ TEST_F(Loader, WindowsStayInsideOneSegmentAndCoverAllSegments) {
   // 24 starts in each long segment: each gets about half of the windows.
   EXPECT_GT(from_first, 100);
   EXPECT_GT(from_last, 100);
+  // The short one is named, for the start's note; a segment of exactly T + 1 tokens is read.
+  EXPECT_EQ(l.unread_segments(), std::vector<std::string>{path("seg_001.bin") + " (10 tokens)"});
+  write_shard("seg_003.bin", iota_tokens(kSeqLen + 1, 2000));
+  write_shard("seg_004.bin", iota_tokens(kSeqLen, 3000));
+  const DataLoader more(
+      std::make_shared<const Corpus>(Corpus::token_shards(path("seg_*.bin"), 65536)),
+      {kSeqLen, 1, 1, 0, 9});
+  EXPECT_EQ(more.unread_segments(),
+            (std::vector<std::string>{path("seg_001.bin") + " (10 tokens)",
+                                      path("seg_004.bin") + " (16 tokens)"}));
 }
 
 TEST_F(Loader, ATokenPastTheVocabularyStopsTheBatchThatReadsIt) {

@@ -40,6 +40,16 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
                             << config.seq_len + 1 << " tokens (the longest has " << longest << ")");
 }
 
+std::vector<std::string> DataLoader::unread_segments() const {
+  std::vector<std::string> unread;
+  for (const TokenSegment& segment : corpus_->segments()) {
+    if (segment.size() <= config_.seq_len) {
+      unread.push_back(segment.name() + " (" + std::to_string(segment.size()) + " tokens)");
+    }
+  }
+  return unread;
+}
+
 void DataLoader::read_window(int64_t k, std::span<int32_t> out) const {
   MANTISSA_CHECK(k >= 0, "data loader: window index must be >= 0, got " << k);
   MANTISSA_CHECK(static_cast<int64_t>(out.size()) == config_.seq_len + 1,

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "train/data/corpus.h"
@@ -58,6 +59,9 @@ class DataLoader {
 
   DataCursor cursor() const { return cursor_; }
   void set_cursor(const DataCursor& cursor);
+
+  // The segments shorter than T + 1 tokens, which no window reads, as "<name> (<n> tokens)".
+  std::vector<std::string> unread_segments() const;
 
  private:
   std::shared_ptr<const Corpus> corpus_;
