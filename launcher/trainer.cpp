@@ -51,12 +51,19 @@ std::string step_of(int64_t number, int64_t total) {
 }
 
 std::string stop_cause(StopRequest stop) {
-  return stop == StopRequest::kInterrupt ? "interrupted (SIGINT)"
-                                         : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
+  switch (stop) {
+    case StopRequest::kInterrupt: return "interrupted (SIGINT)";
+    case StopRequest::kLogUnwritable: return "a rank's step log could not be written (above)";
+    default: return "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
+  }
 }
 
 int stop_exit_code(StopRequest stop) {
-  return stop == StopRequest::kInterrupt ? kExitInterrupted : kExitOk;
+  switch (stop) {
+    case StopRequest::kInterrupt: return kExitInterrupted;
+    case StopRequest::kLogUnwritable: return kExitFailure;
+    default: return kExitOk;
+  }
 }
 
 double seconds_since(Clock::time_point start) {
@@ -495,9 +502,10 @@ bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
 
 StopRequest Trainer::agreed_stop() {
   const int signal = stop_signal();
-  const StopRequest here = signal == SIGINT ? StopRequest::kInterrupt
-                           : signal != 0    ? StopRequest::kStop
-                                            : StopRequest::kNone;
+  const StopRequest here = !log_failure_.empty() ? StopRequest::kLogUnwritable
+                           : signal == SIGINT    ? StopRequest::kInterrupt
+                           : signal != 0         ? StopRequest::kStop
+                                                 : StopRequest::kNone;
   // The requests are ordered by urgency, so a MAX over the ranks picks the most urgent.
   std::vector<float> stop{static_cast<float>(static_cast<int>(here))};
   dp_->max_across_ranks(stop);
@@ -556,8 +564,14 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   state.parameters = checkpoint::parameter_layout(params);
 
   // The steps up to this checkpoint stay in the log whatever happens to the machine: a resume
-  // from it appends after them.
-  log_->sync();
+  // from it appends after them. A log that cannot be synced does not cost the checkpoint.
+  if (log_failure_.empty()) {
+    try {
+      log_->sync();
+    } catch (const core::Error& e) {
+      step_log_failed(e.what());
+    }
+  }
   const std::string dir = checkpointer_->save(state, checkpoint_slices());
   last_saved_step_ = steps_done;
   const double seconds = seconds_since(start);
@@ -599,6 +613,17 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
 
 void Trainer::say(const std::string& line) {
   if (world_.rank() == 0) progress_.note(line);
+}
+
+void Trainer::step_log_failed(const std::string& why) {
+  log_failure_ = why;
+  const std::string line = "mantissa: rank " + std::to_string(world_.rank()) + ": " + why +
+                           "; the run stops with a checkpoint at the next step";
+  if (world_.rank() == 0) {
+    progress_.note(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
 }
 
 int Trainer::run() {
@@ -688,7 +713,13 @@ int Trainer::run() {
             {registry.tensor(i).name, registry.newest_amax(i), registry.tensor(i).scale});
       }
     }
-    log_->write(record);
+    if (log_failure_.empty()) {
+      try {
+        log_->write(record);
+      } catch (const core::Error& e) {
+        step_log_failed(e.what());
+      }
+    }
     if (world_.rank() == 0) progress_.update(record, world_size);
     metrics_->record_step(record);
 
@@ -726,6 +757,13 @@ int Trainer::run() {
   say("mantissa: done, " + std::to_string(total) + " steps, " + std::to_string(tokens_total_) +
       " tokens");
   metrics_->record_finished();
+  // The last step's log line (or the last sync) failed on this rank: its checkpoint is written,
+  // but the log is not whole.
+  if (!log_failure_.empty()) {
+    std::fprintf(stderr, "mantissa: rank %d: the step log misses lines: %s\n", world_.rank(),
+                 log_failure_.c_str());
+    return kExitFailure;
+  }
   return kExitOk;
 }
 

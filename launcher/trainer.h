@@ -48,9 +48,10 @@
 
 namespace mantissa::launcher {
 
-// A stop that a signal requests, in increasing urgency: kStop (SIGUSR1, SIGTERM, SIGHUP)
-// checkpoints and exits 0, kInterrupt (SIGINT) checkpoints and exits as interrupted.
-enum class StopRequest : uint8_t { kNone = 0, kStop = 1, kInterrupt = 2 };
+// A stop that a signal or a rank's step log requests, in increasing urgency: kStop (SIGUSR1,
+// SIGTERM, SIGHUP) checkpoints and exits 0, kInterrupt (SIGINT) checkpoints and exits as
+// interrupted, kLogUnwritable (a rank could not write its step log) checkpoints and exits 1.
+enum class StopRequest : uint8_t { kNone = 0, kStop = 1, kInterrupt = 2, kLogUnwritable = 3 };
 
 class Trainer {
  public:
@@ -124,6 +125,9 @@ class Trainer {
   dist::ReplicaState replica_state(int64_t steps_done) const;
   RankStart rank_start() const;       // what this rank brings to require_ranks_agree
   void say(const std::string& line);  // rank 0 only, through the progress line
+  // This rank's step log failed (`why`): said on this rank; no more is written to it, and the
+  // next agreed_stop stops the run with a checkpoint.
+  void step_log_failed(const std::string& why);
 
   dist::World& world_;
   TrainConfig config_;
@@ -156,6 +160,7 @@ class Trainer {
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<metrics::StepLog> log_;
+  std::string log_failure_;  // why this rank's step log could not be written; empty: it can
   metrics::ProgressLine progress_;
 
   int64_t start_step_ = 0;    // the step the loop starts at (after a resume: the saved one)

@@ -631,6 +631,34 @@ class Training(lu.TempDirTest):
         with open(os.path.join(self.run_dir("held"), "checkpoints", "latest")) as f:
             self.assertTrue(f.read().startswith("step_"))
 
+    def test_a_step_log_that_cannot_be_written_stops_the_run_with_a_checkpoint(self):
+        # Rank 1's log fails at its 5th line (step 5) as on a full disk: the ranks stop after
+        # the next step with a checkpoint, exit 1 saying why, and the same command continues.
+        config = self.write("tiny.pbtxt", lu.TINY_GPT)
+        shim = os.path.join(os.path.dirname(lu.binary()), "fail_step_log.so")
+        run = self.run_dir("log_full")
+        command = ["mpirun", "--oversubscribe", "-np", "2", lu.binary(), "train", "--config",
+                   config, "--set", f"run.dir={run}"]
+        result = subprocess.run(
+            command[:2] + ["-x", f"LD_PRELOAD={shim}", "-x", "FAIL_STEP_LOG=/log/rank1.jsonl",
+                           "-x", "FAIL_STEP_LOG_AFTER=5"] + command[2:],
+            cwd=self.dir, env=lu.environment(), timeout=300, capture_output=True, text=True)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertRegex(result.stderr, r"mantissa: rank 1: cannot write log '[^']*/log/"
+                         r"rank1\.jsonl': No space left on device; the run stops with a "
+                         r"checkpoint at the next step")
+        self.assertRegex(result.stderr, r"mantissa: a rank's step log could not be written "
+                         r"\(above\): stopped after step 6\b")
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), "step_00000006")
+        with open(os.path.join(run, "log", "rank0.jsonl")) as f:
+            self.assertEqual(len(f.readlines()), 6)
+        result = subprocess.run(command + ["--set", "run.steps=8"], cwd=self.dir,
+                                env=lu.environment(), timeout=300, capture_output=True,
+                                text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("resumed at step 6", result.stderr)
+
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
         # and save time), the run's absolute step, and the validation loss as the checkpoint
