@@ -112,6 +112,8 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     run_dir_cleanup_.locked();
     require_checkpoints_writable(run_dir_);
   }
+  // What runs, first: every note of the start (the metrics address, a resume's) follows it.
+  say(build_name());
 
   cpus_in_use_ = set_cpu_threads(world);
   device_ = select_device(config_, world.local_rank());
@@ -198,7 +200,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
       device_.name.c_str(), static_cast<long long>(global_batch),
       static_cast<long long>(dims.seq_len),
       resumed ? ("resumed at step " + std::to_string(start_step_)).c_str() : "starting at step 0");
-  say(build_name());
   say(summary);
   // The validation set, or the groups of windows a forward pass takes, decide what each
   // evaluation reads where it is not run.eval_tokens' whole windows: said, not silently.
