@@ -260,29 +260,35 @@ class SlurmScripts(unittest.TestCase):
             self.assertTrue(result.stdout.startswith("usage: mantissa-mpirun"), result.stdout)
             self.assertIn("MANTISSA_ABORT_GRACE_S", result.stdout)
 
+    def run_wrapper_over_hung_mpirun(self, banner, grace):
+        # mantissa-mpirun over an mpirun that prints `banner` (its lines) on stderr, then hangs
+        # as on a lost host; returns the result and the seconds it took.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        hung = os.path.join(self.dir, "hung-mpirun")
+        with open(hung, "w") as f:
+            f.write("#!/bin/sh\n" + "".join(f"echo '{line}' >&2\n" for line in banner) +
+                    "exec sleep 60\n")
+        os.chmod(hung, 0o755)
+        started = time.monotonic()
+        result = subprocess.run([wrapper, "-np", "2", "true"], capture_output=True, text=True,
+                                timeout=50, env={**os.environ, "MPIRUN": hung,
+                                                 "MANTISSA_ABORT_GRACE_S": grace})
+        return result, time.monotonic() - started
+
     def test_mantissa_mpirun_reads_its_grace_in_decimal(self):
         # An mpirun that reports an MPI_Abort and then hangs (as on a lost host) is ended
         # MANTISSA_ABORT_GRACE_S seconds later. "08" is 8 s (bash's arithmetic read it as a bad
         # octal number, and the wrapper then never ended mpirun); a number beyond 9 digits (one
         # past 2^63 wrapped to a negative grace) is refused.
-        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
-        hung = os.path.join(self.dir, "hung-mpirun")
-        with open(hung, "w") as f:
-            f.write("#!/bin/sh\necho 'MPI_ABORT was invoked on rank 1 in communicator "
-                    "MPI_COMM_WORLD' >&2\necho 'with errorcode 3.' >&2\nexec sleep 60\n")
-        os.chmod(hung, 0o755)
-        started = time.monotonic()
-        result = subprocess.run([wrapper, "-np", "2", "true"], capture_output=True, text=True,
-                                timeout=50, env={**os.environ, "MPIRUN": hung,
-                                                 "MANTISSA_ABORT_GRACE_S": "08"})
+        banner = ("MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD",
+                  "with errorcode 3.")
+        result, seconds = self.run_wrapper_over_hung_mpirun(banner, "08")
         self.assertEqual(result.returncode, 3, result.stderr)
         self.assertIn("mantissa-mpirun: mpirun did not end within 8 s of the job's MPI_Abort "
                       "(errorcode 3)", result.stderr)
         self.assertNotIn("value too great for base", result.stderr)
-        self.assertLess(time.monotonic() - started, 40)
-        result = subprocess.run([wrapper, "-np", "2", "true"], capture_output=True, text=True,
-                                env={**os.environ, "MPIRUN": hung,
-                                     "MANTISSA_ABORT_GRACE_S": "18446744073709551615"})
+        self.assertLess(seconds, 40)
+        result, _ = self.run_wrapper_over_hung_mpirun(banner, "18446744073709551615")
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertIn("MANTISSA_ABORT_GRACE_S must be a whole number of seconds (at most 9 "
                       "digits), not '18446744073709551615'", result.stderr)
@@ -290,21 +296,13 @@ class SlurmScripts(unittest.TestCase):
     def test_mantissa_mpirun_ends_mpirun_hung_after_a_ranks_nonzero_exit(self):
         # A rank whose MPI start or end outlasted MANTISSA_MPI_START_TIMEOUT_S exits 3 without
         # MPI_Abort; Open MPI reports the non-zero exit, then waits for the lost host's daemon.
-        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
-        hung = os.path.join(self.dir, "hung-mpirun")
-        with open(hung, "w") as f:
-            f.write("#!/bin/sh\necho 'Primary job  terminated normally, but 1 process "
-                    "returned' >&2\necho 'a non-zero exit code. Per user-direction, the job has "
-                    "been aborted.' >&2\nexec sleep 60\n")
-        os.chmod(hung, 0o755)
-        started = time.monotonic()
-        result = subprocess.run([wrapper, "-np", "2", "true"], capture_output=True, text=True,
-                                timeout=50, env={**os.environ, "MPIRUN": hung,
-                                                 "MANTISSA_ABORT_GRACE_S": "1"})
+        result, seconds = self.run_wrapper_over_hung_mpirun(
+            ("Primary job  terminated normally, but 1 process returned",
+             "a non-zero exit code. Per user-direction, the job has been aborted."), "1")
         self.assertEqual(result.returncode, 3, result.stderr)
         self.assertIn("mantissa-mpirun: mpirun did not end within 1 s of a rank's non-zero "
                       "exit; a host it waits for is probably unreachable.", result.stderr)
-        self.assertLess(time.monotonic() - started, 40)
+        self.assertLess(seconds, 40)
 
     def test_a_preemption_reaches_ranks_whose_output_mpirun_keeps(self):
         # Open MPI's output_filename set in the environment (as mpirun --output-filename): no
