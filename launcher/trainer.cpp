@@ -50,20 +50,15 @@ std::string step_of(int64_t number, int64_t total) {
   return std::to_string(number) + "/" + std::to_string(total);
 }
 
-std::string stop_cause(StopRequest stop) {
-  switch (stop) {
-    case StopRequest::kInterrupt: return "interrupted (SIGINT)";
-    case StopRequest::kLogUnwritable: return "a rank's step log could not be written (above)";
-    default: return "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
-  }
+std::string stop_cause(const AgreedStop& stop) {
+  if (stop.log_unwritable) return "a rank's step log could not be written (above)";
+  return stop.signal == StopRequest::kInterrupt ? "interrupted (SIGINT)"
+                                                : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
 }
 
-int stop_exit_code(StopRequest stop) {
-  switch (stop) {
-    case StopRequest::kInterrupt: return kExitInterrupted;
-    case StopRequest::kLogUnwritable: return kExitFailure;
-    default: return kExitOk;
-  }
+int stop_exit_code(const AgreedStop& stop) {
+  if (stop.log_unwritable) return kExitFailure;
+  return stop.signal == StopRequest::kInterrupt ? kExitInterrupted : kExitOk;
 }
 
 double seconds_since(Clock::time_point start) {
@@ -501,16 +496,16 @@ bool Trainer::maybe_checkpoint(int64_t steps_done, bool force) {
   return true;
 }
 
-StopRequest Trainer::agreed_stop() {
+AgreedStop Trainer::agreed_stop() {
   const int signal = stop_signal();
-  const StopRequest here = !log_failure_.empty() ? StopRequest::kLogUnwritable
-                           : signal == SIGINT    ? StopRequest::kInterrupt
-                           : signal != 0         ? StopRequest::kStop
-                                                 : StopRequest::kNone;
+  const StopRequest here = signal == SIGINT ? StopRequest::kInterrupt
+                           : signal != 0    ? StopRequest::kStop
+                                            : StopRequest::kNone;
   // The requests are ordered by urgency, so a MAX over the ranks picks the most urgent.
-  std::vector<float> stop{static_cast<float>(static_cast<int>(here))};
+  std::vector<float> stop{static_cast<float>(static_cast<int>(here)),
+                          log_failure_.empty() ? 0.0f : 1.0f};
   dp_->max_across_ranks(stop);
-  return static_cast<StopRequest>(static_cast<int>(stop[0]));
+  return {static_cast<StopRequest>(static_cast<int>(stop[0])), stop[1] != 0.0f};
 }
 
 std::vector<Trainer::StateBuffer> Trainer::state_buffers() {
@@ -584,13 +579,13 @@ void Trainer::save_checkpoint(int64_t steps_done) {
   say(line);
 }
 
-Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop) {
+Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest signal) {
   const int64_t every = config_.run().eval_every();
   const int64_t total = config_.run().steps();
   if (!evaluator_ || (steps_done % every != 0 && steps_done != total)) return {};
-  // A stop comes first, also after the last step: the checkpoint it waits for follows the
-  // evaluation, and a scheduler's grace period would otherwise be spent evaluating.
-  if (stop != StopRequest::kNone) return {std::nullopt, true};
+  // A signal's stop comes first, also after the last step: the checkpoint it waits for follows
+  // the evaluation, and a scheduler's grace period would otherwise be spent evaluating.
+  if (signal != StopRequest::kNone) return {std::nullopt, true};
   const dist::World::Activity evaluating(world_,
                                          "evaluating after step " + step_of(steps_done, total));
   Clock::time_point last_note = Clock::now();
@@ -601,10 +596,10 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest stop
       say("mantissa: evaluating after step " + step_of(steps_done, total) + ": " +
           std::to_string(done) + " of " + std::to_string(micro_batches) + " micro-batches");
     }
-    // A stop asked for on any rank ends the evaluation on every rank at the same micro-batch:
+    // A signal's stop on any rank ends the evaluation on every rank at the same micro-batch:
     // the ranks agree after each one (a rank that gave up alone would wait for the others'
     // whole evaluation, past dist.timeout_s for a long one).
-    return agreed_stop() == StopRequest::kNone;
+    return agreed_stop().signal == StopRequest::kNone;
   };
   const std::optional<double> local =
       evaluator_->local_loss_sum(*model_, *backend_, policy_, progress);
@@ -619,7 +614,7 @@ void Trainer::say(const std::string& line) {
 void Trainer::step_log_failed(const std::string& why) {
   log_failure_ = why;
   const std::string line = "mantissa: rank " + std::to_string(world_.rank()) + ": " + why +
-                           "; the run stops with a checkpoint at the next step";
+                           "; no more is written to it, and the run stops with a checkpoint";
   if (world_.rank() == 0) {
     progress_.note(line);
   } else {
@@ -643,7 +638,7 @@ int Trainer::run() {
   // A stop that came during the setup (a preemption while shards or a checkpoint loaded) ends
   // the run before its first step: a step and a save would only spend the grace period, and
   // nothing has changed since the newest checkpoint.
-  if (const StopRequest stop = agreed_stop(); stop != StopRequest::kNone) {
+  if (const AgreedStop stop = agreed_stop(); stop.stops()) {
     progress_.finish();
     say("mantissa: " + stop_cause(stop) + " during the start: stopped before step " +
         step_of(start_step_ + 1, total) +
@@ -685,7 +680,7 @@ int Trainer::run() {
       diverged_why = e.what();
     }
     const double mean_loss = dp_->sum_across_ranks(report.loss) / world_size;
-    StopRequest stop = agreed_stop();
+    AgreedStop stop = agreed_stop();
     const double seconds = seconds_since(start);
     const int64_t syncs_at_end = backend_->host_syncs();
     // The step's collectives end here: an evaluation's waits on the other ranks are not the
@@ -697,11 +692,11 @@ int Trainer::run() {
     record.mean_loss = mean_loss;
     const Clock::time_point eval_start = Clock::now();
     const Evaluation evaluation =
-        diverged_why.empty() ? maybe_evaluate(step + 1, stop) : Evaluation{};
+        diverged_why.empty() ? maybe_evaluate(step + 1, stop.signal) : Evaluation{};
     record.val_loss = evaluation.loss;
     if (record.val_loss) record.eval_seconds = seconds_since(eval_start);
     if (evaluation.abandoned) {
-      stop = std::max(stop, agreed_stop());
+      stop = stop.merged(agreed_stop());
       say("mantissa: the evaluation after step " + step_of(step + 1, total) +
           " gave way to the stop: that step has no validation loss");
     }
@@ -738,13 +733,13 @@ int Trainer::run() {
           world_, "checking that the replicas agree after step " + step_of(steps_done, total));
       dp_->check_consistency(replica_state(steps_done));
     }
-    bool stopping = stop != StopRequest::kNone && steps_done < total;
+    bool stopping = stop.stops() && steps_done < total;
     if (maybe_checkpoint(steps_done, stopping) && steps_done < total) {
       // A save takes long: a stop asked for while it ran ends the run on it, not after one
       // more step and one more save (a preemption's grace period is short); a Ctrl-C during a
       // stop's own save still makes its exit code 130.
-      stop = std::max(stop, agreed_stop());
-      stopping = stop != StopRequest::kNone;
+      stop = stop.merged(agreed_stop());
+      stopping = stop.stops();
     }
     if (stopping) {
       progress_.finish();

@@ -21,6 +21,7 @@
 // same step and exit alike.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -48,10 +49,22 @@
 
 namespace mantissa::launcher {
 
-// A stop that a signal or a rank's step log requests, in increasing urgency: kStop (SIGUSR1,
-// SIGTERM, SIGHUP) checkpoints and exits 0, kInterrupt (SIGINT) checkpoints and exits as
-// interrupted, kLogUnwritable (a rank could not write its step log) checkpoints and exits 1.
-enum class StopRequest : uint8_t { kNone = 0, kStop = 1, kInterrupt = 2, kLogUnwritable = 3 };
+// A stop that a signal requests, in increasing urgency: kStop (SIGUSR1, SIGTERM, SIGHUP)
+// checkpoints and exits 0, kInterrupt (SIGINT) checkpoints and exits as interrupted.
+enum class StopRequest : uint8_t { kNone = 0, kStop = 1, kInterrupt = 2 };
+
+// What the ranks agree on between steps: the most urgent signal's request on any rank, and
+// whether any rank's step log could not be written (the run then stops with a checkpoint and
+// exits 1; an evaluation, which a signal's stop cuts short, still runs).
+struct AgreedStop {
+  StopRequest signal = StopRequest::kNone;
+  bool log_unwritable = false;
+
+  bool stops() const { return signal != StopRequest::kNone || log_unwritable; }
+  AgreedStop merged(const AgreedStop& later) const {
+    return {std::max(signal, later.signal), log_unwritable || later.log_unwritable};
+  }
+};
 
 class Trainer {
  public:
@@ -76,11 +89,11 @@ class Trainer {
   };
   // The held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
   // after the last step); collective. Before the last step a stop comes first, so that its
-  // checkpoint is written within a preemption's grace period: a stop already agreed (`stop`)
-  // skips the evaluation, and the ranks agree on a stop after each micro-batch, so a signal
-  // that reaches any rank while it runs ends it on every rank at the same micro-batch. Rank 0
-  // says how far a long evaluation has come.
-  Evaluation maybe_evaluate(int64_t steps_done, StopRequest stop);
+  // checkpoint is written within a preemption's grace period: a signal's stop already agreed
+  // (`signal`) skips the evaluation, and the ranks agree on a stop after each micro-batch, so a
+  // signal that reaches any rank while it runs ends it on every rank at the same micro-batch. Rank
+  // 0 says how far a long evaluation has come.
+  Evaluation maybe_evaluate(int64_t steps_done, StopRequest signal);
   // The exporter (and pusher) of this rank's metrics; returns the start line that names the
   // peak MFU is measured against.
   std::string build_metrics();
@@ -107,7 +120,7 @@ class Trainer {
   bool maybe_checkpoint(int64_t steps_done, bool force);
   // What every rank agrees on, a signal having reached any of them: the most urgent request
   // of all ranks (SIGINT's interrupt, whose exit code wins, over a stop). Collective.
-  StopRequest agreed_stop();
+  AgreedStop agreed_stop();
   void save_checkpoint(int64_t steps_done);
   // The buffers a checkpoint holds, as this rank keeps them: the masters of the parameter
   // store and the moments of the range the optimizer owns (whole without ZeRO, the shard
@@ -125,8 +138,8 @@ class Trainer {
   dist::ReplicaState replica_state(int64_t steps_done) const;
   RankStart rank_start() const;       // what this rank brings to require_ranks_agree
   void say(const std::string& line);  // rank 0 only, through the progress line
-  // This rank's step log failed (`why`): said on this rank; no more is written to it, and the
-  // next agreed_stop stops the run with a checkpoint.
+  // This rank's step log failed (`why`): said on this rank; no more is written to it, and
+  // agreed_stop tells every rank to stop with a checkpoint.
   void step_log_failed(const std::string& why);
 
   dist::World& world_;

@@ -645,8 +645,8 @@ class Training(lu.TempDirTest):
             cwd=self.dir, env=lu.environment(), timeout=300, capture_output=True, text=True)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertRegex(result.stderr, r"mantissa: rank 1: cannot write log '[^']*/log/"
-                         r"rank1\.jsonl': No space left on device; the run stops with a "
-                         r"checkpoint at the next step")
+                         r"rank1\.jsonl': No space left on device; no more is written to it, "
+                         r"and the run stops with a checkpoint")
         self.assertRegex(result.stderr, r"mantissa: a rank's step log could not be written "
                          r"\(above\): stopped after step 6\b")
         with open(os.path.join(run, "checkpoints", "latest")) as f:
@@ -658,6 +658,20 @@ class Training(lu.TempDirTest):
                                 text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("resumed at step 6", result.stderr)
+        # The log fails one step before the end: the evaluation after the last step still runs
+        # (only a signal's stop cuts it short), the run ends with its final checkpoint, exit 1.
+        shutil.rmtree(run)
+        result = subprocess.run(
+            command[:2] + ["-x", f"LD_PRELOAD={shim}", "-x", "FAIL_STEP_LOG=/log/rank1.jsonl",
+                           "-x", "FAIL_STEP_LOG_AFTER=5"] + command[2:] +
+            ["--set", "run.steps=6", "--set", "run.eval_every=3"],
+            cwd=self.dir, env=lu.environment(), timeout=300, capture_output=True, text=True)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("mantissa: done, 6 steps", result.stderr)
+        with open(os.path.join(run, "log", "rank0.jsonl")) as f:
+            self.assertIn("val_loss", json.loads(f.readlines()[-1]))
+        with open(os.path.join(run, "checkpoints", "latest")) as f:
+            self.assertEqual(f.read().strip(), "step_00000006")
 
     def test_a_resumed_run_shows_its_checkpoint_and_step_at_once(self):
         # Before it saves, a resumed run's exporter shows the checkpoint it resumed from (step
