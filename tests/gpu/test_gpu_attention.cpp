@@ -113,7 +113,7 @@ void expect_zero_above_diagonal(const Tensor& t, const std::string& what) {
 // GPU's forward is held to this: every probability of a row inherits the error of its sum, and
 // the reference is the one that has none. (A running FP32 sum, which the CPU backend used until
 // it summed in FP64, was off by up to 1.3e-5 on the ~1000-column rows below; an emulation of
-// the kernel, its lane order and expf off by up to 2 ulp, stays within 3e-6.)
+// the kernel, its lane order and an exp off by up to 2 ulp, stays within 3e-6.)
 void causal_softmax_fp64(const Tensor& scores, float scale, Tensor& probs) {
   const int64_t T = scores.shape()[-1];
   std::vector<double> z(static_cast<size_t>(T));

@@ -9,7 +9,7 @@
 //    bias_backward, add, GELU (core/ops/math/gelu.h, compiled for both), embeddings (forward
 //    and backward), unscale_check_finite (a NaN in an F32 result only as a NaN: the payloads
 //    differ between x86 and NVIDIA hardware);
-//  - within a relative tolerance elsewhere (reduction order, expf, FMA contraction):
+//  - within a relative tolerance elsewhere (reduction order, FMA contraction):
 //    |gpu - cpu| <= tol * max(|cpu|, rms(cpu)) with tol 1e-5 for F32 results, 2e-3 for F16
 //    and 1e-2 for BF16 (about two units in the last place), NaN only where the CPU has NaN;
 //  - the softmax cross-entropy against an FP64 reference (cross_entropy_fp64).
@@ -549,7 +549,7 @@ TEST(GpuOps, OutOfRangeIndicesBecomeNaNWithoutASync) {
 // 50257 columns every F32 probability inherits the error of the row's sum, and the reference
 // is the one that has none. (A running FP32 sum, which the CPU backend used until it summed in
 // FP64, was off by 5e-5 in dlogits on these rows; an emulation of the kernel, its thread
-// order and expf off by up to 2 ulp, stays within 3e-6.)
+// order and an exp off by up to 2 ulp, stays within 3e-6.)
 void cross_entropy_fp64(const Tensor& logits, int64_t valid_cols, const Tensor& targets,
                         float grad_scale, Tensor& losses, Tensor* dlogits) {
   const int64_t N = logits.dim(0), V = logits.dim(1);

@@ -7,7 +7,7 @@
 //
 // Tolerances (relative to the CPU's loss at the same step). The two backends compute the
 // same functions with different summation orders (cuBLASLt's GEMM tiling against OpenBLAS,
-// tree reductions against sequential ones) and different expf/tanhf, so each FP32 result
+// tree reductions against sequential ones), so each FP32 result
 // differs by a few units of FP32 roundoff (~1e-6 relative); in BF16/FP16/FP8 such a
 // difference occasionally flips the rounding of a stored value by one unit. AdamW then carries
 // the differences forward (it moves each weight by about lr * m / sqrt(v), whatever the size
