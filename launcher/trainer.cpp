@@ -745,16 +745,17 @@ int Trainer::run() {
       progress_.finish();
       say("mantissa: " + stop_cause(stop) + ": stopped after step " + step_of(steps_done, total) +
           " with a checkpoint; run the same command to continue");
-      metrics_->record_finished();
+      // A failed log is a failure (exit 1): mantissa_run_finished stays 0 for the alerts.
+      if (!stop.log_unwritable) metrics_->record_finished();
       return stop_exit_code(stop);
     }
   }
   progress_.finish();
   say("mantissa: done, " + std::to_string(total) + " steps, " + std::to_string(tokens_total_) +
       " tokens");
-  metrics_->record_finished();
   // The last step's log line (or the last sync) failed on this rank: its checkpoint is written,
-  // but the log is not whole.
+  // but the log is not whole, a failure of this rank's (exit 1, not finished for the alerts).
+  if (log_failure_.empty()) metrics_->record_finished();
   if (!log_failure_.empty()) {
     std::fprintf(stderr, "mantissa: rank %d: the step log misses lines: %s\n", world_.rank(),
                  log_failure_.c_str());

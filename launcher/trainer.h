@@ -88,8 +88,9 @@ class Trainer {
     bool abandoned = false;  // the same on every rank
   };
   // The held-out loss after step `steps_done`, when it is due (every run.eval_every steps, and
-  // after the last step); collective. Before the last step a stop comes first, so that its
-  // checkpoint is written within a preemption's grace period: a signal's stop already agreed
+  // after the last step); collective. A signal's stop comes first, after the last step too,
+  // so that the checkpoint is written within a preemption's grace period: a signal's stop already
+  // agreed
   // (`signal`) skips the evaluation, and the ranks agree on a stop after each micro-batch, so a
   // signal that reaches any rank while it runs ends it on every rank at the same micro-batch. Rank
   // 0 says how far a long evaluation has come.

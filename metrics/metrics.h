@@ -141,8 +141,9 @@ class Metrics {
   // mantissa_val_loss_rises show it until the next evaluation, which counts on from it.
   void record_resumed_val_loss(const ValLossTrend& trend);
   // The run ended by itself (all steps done, or stopped by a signal, with a checkpoint or before
-  // its first step): mantissa_run_finished 1, so that the alerts take a finished job's last
-  // values, which a Pushgateway keeps, for no stall.
+  // its first step; not after a failure, such as a step log that could not be written):
+  // mantissa_run_finished 1, so that the alerts take a finished job's last values, which a
+  // Pushgateway keeps, for no stall.
   void record_finished();
   // Deletes the Pushgateway groups {job, rank} of `ranks`, those an earlier attempt of the job
   // ran on more ranks than this one (the gateway would keep their last values for ever, and
