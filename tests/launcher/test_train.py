@@ -686,6 +686,10 @@ class Training(lu.TempDirTest):
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         run = self.run_dir("resumed")
+        # Seconds between the save and the resume, so that a time the resume took for the
+        # save's (its own start, a scrape's) shows.
+        time.sleep(2)
+        resume_started = time.time()
         process = self.start(*self.train_args("resumed", "run.steps=100000", *scaling,
                                               "checkpoint.every_steps=0", f"metrics.port={port}",
                                               "run.eval_every=100000", inject_rank=0))
@@ -703,7 +707,8 @@ class Training(lu.TempDirTest):
         self.assertEqual(values.get("mantissa_last_checkpoint_step"), "10", text)
         saved_at = float(values.get("mantissa_last_checkpoint_timestamp_seconds", 0))
         self.assertLess(abs(saved_at - os.path.getmtime(os.path.join(
-            run, "checkpoints", "step_00000010", "manifest.pb"))), 60)
+            run, "checkpoints", "step_00000010", "manifest.pb"))), 1)
+        self.assertLess(saved_at, resume_started - 1.5)
         self.assertEqual(values.get("mantissa_run_steps"), "100000")
         # Absolute: this process alone has done about 10 steps.
         self.assertGreaterEqual(float(values.get("mantissa_step", 0)), 19)
