@@ -51,9 +51,13 @@ std::string step_of(int64_t number, int64_t total) {
 }
 
 std::string stop_cause(const AgreedStop& stop) {
-  if (stop.log_unwritable) return "a rank's step log could not be written (above)";
-  return stop.signal == StopRequest::kInterrupt ? "interrupted (SIGINT)"
-                                                : "stop requested (SIGUSR1/SIGTERM/SIGHUP)";
+  const std::string signal = stop.signal == StopRequest::kInterrupt ? "interrupted (SIGINT)"
+                             : stop.signal == StopRequest::kStop
+                                 ? "stop requested (SIGUSR1/SIGTERM/SIGHUP)"
+                                 : "";
+  if (!stop.log_unwritable) return signal;
+  return "a rank's step log could not be written (above)" +
+         (signal.empty() ? "" : ", and " + signal);
 }
 
 int stop_exit_code(const AgreedStop& stop) {
@@ -107,8 +111,6 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     run_dir_cleanup_.locked();
     require_checkpoints_writable(run_dir_);
   }
-  // What runs, first: every note of the start (the metrics address, a resume's) follows it.
-  say(build_name());
 
   cpus_in_use_ = set_cpu_threads(world);
   device_ = select_device(config_, world.local_rank());
@@ -608,7 +610,14 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest sign
 }
 
 void Trainer::say(const std::string& line) {
-  if (world_.rank() == 0) progress_.note(line);
+  if (world_.rank() != 0) return;
+  // What runs comes first, before the start's first note (a resume's, the metrics address);
+  // a start refused before any note stays one line.
+  if (!banner_said_) {
+    banner_said_ = true;
+    progress_.note(build_name());
+  }
+  progress_.note(line);
 }
 
 void Trainer::step_log_failed(const std::string& why) {

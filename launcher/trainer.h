@@ -119,8 +119,9 @@ class Trainer {
   // checkpoint.every_steps, and after the last step) or when `force`d by a stop request;
   // whether it wrote one.
   bool maybe_checkpoint(int64_t steps_done, bool force);
-  // What every rank agrees on, a signal having reached any of them: the most urgent request
-  // of all ranks (SIGINT's interrupt, whose exit code wins, over a stop). Collective.
+  // What every rank agrees on: the most urgent signal's request of all ranks (SIGINT's
+  // interrupt, whose exit code wins over a stop's), and whether any rank's step log failed
+  // (whose exit code, 1, wins over both). Collective.
   AgreedStop agreed_stop();
   void save_checkpoint(int64_t steps_done);
   // The buffers a checkpoint holds, as this rank keeps them: the masters of the parameter
@@ -137,8 +138,9 @@ class Trainer {
   // trainer.cpp).
   std::vector<checkpoint::BufferSlice> checkpoint_slices();
   dist::ReplicaState replica_state(int64_t steps_done) const;
-  RankStart rank_start() const;       // what this rank brings to require_ranks_agree
-  void say(const std::string& line);  // rank 0 only, through the progress line
+  RankStart rank_start() const;  // what this rank brings to require_ranks_agree
+  // Rank 0 only, through the progress line; the build's name (version, commit) before the first.
+  void say(const std::string& line);
   // This rank's step log failed (`why`): said on this rank; no more is written to it, and
   // agreed_stop tells every rank to stop with a checkpoint.
   void step_log_failed(const std::string& why);
@@ -176,6 +178,7 @@ class Trainer {
   std::unique_ptr<metrics::StepLog> log_;
   std::string log_failure_;  // why this rank's step log could not be written; empty: it can
   metrics::ProgressLine progress_;
+  bool banner_said_ = false;  // whether say() has printed the build's name
 
   int64_t start_step_ = 0;    // the step the loop starts at (after a resume: the saved one)
   int64_t tokens_total_ = 0;  // tokens trained on, all ranks together
