@@ -58,7 +58,7 @@ std::string header_json(const std::vector<SafetensorsOutput>& tensors,
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, core::AtPath at_path) {
   std::set<std::string> names;
   for (const SafetensorsOutput& t : tensors) {
     MANTISSA_CHECK(t.name != "__metadata__",
@@ -72,25 +72,28 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
   const std::string header = header_json(tensors, metadata);
 
   // `path` is whole or absent; a write that fails part way leaves no temporary file behind.
-  core::write_file_atomically(path, [&](core::DurableFile& out) {
-    const uint64_t n = header.size();
-    unsigned char length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
-    out.write(length, 8);
-    out.write(header.data(), header.size());
-    std::vector<float> values;
-    for (const SafetensorsOutput& t : tensors) {
-      core::throw_if_interrupted();  // a model's weights take minutes to write
-      values.assign(static_cast<size_t>(numel_of(t.shape)), 0.0f);
-      t.fill(values.data());
-      out.write(values.data(), values.size() * sizeof(float));
-    }
-  });
+  core::write_file_atomically(
+      path,
+      [&](core::DurableFile& out) {
+        const uint64_t n = header.size();
+        unsigned char length[8];
+        for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(n >> (8 * i));
+        out.write(length, 8);
+        out.write(header.data(), header.size());
+        std::vector<float> values;
+        for (const SafetensorsOutput& t : tensors) {
+          core::throw_if_interrupted();  // a model's weights take minutes to write
+          values.assign(static_cast<size_t>(numel_of(t.shape)), 0.0f);
+          t.fill(values.data());
+          out.write(values.data(), values.size() * sizeof(float));
+        }
+      },
+      at_path);
 }
 
 void export_safetensors(const std::string& path, const train::ParameterStore& params,
                         core::Backend& backend, const std::map<std::string, std::string>& metadata,
-                        const std::map<std::string, int64_t>& leading_rows) {
+                        const std::map<std::string, int64_t>& leading_rows, core::AtPath at_path) {
   params.require_all_masters("safetensors: cannot write '" + path + "'");
   for (const auto& [name, rows] : leading_rows) {
     const bool known = std::any_of(params.all().begin(), params.all().end(),
@@ -120,7 +123,7 @@ void export_safetensors(const std::string& path, const train::ParameterStore& pa
                          backend.synchronize();
                        }});
   }
-  write_safetensors(path, outputs, metadata);
+  write_safetensors(path, outputs, metadata, at_path);
 }
 
 }  // namespace mantissa::checkpoint

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/durable_file.h"
 #include "core/ops/backend.h"
 #include "train/parameters.h"
 
@@ -40,9 +41,11 @@ struct SafetensorsOutput {
 // and renamed into place, so that `path` never exists half-written. `metadata` goes into
 // "__metadata__". Throws core::Error naming the path: a name given twice or named __metadata__,
 // an I/O error; core::Interrupted when a signal comes under a core::InterruptWatch (checked per
-// tensor). The temporary file goes with either.
+// tensor). The temporary file goes with either. `at_path` says what becomes of a file at `path`
+// (core::write_file_atomically).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsOutput>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       core::AtPath at_path = core::AtPath::kReplace);
 
 // Writes every parameter's FP32 master (by its name and shape, e.g. GPT-2's "wte" [V, C],
 // "h.0.attn.c_attn.weight" [3C, C], stored [out, in]) to `path` with write_safetensors.
@@ -55,7 +58,8 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsOut
 void export_safetensors(const std::string& path, const train::ParameterStore& params,
                         core::Backend& backend,
                         const std::map<std::string, std::string>& metadata = {},
-                        const std::map<std::string, int64_t>& leading_rows = {});
+                        const std::map<std::string, int64_t>& leading_rows = {},
+                        core::AtPath at_path = core::AtPath::kReplace);
 
 // ---- reading --------------------------------------------------------------------------------
 // Every problem is one core::Error line naming the file and what is wrong with it: shorter

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +24,20 @@ namespace {
 
 [[noreturn]] void throw_path_error(const std::string& what, int error) {
   throw_error_of_kind(path_error_kind(error), what + ": " + std::strerror(error));
+}
+
+// rename(2) that fails with EEXIST where `to` names anything (renameat2's RENAME_NOREPLACE); on
+// a file system without that flag (EINVAL), a hard link, which fails the same way, then the
+// unlink of `from`; on one without hard links either, a plain rename. Returns 0 or the errno.
+int rename_no_replace(const std::string& from, const std::string& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return errno;
+  if (::link(from.c_str(), to.c_str()) == 0) {
+    ::unlink(from.c_str());
+    return 0;
+  }
+  if (errno == EEXIST) return EEXIST;
+  return ::rename(from.c_str(), to.c_str()) == 0 ? 0 : errno;
 }
 
 }  // namespace
@@ -152,8 +167,8 @@ void fsync_parent_directory(const std::string& path) {
   fsync_path(parent.empty() ? "." : parent);
 }
 
-void write_file_atomically(const std::string& path,
-                           const std::function<void(DurableFile&)>& write) {
+void write_file_atomically(const std::string& path, const std::function<void(DurableFile&)>& write,
+                           AtPath at_path) {
   std::string temp;
   {
     DurableFile file = DurableFile::temporary_beside(path);
@@ -161,17 +176,23 @@ void write_file_atomically(const std::string& path,
     write(file);
     file.finish();
   }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const int error = errno;
+  const int error = at_path == AtPath::kKeep                    ? rename_no_replace(temp, path)
+                    : ::rename(temp.c_str(), path.c_str()) == 0 ? 0
+                                                                : errno;
+  if (error != 0) {
     ::unlink(temp.c_str());
+    if (error == EEXIST) {
+      throw ConfigError("'" + path + "' appeared while it was being written (another writer?): " +
+                        "left as it is, the new content not kept");
+    }
     throw_path_error("cannot rename '" + temp + "' to '" + path + "'", error);
   }
   fsync_parent_directory(path);
 }
 
-void write_file_atomically(const std::string& path, std::string_view bytes) {
-  write_file_atomically(path,
-                        [bytes](DurableFile& file) { file.write(bytes.data(), bytes.size()); });
+void write_file_atomically(const std::string& path, std::string_view bytes, AtPath at_path) {
+  write_file_atomically(
+      path, [bytes](DurableFile& file) { file.write(bytes.data(), bytes.size()); }, at_path);
 }
 
 void require_can_create_files(const std::string& what, const std::string& dir) {

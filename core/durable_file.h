@@ -68,13 +68,24 @@ void fsync_path(const std::string& path);
 // it or a file created there.
 void fsync_parent_directory(const std::string& path);
 
+// What write_file_atomically does where `path` names something when it publishes.
+enum class AtPath {
+  kReplace,  // the new file replaces it
+  // It stays, and the call fails: an output the caller found free (a user's --out) that another
+  // writer or the user filled while the content was made, maybe for minutes, is never replaced.
+  kKeep,
+};
+
 // Replaces `path` with what `write` writes into the DurableFile it is given (a temporary file
 // beside it, DurableFile::temporary_beside): synced, renamed over `path`, and the directory
 // synced, so that `path` holds either its old or its new content. Throws core::Error naming the
 // file and the reason, of the kind core::path_error_kind gives it (the temporary file removed,
-// `path` untouched).
-void write_file_atomically(const std::string& path, const std::function<void(DurableFile&)>& write);
+// `path` untouched); with AtPath::kKeep, a core::ConfigError when `path` names anything by then
+// (a dangling symbolic link too).
+void write_file_atomically(const std::string& path, const std::function<void(DurableFile&)>& write,
+                           AtPath at_path = AtPath::kReplace);
 // The same, for content already in memory.
-void write_file_atomically(const std::string& path, std::string_view bytes);
+void write_file_atomically(const std::string& path, std::string_view bytes,
+                           AtPath at_path = AtPath::kReplace);
 
 }  // namespace mantissa::core

@@ -110,6 +110,12 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   const std::optional<std::string> tokenizer =
       layout ? tokenizer_to_export(config, out) : std::nullopt;
   std::error_code ec;
+  // The directory is made beside its name and renamed into place, which a link there (to an
+  // empty directory, or dangling) refuses only at the end, after the whole export.
+  if (layout && std::filesystem::is_symlink(std::filesystem::symlink_status(out, ec))) {
+    throw core::ConfigError("--out " + out +
+                            ": is a symbolic link; give the directory it names, or another --out");
+  }
   if (!layout && !std::filesystem::path(out).has_filename()) {
     throw core::ConfigError("--out " + out +
                             ": names a directory (it ends in '/'); a safetensors file is "
@@ -127,7 +133,7 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
         "--out " + out + ": directory '" + parent.string() +
         (std::filesystem::exists(parent, ec) ? "' is not a directory" : "' does not exist"));
   }
-  if (!layout && std::filesystem::exists(out, ec)) {
+  if (!layout && std::filesystem::exists(std::filesystem::symlink_status(out, ec))) {
     throw core::ConfigError("--out " + out +
                             ": already exists; remove it first, or choose another --out");
   }
@@ -180,9 +186,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
       if (!config.model().llama().tie_embeddings()) leading_rows["lm_head.weight"] = vocab;
     }
     core::remove_orphaned_temporaries_of(out);  // an earlier export's, killed while writing
+    // Checked free above, before the weights were read: never replaced if filled since.
     checkpoint::export_safetensors(
         out, params, *backend, {{"mantissa_step", step}, {"mantissa_config", state->config_text}},
-        leading_rows);
+        leading_rows, core::AtPath::kKeep);
   }
   return dir + "/" + checkpoint::checkpoint_dir_name(state->step);
 }

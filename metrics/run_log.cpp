@@ -156,8 +156,24 @@ void truncate_file(const std::filesystem::path& path, std::streamoff size) {
   const bool done = fd >= 0 && ::ftruncate(fd, size) == 0 && ::fsync(fd) == 0;
   const int error = errno;
   if (fd >= 0) ::close(fd);
-  MANTISSA_REQUIRE(done, kFailure,
-                   "cannot shorten '" << path.string() << "': " << std::strerror(error));
+  if (!done) {
+    core::throw_error_of_kind(core::path_error_kind(error),
+                              "cannot shorten '" + path.string() + "': " + std::strerror(error));
+  }
+}
+
+// A log this process may not change (a directory in its place, another user's file, one made
+// append-only or read-only) is refused before any of its lines moves: otherwise each retry
+// would copy them to the rolled-back log again.
+void require_writable_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error = errno;
+    core::throw_error_of_kind(
+        core::path_error_kind(error),
+        "cannot open '" + path.string() + "' to write: " + std::strerror(error));
+  }
+  ::close(fd);
 }
 
 // Keeps in `path` the last line of each step before first_step and moves every other line
@@ -170,6 +186,7 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
   core::remove_temporaries_of(path.string());  // of a rewrite below, by a start that was killed
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;  // a new log
+  require_writable_file(path);
   if (const auto kept_end = end_of_kept_lines(path, first_step)) {
     if (*kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) return;
     append_tail(path, *kept_end, rolled_back);

@@ -211,13 +211,14 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   if (std::filesystem::is_directory(options.out, ec)) {
     throw core::ConfigError("--out '" + options.out + "' is a directory");
   }
-  if (std::filesystem::exists(options.out, ec) && !options.force) {
+  if (std::filesystem::exists(std::filesystem::symlink_status(options.out, ec)) && !options.force) {
     throw core::ConfigError("--out '" + options.out + "' exists; --force replaces it");
   }
   const std::filesystem::path parent = std::filesystem::path(options.out).parent_path();
   if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
-    throw core::ConfigError("--out '" + options.out + "': directory '" + parent.string() +
-                            "' does not exist");
+    throw core::ConfigError(
+        "--out '" + options.out + "': directory '" + parent.string() +
+        (std::filesystem::exists(parent, ec) ? "' is not a directory" : "' does not exist"));
   }
   core::require_can_create_files("--out '" + options.out + "'",
                                  parent.empty() ? "." : parent.string());
@@ -281,7 +282,9 @@ void train_tokenizer(const TokenizerTrainOptions& options) {
   // The model must be what encode accepts; this cannot fail with the settings above.
   const Tokenizer tokenizer(options.out, model);
   core::remove_orphaned_temporaries_of(options.out);  // an earlier training's, killed
-  core::write_file_atomically(options.out, model);
+  // Without --force, checked free before the training: never replaced if filled since.
+  core::write_file_atomically(options.out, model,
+                              options.force ? core::AtPath::kReplace : core::AtPath::kKeep);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const size_t bytes = total_bytes(files);

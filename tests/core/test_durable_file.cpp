@@ -9,6 +9,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -95,6 +96,41 @@ TEST(TemporaryNames, AreTheTargetsDotPidDashNumberDotTmp) {
                             "latest2.12-0.tmp", "latest.12-0-1.tmp", ".12-0.tmp"}) {
     EXPECT_FALSE(is_temporary_of(other, "latest")) << other;
   }
+}
+
+// AtPath::kKeep: what appears at the path while the content is written (another writer's
+// file, a user's, a dangling link) stays, and the call says so (a config error, exit 2);
+// nothing there, the file is published as with kReplace.
+TEST_F(WriteFileAtomically, KeepLeavesWhatAppearedMeanwhile) {
+  const std::string out = path("out.safetensors");
+  write_file_atomically(out, "first", AtPath::kKeep);
+  EXPECT_EQ(read(out), "first");
+  const auto appearing = [&](const std::function<void()>& appear) {
+    try {
+      write_file_atomically(
+          out,
+          [&](DurableFile& file) {
+            appear();
+            file.write("mine", 4);
+          },
+          AtPath::kKeep);
+      ADD_FAILURE() << "replaced what appeared at " << out;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + out + "' appeared while it was being written"),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  fs::remove(out);
+  appearing([&] { std::ofstream(out) << "theirs"; });
+  EXPECT_EQ(read(out), "theirs");
+  fs::remove(out);
+  appearing([&] { fs::create_symlink(path("nowhere"), out); });
+  EXPECT_TRUE(fs::is_symlink(out));
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(fs::path(out).parent_path()))
+    names.push_back(entry.path().filename().string());
+  EXPECT_EQ(names, std::vector<std::string>{"out.safetensors"}) << "no temporary file left";
 }
 
 TEST_F(WriteFileAtomically, TemporariesLeftByACrashAreRemovedOnRequest) {

@@ -355,6 +355,23 @@ class ConfigErrors(lu.TempDirTest):
             "--out", out, command="export")
         with open(out) as f:
             self.assertEqual(f.read(), "a file the user keeps")
+        # A dangling link is something at --out too (a rename would replace the link).
+        link = os.path.join(self.dir, "dangling.safetensors")
+        os.symlink(os.path.join(self.dir, "nowhere"), link)
+        self.assert_config_error(
+            f"mantissa: --out {link}: already exists; remove it first, or choose another --out",
+            "--out", link, command="export")
+        self.assertTrue(os.path.islink(link))
+        # --format hf renames its directory into place, which a link there (to an empty
+        # directory) would refuse only at the end, after the whole export.
+        empty = os.path.join(self.dir, "empty")
+        os.mkdir(empty)
+        hf_link = os.path.join(self.dir, "hf")
+        os.symlink(empty, hf_link)
+        self.assert_config_error(
+            f"mantissa: --out {hf_link}: is a symbolic link; give the directory it names, or "
+            "another --out", "--format", "hf", "--out", hf_link, config=lu.TINY_GPT,
+            command="export")
 
     def test_export_into_a_missing_directory(self):
         out = os.path.join(self.dir, "missing", "w.safetensors")

@@ -838,6 +838,11 @@ class BadInput(lu.TempDirTest):
         tokenizer = self.tokenizer()
         self.assert_refused(f"mantissa: --out '{tokenizer}' exists; --force replaces it",
                             "train", "--input", LICENCE, "--vocab-size", "600", "--out", tokenizer)
+        dangling = os.path.join(self.dir, "dangling.model")
+        os.symlink(os.path.join(self.dir, "nowhere"), dangling)
+        self.assert_refused(f"mantissa: --out '{dangling}' exists; --force replaces it",
+                            "train", "--input", LICENCE, "--vocab-size", "600", "--out", dangling)
+        self.assertTrue(os.path.islink(dangling))
         result = self.mantissa("tokenize", *self.encode_args(LICENCE))
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assert_refused(

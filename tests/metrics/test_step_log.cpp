@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "metrics/run_log.h"
 #include "tests/common/scratch_dir.h"
 
@@ -56,6 +57,22 @@ TEST_F(StepLogStart, KeepsTheLastLineOfEachEarlierStepAndMovesTheRestInOrder) {
   EXPECT_EQ(
       read("rank0.rolled_back.jsonl"),
       (std::vector<std::string>{line(9, "older"), line(1, "a"), line(2, "a"), line(3, "b"), cut}));
+}
+
+// A directory where the log goes is refused before anything moves, as a config error (exit 2)
+// naming it and why.
+TEST_F(StepLogStart, ADirectoryInTheLogsPlaceIsRefusedNamingIt) {
+  fs::create_directories(run_dir() + "/log/rank0.jsonl");
+  try {
+    StepLog log(run_dir(), 0, 1, 3, logged_ranks_beyond(run_dir(), 1));
+    FAIL() << "a directory was taken for the log";
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open '" + run_dir() +
+                                         "/log/rank0.jsonl' to write: Is a directory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(run_dir() + "/log/rank0.rolled_back.jsonl"));
 }
 
 TEST_F(StepLogStart, AFreshStartMovesEverything) {
