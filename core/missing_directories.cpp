@@ -21,4 +21,30 @@ std::vector<fs::path> missing_directories(const fs::path& dir) {
   return missing;
 }
 
+std::string create_directories_failure(const fs::path& dir, const std::error_code& error) {
+  if (error != std::errc::file_exists && error != std::errc::not_a_directory) {
+    return error.message();
+  }
+  std::error_code ec;
+  fs::path p;
+  for (const fs::path& part : fs::absolute(dir, ec)) {
+    p /= part;
+    const fs::file_status own = fs::symlink_status(p, ec);
+    if (!fs::exists(own)) break;
+    const fs::file_status target = fs::status(p, ec);
+    if (fs::is_directory(target)) continue;
+    std::string why = "'";
+    why += p.string();
+    if (!fs::is_symlink(own)) {
+      why += "' is a file, not a directory";
+      return why;
+    }
+    why += "' is a symbolic link to '";
+    why += fs::read_symlink(p, ec).string();
+    why += fs::exists(target) ? "', not a directory" : "', which names nothing";
+    return why;
+  }
+  return error.message();
+}
+
 }  // namespace mantissa::core

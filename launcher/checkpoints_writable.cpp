@@ -20,8 +20,9 @@ void require_checkpoints_writable(const std::string& run_dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    core::throw_error_of_kind(core::path_error_kind(ec.value()),
-                              what + ": cannot create '" + dir + "': " + ec.message());
+    core::throw_error_of_kind(
+        core::path_error_kind(ec.value()),
+        what + ": cannot create '" + dir + "': " + core::create_directories_failure(dir, ec));
   }
   try {
     core::require_can_create_files(what, dir);

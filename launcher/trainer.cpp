@@ -18,6 +18,7 @@
 #include "core/dtype/dtype.h"
 #include "core/durable_file.h"
 #include "core/error.h"
+#include "core/missing_directories.h"
 #include "core/ops/cpu_switches.h"
 #include "core/precision/block_scaling.h"
 #include "core/precision/fp8_scaling.h"
@@ -103,9 +104,9 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     if (ec) {
       // Missing here is a parent that cannot hold directories (/proc): only the config can fix
       // it.
-      core::throw_error_of_kind(
-          core::named_path_error_kind(ec.value()),
-          "run.dir = \"" + run_dir_ + "\": cannot be created: " + ec.message());
+      core::throw_error_of_kind(core::named_path_error_kind(ec.value()),
+                                "run.dir = \"" + run_dir_ + "\": cannot be created: " +
+                                    core::create_directories_failure(run_dir_, ec));
     }
     run_dir_lock_.emplace(run_dir_);
     run_dir_cleanup_.locked();

@@ -19,6 +19,7 @@
 #include "core/durable_file.h"
 #include "core/error.h"
 #include "core/json_string.h"
+#include "core/missing_directories.h"
 
 namespace mantissa::metrics {
 
@@ -247,9 +248,9 @@ StepLog::StepLog(const std::string& run_dir, int rank, int world_size, int64_t f
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
-    core::throw_error_of_kind(
-        core::path_error_kind(ec.value()),
-        "cannot create log directory '" + dir.string() + "': " + ec.message());
+    core::throw_error_of_kind(core::path_error_kind(ec.value()),
+                              "cannot create log directory '" + dir.string() +
+                                  "': " + core::create_directories_failure(dir, ec));
   }
   const auto log_of = [&](int r, const char* suffix) {
     return dir / ("rank" + std::to_string(r) + suffix);

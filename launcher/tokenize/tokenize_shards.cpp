@@ -145,7 +145,8 @@ StagedOutput::StagedOutput(std::string dir, bool replace) : dir_(std::move(dir))
       for (const fs::path& created : created_dirs_) ::rmdir(created.c_str());
       // ENOENT under parents that exist: a file system that cannot hold directories (/proc).
       core::throw_error_of_kind(core::named_path_error_kind(ec.value()),
-                                "cannot create output directory '" + dir_ + "': " + ec.message());
+                                "cannot create output directory '" + dir_ +
+                                    "': " + core::create_directories_failure(dir_, ec));
     }
     return;
   }

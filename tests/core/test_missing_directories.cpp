@@ -1,8 +1,10 @@
 // core::missing_directories: what creating a path would make, deepest first, never a name the
-// user already has (a dangling symlink included).
+// user already has (a dangling symlink included); core::create_directories_failure: which name
+// on the way stopped it.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "core/missing_directories.h"
@@ -41,6 +43,32 @@ TEST_F(MissingDirectories, ADanglingSymlinkIsTheUsersNotMissing) {
   EXPECT_EQ(missing_directories(root_ / "link" / "run"),
             std::vector<fs::path>{root_ / "link" / "run"});
   EXPECT_EQ(missing_directories(root_ / "link"), std::vector<fs::path>{});
+}
+
+TEST_F(MissingDirectories, AFailureNamesTheNameOnTheWayThatIsNoDirectory) {
+  const auto failure = [](const fs::path& dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    EXPECT_TRUE(ec) << dir;
+    return create_directories_failure(dir, ec);
+  };
+  fs::create_symlink(root_ / "nowhere", root_ / "dangling");
+  EXPECT_EQ(failure(root_ / "dangling" / "run"),
+            "'" + (root_ / "dangling").string() + "' is a symbolic link to '" +
+                (root_ / "nowhere").string() + "', which names nothing");
+  EXPECT_EQ(failure(root_ / "dangling"),
+            "'" + (root_ / "dangling").string() + "' is a symbolic link to '" +
+                (root_ / "nowhere").string() + "', which names nothing");
+  std::ofstream(root_ / "notes.txt") << "x";
+  EXPECT_EQ(failure(root_ / "notes.txt" / "run"),
+            "'" + (root_ / "notes.txt").string() + "' is a file, not a directory");
+  fs::create_symlink(root_ / "notes.txt", root_ / "to_file");
+  EXPECT_EQ(failure(root_ / "to_file" / "run"),
+            "'" + (root_ / "to_file").string() + "' is a symbolic link to '" +
+                (root_ / "notes.txt").string() + "', not a directory");
+  // Another error keeps its own text.
+  EXPECT_EQ(create_directories_failure(root_, std::make_error_code(std::errc::permission_denied)),
+            std::make_error_code(std::errc::permission_denied).message());
 }
 
 }  // namespace

@@ -412,10 +412,17 @@ class ConfigErrors(lu.TempDirTest):
             "--out", "w.safetensors", command="export")
 
     def test_run_dir_that_cannot_be_created(self):
+        # The message names the name on the way that is no directory, and what it is.
         self.write("file", "")
         self.assert_config_error(
-            re.compile(r'^mantissa: run\.dir = ".*/file/run": cannot be created: Not a directory$'),
+            f'mantissa: run.dir = "{self.dir}/file/run": cannot be created: '
+            f"'{self.dir}/file' is a file, not a directory",
             "--set", f"run.dir={self.dir}/file/run")
+        os.symlink(os.path.join(self.dir, "nowhere"), os.path.join(self.dir, "dangling"))
+        self.assert_config_error(
+            f'mantissa: run.dir = "{self.dir}/dangling": cannot be created: '
+            f"'{self.dir}/dangling' is a symbolic link to '{self.dir}/nowhere', which names "
+            "nothing", "--set", f"run.dir={self.dir}/dangling")
 
     def test_metrics_port_in_use(self):
         with socket.socket() as busy:
