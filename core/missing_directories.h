@@ -15,9 +15,9 @@ namespace mantissa::core {
 std::vector<std::filesystem::path> missing_directories(const std::filesystem::path& dir);
 
 // Why std::filesystem::create_directories(dir) failed with `error`, for a message. Where a name
-// on the way is there but no directory (EEXIST, ENOTDIR), which one and what it is ("'<p>' is a symbolic
-// link to '<target>', which names nothing", "'<p>' is a file, not a directory"); otherwise the
-// error's own text.
+// on the way is there but no directory (EEXIST, ENOTDIR), which one and what it is ("'<p>' is a
+// symbolic link to '<target>', which names nothing", "'<p>' is a file, not a directory");
+// otherwise the error's own text.
 std::string create_directories_failure(const std::filesystem::path& dir,
                                        const std::error_code& error);
 
