@@ -112,7 +112,9 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
   std::error_code ec;
   // The directory is made beside its name and renamed into place, which a link there (to an
   // empty directory, or dangling) refuses only at the end, after the whole export.
-  if (layout && std::filesystem::is_symlink(std::filesystem::symlink_status(out, ec))) {
+  std::string out_name = out;  // without a trailing '/', through which lstat would follow a link
+  while (out_name.size() > 1 && out_name.back() == '/') out_name.pop_back();
+  if (layout && std::filesystem::is_symlink(std::filesystem::symlink_status(out_name, ec))) {
     throw core::ConfigError("--out " + out +
                             ": is a symbolic link; give the directory it names, or another --out");
   }

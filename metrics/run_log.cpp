@@ -163,7 +163,7 @@ void truncate_file(const std::filesystem::path& path, std::streamoff size) {
   }
 }
 
-// A log this process may not change (a directory in its place, another user's file, one made
+// A log this process may not cut short (a directory in its place, another user's file, one made
 // append-only or read-only) is refused before any of its lines moves: otherwise each retry
 // would copy them to the rolled-back log again.
 void require_writable_file(const std::filesystem::path& path) {
@@ -187,14 +187,19 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
   core::remove_temporaries_of(path.string());  // of a rewrite below, by a start that was killed
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return;  // a new log
-  require_writable_file(path);
+  if (std::filesystem::is_directory(path, ec)) {
+    throw core::ConfigError("cannot open '" + path.string() + "': " + std::strerror(EISDIR));
+  }
   if (const auto kept_end = end_of_kept_lines(path, first_step)) {
     if (*kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) return;
+    require_writable_file(path);
     append_tail(path, *kept_end, rolled_back);
     core::fsync_path(path.parent_path().string());  // rolled_back's entry, when it is new
     truncate_file(path, *kept_end);
     return;
   }
+  // The rewrite below replaces the log by a new file beside it.
+  core::require_can_create_files("log", path.parent_path().string());
   std::ifstream in(path);
   std::vector<std::string> lines;
   std::unordered_map<int64_t, size_t> last_line_of_step;

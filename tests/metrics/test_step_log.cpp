@@ -68,7 +68,7 @@ TEST_F(StepLogStart, ADirectoryInTheLogsPlaceIsRefusedNamingIt) {
     FAIL() << "a directory was taken for the log";
   } catch (const core::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot open '" + run_dir() +
-                                         "/log/rank0.jsonl' to write: Is a directory"),
+                                         "/log/rank0.jsonl': Is a directory"),
               std::string::npos)
         << e.what();
   }
