@@ -42,8 +42,7 @@ std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const 
   if (found || !data.has_token_shards() || model_shape(config.model()).vocab_size <= 256) {
     return found;
   }
-  std::filesystem::path shards = std::filesystem::path(data.token_shards().pattern()).parent_path();
-  if (shards.empty()) shards = ".";
+  const std::filesystem::path shards = shards_directory(data.token_shards().pattern());
   std::error_code ec;
   const std::string why = std::filesystem::is_directory(shards, ec)
                               ? "there is no " + std::string(train::kShardsTokenizerFile) + " in " +
@@ -84,13 +83,22 @@ std::string run_relative_hint(const std::filesystem::path& path, const std::stri
                             : "";
 }
 
+std::filesystem::path shards_directory(const std::string& pattern) {
+  std::string unescaped;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size()) ++i;  // "\c" matches c itself
+    unescaped += pattern[i];
+  }
+  const std::filesystem::path dir = std::filesystem::path(unescaped).parent_path();
+  return dir.empty() ? "." : dir;
+}
+
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   if (!data.tokenizer().empty()) return data.tokenizer();
   if (!data.has_token_shards()) return std::nullopt;
   const std::filesystem::path beside =
-      std::filesystem::path(data.token_shards().pattern()).parent_path() /
-      train::kShardsTokenizerFile;
+      shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;
   std::error_code ec;
   if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
   return std::nullopt;

@@ -32,6 +32,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
 // tokenizer.model beside the token shards when there is one; none for bytes.
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 
+// The directory a token shard pattern's files are in: the pattern's own, with glob(3)'s
+// backslash escapes removed ("shards \[v2]/train_*.bin" is in "shards [v2]"); "." for none.
+std::filesystem::path shards_directory(const std::string& pattern);
+
 // Throws core::ConfigError when data.tokenizer names a file that is not there, saying where
 // `command` ("mantissa sample") is to run when the path is relative (run_relative_hint).
 void require_named_tokenizer(const TrainConfig& config, const std::string& command);

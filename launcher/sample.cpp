@@ -134,7 +134,7 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   require_named_tokenizer(config, "mantissa sample");
   const std::optional<std::string> found = run_tokenizer_file(config);
   const fs::path beside =
-      fs::path(data.token_shards().pattern()).parent_path() / train::kShardsTokenizerFile;
+      shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;
   std::error_code ec;
   const bool beside_exists = fs::exists(beside, ec);
   require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,

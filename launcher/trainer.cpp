@@ -110,7 +110,7 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
     }
     run_dir_lock_.emplace(run_dir_);
     run_dir_cleanup_.locked();
-    require_checkpoints_writable(run_dir_);
+    require_checkpoints_writable(run_dir_, config_.run().steps(), world.size());
   }
 
   cpus_in_use_ = set_cpu_threads(world);

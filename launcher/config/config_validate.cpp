@@ -448,6 +448,9 @@ void validate_metrics(const Config::Metrics& m) {
   });
   require(plain, "metrics.job", quoted(job),
           "must be a name of letters, digits and _ . : - (the Pushgateway's job label)");
+  // A URL's dot segments: the client would remove them, and push to another path.
+  require(job != "." && job != "..", "metrics.job", quoted(job),
+          "must not be . or .. (a URL would drop it from the push's path)");
 }
 
 void validate_debug(const Config::Debug& d, int64_t steps) {

@@ -141,7 +141,8 @@ std::string TokenizerClient::decode(std::span<const int32_t> ids) const {
 
 std::string TokenizerClient::run(const std::string& subcommand, const std::string& input,
                                  const std::string& what) const {
-  const std::vector<std::string> command{tokenize_executable(), subcommand, "--tokenizer", path_};
+  // --tokenizer=PATH: a path that starts with "--" is no option of the child's.
+  const std::vector<std::string> command{tokenize_executable(), subcommand, "--tokenizer=" + path_};
   ChildResult r = run_child(command, input);
   // A Ctrl-C or a job's SIGTERM sent to the whole process group ends the child too. Where this
   // process takes such a signal as a request to stop (the Trainer's handlers: the start goes on

@@ -113,6 +113,8 @@ class ConfigErrors(lu.TempDirTest):
                 "data.synthetic",
             "metrics.job=a/b": 'metrics.job = "a/b": must be a name of letters, digits and '
                                "_ . : - (the Pushgateway's job label)",
+            "metrics.job=..": 'metrics.job = "..": must not be . or .. (a URL would drop it '
+                              "from the push's path)",
         }
         for setting, message in cases.items():
             with self.subTest(setting):
@@ -411,6 +413,20 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error(
             "mantissa: cannot list the checkpoints in runs/c/checkpoints: Not a directory",
             "--out", "w.safetensors", command="export")
+
+    def test_run_dir_too_long_for_a_checkpoints_files(self):
+        # Within a few bytes of PATH_MAX the run directory and a probe file fit, a checkpoint's
+        # files would not: refused before the first step, nothing left.
+        parents = os.path.join(self.dir, *(["d" * 200] * 19))
+        run_dir = os.path.join(parents, "e" * (4049 - len(parents)))  # 4050 bytes
+        longest = len(run_dir) + len("/checkpoints/step_00000005.tmp/rank_00000.bin.index")
+        self.assertLess(len(run_dir) + len("/checkpoints/.mantissa-probe-XXXXXX"), 4095)
+        self.assertGreater(longest, 4095)
+        self.assert_config_error(
+            f'mantissa: run.dir = "{run_dir}": too long: a checkpoint\'s files would be named by '
+            f"paths of {longest} bytes, past the system's limit of 4095",
+            "--set", f"run.dir={run_dir}", "--set", "run.steps=5")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "d" * 200)))
 
     def test_run_dir_that_cannot_be_created(self):
         # The message names the name on the way that is no directory, and what it is.

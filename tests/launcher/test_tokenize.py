@@ -167,6 +167,16 @@ precision {{ mode: FP32 }}
         self.assertIn(f"mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
                       f"the tokenizer {out_dir}/tokenizer.model (the shards' tokenizer)",
                       result.stderr)
+        # The same from shards in a directory whose name the pattern escapes for glob ('[', '*')
+        # and that starts with '--', as the tokenizer's relative path then does.
+        shutil.copytree(out_dir, os.path.join(self.dir, "--shards [v2] *"))
+        result = self.mantissa("train", "--config", config, "--set", f"run.dir={self.dir}/odd",
+                               "--set", "model.gpt2.vocab_size=512", "--set",
+                               'data.token_shards={pattern: "--shards \\\\[v2] \\\\*/train_*.bin"}')
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("mantissa: model.gpt2.vocab_size = 512: is smaller than the 1000 pieces of "
+                      "the tokenizer --shards [v2] */tokenizer.model (the shards' tokenizer)",
+                      result.stderr)
         # On 2 ranks rank 0 alone asks the tokenizer, and its refusal ends both, said once: rank 1
         # does not go on to find a validation token past the vocabulary. A copy of the binary
         # finds, beside it, a mantissa-tokenize that logs each start and runs the real one.
