@@ -198,7 +198,9 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
     truncate_file(path, *kept_end);
     return;
   }
-  // The rewrite below replaces the log by a new file beside it.
+  // The rewrite below replaces the log (which an append-only or another user's log refuses) by a
+  // new file beside it.
+  require_writable_file(path);
   core::require_can_create_files("log", path.parent_path().string());
   std::ifstream in(path);
   std::vector<std::string> lines;
@@ -241,7 +243,8 @@ std::vector<int> logged_ranks_beyond(const std::string& run_dir, int world_size)
   }
   if (ec && ec != std::errc::no_such_file_or_directory) {
     core::throw_error_of_kind(core::path_error_kind(ec.value()),
-                              "cannot list log directory '" + dir.string() + "': " + ec.message());
+                              "cannot list log directory '" + dir.string() +
+                                  "': " + core::create_directories_failure(dir, ec));
   }
   std::sort(ranks.begin(), ranks.end());
   return ranks;

@@ -75,6 +75,21 @@ TEST_F(StepLogStart, ADirectoryInTheLogsPlaceIsRefusedNamingIt) {
   EXPECT_FALSE(fs::exists(run_dir() + "/log/rank0.rolled_back.jsonl"));
 }
 
+// A file where the log directory goes is named as such when the logs are listed.
+TEST(StepLogDirectory, AFileInItsPlaceIsNamed) {
+  const tests::ScratchDir dir("mantissa_step_log_dir");
+  std::ofstream(dir.file("log")) << "x";
+  try {
+    logged_ranks_beyond(dir.path(), 1);
+    FAIL() << "a file was listed as the log directory";
+  } catch (const core::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot list log directory '" + dir.file("log") + "': '" +
+                                         dir.file("log") + "' is a file, not a directory"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(StepLogStart, AFreshStartMovesEverything) {
   write("rank0.jsonl", {line(0, "a"), line(1, "a")});
   { StepLog log(run_dir(), 0, 1, 0, logged_ranks_beyond(run_dir(), 1)); }
