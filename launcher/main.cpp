@@ -182,14 +182,16 @@ options:
                     model.safetensors with transformers' tensor names and layouts, config.json,
                     and tokenizer.model when the run has one (data.tokenizer, else the one
                     beside the token shards). GPT-2 and Llama only. DIR must not exist or be
-                    empty; it is written as DIR.tmp and renamed to DIR once complete.
+                    empty, nor be a symbolic link; it is written as DIR.tmp and renamed to
+                    DIR once complete.
   --out PATH        the file (safetensors; it must not exist) or directory (hf) to write
   -h, --help        this help
 
 exit codes: 0 written; 1 no checkpoint is intact, or a checkpoint or the output cannot be
 read or written (I/O, a full disk); 2 a bad command line or config, no checkpoint at all, a
-model config other than the checkpoint's, an existing FILE or non-empty DIR, a FILE whose
-directory does not exist, a file or directory it may not access (permissions, read-only), or
+model config other than the checkpoint's, an existing FILE (also one that appears while the
+weights are written: it is left as it is) or non-empty DIR, a symbolic link as DIR, a FILE
+whose directory does not exist, a file or directory it may not access (permissions, read-only), or
 --format hf for a model without a Hugging Face layout (model.mlp).
 )";
 

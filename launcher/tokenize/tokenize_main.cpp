@@ -137,7 +137,8 @@ exit codes:
      byte offset), an --input-list that cannot be read or names no file, an --out or
      --out-dir that already holds a model or shards (without --force) or a train_*.bin or
      val_*.bin that encode did not write, or where no file can be created (no permission, a
-     read-only file system; all found before any work), an input that --force would replace, a
+     read-only file system; all found before any work, but an --out that appears while the
+     model trains, left as it is), an input that --force would replace, a
      tokenizer that cannot be loaded or does not decode exactly, a shard that is malformed
      or holds an id past the vocabulary, a text SentencePiece cannot train the vocab size on,
      an input that changed while it was read
