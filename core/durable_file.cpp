@@ -181,7 +181,7 @@ void write_file_atomically(const std::string& path, const std::function<void(Dur
                                                                 : errno;
   if (error != 0) {
     ::unlink(temp.c_str());
-    if (error == EEXIST) {
+    if (error == EEXIST && at_path == AtPath::kKeep) {
       throw ConfigError("'" + path + "' appeared while it was being written (another writer?): " +
                         "left as it is, the new content not kept");
     }

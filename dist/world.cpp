@@ -201,7 +201,9 @@ std::vector<int> World::unresponsive_ranks(double grace_s) const {
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const size_t i = static_cast<size_t>(r);
+    // A receive that cannot be posted leaves no request (MPI leaves the handle undefined).
     if (MPI_Irecv(&ping_in[i], 1, MPI_CHAR, r, kPingTag, comm, &pings[i]) != MPI_SUCCESS) {
+      pings[i] = MPI_REQUEST_NULL;
       pinged_us[i] = true;  // nothing to answer
     }
     if (MPI_Irecv(&pong_in[i], 1, MPI_CHAR, r, kPongTag, comm, &pongs[i]) == MPI_SUCCESS) {

@@ -765,12 +765,12 @@ int Trainer::run() {
       " tokens");
   // The last step's log line (or the last sync) failed on this rank: its checkpoint is written,
   // but the log is not whole, a failure of this rank's (exit 1, not finished for the alerts).
-  if (log_failure_.empty()) metrics_->record_finished();
   if (!log_failure_.empty()) {
     std::fprintf(stderr, "mantissa: rank %d: the step log misses lines: %s\n", world_.rank(),
                  log_failure_.c_str());
     return kExitFailure;
   }
+  metrics_->record_finished();
   return kExitOk;
 }
 

@@ -190,17 +190,19 @@ void move_redone_steps(const std::filesystem::path& path, const std::filesystem:
   if (std::filesystem::is_directory(path, ec)) {
     throw core::ConfigError("cannot open '" + path.string() + "': " + std::strerror(EISDIR));
   }
-  if (const auto kept_end = end_of_kept_lines(path, first_step)) {
-    if (*kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) return;
-    require_writable_file(path);
+  const std::optional<std::streamoff> kept_end = end_of_kept_lines(path, first_step);
+  if (kept_end && *kept_end == static_cast<std::streamoff>(std::filesystem::file_size(path))) {
+    return;  // nothing to move
+  }
+  require_writable_file(path);
+  if (kept_end) {
     append_tail(path, *kept_end, rolled_back);
     core::fsync_path(path.parent_path().string());  // rolled_back's entry, when it is new
     truncate_file(path, *kept_end);
     return;
   }
-  // The rewrite below replaces the log (which an append-only or another user's log refuses) by a
-  // new file beside it.
-  require_writable_file(path);
+  // The rewrite below replaces the log (which an append-only or another user's log refuses, as
+  // the check above found) by a new file beside it.
   core::require_can_create_files("log", path.parent_path().string());
   std::ifstream in(path);
   std::vector<std::string> lines;
