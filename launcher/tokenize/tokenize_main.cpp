@@ -56,12 +56,12 @@ train   trains a tokenizer on the files and writes it to --out (SentencePiece's 
                       command line holds (`find corpus -name '*.txt' | sort > LIST`, or a
                       pipe: --input-list <(find ...)); its files come where it stands among
                       the --input files
-  --vocab-size N      pieces in the model, 260..1048576: the 3 special and 256 byte pieces
-                      come first, then SentencePiece's space mark U+2581 and one per other
-                      character of the text (those making up 99.95% of it), so a text of many
-                      characters needs more; shards store ids as
-                      uint16 up to 65536 pieces, as uint32 beyond. The model's vocab_size must
-                      be at least N.
+  --vocab-size N      pieces in the model, 260..1048576: besides the 3 special and 256 byte
+                      pieces the model holds SentencePiece's space mark U+2581 and one piece
+                      per other character of the text (those making up 99.95% of it), so a
+                      text of many characters needs more; shards store ids as uint16 up to
+                      65536 pieces, as uint32 beyond. The model's vocab_size must be at
+                      least N.
   --model-type T      bpe (default, as GPT-2) or unigram (SentencePiece's default)
   --sample-bytes N    text to train on, at most N and one 4 KiB block; N at least 4096
                       (default 268435456: 256 MiB, which needs about 6 GB of memory; 20-25
