@@ -207,10 +207,11 @@ void report_config_error(int rank, const std::string& message) {
 }
 
 // effective_config, with its notes (what the --set arguments replaced) on stderr from rank 0.
-// When the config is refused for a field no --set named, the notes join the error's line: a
-// --set that switched a oneof member leaves the new member's other fields at their defaults,
-// and the note says why (`--set data.text_file.val_fraction=0.5`: "data.text_file.path = "":
-// must name a file").
+// When the config is refused for a field no --set named, the notes about the members the
+// refusal names join the error's line: a --set that switched a oneof member leaves the new
+// member's other fields at their defaults, and the note says why (`--set
+// data.text_file.val_fraction=0.5`: "data.text_file.path = "": must name a file"; `--set
+// model.llama.n_layer=1`: "run.eval_tokens = 64: must be >= model.llama.seq_len = 256").
 TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
                                    DataFiles files = DataFiles::kCheck) {
   std::vector<OverrideNote> notes;
@@ -222,8 +223,8 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
     }
     return config;
   } catch (const core::ConfigError& e) {
-    // A refused field ("FIELD = VALUE: rule") inside a member a note selected, and named by no
-    // --set itself: the note explains it.
+    // A refused field ("FIELD = VALUE: rule") named by no --set itself, where the field or its
+    // rule lies in a member a note selected: the note explains it.
     const std::string what = e.what();
     const size_t equals = what.find(" = ");
     if (equals == std::string::npos) throw;
@@ -235,7 +236,7 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
         });
     std::string joined;
     for (const OverrideNote& note : notes) {
-      if (field.starts_with(note.selected + ".")) {
+      if (what.find(note.selected + ".") != std::string::npos) {
         joined += (joined.empty() ? "" : "; ") + note.text;
       }
     }

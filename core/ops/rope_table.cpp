@@ -1,6 +1,7 @@
 #include "core/ops/rope_table.h"
 
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -11,8 +12,9 @@ Tensor make_rope_table(Backend& backend, int64_t positions, int64_t head_dim, do
                  "make_rope_table: head_dim = " << head_dim << " must be even and positive");
   MANTISSA_CHECK(positions > 0,
                  "make_rope_table: positions = " << positions << " must be positive");
-  MANTISSA_CHECK(std::isfinite(theta) && theta > 1.0,
-                 "make_rope_table: theta = " << theta << " must be finite and greater than 1");
+  MANTISSA_CHECK(
+      theta > 1.0 && theta <= std::numeric_limits<float>::max(),
+      "make_rope_table: theta = " << theta << " must be greater than 1 and a finite float");
   const int64_t half = head_dim / 2;
   Tensor host = Tensor::empty(Shape{positions, head_dim}, DType::kF32);
   float* t = host.data_as<float>();

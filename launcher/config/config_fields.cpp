@@ -47,6 +47,64 @@ class IgnoreErrors : public pb::io::ErrorCollector {
   void AddError(int, pb::io::ColumnNumber, const std::string&) override {}
 };
 
+// Text-format tokens read in order, with the fields of the messages they stand in.
+class TokenWalk {
+ public:
+  explicit TokenWalk(std::string_view text)
+      : input_(text.data(), static_cast<int>(text.size())), tokens_(&input_, &ignore_) {
+    tokens_.set_comment_style(pb::io::Tokenizer::SH_COMMENT_STYLE);
+  }
+
+  // The next token before (line, column), or nullptr at that place (or the end).
+  const pb::io::Tokenizer::Token* next_before(int line, pb::io::ColumnNumber column) {
+    if (!tokens_.Next()) return nullptr;
+    const pb::io::Tokenizer::Token& t = tokens_.current();
+    if (t.line > line || (t.line == line && t.column >= column)) {
+      at_place_ = t.line == line && t.column == column;
+      return nullptr;
+    }
+    previous_before_ = previous_;
+    previous_ = t.text;
+    if (t.type == pb::io::Tokenizer::TYPE_IDENTIFIER) {
+      field_ = t.text;
+    } else if (t.text == "[") {
+      lists_.push_back(field_);
+    } else if (t.text == "]" && !lists_.empty()) {
+      lists_.pop_back();
+    } else if (t.text == "{" || t.text == "<") {
+      // A message in a list ("f: [{...}, {...}]") belongs to the list's field.
+      const bool listed = !lists_.empty() && (previous_before_ == "[" || previous_before_ == ",");
+      path_.push_back(listed ? lists_.back() : field_);
+    } else if ((t.text == "}" || t.text == ">") && !path_.empty()) {
+      path_.pop_back();
+    }
+    return &t;
+  }
+
+  // The fields of the messages the last token stands in, outermost first.
+  const std::vector<std::string>& path() const { return path_; }
+  // After next_before() returned nullptr: whether a token starts at the place.
+  bool at_place() const { return at_place_; }
+  // The field a value at the place is given to ("steps: VALUE", "steps: -VALUE", "steps: [1,
+  // VALUE]"), or nullopt when the place holds no value.
+  std::optional<std::string> field_of_value() const {
+    if (!at_place_) return std::nullopt;
+    const bool negative = previous_ == "-";
+    const std::string& before = negative ? previous_before_ : previous_;
+    if (!lists_.empty() && (before == "[" || before == ",")) return lists_.back();
+    if (before == ":") return field_;
+    return std::nullopt;
+  }
+
+ private:
+  IgnoreErrors ignore_;
+  pb::io::ArrayInputStream input_;
+  pb::io::Tokenizer tokens_;
+  std::vector<std::string> path_, lists_;  // lists_: the fields of the [ ... ] open
+  std::string field_, previous_, previous_before_;
+  bool at_place_ = false;
+};
+
 // A token's place in text format: its line and column (0-based, as protobuf counts them) and
 // the fields of the messages it stands in, outermost first (["precision", "loss_scale"]).
 struct Place {
@@ -58,33 +116,28 @@ struct Place {
 // The place of the last identifier `name` before (line, column) in text-format `text`.
 std::optional<Place> last_identifier_before(std::string_view text, const std::string& name,
                                             int line, pb::io::ColumnNumber column) {
-  pb::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
-  IgnoreErrors ignore;
-  pb::io::Tokenizer tokens(&input, &ignore);
-  tokens.set_comment_style(pb::io::Tokenizer::SH_COMMENT_STYLE);
-  std::vector<std::string> path, lists;  // lists: the fields of the [ ... ] open
-  std::string field, previous;
+  TokenWalk walk(text);
   std::optional<Place> found;
-  while (tokens.Next()) {
-    const pb::io::Tokenizer::Token& t = tokens.current();
-    if (t.line > line || (t.line == line && t.column >= column)) break;
-    if (t.type == pb::io::Tokenizer::TYPE_IDENTIFIER) {
-      if (t.text == name) found = Place{t.line, t.column, path};
-      field = t.text;
-    } else if (t.text == "[") {
-      lists.push_back(field);
-    } else if (t.text == "]" && !lists.empty()) {
-      lists.pop_back();
-    } else if (t.text == "{" || t.text == "<") {
-      // A message in a list ("f: [{...}, {...}]") belongs to the list's field.
-      const bool listed = !lists.empty() && (previous == "[" || previous == ",");
-      path.push_back(listed ? lists.back() : field);
-    } else if ((t.text == "}" || t.text == ">") && !path.empty()) {
-      path.pop_back();
+  while (const pb::io::Tokenizer::Token* t = walk.next_before(line, column)) {
+    if (t->type == pb::io::Tokenizer::TYPE_IDENTIFIER && t->text == name) {
+      found = Place{t->line, t->column, walk.path()};
     }
-    previous = t.text;
   }
   return found;
+}
+
+// The path of the field whose value starts at (line, column) in text-format `text`
+// ("run.steps"), or nullopt when no value starts there.
+std::optional<std::string> field_of_value_at(std::string_view text, int line,
+                                             pb::io::ColumnNumber column) {
+  TokenWalk walk(text);
+  while (walk.next_before(line, column)) {
+  }
+  const std::optional<std::string> field = walk.field_of_value();
+  if (!field) return std::nullopt;
+  std::vector<std::string> parts = walk.path();
+  parts.push_back(*field);
+  return core::join(parts, ".");
 }
 
 // Keeps the parser's first error (the rest are usually consequences of it).
@@ -101,7 +154,8 @@ class FirstError : public pb::io::ErrorCollector {
   // "<source>:<line>:<column>: <message>", 1-based as editors count. An unknown field or enum
   // value, which the parser names by its own name alone and places at the token after it, is
   // placed where it stands and said as --set says it: the field's path in the config (`root`
-  // being the message at `root_path`), and the fields or values there are.
+  // being the message at `root_path`), and the fields or values there are. A value the parser
+  // refuses ("Expected integer, got: 2.5") is named by its field's path.
   std::string describe(const std::string& source, std::string_view text, const pb::Descriptor& root,
                        const std::string& root_path) const {
     std::ostringstream out;
@@ -109,7 +163,12 @@ class FirstError : public pb::io::ErrorCollector {
     if (const std::optional<std::string> said = explained(text, root, root_path))
       return out.str() + *said;
     if (line_ >= 0) out << ":" << line_ + 1 << ":" << column_ + 1;
-    out << ": " << (message_.empty() ? "cannot parse" : message_);
+    out << ": ";
+    if (const std::optional<std::string> field =
+            line_ >= 0 ? field_of_value_at(text, line_, column_) : std::nullopt) {
+      out << (root_path.empty() ? "" : root_path + ".") << *field << ": ";
+    }
+    out << (message_.empty() ? "cannot parse" : message_);
     return out.str();
   }
 
@@ -188,7 +247,12 @@ T parse_integer(std::string_view text, const pb::FieldDescriptor& field) {
 double parse_double(std::string_view text, const pb::FieldDescriptor& field) {
   double value = 0.0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
+  const bool whole = end == text.data() + text.size() && !text.empty();
+  if (ec == std::errc::result_out_of_range && whole) {
+    throw core::ConfigError("value '" + std::string(text) + "' does not fit " + field.name() +
+                            " (a double: magnitudes from 4.9e-324 to 1.8e+308)");
+  }
+  if (ec != std::errc() || !whole) {
     throw core::ConfigError(field.name() + " takes a number, got '" + std::string(text) + "'");
   }
   return value;

@@ -212,6 +212,7 @@ void validate_llama(const Config::Model::Llama& m) {
   in_range("model.llama.vocab_size", m.vocab_size(), 1, kMaxVocab);
   require(std::isfinite(m.rope_theta()) && m.rope_theta() > 1.0, "model.llama.rope_theta",
           format_number(m.rope_theta()), "must be finite and > 1");
+  fits_float("model.llama.rope_theta", m.rope_theta());  // the RoPE table rounds it to a float
   require(std::isfinite(m.norm_eps()) && m.norm_eps() > 0.0, "model.llama.norm_eps",
           format_number(m.norm_eps()), "must be finite and > 0");
   fits_float("model.llama.norm_eps", m.norm_eps());

@@ -541,6 +541,17 @@ class Overrides(lu.TempDirTest):
             'mantissa: data.text_file.path = "": must name a file (note: --set '
             "data.text_file.val_fraction=0.5 selects data.text_file in place of data.synthetic, "
             "whose settings are dropped)"])
+        # A rule of another field that names the selected member: its defaults explain it.
+        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
+run { eval_tokens: 64 }
+model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
+data { synthetic {} }
+"""), "--set", "model.llama.n_layer=1")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines(), [
+            "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
+            "(note: --set model.llama.n_layer=1 selects model.llama in place of model.gpt2, "
+            "whose settings are dropped)"])
         # An error the note does not explain comes alone.
         result = self.mantissa("config", "--config",
                                self.write("c.pbtxt", "data { synthetic {} }"), "--set",

@@ -65,8 +65,19 @@ TEST(ConfigParse, ReportsFileLineAndColumn) {
             "'DYNAMO'");
   const std::string syntax = error_of([] { parse_config_text("run { steps: 5", "z.pbtxt"); });
   EXPECT_EQ(syntax.rfind("z.pbtxt:1:", 0), 0u) << syntax;
+  // A value the parser refuses is named by its field's path.
   EXPECT_EQ(error_of([] { parse_config_text("run { steps: ten }", "w.pbtxt"); }),
-            "w.pbtxt:1:14: Expected integer, got: ten");
+            "w.pbtxt:1:14: run.steps: Expected integer, got: ten");
+  EXPECT_EQ(error_of([] {
+              parse_config_text("run {\n  seed: -1\n}", "w.pbtxt");
+            }).rfind("w.pbtxt:2:9: run.seed: ", 0),
+            0u);
+  EXPECT_EQ(
+      error_of([] { parse_config_text("debug { inject_nonfinite_steps: [1, 2.5] }", "w.pbtxt"); }),
+      "w.pbtxt:1:37: debug.inject_nonfinite_steps: Expected integer, got: 2.5");
+  EXPECT_EQ(
+      error_of([] { parse_config_text("precision { loss_scale { init: \"x\" } }", "w.pbtxt"); }),
+      "w.pbtxt:1:32: precision.loss_scale.init: Expected double, got: \"x\"");
 }
 
 TEST(ConfigParse, MissingFileIsNamed) {
@@ -225,6 +236,9 @@ TEST(ConfigOverride, ErrorsNameTheArgumentAndWhatIsAllowed) {
             "--set dist.overlap=yes: overlap takes true or false, got 'yes'");
   EXPECT_EQ(set_error("optimizer.adamw.lr=fast"),
             "--set optimizer.adamw.lr=fast: lr takes a number, got 'fast'");
+  EXPECT_EQ(set_error("optimizer.adamw.lr=1e400"),
+            "--set optimizer.adamw.lr=1e400: value '1e400' does not fit lr (a double: magnitudes "
+            "from 4.9e-324 to 1.8e+308)");
   EXPECT_EQ(set_error("run.steps"), "--set run.steps: expected path.to.field=value");
   EXPECT_EQ(set_error("run.steps.x=1"),
             "--set run.steps.x=1: run.steps is a value, not a message with fields");
@@ -364,6 +378,9 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "[1.1754944e-38, 3.4028235e+38]"},
       {{"model.llama={norm_eps: 1e39}"},
        "model.llama.norm_eps = 1e+39: is kept as a float: its magnitude must lie in "
+       "[1.1754944e-38, 3.4028235e+38]"},
+      {{"model.llama={rope_theta: 1e39}"},
+       "model.llama.rope_theta = 1e+39: is kept as a float: its magnitude must lie in "
        "[1.1754944e-38, 3.4028235e+38]"},
       {{"precision.fp8.margin=19"}, "precision.fp8.margin = 19: must lie in [0, 14]"},
       {{"dist.consistency_check_every=-1"}, "dist.consistency_check_every = -1: must be >= 0"},
