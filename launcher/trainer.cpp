@@ -352,8 +352,24 @@ void Trainer::build_data() {
   loader.world_size = world_.size();
   loader.rank = world_.rank();
   loader.seed = seed;
-  loader_ = std::make_unique<train::DataLoader>(
-      std::make_shared<const train::Corpus>(std::move(corpus)), loader);
+  try {
+    loader_ = std::make_unique<train::DataLoader>(
+        std::make_shared<const train::Corpus>(std::move(corpus)), loader);
+  } catch (const train::TrainingDataTooShort& e) {
+    // Name the settings that decide the windows and the tokens they are cut from.
+    std::string remedy = std::string(e.what()) + "; lower " + dims.prefix +
+                         ".seq_len, or train on more tokens (" +
+                         (data.has_text_file()      ? "data.text_file.path"
+                          : data.has_token_shards() ? "data.token_shards.pattern"
+                                                    : "data.synthetic.n_tokens") +
+                         ")";
+    if (data.has_text_file() && data.text_file().val_fraction() > 0.0) {
+      remedy += ", or hold out less (data.text_file.val_fraction = " +
+                core::format_number(data.text_file().val_fraction()) +
+                " keeps that part of the text's end for evaluation)";
+    }
+    throw core::ConfigError(remedy);
+  }
   if (config_.run().eval_every() > 0 && validation) {
     validation_data_ = identity(*validation);
     // Block-scaled FP8 inputs take a multiple of a few rows (tokens); training's micro-batches

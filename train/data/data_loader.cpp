@@ -35,9 +35,11 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
     total += std::max<int64_t>(n - config.seq_len, 0);  // starts s with s + T + 1 <= n
     window_starts_end_.push_back(total);
   }
-  MANTISSA_REQUIRE(total > 0, kConfig,
-                   "data '" << corpus_->name() << "': no segment holds seq_len + 1 = "
-                            << config.seq_len + 1 << " tokens (the longest has " << longest << ")");
+  if (total == 0) {
+    throw TrainingDataTooShort("data '" + corpus_->name() + "': no segment holds seq_len + 1 = " +
+                               std::to_string(config.seq_len + 1) + " tokens (the longest has " +
+                               std::to_string(longest) + ")");
+  }
 }
 
 std::vector<std::string> DataLoader::unread_segments() const {

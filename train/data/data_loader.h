@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "train/data/corpus.h"
 
 namespace mantissa::train {
@@ -47,9 +48,17 @@ struct DataCursor {
   bool operator==(const DataCursor&) const = default;
 };
 
+// No segment of the corpus holds T + 1 tokens: a configuration error whose remedy (the data,
+// the context, what is held out) the caller names.
+class TrainingDataTooShort : public core::ConfigError {
+ public:
+  using core::ConfigError::ConfigError;
+};
+
 class DataLoader {
  public:
-  // Throws core::Error for a bad config or when no segment of the corpus holds T + 1 tokens.
+  // Throws TrainingDataTooShort when no segment of the corpus holds T + 1 tokens, core::Error
+  // for a bad config.
   DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderConfig& config);
 
   // This rank's slice of the next global batch.
