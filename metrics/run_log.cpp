@@ -389,13 +389,21 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   const auto middle = sorted.begin() + static_cast<std::ptrdiff_t>((sorted.size() - 1) / 2);
   std::nth_element(sorted.begin(), middle, sorted.end());
   const int64_t done = r.step + 1;
+  // The first step this process runs, which includes the warm-up, shows its time alone: as a
+  // pace it made the ETA of a resumed run 10x too long.
+  const bool first = recent_step_seconds_.size() == 1;
+  char pace[64];
+  if (first) {
+    std::snprintf(pace, sizeof pace, "first step %.3g s", record.step_seconds);
+  } else {
+    std::snprintf(pace, sizeof pace, "%s tok/s | ETA %s",
+                  format_rate(static_cast<double>(r.tokens) * world_size / *middle).c_str(),
+                  format_duration(eta_seconds(*middle, done)).c_str());
+  }
   char line[256];
-  std::snprintf(line, sizeof line,
-                "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s tok/s | ETA %s",
+  std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | scale %g | lr %.2e | %s",
                 static_cast<long long>(done), static_cast<long long>(total_steps_),
-                record.mean_loss, static_cast<double>(r.loss_scale), r.lr,
-                format_rate(static_cast<double>(r.tokens) * world_size / *middle).c_str(),
-                format_duration(eta_seconds(*middle, done)).c_str());
+                record.mean_loss, static_cast<double>(r.loss_scale), r.lr, pace);
   std::string text = line;
   if (record.val_loss) {
     std::snprintf(line, sizeof line, " | val loss %.4f", *record.val_loss);
@@ -406,7 +414,6 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
     if (!r.nonfinite_param.empty()) text += " (first in " + r.nonfinite_param + ")";
   }
   // The first step this process runs shows at once, also after a resume.
-  const bool first = recent_step_seconds_.size() == 1;  // the window holds more than one
   const bool keep = done % log_every_ == 0 || first || done == total_steps_ || r.skipped ||
                     record.val_loss.has_value();
   if (live_) {

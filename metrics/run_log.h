@@ -94,7 +94,8 @@ class ProgressLine {
 
   // After each step (record.report.step is the 0-based index of the step just done): step,
   // loss, scale, lr, the tokens per second of all `world_size` ranks and the ETA, both at the
-  // median time of the recent steps (a stall moves neither).
+  // median time of the recent steps (a stall moves neither); after the first step this process
+  // runs (its warm-up), that step's time instead.
   void update(const StepRecord& record, int world_size);
   // A checkpoint save between steps and how long it took, for the ETA.
   void add_checkpoint_seconds(double seconds) {

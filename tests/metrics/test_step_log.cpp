@@ -258,8 +258,13 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(eta[9], "16m30s");   // 990 steps of 1 s
   EXPECT_EQ(eta[10], "16m29s");  // the stall: still 1 s a step
   EXPECT_EQ(eta[30], "32m18s");  // 969 steps of 2 s, the new speed the median of the window
-  // The first step's warm-up is not the pace either: of two steps, the faster counts.
+  // The first step's warm-up is not the pace either: of two steps, the faster counts; the
+  // first shows its time alone.
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
+  const std::vector<std::string> lines = progress_lines({100.0, 1.0});
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_TRUE(lines[0].ends_with("| lr 0.00e+00 | first step 100 s\n")) << lines[0];
+  EXPECT_EQ(lines[0].find("ETA"), std::string::npos) << lines[0];
 }
 
 // The rate beside the ETA is the same median's: one slow step does not make it jump.
