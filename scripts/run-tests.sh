@@ -11,4 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Which CPU kernels this machine's tests run (AMX, AVX512-BF16 or AVX2 paths): a green run on
+# one machine says nothing about the paths its CPU lacks.
+"${BUILD_DIR:-build}/bin/bench_cpu_paths"
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "${CTEST_JOBS:-$(($(nproc) + 1))}" "$@"
