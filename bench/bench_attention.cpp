@@ -20,6 +20,7 @@
 // the diagonal, and its backward recomputes S and dP for dQ).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "bench/bench_main.h"
+#include "core/error.h"
 #include "core/ops/attention.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
@@ -86,6 +88,59 @@ void print(const char* what, const Stats& s) {
               s.min * 1e3, s.max * 1e3);
 }
 
+// Normwise |x - ref| / |ref| of two tensors of one shape, read as floats.
+double difference(Backend& be, const Tensor& x, const Tensor& ref) {
+  const auto floats = [&](const Tensor& t) {
+    Tensor f = Tensor::empty(t.shape(), DType::kF32);
+    be.cast(t, f, {});
+    return f;
+  };
+  const Tensor a = floats(x), b = floats(ref);
+  double diff = 0, norm = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = static_cast<double>(a.data_as<float>()[i]) - b.data_as<float>()[i];
+    diff += d * d;
+    norm += static_cast<double>(b.data_as<float>()[i]) * b.data_as<float>()[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+// The composed routine and flash attention compute the op's attention, forward and backward:
+// a way that computed something else must not be timed as a fast one. They round differently
+// (the probabilities in the compute dtype, flash's online softmax), by about the compute
+// dtype's precision; a wrong product is off by order 1.
+void check_ways_agree(Backend& be, Operands& o, int n_head, Tensor& lse) {
+  const double bound = o.qkv.dtype() == DType::kF32 ? 1e-4 : 2e-2;
+  be.attention_forward(o.qkv, o.out, o.att, n_head);
+  be.attention_backward(o.dout, o.qkv, o.att, o.dqkv, n_head);
+  const auto copy_of = [&](const Tensor& t) {
+    Tensor c = Tensor::empty(t.shape(), t.dtype());
+    be.copy(t, c);
+    return c;
+  };
+  const Tensor out = copy_of(o.out), dqkv = copy_of(o.dqkv);
+  double worst = 0;
+  const auto compare = [&](const char* way) {
+    for (const auto& [what, x, ref] :
+         {std::tuple{"forward", &o.out, &out}, std::tuple{"backward", &o.dqkv, &dqkv}}) {
+      const double d = difference(be, *x, *ref);
+      worst = std::max(worst, d);
+      if (!(d <= bound)) {
+        throw Error(std::string("bench_attention: the ") + way + " " + what + " differs from the " +
+                    "op's by " + std::to_string(d) + " (normwise, bound " + std::to_string(bound) +
+                    ")");
+      }
+    }
+  };
+  composed_attention_forward(be, o.qkv, o.out, o.att, n_head);
+  composed_attention_backward(be, o.dout, o.qkv, o.att, o.dqkv, n_head);
+  compare("composed");
+  be.flash_attention_forward(o.qkv, o.out, lse, n_head);
+  be.flash_attention_backward(o.dout, o.qkv, o.out, lse, o.dqkv, n_head);
+  compare("flash");
+  std::printf("  composed and flash against the op: normwise difference at most %.1e\n", worst);
+}
+
 int run_cpu(const Shape4& s, int repeats) {
   std::printf("%s\n", cpu_paths_description().c_str());
   std::printf("CPU attention, B %lld T %lld C %lld H %lld, %d repeats\n",
@@ -135,6 +190,7 @@ int run_cpu(const Shape4& s, int repeats) {
       std::printf("  %s / op, forward + backward: median %.2f (min %.2f, max %.2f)\n", name,
                   rs.median, rs.min, rs.max);
     }
+    check_ways_agree(*be, o, n_head, lse);
   }
   return 0;
 }

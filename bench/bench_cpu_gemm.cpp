@@ -32,12 +32,14 @@
 #include <map>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/bench_main.h"
 #include "bench/bench_timing.h"
 #include "bench/fma_peak.h"
 #include "core/dtype/dtype.h"
+#include "core/error.h"
 #include "core/ops/backend.h"
 #include "core/ops/cpu_switches.h"
 #include "core/tensor/tensor.h"
@@ -114,6 +116,49 @@ Shape stored_b(const Problem& p) {
   return p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
 }
 
+// The values of a tensor of `dtype` as floats, times `scale`.
+std::vector<float> widened(const Tensor& t, float scale) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (t.dtype()) {
+      case DType::kF32: out[i] = t.data_as<float>()[i]; break;
+      case DType::kBF16: out[i] = to_float(t.data_as<bf16>()[i]); break;
+      case DType::kE4M3: out[i] = to_float(t.data_as<fp8_e4m3>()[i]); break;
+      default: throw Error("bench_cpu_gemm: no widening of this dtype");
+    }
+    out[i] *= scale;
+  }
+  return out;
+}
+
+// The op's product against sgemm's of the same (widened) operands: a kernel that computes
+// something else must not be timed as a fast one. Normwise, |C - ref| / |ref|: FP32 sums of
+// K products differ by their order (below 1e-5 here), a BF16 output by its rounding (2^-9
+// per element).
+void check_product(const Problem& p, const Tensor& a, const Tensor& b, const Tensor& c,
+                   float operand_scale) {
+  const std::vector<float> a32 = widened(a, operand_scale), b32 = widened(b, operand_scale);
+  std::vector<float> ref(static_cast<size_t>(p.m * p.n));
+  cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
+              p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(p.m), static_cast<int>(p.n),
+              static_cast<int>(p.k), 1.0f, a32.data(), static_cast<int>(p.trans_a ? p.m : p.k),
+              b32.data(), static_cast<int>(p.trans_b ? p.k : p.n), 0.0f, ref.data(),
+              static_cast<int>(p.n));
+  const std::vector<float> got = widened(c, 1.0f);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  const double error = std::sqrt(diff / norm);
+  const double bound = c.dtype() == DType::kF32 ? 1e-4 : 4e-3;
+  if (!(error <= bound)) {
+    throw Error(p.name + " " + dtype_name(a.dtype()) + " -> " + dtype_name(c.dtype()) +
+                ": the product is off by " + std::to_string(error) + " (normwise, bound " +
+                std::to_string(bound) + ") from sgemm's");
+  }
+}
+
 // Per operand and output dtype ("bf16 -> f32"), the op's ratio to sgemm on every shape.
 using Ratios = std::map<std::string, std::vector<double>>;
 
@@ -151,6 +196,7 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
       }
       const PairTiming t = time_pair(
           sgemm, [&] { backend.gemm(a, b, c, params); }, min_seconds);
+      check_product(p, a, b, c, is_fp8(operands) ? scale.data_as<float>()[0] : 1.0f);
       const double sgemm_gflops = gflop / t.anchor_seconds;
       const double gemm_gflops = gflop / t.op_seconds;
       std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %5.2f  %8.1f  %5.2f  %6.3f\n",
@@ -202,6 +248,13 @@ static int benchmark_main(int argc, char** argv) {
   const mantissa::bench::FmaPeak peak = mantissa::bench::measure_fma_peak();
   std::printf("FP32 FMA peak (measured): %.1f GFLOP/s (%s)\n", peak.gflops,
               peak.describe().c_str());
+  if (peak.avx512_switched_off && std::string_view(openblas_get_corename()) != "Haswell") {
+    std::printf(
+        "note: the peak is the 256-bit one, and OpenBLAS runs its %s kernels, which may be "
+        "AVX-512 ones: the sgemm peak column can pass 1 (set OPENBLAS_CORETYPE=Haswell for an "
+        "AVX2 CPU's anchor)\n",
+        openblas_get_corename());
+  }
   std::printf("%-16s %5s %5s %5s   %-4s  %-4s  %8s  %5s  %8s  %5s  %6s\n", "gemm", "M", "N", "K",
               "in", "out", "GFLOP/s", "peak", "sgemm", "peak", "ratio");
   auto backend = make_cpu_backend();

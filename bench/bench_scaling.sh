@@ -39,7 +39,7 @@ cp bench/torch_gpt.py "$bench_dir/torch_gpt.py"
 
 # PyTorch on the first HOSTS hosts: one process each, started on its host through the cluster's
 # remote shell, meeting rank 0 on node1 (198.18.0.11) over the hosts' eth0. Leaves the job's
-# tokens/s (the ranks' sum) in torch_tokens_s.
+# step time and tokens/s in torch_step_s and torch_tokens_s.
 torch_train() {
   local hosts=$1 pids=() r out
   for r in $(seq 0 $((hosts - 1))); do
@@ -57,9 +57,10 @@ torch_train() {
     }
   done
   out=$(cat "$bench_dir"/torch-"$hosts"-*.out)
-  torch_tokens_s=$(sed -n 's/.* tokens_per_s=\([0-9.]*\).*/\1/p' <<<"$out" |
-    awk '{ sum += $1 } END { printf "%.0f", sum }')
-  torch_step_s=$(sed -n 's/.* step_s=\([0-9.]*\).*/\1/p' <<<"$out" | sort -n | tail -n 1)
+  # Medians of the timed steps, as mantissa's figures are: the slowest rank's step time, and
+  # the whole batch's tokens over it.
+  torch_step_s=$(sed -n 's/.* median_step_s=\([0-9.]*\).*/\1/p' <<<"$out" | sort -n | tail -n 1)
+  torch_tokens_s=$(awk -v s="$torch_step_s" 'BEGIN { printf "%.0f", 8 * 256 / s }')
 }
 
 echo "scaling: 1, 2, 4 hosts x 1 rank x 1 thread on $(nproc) cores, every link $rate (tbf);" \

@@ -1,7 +1,8 @@
 // Single-process training throughput on the CPU for the reference configuration (a GPT-2 of
 // 10.84M parameters: vocab 256, T = 256, d = 384, 6 layers, 6 heads, 8 sequences per step,
 // AdamW at lr 3e-4 on a cosine schedule), with the process's peak resident memory and the
-// step's model FLOPs (llm.c's estimate, 6 N + 6 L C T per token, in FP32 terms whatever the
+// step's model FLOPs (the model's own count, which mantissa train's MFU uses: llm.c's 6 N +
+// 6 L C T per token, N the parameters less the lookup tables, in FP32 terms whatever the
 // precision) as a fraction of the FP32 FMA peak measured in the same run (bench/fma_peak.h).
 // Figures only; bench/train_cpu_vs_torch.sh runs it next to PyTorch on the same configuration
 // (bench/torch_gpt.py).
@@ -69,8 +70,7 @@ static int benchmark_main(int argc, char** argv) {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   const int64_t params = model.parameters().parameter_count();
-  const double flops_per_token =
-      6.0 * static_cast<double>(params) + 6.0 * config.n_layer * config.n_embd * config.seq_len;
+  const double flops_per_token = model.flops_per_token();
   const double tokens_per_s = static_cast<double>(tokens) / seconds;
   std::printf(
       "mantissa %s: params=%lld step_s=%.4f tokens_per_s=%.1f loss=%.4f peak_rss_mib=%.1f "

@@ -12,9 +12,12 @@ The reference configuration: GPT-2 architecture, vocabulary 256, 256 positions, 
 256 tokens per optimizer step over all ranks. Like mantissa: GPT-2 initialisation, LayerNorm
 eps 1e-5, tanh GELU, logits and loss in FP32, AdamW (lr 3e-4 on a cosine schedule to 0, betas
 0.9/0.95, eps 1e-8, weight decay 0.1 on the matrices only), gradients clipped to norm 1. The
-first step (allocations, page faults) is not timed. The tokens are uniformly random: the time
-of a step does not depend on them, but the loss stays near ln 256 = 5.55, where mantissa's
-synthetic corpus lets it fall.
+first step (allocations, page faults) is not timed; step_s is the mean of the others,
+median_step_s their median (mantissa's cluster benchmarks take medians of its step log), and
+import_rss_mib what the process held once PyTorch was loaded (part of peak_rss_mib, with no
+counterpart in mantissa's). The tokens are uniformly random: the time of a step does not
+depend on them, but the loss stays near ln 256 = 5.55, where mantissa's synthetic corpus lets
+it fall.
 
 --bf16 runs forward under torch.autocast(bfloat16), PyTorch's counterpart of mantissa's BF16
 policy (FP32 masters, BF16 GEMMs). --ranks N starts N processes of this script (no torchrun:
@@ -34,6 +37,7 @@ import math
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -41,6 +45,8 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+IMPORT_RSS_MIB = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 VOCAB, SEQ_LEN, WIDTH, LAYERS, HEADS = 256, 256, 384, 6, 6
 GLOBAL_BATCH = 8
@@ -159,10 +165,12 @@ def train(args, rank, ranks):
         return loss.item()
 
     step(0)
-    start = time.perf_counter()
+    seconds = []
     for index in range(1, total_steps):
+        start = time.perf_counter()
         loss = step(index)
-    step_seconds = (time.perf_counter() - start) / args.steps
+        seconds.append(time.perf_counter() - start)
+    step_seconds = sum(seconds) / len(seconds)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     where = f" DDP rank {rank}/{ranks}" if ranks > 1 else ""
     if rank == 0:
@@ -170,7 +178,8 @@ def train(args, rank, ranks):
     print(f"torch {'BF16 autocast' if args.bf16 else 'FP32'}{where}: params={params} "
           f"threads={torch.get_num_threads()} step_s={step_seconds:.4f} "
           f"tokens_per_s={batch * SEQ_LEN / step_seconds:.1f} loss={loss:.4f} "
-          f"peak_rss_mib={peak_mib:.1f}", flush=True)
+          f"peak_rss_mib={peak_mib:.1f} import_rss_mib={IMPORT_RSS_MIB:.1f} "
+          f"median_step_s={statistics.median(seconds):.4f}", flush=True)
 
 
 def free_port():
