@@ -10,6 +10,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -61,10 +62,14 @@ void non_negative(std::string_view path, T value) {
 // the normal floats (a smaller one would round to 0 or lose its precision, a larger one to inf).
 inline void fits_float(std::string_view path, double value) {
   const double magnitude = std::fabs(value);
+  // The bounds in full: the float's shortest texts (1.1754944e-38, 3.4028235e+38) read as
+  // doubles outside them, which this refuses.
+  char bounds[64];
+  std::snprintf(bounds, sizeof bounds, "[%.17g, %.17g]", static_cast<double>(FLT_MIN),
+                static_cast<double>(FLT_MAX));
   require(magnitude == 0 || (magnitude >= FLT_MIN && magnitude <= FLT_MAX), path,
           format_number(value),
-          "is kept as a float: its magnitude must lie in [" + format_number(FLT_MIN) + ", " +
-              format_number(FLT_MAX) + "]");
+          std::string("is kept as a float: its magnitude must lie in ") + bounds);
 }
 
 // [0, 1) when `max_open`, else [0, 1] (NaN fails).

@@ -1,5 +1,6 @@
 // mantissa: the command-line entry point. Each subcommand is one row of kCommands.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -206,10 +207,30 @@ void report_config_error(int rank, const std::string& message) {
   if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
 }
 
+// Whether a refusal ("FIELD = VALUE: rule") names a field of `member` with its value: the
+// refused field itself ("model.llama.n_head = 5: ...") or one its rule cites ("... must be >=
+// model.llama.seq_len = 256"). A path inside a quoted value, or a list of fields the rule
+// names without values, is no such citation.
+bool cites_a_value_of(const std::string& refusal, const std::string& member) {
+  const std::string prefix = member + ".";
+  for (size_t at = refusal.find(prefix); at != std::string::npos;
+       at = refusal.find(prefix, at + 1)) {
+    if (at > 0 && refusal[at - 1] != ' ' && refusal[at - 1] != '(') continue;
+    size_t end = at + prefix.size();
+    while (end < refusal.size() && (std::islower(static_cast<unsigned char>(refusal[end])) ||
+                                    std::isdigit(static_cast<unsigned char>(refusal[end])) ||
+                                    refusal[end] == '_' || refusal[end] == '.')) {
+      ++end;
+    }
+    if (end > at + prefix.size() && refusal.compare(end, 3, " = ") == 0) return true;
+  }
+  return false;
+}
+
 // effective_config, with its notes (what the --set arguments replaced) on stderr from rank 0.
-// When the config is refused for a field no --set named, the notes about the members the
-// refusal names join the error's line: a --set that switched a oneof member leaves the new
-// member's other fields at their defaults, and the note says why (`--set
+// When the config is refused for a field no --set named, the notes about the members whose
+// values the refusal cites join the error's line: a --set that switched a oneof member leaves
+// the new member's other fields at their defaults, and the note says why (`--set
 // data.text_file.val_fraction=0.5`: "data.text_file.path = "": must name a file"; `--set
 // model.llama.n_layer=1`: "run.eval_tokens = 64: must be >= model.llama.seq_len = 256").
 TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
@@ -223,8 +244,6 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
     }
     return config;
   } catch (const core::ConfigError& e) {
-    // A refused field ("FIELD = VALUE: rule") named by no --set itself, where the field or its
-    // rule lies in a member a note selected: the note explains it.
     const std::string what = e.what();
     const size_t equals = what.find(" = ");
     if (equals == std::string::npos) throw;
@@ -234,10 +253,16 @@ TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
           const std::string path = set.substr(0, set.find('='));
           return field == path || field.starts_with(path + ".");
         });
-    std::string joined;
+    // The last note of each member: a member selected twice took its defaults the last time.
+    std::vector<const OverrideNote*> last;
     for (const OverrideNote& note : notes) {
-      if (what.find(note.selected + ".") != std::string::npos) {
-        joined += (joined.empty() ? "" : "; ") + note.text;
+      std::erase_if(last, [&](const OverrideNote* n) { return n->selected == note.selected; });
+      last.push_back(&note);
+    }
+    std::string joined;
+    for (const OverrideNote* note : last) {
+      if (cites_a_value_of(what, note->selected)) {
+        joined += (joined.empty() ? "" : "; ") + note->text;
       }
     }
     if (joined.empty() || field_was_set) throw;

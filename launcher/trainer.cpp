@@ -356,17 +356,21 @@ void Trainer::build_data() {
     loader_ = std::make_unique<train::DataLoader>(
         std::make_shared<const train::Corpus>(std::move(corpus)), loader);
   } catch (const train::TrainingDataTooShort& e) {
-    // Name the settings that decide the windows and the tokens they are cut from.
-    std::string remedy = std::string(e.what()) + "; lower " + dims.prefix +
-                         ".seq_len, or train on more tokens (" +
-                         (data.has_text_file()      ? "data.text_file.path"
-                          : data.has_token_shards() ? "data.token_shards.pattern"
-                                                    : "data.synthetic.n_tokens") +
-                         ")";
-    if (data.has_text_file() && data.text_file().val_fraction() > 0.0) {
-      remedy += ", or hold out less (data.text_file.val_fraction = " +
-                core::format_number(data.text_file().val_fraction()) +
-                " keeps that part of the text's end for evaluation)";
+    // Name the settings that decide the windows and the tokens they are cut from. Each token
+    // shard is a segment of its own (more shards make none longer); holding out less helps
+    // only a text that is long enough as a whole. Synthetic data too short for a window is
+    // refused at validation.
+    std::string remedy = std::string(e.what()) + "; lower " + dims.prefix + ".seq_len, or ";
+    if (data.has_token_shards()) {
+      remedy += "give shards of at least seq_len + 1 tokens (data.token_shards.pattern)";
+    } else {
+      remedy += "train on a longer text (data.text_file.path)";
+      const int64_t whole_text = train_data_.tokens + (validation ? validation->num_tokens() : 0);
+      if (validation && whole_text > dims.seq_len) {
+        remedy += ", or hold out less (data.text_file.val_fraction = " +
+                  core::format_number(data.text_file().val_fraction()) +
+                  " keeps that part of the text's end for evaluation)";
+      }
     }
     throw core::ConfigError(remedy);
   }

@@ -393,7 +393,9 @@ void ProgressLine::update(const StepRecord& record, int world_size) {
   // pace it made the ETA of a resumed run 10x too long.
   const bool first = recent_step_seconds_.size() == 1;
   char pace[64];
-  if (first) {
+  if (first && record.step_seconds >= 60) {
+    std::snprintf(pace, sizeof pace, "first step %s", format_duration(record.step_seconds).c_str());
+  } else if (first) {
     std::snprintf(pace, sizeof pace, "first step %.3g s", record.step_seconds);
   } else {
     std::snprintf(pace, sizeof pace, "%s tok/s | ETA %s",

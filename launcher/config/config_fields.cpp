@@ -5,7 +5,9 @@
 #include <google/protobuf/text_format.h>
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -63,45 +65,55 @@ class TokenWalk {
       at_place_ = t.line == line && t.column == column;
       return nullptr;
     }
-    previous_before_ = previous_;
-    previous_ = t.text;
     if (t.type == pb::io::Tokenizer::TYPE_IDENTIFIER) {
       field_ = t.text;
     } else if (t.text == "[") {
-      lists_.push_back(field_);
+      // A list after "field:", or a colon-less "field [{...}]"; else the bracket of an
+      // extension or Any name ("[x.y]: ..."), which holds no values of a field.
+      const bool list = seen(0) == ":" || (seen_identifier_[0] && seen(1) != ":");
+      lists_.push_back(list ? field_ : std::string());
     } else if (t.text == "]" && !lists_.empty()) {
       lists_.pop_back();
     } else if (t.text == "{" || t.text == "<") {
       // A message in a list ("f: [{...}, {...}]") belongs to the list's field.
-      const bool listed = !lists_.empty() && (previous_before_ == "[" || previous_before_ == ",");
+      const bool listed = !lists_.empty() && (seen(0) == "[" || seen(0) == ",");
       path_.push_back(listed ? lists_.back() : field_);
     } else if ((t.text == "}" || t.text == ">") && !path_.empty()) {
       path_.pop_back();
     }
+    seen_[1] = seen_[0];
+    seen_[0] = t.text;
+    seen_identifier_[1] = seen_identifier_[0];
+    seen_identifier_[0] = t.type == pb::io::Tokenizer::TYPE_IDENTIFIER;
     return &t;
   }
 
   // The fields of the messages the last token stands in, outermost first.
   const std::vector<std::string>& path() const { return path_; }
-  // After next_before() returned nullptr: whether a token starts at the place.
-  bool at_place() const { return at_place_; }
-  // The field a value at the place is given to ("steps: VALUE", "steps: -VALUE", "steps: [1,
-  // VALUE]"), or nullopt when the place holds no value.
+  // After next_before() returned nullptr: the field a value at the place is given to ("steps:
+  // VALUE", "steps: -VALUE", "steps: [1, VALUE]"), or nullopt when the place holds no value.
   std::optional<std::string> field_of_value() const {
     if (!at_place_) return std::nullopt;
-    const bool negative = previous_ == "-";
-    const std::string& before = negative ? previous_before_ : previous_;
-    if (!lists_.empty() && (before == "[" || before == ",")) return lists_.back();
+    const std::string& before = seen(0) == "-" ? seen(1) : seen(0);
+    if (!lists_.empty() && (before == "[" || before == ",")) {
+      if (lists_.back().empty()) return std::nullopt;
+      return lists_.back();
+    }
     if (before == ":") return field_;
     return std::nullopt;
   }
 
  private:
+  // The text of the last token read (0) and of the one before it (1).
+  const std::string& seen(int back) const { return seen_[back]; }
+
   IgnoreErrors ignore_;
   pb::io::ArrayInputStream input_;
   pb::io::Tokenizer tokens_;
-  std::vector<std::string> path_, lists_;  // lists_: the fields of the [ ... ] open
-  std::string field_, previous_, previous_before_;
+  std::vector<std::string> path_, lists_;  // lists_: the fields of the [ ... ] open ("": none)
+  std::string field_;                      // the last identifier read
+  std::string seen_[2];
+  bool seen_identifier_[2] = {false, false};
   bool at_place_ = false;
 };
 
@@ -249,8 +261,13 @@ double parse_double(std::string_view text, const pb::FieldDescriptor& field) {
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   const bool whole = end == text.data() + text.size() && !text.empty();
   if (ec == std::errc::result_out_of_range && whole) {
-    throw core::ConfigError("value '" + std::string(text) + "' does not fit " + field.name() +
-                            " (a double: magnitudes from 4.9e-324 to 1.8e+308)");
+    // Too small rounds to 0, as the config file's parser takes it; too large is refused.
+    value = std::strtod(std::string(text).c_str(), nullptr);
+    if (std::isinf(value)) {
+      throw core::ConfigError("value '" + std::string(text) + "' does not fit " + field.name() +
+                              " (a double: magnitudes up to 1.8e+308)");
+    }
+    return value;
   }
   if (ec != std::errc() || !whole) {
     throw core::ConfigError(field.name() + " takes a number, got '" + std::string(text) + "'");

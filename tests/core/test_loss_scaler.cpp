@@ -364,18 +364,18 @@ TEST(LossScaler, RejectsBadConfigsNamingFieldValueAndRule) {
   c.init = 1e39;
   EXPECT_EQ(message_for(c),
             "loss_scale.init = 1e+39: is kept as a float: its magnitude must lie in "
-            "[1.1754944e-38, 3.4028235e+38]");
+            "[1.1754943508222875e-38, 3.4028234663852886e+38]");
   // Below the normal floats the unscaling factor 1 / scale would be inf.
   c.init = 1e-40;
   EXPECT_EQ(message_for(c),
             "loss_scale.init = 1e-40: is kept as a float: its magnitude must lie in "
-            "[1.1754944e-38, 3.4028235e+38]");
+            "[1.1754943508222875e-38, 3.4028234663852886e+38]");
   c = small_dynamic();
   c.min = 1e-40;
   c.init = 1e-40;
   EXPECT_EQ(message_for(c),
             "loss_scale.min = 1e-40: is kept as a float: its magnitude must lie in "
-            "[1.1754944e-38, 3.4028235e+38]");
+            "[1.1754943508222875e-38, 3.4028234663852886e+38]");
 }
 
 TEST(LossScaler, ChecksEveryFieldWhateverTheMode) {

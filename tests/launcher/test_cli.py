@@ -552,6 +552,36 @@ data { synthetic {} }
             "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
             "(note: --set model.llama.n_layer=1 selects model.llama in place of model.gpt2, "
             "whose settings are dropped)"])
+        # A member switched to twice: its last note, whose defaults the config took.
+        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
+run { eval_tokens: 64 }
+model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
+data { synthetic {} }
+"""), "--set", "model.llama.n_layer=1", "--set", "model.gpt2.n_layer=1", "--set",
+                               "model.llama.n_head=2")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stderr.splitlines(), [
+            "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
+            "(note: --set model.llama.n_head=2 selects model.llama in place of model.gpt2, "
+            "whose settings are dropped)"])
+        # Errors the note does not explain come alone: a rule that lists the member's fields
+        # without their values, a path inside a value.
+        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
+run { eval_every: 10 }
+data { synthetic { val_tokens: 0 } }
+"""), "--set", "data.text_file.path=" + self.write("x.txt", "hello world\n" * 100),
+                               "--set", "data.text_file.val_fraction=0")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+        self.assertIn("run.eval_every = 10: needs a validation set", result.stderr)
+        self.assertNotIn("note:", result.stderr)
+        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
+data { text_file { path: "runs/model.llama.txt" } }
+"""), "--set", "model.llama.n_layer=1")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+        self.assertIn('data.text_file.path = "runs/model.llama.txt"', result.stderr)
+        self.assertNotIn("note:", result.stderr)
         # An error the note does not explain comes alone.
         result = self.mantissa("config", "--config",
                                self.write("c.pbtxt", "data { synthetic {} }"), "--set",

@@ -75,6 +75,9 @@ TEST(ConfigParse, ReportsFileLineAndColumn) {
   EXPECT_EQ(
       error_of([] { parse_config_text("debug { inject_nonfinite_steps: [1, 2.5] }", "w.pbtxt"); }),
       "w.pbtxt:1:37: debug.inject_nonfinite_steps: Expected integer, got: 2.5");
+  // An extension's bracket where a field name belongs holds no value of a field.
+  EXPECT_EQ(error_of([] { parse_config_text("run { steps: 5 [ 7 ] }", "w.pbtxt"); }),
+            "w.pbtxt:1:18: Expected identifier, got: 7");
   EXPECT_EQ(
       error_of([] { parse_config_text("precision { loss_scale { init: \"x\" } }", "w.pbtxt"); }),
       "w.pbtxt:1:32: precision.loss_scale.init: Expected double, got: \"x\"");
@@ -238,7 +241,11 @@ TEST(ConfigOverride, ErrorsNameTheArgumentAndWhatIsAllowed) {
             "--set optimizer.adamw.lr=fast: lr takes a number, got 'fast'");
   EXPECT_EQ(set_error("optimizer.adamw.lr=1e400"),
             "--set optimizer.adamw.lr=1e400: value '1e400' does not fit lr (a double: magnitudes "
-            "from 4.9e-324 to 1.8e+308)");
+            "up to 1.8e+308)");
+  // Too small a magnitude rounds to 0, as in a config file.
+  TrainConfig tiny;
+  apply_override(tiny, "optimizer.adamw.weight_decay=-1e-400");
+  EXPECT_EQ(tiny.optimizer().adamw().weight_decay(), 0.0);
   EXPECT_EQ(set_error("run.steps"), "--set run.steps: expected path.to.field=value");
   EXPECT_EQ(set_error("run.steps.x=1"),
             "--set run.steps.x=1: run.steps is a value, not a message with fields");
@@ -369,19 +376,19 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
       // to a subnormal (whose reciprocal, the unscaling factor, is inf) or to inf is refused.
       {{"optimizer.grad_clip=1e-50"},
        "optimizer.grad_clip = 1e-50: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"optimizer.adamw.lr=1e39"},
        "optimizer.adamw.lr = 1e+39: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"precision.loss_scale.mode=STATIC", "precision.loss_scale.init=1e-40"},
        "precision.loss_scale.init = 1e-40: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"model.llama={norm_eps: 1e39}"},
        "model.llama.norm_eps = 1e+39: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"model.llama={rope_theta: 1e39}"},
        "model.llama.rope_theta = 1e+39: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"precision.fp8.margin=19"}, "precision.fp8.margin = 19: must lie in [0, 14]"},
       {{"dist.consistency_check_every=-1"}, "dist.consistency_check_every = -1: must be >= 0"},
       {{"model.gpt2.n_embd=100", "model.gpt2.n_head=3"},
@@ -429,10 +436,10 @@ TEST(ConfigValidate, NamesFieldValueAndRule) {
        "at most 0.99999994"},
       {{"optimizer.adamw.eps=1e-50"},
        "optimizer.adamw.eps = 1e-50: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"optimizer.adamw.weight_decay=1e39"},
        "optimizer.adamw.weight_decay = 1e+39: is kept as a float: its magnitude must lie in "
-       "[1.1754944e-38, 3.4028235e+38]"},
+       "[1.1754943508222875e-38, 3.4028234663852886e+38]"},
       {{"checkpoint.keep=-1"}, "checkpoint.keep = -1: must be >= 0"},
       {{"metrics.port=70000"}, "metrics.port = 70000: must lie in [0, 65535]"},
       // A control character in a value is escaped: the message stays one line.

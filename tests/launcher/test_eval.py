@@ -275,7 +275,7 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertRegex(result.stderr, r"data 'licenses.txt': no segment holds seq_len \+ 1 = "
                          r"65 tokens \(the longest has \d+\); lower model.gpt2.seq_len, or train "
-                         r"on more tokens \(data.text_file.path\), or hold out less "
+                         r"on a longer text \(data.text_file.path\), or hold out less "
                          r"\(data.text_file.val_fraction = 0.9999 keeps that part of the text's "
                          r"end for evaluation\)")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))

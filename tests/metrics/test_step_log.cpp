@@ -263,8 +263,10 @@ TEST(ProgressLine, OneStallDoesNotMoveTheEtaALastingChangeOfSpeedDoes) {
   EXPECT_EQ(etas({100.0, 1.0})[1], "16m38s");  // 998 steps of 1 s
   const std::vector<std::string> lines = progress_lines({100.0, 1.0});
   ASSERT_EQ(lines.size(), 2u);
-  EXPECT_TRUE(lines[0].ends_with("| lr 0.00e+00 | first step 100 s\n")) << lines[0];
+  EXPECT_TRUE(lines[0].ends_with("| lr 0.00e+00 | first step 1m40s\n")) << lines[0];
   EXPECT_EQ(lines[0].find("ETA"), std::string::npos) << lines[0];
+  EXPECT_TRUE(progress_lines({1234.0})[0].ends_with("| first step 20m34s\n"));
+  EXPECT_TRUE(progress_lines({2.5})[0].ends_with("| first step 2.5 s\n"));
 }
 
 // The rate beside the ETA is the same median's: one slow step does not make it jump.
