@@ -48,7 +48,8 @@ options:
                     many times, later ones win
   --progress MODE   rank 0's progress line on stderr: auto (live when stderr is a terminal),
                     live (one line updated in place; use it under mpirun, whose ranks never
-                    see a terminal), lines (a plain line every run.log_every steps)
+                    see a terminal), lines (a plain line every run.log_every steps, and
+                    at the first and last steps, evaluations and skipped steps)
   -h, --help        this help
 
 output, in run.dir (default runs/<config file name without extension>):
@@ -149,12 +150,20 @@ constexpr const char* kConfigHelp =
 
 Reads and checks a config as `mantissa train` does before it starts, and prints the effective
 config: every --set applied and every default filled in; with --get PATH only that field's
-value, for scripts (a string as it is, without quotes or escapes: --get run.dir is the run
-directory train uses). Exit code 0 when it is valid, 2 (with one line saying why) when it is
-not. Left to `train` are the checks that need the ranks, the
-device or the data's contents: the data files must exist, but their headers, token ids
-(against the vocabulary size) and the tokenizer's piece count (against it too) are read when
-train loads them.
+value, for scripts. Left to `train` are the checks that need the ranks, the device or the
+data's contents: the data files must exist, but their headers, token ids (against the
+vocabulary size) and the tokenizer's piece count (against it too) are read when train loads
+them.
+
+options:
+  --config FILE     a TrainConfig in protobuf text format, as train reads it
+  --set PATH=VALUE  override one field after the file is read, as train does (see
+                    mantissa train --help); may be given many times, later ones win
+  --get PATH        print only this field's value (a string as it is, without quotes or
+                    escapes: --get run.dir is the run directory train uses)
+  -h, --help        this help
+
+exit codes: 0 the config is valid; 2 it is not (one line saying why)
 )";
 
 constexpr const char* kExportHelp =

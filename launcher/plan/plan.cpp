@@ -63,6 +63,8 @@ Not modelled: the data loader, checkpoints, evaluation, and communication compet
 compute for memory bandwidth or cores. On a CPU, evaluations can raise a process's peak memory
 by up to a quarter over the projection (measured: 1.2 to 1.6 GiB for 16 evaluation
 micro-batches): the C library's allocator keeps much of what their forward passes free.
+
+exit codes: 0 the projection is printed; 2 a bad command line or config (one line saying why)
 )";
 
 namespace {
