@@ -163,7 +163,7 @@ options:
                     escapes: --get run.dir is the run directory train uses)
   -h, --help        this help
 
-exit codes: 0 the config is valid; 2 it is not (one line saying why)
+exit codes: 0 the config is valid; 2 a bad command line or config (one line saying why)
 )";
 
 constexpr const char* kExportHelp =
@@ -218,20 +218,23 @@ void report_config_error(int rank, const std::string& message) {
 
 // Whether a refusal ("FIELD = VALUE: rule") names a field of `member` with its value: the
 // refused field itself ("model.llama.n_head = 5: ...") or one its rule cites ("... must be >=
-// model.llama.seq_len = 256"). A path inside a quoted value, or a list of fields the rule
-// names without values, is no such citation.
+// model.llama.seq_len = 256", "[model.llama.seq_len + 1 = 257, ...]"). A path inside a quoted
+// value, or a list of fields the rule names without values, is no such citation.
 bool cites_a_value_of(const std::string& refusal, const std::string& member) {
   const std::string prefix = member + ".";
   for (size_t at = refusal.find(prefix); at != std::string::npos;
        at = refusal.find(prefix, at + 1)) {
-    if (at > 0 && refusal[at - 1] != ' ' && refusal[at - 1] != '(') continue;
+    if (at > 0 && refusal[at - 1] != ' ' && refusal[at - 1] != '(' && refusal[at - 1] != '[') {
+      continue;
+    }
     size_t end = at + prefix.size();
     while (end < refusal.size() && (std::islower(static_cast<unsigned char>(refusal[end])) ||
                                     std::isdigit(static_cast<unsigned char>(refusal[end])) ||
                                     refusal[end] == '_' || refusal[end] == '.')) {
       ++end;
     }
-    if (end > at + prefix.size() && refusal.compare(end, 3, " = ") == 0) return true;
+    const bool cited = refusal.compare(end, 3, " = ") == 0 || refusal.compare(end, 3, " + ") == 0;
+    if (end > at + prefix.size() && cited) return true;
   }
   return false;
 }

@@ -68,9 +68,10 @@ class TokenWalk {
     if (t.type == pb::io::Tokenizer::TYPE_IDENTIFIER) {
       field_ = t.text;
     } else if (t.text == "[") {
-      // A list after "field:", or a colon-less "field [{...}]"; else the bracket of an
-      // extension or Any name ("[x.y]: ..."), which holds no values of a field.
-      const bool list = seen(0) == ":" || (seen_identifier_[0] && seen(1) != ":");
+      // A list after "field:", or a colon-less "field [{...}]" (not after a value such as
+      // "-inf"); else the bracket of an extension or Any name ("[x.y]: ..."), which holds no
+      // values of a field.
+      const bool list = seen(0) == ":" || (seen_identifier_[0] && seen(1) != ":" && seen(1) != "-");
       lists_.push_back(list ? field_ : std::string());
     } else if (t.text == "]" && !lists_.empty()) {
       lists_.pop_back();

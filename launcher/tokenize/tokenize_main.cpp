@@ -88,8 +88,8 @@ encode  encodes the files on every core (the tokens do not depend on the thread 
                       refused unless it gives text back exactly)
   --input FILE...     text files, as for train (--input-list LIST too)
   --out-dir DIR       created when missing
-  --val-fraction F    the tail of the stream held out as val shards, 0 to below 1 (default
-                      0.1; 0: none)
+  --val-fraction F    the tail of the stream held out as val shards, in [0, 1) (default 0.1;
+                      0: none)
   --shard-tokens N    tokens per shard at most, 4..2147483647 (default 100000000: 200 MB)
 
 decode  prints the text of the shards on stdout, read in the order given as one stream;

@@ -564,6 +564,16 @@ data { synthetic {} }
             "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
             "(note: --set model.llama.n_head=2 selects model.llama in place of model.gpt2, "
             "whose settings are dropped)"])
+        # A rule citing the member's value in a range.
+        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
+model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
+data { synthetic { n_tokens: 200 } }
+"""), "--set", "model.llama.n_layer=1")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("must lie in [model.llama.seq_len + 1 = 257, ", result.stderr)
+        self.assertTrue(result.stderr.rstrip().endswith(
+            "(note: --set model.llama.n_layer=1 selects model.llama in place of model.gpt2, "
+            "whose settings are dropped)"), result.stderr)
         # Errors the note does not explain come alone: a rule that lists the member's fields
         # without their values, a path inside a value.
         result = self.mantissa("config", "--config", self.write("c.pbtxt", """

@@ -78,6 +78,8 @@ TEST(ConfigParse, ReportsFileLineAndColumn) {
   // An extension's bracket where a field name belongs holds no value of a field.
   EXPECT_EQ(error_of([] { parse_config_text("run { steps: 5 [ 7 ] }", "w.pbtxt"); }),
             "w.pbtxt:1:18: Expected identifier, got: 7");
+  EXPECT_EQ(error_of([] { parse_config_text("optimizer { grad_clip: -inf [ 7 ] }", "w.pbtxt"); }),
+            "w.pbtxt:1:31: Expected identifier, got: 7");
   EXPECT_EQ(
       error_of([] { parse_config_text("precision { loss_scale { init: \"x\" } }", "w.pbtxt"); }),
       "w.pbtxt:1:32: precision.loss_scale.init: Expected double, got: \"x\"");
