@@ -531,76 +531,54 @@ class Overrides(lu.TempDirTest):
         self.assertEqual(self.stderr, "")
 
     def test_a_note_that_explains_an_error_comes_with_it(self):
+        def refusal(config, *sets):
+            """`mantissa config` of `config` with the --set arguments: its one line of stderr."""
+            result = self.mantissa("config", "--config", self.write("c.pbtxt", config),
+                                   *[arg for value in sets for arg in ("--set", value)])
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
+            return result.stderr.rstrip("\n")
+
+        gpt2 = "model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }\n"
+        llama_note = ("(note: --set model.llama.{} selects model.llama in place of model.gpt2, "
+                      "whose settings are dropped)")
         # Setting a field of another data source drops the synthetic one; the file it lacks is
         # the error, and the note, on the same line, says why it lacks one.
-        result = self.mantissa("config", "--config",
-                               self.write("c.pbtxt", "data { synthetic {} }"), "--set",
-                               "data.text_file.val_fraction=0.5")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
+        self.assertEqual(
+            refusal("data { synthetic {} }", "data.text_file.val_fraction=0.5"),
             'mantissa: data.text_file.path = "": must name a file (note: --set '
             "data.text_file.val_fraction=0.5 selects data.text_file in place of data.synthetic, "
-            "whose settings are dropped)"])
-        # A rule of another field that names the selected member: its defaults explain it.
-        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
-run { eval_tokens: 64 }
-model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
-data { synthetic {} }
-"""), "--set", "model.llama.n_layer=1")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
-            "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
-            "(note: --set model.llama.n_layer=1 selects model.llama in place of model.gpt2, "
-            "whose settings are dropped)"])
-        # A member switched to twice: its last note, whose defaults the config took.
-        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
-run { eval_tokens: 64 }
-model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
-data { synthetic {} }
-"""), "--set", "model.llama.n_layer=1", "--set", "model.gpt2.n_layer=1", "--set",
-                               "model.llama.n_head=2")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
-            "mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) "
-            "(note: --set model.llama.n_head=2 selects model.llama in place of model.gpt2, "
-            "whose settings are dropped)"])
+            "whose settings are dropped)")
+        # A rule of another field that cites the selected member's value: its defaults explain
+        # it; a member switched to twice, its last note, whose defaults the config took.
+        eval_tokens = "run { eval_tokens: 64 }\n" + gpt2 + "data { synthetic {} }"
+        too_long = ("mantissa: run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one "
+                    "window) ")
+        self.assertEqual(refusal(eval_tokens, "model.llama.n_layer=1"),
+                         too_long + llama_note.format("n_layer=1"))
+        self.assertEqual(refusal(eval_tokens, "model.llama.n_layer=1", "model.gpt2.n_layer=1",
+                                 "model.llama.n_head=2"),
+                         too_long + llama_note.format("n_head=2"))
         # A rule citing the member's value in a range.
-        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
-model { gpt2 { n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 } }
-data { synthetic { n_tokens: 200 } }
-"""), "--set", "model.llama.n_layer=1")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertIn("must lie in [model.llama.seq_len + 1 = 257, ", result.stderr)
-        self.assertTrue(result.stderr.rstrip().endswith(
-            "(note: --set model.llama.n_layer=1 selects model.llama in place of model.gpt2, "
-            "whose settings are dropped)"), result.stderr)
+        line = refusal(gpt2 + "data { synthetic { n_tokens: 200 } }", "model.llama.n_layer=1")
+        self.assertIn("must lie in [model.llama.seq_len + 1 = 257, ", line)
+        self.assertTrue(line.endswith(llama_note.format("n_layer=1")), line)
         # Errors the note does not explain come alone: a rule that lists the member's fields
-        # without their values, a path inside a value.
-        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
-run { eval_every: 10 }
-data { synthetic { val_tokens: 0 } }
-"""), "--set", "data.text_file.path=" + self.write("x.txt", "hello world\n" * 100),
-                               "--set", "data.text_file.val_fraction=0")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
-        self.assertIn("run.eval_every = 10: needs a validation set", result.stderr)
-        self.assertNotIn("note:", result.stderr)
-        result = self.mantissa("config", "--config", self.write("c.pbtxt", """
-data { text_file { path: "runs/model.llama.txt" } }
-"""), "--set", "model.llama.n_layer=1")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(len(result.stderr.splitlines()), 1, result.stderr)
-        self.assertIn('data.text_file.path = "runs/model.llama.txt"', result.stderr)
-        self.assertNotIn("note:", result.stderr)
-        # An error the note does not explain comes alone.
-        result = self.mantissa("config", "--config",
-                               self.write("c.pbtxt", "data { synthetic {} }"), "--set",
-                               "data.text_file.path=c.txt", "--set",
-                               "data.text_file.val_fraction=abc")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertEqual(result.stderr.splitlines(), [
+        # without their values, a path inside a value, a value that does not parse.
+        text = self.write("x.txt", "hello world\n" * 100)
+        line = refusal("run { eval_every: 10 }\ndata { synthetic { val_tokens: 0 } }",
+                       "data.text_file.path=" + text, "data.text_file.val_fraction=0")
+        self.assertIn("run.eval_every = 10: needs a validation set", line)
+        self.assertNotIn("note:", line)
+        line = refusal('data { text_file { path: "runs/model.llama.txt" } }',
+                       "model.llama.n_layer=1")
+        self.assertIn('data.text_file.path = "runs/model.llama.txt"', line)
+        self.assertNotIn("note:", line)
+        self.assertEqual(
+            refusal("data { synthetic {} }", "data.text_file.path=c.txt",
+                    "data.text_file.val_fraction=abc"),
             "mantissa: --set data.text_file.val_fraction=abc: val_fraction takes a number, got "
-            "'abc'"])
+            "'abc'")
 
     def test_later_sets_win_and_defaults_fill_the_rest(self):
         text = self.effective("run.steps=5", "run.steps=6")

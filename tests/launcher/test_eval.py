@@ -259,27 +259,23 @@ class Evaluation(lu.TempDirTest):
         self.assertEqual(result.returncode, 2)
         self.assertIn(f'data.token_shards.val_pattern = "{missing}": matches no file',
                       result.stderr)
-        # A held-out part too small for one window is found when the text is read: the
-        # message names the settings that fix it.
-        result = self.mantissa("train", "--config", config, "--set", "run.dir=small", "--set",
-                               "data.text_file.val_fraction=0.0001")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertRegex(result.stderr, r"validation set licenses.txt \(validation\): \d+ tokens "
-                         r"hold no whole window of seq_len \+ 1 = 65 tokens; hold out more "
-                         r"\(data.text_file.val_fraction\) or evaluate nothing "
-                         r"\(run.eval_every=0\)")
-        self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
-        # And a training part too small: the message names the settings that decide it.
-        result = self.mantissa("train", "--config", config, "--set", "run.dir=small", "--set",
-                               "data.text_file.val_fraction=0.9999")
-        self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertRegex(result.stderr, r"data 'licenses.txt': no segment holds seq_len \+ 1 = "
-                         r"65 tokens \(the longest has \d+\); lower model.gpt2.seq_len, or train "
-                         r"on a longer text \(data.text_file.path\), or hold out less "
-                         r"\(data.text_file.val_fraction = 0.9999 keeps that part of the text's "
-                         r"end for evaluation\)")
-        self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
-
+        # A held-out part, or a training part, too small for one window is found when the text
+        # is read: the message names the settings that fix it.
+        for fraction, message in (
+                ("0.0001", r"validation set licenses.txt \(validation\): \d+ tokens hold no whole "
+                           r"window of seq_len \+ 1 = 65 tokens; hold out more "
+                           r"\(data.text_file.val_fraction\) or evaluate nothing "
+                           r"\(run.eval_every=0\)"),
+                ("0.9999", r"data 'licenses.txt': no segment holds seq_len \+ 1 = 65 tokens \(the "
+                           r"longest has \d+\); lower model.gpt2.seq_len, or train on a longer "
+                           r"text \(data.text_file.path\), or hold out less "
+                           r"\(data.text_file.val_fraction = 0.9999 keeps that part of the "
+                           r"text's end for evaluation\)")):
+            result = self.mantissa("train", "--config", config, "--set", "run.dir=small", "--set",
+                                   f"data.text_file.val_fraction={fraction}")
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertRegex(result.stderr, message)
+            self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
 
 if __name__ == "__main__":
     lu.main()
