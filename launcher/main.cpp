@@ -220,7 +220,22 @@ void report_config_error(int rank, const std::string& message) {
 // refused field itself ("model.llama.n_head = 5: ...") or one its rule cites ("... must be >=
 // model.llama.seq_len = 256", "[model.llama.seq_len + 1 = 257, ...]"). A path inside a quoted
 // value, or a list of fields the rule names without values, is no such citation.
-bool cites_a_value_of(const std::string& refusal, const std::string& member) {
+bool cites_a_value_of(const std::string& said, const std::string& member) {
+  // What the refusal says outside the values it quotes ("...", with \" inside), which it does
+  // not cite.
+  std::string refusal = said;
+  bool quoted = false;
+  for (size_t i = 0; i < refusal.size(); ++i) {
+    const char c = refusal[i];
+    if (quoted && c == '\\' && i + 1 < refusal.size()) {
+      refusal[i] = refusal[i + 1] = '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (quoted) {
+      refusal[i] = '"';
+    }
+  }
   const std::string prefix = member + ".";
   for (size_t at = refusal.find(prefix); at != std::string::npos;
        at = refusal.find(prefix, at + 1)) {

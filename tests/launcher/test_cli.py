@@ -570,10 +570,11 @@ class Overrides(lu.TempDirTest):
                        "data.text_file.path=" + text, "data.text_file.val_fraction=0")
         self.assertIn("run.eval_every = 10: needs a validation set", line)
         self.assertNotIn("note:", line)
-        line = refusal('data { text_file { path: "runs/model.llama.txt" } }',
-                       "model.llama.n_layer=1")
-        self.assertIn('data.text_file.path = "runs/model.llama.txt"', line)
-        self.assertNotIn("note:", line)
+        for path in ("runs/model.llama.txt", "runs/[model.llama.seq_len + 1].txt",
+                     "runs/a model.llama.seq_len = 1.txt"):
+            line = refusal(f'data {{ text_file {{ path: "{path}" }} }}', "model.llama.n_layer=1")
+            self.assertIn(f'data.text_file.path = "{path}"', line)
+            self.assertNotIn("note:", line)
         self.assertEqual(
             refusal("data { synthetic {} }", "data.text_file.path=c.txt",
                     "data.text_file.val_fraction=abc"),

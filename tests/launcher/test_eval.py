@@ -277,5 +277,6 @@ class Evaluation(lu.TempDirTest):
             self.assertRegex(result.stderr, message)
             self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
 
+
 if __name__ == "__main__":
     lu.main()
