@@ -117,18 +117,21 @@ Shape stored_b(const Problem& p) {
   return p.trans_b ? Shape{p.n, p.k} : Shape{p.k, p.n};
 }
 
-// The values of a tensor of `dtype` as floats, times `scale`.
-std::vector<float> widened(const Tensor& t, float scale) {
-  std::vector<float> out(static_cast<size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    switch (t.dtype()) {
-      case DType::kF32: out[i] = t.data_as<float>()[i]; break;
-      case DType::kBF16: out[i] = to_float(t.data_as<bf16>()[i]); break;
-      case DType::kE4M3: out[i] = to_float(t.data_as<fp8_e4m3>()[i]); break;
-      default: throw Error("bench_cpu_gemm: no widening of this dtype");
-    }
-    out[i] *= scale;
-  }
+// C = op(A) op(B) of the problem's shape by cblas_sgemm, row-major (the anchor, and the
+// reference its products are checked against).
+void sgemm_of(const Problem& p, const float* a, const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
+              p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(p.m), static_cast<int>(p.n),
+              static_cast<int>(p.k), 1.0f, a, static_cast<int>(p.trans_a ? p.m : p.k), b,
+              static_cast<int>(p.trans_b ? p.k : p.n), 0.0f, c, static_cast<int>(p.n));
+}
+
+// The values of a tensor as floats (the backend's cast, exact when it widens), times `scale`.
+std::vector<float> widened(Backend& backend, const Tensor& t, float scale) {
+  Tensor f32 = Tensor::empty(t.shape(), DType::kF32);
+  backend.cast(t, f32, {});
+  std::vector<float> out(f32.data_as<float>(), f32.data_as<float>() + f32.numel());
+  for (float& x : out) x *= scale;
   return out;
 }
 
@@ -137,23 +140,16 @@ std::vector<float> widened(const Tensor& t, float scale) {
 // (u = 2^-24, |A||B| the product of the magnitudes), and a BF16 output rounds once more, by
 // at most 2^-8 of its value. A kernel that computes something else, even in one element, must
 // not be timed as a fast one.
-void check_product(const Problem& p, const Tensor& a, const Tensor& b, const Tensor& c,
-                   float operand_scale) {
-  std::vector<float> a32 = widened(a, operand_scale), b32 = widened(b, operand_scale);
-  const auto product = [&](const std::vector<float>& x, const std::vector<float>& y) {
-    std::vector<float> out(static_cast<size_t>(p.m * p.n));
-    cblas_sgemm(CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans,
-                p.trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(p.m), static_cast<int>(p.n),
-                static_cast<int>(p.k), 1.0f, x.data(), static_cast<int>(p.trans_a ? p.m : p.k),
-                y.data(), static_cast<int>(p.trans_b ? p.k : p.n), 0.0f, out.data(),
-                static_cast<int>(p.n));
-    return out;
-  };
-  const std::vector<float> ref = product(a32, b32);
+void check_product(Backend& backend, const Problem& p, const Tensor& a, const Tensor& b,
+                   const Tensor& c, float operand_scale) {
+  std::vector<float> a32 = widened(backend, a, operand_scale);
+  std::vector<float> b32 = widened(backend, b, operand_scale);
+  std::vector<float> ref(static_cast<size_t>(p.m * p.n)), magnitude(ref.size());
+  sgemm_of(p, a32.data(), b32.data(), ref.data());
   for (float& x : a32) x = std::fabs(x);
   for (float& x : b32) x = std::fabs(x);
-  const std::vector<float> magnitude = product(a32, b32);
-  const std::vector<float> got = widened(c, 1.0f);
+  sgemm_of(p, a32.data(), b32.data(), magnitude.data());
+  const std::vector<float> got = widened(backend, c, 1.0f);
   const double sums = 2.0 * static_cast<double>(p.k) * 0x1p-24;
   const double rounding = c.dtype() == DType::kF32 ? 0.0 : 0x1p-8;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -178,11 +174,7 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
   Tensor c32 = Tensor::empty({p.m, p.n}, DType::kF32);
   const auto sgemm = [&] {
     openblas_set_num_threads(blas_threads);
-    cblas_sgemm(
-        CblasRowMajor, p.trans_a ? CblasTrans : CblasNoTrans, p.trans_b ? CblasTrans : CblasNoTrans,
-        static_cast<int>(p.m), static_cast<int>(p.n), static_cast<int>(p.k), 1.0f,
-        a32.data_as<float>(), static_cast<int>(p.trans_a ? p.m : p.k), b32.data_as<float>(),
-        static_cast<int>(p.trans_b ? p.k : p.n), 0.0f, c32.data_as<float>(), static_cast<int>(p.n));
+    sgemm_of(p, a32.data_as<float>(), b32.data_as<float>(), c32.data_as<float>());
   };
   const double gflop =
       2e-9 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
@@ -205,7 +197,7 @@ void bench(Backend& backend, const Problem& p, int blas_threads, double min_seco
       }
       const PairTiming t = time_pair(
           sgemm, [&] { backend.gemm(a, b, c, params); }, min_seconds);
-      check_product(p, a, b, c, is_fp8(operands) ? scale.data_as<float>()[0] : 1.0f);
+      check_product(backend, p, a, b, c, is_fp8(operands) ? scale.data_as<float>()[0] : 1.0f);
       const double sgemm_gflops = gflop / t.anchor_seconds;
       const double gemm_gflops = gflop / t.op_seconds;
       std::printf("%-16s %5lld %5lld %5lld   %-4s  %-4s  %8.1f  %5.2f  %8.1f  %5.2f  %6.3f\n",

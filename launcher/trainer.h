@@ -14,11 +14,11 @@
 // run() trains to run.steps. After every step each rank logs its JSON line, rank 0 updates the
 // progress line, and all ranks agree, with one MAX all-reduce, on whether any of them received
 // SIGUSR1/SIGTERM/SIGINT or could not write its step log (AgreedStop). Checkpoints are written
-// every checkpoint.every_steps, at the end, and at an agreed stop. The divergence guard stops the run on a non-finite mean loss or validation
-// loss, or when the loss scaler gives up (non-finite gradients at its minimum scale
-// max_overflows_at_min times in a row). These conditions are identical on every rank (the
-// losses are summed over ranks, the overflow flag is MAX-reduced), so all ranks stop at the
-// same step and exit alike.
+// every checkpoint.every_steps, at the end, and at an agreed stop. The divergence guard stops
+// the run on a non-finite mean loss or validation loss, or when the loss scaler gives up
+// (non-finite gradients at its minimum scale max_overflows_at_min times in a row). These
+// conditions are identical on every rank (the losses are summed over ranks, the overflow flag
+// is MAX-reduced), so all ranks stop at the same step and exit alike.
 #pragma once
 
 #include <algorithm>

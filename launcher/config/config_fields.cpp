@@ -71,7 +71,7 @@ class TokenWalk {
       // A list after "field:", or a colon-less "field [{...}]" (not after a value such as
       // "-inf"); else the bracket of an extension or Any name ("[x.y]: ..."), which holds no
       // values of a field.
-      const bool list = seen(0) == ":" || (seen_identifier_[0] && seen(1) != ":" && seen(1) != "-");
+      const bool list = seen(0) == ":" || (seen_identifier_ && seen(1) != ":" && seen(1) != "-");
       lists_.push_back(list ? field_ : std::string());
     } else if (t.text == "]" && !lists_.empty()) {
       lists_.pop_back();
@@ -84,8 +84,7 @@ class TokenWalk {
     }
     seen_[1] = seen_[0];
     seen_[0] = t.text;
-    seen_identifier_[1] = seen_identifier_[0];
-    seen_identifier_[0] = t.type == pb::io::Tokenizer::TYPE_IDENTIFIER;
+    seen_identifier_ = t.type == pb::io::Tokenizer::TYPE_IDENTIFIER;
     return &t;
   }
 
@@ -114,7 +113,7 @@ class TokenWalk {
   std::vector<std::string> path_, lists_;  // lists_: the fields of the [ ... ] open ("": none)
   std::string field_;                      // the last identifier read
   std::string seen_[2];
-  bool seen_identifier_[2] = {false, false};
+  bool seen_identifier_ = false;  // whether the last token read was an identifier
   bool at_place_ = false;
 };
 
