@@ -260,6 +260,27 @@ class SlurmScripts(unittest.TestCase):
             self.assertTrue(result.stdout.startswith("usage: mantissa-mpirun"), result.stdout)
             self.assertIn("MANTISSA_ABORT_GRACE_S", result.stdout)
 
+    def test_mantissa_mpirun_passes_mpiruns_output_through_unchanged(self):
+        # Every byte of mpirun's stderr, as it came: tabs, backslashes, bytes that are not
+        # UTF-8, an empty line, spaces at either end; the last line lacks its newline, which
+        # the filter adds. A 100,000-line stream comes through whole.
+        wrapper = os.path.join(lu.ARGS.source_dir, "deploy", "mantissa-mpirun")
+        odd = b"a\\tb\t\\n \x01\xff\xfe caf\xc3\xa9\n\n   lead  \nno newline at the end"
+        many = b"".join(b"step %d/100000 | loss 3.14 | 12.3k tok/s\n" % i for i in range(100000))
+        stand_in = os.path.join(self.dir, "cat-mpirun")
+        with open(stand_in, "w") as f:
+            f.write('#!/bin/sh\nexec cat "$1" >&2\n')
+        os.chmod(stand_in, 0o755)
+        for name, data, expected in (("odd", odd, odd + b"\n"), ("many", many, many)):
+            with self.subTest(name):
+                path = os.path.join(self.dir, name)
+                with open(path, "wb") as f:
+                    f.write(data)
+                result = subprocess.run([wrapper, path], capture_output=True, timeout=60,
+                                        env={**os.environ, "MPIRUN": stand_in})
+                self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+                self.assertEqual(result.stderr, expected)
+
     def run_wrapper_over_hung_mpirun(self, banner, grace):
         # mantissa-mpirun over an mpirun that prints `banner` (its lines) on stderr, then hangs
         # as on a lost host; returns the result and the seconds it took.
