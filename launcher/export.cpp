@@ -94,8 +94,12 @@ std::filesystem::path shards_directory(const std::string& pattern) {
 }
 
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
+  if (!config.data().tokenizer().empty()) return config.data().tokenizer();
+  return shards_tokenizer_file(config);
+}
+
+std::optional<std::string> shards_tokenizer_file(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
-  if (!data.tokenizer().empty()) return data.tokenizer();
   if (!data.has_token_shards()) return std::nullopt;
   const std::filesystem::path beside =
       shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;

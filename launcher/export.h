@@ -32,6 +32,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
 // tokenizer.model beside the token shards when there is one; none for bytes.
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 
+// tokenizer.model beside the token shards (mantissa tokenize encode writes the tokenizer that
+// encoded them there), when the data are shards and it is there.
+std::optional<std::string> shards_tokenizer_file(const TrainConfig& config);
+
 // The directory a token shard pattern's files are in: the pattern's own, with glob(3)'s
 // backslash escapes removed ("shards \[v2]/train_*.bin" is in "shards [v2]"); "." for none.
 std::filesystem::path shards_directory(const std::string& pattern);

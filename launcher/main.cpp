@@ -16,6 +16,7 @@
 #include "launcher/export.h"
 #include "launcher/plan/plan.h"
 #include "launcher/rank_agreement.h"
+#include "launcher/run_dir.h"
 #include "launcher/sample.h"
 #include "launcher/signals.h"
 #include "launcher/tokenize/tokenize.h"
@@ -405,6 +406,7 @@ int export_command(int argc, char** argv) {
       std::fputs(kExportHelp, stdout);
       return kExitOk;
     }
+    if (!parsed.run_dir.empty()) require_run_directory(parsed.run_dir);
     // The weights come from the checkpoints: the training data need not be there.
     const TrainConfig config = effective_config_noted(parsed, 0, DataFiles::kSkip);
     core::InterruptWatch interrupt;  // Ctrl-C leaves no temporary file behind

@@ -17,4 +17,8 @@ inline std::string run_config_file(const std::string& run_dir) {
   return run_dir + "/config.pbtxt";
 }
 
+// Throws core::ConfigError, as `--run DIR: why`, unless `run_dir` is a directory holding a
+// config.pbtxt (export --run and sample --run read it).
+void require_run_directory(const std::string& run_dir);
+
 }  // namespace mantissa::launcher

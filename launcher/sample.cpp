@@ -299,18 +299,8 @@ void let_openmp_threads_sleep(char** argv) {
 
 int run_sample(const SampleArgs& args) {
   validate_environment();
+  require_run_directory(args.run_dir);
   const fs::path config_path = run_config_file(args.run_dir);
-  if (!fs::is_directory(args.run_dir)) {
-    bad_input("--run", args.run_dir,
-              fs::exists(args.run_dir) ? "is not a directory (--run takes a run.dir)"
-                                       : "no such directory");
-  }
-  if (!fs::is_regular_file(config_path)) {
-    bad_input("--run", args.run_dir,
-              fs::exists(config_path)
-                  ? "has a config.pbtxt that is not a regular file"
-                  : "has no config.pbtxt (not the run.dir of a `mantissa train` run?)");
-  }
   TrainConfig config = load_config_file(config_path.string());
   apply_defaults(config, config_path.string());
   if (config.model().has_mlp()) {

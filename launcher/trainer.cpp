@@ -229,6 +229,13 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
         " training file(s) hold fewer than seq_len + 1 = " + std::to_string(dims.seq_len + 1) +
         " tokens, and no window reads them: " + names);
   }
+  // A corpus smaller than one step's batch is allowed (a test of the set-up, a tiny text), but
+  // every step then reads the same tokens again: said, as a newcomer may not expect it.
+  if (train_data_.tokens < global_batch * dims.seq_len) {
+    say("mantissa: note: the training data hold " + std::to_string(train_data_.tokens) +
+        " tokens, fewer than one step reads (" + std::to_string(global_batch) + " windows of " +
+        std::to_string(dims.seq_len) + "): every step reads the same tokens again");
+  }
   // Allowed (a user's choice), but never FP16's default: a config written out by an earlier
   // BF16 run (run.dir/config.pbtxt lists loss_scale.mode NONE) and resumed in FP16 gets it.
   if (config_.precision().mode() == TrainConfig::Precision::FP16 &&
@@ -330,6 +337,7 @@ void Trainer::build_data() {
                     " pieces of the tokenizer " + *path + " (" + source + ")");
         tokenizer_file_ = *path;
         tokenizer_crc32c_ = file_crc32c(*path);
+        require_shards_own_tokenizer();
       } catch (const core::ConfigError& e) {
         tokenizer_refusal = e.what();
       }
@@ -464,10 +472,20 @@ void Trainer::import_initial_weights() {
   // Every rank reads the file (a shared file system, like the data), so a file that does not
   // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
   const bool hf = is_hf_directory(path);
-  require(hf || !path.ends_with(".safetensors"), "model.init_from", "\"" + path + "\"",
-          "a safetensors file is read only as part of a Hugging Face directory (config.json "
-          "beside model.safetensors, as `mantissa export --format hf` writes); otherwise give an "
-          "llm.c model file");
+  if (!hf && path.ends_with(".safetensors")) {
+    // A file of a Hugging Face directory (config.json beside it): the directory is what to name.
+    std::filesystem::path directory = std::filesystem::path(path).parent_path();
+    if (directory.empty()) directory = ".";
+    std::error_code ec;
+    require(
+        !std::filesystem::is_regular_file(directory / "config.json", ec), "model.init_from",
+        "\"" + path + "\"",
+        "is a file of the Hugging Face directory " + directory.string() + ": name the directory");
+    require(false, "model.init_from", "\"" + path + "\"",
+            "a safetensors file is read only as part of a Hugging Face directory (config.json "
+            "beside model.safetensors, as `mantissa export --format hf` writes); otherwise give "
+            "an llm.c model file");
+  }
   try {
     if (hf) {
       import_hf_directory(path, hf_layout_of(*model_, "model.init_from"), model_->parameters(),
@@ -628,6 +646,27 @@ Trainer::Evaluation Trainer::maybe_evaluate(int64_t steps_done, StopRequest sign
       evaluator_->local_loss_sum(*model_, *backend_, policy_, progress);
   if (!local) return {std::nullopt, true};
   return {dp_->sum_across_ranks(*local) / static_cast<double>(evaluator_->tokens()), false};
+}
+
+void Trainer::require_shards_own_tokenizer() {
+  const TrainConfig::Data& data = config_.data();
+  const std::optional<std::string> shards_own = shards_tokenizer_file(config_);
+  if (data.tokenizer().empty() || !shards_own || file_crc32c(*shards_own) == tokenizer_crc32c_) {
+    return;
+  }
+  // The shards' ids are the pieces of the tokenizer that encoded them: another one would make
+  // sample and export read them as other text (and a resume without data.tokenizer would then
+  // be refused as a change of tokenizer). Almost always a mistake, so refused unless allowed.
+  const std::string differs = "data.tokenizer = \"" + data.tokenizer() +
+                              "\" is another than the tokenizer that encoded the shards, " +
+                              *shards_own;
+  if (!data.allow_tokenizer_change()) {
+    throw core::ConfigError(differs +
+                            ", so the token ids would stand for other text; leave data.tokenizer "
+                            "empty, or set data.allow_tokenizer_change=true to train with it");
+  }
+  say("mantissa: warning: " + differs +
+      ": sample and export read the token ids with data.tokenizer (data.allow_tokenizer_change)");
 }
 
 void Trainer::say(const std::string& line) {

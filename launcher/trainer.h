@@ -105,6 +105,9 @@ class Trainer {
   // The loss scaler's and FP8 scaling's state from the checkpoint, as far as this run's
   // settings take them (a fixed scale, another FP8 recipe: said, and started afresh).
   void restore_scaling(const checkpoint::CheckpointState& state);
+  // Rank 0's, once the run's tokenizer is read: data.tokenizer another than the tokenizer.model
+  // beside the shards is a core::ConfigError, unless data.allow_tokenizer_change, which warns.
+  void require_shards_own_tokenizer();
   // A checkpoint trained with another tokenizer (its CRC32C against rank 0's, which every rank
   // holds), or with one where this run finds none: RanksDisagree, unless
   // data.allow_tokenizer_change, which warns.

@@ -3,6 +3,7 @@
 #include <set>
 
 #include "launcher/config/option_value.h"
+#include "launcher/run_dir.h"
 
 namespace mantissa::launcher {
 
@@ -44,7 +45,8 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
         throw core::ConfigError(
             std::string(run_given ? "--run given twice" : "--run with --config") + usage);
       }
-      out.config_path = value + "/config.pbtxt";
+      out.run_dir = value;
+      out.config_path = run_config_file(value);
       out.sets.insert(out.sets.begin(), "run.dir=" + value);
       run_given = true;
     } else if (name == "--set") {

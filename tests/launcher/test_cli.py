@@ -289,6 +289,20 @@ class ConfigErrors(lu.TempDirTest):
         self.assert_config_error(
             f'mantissa: model.init_from = "{hf}/model.safetensors": cannot be read: No such file '
             f'or directory', "--set", "model.gpt2={}", "--set", f"model.init_from={hf}")
+        # A safetensors file is read only in its Hugging Face directory: the directory is named
+        # where config.json is beside the file.
+        loose = self.write("loose.safetensors", "")
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{loose}": a safetensors file is read only as part of a '
+            "Hugging Face directory (config.json beside model.safetensors, as `mantissa export "
+            "--format hf` writes); otherwise give an llm.c model file", "--set",
+            "model.gpt2={}", "--set", f"model.init_from={loose}")
+        self.write("hf/config.json", "{}")
+        self.write("hf/model.safetensors", "")
+        self.assert_config_error(
+            f'mantissa: model.init_from = "{hf}/model.safetensors": is a file of the Hugging Face '
+            f"directory {hf}: name the directory", "--set", "model.gpt2={}", "--set",
+            f"model.init_from={hf}/model.safetensors")
         # A file that does not hold this model: found when the Trainer imports it.
         with open(model, "wb") as f:
             f.write(struct.pack("<256i", *([20240326, 3, 16, 256, 3, 2, 32, 256] + [0] * 248)))
@@ -404,6 +418,17 @@ class ConfigErrors(lu.TempDirTest):
             'mantissa: run.dir = "runs/c": holds no checkpoint to export (runs/c/checkpoints '
             'holds only an unfinished save (step_00000002.tmp), which a run killed while saving '
             'leaves)', "--out", "w.safetensors", command="export")
+
+    def test_export_from_a_run_directory_that_is_not_one(self):
+        # As mantissa sample says it: the directory, not the config file inside it.
+        for run, why in (("nowhere", "no such directory"),
+                         (self.write("afile", ""), "is not a directory (--run takes a run.dir)"),
+                         (self.dir, "has no config.pbtxt (not the run.dir of a `mantissa train` "
+                                    "run?)")):
+            with self.subTest(run=run):
+                result = self.mantissa("export", "--run", run, "--out", "w.safetensors")
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stderr, f"mantissa: --run {run}: {why}\n")
 
     def test_export_when_the_checkpoints_cannot_be_listed(self):
         # A listing that fails is no empty directory; its kind (a file in the way: 2) holds

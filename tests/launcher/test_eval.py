@@ -278,5 +278,23 @@ class Evaluation(lu.TempDirTest):
             self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
 
 
+    def test_a_text_smaller_than_one_steps_batch_is_noted(self):
+        # 4 windows of 64 tokens a step (256 tokens) from a text of 200 bytes (its tokens): every
+        # step reads the same tokens again, which the start says; 300 bytes need no note.
+        config = self.write("eval.pbtxt", CONFIG)
+        note = ("mantissa: note: the training data hold 200 tokens, fewer than one step reads (4 "
+                "windows of 64): every step reads the same tokens again")
+        for size, noted in ((200, True), (300, False)):
+            with self.subTest(size=size):
+                text = self.write(f"text{size}.txt", "".join(
+                    chr(ord("a") + i % 26) for i in range(size)))
+                result = self.mantissa("train", "--config", config, "--set",
+                                       f"run.dir=run{size}", "--set", "run.steps=2", "--set",
+                                       "run.eval_every=0", "--set", f"data.text_file={{path: "
+                                       f'"{text}" val_fraction: 0}}')
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(note in result.stderr, noted, result.stderr)
+
+
 if __name__ == "__main__":
     lu.main()

@@ -434,6 +434,45 @@ precision {{ mode: FP32 }}
                          "was trained with one, so its token ids stand for other text; set "
                          "data.allow_tokenizer_change=true to train on with them\n")
 
+    def test_a_data_tokenizer_other_than_the_shards_own_is_refused_unless_allowed(self):
+        # The tokenizer.model beside the shards encoded them; data.tokenizer names another: sample
+        # and export would read the ids as other text. Refused (one message on 2 ranks), unless
+        # data.allow_tokenizer_change, which warns; a copy of the shards' own is the same.
+        first = self.train_tokenizer([LICENCE], 600, "first.model")
+        second = self.train_tokenizer([LICENCE], 700, "second.model")
+        out_dir = self.encode(first, [LICENCE], "shards")
+        config = self.write("run.pbtxt", f"""
+run {{ steps: 1 seed: 1 device: CPU dir: "{self.dir}/run" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
+data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
+precision {{ mode: FP32 }}
+checkpoint {{ resume: NEVER }}
+""")
+
+        def train(tokenizer, *sets, code=0, ranks=0):
+            args = [a for s in sets for a in ("--set", s)]
+            shutil.rmtree(os.path.join(self.dir, "run"), ignore_errors=True)
+            result = self.mantissa("train", "--config", config, "--set",
+                                   f"data.tokenizer={tokenizer}", *args, ranks=ranks)
+            self.assertEqual(result.returncode, code, result.stderr)
+            return result.stderr
+
+        differs = (f'data.tokenizer = "{second}" is another than the tokenizer that encoded the '
+                   f"shards, {out_dir}/tokenizer.model")
+        refusal = (f"mantissa: {differs}, so the token ids would stand for other text; leave "
+                   "data.tokenizer empty, or set data.allow_tokenizer_change=true to train with "
+                   "it\n")
+        self.assertEqual(train(second, code=2), refusal)
+        both = train(second, code=2, ranks=2)
+        self.assertEqual(both.count("mantissa: "), 1, both)
+        self.assertIn(refusal, both)
+        self.assertIn(f"mantissa: warning: {differs}: sample and export read the token ids with "
+                      "data.tokenizer (data.allow_tokenizer_change)\n",
+                      train(second, "data.allow_tokenizer_change=true"))
+        copy = os.path.join(self.dir, "first_copy.model")
+        shutil.copy2(first, copy)
+        self.assertNotIn("warning", train(copy))
+
     def test_a_ctrl_c_while_the_start_reads_the_tokenizer_stops_as_any_start_does(self):
         # A Ctrl-C at a terminal (or a job's SIGTERM to its process group) also reaches the
         # mantissa-tokenize that the start runs to read the shards' tokenizer. The run stops as a

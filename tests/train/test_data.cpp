@@ -225,6 +225,13 @@ TEST_F(DataFiles, TextFileErrorsNameTheFile) {
   const std::string empty = write_bytes("empty.txt", {});
   msg = error_of([&] { Corpus::text_file(empty); });
   EXPECT_NE(msg.find("'" + empty + "' is empty"), std::string::npos) << msg;
+
+  const std::string shard = write_shard("train_000.bin", std::vector<uint16_t>(300, 7));
+  msg = error_of([&] { Corpus::text_file(shard); });
+  EXPECT_NE(msg.find("text file '" + shard + "' is an llm.c token shard (magic 20240520), not " +
+                     "text: name shards in data.token_shards.pattern"),
+            std::string::npos)
+      << msg;
 }
 
 // A validation shard's token past the vocabulary stops the start (the Evaluator reads its

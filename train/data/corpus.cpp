@@ -127,6 +127,14 @@ Corpus Corpus::synthetic_validation(uint64_t seed, int64_t n_tokens) {
 Corpus Corpus::text_file(const std::string& path) {
   const std::string bytes = core::read_whole_file(path, "text file");
   MANTISSA_REQUIRE(!bytes.empty(), kConfig, "text file '" << path << "' is empty");
+  // A token shard given as text would train on its header and its ids' bytes, without a word.
+  if (bytes.size() >= sizeof(int32_t)) {
+    int32_t magic = 0;
+    std::memcpy(&magic, bytes.data(), sizeof magic);
+    MANTISSA_REQUIRE(magic != kShardMagic && magic != kLlama3ShardMagic, kConfig,
+                     "text file '" << path << "' is an llm.c token shard (magic " << magic
+                                   << "), not text: name shards in data.token_shards.pattern");
+  }
 
   // Bytes go through unsigned char: a signed char would turn 0x80..0xFF into negative tokens.
   auto tokens = std::make_shared<std::vector<uint16_t>>(bytes.size());
