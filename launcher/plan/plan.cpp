@@ -49,9 +49,10 @@ options:
                      0.5; 0.01 to 4, but at most 1 on a GPU at its own peaks: a CPU whose
                      BF16 dot products outrun its FP32 FMA peak, or one --tflops for every
                      precision, may exceed 1). For a cluster, calibrate it on a measured
-                     run: bench/bench_scaling.sh does; on a CPU, calibrate each precision and
-                     seq_len apart (one --tflops stands for all precisions, and the attention's
-                     T x T passes, which count no FLOPs, grow with seq_len)
+                     run: bench/bench_scaling.sh does; on a CPU, calibrate each precision,
+                     seq_len and micro-batch apart (one --tflops stands for all precisions,
+                     the attention's T x T passes, which count no FLOPs, grow with seq_len, and
+                     a larger micro-batch's tensors cost page faults the FLOPs do not show)
   --memory-gbps M    bytes a device moves per second (read + write), GB/s, for the passes
                      whose cost does not grow with the tokens (AdamW, gradient zeroing, the
                      reduce casts); default: the device's (HBM), none for cpu (no such term)
@@ -60,9 +61,10 @@ options:
   -h, --help         this help
 
 Not modelled: the data loader, checkpoints, evaluation, and communication competing with
-compute for memory bandwidth or cores. On a CPU, evaluations can raise a process's peak memory
-by up to a quarter over the projection (measured: 1.2 to 1.6 GiB for 16 evaluation
-micro-batches): the C library's allocator keeps much of what their forward passes free.
+compute for memory bandwidth or cores. On a CPU the C library's allocator keeps much of what
+is freed: evaluations can raise a process's peak memory by up to a quarter over the
+projection (measured: 1.2 to 1.6 GiB for 16 evaluation micro-batches), and per-tensor FP8
+(DELAYED, CURRENT) may not show the activation memory it saves over BF16.
 
 exit codes: 0 the projection is printed; 2 a bad command line or config (one line saying why)
 )";
@@ -303,20 +305,23 @@ std::string plan_report(const PlanArgs& args) {
   out += memory_table(config, cost, cluster) + "\n";
 
   char lines[1024];
+  std::snprintf(lines, sizeof lines, "%.3g GiB of gradients per rank in %lld bucket%s",
+                step.gradient_bytes / kGiB, static_cast<long long>(step.buckets),
+                step.buckets == 1 ? "" : "s");
+  const std::string reduced = cluster.ranks == 1 ? "one rank: nothing to reduce" : lines;
   std::snprintf(
       lines, sizeof lines,
       "time per step (the config's row):\n"
       "  compute     %9.4f s  (%.4g TFLOP per rank at %g TFLOP/s, efficiency %.2f)\n"
       "  memory      %9.4f s  (%.3g GB per rank: AdamW, gradient zeroing, reduce casts)\n"
-      "  all-reduce  %9.4f s  (%.3g GiB of gradients per rank in %lld bucket%s)\n"
+      "  all-reduce  %9.4f s  (%s)\n"
       "  exposed     %9.4f s  after overlap with backward\n"
       "  step        %9.4f s  %s tokens/s, MFU %.3f\n",
       step.compute_s,
       cost.flops_per_token * static_cast<double>(step.tokens / cluster.ranks) / 1e12,
       config.precision().mode() == TrainConfig::Precision::FP32 ? d.fp32_tflops : d.bf16_tflops,
-      d.efficiency, step.memory_s, step.memory_bytes / 1e9, step.comm_s, step.gradient_bytes / kGiB,
-      static_cast<long long>(step.buckets), step.buckets == 1 ? "" : "s", step.exposed_s,
-      step.step_s(), si(step.tokens_per_s()).c_str(), step.mfu);
+      d.efficiency, step.memory_s, step.memory_bytes / 1e9, step.comm_s, reduced.c_str(),
+      step.exposed_s, step.step_s(), si(step.tokens_per_s()).c_str(), step.mfu);
   out += lines;
   std::snprintf(
       lines, sizeof lines,

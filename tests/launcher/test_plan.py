@@ -54,8 +54,11 @@ class Plan(lu.TempDirTest):
         # Above 1 at a peak of one's own (one --tflops for every precision), not at the GPU's.
         self.assertIn("efficiency 1.20", self.plan(*base, "--gpus", "8", "--tflops", "500",
                                                    "--efficiency", "1.2"))
-        single = projection(self.plan(*base, "--gpus", "1"))
+        single_out = self.plan(*base, "--gpus", "1")
+        single = projection(single_out)
         self.assertEqual(single["exposed_s"], 0)
+        self.assertIn("all-reduce     0.0000 s  (one rank: nothing to reduce)\n", single_out)
+        self.assertIn(" GiB of gradients per rank in ", self.plan(*base, "--gpus", "8"))
         # One rank has an MFU too (it printed 0).
         self.assertAlmostEqual(single["mfu"] / small["mfu"], 1.0, delta=0.3)
 
