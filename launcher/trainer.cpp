@@ -663,7 +663,8 @@ void Trainer::require_shards_own_tokenizer() {
   if (!data.allow_tokenizer_change()) {
     throw core::ConfigError(differs +
                             ", so the token ids would stand for other text; leave data.tokenizer "
-                            "empty, or set data.allow_tokenizer_change=true to train with it");
+                            "empty, or set data.allow_tokenizer_change=true to train with it (a "
+                            "run that has trained with it resumes only so)");
   }
   say("mantissa: warning: " + differs +
       ": sample and export read the token ids with data.tokenizer (data.allow_tokenizer_change)");

@@ -45,6 +45,7 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
         throw core::ConfigError(
             std::string(run_given ? "--run given twice" : "--run with --config") + usage);
       }
+      if (value.empty()) throw core::ConfigError("--run needs a run directory" + usage);
       out.run_dir = value;
       out.config_path = run_config_file(value);
       out.sets.insert(out.sets.begin(), "run.dir=" + value);

@@ -429,6 +429,10 @@ class ConfigErrors(lu.TempDirTest):
                 result = self.mantissa("export", "--run", run, "--out", "w.safetensors")
                 self.assertEqual(result.returncode, 2, result.stderr)
                 self.assertEqual(result.stderr, f"mantissa: --run {run}: {why}\n")
+        result = self.mantissa("export", "--run", "", "--out", "w.safetensors")
+        self.assertEqual((result.returncode, result.stderr), (2, "mantissa: --run needs a run "
+                                                                 "directory (see mantissa export "
+                                                                 "--help)\n"))
 
     def test_export_when_the_checkpoints_cannot_be_listed(self):
         # A listing that fails is no empty directory; its kind (a file in the way: 2) holds

@@ -461,7 +461,7 @@ checkpoint {{ resume: NEVER }}
                    f"shards, {out_dir}/tokenizer.model")
         refusal = (f"mantissa: {differs}, so the token ids would stand for other text; leave "
                    "data.tokenizer empty, or set data.allow_tokenizer_change=true to train with "
-                   "it\n")
+                   "it (a run that has trained with it resumes only so)\n")
         self.assertEqual(train(second, code=2), refusal)
         both = train(second, code=2, ranks=2)
         self.assertEqual(both.count("mantissa: "), 1, both)
