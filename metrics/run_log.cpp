@@ -177,15 +177,21 @@ void require_writable_file(const std::filesystem::path& path) {
   ::close(fd);
 }
 
-// Keeps in `path` the last line of each step before first_step and moves every other line
+// Keeps in `log` the last line of each step before first_step and moves every other line
 // (steps >= first_step, a step's earlier lines as logs before the rule have them, cut-short
-// lines) to the end of `rolled_back`: appended and synced there first, then `path` cut short
+// lines) to the end of `rolled_back`: appended and synced there first, then `log` cut short
 // (the usual case: the lines to move are its tail) or replaced by what stays. A crash in
 // between leaves a line in both, never in neither.
-void move_redone_steps(const std::filesystem::path& path, const std::filesystem::path& rolled_back,
+void move_redone_steps(const std::filesystem::path& log, const std::filesystem::path& rolled_back,
                        int64_t first_step) {
-  core::remove_temporaries_of(path.string());  // of a rewrite below, by a start that was killed
+  // A log that is a symbolic link (to another file system, say) is rewritten where it points,
+  // and stays a link: a rewrite at the link would put a file in its place.
   std::error_code ec;
+  const std::filesystem::path path =
+      std::filesystem::is_symlink(log, ec) && std::filesystem::exists(log, ec)
+          ? std::filesystem::canonical(log)
+          : log;
+  core::remove_temporaries_of(path.string());      // of a rewrite below, by a start that was killed
   if (!std::filesystem::exists(path, ec)) return;  // a new log
   if (std::filesystem::is_directory(path, ec)) {
     throw core::ConfigError("cannot open '" + path.string() + "': " + std::strerror(EISDIR));

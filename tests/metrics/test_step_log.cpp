@@ -110,6 +110,25 @@ TEST_F(StepLogStart, TheTemporaryOfARewriteThatWasKilledGoes) {
   EXPECT_EQ(read("rank0.jsonl"), std::vector<std::string>{line(0, "a")});
 }
 
+// A log kept elsewhere through a symbolic link is rewritten there, and the link stays.
+TEST_F(StepLogStart, ALinkedLogIsRewrittenWhereItPointsAndStaysALink) {
+  const tests::ScratchDir elsewhere("mantissa_step_log_elsewhere");
+  {
+    std::ofstream out(elsewhere.file("rank0.jsonl"));
+    // Step 1 logged twice, before the one-line rule: no tail to cut, a rewrite.
+    for (const std::string& l : {line(0, "a"), line(1, "a"), line(1, "b"), line(2, "b")}) {
+      out << l << "\n";
+    }
+  }
+  const fs::path link = fs::path(run_dir()) / "log" / "rank0.jsonl";
+  fs::create_symlink(elsewhere.file("rank0.jsonl"), link);
+  { StepLog log(run_dir(), 0, 1, 2, logged_ranks_beyond(run_dir(), 1)); }
+  EXPECT_TRUE(fs::is_symlink(link));
+  EXPECT_EQ(read("rank0.jsonl"), (std::vector<std::string>{line(0, "a"), line(1, "b")}));
+  EXPECT_EQ(read("rank0.rolled_back.jsonl"),
+            (std::vector<std::string>{line(1, "a"), line(2, "b")}));
+}
+
 TEST_F(StepLogStart, AResumeCutsTheRedoneStepsOffTheSameFile) {
   // The usual resume: rising steps, then the steps after the checkpoint and a line cut short
   // without its newline. The log is shortened in place (a `tail -f` keeps following it), not
