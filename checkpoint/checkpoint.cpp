@@ -125,37 +125,6 @@ std::vector<Segment> padding_segments(const std::vector<ParameterLayout>& saved,
   return segments;
 }
 
-// The steps of the step_<digits> directories in `dir`, newest first. Temporary directories
-// (step_<N>.tmp) and anything else are ignored.
-std::vector<int64_t> list_checkpoints(const std::string& dir) {
-  // A listing that fails is no empty listing: the run would start afresh and its first save
-  // would remove every checkpoint as newer than its own.
-  const auto failed = [&](const std::error_code& ec) {
-    throw CheckpointUnreadable("cannot list the checkpoints in " + dir + ": " + ec.message(),
-                               core::path_error_kind(ec.value()));
-  };
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  fs::directory_iterator entries(dir, ec);
-  if (ec == std::errc::no_such_file_or_directory) return steps;  // no checkpoint yet
-  if (ec) failed(ec);
-  for (; entries != fs::directory_iterator(); entries.increment(ec)) {
-    const std::string name = entries->path().filename().string();
-    const std::string digits = name.size() > 5 ? name.substr(5) : "";
-    const bool is_step =
-        name.starts_with("step_") && digits.size() >= 8 && digits.size() <= 18 &&
-        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (!is_step) continue;
-    std::error_code entry_ec;  // removed since the listing: not a checkpoint
-    const bool is_directory = entries->is_directory(entry_ec);
-    if (entry_ec && entry_ec != std::errc::no_such_file_or_directory) failed(entry_ec);
-    if (is_directory) steps.push_back(std::stoll(digits));
-  }
-  if (ec) failed(ec);  // the listing stopped part way
-  std::sort(steps.rbegin(), steps.rend());
-  return steps;
-}
-
 // Removes the checkpoint directory `dir`. It is renamed first, to a name that is no checkpoint's
 // and that the next save's first phase clears, so that a crash part way leaves no partial
 // step_<N> to count as a (damaged) checkpoint against checkpoint.keep.
@@ -194,6 +163,38 @@ std::string checkpoint_dir_name(int64_t step) {
   char name[40];
   std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(step));
   return name;
+}
+
+std::vector<int64_t> list_checkpoints(const std::string& dir) {
+  // A listing that fails is no empty listing: the run would start afresh and its first save
+  // would remove every checkpoint as newer than its own.
+  const auto failed = [&](const std::error_code& ec) {
+    throw CheckpointUnreadable("cannot list the checkpoints in " + dir + ": " + ec.message(),
+                               core::path_error_kind(ec.value()));
+  };
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  fs::directory_iterator entries(dir, ec);
+  if (ec == std::errc::no_such_file_or_directory) return steps;  // no checkpoint yet
+  if (ec) failed(ec);
+  for (; entries != fs::directory_iterator(); entries.increment(ec)) {
+    const std::string name = entries->path().filename().string();
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    // Only checkpoint_dir_name's own spelling (8 digits, more without a leading 0): a copy
+    // named step_000000002 would be listed as step 2 and then read from step_00000002.
+    const bool is_step =
+        name.starts_with("step_") && digits.size() >= 8 && digits.size() <= 18 &&
+        (digits.size() == 8 || digits[0] != '0') &&
+        std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!is_step) continue;
+    std::error_code entry_ec;  // removed since the listing: not a checkpoint
+    const bool is_directory = entries->is_directory(entry_ec);
+    if (entry_ec && entry_ec != std::errc::no_such_file_or_directory) failed(entry_ec);
+    if (is_directory) steps.push_back(std::stoll(digits));
+  }
+  if (ec) failed(ec);  // the listing stopped part way
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
 }
 
 namespace {

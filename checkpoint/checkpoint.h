@@ -163,6 +163,11 @@ BufferSlice whole_masters(train::ParameterStore& params);
 // which a run killed while saving leaves", or "holds no step_<8 digits> directory".
 std::string no_checkpoint_reason(const std::string& dir);
 
+// The steps of the step_<N> directories in `dir` (a run's checkpoints), newest first, complete
+// or not yet verified; temporary directories (step_<N>.tmp) and anything else are ignored.
+// Empty when `dir` does not exist; throws CheckpointUnreadable when it cannot be listed.
+std::vector<int64_t> list_checkpoints(const std::string& dir);
+
 // An intact checkpoint whose parameter layout is not the model's (another model config). It
 // carries the config the checkpoint recorded (empty on the ranks that only learnt of it from
 // another), so that the caller can name the settings that differ.

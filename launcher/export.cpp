@@ -39,7 +39,7 @@ std::optional<std::string> tokenizer_to_export(const TrainConfig& config, const 
   const TrainConfig::Data& data = config.data();
   require_named_tokenizer(config, "mantissa export");
   const std::optional<std::string> found = run_tokenizer_file(config);
-  if (found || !data.has_token_shards() || model_shape(config.model()).vocab_size <= 256) {
+  if (found || !data.has_token_shards() || shard_ids_are_bytes(config)) {
     return found;
   }
   const std::filesystem::path shards = shards_directory(data.token_shards().pattern());
@@ -96,6 +96,10 @@ std::filesystem::path shards_directory(const std::string& pattern) {
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config) {
   if (!config.data().tokenizer().empty()) return config.data().tokenizer();
   return shards_tokenizer_file(config);
+}
+
+bool shard_ids_are_bytes(const TrainConfig& config) {
+  return model_shape(config.model()).vocab_size <= 256;
 }
 
 std::optional<std::string> shards_tokenizer_file(const TrainConfig& config) {

@@ -32,6 +32,10 @@ std::string export_checkpoint_weights(const TrainConfig& config, const std::stri
 // tokenizer.model beside the token shards when there is one; none for bytes.
 std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 
+// Whether token shards that have no tokenizer are bytes: a vocabulary of at most 256 ids, each
+// a byte's value (sample decodes them so; an export needs no tokenizer for them).
+bool shard_ids_are_bytes(const TrainConfig& config);
+
 // tokenizer.model beside the token shards (mantissa tokenize encode writes the tokenizer that
 // encoded them there), when the data are shards and it is there.
 std::optional<std::string> shards_tokenizer_file(const TrainConfig& config);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "core/interrupt.h"
 #include "dist/world.h"
 #include "launcher/build_info.h"
@@ -217,85 +218,13 @@ void report_config_error(int rank, const std::string& message) {
   if (rank == 0) std::fprintf(stderr, "mantissa: %s\n", message.c_str());
 }
 
-// Whether a refusal ("FIELD = VALUE: rule") names a field of `member` with its value: the
-// refused field itself ("model.llama.n_head = 5: ...") or one its rule cites ("... must be >=
-// model.llama.seq_len = 256", "[model.llama.seq_len + 1 = 257, ...]"). A path inside a quoted
-// value, or a list of fields the rule names without values, is no such citation.
-bool cites_a_value_of(const std::string& said, const std::string& member) {
-  // What the refusal says outside the values it quotes ("...", with \" inside), which it does
-  // not cite.
-  std::string refusal = said;
-  bool quoted = false;
-  for (size_t i = 0; i < refusal.size(); ++i) {
-    const char c = refusal[i];
-    if (quoted && c == '\\' && i + 1 < refusal.size()) {
-      refusal[i] = refusal[i + 1] = '"';
-      ++i;
-    } else if (c == '"') {
-      quoted = !quoted;
-    } else if (quoted) {
-      refusal[i] = '"';
-    }
-  }
-  const std::string prefix = member + ".";
-  for (size_t at = refusal.find(prefix); at != std::string::npos;
-       at = refusal.find(prefix, at + 1)) {
-    if (at > 0 && refusal[at - 1] != ' ' && refusal[at - 1] != '(' && refusal[at - 1] != '[') {
-      continue;
-    }
-    size_t end = at + prefix.size();
-    while (end < refusal.size() && (std::islower(static_cast<unsigned char>(refusal[end])) ||
-                                    std::isdigit(static_cast<unsigned char>(refusal[end])) ||
-                                    refusal[end] == '_' || refusal[end] == '.')) {
-      ++end;
-    }
-    const bool cited = refusal.compare(end, 3, " = ") == 0 || refusal.compare(end, 3, " + ") == 0;
-    if (end > at + prefix.size() && cited) return true;
-  }
-  return false;
-}
-
-// effective_config, with its notes (what the --set arguments replaced) on stderr from rank 0.
-// When the config is refused for a field no --set named, the notes about the members whose
-// values the refusal cites join the error's line: a --set that switched a oneof member leaves
-// the new member's other fields at their defaults, and the note says why (`--set
-// data.text_file.val_fraction=0.5`: "data.text_file.path = "": must name a file"; `--set
-// model.llama.n_layer=1`: "run.eval_tokens = 64: must be >= model.llama.seq_len = 256").
-TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
-                                   DataFiles files = DataFiles::kCheck) {
-  std::vector<OverrideNote> notes;
-  try {
-    TrainConfig config = effective_config(parsed, notes, files);
-    if (rank == 0) {
-      for (const OverrideNote& note : notes)
-        std::fprintf(stderr, "mantissa: note: %s\n", note.text.c_str());
-    }
-    return config;
-  } catch (const core::ConfigError& e) {
-    const std::string what = e.what();
-    const size_t equals = what.find(" = ");
-    if (equals == std::string::npos) throw;
-    const std::string field = what.substr(0, equals);
-    const bool field_was_set =
-        std::any_of(parsed.sets.begin(), parsed.sets.end(), [&](const std::string& set) {
-          const std::string path = set.substr(0, set.find('='));
-          return field == path || field.starts_with(path + ".");
-        });
-    // The last note of each member: a member selected twice took its defaults the last time.
-    std::vector<const OverrideNote*> last;
-    for (const OverrideNote& note : notes) {
-      std::erase_if(last, [&](const OverrideNote* n) { return n->selected == note.selected; });
-      last.push_back(&note);
-    }
-    std::string joined;
-    for (const OverrideNote* note : last) {
-      if (cites_a_value_of(what, note->selected)) {
-        joined += (joined.empty() ? "" : "; ") + note->text;
-      }
-    }
-    if (joined.empty() || field_was_set) throw;
-    throw core::ConfigError(what + " (note: " + joined + ")");
-  }
+// check_initial_weights for a start that will read them: a run.dir with checkpoints resumes
+// (or, with checkpoint.resume NEVER, is refused), and a fine-tuned run's requeue must not need
+// the weights it started from, which may be gone by then.
+void check_initial_weights_of_a_fresh_start(const TrainConfig& config) {
+  if (config.model().init_from().empty()) return;
+  if (!checkpoint::list_checkpoints(run_checkpoints_dir(config.run().dir())).empty()) return;
+  check_initial_weights(config.model());
 }
 
 // What sizes a run's memory, for a run that ran out of it.
@@ -324,6 +253,7 @@ int train_command(int argc, char** argv) {
   try {
     parsed = parse_train_args("train", args);
     config = effective_config_noted(parsed, world.rank());
+    check_initial_weights_of_a_fresh_start(config);
     validate_for_world(config, world.size(), world.local_rank());
   } catch (const core::ConfigError& e) {
     refused = std::to_string(kExitConfig) + " " + e.what();
@@ -389,6 +319,7 @@ int config_command(int argc, char** argv) {
       return kExitOk;
     }
     const TrainConfig config = effective_config_noted(parsed, 0);
+    check_initial_weights_of_a_fresh_start(config);
     std::fputs((parsed.get.empty() ? to_text(config) : config_value(config, parsed.get)).c_str(),
                stdout);
     return kExitOk;

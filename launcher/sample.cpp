@@ -9,6 +9,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,7 +76,7 @@ Options take `--opt value` or `--opt=value`.
 tokens: the run's tokenizer turns the prompt into tokens and the tokens into text:
   data.tokenizer when the config sets it, else tokenizer.model in the directory of
   data.token_shards.pattern (where `mantissa tokenize encode` puts it); synthetic and
-  text_file data, and token shards of vocab_size 256 without a tokenizer.model, are bytes.
+  text_file data, and token shards of vocab_size at most 256 without a tokenizer.model, are bytes.
   With a tokenizer the prompt starts with the end-of-text token, as every document of the
   shards does (it prints nothing), and only the tokenizer's ids are drawn. With bytes an
   empty prompt starts from a newline, which is not printed.
@@ -99,9 +100,9 @@ exit codes:
      outside (0, 1], a file or directory it may not access (permissions), a --run that is
      missing or not a directory, a run directory without config.pbtxt or without a
      checkpoint, a step that has no checkpoint, a tokenizer file that is missing (named) or
-     refused, a prompt that is not valid UTF-8 for a tokenizer (bytes take any prompt), a
-     config that the checkpoint does not fit, a model other than GPT-2 or Llama, --device
-     CUDA without a GPU
+     refused, a prompt that is not valid UTF-8 for a tokenizer (bytes take any prompt whose
+     bytes the vocabulary holds), a config that the checkpoint does not fit, a model other
+     than GPT-2 or Llama, --device CUDA without a GPU
 )";
 
 const std::string kUsage = " (see mantissa sample --help)";
@@ -137,7 +138,7 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
       shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;
   std::error_code ec;
   const bool beside_exists = fs::exists(beside, ec);
-  require(found || !data.has_token_shards() || model_shape(config.model()).vocab_size == 256,
+  require(found || !data.has_token_shards() || shard_ids_are_bytes(config),
           "data.token_shards.pattern", "\"" + data.token_shards().pattern() + "\"",
           "has no tokenizer beside it: " + beside.string() +
               (beside_exists ? " is not a regular file" : " is missing") +
@@ -343,6 +344,15 @@ int run_sample(const SampleArgs& args) {
   } else {
     for (const char c : args.prompt) prompt.push_back(static_cast<unsigned char>(c));
   }
+  // Bytes are ids: a vocabulary of fewer than 256 ids has no token for the bytes past it.
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] >= vocab) {
+      bad_value("--prompt", "'" + args.prompt + "'",
+                "byte " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                    ", past the model's vocabulary of " + std::to_string(vocab) +
+                    " ids (each byte is a token)");
+    }
+  }
   const int64_t window = shape.seq_len;
   const int64_t vocab_limit = tokenizer ? tokenizer->vocab_size() : std::min<int64_t>(vocab, 256);
   const std::string cut =
@@ -390,6 +400,7 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
     if (args[i].starts_with("--") && args[i].find('=') == std::string::npos) ++i;
   }
   if (out.help) return out;
+  std::set<std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     const std::string name = arg.substr(0, arg.find('='));
@@ -400,6 +411,8 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
     }
     const std::string value = option_value(args, i, kUsage);
+    // A second value would silently replace the first.
+    if (!given.insert(name).second) throw core::ConfigError(name + " given twice" + kUsage);
     if (name == "--run") {
       out.run_dir = value;
     } else if (name == "--step") {

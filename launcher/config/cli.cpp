@@ -1,11 +1,56 @@
 #include "launcher/config/cli.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <set>
 
 #include "launcher/config/option_value.h"
 #include "launcher/run_dir.h"
 
 namespace mantissa::launcher {
+
+namespace {
+
+// Whether a refusal ("FIELD = VALUE: rule") names a field of `member` with its value: the
+// refused field itself ("model.llama.n_head = 5: ...") or one its rule cites ("... must be >=
+// model.llama.seq_len = 256", "[model.llama.seq_len + 1 = 257, ...]"). A path inside a quoted
+// value, or a list of fields the rule names without values, is no such citation.
+bool cites_a_value_of(const std::string& said, const std::string& member) {
+  // What the refusal says outside the values it quotes ("...", with \" inside), which it does
+  // not cite.
+  std::string refusal = said;
+  bool quoted = false;
+  for (size_t i = 0; i < refusal.size(); ++i) {
+    const char c = refusal[i];
+    if (quoted && c == '\\' && i + 1 < refusal.size()) {
+      refusal[i] = refusal[i + 1] = '"';
+      ++i;
+    } else if (c == '"') {
+      quoted = !quoted;
+    } else if (quoted) {
+      refusal[i] = '"';
+    }
+  }
+  const std::string prefix = member + ".";
+  for (size_t at = refusal.find(prefix); at != std::string::npos;
+       at = refusal.find(prefix, at + 1)) {
+    if (at > 0 && refusal[at - 1] != ' ' && refusal[at - 1] != '(' && refusal[at - 1] != '[') {
+      continue;
+    }
+    size_t end = at + prefix.size();
+    while (end < refusal.size() && (std::islower(static_cast<unsigned char>(refusal[end])) ||
+                                    std::isdigit(static_cast<unsigned char>(refusal[end])) ||
+                                    refusal[end] == '_' || refusal[end] == '.')) {
+      ++end;
+    }
+    const bool cited = refusal.compare(end, 3, " = ") == 0 || refusal.compare(end, 3, " + ") == 0;
+    if (end > at + prefix.size() && cited) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args) {
   TrainArgs out;
@@ -93,6 +138,42 @@ TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& n
   apply_defaults(config, args.config_path);
   validate(config, files);
   return config;
+}
+
+TrainConfig effective_config_noted(const TrainArgs& parsed, int rank, DataFiles files) {
+  std::vector<OverrideNote> notes;
+  try {
+    TrainConfig config = effective_config(parsed, notes, files);
+    if (rank == 0) {
+      for (const OverrideNote& note : notes)
+        std::fprintf(stderr, "mantissa: note: %s\n", note.text.c_str());
+    }
+    return config;
+  } catch (const core::ConfigError& e) {
+    const std::string what = e.what();
+    const size_t equals = what.find(" = ");
+    if (equals == std::string::npos) throw;
+    const std::string field = what.substr(0, equals);
+    const bool field_was_set =
+        std::any_of(parsed.sets.begin(), parsed.sets.end(), [&](const std::string& set) {
+          const std::string path = set.substr(0, set.find('='));
+          return field == path || field.starts_with(path + ".");
+        });
+    // The last note of each member: a member selected twice took its defaults the last time.
+    std::vector<const OverrideNote*> last;
+    for (const OverrideNote& note : notes) {
+      std::erase_if(last, [&](const OverrideNote* n) { return n->selected == note.selected; });
+      last.push_back(&note);
+    }
+    std::string joined;
+    for (const OverrideNote* note : last) {
+      if (cites_a_value_of(what, note->selected)) {
+        joined += (joined.empty() ? "" : "; ") + note->text;
+      }
+    }
+    if (joined.empty() || field_was_set) throw;
+    throw core::ConfigError(what + " (note: " + joined + ")");
+  }
 }
 
 }  // namespace mantissa::launcher

@@ -34,4 +34,13 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
 TrainConfig effective_config(const TrainArgs& args, std::vector<OverrideNote>& notes,
                              DataFiles files = DataFiles::kCheck);
 
+// effective_config, with its notes (what the --set arguments replaced) on stderr from rank 0.
+// When the config is refused for a field no --set named, the notes about the members whose
+// values the refusal cites join the error's line: a --set that switched a oneof member leaves
+// the new member's other fields at their defaults, and the note says why (`--set
+// data.text_file.val_fraction=0.5`: "data.text_file.path = "": must name a file"; `--set
+// model.llama.n_layer=1`: "run.eval_tokens = 64: must be >= model.llama.seq_len = 256").
+TrainConfig effective_config_noted(const TrainArgs& parsed, int rank,
+                                   DataFiles files = DataFiles::kCheck);
+
 }  // namespace mantissa::launcher

@@ -64,6 +64,11 @@ bool has_validation_data(const TrainConfig::Data& data);
 enum class DataFiles { kCheck, kSkip };
 void validate(const TrainConfig& config, DataFiles files = DataFiles::kCheck);
 
+// model.init_from names weights the model can start from: an llm.c GPT-2 file, or a Hugging
+// Face directory with its files, readable. Apart from validate(): only a start that resumes
+// nothing reads them, and a run's checkpoints outlive them.
+void check_initial_weights(const TrainConfig::Model& model);
+
 // The checks that need the job's shape: the rank debug.inject_nonfinite_rank names exists, and
 // each rank's metrics port (metrics.port + its local rank) is a port. Every rank runs them
 // before the ranks compare their verdicts, so that one rank's refusal ends every rank alike.

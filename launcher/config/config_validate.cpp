@@ -218,7 +218,9 @@ void validate_llama(const Config::Model::Llama& m) {
   fits_float("model.llama.norm_eps", m.norm_eps());
 }
 
-ModelShape validate_model(const Config::Model& model) {
+}  // namespace
+
+void check_initial_weights(const Config::Model& model) {
   const std::string& init = model.init_from();
   std::error_code ec;
   if (!init.empty() && std::filesystem::is_directory(init, ec)) {
@@ -234,11 +236,17 @@ ModelShape validate_model(const Config::Model& model) {
          {sharded ? "model.safetensors.index.json" : "model.safetensors", "config.json"})
       check_readable_file("model.init_from", (dir / file).string());
   } else if (!init.empty()) {
+    // Readable first: a Hugging Face directory that is gone is no llm.c file of the wrong model.
+    check_readable_file("model.init_from", init);
     require(model.has_gpt2(), "model.init_from", quoted(init),
             "needs model.gpt2 (llm.c model files hold GPT-2 weights; Llama weights come from a "
             "Hugging Face model directory)");
-    check_readable_file("model.init_from", init);
   }
+}
+
+namespace {
+
+ModelShape validate_model(const Config::Model& model) {
   if (model.has_mlp()) {
     const Config::Model::MLP& m = model.mlp();
     width("model.mlp.n_embd", m.n_embd());

@@ -1,6 +1,7 @@
 #include "launcher/plan/plan.h"
 
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "core/config_check.h"
@@ -8,6 +9,7 @@
 #include "core/ops/flash_attention_switch.h"
 #include "core/precision/block_scaling.h"
 #include "core/precision/fp8_scaling.h"
+#include "launcher/config/cli.h"
 #include "launcher/config/config.h"
 #include "launcher/config/config_translate.h"
 #include "launcher/config/option_value.h"
@@ -205,6 +207,7 @@ std::string memory_table(const TrainConfig& config, const ModelCost& cost, const
 PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   PlanArgs out;
   const std::string usage = " (see mantissa plan --help)";
+  std::set<std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "-h" || arg == "--help") {
@@ -219,8 +222,11 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     for (const char* o : kOptions) known = known || name == o;
     if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     const std::string value = option_value(args, i, usage);
+    // One value each (--set may repeat): a second would silently replace the first.
+    if (name != "--set" && !given.insert(name).second) {
+      throw core::ConfigError(name + " given twice" + usage);
+    }
     if (name == "--config") {
-      if (!out.config_path.empty()) throw core::ConfigError("--config given twice" + usage);
       out.config_path = value;
     } else if (name == "--set") {
       out.sets.push_back(value);
@@ -257,15 +263,11 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
 }
 
 std::string plan_report(const PlanArgs& args) {
-  TrainConfig config = load_config_file(args.config_path);
-  std::string notes;
-  for (const std::string& set : args.sets) {
-    if (const std::optional<OverrideNote> note = apply_override(config, set)) {
-      notes += "note: " + note->text + "\n";
-    }
-  }
-  apply_defaults(config, args.config_path);
-  validate(config, DataFiles::kSkip);
+  TrainArgs config_args;
+  config_args.config_path = args.config_path;
+  config_args.sets = args.sets;
+  // Its notes go to stderr, as every command's: the report is for scripts too.
+  const TrainConfig config = effective_config_noted(config_args, 0, DataFiles::kSkip);
   const ModelCost cost = model_cost(config.model());
   const Cluster cluster = make_cluster(args, config);
   const DeviceSpec& d = cluster.device;
@@ -278,7 +280,7 @@ std::string plan_report(const PlanArgs& args) {
   const TrainConfig::Dist& dist = config.dist();
   const int nodes = (cluster.ranks + cluster.per_node - 1) / cluster.per_node;
 
-  std::string out = notes + "mantissa plan: " + args.config_path + ": " + cost.family + " of " +
+  std::string out = "mantissa plan: " + args.config_path + ": " + cost.family + " of " +
                     si(static_cast<double>(cost.parameters)) + " parameters, " +
                     format("%.3g GFLOP per token\n", cost.flops_per_token / 1e9);
   out += "cluster: " + std::to_string(cluster.ranks) + " x " + std::string(d.name) + " (" +

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -232,6 +233,7 @@ Args parse(const std::vector<std::string>& argv) {
     throw core::ConfigError("tokenize has no subcommand '" + args.subcommand + "' (" +
                             kSubcommands + ")" + kUsage);
   }
+  std::set<std::string> given;
   for (size_t i = 1; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
     const size_t eq = arg.find('=');
@@ -257,6 +259,10 @@ Args parse(const std::vector<std::string>& argv) {
       continue;
     }
     const std::string value = option_value(argv, i, kUsage);
+    // The inputs add up; any other second value would silently replace the first.
+    if (name != "--input" && name != "--input-list" && !given.insert(name).second) {
+      throw core::ConfigError(name + " given twice" + kUsage);
+    }
     if (name == "--input") {
       args.inputs.push_back(value);
     } else if (name == "--input-list") {

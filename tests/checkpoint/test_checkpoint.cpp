@@ -300,6 +300,17 @@ TEST_F(CheckpointTest, IncompleteSavesAreIgnoredAndCleanedUp) {
   EXPECT_FALSE(fs::exists(dir() + "/latest.4242-0.tmp"));
 }
 
+// Only the names saves give count: step_000000012 (a copy named by hand) is no checkpoint of
+// step 12, which would be read from step_00000012; longer numbers without a leading 0 are.
+TEST(CheckpointListing, OnlyTheNamesSavesGiveAreCheckpoints) {
+  const tests::ScratchDir dir("mantissa_ckpt_listing");
+  for (const char* name : {"step_00000007", "step_000000012", "step_123456789", "step_0000001",
+                           "step_00000009.tmp", "latest"}) {
+    fs::create_directories(dir.file(name));
+  }
+  EXPECT_EQ(checkpoint::list_checkpoints(dir.path()), (std::vector<int64_t>{123456789, 7}));
+}
+
 TEST_F(CheckpointTest, TruncatedPayloadFallsBackWithAMessage) {
   save(10);
   save(20);

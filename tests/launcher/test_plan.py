@@ -137,6 +137,15 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
                        "--efficiency", "--memory-gbps", "--cores", "--set"):
             self.assertIn(option, out)
 
+    def test_notes_go_to_stderr(self):
+        # As every command's: the report on stdout is for scripts too.
+        result = self.mantissa("plan", "--config", self.config("gpt2.pbtxt"), "--gpus", "8",
+                               "--set", "model.llama.n_layer=2")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("mantissa: note: --set model.llama.n_layer=2 selects model.llama",
+                      result.stderr)
+        self.assertTrue(result.stdout.startswith("mantissa plan: "), result.stdout)
+
     def test_errors_name_the_option_or_field(self):
         gpt2 = self.config("gpt2.pbtxt")
         cases = [
@@ -172,6 +181,13 @@ data { synthetic { n_tokens: 100000 } micro_batch_size: 8 }
             (["--config", gpt2, "--gpus", "8", "--set", "model.mlp={}"], "model.mlp"),
             (["--config", gpt2, "--gpus", "8", "--nodes", "2"], "unknown argument '--nodes'"),
             (["--config", gpt2, "--config", gpt2, "--gpus", "8"], "--config given twice"),
+            (["--config", gpt2, "--gpus", "1", "--gpus", "4"], "--gpus given twice"),
+            # A refusal that cites a member a --set switched to says so, as train's does.
+            (["--config", self.write("eval64.pbtxt", "run { eval_tokens: 64 }\n"
+                                                   "model { gpt2 { seq_len: 64 } }\n"),
+              "--gpus", "8", "--set", "model.llama.n_layer=1"],
+             "run.eval_tokens = 64: must be >= model.llama.seq_len = 256 (one window) (note: "
+             "--set model.llama.n_layer=1 selects model.llama in place of model.gpt2"),
         ]
         for args, message in cases:
             with self.subTest(args):

@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import select
+import struct
 import subprocess
 import tempfile
 import time
@@ -196,6 +197,8 @@ class TinyRun(unittest.TestCase):
         self.assertIn("--run needs a value, but the next argument is the option '--seed'",
                       self.bad("--run", "--seed", "3", run=False))
         self.assertIn("unknown argument '--topk'", self.bad("--topk", "3"))
+        self.assertIn("--max-new-tokens given twice",
+                      self.bad("--max-new-tokens", "1", "--max-new-tokens", "2"))
         self.assertIn("--max-new-tokens 'many': takes an integer",
                       self.bad("--max-new-tokens", "many"))
         self.assertIn("--step 30: no checkpoint", self.bad("--step", "30"))
@@ -289,6 +292,33 @@ data { token_shards { pattern: "not_here/train_*.bin" } }
         stderr = self.bad("--run", run, run=False)
         self.assertIn("not_here/tokenizer.model is missing (a path relative to the directory "
                       "mantissa train ran in: run mantissa sample from there)", stderr)
+
+    def test_a_prompt_byte_past_a_small_vocabulary_is_refused(self):
+        # Token shards of 100 ids without a tokenizer are bytes: "z" (122) has no token; "ab"
+        # (97, 98) has.
+        shards = os.path.join(self.dir, "shards100")
+        os.makedirs(shards)
+        tokens = [(7 * i) % 100 for i in range(4096)]
+        with open(os.path.join(shards, "train_000000.bin"), "wb") as f:
+            f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+            f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+        config = os.path.join(self.dir, "vocab100.pbtxt")
+        run = os.path.join(self.dir, "vocab100")
+        with open(config, "w") as f:
+            f.write(f"""
+run {{ steps: 1 device: CPU dir: "{run}" }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 vocab_size: 100 }} }}
+data {{ token_shards {{ pattern: "{shards}/train_*.bin" }} micro_batch_size: 2 }}
+precision {{ mode: FP32 }}
+""")
+        result = subprocess.run([lu.binary(), "train", "--config", config],
+                                env=lu.environment(), timeout=120, capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("--prompt 'az': byte 1 is 122, past the model's vocabulary of 100 ids "
+                      "(each byte is a token)", self.bad("--run", run, "--prompt", "az",
+                                                         run=False))
+        self.assertEqual(run_sample("--run", run, "--prompt", "ab", "--max-new-tokens",
+                                    "2").returncode, 0)
 
     def test_help_tells_the_options_and_exit_codes(self):
         result = subprocess.run([lu.binary(), "sample", "--help"], capture_output=True, text=True,

@@ -762,6 +762,13 @@ class BadInput(lu.TempDirTest):
             "train", "--input", LICENCE, "--vocab-size", "300", "--sample-bytes", "100", "--out",
             "{dir}/tok.model")
 
+    def test_an_option_given_twice(self):
+        # A second value would replace the first without a word; inputs add up.
+        self.assert_refused(
+            "mantissa: --vocab-size given twice (see mantissa tokenize --help)", "train",
+            "--input", LICENCE, "--vocab-size", "300", "--vocab-size", "400", "--out",
+            "{dir}/tok.model")
+
     def test_vocab_sizes_out_of_range(self):
         self.assert_refused(
             "mantissa: --vocab-size 1048577: must be at most 1048576 (model.*.vocab_size's bound)",

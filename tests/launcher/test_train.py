@@ -1069,6 +1069,22 @@ class Training(lu.TempDirTest):
                     self.assertEqual(exports[0].keys(), other.keys())
                     for name in exports[0]:
                         self.assertEqual(exports[0][name], other[name], name)
+                # Only a start that resumes nothing reads model.init_from: with those weights
+                # gone, the run resumes, exports and plans; a fresh start is refused naming it.
+                shutil.rmtree(sharded)
+                result = self.mantissa("train", *third, "--set", "run.steps=2")
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertIn("resumed at step 1", result.stderr)
+                gone = os.path.join(self.dir, f"{family}_gone.safetensors")
+                for command in (("export", *third, "--out", gone), ("plan", *third, "--gpus", "1"),
+                                ("config", *third)):
+                    result = self.mantissa(*command)
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                result = self.mantissa("train", *third, "--set",
+                                       f"run.dir={self.run_dir(family + 'fresh')}")
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertIn(f'model.init_from = "{sharded}": cannot be read: No such file or '
+                              "directory", result.stderr)
 
         # The MLP has no Hugging Face layout.
         mlp = ["--config", tiny, "--set", "model.mlp={}", "--set",
