@@ -1,6 +1,5 @@
 // mantissa: the command-line entry point. Each subcommand is one row of kCommands.
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <exception>
 #include <new>
