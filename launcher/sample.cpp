@@ -319,19 +319,12 @@ int run_sample(const SampleArgs& args) {
             "is smaller than the " + std::to_string(tokenizer->vocab_size()) +
                 " pieces of the tokenizer " + *tokenizer_path + " (not the run's tokenizer?)");
   }
-  // Check the sampling options before the (possibly long) load. A tokenizer's <unk> and <s>
-  // are never drawn: no training text held them (SentencePiece prints <unk> as " \u2047 ").
+  // Check the sampling options and the prompt before the (possibly long) load. A tokenizer's <unk>
+  // and <s> are never drawn: no training text held them (SentencePiece prints <unk> as " \u2047 ").
   const models::SamplingOptions options{
       args.temperature, args.top_k, args.seed, args.top_p,
       tokenizer ? tokenizer->never_encoded() : std::vector<int32_t>{}};
   models::TokenSampler sampler(options);
-
-  std::string device_name;
-  const std::unique_ptr<core::Backend> backend = make_sample_backend(args.device, device_name);
-  // The masters are FP32, and generation runs in FP32 from them.
-  const std::unique_ptr<train::LanguageModel> model =
-      build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
-  const auto [checkpoint_dir, step] = load_weights(args, config, model->parameters(), *backend);
 
   // The prompt's tokens: a document's start (end of text) and the text, or its bytes.
   std::vector<int32_t> prompt;
@@ -346,13 +339,23 @@ int run_sample(const SampleArgs& args) {
   }
   // Bytes are ids: a vocabulary of fewer than 256 ids has no token for the bytes past it.
   for (size_t i = 0; i < prompt.size(); ++i) {
-    if (prompt[i] >= vocab) {
-      bad_value("--prompt", "'" + args.prompt + "'",
-                "byte " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
-                    ", past the model's vocabulary of " + std::to_string(vocab) +
-                    " ids (each byte is a token)");
-    }
+    if (prompt[i] < vocab) continue;
+    bad_value("--prompt", "'" + args.prompt + "'",
+              args.prompt.empty()
+                  ? "an empty prompt starts from a newline (10), which a vocabulary of " +
+                        std::to_string(vocab) + " ids lacks: give a prompt"
+                  : "byte " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                        ", past the model's vocabulary of " + std::to_string(vocab) +
+                        " ids (each byte is a token)");
   }
+
+  std::string device_name;
+  const std::unique_ptr<core::Backend> backend = make_sample_backend(args.device, device_name);
+  // The masters are FP32, and generation runs in FP32 from them.
+  const std::unique_ptr<train::LanguageModel> model =
+      build_model(config, *backend, core::PrecisionPolicy::from_mode(core::PrecisionMode::kFP32));
+  const auto [checkpoint_dir, step] = load_weights(args, config, model->parameters(), *backend);
+
   const int64_t window = shape.seq_len;
   const int64_t vocab_limit = tokenizer ? tokenizer->vocab_size() : std::min<int64_t>(vocab, 256);
   const std::string cut =

@@ -191,7 +191,10 @@ void move_redone_steps(const std::filesystem::path& log, const std::filesystem::
       std::filesystem::is_symlink(log, ec) && std::filesystem::exists(log, ec)
           ? std::filesystem::canonical(log)
           : log;
-  core::remove_temporaries_of(path.string());      // of a rewrite below, by a start that was killed
+  // Of a rewrite below, by a start that was killed (beside the link too, by a start before
+  // links were followed).
+  core::remove_temporaries_of(path.string());
+  if (path != log) core::remove_temporaries_of(log.string());
   if (!std::filesystem::exists(path, ec)) return;  // a new log
   if (std::filesystem::is_directory(path, ec)) {
     throw core::ConfigError("cannot open '" + path.string() + "': " + std::strerror(EISDIR));
@@ -203,7 +206,7 @@ void move_redone_steps(const std::filesystem::path& log, const std::filesystem::
   require_writable_file(path);
   if (kept_end) {
     append_tail(path, *kept_end, rolled_back);
-    core::fsync_path(path.parent_path().string());  // rolled_back's entry, when it is new
+    core::fsync_path(rolled_back.parent_path().string());  // its entry, when it is new
     truncate_file(path, *kept_end);
     return;
   }
@@ -224,7 +227,10 @@ void move_redone_steps(const std::filesystem::path& log, const std::filesystem::
     const bool keep = step >= 0 && step < first_step && last_line_of_step[step] == i;
     (keep ? kept : moved) += lines[i] + '\n';
   }
-  if (!moved.empty()) append_synced(rolled_back.string(), moved);
+  if (!moved.empty()) {
+    append_synced(rolled_back.string(), moved);
+    core::fsync_path(rolled_back.parent_path().string());  // its entry, when it is new
+  }
   core::write_file_atomically(path.string(), kept);
 }
 

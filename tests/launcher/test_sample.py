@@ -293,32 +293,40 @@ data { token_shards { pattern: "not_here/train_*.bin" } }
         self.assertIn("not_here/tokenizer.model is missing (a path relative to the directory "
                       "mantissa train ran in: run mantissa sample from there)", stderr)
 
-    def test_a_prompt_byte_past_a_small_vocabulary_is_refused(self):
-        # Token shards of 100 ids without a tokenizer are bytes: "z" (122) has no token; "ab"
-        # (97, 98) has.
-        shards = os.path.join(self.dir, "shards100")
+    def train_on_shards_of(self, vocab):
+        """A one-step run on token shards of ids below `vocab` without a tokenizer (bytes)."""
+        shards = os.path.join(self.dir, f"shards{vocab}")
         os.makedirs(shards)
-        tokens = [(7 * i) % 100 for i in range(4096)]
+        tokens = [(7 * i) % vocab for i in range(4096)]
         with open(os.path.join(shards, "train_000000.bin"), "wb") as f:
             f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
             f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-        config = os.path.join(self.dir, "vocab100.pbtxt")
-        run = os.path.join(self.dir, "vocab100")
+        config = os.path.join(self.dir, f"vocab{vocab}.pbtxt")
+        run = os.path.join(self.dir, f"vocab{vocab}")
         with open(config, "w") as f:
             f.write(f"""
 run {{ steps: 1 device: CPU dir: "{run}" }}
-model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 vocab_size: 100 }} }}
+model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 16 vocab_size: {vocab} }} }}
 data {{ token_shards {{ pattern: "{shards}/train_*.bin" }} micro_batch_size: 2 }}
 precision {{ mode: FP32 }}
 """)
         result = subprocess.run([lu.binary(), "train", "--config", config],
                                 env=lu.environment(), timeout=120, capture_output=True, text=True)
         self.assertEqual(result.returncode, 0, result.stderr)
+        return run
+
+    def test_a_prompt_byte_past_a_small_vocabulary_is_refused(self):
+        # Shards of 100 ids without a tokenizer are bytes: "z" (122) has no token; "ab" (97, 98)
+        # has. With 10 ids, the newline an empty prompt starts from has none either.
+        run = self.train_on_shards_of(100)
         self.assertIn("--prompt 'az': byte 1 is 122, past the model's vocabulary of 100 ids "
                       "(each byte is a token)", self.bad("--run", run, "--prompt", "az",
                                                          run=False))
         self.assertEqual(run_sample("--run", run, "--prompt", "ab", "--max-new-tokens",
                                     "2").returncode, 0)
+        self.assertIn("--prompt '': an empty prompt starts from a newline (10), which a "
+                      "vocabulary of 10 ids lacks: give a prompt",
+                      self.bad("--run", self.train_on_shards_of(10), run=False))
 
     def test_help_tells_the_options_and_exit_codes(self):
         result = subprocess.run([lu.binary(), "sample", "--help"], capture_output=True, text=True,
