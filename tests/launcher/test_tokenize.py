@@ -383,10 +383,9 @@ data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual([int(t) for t in result.stdout.split()], written[1:])
 
-    def test_a_resume_on_another_tokenizers_shards_is_refused_unless_allowed(self):
-        # The checkpoint records the tokenizer; re-encoded by the same one, the shards resume
-        # quietly; by another, the ids mean other text: refused, on 2 ranks too with one
-        # message, unless data.allow_tokenizer_change, which warns.
+    def shards_of_two_tokenizers(self, checkpoint=""):
+        """Two tokenizers of the licence, shards encoded by the first, and a run's config on
+        them (`checkpoint`: that section's fields): (first, second, shards' directory, config)."""
         first = self.train_tokenizer([LICENCE], 600, "first.model")
         second = self.train_tokenizer([LICENCE], 700, "second.model")
         out_dir = self.encode(first, [LICENCE], "shards")
@@ -395,7 +394,15 @@ run {{ steps: 1 seed: 1 device: CPU dir: "{self.dir}/run" }}
 model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
 data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
 precision {{ mode: FP32 }}
+checkpoint {{ {checkpoint} }}
 """)
+        return first, second, out_dir, config
+
+    def test_a_resume_on_another_tokenizers_shards_is_refused_unless_allowed(self):
+        # The checkpoint records the tokenizer; re-encoded by the same one, the shards resume
+        # quietly; by another, the ids mean other text: refused, on 2 ranks too with one
+        # message, unless data.allow_tokenizer_change, which warns.
+        first, second, out_dir, config = self.shards_of_two_tokenizers()
 
         def resume(steps, *sets, code=0, ranks=0):
             args = [a for s in sets for a in ("--set", s)]
@@ -438,16 +445,7 @@ precision {{ mode: FP32 }}
         # The tokenizer.model beside the shards encoded them; data.tokenizer names another: sample
         # and export would read the ids as other text. Refused (one message on 2 ranks), unless
         # data.allow_tokenizer_change, which warns; a copy of the shards' own is the same.
-        first = self.train_tokenizer([LICENCE], 600, "first.model")
-        second = self.train_tokenizer([LICENCE], 700, "second.model")
-        out_dir = self.encode(first, [LICENCE], "shards")
-        config = self.write("run.pbtxt", f"""
-run {{ steps: 1 seed: 1 device: CPU dir: "{self.dir}/run" }}
-model {{ gpt2 {{ n_layer: 1 n_head: 2 n_embd: 32 seq_len: 32 vocab_size: 1024 }} }}
-data {{ token_shards {{ pattern: "{out_dir}/train_*.bin" }} micro_batch_size: 2 }}
-precision {{ mode: FP32 }}
-checkpoint {{ resume: NEVER }}
-""")
+        first, second, out_dir, config = self.shards_of_two_tokenizers("resume: NEVER")
 
         def train(tokenizer, *sets, code=0, ranks=0):
             args = [a for s in sets for a in ("--set", s)]
