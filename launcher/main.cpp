@@ -12,6 +12,7 @@
 #include "launcher/build_info.h"
 #include "launcher/config/cli.h"
 #include "launcher/config/config.h"
+#include "launcher/config/option_value.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
 #include "launcher/plan/plan.h"
@@ -233,11 +234,9 @@ constexpr const char* kMemoryAdvice =
 
 int train_command(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
-  for (const std::string& arg : args) {
-    if (arg == "-h" || arg == "--help") {
-      print_train_help();
-      return kExitOk;
-    }
+  if (help_asked(args)) {
+    print_train_help();
+    return kExitOk;
   }
 
   install_stop_handlers();  // before MPI and the setup, which may take long (shards, resume)

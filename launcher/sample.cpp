@@ -396,12 +396,7 @@ int run_sample(const SampleArgs& args) {
 
 SampleArgs parse_sample_args(const std::vector<std::string>& args) {
   SampleArgs out;
-  // Help wherever it stands as an option (even beside a bad one), not as an option's value:
-  // `--prompt -h` continues the text "-h". Every option takes a value.
-  for (size_t i = 0; i < args.size() && !out.help; ++i) {
-    out.help = args[i] == "-h" || args[i] == "--help";
-    if (args[i].starts_with("--") && args[i].find('=') == std::string::npos) ++i;
-  }
+  out.help = help_asked(args);
   if (out.help) return out;
   std::set<std::string> given;
   for (size_t i = 0; i < args.size(); ++i) {

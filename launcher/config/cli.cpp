@@ -57,12 +57,10 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
   bool run_given = false;  // export --run DIR stands for --config DIR/config.pbtxt
   const std::string usage = " (see mantissa " + command + " --help)";
   std::set<std::string> given;
+  out.help = help_asked(args);
+  if (out.help) return out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "-h" || arg == "--help") {
-      out.help = true;
-      continue;
-    }
     const std::string name = arg.substr(0, arg.find('='));
     const bool known =
         name == "--config" || name == "--set" || (name == "--progress" && command == "train") ||
@@ -115,12 +113,12 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       throw core::ConfigError("--progress takes auto, live or lines, got '" + value + "'" + usage);
     }
   }
-  if (!out.help && out.config_path.empty()) {
+  if (out.config_path.empty()) {
     throw core::ConfigError(
         (command == "export" ? "--config FILE.pbtxt or --run DIR" : "--config FILE.pbtxt") +
         std::string(" is required") + usage);
   }
-  if (!out.help && command == "export" && out.out.empty()) {
+  if (command == "export" && out.out.empty()) {
     throw core::ConfigError(std::string(out.hf_format ? "--out DIR" : "--out FILE.safetensors") +
                             " is required" + usage);
   }

@@ -32,6 +32,21 @@ inline std::string option_value(const std::vector<std::string>& args, size_t& i,
   throw core::ConfigError(arg + " needs a value" + found + usage);
 }
 
+// Whether `args` ask for the help: "-h" or "--help" where an option stands (even beside a bad
+// one), not as an option's value (`--prompt -h` continues the text "-h"), for commands whose
+// every option takes one value.
+inline bool help_asked(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "-h" || args[i] == "--help") return true;
+    // Its value, as option_value takes it.
+    if (args[i].starts_with("--") && args[i].find('=') == std::string::npos &&
+        i + 1 < args.size() && !args[i + 1].starts_with("--")) {
+      ++i;
+    }
+  }
+  return false;
+}
+
 // An option's value as a whole number of type T: the decimal digits alone (an optional '-' for
 // signed types), nothing before or after; nullopt otherwise (the command words its refusal).
 template <class T>

@@ -208,12 +208,10 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
   PlanArgs out;
   const std::string usage = " (see mantissa plan --help)";
   std::set<std::string> given;
+  out.help = help_asked(args);
+  if (out.help) return out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    if (arg == "-h" || arg == "--help") {
-      out.help = true;
-      continue;
-    }
     const std::string name = arg.substr(0, arg.find('='));
     static const char* const kOptions[] = {
         "--config", "--set",        "--gpus",  "--gpu",         "--gpus-per-node", "--link-gbps",
@@ -256,7 +254,6 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
       out.cores = positive_int(name, value);
     }
   }
-  if (out.help) return out;
   if (out.config_path.empty()) throw core::ConfigError("--config FILE.pbtxt is required" + usage);
   if (out.gpus == 0) throw core::ConfigError("--gpus N is required" + usage);
   return out;

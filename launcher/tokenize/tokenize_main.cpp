@@ -220,8 +220,16 @@ void require(bool present, const std::string& what, const Args& args) {
 
 Args parse(const std::vector<std::string>& argv) {
   Args args;
-  for (const std::string& arg : argv) {
-    if (arg == "-h" || arg == "--help") args.help = true;
+  // Help where an option stands, not as an option's value nor as one of --input's files.
+  for (size_t i = 0; i < argv.size() && !args.help; ++i) {
+    const std::string& arg = argv[i];
+    args.help = arg == "-h" || arg == "--help";
+    if (!arg.starts_with("--") || arg.find('=') != std::string::npos || arg == "--force") continue;
+    // Its files (--input), or its value as option_value takes it.
+    while (i + 1 < argv.size() && !argv[i + 1].starts_with("--")) {
+      ++i;
+      if (arg != "--input") break;
+    }
   }
   if (args.help) return args;
   if (argv.empty()) {

@@ -649,6 +649,29 @@ class Help(lu.TempDirTest):
                 self.assertEqual(wide, [])
         self.assertEqual(self.mantissa("help").stdout, result.stdout)
 
+    def test_help_only_where_an_option_stands(self):
+        # Every command reads -h and --help alike: help where an option stands, even beside a
+        # bad one; as an option's value (or one of tokenize's --input files) it is that value.
+        for args in (("train", "--set", "run.steps=1", "-h"), ("config", "--bogus", "--help"),
+                     ("export", "--out", "w.st", "-h"), ("plan", "--gpus", "1", "--help"),
+                     ("sample", "--run", "r", "-h"), ("tokenize", "encode", "--force", "-h")):
+            with self.subTest(args=args):
+                result = self.mantissa(*args)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertTrue(result.stdout.startswith("usage: mantissa "), result.stdout)
+        for args, said in ((("train", "--config", "-h"), "config '-h': cannot open"),
+                           (("config", "--config", "-h"), "config '-h': cannot open"),
+                           (("sample", "--run", "-h"), "--run -h: no such directory"),
+                           (("tokenize", "decode", "--tokenizer", "-h", "--input", "x"),
+                            "tokenizer '-h': cannot open"),
+                           (("tokenize", "encode", "--input", "-h"),
+                            "tokenize encode needs --tokenizer FILE")):
+            with self.subTest(args=args):
+                result = self.mantissa(*args)
+                self.assertEqual(result.returncode, 2, result.stderr)
+                self.assertEqual(result.stdout, "")
+                self.assertIn(said, result.stderr)
+
     def test_no_command_is_a_usage_error(self):
         result = self.mantissa()
         self.assertEqual(result.returncode, 2)
