@@ -102,11 +102,14 @@ bool shard_ids_are_bytes(const TrainConfig& config) {
   return model_shape(config.model()).vocab_size <= 256;
 }
 
+std::filesystem::path shards_tokenizer_path(const std::string& pattern) {
+  return shards_directory(pattern) / train::kShardsTokenizerFile;
+}
+
 std::optional<std::string> shards_tokenizer_file(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   if (!data.has_token_shards()) return std::nullopt;
-  const std::filesystem::path beside =
-      shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;
+  const std::filesystem::path beside = shards_tokenizer_path(data.token_shards().pattern());
   std::error_code ec;
   if (std::filesystem::is_regular_file(beside, ec)) return beside.string();
   return std::nullopt;

@@ -36,8 +36,11 @@ std::optional<std::string> run_tokenizer_file(const TrainConfig& config);
 // a byte's value (sample decodes them so; an export needs no tokenizer for them).
 bool shard_ids_are_bytes(const TrainConfig& config);
 
-// tokenizer.model beside the token shards (mantissa tokenize encode writes the tokenizer that
-// encoded them there), when the data are shards and it is there.
+// Where the tokenizer of the token shards `pattern` matches is: tokenizer.model beside them
+// (mantissa tokenize encode writes the tokenizer that encoded them there).
+std::filesystem::path shards_tokenizer_path(const std::string& pattern);
+
+// shards_tokenizer_path, when the data are shards and it is there.
 std::optional<std::string> shards_tokenizer_file(const TrainConfig& config);
 
 // The directory a token shard pattern's files are in: the pattern's own, with glob(3)'s

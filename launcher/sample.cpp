@@ -31,7 +31,6 @@
 #include "models/llama/llama.h"
 #include "models/llama/llama_decoder.h"
 #include "models/sampling.h"
-#include "train/data/corpus.h"
 
 namespace mantissa::launcher {
 
@@ -134,8 +133,7 @@ std::optional<std::string> find_tokenizer(const TrainConfig& config) {
   const TrainConfig::Data& data = config.data();
   require_named_tokenizer(config, "mantissa sample");
   const std::optional<std::string> found = run_tokenizer_file(config);
-  const fs::path beside =
-      shards_directory(data.token_shards().pattern()) / train::kShardsTokenizerFile;
+  const fs::path beside = shards_tokenizer_path(data.token_shards().pattern());
   std::error_code ec;
   const bool beside_exists = fs::exists(beside, ec);
   require(found || !data.has_token_shards() || shard_ids_are_bytes(config),
@@ -409,8 +407,7 @@ SampleArgs parse_sample_args(const std::vector<std::string>& args) {
       throw core::ConfigError("sample: unknown argument '" + arg + "'" + kUsage);
     }
     const std::string value = option_value(args, i, kUsage);
-    // A second value would silently replace the first.
-    if (!given.insert(name).second) throw core::ConfigError(name + " given twice" + kUsage);
+    require_given_once(given, name, kUsage);
     if (name == "--run") {
       out.run_dir = value;
     } else if (name == "--step") {

@@ -54,7 +54,6 @@ bool cites_a_value_of(const std::string& said, const std::string& member) {
 
 TrainArgs parse_train_args(const std::string& command, const std::vector<std::string>& args) {
   TrainArgs out;
-  bool run_given = false;  // export --run DIR stands for --config DIR/config.pbtxt
   const std::string usage = " (see mantissa " + command + " --help)";
   std::set<std::string> given;
   out.help = help_asked(args);
@@ -70,15 +69,15 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     }
     const std::string value = option_value(args, i, usage);
-    // One value each (--set may repeat; --config and --run say more below): a second would
-    // silently replace the first.
-    if (name != "--set" && name != "--config" && name != "--run" && !given.insert(name).second) {
-      throw core::ConfigError(name + " given twice" + usage);
+    // One value each (--set may repeat; --config and --run say more below).
+    if (name != "--set" && name != "--config" && name != "--run") {
+      require_given_once(given, name, usage);
     }
     if (name == "--config") {
       if (!out.config_path.empty()) {
         throw core::ConfigError(
-            std::string(run_given ? "--config with --run" : "--config given twice") + usage);
+            std::string(out.run_dir.empty() ? "--config given twice" : "--config with --run") +
+            usage);
       }
       out.config_path = value;
     } else if (name == "--run") {
@@ -86,13 +85,12 @@ TrainArgs parse_train_args(const std::string& command, const std::vector<std::st
       // run.dir in it names the directory from where the run was started.
       if (!out.config_path.empty()) {
         throw core::ConfigError(
-            std::string(run_given ? "--run given twice" : "--run with --config") + usage);
+            std::string(out.run_dir.empty() ? "--run with --config" : "--run given twice") + usage);
       }
       if (value.empty()) throw core::ConfigError("--run needs a run directory" + usage);
       out.run_dir = value;
       out.config_path = run_config_file(value);
       out.sets.insert(out.sets.begin(), "run.dir=" + value);
-      run_given = true;
     } else if (name == "--set") {
       out.sets.push_back(value);
     } else if (name == "--get") {

@@ -20,7 +20,7 @@ struct TrainArgs {
   metrics::ProgressMode progress = metrics::ProgressMode::kAuto;
   std::string get;         // config only: the field whose value alone is printed
   std::string out;         // export only
-  std::string run_dir;     // export --run only (config_path is its config.pbtxt)
+  std::string run_dir;     // export --run only: DIR, which stands for --config DIR/config.pbtxt
   bool hf_format = false;  // export --format hf (else safetensors)
 };
 

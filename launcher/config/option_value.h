@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -30,6 +31,13 @@ inline std::string option_value(const std::vector<std::string>& args, size_t& i,
                                       "' (write " + arg + "=VALUE for a value starting with --)"
                                 : "";
   throw core::ConfigError(arg + " needs a value" + found + usage);
+}
+
+// Refuses an option given a second time (core::ConfigError "<name> given twice" followed by
+// `usage`): its second value would silently replace the first. `given` holds those seen so far.
+inline void require_given_once(std::set<std::string>& given, const std::string& name,
+                               const std::string& usage) {
+  if (!given.insert(name).second) throw core::ConfigError(name + " given twice" + usage);
 }
 
 // Whether `args` ask for the help: "-h" or "--help" where an option stands (even beside a bad

@@ -220,10 +220,8 @@ PlanArgs parse_plan_args(const std::vector<std::string>& args) {
     for (const char* o : kOptions) known = known || name == o;
     if (!known) throw core::ConfigError("unknown argument '" + arg + "'" + usage);
     const std::string value = option_value(args, i, usage);
-    // One value each (--set may repeat): a second would silently replace the first.
-    if (name != "--set" && !given.insert(name).second) {
-      throw core::ConfigError(name + " given twice" + usage);
-    }
+    // One value each (--set may repeat).
+    if (name != "--set") require_given_once(given, name, usage);
     if (name == "--config") {
       out.config_path = value;
     } else if (name == "--set") {

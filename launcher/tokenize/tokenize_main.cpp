@@ -267,10 +267,8 @@ Args parse(const std::vector<std::string>& argv) {
       continue;
     }
     const std::string value = option_value(argv, i, kUsage);
-    // The inputs add up; any other second value would silently replace the first.
-    if (name != "--input" && name != "--input-list" && !given.insert(name).second) {
-      throw core::ConfigError(name + " given twice" + kUsage);
-    }
+    // The inputs add up; no other option may come twice.
+    if (name != "--input" && name != "--input-list") require_given_once(given, name, kUsage);
     if (name == "--input") {
       args.inputs.push_back(value);
     } else if (name == "--input-list") {
