@@ -277,7 +277,6 @@ class Evaluation(lu.TempDirTest):
             self.assertRegex(result.stderr, message)
             self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
 
-
     def test_a_text_smaller_than_one_steps_batch_is_noted(self):
         # 4 windows of 64 tokens a step (256 tokens) from a text of 200 bytes (its tokens): every
         # step reads the same tokens again, which the start says; 300 bytes need no note.
