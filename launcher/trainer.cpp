@@ -472,21 +472,6 @@ void Trainer::import_initial_weights() {
   // Every rank reads the file (a shared file system, like the data), so a file that does not
   // fit the model is found on every rank alike; the broadcast that follows keeps them equal.
   const bool hf = is_hf_directory(path);
-  if (!hf && path.ends_with(".safetensors")) {
-    // Read only as part of a Hugging Face directory; of a file of one (config.json beside it),
-    // the directory is what to name.
-    std::filesystem::path directory = std::filesystem::path(path).parent_path();
-    if (directory.empty()) directory = ".";
-    std::error_code ec;
-    throw core::ConfigError(
-        "model.init_from = \"" + path + "\": " +
-        (std::filesystem::is_regular_file(directory / "config.json", ec)
-             ? "is a file of the Hugging Face directory " + directory.string() +
-                   ": name the directory"
-             : std::string("a safetensors file is read only as part of a Hugging Face directory "
-                           "(config.json beside model.safetensors, as `mantissa export --format "
-                           "hf` writes); otherwise give an llm.c model file")));
-  }
   try {
     if (hf) {
       import_hf_directory(path, hf_layout_of(*model_, "model.init_from"), model_->parameters(),

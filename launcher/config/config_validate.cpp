@@ -218,6 +218,21 @@ void validate_llama(const Config::Model::Llama& m) {
   fits_float("model.llama.norm_eps", m.norm_eps());
 }
 
+// A safetensors file is read only as part of a Hugging Face directory: of a file of one
+// (config.json beside it), the directory is what to name.
+void check_not_a_loose_safetensors_file(const std::string& init) {
+  std::filesystem::path directory = std::filesystem::path(init).parent_path();
+  if (directory.empty()) directory = ".";
+  std::error_code ec;
+  const bool in_hf_directory = std::filesystem::is_regular_file(directory / "config.json", ec);
+  require(!init.ends_with(".safetensors"), "model.init_from", quoted(init),
+          in_hf_directory ? "is a file of the Hugging Face directory " + directory.string() +
+                                ": name the directory"
+                          : "a safetensors file is read only as part of a Hugging Face directory "
+                            "(config.json beside model.safetensors, as `mantissa export --format "
+                            "hf` writes); otherwise give an llm.c model file");
+}
+
 }  // namespace
 
 void check_initial_weights(const Config::Model& model) {
@@ -238,6 +253,7 @@ void check_initial_weights(const Config::Model& model) {
   } else if (!init.empty()) {
     // Readable first: a Hugging Face directory that is gone is no llm.c file of the wrong model.
     check_readable_file("model.init_from", init);
+    check_not_a_loose_safetensors_file(init);
     require(model.has_gpt2(), "model.init_from", quoted(init),
             "needs model.gpt2 (llm.c model files hold GPT-2 weights; Llama weights come from a "
             "Hugging Face model directory)");

@@ -297,6 +297,11 @@ class ConfigErrors(lu.TempDirTest):
             "Hugging Face directory (config.json beside model.safetensors, as `mantissa export "
             "--format hf` writes); otherwise give an llm.c model file", "--set",
             "model.gpt2={}", "--set", f"model.init_from={loose}")
+        # Checked with the other rules of a fresh start, so `mantissa config` refuses it too.
+        self.assert_config_error(
+            re.compile(r'^mantissa: model\.init_from = ".*loose\.safetensors": a safetensors '
+                       'file is read only'), "--set", "model.gpt2={}", "--set",
+            f"model.init_from={loose}", command="config")
         self.write("hf/config.json", "{}")
         self.write("hf/model.safetensors", "")
         self.assert_config_error(
