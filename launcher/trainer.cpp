@@ -367,8 +367,11 @@ void Trainer::build_data() {
     // Name the settings that decide the windows and the tokens they are cut from. Each token
     // shard is a segment of its own (more shards make none longer); holding out less helps
     // only a text that is long enough as a whole. Synthetic data too short for a window is
-    // refused at validation.
-    std::string remedy = std::string(e.what()) + "; lower " + dims.prefix + ".seq_len, or ";
+    // refused at validation. A resumed GPT-2's or MLP's seq_len is its checkpoint's
+    // (require_recorded_model); only a Llama's may change.
+    const bool resumes = !checkpoint::list_checkpoints(run_checkpoints_dir(run_dir_)).empty();
+    std::string remedy = std::string(e.what()) + "; ";
+    if (!resumes || config_.model().has_llama()) remedy += "lower " + dims.prefix + ".seq_len, or ";
     if (data.has_token_shards()) {
       remedy += "give shards of at least seq_len + 1 tokens (data.token_shards.pattern)";
     } else {

@@ -276,6 +276,14 @@ class Evaluation(lu.TempDirTest):
             self.assertEqual(result.returncode, 2, result.stderr)
             self.assertRegex(result.stderr, message)
             self.assertFalse(os.path.exists(os.path.join(self.dir, "small")))
+        # A resumed GPT-2's seq_len is its checkpoint's: lowering it is no remedy there.
+        self.train("resumed", "run.steps=1", "run.eval_every=0")
+        result = self.mantissa("train", "--config", config, "--set", "run.dir=resumed", "--set",
+                               "run.steps=2", "--set", "data.text_file.val_fraction=0.9999")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertRegex(result.stderr, r"\(the longest has \d+\); train on a longer text "
+                                        r"\(data.text_file.path\), or hold out less")
+        self.assertNotIn("seq_len, or", result.stderr)
 
     def test_a_text_smaller_than_one_steps_batch_is_noted(self):
         # 4 windows of 64 tokens a step (256 tokens) from a text of 200 bytes (its tokens): every
