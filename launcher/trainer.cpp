@@ -360,6 +360,8 @@ void Trainer::build_data() {
   loader.world_size = world_.size();
   loader.rank = world_.rank();
   loader.seed = seed;
+  loader.sampling = data.sampling() == TrainConfig::Data::RANDOM ? train::WindowSampling::kRandom
+                                                                 : train::WindowSampling::kEpochs;
   try {
     loader_ = std::make_unique<train::DataLoader>(
         std::make_shared<const train::Corpus>(std::move(corpus)), loader);

@@ -62,6 +62,7 @@ constexpr std::pair<std::string_view, std::string_view> kDefaults[] = {
     {"data.grad_accum_steps", "1"},
     {"data.tokenizer", ""},
     {"data.allow_tokenizer_change", "false"},
+    {"data.sampling", "EPOCHS"},
     {"optimizer.adamw.lr", "0.0006"},
     {"optimizer.adamw.beta1", "0.9"},
     {"optimizer.adamw.beta2", "0.95"},

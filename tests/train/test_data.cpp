@@ -569,6 +569,61 @@ TEST_F(Loader, WindowsStayInsideOneSegmentAndCoverAllSegments) {
                                       path("seg_004.bin") + " (16 tokens)"}));
 }
 
+TEST_F(Loader, EpochsReadEveryWindowOnceAnEpochInAnOrderShuffledPerEpoch) {
+  // Two segments: 3 windows end to end and 5 tokens short of a fourth, then `windows` windows
+  // and 1 token more than them. The permutation's domain takes sizes from 1 to a few hundred,
+  // powers of two or not.
+  for (int windows : {0, 1, 2, 5, 8, 17, 309}) {
+    const std::string tag = "_w" + std::to_string(windows) + ".bin";
+    write_shard("a" + tag, iota_tokens(3 * kSeqLen + 1 + 5, 0));
+    write_shard("b" + tag, iota_tokens(windows * kSeqLen + 1, 10000));
+    std::vector<int32_t> starts_expected = {0, kSeqLen, 2 * kSeqLen};
+    for (int j = 0; j < windows; ++j) starts_expected.push_back(10000 + j * kSeqLen);
+    const auto corpus =
+        std::make_shared<const Corpus>(Corpus::token_shards(path("*" + tag), 65536));
+    const DataLoader l(corpus, {kSeqLen, 1, 1, 0, 3});
+    const int64_t per_epoch = l.windows_per_epoch();
+    ASSERT_EQ(per_epoch, 3 + windows);
+    std::vector<int32_t> window(kSeqLen + 1);
+    std::vector<std::vector<int32_t>> orders;
+    for (int64_t epoch = 0; epoch < 3; ++epoch) {
+      std::vector<int32_t> starts;
+      for (int64_t k = epoch * per_epoch; k < (epoch + 1) * per_epoch; ++k) {
+        l.read_window(k, window);
+        for (int64_t t = 1; t <= kSeqLen; ++t) ASSERT_EQ(window[t], window[0] + t) << k;
+        starts.push_back(window[0]);
+      }
+      orders.push_back(starts);
+      std::sort(starts.begin(), starts.end());
+      EXPECT_EQ(starts, starts_expected) << windows << " windows, epoch " << epoch;
+    }
+    if (windows == 309) {
+      EXPECT_FALSE(std::is_sorted(orders[0].begin(), orders[0].end()));
+      EXPECT_NE(orders[0], orders[1]);
+      EXPECT_NE(orders[1], orders[2]);
+    }
+  }
+}
+
+TEST_F(Loader, RandomSamplingStartsAnywhereWithReplacement) {
+  // 5000 tokens: 4984 starts to draw from. 4984 draws with replacement hit about 1 - 1/e = 63%
+  // of them; the epochs sampling reads its 312 windows, at multiples of T, once each.
+  const DataLoader random(corpus_, {kSeqLen, 1, 1, 0, 42, WindowSampling::kRandom});
+  ASSERT_EQ(random.windows_per_epoch(), 5000 - kSeqLen);
+  std::vector<int32_t> window(kSeqLen + 1);
+  std::vector<int32_t> starts;
+  for (int64_t k = 0; k < random.windows_per_epoch(); ++k) {
+    random.read_window(k, window);
+    starts.push_back(window[0]);
+  }
+  EXPECT_TRUE(std::any_of(starts.begin(), starts.end(), [](int32_t s) { return s % kSeqLen; }));
+  std::sort(starts.begin(), starts.end());
+  const auto distinct = std::unique(starts.begin(), starts.end()) - starts.begin();
+  EXPECT_GT(distinct, 0.58 * 4984);
+  EXPECT_LT(distinct, 0.68 * 4984);
+  EXPECT_EQ(loader(1, 1, 0).windows_per_epoch(), 4999 / kSeqLen);
+}
+
 TEST_F(Loader, ATokenPastTheVocabularyStopsTheBatchThatReadsIt) {
   // seq_len + 1 tokens: the one window start covers every token, the bad one at position 5.
   std::vector<uint16_t> tokens = iota_tokens(kSeqLen + 1);

@@ -1,6 +1,7 @@
 #include "train/data/data_loader.h"
 
 #include <algorithm>
+#include <bit>
 #include <utility>
 
 #include "core/dtype/dtype.h"
@@ -13,6 +14,28 @@ namespace {
 // Keeps the window sampler's random stream apart from the synthetic generator's, which may be
 // seeded with the same run seed.
 constexpr uint64_t kStreamTag = 0x77696e646f777321ULL;  // "windows!"
+
+// A keyed permutation of [0, n) that needs no table: a four-round Feistel network over the
+// smallest domain of 2^(2h) >= n values (a bijection for any round function), applied again to
+// any value >= n until one lands below n ("cycle walking": the walk stays on i's cycle, which
+// holds a value below n, so the map restricted to [0, n) is a bijection too). The domain is
+// under 4n, so a walk takes fewer than 4 rounds on average.
+int64_t permuted(int64_t i, int64_t n, uint64_t key) {
+  if (n <= 1) return 0;
+  const int half_bits = (std::bit_width(static_cast<uint64_t>(n - 1)) + 1) / 2;
+  const uint64_t mask = (uint64_t{1} << half_bits) - 1;
+  auto x = static_cast<uint64_t>(i);
+  do {
+    uint64_t left = x >> half_bits, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t mixed = left ^ (core::mix64(key ^ core::mix64(right + round)) & mask);
+      left = right;
+      right = mixed;
+    }
+    x = (left << half_bits) | right;
+  } while (x >= static_cast<uint64_t>(n));
+  return static_cast<int64_t>(x);
+}
 
 }  // namespace
 
@@ -27,13 +50,16 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
   MANTISSA_CHECK(
       config.world_size >= 1 && config.rank >= 0 && config.rank < config.world_size,
       "data loader: rank " << config.rank << " outside world of size " << config.world_size);
+  const int64_t T = config.seq_len;
   int64_t total = 0;
   int64_t longest = 0;
   for (const TokenSegment& segment : corpus_->segments()) {
     const int64_t n = segment.size();
     longest = std::max(longest, n);
-    total += std::max<int64_t>(n - config.seq_len, 0);  // starts s with s + T + 1 <= n
-    window_starts_end_.push_back(total);
+    // Windows [jT, jT + T] with jT + T + 1 <= n (epochs), or starts s with s + T + 1 <= n.
+    total += config.sampling == WindowSampling::kEpochs ? std::max<int64_t>(n - 1, 0) / T
+                                                        : std::max<int64_t>(n - T, 0);
+    slots_end_.push_back(total);
   }
   if (total == 0) {
     throw TrainingDataTooShort("data '" + corpus_->name() + "': no segment holds seq_len + 1 = " +
@@ -57,14 +83,24 @@ void DataLoader::read_window(int64_t k, std::span<int32_t> out) const {
   MANTISSA_CHECK(static_cast<int64_t>(out.size()) == config_.seq_len + 1,
                  "data loader: window buffer holds " << out.size() << " tokens, expected "
                                                      << config_.seq_len + 1);
-  // A 64-bit draw makes the modulo bias negligible for any corpus size.
-  const uint64_t draw = core::mix64(stream_seed_ ^ core::mix64(static_cast<uint64_t>(k)));
-  const auto start = static_cast<int64_t>(draw % static_cast<uint64_t>(window_starts_end_.back()));
-  const auto segment_end =
-      std::upper_bound(window_starts_end_.begin(), window_starts_end_.end(), start);
-  const size_t segment = static_cast<size_t>(segment_end - window_starts_end_.begin());
-  const int64_t segment_begin = segment == 0 ? 0 : window_starts_end_[segment - 1];
-  corpus_->segments()[segment].read(start - segment_begin, out, corpus_->vocab_size());
+  const int64_t slot = slot_of(k);
+  const auto segment_end = std::upper_bound(slots_end_.begin(), slots_end_.end(), slot);
+  const size_t segment = static_cast<size_t>(segment_end - slots_end_.begin());
+  const int64_t in_segment = slot - (segment == 0 ? 0 : slots_end_[segment - 1]);
+  const int64_t start =
+      config_.sampling == WindowSampling::kEpochs ? in_segment * config_.seq_len : in_segment;
+  corpus_->segments()[segment].read(start, out, corpus_->vocab_size());
+}
+
+int64_t DataLoader::slot_of(int64_t k) const {
+  const int64_t slots = slots_end_.back();
+  if (config_.sampling == WindowSampling::kRandom) {
+    // A 64-bit draw makes the modulo bias negligible for any corpus size.
+    const uint64_t draw = core::mix64(stream_seed_ ^ core::mix64(static_cast<uint64_t>(k)));
+    return static_cast<int64_t>(draw % static_cast<uint64_t>(slots));
+  }
+  const int64_t epoch = k / slots;
+  return permuted(k % slots, slots, core::mix64(stream_seed_ ^ static_cast<uint64_t>(epoch)));
 }
 
 Batch DataLoader::next() {

@@ -1,10 +1,19 @@
 // DataLoader: this rank's slice of each global batch, from a stream that no rank count changes.
 //
-// The global stream is an endless sequence of windows of T + 1 tokens. Window k starts at a
-// position drawn uniformly from all positions of the corpus where T + 1 tokens fit inside one
-// segment, by a counter-based hash of (seed, k): sampling with replacement, as nanoGPT does.
-// Window k is therefore a pure function of (corpus, seed, k), which gives everything the
-// trainer needs without any shuffling state:
+// The global stream is an endless sequence of windows of T + 1 tokens, window k a pure
+// function of (corpus, seed, k), by one of two samplings:
+//  - epochs (the default): each segment is cut into windows laid end to end, starting at
+//    positions 0, T, 2T, ... (consecutive windows share one token: the last target of one is
+//    the first input of the next), and each epoch of W windows (all segments' together) takes
+//    every window once, in an order shuffled by (seed, epoch): window k is window
+//    permutation_e(k mod W) of epoch e = k / W. Every token but a segment's first is a target
+//    once an epoch; a segment's last (n - 1) mod T tokens are not read. As Megatron-LM's GPT
+//    dataset and llm.c's shuffled loader read.
+//  - random: each window starts at a position drawn uniformly from every position where T + 1
+//    tokens fit inside one segment, by a counter-based hash of (seed, k): sampling with
+//    replacement, as nanoGPT does. A budget of one corpus's worth of tokens leaves about
+//    e^-1 = 37% of them unread.
+// A pure function needs no shuffling state:
 //  - one call of next() consumes the global batch of world_size * micro_batch windows
 //    [cursor, cursor + world_size * micro_batch); rank r takes windows
 //    cursor + r * micro_batch + [0, micro_batch) and the cursor moves past the whole batch, so
@@ -26,12 +35,15 @@
 
 namespace mantissa::train {
 
+enum class WindowSampling { kEpochs, kRandom };
+
 struct DataLoaderConfig {
   int64_t seq_len = 0;      // T
   int64_t micro_batch = 0;  // B: windows per rank per call
   int world_size = 1;
   int rank = 0;
   uint64_t seed = 0;
+  WindowSampling sampling = WindowSampling::kEpochs;
 };
 
 struct Batch {
@@ -66,6 +78,10 @@ class DataLoader {
   // Window k of the global stream: T + 1 tokens into `out`.
   void read_window(int64_t k, std::span<int32_t> out) const;
 
+  // Windows an epoch of the epochs sampling takes; of the random sampling, the window starts
+  // it draws from.
+  int64_t windows_per_epoch() const { return slots_end_.back(); }
+
   DataCursor cursor() const { return cursor_; }
   void set_cursor(const DataCursor& cursor);
 
@@ -76,9 +92,13 @@ class DataLoader {
   std::shared_ptr<const Corpus> corpus_;
   DataLoaderConfig config_;
   uint64_t stream_seed_;
-  // window_starts_end_[i]: number of valid window starts in segments [0, i]; the last entry is
-  // the total a window index is drawn from.
-  std::vector<int64_t> window_starts_end_;
+  // The slot of window k: its place among all windows of an epoch (epochs) or among all
+  // window starts (random).
+  int64_t slot_of(int64_t k) const;
+
+  // slots_end_[i]: number of window slots in segments [0, i]: windows laid end to end
+  // (epochs), or window starts (random); the last entry is their total.
+  std::vector<int64_t> slots_end_;
   DataCursor cursor_;
 };
 
