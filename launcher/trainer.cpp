@@ -236,6 +236,16 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
         " tokens, fewer than one step reads (" + std::to_string(global_batch) + " windows of " +
         std::to_string(dims.seq_len) + "): every step reads the same tokens again");
   }
+  // A text's end held out for an evaluation that never runs is read by nothing: said, as a
+  // user who turned evaluation off may expect the whole text to be trained.
+  const TrainConfig::Data& data = config_.data();
+  if (data.has_text_file() && data.text_file().val_fraction() > 0.0 &&
+      config_.run().eval_every() == 0) {
+    say("mantissa: note: data.text_file.val_fraction = " +
+        core::format_number(data.text_file().val_fraction()) +
+        " holds the text's end out for evaluation, and run.eval_every = 0 runs none: no step "
+        "reads those tokens (val_fraction=0 trains on them)");
+  }
   // Allowed (a user's choice), but never FP16's default: a config written out by an earlier
   // BF16 run (run.dir/config.pbtxt lists loss_scale.mode NONE) and resumed in FP16 gets it.
   if (config_.precision().mode() == TrainConfig::Precision::FP16 &&

@@ -302,6 +302,26 @@ class Evaluation(lu.TempDirTest):
                 self.assertEqual(result.returncode, 0, result.stderr)
                 self.assertEqual(note in result.stderr, noted, result.stderr)
 
+    def test_a_held_out_end_that_no_evaluation_reads_is_noted(self):
+        # val_fraction holds the text's end out whether or not an evaluation reads it: with
+        # run.eval_every 0 nothing does, which the start says.
+        config = self.write("eval.pbtxt", CONFIG)
+        note = ("mantissa: note: data.text_file.val_fraction = 0.1 holds the text's end out for "
+                "evaluation, and run.eval_every = 0 runs none: no step reads those tokens "
+                "(val_fraction=0 trains on them)")
+        for name, sets, noted in (("off", ["run.eval_every=0"], True),
+                                  ("whole", ["run.eval_every=0", "data.text_file.val_fraction=0"],
+                                   False),
+                                  ("on", ["run.eval_every=2", "run.eval_tokens=64"], False)):
+            with self.subTest(name):
+                args = ["train", "--config", config, "--set", f"run.dir={name}", "--set",
+                        "run.steps=2"]
+                for s in sets:
+                    args += ["--set", s]
+                result = self.mantissa(*args)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                self.assertEqual(note in result.stderr, noted, result.stderr)
+
 
 if __name__ == "__main__":
     lu.main()
