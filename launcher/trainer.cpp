@@ -13,6 +13,7 @@
 #include <sstream>
 #include <utility>
 
+#include "checkpoint/checkpoint_manifest.h"
 #include "checkpoint/crc32c.h"
 #include "core/device_peaks.h"
 #include "core/dtype/dtype.h"
@@ -27,6 +28,7 @@
 #include "launcher/build_info.h"
 #include "launcher/checkpoints_writable.h"
 #include "launcher/config/config.h"
+#include "launcher/config/config_diff.h"
 #include "launcher/cpu_threads.h"
 #include "launcher/exit_codes.h"
 #include "launcher/export.h"
@@ -379,11 +381,15 @@ void Trainer::build_data() {
     // Name the settings that decide the windows and the tokens they are cut from. Each token
     // shard is a segment of its own (more shards make none longer); holding out less helps
     // only a text that is long enough as a whole. Synthetic data too short for a window is
-    // refused at validation. A resumed GPT-2's or MLP's seq_len is its checkpoint's
-    // (require_recorded_model); only a Llama's may change.
-    const bool resumes = !checkpoint::list_checkpoints(run_checkpoints_dir(run_dir_)).empty();
+    // refused at validation. A resumed GPT-2's or MLP's seq_len is its checkpoint's.
     std::string remedy = std::string(e.what()) + "; ";
-    if (!resumes || config_.model().has_llama()) remedy += "lower " + dims.prefix + ".seq_len, or ";
+    const std::optional<int64_t> kept = seq_len_a_resume_keeps();
+    if (!kept) {
+      remedy += "lower " + dims.prefix + ".seq_len, or ";
+    } else if (*kept != dims.seq_len) {
+      remedy += "resume with the checkpoint's " + dims.prefix +
+                ".seq_len = " + std::to_string(*kept) + ", or ";
+    }
     if (data.has_token_shards()) {
       remedy += "give shards of at least seq_len + 1 tokens (data.token_shards.pattern)";
     } else {
@@ -500,6 +506,27 @@ void Trainer::import_initial_weights() {
   }
   say(std::string("mantissa: initial weights from the ") +
       (hf ? "Hugging Face model " : "llm.c model ") + path);
+}
+
+std::optional<int64_t> Trainer::seq_len_a_resume_keeps() const {
+  if (config_.model().has_llama() ||
+      config_.checkpoint().resume() == TrainConfig::Checkpoint::NEVER) {
+    return std::nullopt;
+  }
+  try {
+    const checkpoint::Checkpointer checkpointer(
+        checkpoint::CheckpointOptions{run_checkpoints_dir(run_dir_), 0},
+        checkpoint::CheckpointGroup{}, *backend_);
+    const std::optional<checkpoint::CheckpointState> newest = checkpointer.newest_manifest();
+    if (!newest) return std::nullopt;
+    const std::optional<TrainConfig> recorded = recorded_config(newest->config_text);
+    if (!recorded || recorded->model().arch_case() != config_.model().arch_case()) {
+      return std::nullopt;
+    }
+    return model_shape(recorded->model()).seq_len;
+  } catch (const checkpoint::CheckpointUnreadable&) {
+    return std::nullopt;  // the resume says what it cannot read
+  }
 }
 
 RankStart Trainer::rank_start() const {
@@ -773,6 +800,7 @@ int Trainer::run() {
     }
     record.step_seconds = seconds;
     record.host_syncs = syncs_at_end - syncs_before;
+    record.epoch = loader_->epochs_read();
     if (fp8) {
       const core::Fp8ScalingRegistry& registry = fp8->registry();
       for (int i = 0; i < registry.size(); ++i) {

@@ -82,6 +82,9 @@ class Trainer {
  private:
   // The training corpus and this rank's loader, and the validation set when the run evaluates.
   void build_data();
+  // The seq_len a resume must keep: its newest checkpoint's, for a GPT-2 or an MLP (a Llama's
+  // may change); none for a start that resumes nothing or where no manifest says.
+  std::optional<int64_t> seq_len_a_resume_keeps() const;
   // An evaluation's held-out loss; none when it was not due or was abandoned.
   struct Evaluation {
     std::optional<double> loss;
