@@ -244,10 +244,27 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
         ": the data stream changes from here on");
   }
   const std::vector<UnrecordedSetting> unrecorded = unrecorded_settings(state.config_text, config_);
-  if (!unrecorded.empty()) {
+  // How windows are drawn. A build before data.sampling drew them as RANDOM does.
+  using Data = TrainConfig::Data;
+  const auto is_sampling = [](const UnrecordedSetting& s) { return s.path == "data.sampling"; };
+  const bool sampling_unrecorded = std::any_of(unrecorded.begin(), unrecorded.end(), is_sampling);
+  const Data::Sampling drew = sampling_unrecorded ? Data::RANDOM
+                              : recorded          ? recorded->data().sampling()
+                                                  : config_.data().sampling();
+  if (drew != config_.data().sampling()) {
+    say("mantissa: warning: the checkpoint's run drew its windows with data.sampling " +
+        Data::Sampling_Name(drew) + ", this run reads " +
+        Data::Sampling_Name(config_.data().sampling()) + ": the data stream changes from here on" +
+        (sampling_unrecorded ? " (the earlier build that wrote the checkpoint drew them as RANDOM "
+                               "does: --set data.sampling=RANDOM continues its stream)"
+                             : ""));
+  }
+  std::vector<UnrecordedSetting> noted = unrecorded;
+  std::erase_if(noted, is_sampling);  // said above
+  if (!noted.empty()) {
     say("mantissa: note: an earlier build wrote the checkpoint, without these settings; this run "
         "takes them as " +
-        core::join(unrecorded, ", ",
+        core::join(noted, ", ",
                    [](const UnrecordedSetting& s) { return s.path + " = " + s.value; }) +
         " (that build may have behaved otherwise: --set one to keep the run as it was)");
   }

@@ -91,7 +91,7 @@ struct Metrics::State {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
 
   // The last step's values appear with the first step.
-  std::optional<LateGauge> loss_scale, loss, grad_norm, learning_rate, mfu;
+  std::optional<LateGauge> loss_scale, loss, grad_norm, learning_rate, mfu, data_epoch;
   Counter* overflow_steps = nullptr;
   Counter* steps = nullptr;
   Counter* tokens = nullptr;
@@ -288,6 +288,10 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
                       r);
   s.learning_rate.emplace(
       gauge_family(reg, "mantissa_learning_rate", "Learning rate of the last step"), r);
+  s.data_epoch.emplace(gauge_family(reg, "mantissa_data_epoch",
+                                    "Epochs of the training data read by the end of the last "
+                                    "step: windows over the windows that hold the corpus once"),
+                       r);
   s.step_seconds = &BuildHistogram()
                         .Name("mantissa_step_seconds")
                         .Help("Wall time of one optimizer step")
@@ -416,6 +420,7 @@ void Metrics::record_step(const StepRecord& record) {
   s.steps->Increment();
   s.step->set(static_cast<double>(report.step + 1));
   s.tokens->Increment(static_cast<double>(report.tokens));
+  s.data_epoch->set(record.epoch);
   s.loss->set(report.loss);
   // A skipped step's gradients were not finite: its norm says nothing.
   if (!report.skipped) s.grad_norm->set(report.grad_norm);

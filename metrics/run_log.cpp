@@ -328,6 +328,8 @@ void StepLog::write(const StepRecord& record) {
   line += ",\"lr\":";
   append_number(line, r.lr);
   line += ",\"tokens\":" + std::to_string(r.tokens);
+  line += ",\"epoch\":";
+  append_number(line, record.epoch);
   line += ",\"tokens_per_s\":";
   append_number(line, record.tokens_per_s());
   line += ",\"step_seconds\":";

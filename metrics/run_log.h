@@ -7,7 +7,9 @@
 // index, as in debug.inject_nonfinite_steps; the progress line counts from 1), loss (this rank's
 // mean), mean_loss (over all ranks), val_loss and eval_seconds (the held-out loss and how long it
 // took, only on steps that evaluate), loss_scale, overflow, grad_norm (null when skipped), lr,
-// tokens (this rank, this step), tokens_per_s (this rank), step_seconds, allreduce_seconds and
+// tokens (this rank, this step), epoch (epochs of the training data read by the end of the step:
+// windows over the windows that hold the corpus once), tokens_per_s (this rank), step_seconds,
+// allreduce_seconds and
 // allreduce_bytes (what the step's collectives waited and were handed; an evaluation's are not the
 // step's), host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
 // skipped_param (the first parameter, in the model's order, whose gradient was non-finite on any

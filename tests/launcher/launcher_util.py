@@ -30,7 +30,8 @@ checkpoint { every_steps: 20 }
 
 # Keys every line of log/rank<R>.jsonl carries (ARCHITECTURE.md's contract, plus ours).
 REQUIRED_KEYS = {"step", "loss", "loss_scale", "overflow", "grad_norm", "lr", "tokens_per_s",
-                 "step_seconds", "mean_loss", "tokens", "allreduce_seconds", "allreduce_bytes", "host_syncs", "time"}
+                 "step_seconds", "mean_loss", "tokens", "allreduce_seconds", "allreduce_bytes",
+                 "host_syncs", "time", "epoch"}
 
 
 def binary():

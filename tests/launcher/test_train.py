@@ -93,6 +93,11 @@ class Training(lu.TempDirTest):
             for entry in log:
                 self.assertTrue(lu.REQUIRED_KEYS <= entry.keys(), f"rank {rank}: {entry}")
         r0, r1 = logs
+        # The epochs read by each step's end: 2 ranks x 4 windows a step, of the 4095 windows of
+        # 64 that hold the synthetic corpus's 262144 tokens once.
+        for a, b in zip(r0, r1):
+            self.assertAlmostEqual(a["epoch"], (a["step"] + 1) * 8 / 4095, delta=1e-12)
+            self.assertEqual(a["epoch"], b["epoch"])
 
         # One decision for all ranks, from one reduced flag and one reduced loss.
         for a, b in zip(r0, r1):
@@ -778,6 +783,35 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(note.format(64), result.stderr)
         self.assertNotIn("run.eval_tokens 16384 -> 64", result.stderr)
+
+    def test_a_checkpoint_from_before_data_sampling_is_told_how_to_continue(self):
+        # A build before data.sampling drew windows as RANDOM does: a resume of its checkpoint
+        # under the default EPOCHS warns that the stream changes and names the setting that
+        # continues it, which then resumes without a word. A recorded sampling changed on
+        # resume is warned about too.
+        first = self.mantissa(*self.train_args("older", "run.steps=10", inject_rank=0))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        step10 = os.path.join(self.run_dir("older"), "checkpoints", "step_00000010")
+        text, removed = re.subn(r"  sampling: EPOCHS\\n", "", lu.decode_manifest(step10))
+        self.assertEqual(removed, 1, text)
+        lu.write_manifest(step10, text)
+        shutil.copytree(self.run_dir("older"), self.run_dir("older_random"))
+        warning = ("mantissa: warning: the checkpoint's run drew its windows with data.sampling "
+                   "{}, this run reads {}: the data stream changes from here on")
+        result = self.mantissa(*self.train_args("older", "run.steps=12", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(warning.format("RANDOM", "EPOCHS") + " (the earlier build that wrote the "
+                      "checkpoint drew them as RANDOM does: --set data.sampling=RANDOM continues "
+                      "its stream)\n", result.stderr)
+        self.assertNotIn("data.sampling =", result.stderr)
+        result = self.mantissa(*self.train_args("older_random", "run.steps=12",
+                                                "data.sampling=RANDOM", inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("sampling", result.stderr)
+        result = self.mantissa(*self.train_args("older", "run.steps=14", "data.sampling=RANDOM",
+                                                inject_rank=0))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(warning.format("EPOCHS", "RANDOM") + "\n", result.stderr)
 
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory

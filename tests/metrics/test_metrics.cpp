@@ -101,6 +101,7 @@ StepRecord step_record(std::int64_t step, bool overflow) {
   r.step_seconds = 0.5;
   r.allreduce_seconds = 0.002;
   r.allreduce_bytes = 4'000'000;
+  r.epoch = 0.125 * static_cast<double>(step + 1);
   r.fp8 = {{"h0.mlp.fc.weight", 1.5, 298.0}, {"h0.mlp.fc.input", 12.0, 37.0}};
   return r;
 }
@@ -247,7 +248,8 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   EXPECT_EQ(sample(before, R"(mantissa_peak_flops{rank="3"})"), 1e12);
   EXPECT_EQ(sample(before, R"(mantissa_step{rank="3"})"), 0.0) << "a fresh run begins at 0";
   for (const char* name : {"mantissa_last_checkpoint_step", "mantissa_loss_scale", "mantissa_loss",
-                           "mantissa_grad_norm", "mantissa_learning_rate", "mantissa_mfu_ratio"}) {
+                           "mantissa_grad_norm", "mantissa_learning_rate", "mantissa_mfu_ratio",
+                           "mantissa_data_epoch"}) {
     EXPECT_FALSE(sample(before, std::string(name) + R"({rank="3"})")) << name;
   }
 
@@ -270,6 +272,7 @@ TEST(Metrics, ScrapeShowsContractNamesLabelsAndValues) {
   EXPECT_EQ(at("mantissa_loss"), 4.0);
   EXPECT_EQ(at("mantissa_grad_norm"), 0.75);
   EXPECT_EQ(at("mantissa_learning_rate"), 1e-3);
+  EXPECT_EQ(at("mantissa_data_epoch"), 0.5);
   // 1024 tokens in 0.5 s × 1e6 FLOPs/token over a 1e12 peak.
   ASSERT_TRUE(at("mantissa_mfu_ratio"));
   EXPECT_DOUBLE_EQ(*at("mantissa_mfu_ratio"), 2048.0 * 1e6 / 1e12);

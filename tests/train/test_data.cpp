@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/error.h"
@@ -605,23 +606,63 @@ TEST_F(Loader, EpochsReadEveryWindowOnceAnEpochInAnOrderShuffledPerEpoch) {
   }
 }
 
+TEST_F(Loader, EachWindowTakesEveryPlaceOfAnEpochAlike) {
+  // Over 10000 epochs, where the first window of the corpus lands in its epoch: uniform over
+  // the 5 places of an epoch of 5 windows and over the 10 tenths of an epoch of 1000.
+  // Chi-squared passes 33 (4 degrees of freedom) or 47 (9) with probability about 1e-6.
+  for (const auto& [windows, bins, limit] : {std::tuple{5, 5, 33.0}, std::tuple{1000, 10, 47.0}}) {
+    const std::string name = "w" + std::to_string(windows) + ".bin";
+    write_shard(name, iota_tokens(windows * kSeqLen + 1));
+    const DataLoader l(std::make_shared<const Corpus>(Corpus::token_shards(path(name), 65536)),
+                       {kSeqLen, 1, 1, 0, 7});
+    ASSERT_EQ(l.windows_per_epoch(), windows);
+    const int epochs = 10000;
+    std::vector<int> landed(static_cast<size_t>(bins));
+    std::vector<int32_t> window(kSeqLen + 1);
+    for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+      for (int64_t place = 0; place < windows; ++place) {
+        l.read_window(epoch * windows + place, window);
+        if (window[0] == 0) ++landed[static_cast<size_t>(place * bins / windows)];
+      }
+    }
+    double chi2 = 0;
+    const double expected = static_cast<double>(epochs) / bins;
+    for (int count : landed) chi2 += (count - expected) * (count - expected) / expected;
+    EXPECT_LT(chi2, limit) << windows << " windows an epoch";
+  }
+}
+
 TEST_F(Loader, RandomSamplingStartsAnywhereWithReplacement) {
   // 5000 tokens: 4984 starts to draw from. 4984 draws with replacement hit about 1 - 1/e = 63%
   // of them; the epochs sampling reads its 312 windows, at multiples of T, once each.
+  const int64_t starts = 5000 - kSeqLen;
   const DataLoader random(corpus_, {kSeqLen, 1, 1, 0, 42, WindowSampling::kRandom});
-  ASSERT_EQ(random.windows_per_epoch(), 5000 - kSeqLen);
   std::vector<int32_t> window(kSeqLen + 1);
-  std::vector<int32_t> starts;
-  for (int64_t k = 0; k < random.windows_per_epoch(); ++k) {
+  std::vector<int32_t> drawn;
+  for (int64_t k = 0; k < starts; ++k) {
     random.read_window(k, window);
-    starts.push_back(window[0]);
+    drawn.push_back(window[0]);
   }
-  EXPECT_TRUE(std::any_of(starts.begin(), starts.end(), [](int32_t s) { return s % kSeqLen; }));
-  std::sort(starts.begin(), starts.end());
-  const auto distinct = std::unique(starts.begin(), starts.end()) - starts.begin();
-  EXPECT_GT(distinct, 0.58 * 4984);
-  EXPECT_LT(distinct, 0.68 * 4984);
-  EXPECT_EQ(loader(1, 1, 0).windows_per_epoch(), 4999 / kSeqLen);
+  EXPECT_TRUE(std::any_of(drawn.begin(), drawn.end(), [](int32_t s) { return s % kSeqLen; }));
+  std::sort(drawn.begin(), drawn.end());
+  const auto distinct = std::unique(drawn.begin(), drawn.end()) - drawn.begin();
+  EXPECT_GT(distinct, 0.58 * starts);
+  EXPECT_LT(distinct, 0.68 * starts);
+}
+
+TEST_F(Loader, EpochsReadCountTheCorpussWorthOfWindows) {
+  // 312 windows of 16 hold the 5000 tokens once, for either sampling.
+  for (WindowSampling sampling : {WindowSampling::kEpochs, WindowSampling::kRandom}) {
+    std::vector<DataLoader> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back(corpus_, DataLoaderConfig{kSeqLen, 4, 2, r, 1, sampling});
+    EXPECT_EQ(ranks[0].windows_per_epoch(), 4999 / kSeqLen);
+    EXPECT_EQ(ranks[0].epochs_read(), 0.0);
+    for (int step = 1; step <= 100; ++step) {
+      global_tokens(ranks);
+      EXPECT_EQ(ranks[1].epochs_read(), 8.0 * step / 312);
+    }
+  }
 }
 
 TEST_F(Loader, ATokenPastTheVocabularyStopsTheBatchThatReadsIt) {

@@ -8,7 +8,8 @@
 //    every window once, in an order shuffled by (seed, epoch): window k is window
 //    permutation_e(k mod W) of epoch e = k / W. Every token but a segment's first is a target
 //    once an epoch; a segment's last (n - 1) mod T tokens are not read. As Megatron-LM's GPT
-//    dataset and llm.c's shuffled loader read.
+//    dataset and llm.c's shuffled loader read. Epochs count from window 0: a cursor carried
+//    over to other data (a resume on another corpus) lands inside one of its epochs.
 //  - random: each window starts at a position drawn uniformly from every position where T + 1
 //    tokens fit inside one segment, by a counter-based hash of (seed, k): sampling with
 //    replacement, as nanoGPT does. A budget of one corpus's worth of tokens leaves about
@@ -78,9 +79,13 @@ class DataLoader {
   // Window k of the global stream: T + 1 tokens into `out`.
   void read_window(int64_t k, std::span<int32_t> out) const;
 
-  // Windows an epoch of the epochs sampling takes; of the random sampling, the window starts
-  // it draws from.
-  int64_t windows_per_epoch() const { return slots_end_.back(); }
+  // The windows that hold the corpus once, laid end to end: an epoch of the epochs sampling,
+  // and a corpus's worth of windows of the random sampling.
+  int64_t windows_per_epoch() const { return windows_per_epoch_; }
+  // Epochs of the stream read so far: the cursor's windows over windows_per_epoch().
+  double epochs_read() const {
+    return static_cast<double>(cursor_.next_window) / static_cast<double>(windows_per_epoch_);
+  }
 
   DataCursor cursor() const { return cursor_; }
   void set_cursor(const DataCursor& cursor);
@@ -99,6 +104,7 @@ class DataLoader {
   // slots_end_[i]: number of window slots in segments [0, i]: windows laid end to end
   // (epochs), or window starts (random); the last entry is their total.
   std::vector<int64_t> slots_end_;
+  int64_t windows_per_epoch_ = 0;
   DataCursor cursor_;
 };
 
