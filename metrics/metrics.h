@@ -16,6 +16,7 @@
 //   mantissa_loss                            gauge      loss of the last step
 //   mantissa_grad_norm                       gauge      gradient norm of the last step not skipped
 //   mantissa_learning_rate                   gauge      learning rate of the last step
+//   mantissa_data_epoch                      gauge      epochs of training data read by then
 //   mantissa_mfu_ratio                       gauge      model FLOPs utilisation (1: the peak)
 //   mantissa_peak_flops                      gauge      the peak FLOP/s MFU is measured against
 //   mantissa_step_seconds                    histogram  wall time of a step
@@ -41,7 +42,7 @@
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
 // increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
-// norm, learning rate, MFU) appear with the first step, mantissa_step once the run knows the
+// norm, learning rate, data epoch, MFU) appear with the first step, mantissa_step once the run knows the
 // step it begins at (after a resume's load), the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation (or a resumed checkpoint's), the
 // FP8 gauges with the first step that reports the tensor; MFU and the peak only where both the
