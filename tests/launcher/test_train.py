@@ -760,16 +760,22 @@ class Training(lu.TempDirTest):
         self.assertEqual(rises, {"trend": 6, "other_tokens": 0})
         self.assertNotEqual(keys["trend"], keys["other_tokens"])
 
-    def test_a_checkpoint_of_an_earlier_build_names_the_settings_it_lacked(self):
-        # A checkpoint records the effective config, every field set; one written before
-        # run.eval_tokens existed lacks it, and the resume names it with the default it takes.
+    def checkpoint_of_an_earlier_build(self, setting, copy):
+        """Runs "older" for 10 steps and removes `setting` (a regex of one line of the config
+        text) from the config its checkpoint recorded, as a build before that setting wrote
+        it; then copies the run to `copy`."""
         first = self.mantissa(*self.train_args("older", "run.steps=10", inject_rank=0))
         self.assertEqual(first.returncode, 0, first.stderr)
         step10 = os.path.join(self.run_dir("older"), "checkpoints", "step_00000010")
-        text, removed = re.subn(r"  eval_tokens: \d+\\n", "", lu.decode_manifest(step10))
+        text, removed = re.subn(setting + r"\\n", "", lu.decode_manifest(step10))
         self.assertEqual(removed, 1, text)
         lu.write_manifest(step10, text)
-        shutil.copytree(self.run_dir("older"), self.run_dir("older_set"))
+        shutil.copytree(self.run_dir("older"), self.run_dir(copy))
+
+    def test_a_checkpoint_of_an_earlier_build_names_the_settings_it_lacked(self):
+        # A checkpoint records the effective config, every field set; one written before
+        # run.eval_tokens existed lacks it, and the resume names it with the default it takes.
+        self.checkpoint_of_an_earlier_build(r"  eval_tokens: \d+", "older_set")
         result = self.mantissa(*self.train_args("older", "run.steps=12", inject_rank=0))
         self.assertEqual(result.returncode, 0, result.stderr)
         note = ("mantissa: note: an earlier build wrote the checkpoint, without these settings; "
@@ -789,13 +795,7 @@ class Training(lu.TempDirTest):
         # under the default EPOCHS warns that the stream changes and names the setting that
         # continues it, which then resumes without a word. A recorded sampling changed on
         # resume is warned about too.
-        first = self.mantissa(*self.train_args("older", "run.steps=10", inject_rank=0))
-        self.assertEqual(first.returncode, 0, first.stderr)
-        step10 = os.path.join(self.run_dir("older"), "checkpoints", "step_00000010")
-        text, removed = re.subn(r"  sampling: EPOCHS\\n", "", lu.decode_manifest(step10))
-        self.assertEqual(removed, 1, text)
-        lu.write_manifest(step10, text)
-        shutil.copytree(self.run_dir("older"), self.run_dir("older_random"))
+        self.checkpoint_of_an_earlier_build("  sampling: EPOCHS", "older_random")
         warning = ("mantissa: warning: the checkpoint's run drew its windows with data.sampling "
                    "{}, this run reads {}: the data stream changes from here on")
         result = self.mantissa(*self.train_args("older", "run.steps=12", inject_rank=0))
