@@ -374,6 +374,9 @@ void Trainer::build_data() {
   loader.seed = seed;
   loader.sampling = data.sampling() == TrainConfig::Data::RANDOM ? train::WindowSampling::kRandom
                                                                  : train::WindowSampling::kEpochs;
+  int64_t longest_segment = 0;
+  for (const train::TokenSegment& segment : corpus.segments())
+    longest_segment = std::max(longest_segment, segment.size());
   try {
     loader_ = std::make_unique<train::DataLoader>(
         std::make_shared<const train::Corpus>(std::move(corpus)), loader);
@@ -381,12 +384,13 @@ void Trainer::build_data() {
     // Name the settings that decide the windows and the tokens they are cut from. Each token
     // shard is a segment of its own (more shards make none longer); holding out less helps
     // only a text that is long enough as a whole. Synthetic data too short for a window is
-    // refused at validation. A resumed GPT-2's or MLP's seq_len is its checkpoint's.
+    // refused at validation. A resumed GPT-2's or MLP's seq_len is its checkpoint's: named
+    // where the data hold a window of it.
     std::string remedy = std::string(e.what()) + "; ";
     const std::optional<int64_t> kept = seq_len_a_resume_keeps();
     if (!kept) {
       remedy += "lower " + dims.prefix + ".seq_len, or ";
-    } else if (*kept != dims.seq_len) {
+    } else if (*kept != dims.seq_len && *kept < longest_segment) {
       remedy += "resume with the checkpoint's " + dims.prefix +
                 ".seq_len = " + std::to_string(*kept) + ", or ";
     }

@@ -284,8 +284,9 @@ class Evaluation(lu.TempDirTest):
         self.assertRegex(result.stderr, r"\(the longest has \d+\); train on a longer text "
                                         r"\(data.text_file.path\), or hold out less")
         self.assertNotIn("seq_len, or", result.stderr)
-        # One whose seq_len was raised past the text is told the checkpoint's; checkpoint.resume
-        # NEVER resumes nothing, where a lower seq_len is a remedy.
+        # One whose seq_len was raised past the text is told the checkpoint's, which the text
+        # holds; checkpoint.resume NEVER resumes nothing, and a lower seq_len is a remedy there
+        # (in a run.dir without checkpoints, as NEVER requires).
         text = self.write("short.txt", "".join(chr(ord("a") + i % 26) for i in range(300)))
         data = f'data.text_file={{path: "{text}" val_fraction: 0}}'
         self.train("raised", "run.steps=1", "run.eval_every=0", data)
@@ -299,6 +300,14 @@ class Evaluation(lu.TempDirTest):
                                    data, "--set", "model.gpt2.seq_len=512", "--set", setting)
             self.assertEqual(result.returncode, 2, result.stderr)
             self.assertIn("(the longest has 300)" + remedy, result.stderr)
+        # Nor is the checkpoint's seq_len named where the data hold no window of it either.
+        shorter = self.write("shorter.txt", "abcdefghij" * 4)
+        result = self.mantissa("train", "--config", config, "--set", "run.dir=raised", "--set",
+                               "run.steps=2", "--set", "run.eval_every=0", "--set",
+                               f'data.text_file={{path: "{shorter}" val_fraction: 0}}', "--set",
+                               "model.gpt2.seq_len=48")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("(the longest has 40); train on a longer text", result.stderr)
 
     def test_a_text_smaller_than_one_steps_batch_is_noted(self):
         # 4 windows of 64 tokens a step (256 tokens) from a text of 200 bytes (its tokens): every
