@@ -233,10 +233,11 @@ Trainer::Trainer(dist::World& world, const TrainConfig& config, metrics::Progres
   }
   // A corpus smaller than one step's batch is allowed (a test of the set-up, a tiny text), but
   // every step then reads the same tokens again: said, as a newcomer may not expect it.
-  if (train_data_.tokens < global_batch * dims.seq_len) {
-    say("mantissa: note: the training data hold " + std::to_string(train_data_.tokens) +
-        " tokens, fewer than one step reads (" + std::to_string(global_batch) + " windows of " +
-        std::to_string(dims.seq_len) + "): every step reads the same tokens again");
+  if (loader_->windows_per_epoch() < global_batch) {
+    say("mantissa: note: the training data hold " + std::to_string(loader_->windows_per_epoch()) +
+        " window(s) of " + std::to_string(dims.seq_len) + " tokens (" +
+        std::to_string(train_data_.tokens) + " tokens), fewer than one step reads (" +
+        std::to_string(global_batch) + "): every step reads the same tokens again");
   }
   // A text's end held out for an evaluation that never runs is read by nothing: said, as a
   // user who turned evaluation off may expect the whole text to be trained.

@@ -42,8 +42,8 @@
 //
 // Counters start at zero in every process (also after a resume); Prometheus' rate() and
 // increase() treat that as a counter reset. The last step's gauges (loss scale, loss, gradient
-// norm, learning rate, data epoch, MFU) appear with the first step, mantissa_step once the run knows the
-// step it begins at (after a resume's load), the checkpoint gauges with the first
+// norm, learning rate, data epoch, MFU) appear with the first step, mantissa_step once the run
+// knows the step it begins at (after a resume's load), the checkpoint gauges with the first
 // checkpoint, the validation gauges with the first evaluation (or a resumed checkpoint's), the
 // FP8 gauges with the first step that reports the tensor; MFU and the peak only where both the
 // peak and the FLOPs per token (set_model_flops) are known; the loss scale's floor only under a

@@ -11,7 +11,8 @@
 // windows handed out so far, those before a resume included, over the windows that hold this
 // run's training data once; a resume on other data or another seq_len counts on in the new
 // data's units), tokens_per_s (this rank), step_seconds, allreduce_seconds and allreduce_bytes
-// (what the step's collectives waited and were handed; an evaluation's are not the step's), host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
+// (what the step's collectives waited and were handed; an evaluation's are not the step's),
+// host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
 // skipped_param (the first parameter, in the model's order, whose gradient was non-finite on any
 // rank: the same on every rank) when there is one. Non-finite numbers are written as null. Each
 // step appears once: a run that starts at step S (0 when it starts afresh, else the step of the

@@ -285,8 +285,8 @@ class Evaluation(lu.TempDirTest):
                                         r"\(data.text_file.path\), or hold out less")
         self.assertNotIn("seq_len, or", result.stderr)
         # One whose seq_len was raised past the text is told the checkpoint's, which the text
-        # holds; checkpoint.resume NEVER resumes nothing, and a lower seq_len is a remedy there
-        # (in a run.dir without checkpoints, as NEVER requires).
+        # holds. checkpoint.resume NEVER starts afresh, where a lower seq_len is a remedy (this
+        # run.dir's checkpoints are refused next: NEVER needs a run.dir without them).
         text = self.write("short.txt", "".join(chr(ord("a") + i % 26) for i in range(300)))
         data = f'data.text_file={{path: "{text}" val_fraction: 0}}'
         self.train("raised", "run.steps=1", "run.eval_every=0", data)
@@ -310,12 +310,13 @@ class Evaluation(lu.TempDirTest):
         self.assertIn("(the longest has 40); train on a longer text", result.stderr)
 
     def test_a_text_smaller_than_one_steps_batch_is_noted(self):
-        # 4 windows of 64 tokens a step (256 tokens) from a text of 200 bytes (its tokens): every
-        # step reads the same tokens again, which the start says; 300 bytes need no note.
+        # 4 windows of 64 tokens a step from a text of 256 bytes (its tokens), which holds 3
+        # windows end to end (each window's last token is the next one's first): every step
+        # reads the same tokens again, which the start says; 257 bytes hold 4 and need no note.
         config = self.write("eval.pbtxt", CONFIG)
-        note = ("mantissa: note: the training data hold 200 tokens, fewer than one step reads (4 "
-                "windows of 64): every step reads the same tokens again")
-        for size, noted in ((200, True), (300, False)):
+        note = ("mantissa: note: the training data hold 3 window(s) of 64 tokens (256 tokens), "
+                "fewer than one step reads (4): every step reads the same tokens again")
+        for size, noted in ((256, True), (257, False)):
             with self.subTest(size=size):
                 text = self.write(f"text{size}.txt", "".join(
                     chr(ord("a") + i % 26) for i in range(size)))

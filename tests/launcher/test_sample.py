@@ -99,7 +99,7 @@ class TinyRun(unittest.TestCase):
 
     def test_the_model_learned_something(self):
         # After 60 steps on the synthetic corpus the greedy continuation of a sentence is made of
-        # the corpus's 40 characters (lowercase words, the digits of its count and sum lines,
+        # the corpus's 41 characters (lowercase words, the digits of its count and sum lines,
         # "+=. " and newlines), not random bytes, of which about 16% would be.
         text = self.text("--prompt", "the", "--temperature", "0", "--max-new-tokens", "40")
         letters = sum(c in b"abcdefghijklmnopqrstuvwxyz0123456789+=. \n" for c in text)

@@ -76,7 +76,7 @@ class Training(lu.TempDirTest):
         return args
 
     def assert_same_trajectory(self, a, b, keys=("mean_loss", "loss", "loss_scale", "grad_norm",
-                                                  "overflow", "lr")):
+                                                  "overflow", "lr", "epoch")):
         self.assertEqual([e["step"] for e in a], [e["step"] for e in b])
         for x, y in zip(a, b):
             for key in keys:

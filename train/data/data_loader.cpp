@@ -20,11 +20,11 @@ constexpr uint64_t kStreamTag = 0x77696e646f777321ULL;  // "windows!"
 // any value >= n until one lands below n ("cycle walking": the walk stays on i's cycle, which
 // holds a value below n, so the map restricted to [0, n) is a bijection too). The domain is
 // under 4n, so a walk takes fewer than 4 passes of the network on average. Eight rounds, each
-// with its own key: with four, or rounds that shared one function, the place a window takes in
-// a small epoch (a few to a thousand windows) was visibly uneven (test_data's chi-squared
-// test); it is uniform now. Whole orders of an epoch of a few windows are not quite (a
-// Feistel network over 4^h values, h >= 2, makes only even permutations), which no training
-// run would notice.
+// with its own key: the place a window takes in an epoch is uniform (test_data's chi-squared
+// test), where four rounds with their own keys placed it unevenly in epochs of a few windows,
+// and four sharing one function in epochs of up to a thousand. Whole orders of an epoch of a few
+// windows are not quite (a Feistel network over 4^h values, h >= 2, makes only even permutations),
+// which no training run would notice.
 int64_t permuted(int64_t i, int64_t n, uint64_t key) {
   if (n <= 1) return 0;
   const int half_bits = (std::bit_width(static_cast<uint64_t>(n - 1)) + 1) / 2;
