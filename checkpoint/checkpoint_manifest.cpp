@@ -131,6 +131,7 @@ TrainState state_to_proto(const CheckpointState& state) {
   }
   if (!state.fp8.tensors.empty()) p.set_fp8_recipe(state.fp8.recipe);
   p.set_data_next_window(state.data.next_window);
+  p.set_data_epoch_origin(state.data.epoch_origin);
   p.set_data_fingerprint(state.data_fingerprint);
   p.set_tokenizer_crc32c(state.tokenizer_crc32c);
   p.set_config_text(state.config_text);
@@ -181,6 +182,9 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   CHECK_INTACT(
       p.step() >= 0 && p.tokens() >= 0 && p.optimizer_steps() >= 0 && p.data_next_window() >= 0,
       path << ": negative counter (step, tokens, optimizer_steps or data cursor)");
+  CHECK_INTACT(p.data_epoch_origin() >= 0 && p.data_epoch_origin() <= p.data_next_window(),
+               path << ": data epoch origin " << p.data_epoch_origin() << " outside [0, "
+                    << p.data_next_window() << "]");
   CHECK_INTACT(p.world_size() >= 1 && p.world_size() <= 99999,
                path << ": world_size " << p.world_size() << " out of range");
   CHECK_INTACT(p.zero_stage() == 0 || p.zero_stage() == 1,
@@ -221,6 +225,7 @@ Manifest decode_manifest(std::string_view bytes, const std::string& path) {
   }
   s.fp8.recipe = p.fp8_recipe();
   s.data.next_window = p.data_next_window();
+  s.data.epoch_origin = p.data_epoch_origin();
   s.data_fingerprint = p.data_fingerprint();
   s.tokenizer_crc32c = p.tokenizer_crc32c();
   s.config_text = p.config_text();

@@ -58,8 +58,8 @@ output, in run.dir (default runs/<config file name without extension>):
   config.pbtxt        the effective config (every default filled in), also printed at start
   log/rank<R>.jsonl   one JSON object per step and rank: step (0-based), loss (this rank's),
                       mean_loss (over the ranks: the progress line's loss), loss_scale,
-                      overflow, grad_norm (null when skipped), lr, tokens, epoch (the data
-                      stream's position at the step's end, in epochs), tokens_per_s, step_seconds,
+                      overflow, grad_norm (null when skipped), lr, tokens, epoch (epochs of
+                      the training data read by the step's end), tokens_per_s, step_seconds,
                       allreduce_seconds, allreduce_bytes, host_syncs, time,
                       skipped_param (the first parameter, of any rank, whose gradient was not
                       finite) when a step was skipped, and val_loss and eval_seconds on steps that

@@ -84,6 +84,13 @@ bool Trainer::restore() {
   optimizer_->set_steps_taken(state->optimizer_steps);
   restore_scaling(*state);
   loader_->set_cursor(state->data);
+  if (windows_changed(*state)) {
+    // Other windows than the checkpoint's: a whole epoch of them from here, not the rest of
+    // one begun before (which would skip some and read others twice).
+    loader_->start_epochs_here();
+    say("mantissa: the training data's epochs count from step " + std::to_string(state->step) +
+        ": its tokens or its windows' length differ from the checkpoint's");
+  }
   start_step_ = state->step;
   tokens_total_ = state->tokens;
   last_saved_step_ = state->step;
@@ -107,6 +114,14 @@ bool Trainer::restore() {
       std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") +
       (other_build ? " running " + state->written_by : "") + ")");
   return true;
+}
+
+bool Trainer::windows_changed(const checkpoint::CheckpointState& state) const {
+  if (state.data_fingerprint != 0 && state.data_fingerprint != train_data_.fingerprint) {
+    return true;
+  }
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  return recorded && model_shape(recorded->model()).seq_len != model_shape(config_.model()).seq_len;
 }
 
 void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {

@@ -289,9 +289,9 @@ Metrics::Metrics(MetricsOptions options) : state_(std::make_unique<State>()) {
   s.learning_rate.emplace(
       gauge_family(reg, "mantissa_learning_rate", "Learning rate of the last step"), r);
   s.data_epoch.emplace(gauge_family(reg, "mantissa_data_epoch",
-                                    "The data stream's position after the last step, in epochs: "
-                                    "windows handed out (those before a resume included) over "
-                                    "the windows that hold the training data once"),
+                                    "Epochs of training data read by the end of the last step: "
+                                    "windows handed out since the data's first epoch began over "
+                                    "the windows that hold the data once"),
                        r);
   s.step_seconds = &BuildHistogram()
                         .Name("mantissa_step_seconds")

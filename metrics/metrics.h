@@ -16,7 +16,7 @@
 //   mantissa_loss                            gauge      loss of the last step
 //   mantissa_grad_norm                       gauge      gradient norm of the last step not skipped
 //   mantissa_learning_rate                   gauge      learning rate of the last step
-//   mantissa_data_epoch                      gauge      the data stream's position, in epochs
+//   mantissa_data_epoch                      gauge      epochs of training data read
 //   mantissa_mfu_ratio                       gauge      model FLOPs utilisation (1: the peak)
 //   mantissa_peak_flops                      gauge      the peak FLOP/s MFU is measured against
 //   mantissa_step_seconds                    histogram  wall time of a step

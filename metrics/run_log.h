@@ -7,10 +7,9 @@
 // index, as in debug.inject_nonfinite_steps; the progress line counts from 1), loss (this rank's
 // mean), mean_loss (over all ranks), val_loss and eval_seconds (the held-out loss and how long it
 // took, only on steps that evaluate), loss_scale, overflow, grad_norm (null when skipped), lr,
-// tokens (this rank, this step), epoch (the data stream's position at the end of the step: the
-// windows handed out so far, those before a resume included, over the windows that hold this
-// run's training data once; a resume on other data or another seq_len counts on in the new
-// data's units), tokens_per_s (this rank), step_seconds, allreduce_seconds and allreduce_bytes
+// tokens (this rank, this step), epoch (the epochs of training data read by the end of the step:
+// the windows handed out since the data's first epoch began, at the start or at a resume that
+// changed the data or seq_len, over the windows that hold the data once), tokens_per_s (this rank), step_seconds, allreduce_seconds and allreduce_bytes
 // (what the step's collectives waited and were handed; an evaluation's are not the step's),
 // host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
 // skipped_param (the first parameter, in the model's order, whose gradient was non-finite on any

@@ -32,8 +32,7 @@ struct StepRecord {
   // Host synchronisations of the backend during the step (core::Backend::host_syncs()), in
   // the window of step_seconds: on a GPU each one drains the pipeline.
   std::int64_t host_syncs = 0;
-  // The data stream's position at the end of the step, in epochs of this run's training data
-  // (train::DataLoader::epochs_read).
+  // Epochs of the training data read by the end of the step (train::DataLoader::epochs_read).
   double epoch = 0;
   std::vector<Fp8TensorStat> fp8;
 

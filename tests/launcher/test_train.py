@@ -813,6 +813,32 @@ class Training(lu.TempDirTest):
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(warning.format("EPOCHS", "RANDOM") + "\n", result.stderr)
 
+    def test_other_data_on_resume_starts_a_whole_epoch(self):
+        # 10 steps on the synthetic corpus, then a text of 50 windows of 64 (3201 bytes): its
+        # epochs count from the resume, so step 10 ends 4 of its 50 windows in (not wherever the
+        # synthetic run's 40 windows would fall in its epochs), and the next checkpoint carries
+        # that origin on.
+        first = self.mantissa(*self.train_args("phases", "run.steps=10", inject_rank=0))
+        self.assertEqual(first.returncode, 0, first.stderr)
+        text = os.path.join(self.dir, "phase2.txt")
+        with open(text, "w") as f:
+            f.write("".join(chr(ord("a") + i % 26) for i in range(50 * 64 + 1)))
+        data = f'data.text_file={{path: "{text}" val_fraction: 0}}'
+        note = ("mantissa: the training data's epochs count from step 10: its tokens or its "
+                "windows' length differ from the checkpoint's\n")
+        second = self.mantissa(*self.train_args("phases", "run.steps=12", data,
+                                                "run.eval_every=0", inject_rank=0))
+        self.assertEqual(second.returncode, 0, second.stderr)
+        self.assertIn(note, second.stderr)
+        third = self.mantissa(*self.train_args("phases", "run.steps=14", data,
+                                               "run.eval_every=0", inject_rank=0))
+        self.assertEqual(third.returncode, 0, third.stderr)
+        self.assertNotIn("epochs count from", third.stderr)
+        epochs = {e["step"]: e["epoch"] for e in lu.read_log(self.run_dir("phases"), 0)}
+        self.assertEqual(epochs[9], 40 / 4095)
+        for step in range(10, 14):
+            self.assertAlmostEqual(epochs[step], (step - 9) * 4 / 50, delta=1e-12)
+
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory
         # removed), resumed on 1 rank: it redoes steps 20 to 29 from the checkpoint of step 20.

@@ -618,6 +618,26 @@ TEST_F(Loader, EpochsReadEveryWindowOnceAnEpochInAnOrderShuffledPerEpoch) {
   }
 }
 
+TEST_F(Loader, EpochsBeginAtTheCursorsOrigin) {
+  // A cursor carried over to this corpus at window 1000: from there, each epoch of 312 windows
+  // reads every window once, and epochs_read counts from there.
+  DataLoader l = loader(1, 1, 0);
+  l.set_cursor({1000, 0});
+  l.start_epochs_here();
+  EXPECT_EQ(l.cursor(), (DataCursor{1000, 1000}));
+  EXPECT_EQ(l.epochs_read(), 0.0);
+  std::vector<int32_t> starts;
+  for (int64_t i = 0; i < 312; ++i) starts.push_back(l.next().tokens[0]);
+  std::sort(starts.begin(), starts.end());
+  for (int32_t j = 0; j < 312; ++j) ASSERT_EQ(starts[static_cast<size_t>(j)], j * kSeqLen);
+  EXPECT_EQ(l.epochs_read(), 1.0);
+  // The origin lies within the cursor's windows, and no window before it is an epoch's.
+  std::vector<int32_t> window(kSeqLen + 1);
+  EXPECT_THROW(l.read_window(999, window), core::Error);
+  EXPECT_THROW(l.set_cursor({10, 11}), core::Error);
+  EXPECT_THROW(l.set_cursor({10, -1}), core::Error);
+}
+
 TEST_F(Loader, EachWindowTakesEveryPlaceOfAnEpochAlike) {
   // Where the first window of the corpus lands in its epoch: uniform over the 5 places of an
   // epoch of 5 windows (40000 epochs) and over the 10 tenths of an epoch of 1000 (2000 epochs).

@@ -106,8 +106,12 @@ int64_t DataLoader::slot_of(int64_t k) const {
     const uint64_t draw = core::mix64(stream_seed_ ^ core::mix64(static_cast<uint64_t>(k)));
     return static_cast<int64_t>(draw % static_cast<uint64_t>(slots));
   }
-  const int64_t epoch = k / slots;
-  return permuted(k % slots, slots, core::mix64(stream_seed_ ^ static_cast<uint64_t>(epoch)));
+  const int64_t since_origin = k - cursor_.epoch_origin;
+  MANTISSA_CHECK(since_origin >= 0, "data loader: window " << k << " lies before the epoch origin "
+                                                           << cursor_.epoch_origin);
+  const int64_t epoch = since_origin / slots;
+  return permuted(since_origin % slots, slots,
+                  core::mix64(stream_seed_ ^ static_cast<uint64_t>(epoch)));
 }
 
 Batch DataLoader::next() {
@@ -128,6 +132,9 @@ Batch DataLoader::next() {
 void DataLoader::set_cursor(const DataCursor& cursor) {
   MANTISSA_CHECK(cursor.next_window >= 0,
                  "data cursor: next_window must be >= 0, got " << cursor.next_window);
+  MANTISSA_CHECK(cursor.epoch_origin >= 0 && cursor.epoch_origin <= cursor.next_window,
+                 "data cursor: epoch_origin " << cursor.epoch_origin << " outside [0, "
+                                              << cursor.next_window << "]");
   cursor_ = cursor;
 }
 

@@ -8,8 +8,9 @@
 //    every window once, in an order shuffled by (seed, epoch): window k is window
 //    permutation_e(k mod W) of epoch e = k / W. Every token but a segment's first is a target
 //    once an epoch; a segment's last (n - 1) mod T tokens are not read. As Megatron-LM's GPT
-//    dataset and llm.c's shuffled loader read. Epochs count from window 0: a cursor carried
-//    over to other data (a resume on another corpus) lands inside one of its epochs.
+//    dataset and llm.c's shuffled loader read. Epochs count from the cursor's epoch origin
+//    (window 0, or where a resume moved to other data: start_epochs_here), so that other data
+//    begins with a whole epoch.
 //  - random: each window starts at a position drawn uniformly from every position where T + 1
 //    tokens fit inside one segment, by a counter-based hash of (seed, k): sampling with
 //    replacement, as nanoGPT does. A budget of one corpus's worth of tokens leaves about
@@ -57,6 +58,9 @@ struct Batch {
 // The loader's position in the global stream; a checkpoint stores it.
 struct DataCursor {
   int64_t next_window = 0;  // windows handed out so far, all ranks together
+  // The window the data's first epoch begins at: 0, or where a resume changed the data (or the
+  // window length) under the cursor (DataLoader::start_epochs_here).
+  int64_t epoch_origin = 0;
 
   bool operator==(const DataCursor&) const = default;
 };
@@ -82,13 +86,18 @@ class DataLoader {
   // The windows that hold the corpus once, laid end to end: an epoch of the epochs sampling,
   // and a corpus's worth of windows of the random sampling.
   int64_t windows_per_epoch() const { return windows_per_epoch_; }
-  // Epochs of the stream read so far: the cursor's windows over windows_per_epoch().
+  // Epochs of the stream read so far: the cursor's windows since the epoch origin over
+  // windows_per_epoch().
   double epochs_read() const {
-    return static_cast<double>(cursor_.next_window) / static_cast<double>(windows_per_epoch_);
+    return static_cast<double>(cursor_.next_window - cursor_.epoch_origin) /
+           static_cast<double>(windows_per_epoch_);
   }
 
   DataCursor cursor() const { return cursor_; }
   void set_cursor(const DataCursor& cursor);
+  // The data's first epoch begins at the cursor: for a resume whose data or window length
+  // differ from the checkpoint's, so that its epochs read each window once from the start.
+  void start_epochs_here() { cursor_.epoch_origin = cursor_.next_window; }
 
   // The segments shorter than T + 1 tokens, which no window reads, as "<name> (<n> tokens)".
   std::vector<std::string> unread_segments() const;
