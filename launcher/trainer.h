@@ -85,9 +85,6 @@ class Trainer {
   // The seq_len a resume must keep: its newest checkpoint's, for a GPT-2 or an MLP (a Llama's
   // may change); none for a start that resumes nothing or where no manifest says.
   std::optional<int64_t> seq_len_a_resume_keeps() const;
-  // Whether the windows a resume reads are other than the checkpoint's: other training tokens
-  // (where the checkpoint knows its own), or another seq_len (a Llama's).
-  bool windows_changed(const checkpoint::CheckpointState& state) const;
   // An evaluation's held-out loss; none when it was not due or was abandoned.
   struct Evaluation {
     std::optional<double> loss;

@@ -1,7 +1,11 @@
 // The Trainer's resume: a checkpoint loaded into this rank's part of the state, and what it
 // says about the run it came from (another tokenizer refused, other settings reported, scaling
 // state restored as far as this run's settings take it).
+#include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "core/strings.h"
 #include "launcher/build_info.h"
@@ -18,6 +22,46 @@ std::string data_source(const TrainConfig::Data& data) {
   if (data.has_text_file()) return "the text file " + data.text_file().path();
   if (data.has_token_shards()) return "the token shards " + data.token_shards().pattern();
   return "synthetic tokens";
+}
+
+// Whether this run trains on the checkpoint's tokens. The tokens decide, not the configured
+// path: data moved to another directory is the same data. Checkpoints from before the
+// fingerprint was recorded compare the paths.
+bool same_training_tokens(const checkpoint::CheckpointState& state, const TrainConfig& config,
+                          uint64_t fingerprint) {
+  if (state.data_fingerprint != 0) return state.data_fingerprint == fingerprint;
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  return !recorded || data_source(recorded->data()) == data_source(config.data());
+}
+
+bool is_sampling(const UnrecordedSetting& s) {
+  return s.path == "data.sampling";
+}
+
+// How the checkpoint's run drew its windows: its data.sampling, or RANDOM for a build before
+// data.sampling, which drew them as RANDOM does.
+TrainConfig::Data::Sampling sampling_drawn(const checkpoint::CheckpointState& state,
+                                           const TrainConfig& config) {
+  const std::vector<UnrecordedSetting> unrecorded = unrecorded_settings(state.config_text, config);
+  if (std::any_of(unrecorded.begin(), unrecorded.end(), is_sampling)) {
+    return TrainConfig::Data::RANDOM;
+  }
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  return recorded ? recorded->data().sampling() : config.data().sampling();
+}
+
+// Whether the windows a resume reads, or their order, are other than the checkpoint's: other
+// tokens, another seq_len (a Llama's), another run.seed (which keys the shuffle) or another
+// data.sampling. Then the rest of the checkpoint's epoch would skip some windows and read
+// others twice.
+bool window_order_changed(const checkpoint::CheckpointState& state, const TrainConfig& config,
+                          uint64_t fingerprint) {
+  if (!same_training_tokens(state, config, fingerprint) || state.seed != config.run().seed() ||
+      sampling_drawn(state, config) != config.data().sampling()) {
+    return true;
+  }
+  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
+  return recorded && model_shape(recorded->model()).seq_len != model_shape(config.model()).seq_len;
 }
 
 }  // namespace
@@ -84,12 +128,12 @@ bool Trainer::restore() {
   optimizer_->set_steps_taken(state->optimizer_steps);
   restore_scaling(*state);
   loader_->set_cursor(state->data);
-  if (windows_changed(*state)) {
-    // Other windows than the checkpoint's: a whole epoch of them from here, not the rest of
-    // one begun before (which would skip some and read others twice).
+  if (window_order_changed(*state, config_, train_data_.fingerprint)) {
+    // A whole epoch of the new windows from here, not the rest of one begun before.
     loader_->start_epochs_here();
     say("mantissa: the training data's epochs count from step " + std::to_string(state->step) +
-        ": its tokens or its windows' length differ from the checkpoint's");
+        ": its tokens, its windows' length or their order (run.seed, data.sampling) differ "
+        "from the checkpoint's");
   }
   start_step_ = state->step;
   tokens_total_ = state->tokens;
@@ -114,14 +158,6 @@ bool Trainer::restore() {
       std::to_string(state->world_size) + " rank" + (state->world_size == 1 ? "" : "s") +
       (other_build ? " running " + state->written_by : "") + ")");
   return true;
-}
-
-bool Trainer::windows_changed(const checkpoint::CheckpointState& state) const {
-  if (state.data_fingerprint != 0 && state.data_fingerprint != train_data_.fingerprint) {
-    return true;
-  }
-  const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
-  return recorded && model_shape(recorded->model()).seq_len != model_shape(config_.model()).seq_len;
 }
 
 void Trainer::restore_scaling(const checkpoint::CheckpointState& state) {
@@ -229,15 +265,11 @@ void Trainer::require_same_tokenizer(const checkpoint::CheckpointState& state) {
 }
 
 void Trainer::report_changes(const checkpoint::CheckpointState& state) {
-  // Another corpus on resume is allowed (a second phase of training), but not silently. The
-  // tokens decide, not the configured path: data moved to another directory is the same data.
-  // Checkpoints from before the fingerprint was recorded compare the paths.
+  // Another corpus on resume is allowed (a second phase of training), but not silently.
   const std::optional<TrainConfig> recorded = recorded_config(state.config_text);
   const std::string trained_on = recorded ? data_source(recorded->data()) : "";
   const std::string reads = data_source(config_.data());
-  const bool same_tokens = state.data_fingerprint != 0
-                               ? state.data_fingerprint == train_data_.fingerprint
-                               : trained_on.empty() || trained_on == reads;
+  const bool same_tokens = same_training_tokens(state, config_, train_data_.fingerprint);
   const bool seed_changed = state.seed != config_.run().seed();
   // Synthetic tokens are generated from the seed: the seed's warning below says it all.
   const bool regenerated = seed_changed && config_.data().has_synthetic() && trained_on == reads;
@@ -259,13 +291,9 @@ void Trainer::report_changes(const checkpoint::CheckpointState& state) {
         ": the data stream changes from here on");
   }
   const std::vector<UnrecordedSetting> unrecorded = unrecorded_settings(state.config_text, config_);
-  // How windows are drawn. A build before data.sampling drew them as RANDOM does.
   using Data = TrainConfig::Data;
-  const auto is_sampling = [](const UnrecordedSetting& s) { return s.path == "data.sampling"; };
   const bool sampling_unrecorded = std::any_of(unrecorded.begin(), unrecorded.end(), is_sampling);
-  const Data::Sampling drew = sampling_unrecorded ? Data::RANDOM
-                              : recorded          ? recorded->data().sampling()
-                                                  : config_.data().sampling();
+  const Data::Sampling drew = sampling_drawn(state, config_);
   if (drew != config_.data().sampling()) {
     say("mantissa: warning: the checkpoint's run drew its windows with data.sampling " +
         Data::Sampling_Name(drew) + ", this run reads " +

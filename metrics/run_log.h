@@ -9,7 +9,8 @@
 // took, only on steps that evaluate), loss_scale, overflow, grad_norm (null when skipped), lr,
 // tokens (this rank, this step), epoch (the epochs of training data read by the end of the step:
 // the windows handed out since the data's first epoch began, at the start or at a resume that
-// changed the data or seq_len, over the windows that hold the data once), tokens_per_s (this rank), step_seconds, allreduce_seconds and allreduce_bytes
+// changed the data, seq_len, seed or sampling, over the windows that hold the data once),
+// tokens_per_s (this rank), step_seconds, allreduce_seconds and allreduce_bytes
 // (what the step's collectives waited and were handed; an evaluation's are not the step's),
 // host_syncs (the backend's host synchronisations in the step), time (Unix seconds), and
 // skipped_param (the first parameter, in the model's order, whose gradient was non-finite on any

@@ -118,8 +118,9 @@ class LlamaTraining(lu.TempDirTest):
         self.assertEqual(longer.returncode, 0, longer.stderr)
         self.assertIn("resumed from", longer.stderr)
         # Windows of another length: a whole epoch of them from the resume.
-        self.assertIn("mantissa: the training data's epochs count from step 10: its tokens or its "
-                      "windows' length differ from the checkpoint's\n", longer.stderr)
+        self.assertIn("mantissa: the training data's epochs count from step 10: its tokens, its "
+                      "windows' length or their order (run.seed, data.sampling) differ from the "
+                      "checkpoint's\n", longer.stderr)
         log = lu.read_log(os.path.join(self.dir, "context"), 0)
         self.assertAlmostEqual(log[10]["epoch"] * 2, log[11]["epoch"], delta=1e-12)
         heads = self.mantissa(*base, "--set", "run.steps=30", "--set", "model.llama.n_head=2",

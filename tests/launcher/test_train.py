@@ -824,20 +824,28 @@ class Training(lu.TempDirTest):
         with open(text, "w") as f:
             f.write("".join(chr(ord("a") + i % 26) for i in range(50 * 64 + 1)))
         data = f'data.text_file={{path: "{text}" val_fraction: 0}}'
-        note = ("mantissa: the training data's epochs count from step 10: its tokens or its "
-                "windows' length differ from the checkpoint's\n")
+        note = ("mantissa: the training data's epochs count from step {}: its tokens, its "
+                "windows' length or their order (run.seed, data.sampling) differ from the "
+                "checkpoint's\n")
         second = self.mantissa(*self.train_args("phases", "run.steps=12", data,
                                                 "run.eval_every=0", inject_rank=0))
         self.assertEqual(second.returncode, 0, second.stderr)
-        self.assertIn(note, second.stderr)
+        self.assertIn(note.format(10), second.stderr)
         third = self.mantissa(*self.train_args("phases", "run.steps=14", data,
                                                "run.eval_every=0", inject_rank=0))
         self.assertEqual(third.returncode, 0, third.stderr)
         self.assertNotIn("epochs count from", third.stderr)
+        # Another seed keys another shuffle: a whole epoch again.
+        fourth = self.mantissa(*self.train_args("phases", "run.steps=16", data,
+                                                "run.eval_every=0", "run.seed=4", inject_rank=0))
+        self.assertEqual(fourth.returncode, 0, fourth.stderr)
+        self.assertIn(note.format(14), fourth.stderr)
         epochs = {e["step"]: e["epoch"] for e in lu.read_log(self.run_dir("phases"), 0)}
         self.assertEqual(epochs[9], 40 / 4095)
         for step in range(10, 14):
             self.assertAlmostEqual(epochs[step], (step - 9) * 4 / 50, delta=1e-12)
+        for step in range(14, 16):
+            self.assertAlmostEqual(epochs[step], (step - 13) * 4 / 50, delta=1e-12)
 
     def test_steps_redone_after_a_crash_are_logged_once(self):
         # A 2-rank run crashed after step 30 before its checkpoint was complete (its directory

@@ -1,28 +1,29 @@
 // DataLoader: this rank's slice of each global batch, from a stream that no rank count changes.
 //
 // The global stream is an endless sequence of windows of T + 1 tokens, window k a pure
-// function of (corpus, seed, k), by one of two samplings:
+// function of (corpus, seed, epoch origin o, k), by one of two samplings:
 //  - epochs (the default): each segment is cut into windows laid end to end, starting at
 //    positions 0, T, 2T, ... (consecutive windows share one token: the last target of one is
 //    the first input of the next), and each epoch of W windows (all segments' together) takes
 //    every window once, in an order shuffled by (seed, epoch): window k is window
-//    permutation_e(k mod W) of epoch e = k / W. Every token but a segment's first is a target
-//    once an epoch; a segment's last (n - 1) mod T tokens are not read. As Megatron-LM's GPT
-//    dataset and llm.c's shuffled loader read. Epochs count from the cursor's epoch origin
-//    (window 0, or where a resume moved to other data: start_epochs_here), so that other data
-//    begins with a whole epoch.
+//    permutation_e((k - o) mod W) of epoch e = (k - o) / W. Every token but a segment's first
+//    is a target once an epoch; a segment's last (n - 1) mod T tokens are not read. As
+//    Megatron-LM's GPT dataset and llm.c's shuffled loader read. The epoch origin o is window
+//    0, or where a resume moved to other windows or another order (start_epochs_here), so
+//    that they begin with a whole epoch.
 //  - random: each window starts at a position drawn uniformly from every position where T + 1
 //    tokens fit inside one segment, by a counter-based hash of (seed, k): sampling with
-//    replacement, as nanoGPT does. A budget of one corpus's worth of tokens leaves about
-//    e^-1 = 37% of them unread.
+//    replacement, as nanoGPT does (o moves only the epoch count). A budget of one corpus's
+//    worth of tokens leaves about e^-1 = 37% of them unread.
 // A pure function needs no shuffling state:
 //  - one call of next() consumes the global batch of world_size * micro_batch windows
 //    [cursor, cursor + world_size * micro_batch); rank r takes windows
 //    cursor + r * micro_batch + [0, micro_batch) and the cursor moves past the whole batch, so
 //    at step s (one call per step) the global batch is windows [s*G, (s+1)*G), G the global
 //    batch size, whatever the number of ranks;
-//  - the cursor is one integer; restoring it resumes the stream exactly, under any world size
-//    (same global batch size: the same batches; another one: the same stream, cut differently).
+//  - the cursor is two integers (the next window and o); restoring it resumes the stream
+//    exactly, under any world size (same global batch size: the same batches; another one: the
+//    same stream, cut differently).
 // Tokens of window k are inputs at positions [0, T) and targets at positions [1, T].
 #pragma once
 
