@@ -375,9 +375,6 @@ void Trainer::build_data() {
   loader.seed = seed;
   loader.sampling = data.sampling() == TrainConfig::Data::RANDOM ? train::WindowSampling::kRandom
                                                                  : train::WindowSampling::kEpochs;
-  int64_t longest_segment = 0;
-  for (const train::TokenSegment& segment : corpus.segments())
-    longest_segment = std::max(longest_segment, segment.size());
   try {
     loader_ = std::make_unique<train::DataLoader>(
         std::make_shared<const train::Corpus>(std::move(corpus)), loader);
@@ -391,7 +388,7 @@ void Trainer::build_data() {
     const std::optional<int64_t> kept = seq_len_a_resume_keeps();
     if (!kept) {
       remedy += "lower " + dims.prefix + ".seq_len, or ";
-    } else if (*kept != dims.seq_len && *kept < longest_segment) {
+    } else if (*kept != dims.seq_len && *kept < e.longest()) {
       remedy += "resume with the checkpoint's " + dims.prefix +
                 ".seq_len = " + std::to_string(*kept) + ", or ";
     }

@@ -70,8 +70,9 @@ DataLoader::DataLoader(std::shared_ptr<const Corpus> corpus, const DataLoaderCon
   }
   if (total == 0) {
     throw TrainingDataTooShort("data '" + corpus_->name() + "': no segment holds seq_len + 1 = " +
-                               std::to_string(config.seq_len + 1) + " tokens (the longest has " +
-                               std::to_string(longest) + ")");
+                                   std::to_string(config.seq_len + 1) +
+                                   " tokens (the longest has " + std::to_string(longest) + ")",
+                               longest);
   }
 }
 

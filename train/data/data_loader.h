@@ -59,8 +59,8 @@ struct Batch {
 // The loader's position in the global stream; a checkpoint stores it.
 struct DataCursor {
   int64_t next_window = 0;  // windows handed out so far, all ranks together
-  // The window the data's first epoch begins at: 0, or where a resume changed the data (or the
-  // window length) under the cursor (DataLoader::start_epochs_here).
+  // The window the data's first epoch begins at: 0, or where a resume changed the windows or
+  // their order under the cursor (DataLoader::start_epochs_here).
   int64_t epoch_origin = 0;
 
   bool operator==(const DataCursor&) const = default;
@@ -70,7 +70,12 @@ struct DataCursor {
 // the context, what is held out) the caller names.
 class TrainingDataTooShort : public core::ConfigError {
  public:
-  using core::ConfigError::ConfigError;
+  TrainingDataTooShort(const std::string& what, int64_t longest)
+      : core::ConfigError(what), longest_(longest) {}
+  int64_t longest() const { return longest_; }  // tokens of the longest segment
+
+ private:
+  int64_t longest_;
 };
 
 class DataLoader {
@@ -96,7 +101,7 @@ class DataLoader {
 
   DataCursor cursor() const { return cursor_; }
   void set_cursor(const DataCursor& cursor);
-  // The data's first epoch begins at the cursor: for a resume whose data or window length
+  // The data's first epoch begins at the cursor: for a resume whose windows or their order
   // differ from the checkpoint's, so that its epochs read each window once from the start.
   void start_epochs_here() { cursor_.epoch_origin = cursor_.next_window; }
 
